@@ -1,0 +1,73 @@
+use crate::{CommError, Result};
+
+/// `nodes` x `ranks_per_node` ranks; rank = node x ranks_per_node + local rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Topology {
+    pub nodes: usize,
+    pub ranks_per_node: usize,
+}
+
+/// The process groups the engine uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    /// Every rank.
+    World,
+    /// The ranks of my node.
+    IntraNode,
+    /// One rank per node: those with my local index.
+    InterNode,
+}
+
+impl Topology {
+    /// A topology of `world` ranks with `ranks_per_node` on each node.
+    pub fn new(world: usize, ranks_per_node: usize) -> Result<Self> {
+        if world == 0 || ranks_per_node == 0 || !world.is_multiple_of(ranks_per_node) {
+            return Err(CommError::BadTopology(format!(
+                "world size {world} is not a positive multiple of {ranks_per_node} ranks per node"
+            )));
+        }
+        Ok(Topology {
+            nodes: world / ranks_per_node,
+            ranks_per_node,
+        })
+    }
+
+    pub fn world(&self) -> usize {
+        self.nodes * self.ranks_per_node
+    }
+
+    pub fn node_of(&self, rank: usize) -> usize {
+        rank / self.ranks_per_node
+    }
+
+    pub fn local_rank(&self, rank: usize) -> usize {
+        rank % self.ranks_per_node
+    }
+
+    /// The world ranks of `group` as seen from `rank`, in group-rank order.
+    pub fn members(&self, group: Group, rank: usize) -> Vec<usize> {
+        let d = self.ranks_per_node;
+        match group {
+            Group::World => (0..self.world()).collect(),
+            Group::IntraNode => (0..d).map(|l| self.node_of(rank) * d + l).collect(),
+            Group::InterNode => (0..self.nodes)
+                .map(|n| n * d + self.local_rank(rank))
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_of_two_nodes_by_four() {
+        let t = Topology::new(8, 4).unwrap();
+        assert_eq!(t.nodes, 2);
+        assert_eq!(t.members(Group::IntraNode, 6), vec![4, 5, 6, 7]);
+        assert_eq!(t.members(Group::InterNode, 6), vec![2, 6]);
+        assert_eq!(t.members(Group::World, 6).len(), 8);
+        assert!(Topology::new(6, 4).is_err());
+    }
+}

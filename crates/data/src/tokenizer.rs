@@ -1,0 +1,277 @@
+//! GPT-2 byte-level BPE tokenisation, via the `tokenizers` crate.
+//!
+//! The tokenizer is built from the two files OpenAI published with GPT-2 (`vocab.json`,
+//! `merges.txt`): GPT-2's regex pre-tokenisation on raw bytes, no prefix space, BPE merges,
+//! byte-level decoding. `<|endoftext|>` (id 50256) is an ordinary vocabulary entry here, not a
+//! special token: the text "<|endoftext|>" inside a document is tokenised as plain text, so a
+//! document can never forge a document boundary. Only [`Tokenizer::eot_id`] marks boundaries.
+//!
+//! Speed: `tokenizers`' full pipeline allocates several objects per word (normalized strings,
+//! alignments, token strings) and spends most of its time in `malloc`. [`Tokenizer::encode`]
+//! therefore runs the same steps itself: the same GPT-2 split regex (`tokenizers`' own onig
+//! `SysRegex`, same pattern), the byte-to-unicode map, and the `tokenizers` BPE model for words
+//! not yet in a shared word -> ids cache. The tests check it against the full pipeline
+//! ([`Tokenizer::encode_with_pipeline`]) token for token, on the whole bundled corpus too.
+//!
+//! ```
+//! # fn main() -> data::Result<()> {
+//! let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/gpt2");
+//! let tok = data::Tokenizer::from_dir(&dir)?;
+//! assert_eq!(tok.encode("Hello world"), [15496, 995]);
+//! assert_eq!(tok.decode(&[15496, 995])?, "Hello world");
+//! assert_eq!((tok.eot_id(), tok.vocab_size()), (50256, 50257));
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+
+use rayon::prelude::*;
+use tokenizers::models::bpe::{Merges, Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::utils::SysRegex;
+use tokenizers::Model;
+
+use crate::error::{DataError, Result};
+
+/// The end-of-text token that ends every document.
+pub const EOT_TOKEN: &str = "<|endoftext|>";
+
+/// GPT-2's pre-tokenisation regex, as in `tokenizers`' ByteLevel pre-tokenizer and OpenAI's
+/// `encoder.py`.
+const GPT2_SPLIT: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+
+/// Most words kept in the word -> ids cache (a few tens of MB when full; it is never evicted,
+/// like `tokenizers`' own cache). Words of `CACHE_MAX_WORD_BYTES` or more are not cached.
+const CACHE_WORDS: usize = 1 << 20;
+const CACHE_MAX_WORD_BYTES: usize = 256;
+
+/// GPT-2's reversible map from bytes to printable characters (OpenAI `encoder.py`,
+/// `bytes_to_unicode`): printable Latin-1 bytes map to themselves, the others to U+0100 upwards.
+fn byte_chars() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut next = 256u32;
+    for b in 0..=255u8 {
+        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let code = if printable {
+            b as u32
+        } else {
+            next += 1;
+            next - 1
+        };
+        // Codes are below 0x200: always valid scalar values.
+        table[b as usize] = char::from_u32(code).unwrap_or('\0');
+    }
+    table
+}
+
+/// GPT-2 byte-level BPE tokenizer.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    split: SysRegex,
+    byte_chars: [char; 256],
+    cache: RwLock<HashMap<String, Box<[u32]>>>,
+    dir: PathBuf,
+    eot: u32,
+    vocab_size: usize,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("dir", &self.dir)
+            .field("vocab_size", &self.vocab_size)
+            .field("eot", &self.eot)
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Loads `dir/vocab.json` and `dir/merges.txt`.
+    ///
+    /// Errors name the folder and the file: a missing folder or file, invalid JSON, a merge line
+    /// that is not two tokens or names a token outside the vocabulary, a vocabulary without
+    /// `<|endoftext|>` or without one of the 256 byte tokens.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let err = |msg: String| DataError::Tokenizer {
+            dir: dir.to_path_buf(),
+            msg,
+        };
+        if !dir.is_dir() {
+            return Err(err(
+                "folder not found (expected vocab.json and merges.txt in it)".into(),
+            ));
+        }
+        let vocab_path = dir.join("vocab.json");
+        let merges_path = dir.join("merges.txt");
+        let read =
+            |p: &Path| std::fs::read_to_string(p).map_err(|e| err(format!("{}: {e}", p.display())));
+        let vocab_text = read(&vocab_path)?;
+        let merges_text = read(&merges_path)?;
+
+        let vocab: std::collections::HashMap<String, u32> = serde_json::from_str(&vocab_text)
+            .map_err(|e| {
+                err(format!(
+                    "{}: invalid vocabulary JSON: {e}",
+                    vocab_path.display()
+                ))
+            })?;
+        let eot = *vocab.get(EOT_TOKEN).ok_or_else(|| {
+            err(format!(
+                "{}: no {EOT_TOKEN} entry (not a GPT-2 vocabulary)",
+                vocab_path.display()
+            ))
+        })?;
+        // Every byte must have a token, so that encoding can never fail (see `encode`).
+        for c in ByteLevel::alphabet() {
+            if !vocab.contains_key(c.encode_utf8(&mut [0; 4]) as &str) {
+                return Err(err(format!(
+                    "{}: byte token {c:?} missing (not a byte-level BPE vocabulary)",
+                    vocab_path.display()
+                )));
+            }
+        }
+        let vocab_size = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
+
+        let mut merges: Merges = Vec::new();
+        for (i, line) in merges_text.lines().enumerate() {
+            if line.starts_with("#version") || line.trim().is_empty() {
+                continue;
+            }
+            let mut parts = line.split(' ');
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some(a), Some(b), None) if vocab.contains_key(a) && vocab.contains_key(b) => {
+                    merges.push((a.to_string(), b.to_string()))
+                }
+                _ => {
+                    return Err(err(format!(
+                        "{}: line {}: expected two vocabulary tokens separated by a space, found {line:?}",
+                        merges_path.display(),
+                        i + 1
+                    )))
+                }
+            }
+        }
+
+        let vocab: Vocab = vocab.into_iter().collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(|e| err(format!("building BPE: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        inner.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
+        inner.with_decoder(Some(ByteLevel::new(false, true, true)));
+        let split = SysRegex::new(GPT2_SPLIT).map_err(|e| err(format!("split regex: {e}")))?;
+        Ok(Tokenizer {
+            inner,
+            split,
+            byte_chars: byte_chars(),
+            cache: RwLock::new(HashMap::new()),
+            dir: dir.to_path_buf(),
+            eot,
+            vocab_size,
+        })
+    }
+
+    /// Token ids of `text` (no end-of-text token added).
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 4 + 1);
+        let mut mapped = String::new();
+        let mut prev = 0;
+        for (start, end) in self.split.find_iter(text) {
+            // The pattern matches every character, so there are no gaps; were there one, it
+            // would be its own piece, as in `tokenizers` (`SplitDelimiterBehavior::Isolated`).
+            if start > prev {
+                self.encode_word(&text[prev..start], &mut mapped, &mut out);
+            }
+            self.encode_word(&text[start..end], &mut mapped, &mut out);
+            prev = end;
+        }
+        if prev < text.len() {
+            self.encode_word(&text[prev..], &mut mapped, &mut out);
+        }
+        out
+    }
+
+    /// Appends the ids of one pre-tokenised word, through the cache.
+    fn encode_word(&self, word: &str, mapped: &mut String, out: &mut Vec<u32>) {
+        if word.is_empty() {
+            return;
+        }
+        // A poisoned lock only means another thread panicked; the map itself is intact.
+        let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(ids) = cache.get(word) {
+            out.extend_from_slice(ids);
+            return;
+        }
+        let full = cache.len() >= CACHE_WORDS;
+        drop(cache);
+        mapped.clear();
+        mapped.extend(word.bytes().map(|b| self.byte_chars[b as usize]));
+        let tokens = match self.inner.get_model().tokenize(mapped) {
+            Ok(t) => t,
+            // Every byte character is in the vocabulary (checked in `from_dir`) and the BPE has
+            // no dropout or unknown token: merging cannot fail.
+            Err(e) => unreachable!("byte-level BPE failed on {word:?}: {e}"),
+        };
+        let start = out.len();
+        out.extend(tokens.iter().map(|t| t.id));
+        if !full && word.len() < CACHE_MAX_WORD_BYTES {
+            let ids: Box<[u32]> = out[start..].into();
+            let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
+            cache.insert(word.to_owned(), ids);
+        }
+    }
+
+    /// Encodes many texts in parallel (rayon's global pool; `RAYON_NUM_THREADS` sets its
+    /// size), one text per task. The result is in the order of `texts`.
+    pub fn encode_batch(&self, texts: &[String]) -> Result<Vec<Vec<u32>>> {
+        Ok(texts.par_iter().map(|t| self.encode(t)).collect())
+    }
+
+    /// Token ids of `text` through `tokenizers`' full pipeline (pre-tokenizer, model, no
+    /// special tokens). Same result as [`Tokenizer::encode`], several times slower; for tests.
+    pub fn encode_with_pipeline(&self, text: &str) -> Result<Vec<u32>> {
+        self.inner
+            .encode_fast(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| DataError::Tokenizer {
+                dir: self.dir.clone(),
+                msg: format!("encoding failed: {e}"),
+            })
+    }
+
+    /// Text of `ids`. `eot_id` decodes to the literal "<|endoftext|>".
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.vocab_size) {
+            return Err(DataError::TokenOutOfRange {
+                id,
+                vocab_size: self.vocab_size,
+            });
+        }
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| DataError::Tokenizer {
+                dir: self.dir.clone(),
+                msg: format!("decoding failed: {e}"),
+            })
+    }
+
+    /// Id of `<|endoftext|>` (50256 for GPT-2).
+    pub fn eot_id(&self) -> u32 {
+        self.eot
+    }
+
+    /// Number of token ids (largest id + 1; 50257 for GPT-2).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// The folder the tokenizer was loaded from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}

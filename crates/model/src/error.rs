@@ -1,0 +1,48 @@
+//! The crate's error type.
+
+use candle_core::DType;
+
+/// Everything that can go wrong in the model crate.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    // ---- configuration ----
+    /// A configuration field that must be positive is zero.
+    #[error("config field `{field}` must be > 0")]
+    ZeroSize { field: &'static str },
+    /// `n_embd` is not a multiple of `n_head`.
+    #[error("n_embd {n_embd} is not divisible by n_head {n_head}")]
+    HeadsDoNotDivide { n_embd: usize, n_head: usize },
+
+    // ---- shapes and dtypes of arguments ----
+    /// A unit's flat parameter buffer is shorter than its layout (or not 1-D).
+    #[error("flat params of unit `{unit}`: need a 1-D tensor of >= {expected} elements, got shape {got:?}")]
+    ParamsTooShort {
+        unit: &'static str,
+        expected: usize,
+        got: Vec<usize>,
+    },
+    /// An activation or token tensor has the wrong shape.
+    #[error("{what}: expected shape {expected:?}, got {got:?}")]
+    ShapeMismatch {
+        what: &'static str,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+    /// A sequence is longer than the positional embedding table.
+    #[error("sequence length {got} exceeds seq_len {max}")]
+    SequenceTooLong { got: usize, max: usize },
+    /// Token or target ids must be u32.
+    #[error("{what}: expected dtype u32, got {got:?}")]
+    TokenDType { what: &'static str, got: DType },
+    /// `model_loss*` got a different number of unit buffers than the layout has units.
+    #[error("expected {expected} unit parameter buffers, got {got}")]
+    UnitCount { expected: usize, got: usize },
+
+    // ---- wrapped ----
+    /// An error from a candle tensor operation.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Result with [`ModelError`].
+pub type Result<T> = std::result::Result<T, ModelError>;

@@ -1,0 +1,508 @@
+//! The model's units on one device: forward and backward of the embedding, one transformer
+//! block, the final LayerNorm, and the tied LM head with its loss.
+//!
+//! Size letters: `B` batch, `T` tokens per sequence (`<= cfg.seq_len`), `N = B*T`, `C` = `n_embd`,
+//! `NH` = `n_head`, `hs = C/NH`, `V` = `vocab_size`.
+//!
+//! Each unit's parameters arrive as its flat buffer: a 1-D tensor of length `>= unit.numel`
+//! (the ZeRO engine may pad the end), viewed by name through [`UnitLayout`]. Each backward
+//! *returns* the unit's flat gradient, 1-D of length exactly `unit.numel`, in the dtype of the
+//! parameters; it never accumulates. Accumulating over micro-batches is the engine's job.
+//!
+//! A block is pre-LayerNorm GPT-2:
+//! `x2 = x + c_proj(attn(c_attn(ln_1(x))))`, `out = x2 + mlp.c_proj(gelu(mlp.c_fc(ln_2(x2))))`.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use model::*;
+//! let cfg = GptConfig { n_layer: 1, n_embd: 8, n_head: 2, seq_len: 4, vocab_size: 10 };
+//! let layout = ModelLayout::new(&cfg);
+//! let params: Vec<Tensor> = layout.units.iter().map(|u| {
+//!     let mut buf = vec![0f32; u.numel];
+//!     init_unit_range(&cfg, u, 0, 0, &mut buf);
+//!     Tensor::from_vec(buf, u.numel, &Device::Cpu).unwrap()
+//! }).collect();
+//! let tokens = Tensor::new(&[[1u32, 2, 3, 4], [5, 6, 7, 8]], &Device::Cpu).unwrap();
+//! let targets = Tensor::new(&[[2u32, 3, 4, 5], [6, 7, 8, 9]], &Device::Cpu).unwrap();
+//! let (loss, grads) = model_loss_and_grads(&cfg, &layout, &params, &tokens, &targets, false).unwrap();
+//! assert!((loss - 10f64.ln()).abs() < 0.05); // near-uniform predictions at init
+//! assert_eq!(grads[1].dims1().unwrap(), layout.units[1].numel);
+//! ```
+
+use candle_core::{DType, Tensor};
+
+use crate::config::GptConfig;
+use crate::error::{ModelError, Result};
+use crate::layers::{
+    attention_backward, attention_forward, crossentropy_forward_backward, gelu_backward,
+    gelu_forward, layernorm_backward, layernorm_forward, matmul_backward, matmul_forward, AttSaved,
+    LnSaved,
+};
+use crate::layout::{ModelLayout, UnitKind, UnitLayout};
+
+// ------------------------------------------------------------------------------------------
+// Checks and flat-buffer helpers
+
+/// Checks that `params` is 1-D with at least `unit.numel` elements.
+fn check_params(params: &Tensor, unit: &UnitLayout, what: &'static str) -> Result<()> {
+    match params.dims() {
+        [n] if *n >= unit.numel => Ok(()),
+        d => Err(ModelError::ParamsTooShort {
+            unit: what,
+            expected: unit.numel,
+            got: d.to_vec(),
+        }),
+    }
+}
+
+/// Checks a `(B, T)` u32 token/target tensor against `cfg`; returns `(B, T)`.
+fn check_tokens(cfg: &GptConfig, tokens: &Tensor, what: &'static str) -> Result<(usize, usize)> {
+    if tokens.dtype() != DType::U32 {
+        return Err(ModelError::TokenDType {
+            what,
+            got: tokens.dtype(),
+        });
+    }
+    let (b, t) = match tokens.dims() {
+        [b, t] => (*b, *t),
+        d => {
+            return Err(ModelError::ShapeMismatch {
+                what,
+                expected: vec![0, cfg.seq_len],
+                got: d.to_vec(),
+            })
+        }
+    };
+    if t > cfg.seq_len {
+        return Err(ModelError::SequenceTooLong {
+            got: t,
+            max: cfg.seq_len,
+        });
+    }
+    Ok((b, t))
+}
+
+/// Checks that `x` is `(B, T, C)` (with `T <= seq_len`); returns `(B, T)`.
+fn check_acts(cfg: &GptConfig, x: &Tensor, what: &'static str) -> Result<(usize, usize)> {
+    match x.dims() {
+        [b, t, c] if *c == cfg.n_embd && *t <= cfg.seq_len => Ok((*b, *t)),
+        d => Err(ModelError::ShapeMismatch {
+            what,
+            expected: vec![d.first().copied().unwrap_or(0), cfg.seq_len, cfg.n_embd],
+            got: d.to_vec(),
+        }),
+    }
+}
+
+/// Concatenates named gradients into the unit's flat layout. Order and shapes come from the
+/// layout table; every parameter must be present exactly once.
+fn flatten_grads(unit: &UnitLayout, grads: Vec<(&str, Tensor)>) -> Result<Tensor> {
+    debug_assert_eq!(grads.len(), unit.params.len());
+    let mut parts = Vec::with_capacity(unit.params.len());
+    for spec in &unit.params {
+        let (_, g) = grads
+            .iter()
+            .find(|(short, _)| unit.param(short).name == spec.name)
+            .unwrap_or_else(|| panic!("no gradient for {}", spec.name));
+        if g.dims() != spec.shape.as_slice() {
+            return Err(ModelError::ShapeMismatch {
+                what: "parameter gradient",
+                expected: spec.shape.clone(),
+                got: g.dims().to_vec(),
+            });
+        }
+        parts.push(g.flatten_all()?);
+    }
+    Ok(Tensor::cat(&parts, 0)?)
+}
+
+// ------------------------------------------------------------------------------------------
+// Embedding unit
+
+/// `out (B, T, C) = wte[tokens] + wpe[:T]` from the embedding unit's flat `params` and
+/// `tokens (B, T)` u32.
+pub fn embedding_forward(cfg: &GptConfig, params: &Tensor, tokens: &Tensor) -> Result<Tensor> {
+    let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
+    check_params(params, &unit, "embedding")?;
+    check_tokens(cfg, tokens, "tokens")?;
+    let wte = unit.param("wte.weight").view(params)?;
+    let wpe = unit.param("wpe.weight").view(params)?;
+    crate::layers::embedding_forward(tokens, &wte, &wpe)
+}
+
+/// Flat gradient of the embedding unit (`wte` rows scattered from `dout (B, T, C)`, `wpe` rows
+/// `0..T` summed over the batch, the rest zero). Dtype of `dout`. Returned, not accumulated.
+pub fn embedding_backward(cfg: &GptConfig, tokens: &Tensor, dout: &Tensor) -> Result<Tensor> {
+    let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
+    let (b, t) = check_tokens(cfg, tokens, "tokens")?;
+    if dout.dims() != [b, t, cfg.n_embd] {
+        return Err(ModelError::ShapeMismatch {
+            what: "embedding dout",
+            expected: vec![b, t, cfg.n_embd],
+            got: dout.dims().to_vec(),
+        });
+    }
+    let (dwte, dwpe) =
+        crate::layers::embedding_backward(dout, tokens, cfg.vocab_size, cfg.seq_len)?;
+    flatten_grads(&unit, vec![("wte.weight", dwte), ("wpe.weight", dwpe)])
+}
+
+// ------------------------------------------------------------------------------------------
+// Transformer block
+
+/// Every activation a block's backward reads. `N = B*T`.
+#[derive(Clone, Debug)]
+struct BlockActs {
+    /// Block input `(B, T, C)`.
+    x: Tensor,
+    /// `ln_1(x)` `(N, C)` and its statistics.
+    ln1: Tensor,
+    ln1_saved: LnSaved,
+    /// Attention internals (`q, k, v, att`).
+    att: AttSaved,
+    /// Attention output before `c_proj`, heads merged, `(N, C)`.
+    y: Tensor,
+    /// Residual after attention, `(N, C)`.
+    x2: Tensor,
+    /// `ln_2(x2)` `(N, C)` and its statistics.
+    ln2: Tensor,
+    ln2_saved: LnSaved,
+    /// `c_fc` output (pre-GELU) `(N, 4C)`, and after GELU.
+    h: Tensor,
+    hg: Tensor,
+}
+
+/// What [`block_forward`] keeps for [`block_backward`].
+#[derive(Clone, Debug)]
+pub struct BlockSaved(BlockSavedInner);
+
+#[derive(Clone, Debug)]
+enum BlockSavedInner {
+    /// All activations (see `BlockActs`).
+    Full(Box<BlockActs>),
+    /// Only the block input `(B, T, C)`; backward recomputes the forward.
+    Input(Tensor),
+}
+
+impl BlockSaved {
+    /// Whether only the input was kept (activation checkpointing).
+    pub fn is_recompute(&self) -> bool {
+        matches!(self.0, BlockSavedInner::Input(_))
+    }
+}
+
+/// Forward of one block, keeping every activation.
+fn block_forward_full(cfg: &GptConfig, params: &Tensor, x: &Tensor) -> Result<(Tensor, BlockActs)> {
+    let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
+    check_params(params, &unit, "block")?;
+    let (b, t) = check_acts(cfg, x, "block input")?;
+    let c = cfg.n_embd;
+    let p = |name: &str| unit.param(name).view(params);
+    let xf = x.reshape((b * t, c))?;
+    let (ln1, ln1_saved) = layernorm_forward(&xf, &p("ln_1.weight")?, &p("ln_1.bias")?)?;
+    let qkv = matmul_forward(&ln1, &p("attn.c_attn.weight")?, &p("attn.c_attn.bias")?)?;
+    let (y, att) = attention_forward(&qkv.reshape((b, t, 3 * c))?, cfg.n_head)?;
+    let y = y.reshape((b * t, c))?;
+    let attn_out = matmul_forward(&y, &p("attn.c_proj.weight")?, &p("attn.c_proj.bias")?)?;
+    let x2 = (&xf + attn_out)?;
+    let (ln2, ln2_saved) = layernorm_forward(&x2, &p("ln_2.weight")?, &p("ln_2.bias")?)?;
+    let h = matmul_forward(&ln2, &p("mlp.c_fc.weight")?, &p("mlp.c_fc.bias")?)?;
+    let hg = gelu_forward(&h)?;
+    let mlp_out = matmul_forward(&hg, &p("mlp.c_proj.weight")?, &p("mlp.c_proj.bias")?)?;
+    let out = (&x2 + mlp_out)?.reshape((b, t, c))?;
+    let acts = BlockActs {
+        x: x.clone(),
+        ln1,
+        ln1_saved,
+        att,
+        y,
+        x2,
+        ln2,
+        ln2_saved,
+        h,
+        hg,
+    };
+    Ok((out, acts))
+}
+
+/// One transformer block: `x (B, T, C)` -> `out (B, T, C)` from the block's flat `params`.
+///
+/// With `recompute`, [`BlockSaved`] holds only `x` (activation checkpointing) and
+/// [`block_backward`] reruns this forward; gradients are bitwise the same either way.
+/// Without it, it holds `ln1, ln2, x2, y (N, C)`, `q, k, v (B, NH, T, hs)`,
+/// `att (B, NH, T, T)`, `h, gelu(h) (N, 4C)` and the LayerNorm statistics.
+pub fn block_forward(
+    cfg: &GptConfig,
+    params: &Tensor,
+    x: &Tensor,
+    recompute: bool,
+) -> Result<(Tensor, BlockSaved)> {
+    let (out, acts) = block_forward_full(cfg, params, x)?;
+    let saved = if recompute {
+        BlockSavedInner::Input(acts.x)
+    } else {
+        BlockSavedInner::Full(Box::new(acts))
+    };
+    Ok((out, BlockSaved(saved)))
+}
+
+/// Gradients of [`block_forward`]: `dout (B, T, C)` -> `(dx (B, T, C), flat dparams)`.
+/// The flat gradient has length exactly the block's numel; it is returned, not accumulated.
+pub fn block_backward(
+    cfg: &GptConfig,
+    params: &Tensor,
+    saved: &BlockSaved,
+    dout: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let recomputed;
+    let a: &BlockActs = match &saved.0 {
+        BlockSavedInner::Full(a) => a,
+        BlockSavedInner::Input(x) => {
+            recomputed = block_forward_full(cfg, params, x)?.1;
+            &recomputed
+        }
+    };
+    let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
+    check_params(params, &unit, "block")?;
+    let (b, t) = check_acts(cfg, &a.x, "block input")?;
+    let c = cfg.n_embd;
+    if dout.dims() != [b, t, c] {
+        return Err(ModelError::ShapeMismatch {
+            what: "block dout",
+            expected: vec![b, t, c],
+            got: dout.dims().to_vec(),
+        });
+    }
+    let p = |name: &str| unit.param(name).view(params);
+    let dout = dout.reshape((b * t, c))?;
+
+    // out = x2 + mlp_out
+    let (dhg, dw_mproj, db_mproj) = matmul_backward(&dout, &a.hg, &p("mlp.c_proj.weight")?)?;
+    // hg = gelu(h)
+    let dh = gelu_backward(&dhg, &a.h)?;
+    // h = ln2 @ c_fc + b
+    let (dln2, dw_fc, db_fc) = matmul_backward(&dh, &a.ln2, &p("mlp.c_fc.weight")?)?;
+    // ln2 = ln_2(x2); x2 also feeds the residual
+    let (dx2_ln, dw_ln2, db_ln2) =
+        layernorm_backward(&dln2, &a.ln2_saved, &a.x2, &p("ln_2.weight")?)?;
+    let dx2 = (dout + dx2_ln)?;
+    // x2 = x + y @ c_proj + b
+    let (dy, dw_aproj, db_aproj) = matmul_backward(&dx2, &a.y, &p("attn.c_proj.weight")?)?;
+    // y = attention(qkv)
+    let dqkv = attention_backward(&dy.reshape((b, t, c))?, &a.att)?.reshape((b * t, 3 * c))?;
+    // qkv = ln1 @ c_attn + b
+    let (dln1, dw_attn, db_attn) = matmul_backward(&dqkv, &a.ln1, &p("attn.c_attn.weight")?)?;
+    // ln1 = ln_1(x); x also feeds the residual
+    let xf = a.x.reshape((b * t, c))?;
+    let (dx_ln, dw_ln1, db_ln1) = layernorm_backward(&dln1, &a.ln1_saved, &xf, &p("ln_1.weight")?)?;
+    let dx = (dx2 + dx_ln)?.reshape((b, t, c))?;
+
+    let flat = flatten_grads(
+        &unit,
+        vec![
+            ("ln_1.weight", dw_ln1),
+            ("ln_1.bias", db_ln1),
+            ("attn.c_attn.weight", dw_attn),
+            ("attn.c_attn.bias", db_attn),
+            ("attn.c_proj.weight", dw_aproj),
+            ("attn.c_proj.bias", db_aproj),
+            ("ln_2.weight", dw_ln2),
+            ("ln_2.bias", db_ln2),
+            ("mlp.c_fc.weight", dw_fc),
+            ("mlp.c_fc.bias", db_fc),
+            ("mlp.c_proj.weight", dw_mproj),
+            ("mlp.c_proj.bias", db_mproj),
+        ],
+    )?;
+    Ok((dx, flat))
+}
+
+// ------------------------------------------------------------------------------------------
+// Final LayerNorm unit
+
+/// What [`final_norm_forward`] keeps: the input `x (B, T, C)` and its row statistics.
+#[derive(Clone, Debug)]
+pub struct NormSaved {
+    x: Tensor,
+    ln: LnSaved,
+}
+
+/// `ln_f(x)`: `x (B, T, C)` -> `(B, T, C)`.
+pub fn final_norm_forward(
+    cfg: &GptConfig,
+    params: &Tensor,
+    x: &Tensor,
+) -> Result<(Tensor, NormSaved)> {
+    let unit = UnitLayout::new(cfg, UnitKind::FinalNorm, 0);
+    check_params(params, &unit, "ln_f")?;
+    let (b, t) = check_acts(cfg, x, "final norm input")?;
+    let c = cfg.n_embd;
+    let p = |name: &str| unit.param(name).view(params);
+    let (out, ln) = layernorm_forward(
+        &x.reshape((b * t, c))?,
+        &p("ln_f.weight")?,
+        &p("ln_f.bias")?,
+    )?;
+    let saved = NormSaved { x: x.clone(), ln };
+    Ok((out.reshape((b, t, c))?, saved))
+}
+
+/// Gradients of [`final_norm_forward`]: `dout (B, T, C)` -> `(dx (B, T, C), flat dparams (2C))`.
+/// Returned, not accumulated.
+pub fn final_norm_backward(
+    cfg: &GptConfig,
+    params: &Tensor,
+    saved: &NormSaved,
+    dout: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let unit = UnitLayout::new(cfg, UnitKind::FinalNorm, 0);
+    check_params(params, &unit, "ln_f")?;
+    let (b, t) = check_acts(cfg, &saved.x, "final norm input")?;
+    let c = cfg.n_embd;
+    if dout.dims() != [b, t, c] {
+        return Err(ModelError::ShapeMismatch {
+            what: "final norm dout",
+            expected: vec![b, t, c],
+            got: dout.dims().to_vec(),
+        });
+    }
+    let w = unit.param("ln_f.weight").view(params)?;
+    let xf = saved.x.reshape((b * t, c))?;
+    let (dx, dw, db) = layernorm_backward(&dout.reshape((b * t, c))?, &saved.ln, &xf, &w)?;
+    let flat = flatten_grads(&unit, vec![("ln_f.weight", dw), ("ln_f.bias", db)])?;
+    Ok((dx.reshape((b, t, c))?, flat))
+}
+
+// ------------------------------------------------------------------------------------------
+// Tied LM head and loss
+
+fn lm_head_impl(
+    cfg: &GptConfig,
+    embedding_params: &Tensor,
+    x: &Tensor,
+    targets: &Tensor,
+    grad: bool,
+) -> Result<(f64, Option<(Tensor, Tensor)>)> {
+    let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
+    check_params(embedding_params, &unit, "embedding")?;
+    let (b, t) = check_acts(cfg, x, "lm head input")?;
+    let (tb, tt) = check_tokens(cfg, targets, "targets")?;
+    if (tb, tt) != (b, t) {
+        return Err(ModelError::ShapeMismatch {
+            what: "targets",
+            expected: vec![b, t],
+            got: vec![tb, tt],
+        });
+    }
+    let c = cfg.n_embd;
+    let wte = unit.param("wte.weight").view(embedding_params)?;
+    let (loss, grads) = crossentropy_forward_backward(
+        &x.reshape((b * t, c))?,
+        &wte,
+        &targets.flatten_all()?,
+        grad,
+    )?;
+    let grads = match grads {
+        None => None,
+        Some((dx, dwte)) => {
+            let wpe = unit.param("wpe.weight");
+            let dwpe = Tensor::zeros(wpe.shape.as_slice(), dwte.dtype(), dwte.device())?;
+            let flat = flatten_grads(&unit, vec![("wte.weight", dwte), ("wpe.weight", dwpe)])?;
+            Some((dx.reshape((b, t, c))?, flat))
+        }
+    };
+    Ok((loss, grads))
+}
+
+/// Tied LM head + mean cross-entropy over all `B*T` positions. `embedding_params` is the
+/// embedding unit's flat buffer (`wte` is its first `V*C` elements); `x (B, T, C)` is the output
+/// of the final norm; `targets (B, T)` u32. Logits `(N, V) = x @ wte^T`, one tensor at a time.
+pub fn lm_head_loss(
+    cfg: &GptConfig,
+    embedding_params: &Tensor,
+    x: &Tensor,
+    targets: &Tensor,
+) -> Result<f64> {
+    Ok(lm_head_impl(cfg, embedding_params, x, targets, false)?.0)
+}
+
+/// [`lm_head_loss`] plus gradients: `(loss, dx (B, T, C), flat d(embedding unit))`, the flat
+/// gradient having only its `wte` part nonzero. Returned, not accumulated.
+pub fn lm_head_loss_backward(
+    cfg: &GptConfig,
+    embedding_params: &Tensor,
+    x: &Tensor,
+    targets: &Tensor,
+) -> Result<(f64, Tensor, Tensor)> {
+    let (loss, grads) = lm_head_impl(cfg, embedding_params, x, targets, true)?;
+    let (dx, flat) = grads.expect("requested gradients");
+    Ok((loss, dx, flat))
+}
+
+// ------------------------------------------------------------------------------------------
+// Whole model on one device
+
+fn check_units(layout: &ModelLayout, unit_params: &[Tensor]) -> Result<()> {
+    if unit_params.len() != layout.units.len() {
+        return Err(ModelError::UnitCount {
+            expected: layout.units.len(),
+            got: unit_params.len(),
+        });
+    }
+    Ok(())
+}
+
+/// Mean loss of the whole model on one device; `unit_params` are the flat buffers of
+/// `layout.units` in order. For tests and evaluation.
+pub fn model_loss(
+    cfg: &GptConfig,
+    layout: &ModelLayout,
+    unit_params: &[Tensor],
+    tokens: &Tensor,
+    targets: &Tensor,
+) -> Result<f64> {
+    check_units(layout, unit_params)?;
+    let n_layer = layout.units.len() - 2;
+    let mut x = embedding_forward(cfg, &unit_params[0], tokens)?;
+    for l in 0..n_layer {
+        x = block_forward(cfg, &unit_params[1 + l], &x, true)?.0;
+    }
+    let (x, _) = final_norm_forward(cfg, &unit_params[n_layer + 1], &x)?;
+    lm_head_loss(cfg, &unit_params[0], &x, targets)
+}
+
+/// Loss and the flat gradient of every unit (in `layout.units` order, each of length
+/// `unit.numel`), with optional activation recomputation in the blocks.
+pub fn model_loss_and_grads(
+    cfg: &GptConfig,
+    layout: &ModelLayout,
+    unit_params: &[Tensor],
+    tokens: &Tensor,
+    targets: &Tensor,
+    recompute: bool,
+) -> Result<(f64, Vec<Tensor>)> {
+    check_units(layout, unit_params)?;
+    let n_layer = layout.units.len() - 2;
+    let mut x = embedding_forward(cfg, &unit_params[0], tokens)?;
+    let mut saved = Vec::with_capacity(n_layer);
+    for l in 0..n_layer {
+        let (out, s) = block_forward(cfg, &unit_params[1 + l], &x, recompute)?;
+        saved.push(s);
+        x = out;
+    }
+    let (xn, norm_saved) = final_norm_forward(cfg, &unit_params[n_layer + 1], &x)?;
+    let (loss, dxn, d_head) = lm_head_loss_backward(cfg, &unit_params[0], &xn, targets)?;
+    let mut grads = vec![None; layout.units.len()];
+    let (mut dx, g) = final_norm_backward(cfg, &unit_params[n_layer + 1], &norm_saved, &dxn)?;
+    grads[n_layer + 1] = Some(g);
+    for l in (0..n_layer).rev() {
+        let (d, g) = block_backward(cfg, &unit_params[1 + l], &saved[l], &dx)?;
+        grads[1 + l] = Some(g);
+        dx = d;
+    }
+    grads[0] = Some((embedding_backward(cfg, tokens, &dx)? + d_head)?);
+    Ok((
+        loss,
+        grads.into_iter().map(|g| g.expect("every unit")).collect(),
+    ))
+}

@@ -1,0 +1,455 @@
+//! The run config: a TOML file, then `--set section.key=VALUE` overrides, then defaults.
+//!
+//! Precedence is command line over file over defaults. Overrides are merged into the parsed
+//! TOML table before one strict deserialisation, so both go through the same checks: an unknown
+//! key or a wrong type is an error naming the file and the dotted key. Values are checked here;
+//! files named by the config are opened later, by the run.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use zero::ZeroConfig;
+
+/// The whole run config, one struct per section.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    pub model: ModelSection,
+    pub data: DataSection,
+    pub train: TrainSection,
+    pub zero: ZeroConfig,
+    pub dist: DistSection,
+    pub log: LogSection,
+    pub checkpoint: CheckpointSection,
+}
+
+/// `[model]`: a preset, optionally with some of its sizes overridden.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// One of `model::PRESET_NAMES`; the sizes below override it. Without a preset all five
+    /// sizes are required.
+    pub preset: Option<String>,
+    pub n_layer: Option<usize>,
+    pub n_embd: Option<usize>,
+    pub n_head: Option<usize>,
+    pub seq_len: Option<usize>,
+    pub vocab_size: Option<usize>,
+    /// Activation checkpointing: blocks keep only their input and recompute in backward.
+    pub recompute: bool,
+}
+
+/// `[data]`: where the tokens come from.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataSection {
+    /// Training sources: `.jsonl` / `.jsonl.zst` files (tokenised at start) or `.bin`/`.idx` prefixes.
+    pub train: Vec<PathBuf>,
+    /// Validation sources, same kinds. Empty: hold out `valid_fraction` of the training documents.
+    pub valid: Vec<PathBuf>,
+    /// Folder with the GPT-2 `vocab.json` and `merges.txt`.
+    pub tokenizer: PathBuf,
+    /// Fraction of training documents held out for validation when `valid` is empty.
+    pub valid_fraction: f64,
+}
+
+impl Default for DataSection {
+    fn default() -> Self {
+        DataSection {
+            train: Vec::new(),
+            valid: Vec::new(),
+            tokenizer: PathBuf::from("data/gpt2"),
+            valid_fraction: 0.0,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Fp32,
+    Bf16,
+    Fp16,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    Cpu,
+    Cuda,
+}
+
+/// `[train]`: batch, schedule and optimizer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainSection {
+    /// Sequences per micro-batch per rank.
+    pub micro_batch: usize,
+    /// Sequences per optimizer step over all ranks = micro_batch x accumulation x world.
+    pub global_batch: usize,
+    /// Optimizer steps to train for.
+    pub steps: u64,
+    /// Peak learning rate, reached after `warmup_steps`.
+    pub lr: f64,
+    /// Learning rate at the end of the cosine decay.
+    pub min_lr: f64,
+    pub warmup_steps: u64,
+    /// Steps over which the cosine decays (default: `steps`).
+    pub decay_steps: Option<u64>,
+    /// Decoupled weight decay on matrices and embeddings (not biases or norms).
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// Clip the global gradient norm to this (0 = off).
+    pub grad_clip: f64,
+    /// Seeds the initialisation and the data order.
+    pub seed: u64,
+    pub precision: Precision,
+    pub device: DeviceKind,
+}
+
+impl Default for TrainSection {
+    fn default() -> Self {
+        TrainSection {
+            micro_batch: 8,
+            global_batch: 8,
+            steps: 100,
+            lr: 3e-4,
+            min_lr: 3e-5,
+            warmup_steps: 0,
+            decay_steps: None,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            grad_clip: 1.0,
+            seed: 1234,
+            precision: Precision::Fp32,
+            device: DeviceKind::Cpu,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Local,
+    Nccl,
+    Mpi,
+}
+
+/// `[dist]`: how many ranks and how they sit on nodes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DistSection {
+    pub backend: Backend,
+    /// Ranks in all. With `local`, simulated as threads of this process.
+    pub world_size: usize,
+    /// Ranks per node (default: all on one node).
+    pub gpus_per_node: Option<usize>,
+}
+
+impl Default for DistSection {
+    fn default() -> Self {
+        DistSection {
+            backend: Backend::Local,
+            world_size: 1,
+            gpus_per_node: None,
+        }
+    }
+}
+
+/// `[log]`: the run directory and how often to write to it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSection {
+    /// Run directory: `metrics.jsonl`, `config.toml`, and checkpoints unless placed elsewhere.
+    pub dir: PathBuf,
+    /// Write a metrics line every this many steps.
+    pub interval: u64,
+    /// Evaluate every this many steps (0 = only at the end).
+    pub eval_interval: u64,
+    /// Validation sequences per evaluation (capped at what the data holds).
+    pub eval_samples: usize,
+    /// Progress bar: default on when stderr is a terminal, else plain log lines.
+    pub progress: Option<bool>,
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        LogSection {
+            dir: PathBuf::from("runs/default"),
+            interval: 1,
+            eval_interval: 0,
+            eval_samples: 64,
+            progress: None,
+        }
+    }
+}
+
+/// `[checkpoint]`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointSection {
+    /// Default: `<log.dir>/checkpoints`.
+    pub dir: Option<PathBuf>,
+    /// Save every this many steps (0 = only at the end).
+    pub interval: u64,
+    /// Continue from the newest checkpoint in `dir`, if there is one.
+    pub resume: bool,
+}
+
+impl RunConfig {
+    /// Reads `path`, applies `overrides` (`section.key=VALUE`, VALUE in TOML syntax), and checks
+    /// the result.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config {}", path.display()))?;
+        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            let line = e
+                .span()
+                .map_or(0, |s| text[..s.start].lines().count().max(1));
+            anyhow::anyhow!("{} line {line}: {}", path.display(), e.message())
+        })?;
+        for o in overrides {
+            apply_override(&mut table, o)?;
+        }
+        let config: RunConfig = serde_path_to_error::deserialize(table).map_err(|e| {
+            let key = e.path().to_string();
+            anyhow::anyhow!("{}: {key}: {}", path.display(), e.inner().message())
+        })?;
+        config
+            .validate()
+            .with_context(|| format!("{}", path.display()))?;
+        Ok(config)
+    }
+
+    /// The checks that need no I/O.
+    pub fn validate(&self) -> Result<()> {
+        let t = &self.train;
+        let world = self.dist.world_size;
+        if world == 0 {
+            bail!("dist.world_size must be at least 1");
+        }
+        if t.micro_batch == 0 || t.global_batch == 0 {
+            bail!("train.micro_batch and train.global_batch must be positive");
+        }
+        if !t.global_batch.is_multiple_of(t.micro_batch * world) {
+            bail!(
+                "train.global_batch = {} is not divisible by micro_batch x world_size = {} x {}",
+                t.global_batch,
+                t.micro_batch,
+                world
+            );
+        }
+        if t.steps == 0 {
+            bail!("train.steps must be positive");
+        }
+        if !(t.lr > 0.0 && t.min_lr >= 0.0 && t.min_lr <= t.lr) {
+            bail!("train.lr must be positive and train.min_lr in [0, lr]");
+        }
+        if !(0.0..1.0).contains(&t.beta1) || !(0.0..1.0).contains(&t.beta2) || t.eps <= 0.0 {
+            bail!("train.beta1 and train.beta2 must be in [0, 1) and train.eps positive");
+        }
+        if t.weight_decay < 0.0 || t.grad_clip < 0.0 {
+            bail!("train.weight_decay and train.grad_clip must not be negative");
+        }
+        if let Some(d) = self.dist.gpus_per_node {
+            if d == 0 || !world.is_multiple_of(d) {
+                bail!("dist.gpus_per_node = {d} does not divide dist.world_size = {world}");
+            }
+        }
+        if self.data.train.is_empty() {
+            bail!("data.train is empty: name at least one .jsonl, .jsonl.zst or .bin/.idx prefix");
+        }
+        if !(0.0..1.0).contains(&self.data.valid_fraction) {
+            bail!("data.valid_fraction must be in [0, 1)");
+        }
+        if self.data.valid.is_empty()
+            && self.data.valid_fraction == 0.0
+            && self.log.eval_samples > 0
+        {
+            bail!("no validation data: set data.valid, or data.valid_fraction > 0, or log.eval_samples = 0");
+        }
+        if self.log.interval == 0 {
+            bail!("log.interval must be at least 1");
+        }
+        self.zero.validate()?;
+        self.model_config()?;
+        Ok(())
+    }
+
+    /// What this build can run: checked when training starts, not by `--print-config`.
+    pub fn check_supported(&self) -> Result<()> {
+        let t = &self.train;
+        let world = self.dist.world_size;
+        if t.precision != Precision::Fp32 {
+            bail!(
+                "train.precision = {:?}: only fp32 is implemented on this build",
+                format!("{:?}", t.precision).to_lowercase()
+            );
+        }
+        if t.device != DeviceKind::Cpu {
+            bail!("train.device = \"cuda\": this binary was built without CUDA support");
+        }
+        if self.dist.backend != Backend::Local {
+            bail!(
+                "dist.backend = {:?}: only \"local\" is implemented",
+                format!("{:?}", self.dist.backend).to_lowercase()
+            );
+        }
+        if world != 1 {
+            bail!("dist.world_size = {world}: the ZeRO engine runs one rank for now");
+        }
+        self.zero.check_supported()?;
+        Ok(())
+    }
+
+    /// The model shape: the preset, then any explicit sizes.
+    pub fn model_config(&self) -> Result<model::GptConfig> {
+        let m = &self.model;
+        let base = match &m.preset {
+            Some(name) => Some(model::preset(name).with_context(|| {
+                format!(
+                    "model.preset = {name:?} is not one of {}",
+                    model::PRESET_NAMES.join(", ")
+                )
+            })?),
+            None => None,
+        };
+        let pick = |key: &str, explicit: Option<usize>, preset: Option<usize>| {
+            explicit
+                .or(preset)
+                .with_context(|| format!("model.{key} is required without model.preset"))
+        };
+        let cfg = model::GptConfig {
+            n_layer: pick("n_layer", m.n_layer, base.as_ref().map(|b| b.n_layer))?,
+            n_embd: pick("n_embd", m.n_embd, base.as_ref().map(|b| b.n_embd))?,
+            n_head: pick("n_head", m.n_head, base.as_ref().map(|b| b.n_head))?,
+            seq_len: pick("seq_len", m.seq_len, base.as_ref().map(|b| b.seq_len))?,
+            vocab_size: pick(
+                "vocab_size",
+                m.vocab_size,
+                base.as_ref().map(|b| b.vocab_size),
+            )?,
+        };
+        cfg.validate().map_err(|e| anyhow::anyhow!("[model] {e}"))?;
+        Ok(cfg)
+    }
+
+    /// Gradient accumulation steps per optimizer step.
+    pub fn accumulation(&self) -> usize {
+        self.train.global_batch / (self.train.micro_batch * self.dist.world_size)
+    }
+
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        self.checkpoint
+            .dir
+            .clone()
+            .unwrap_or_else(|| self.log.dir.join("checkpoints"))
+    }
+
+    /// The resolved config as TOML, as written to the run directory.
+    pub fn to_toml(&self) -> Result<String> {
+        Ok(toml::to_string_pretty(self)?)
+    }
+}
+
+/// Merges one `section.key=VALUE` into `table`, VALUE parsed as a TOML value.
+fn apply_override(table: &mut toml::Table, spec: &str) -> Result<()> {
+    let (key, value) = spec
+        .split_once('=')
+        .with_context(|| format!("--set {spec}: expected section.key=VALUE"))?;
+    let key = key.trim();
+    let parsed: toml::Table = format!("v = {value}").parse().map_err(|_| {
+        anyhow::anyhow!("--set {spec}: VALUE must be TOML (quote strings: {key}='\"text\"')")
+    })?;
+    let value = parsed.get("v").cloned().context("--set: empty value")?;
+    let parts: Vec<&str> = key.split('.').collect();
+    let Some((last, sections)) = parts.split_last() else {
+        bail!("--set {spec}: empty key")
+    };
+    if sections.is_empty() || parts.iter().any(|p| p.is_empty()) {
+        bail!("--set {spec}: the key must be section.key");
+    }
+    let mut node = table;
+    for s in sections {
+        let entry = node
+            .entry(s.to_string())
+            .or_insert_with(|| toml::Value::Table(Default::default()));
+        node = entry
+            .as_table_mut()
+            .with_context(|| format!("--set {spec}: `{s}` is not a section"))?;
+    }
+    node.insert(last.to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.toml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    const BASE: &str =
+        "[model]\npreset = \"tiny\"\n[data]\ntrain = [\"x.jsonl\"]\nvalid_fraction = 0.1\n";
+
+    #[test]
+    fn overrides_take_precedence_and_parse_as_toml() {
+        let (_d, path) = write(BASE);
+        let c = RunConfig::load(
+            &path,
+            &["train.steps=40".into(), "log.dir=\"runs/a\"".into()],
+        )
+        .unwrap();
+        assert_eq!(c.train.steps, 40);
+        assert_eq!(c.log.dir, PathBuf::from("runs/a"));
+        assert_eq!(c.train.micro_batch, 8);
+    }
+
+    #[test]
+    fn unknown_key_is_named_with_the_file() {
+        let (_d, path) = write(&format!("{BASE}[train]\nstepz = 3\n"));
+        let e = RunConfig::load(&path, &[]).unwrap_err().to_string();
+        assert!(e.contains("run.toml") && e.contains("train.stepz"), "{e}");
+        let e = RunConfig::load(&write(BASE).1, &["train.nope=1".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("train.nope"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_is_named() {
+        let (_d, path) = write(&format!("{BASE}[train]\nsteps = \"many\"\n"));
+        let e = RunConfig::load(&path, &[]).unwrap_err().to_string();
+        assert!(e.contains("train.steps") && !e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn indivisible_global_batch_is_refused() {
+        let (_d, path) = write(&format!(
+            "{BASE}[train]\nmicro_batch = 3\nglobal_batch = 8\n"
+        ));
+        let e = format!("{:#}", RunConfig::load(&path, &[]).unwrap_err());
+        assert!(e.contains("not divisible"), "{e}");
+    }
+
+    #[test]
+    fn preset_sizes_can_be_overridden() {
+        let (_d, path) = write(&BASE.replace("[data]", "n_embd = 32\n[data]"));
+        let c = RunConfig::load(&path, &[]).unwrap().model_config().unwrap();
+        assert_eq!((c.n_layer, c.n_embd), (2, 32));
+        let (_d, path) = write(&BASE.replace("[data]", "n_embd = 30\n[data]"));
+        assert!(
+            RunConfig::load(&path, &[]).is_err(),
+            "30 is not a multiple of 4 heads"
+        );
+    }
+}

@@ -1,0 +1,135 @@
+//! `trainer`: trains GPT models with ZeRO-3 and ZeRO++ (see README.md and docs/).
+
+mod checkpoint;
+mod config;
+mod metrics;
+mod plot;
+mod schedule;
+mod train;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "trainer",
+    version,
+    about = "GPT training with ZeRO-3 and ZeRO++"
+)]
+struct Cli {
+    /// Run config (TOML); trains when no subcommand is given.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Override a config value: section.key=VALUE, VALUE in TOML syntax (quote strings).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE", global = true)]
+    set: Vec<String>,
+    /// Print the resolved config and exit.
+    #[arg(long)]
+    print_config: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Tokenise Pile-format .jsonl / .jsonl.zst files into a Megatron indexed dataset.
+    PrepareData {
+        /// Input files (.jsonl or .jsonl.zst, one {"text": ...} per line).
+        #[arg(long, num_args = 1.., required = true)]
+        input: Vec<PathBuf>,
+        /// Output prefix: writes PREFIX.bin and PREFIX.idx.
+        #[arg(long)]
+        output: PathBuf,
+        /// Folder with the GPT-2 vocab.json and merges.txt.
+        #[arg(long, default_value = "data/gpt2")]
+        tokenizer: PathBuf,
+        /// Fraction of documents held out into PREFIX_valid.{bin,idx}.
+        #[arg(long, default_value_t = 0.0)]
+        valid_fraction: f64,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Draw loss and val_loss against tokens from metrics.jsonl files, one line per run.
+    Plot {
+        /// metrics.jsonl files (or run folders holding one).
+        #[arg(required = true)]
+        metrics: Vec<PathBuf>,
+        #[arg(long)]
+        output: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the whole cause chain.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        None => {
+            let path = cli
+                .config
+                .context("no --config given (see trainer --help)")?;
+            let config = config::RunConfig::load(&path, &cli.set)?;
+            if cli.print_config {
+                print!("{}", config.to_toml()?);
+                return Ok(());
+            }
+            train::run(&config)
+        }
+        Some(Command::PrepareData {
+            input,
+            output,
+            tokenizer,
+            valid_fraction,
+            quiet,
+        }) => {
+            let opts = data::PrepareOptions {
+                inputs: input,
+                output: output.clone(),
+                tokenizer_dir: tokenizer,
+                valid_fraction,
+                progress: !quiet,
+            };
+            let s = data::prepare(&opts)?;
+            eprintln!(
+                "wrote {}.{{bin,idx}}: {} documents, {} tokens; {} held out ({} tokens); \
+                 {:.1} MB of text in {:.1} s = {:.2} MB/s",
+                output.display(),
+                s.documents,
+                s.tokens,
+                s.valid_documents,
+                s.valid_tokens,
+                s.text_bytes as f64 / 1e6,
+                s.seconds,
+                s.text_bytes as f64 / 1e6 / s.seconds
+            );
+            Ok(())
+        }
+        Some(Command::Plot { metrics, output }) => {
+            let files: Vec<PathBuf> = metrics
+                .into_iter()
+                .map(|p| {
+                    if p.is_dir() {
+                        p.join("metrics.jsonl")
+                    } else {
+                        p
+                    }
+                })
+                .collect();
+            plot::plot(&files, &output)?;
+            eprintln!("wrote {}", output.display());
+            Ok(())
+        }
+    }
+}

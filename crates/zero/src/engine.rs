@@ -1,0 +1,370 @@
+//! The training step of DESIGN.md section 2, for ZeRO stage 3.
+//!
+//! Unit order is the model's: embedding, blocks 0..L, final norm. The LM head is tied to the
+//! token embedding, so the embedding unit is gathered once in forward (the lookup) and once for
+//! backward (the head and then the lookup's backward); every other unit is gathered once in
+//! forward and once in backward, and every unit's gradient is reduced once. That is exactly the
+//! 2 gathers + 1 reduce-scatter per unit of the paper's volume accounting.
+
+use candle_core::{DType, Device, Tensor};
+use comm::{Communicator, Group};
+use model::{GptConfig, ModelLayout, UnitLayout};
+
+use crate::{AdamW, DecayRanges, Partition, Result, ZeroConfig, ZeroError};
+
+/// Everything the engine needs besides the model shape and the communicator.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    pub zero: ZeroConfig,
+    /// Seed of the partition-independent initialisation.
+    pub seed: u64,
+    /// Activation checkpointing: blocks keep only their input and recompute in backward.
+    pub recompute: bool,
+    pub optimizer: AdamW,
+    /// Clip the global gradient norm to this value (0 = no clipping).
+    pub grad_clip: f64,
+    pub device: Device,
+}
+
+/// What one optimizer step measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepStats {
+    /// Global L2 norm of the (averaged) gradient, before clipping.
+    pub grad_norm: f64,
+}
+
+/// One named fp32 shard of engine state, as saved in a checkpoint.
+pub struct NamedShard<'a> {
+    pub name: String,
+    pub data: &'a [f32],
+}
+
+/// Bytes per rank: the sharded states, and the largest transient full-unit buffers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MemoryEstimate {
+    /// fp32 master + Adam moments + fp32 gradient shard (16 bytes per owned element).
+    pub sharded_bytes: u64,
+    /// Two gathered units at a time (the embedding held through backward plus the largest other)
+    /// and the full gradient of one unit.
+    pub working_bytes: u64,
+}
+
+/// One rank's shard of one unit.
+struct UnitShard {
+    layout: UnitLayout,
+    partition: Partition,
+    /// fp32 master weights of my shard.
+    master: Vec<f32>,
+    exp_avg: Vec<f32>,
+    exp_avg_sq: Vec<f32>,
+    /// fp32 gradient of my shard, accumulated over micro-batches.
+    grad: Vec<f32>,
+    decay: DecayRanges,
+}
+
+/// A ZeRO-3 engine for one rank. See the module doc for the step's schedule.
+pub struct Engine {
+    cfg: GptConfig,
+    opts: EngineOptions,
+    comm: Box<dyn Communicator>,
+    units: Vec<UnitShard>,
+    /// Optimizer steps taken so far.
+    step: u64,
+}
+
+impl Engine {
+    /// Builds my shards and fills them from the seed, independently of the world size.
+    pub fn new(cfg: GptConfig, opts: EngineOptions, comm: Box<dyn Communicator>) -> Result<Self> {
+        opts.zero.validate()?;
+        opts.zero.check_supported()?;
+        cfg.validate()?;
+        let world = comm.topology().world();
+        let rank = comm.rank();
+        let layout = ModelLayout::new(&cfg);
+        let units = layout
+            .units
+            .into_iter()
+            .map(|layout| {
+                let partition = Partition::new(layout.numel, world, 1);
+                let range = partition.shard_range(rank);
+                let mut master = vec![0f32; range.len()];
+                model::init_unit_range(&cfg, &layout, opts.seed, range.start, &mut master);
+                let decayed: Vec<_> = layout
+                    .params
+                    .iter()
+                    .filter(|p| p.decay)
+                    .map(|p| p.offset..p.offset + p.numel)
+                    .collect();
+                let n = master.len();
+                UnitShard {
+                    decay: DecayRanges::for_shard(&decayed, &range),
+                    layout,
+                    partition,
+                    master,
+                    exp_avg: vec![0.0; n],
+                    exp_avg_sq: vec![0.0; n],
+                    grad: vec![0.0; n],
+                }
+            })
+            .collect();
+        Ok(Engine {
+            cfg,
+            opts,
+            comm,
+            units,
+            step: 0,
+        })
+    }
+
+    pub fn config(&self) -> &GptConfig {
+        &self.cfg
+    }
+
+    pub fn comm(&self) -> &dyn Communicator {
+        self.comm.as_ref()
+    }
+
+    /// Optimizer steps taken (restored from a checkpoint on resume).
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    /// Units in model order (embedding, blocks, final norm).
+    pub fn num_units(&self) -> usize {
+        self.units.len()
+    }
+
+    /// My fp32 gradient shard of unit `u`, as accumulated since the last [`Engine::step`].
+    pub fn grad_shard(&self, u: usize) -> &[f32] {
+        &self.units[u].grad
+    }
+
+    pub fn memory_estimate(&self) -> MemoryEstimate {
+        let owned: usize = self.units.iter().map(|u| u.master.len()).sum();
+        let mut sizes: Vec<usize> = self.units.iter().map(|u| u.partition.padded).collect();
+        let embedding = sizes[0];
+        sizes.sort_unstable();
+        let largest = *sizes.last().unwrap_or(&0);
+        MemoryEstimate {
+            sharded_bytes: 16 * owned as u64,
+            working_bytes: 4 * (embedding + 2 * largest) as u64,
+        }
+    }
+
+    /// All-gathers unit `u`'s full flat buffer (padded) as a compute tensor.
+    fn gather(&self, u: usize) -> Result<Tensor> {
+        let unit = &self.units[u];
+        let mut full = vec![0f32; unit.partition.padded];
+        self.comm
+            .all_gather(Group::World, &unit.master, &mut full)?;
+        Ok(Tensor::from_vec(
+            full,
+            unit.partition.padded,
+            &self.opts.device,
+        )?)
+    }
+
+    /// Reduce-scatters unit `u`'s full gradient, averaged over the world and multiplied by
+    /// `scale`, and adds my slice into my fp32 gradient shard.
+    fn reduce(&mut self, u: usize, grad: &Tensor, scale: f32) -> Result<()> {
+        let unit = &self.units[u];
+        let mut full = grad.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        full.resize(unit.partition.padded, 0.0);
+        let mut mine = vec![0f32; unit.partition.shard_len()];
+        self.comm.reduce_scatter(Group::World, &full, &mut mine)?;
+        let coef = scale / unit.partition.world as f32;
+        for (g, r) in self.units[u].grad.iter_mut().zip(&mine) {
+            *g += r * coef;
+        }
+        Ok(())
+    }
+
+    fn batch_tensors(&self, inputs: &[u32], targets: &[u32]) -> Result<(Tensor, Tensor)> {
+        let t = self.cfg.seq_len;
+        let b = inputs.len() / t;
+        let dev = &self.opts.device;
+        Ok((
+            Tensor::from_slice(inputs, (b, t), dev)?,
+            Tensor::from_slice(targets, (b, t), dev)?,
+        ))
+    }
+
+    /// Forward and backward of one micro-batch (`inputs`, `targets`: B x T tokens, row-major).
+    /// Adds `grad_scale` x (world mean of the gradient) into the gradient shards; returns this
+    /// rank's mean loss over the micro-batch.
+    pub fn forward_backward(
+        &mut self,
+        inputs: &[u32],
+        targets: &[u32],
+        grad_scale: f32,
+    ) -> Result<f64> {
+        let (tokens, targets) = self.batch_tensors(inputs, targets)?;
+        let cfg = self.cfg.clone();
+        let n_layer = cfg.n_layer;
+        let last = n_layer + 1;
+
+        let embedding = self.gather(0)?;
+        let mut x = model::embedding_forward(&cfg, &embedding, &tokens)?;
+        drop(embedding);
+        let mut saved = Vec::with_capacity(n_layer);
+        for l in 0..n_layer {
+            let params = self.gather(1 + l)?;
+            let (y, s) = model::block_forward(&cfg, &params, &x, self.opts.recompute)?;
+            saved.push(s);
+            x = y;
+        }
+        let norm = self.gather(last)?;
+        let (xf, norm_saved) = model::final_norm_forward(&cfg, &norm, &x)?;
+        drop(norm);
+
+        // Backward. The embedding unit's backward gather serves the tied head and the lookup.
+        let embedding = self.gather(0)?;
+        let (loss, dxf, head_grad) = model::lm_head_loss_backward(&cfg, &embedding, &xf, &targets)?;
+        if !loss.is_finite() {
+            return Err(ZeroError::NonFinite {
+                what: "loss",
+                step: self.step + 1,
+            });
+        }
+        let norm = self.gather(last)?;
+        let (mut dx, dnorm) = model::final_norm_backward(&cfg, &norm, &norm_saved, &dxf)?;
+        drop(norm);
+        self.reduce(last, &dnorm, grad_scale)?;
+        for l in (0..n_layer).rev() {
+            let params = self.gather(1 + l)?;
+            let s = saved.pop().expect("one saved state per block");
+            let (d, dparams) = model::block_backward(&cfg, &params, &s, &dx)?;
+            self.reduce(1 + l, &dparams, grad_scale)?;
+            dx = d;
+        }
+        let lookup_grad = model::embedding_backward(&cfg, &tokens, &dx)?;
+        drop(embedding);
+        self.reduce(0, &(head_grad + lookup_grad)?, grad_scale)?;
+        Ok(loss)
+    }
+
+    /// This rank's mean loss over one micro-batch, forward only.
+    pub fn eval_loss(&self, inputs: &[u32], targets: &[u32]) -> Result<f64> {
+        let (tokens, targets) = self.batch_tensors(inputs, targets)?;
+        let cfg = &self.cfg;
+        let embedding = self.gather(0)?;
+        let mut x = model::embedding_forward(cfg, &embedding, &tokens)?;
+        for l in 0..cfg.n_layer {
+            let params = self.gather(1 + l)?;
+            x = model::block_forward(cfg, &params, &x, true)?.0;
+        }
+        let norm = self.gather(cfg.n_layer + 1)?;
+        let (xf, _) = model::final_norm_forward(cfg, &norm, &x)?;
+        Ok(model::lm_head_loss(cfg, &embedding, &xf, &targets)?)
+    }
+
+    /// The mean of `value` over the world (for losses logged by rank 0).
+    pub fn mean_over_world(&self, value: f64) -> Result<f64> {
+        let mut buf = [value as f32];
+        self.comm.all_reduce(Group::World, &mut buf)?;
+        Ok(buf[0] as f64 / self.comm.topology().world() as f64)
+    }
+
+    /// Clips by the global gradient norm, applies AdamW with learning rate `lr` to my shards,
+    /// and clears the gradient shards.
+    pub fn step(&mut self, lr: f64) -> Result<StepStats> {
+        let local: f64 = self
+            .units
+            .iter()
+            .flat_map(|u| u.grad.iter())
+            .map(|&g| g as f64 * g as f64)
+            .sum();
+        let mut total = [local as f32];
+        self.comm.all_reduce(Group::World, &mut total)?;
+        let grad_norm = (total[0] as f64).sqrt();
+        if !grad_norm.is_finite() {
+            return Err(ZeroError::NonFinite {
+                what: "gradient norm",
+                step: self.step + 1,
+            });
+        }
+        let clip = self.opts.grad_clip;
+        let coef = if clip > 0.0 && grad_norm > clip {
+            clip / (grad_norm + 1e-6)
+        } else {
+            1.0
+        };
+        self.step += 1;
+        for u in &mut self.units {
+            let u = &mut *u;
+            self.opts.optimizer.update(
+                &mut u.master,
+                &u.grad,
+                &mut u.exp_avg,
+                &mut u.exp_avg_sq,
+                &u.decay,
+                coef,
+                lr,
+                self.step,
+            );
+            u.grad.fill(0.0);
+        }
+        Ok(StepStats { grad_norm })
+    }
+
+    /// My shards of the master weights and Adam moments, named `<unit>.<state>`.
+    pub fn state(&self) -> Vec<NamedShard<'_>> {
+        let mut out = Vec::with_capacity(3 * self.units.len());
+        for u in &self.units {
+            for (state, data) in [
+                ("master", &u.master),
+                ("exp_avg", &u.exp_avg),
+                ("exp_avg_sq", &u.exp_avg_sq),
+            ] {
+                out.push(NamedShard {
+                    name: format!("{}.{state}", u.layout.name),
+                    data,
+                });
+            }
+        }
+        out
+    }
+
+    /// Restores the shards named as by [`Engine::state`] and the optimizer step count.
+    /// `lookup` returns a saved tensor by name; every name must be present with my shard's length.
+    pub fn restore(&mut self, step: u64, lookup: &dyn Fn(&str) -> Option<Vec<f32>>) -> Result<()> {
+        for u in &mut self.units {
+            for (state, data) in [
+                ("master", &mut u.master),
+                ("exp_avg", &mut u.exp_avg),
+                ("exp_avg_sq", &mut u.exp_avg_sq),
+            ] {
+                let name = format!("{}.{state}", u.layout.name);
+                let saved = lookup(&name).ok_or_else(|| ZeroError::BadState {
+                    name: name.clone(),
+                    reason: "missing".into(),
+                })?;
+                if saved.len() != data.len() {
+                    return Err(ZeroError::BadState {
+                        name,
+                        reason: format!(
+                            "{} elements, this rank's shard has {}",
+                            saved.len(),
+                            data.len()
+                        ),
+                    });
+                }
+                *data = saved;
+            }
+            u.grad.fill(0.0);
+        }
+        self.step = step;
+        Ok(())
+    }
+
+    /// Gathers every unit's parameters, unpadded, with their layouts (for export and tests).
+    pub fn gathered_parameters(&self) -> Result<Vec<(UnitLayout, Vec<f32>)>> {
+        let mut out = Vec::with_capacity(self.units.len());
+        for (u, unit) in self.units.iter().enumerate() {
+            let mut full = self.gather(u)?.to_vec1::<f32>()?;
+            full.truncate(unit.layout.numel);
+            out.push((unit.layout.clone(), full));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,21 @@
+/// Errors of the ZeRO engine.
+#[derive(Debug, thiserror::Error)]
+pub enum ZeroError {
+    #[error(transparent)]
+    Model(#[from] model::ModelError),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    #[error(transparent)]
+    Comm(#[from] comm::CommError),
+    /// A configuration the engine cannot run, named by its key.
+    #[error("[zero] {key}: {reason}")]
+    Config { key: &'static str, reason: String },
+    /// A saved state that does not fit this run.
+    #[error("state tensor {name}: {reason}")]
+    BadState { name: String, reason: String },
+    /// The loss or the gradients became NaN or infinite.
+    #[error("non-finite {what} at step {step}")]
+    NonFinite { what: &'static str, step: u64 },
+}
+
+pub type Result<T> = std::result::Result<T, ZeroError>;

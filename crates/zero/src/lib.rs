@@ -1,0 +1,19 @@
+//! The ZeRO engine: parameters, gradients and optimizer states partitioned over the ranks.
+//!
+//! Each model unit (embedding, each block, the final norm) is one flat buffer, padded so every
+//! rank owns an equal, aligned shard ([`Partition`]). A training step gathers each unit before
+//! its forward and again before its backward, reduces its gradient into the owners' fp32 shards,
+//! and the sharded [`AdamW`] updates each rank's fp32 master shard. The training loop talks only
+//! to [`Engine`]; the world size and the ZeRO++ options are resolved once into a [`ZeroConfig`].
+
+mod config;
+mod engine;
+mod error;
+mod optimizer;
+mod partition;
+
+pub use config::ZeroConfig;
+pub use engine::{Engine, EngineOptions, MemoryEstimate, NamedShard, StepStats};
+pub use error::{Result, ZeroError};
+pub use optimizer::{AdamW, DecayRanges};
+pub use partition::Partition;

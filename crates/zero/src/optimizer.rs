@@ -1,0 +1,144 @@
+use std::ops::Range;
+
+/// AdamW with decoupled weight decay (Loshchilov & Hutter; PyTorch's `AdamW`), applied to one
+/// flat fp32 shard at a time. Moments are fp32 whatever the compute precision.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamW {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+/// The sub-ranges of a shard whose elements take weight decay (matrices and embeddings, not
+/// biases or norm weights), relative to the shard's start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DecayRanges(pub Vec<Range<usize>>);
+
+impl DecayRanges {
+    /// Intersects the unit-level `decayed` ranges with the shard `shard` and rebases them.
+    pub fn for_shard(decayed: &[Range<usize>], shard: &Range<usize>) -> Self {
+        let mut out = Vec::new();
+        for r in decayed {
+            let (lo, hi) = (r.start.max(shard.start), r.end.min(shard.end));
+            if lo < hi {
+                out.push(lo - shard.start..hi - shard.start);
+            }
+        }
+        DecayRanges(out)
+    }
+}
+
+impl AdamW {
+    /// One update of `param` from `grad` x `grad_coef` at optimizer step `t` (1-based).
+    ///
+    /// `param -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * param)` on decayed elements, without
+    /// the `wd` term elsewhere. Reads `grad`, does not clear it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn update(
+        &self,
+        param: &mut [f32],
+        grad: &[f32],
+        exp_avg: &mut [f32],
+        exp_avg_sq: &mut [f32],
+        decay: &DecayRanges,
+        grad_coef: f64,
+        lr: f64,
+        t: u64,
+    ) {
+        let bc1 = 1.0 - self.beta1.powi(t as i32);
+        let bc2 = 1.0 - self.beta2.powi(t as i32);
+        let mut decayed = decay.0.iter().peekable();
+        for i in 0..param.len() {
+            while decayed.peek().is_some_and(|r| r.end <= i) {
+                decayed.next();
+            }
+            let wd = match decayed.peek() {
+                Some(r) if r.contains(&i) => self.weight_decay,
+                _ => 0.0,
+            };
+            let g = grad[i] as f64 * grad_coef;
+            let m = self.beta1 * exp_avg[i] as f64 + (1.0 - self.beta1) * g;
+            let v = self.beta2 * exp_avg_sq[i] as f64 + (1.0 - self.beta2) * g * g;
+            exp_avg[i] = m as f32;
+            exp_avg_sq[i] = v as f32;
+            let p = param[i] as f64;
+            let step = (m / bc1) / ((v / bc2).sqrt() + self.eps) + wd * p;
+            param[i] = (p - lr * step) as f32;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opt() -> AdamW {
+        AdamW {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        }
+    }
+
+    #[test]
+    fn first_step_moves_each_element_by_lr_times_sign() {
+        // At t = 1, m_hat = g and v_hat = g^2, so the step is lr * sign(g) (+ decay).
+        let mut p = vec![1.0f32, 1.0, 1.0];
+        let (mut m, mut v) = (vec![0.0; 3], vec![0.0; 3]);
+        let decay = DecayRanges([0..1].to_vec());
+        opt().update(
+            &mut p,
+            &[0.5, -2.0, 0.0],
+            &mut m,
+            &mut v,
+            &decay,
+            1.0,
+            0.01,
+            1,
+        );
+        assert!((p[0] - (1.0 - 0.01 * (1.0 + 0.1))).abs() < 1e-6);
+        assert!((p[1] - 1.01).abs() < 1e-6);
+        assert_eq!(p[2], 1.0);
+    }
+
+    #[test]
+    fn matches_a_plain_reference_over_several_steps() {
+        let o = opt();
+        let grads = [[0.3f32, -0.1], [0.2, 0.4], [-0.5, 0.05]];
+        let (mut p, mut m, mut v) = (vec![0.5f32, -0.25], vec![0.0; 2], vec![0.0; 2]);
+        let (mut rp, mut rm, mut rv) = ([0.5f64, -0.25], [0.0f64; 2], [0.0f64; 2]);
+        for (t, g) in grads.iter().enumerate() {
+            let t = t as u64 + 1;
+            o.update(
+                &mut p,
+                g,
+                &mut m,
+                &mut v,
+                &DecayRanges([0..2].to_vec()),
+                0.5,
+                0.1,
+                t,
+            );
+            for i in 0..2 {
+                let gi = g[i] as f64 * 0.5;
+                rm[i] = 0.9 * rm[i] + 0.1 * gi;
+                rv[i] = 0.95 * rv[i] + 0.05 * gi * gi;
+                rp[i] *= 1.0 - 0.1 * 0.1;
+                let mh = rm[i] / (1.0 - 0.9f64.powi(t as i32));
+                let vh = rv[i] / (1.0 - 0.95f64.powi(t as i32));
+                rp[i] -= 0.1 * mh / (vh.sqrt() + 1e-8);
+            }
+        }
+        for i in 0..2 {
+            assert!((p[i] as f64 - rp[i]).abs() < 1e-6, "{} vs {}", p[i], rp[i]);
+        }
+    }
+
+    #[test]
+    fn decay_ranges_are_rebased_to_the_shard() {
+        let d = DecayRanges::for_shard(&[0..10, 20..30], &(5..25));
+        assert_eq!(d.0, vec![0..5, 15..20]);
+    }
+}

@@ -1,0 +1,268 @@
+//! End-to-end tests of the `trainer` binary: training, kill and resume, bad input, data
+//! preparation and plots, on a small slice of the bundled corpus with a small model.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+fn trainer() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_trainer"));
+    c.current_dir(repo()).env_remove("ZEROPP_KILL_AT_STEP");
+    c
+}
+
+/// The first `docs` addresses of the bundled corpus as a plain .jsonl file in `dir`.
+fn small_corpus(dir: &Path, docs: usize) -> PathBuf {
+    let file = std::fs::File::open(repo().join("data/corpus/sotu.jsonl.zst")).unwrap();
+    let text = String::from_utf8(zstd::decode_all(file).unwrap()).unwrap();
+    let lines: Vec<&str> = text.lines().take(docs).collect();
+    let path = dir.join("small.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+/// A small model and batch, with every path inside `dir`.
+fn small_run(dir: &Path, train: &Path, steps: u64) -> Vec<String> {
+    vec![
+        "model.n_layer=2".into(),
+        "model.n_embd=32".into(),
+        "model.n_head=2".into(),
+        "model.seq_len=32".into(),
+        "train.micro_batch=4".into(),
+        "train.global_batch=8".into(),
+        format!("train.steps={steps}"),
+        "train.lr=1e-3".into(),
+        "train.warmup_steps=5".into(),
+        format!("data.train=[{:?}]", train.to_str().unwrap()),
+        "data.valid_fraction=0.2".into(),
+        "log.interval=1".into(),
+        "log.eval_interval=10".into(),
+        "log.eval_samples=8".into(),
+        "log.progress=false".into(),
+        format!("log.dir={:?}", dir.join("run").to_str().unwrap()),
+    ]
+}
+
+fn run_with(sets: &[String], extra: &[&str]) -> Output {
+    let mut c = trainer();
+    c.args(["--config", "configs/tiny.toml"]);
+    for s in sets.iter().map(String::as_str).chain(extra.iter().copied()) {
+        c.args(["--set", s]);
+    }
+    c.output().unwrap()
+}
+
+fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "trainer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// (step, loss) of every training line.
+fn losses(run_dir: &Path) -> Vec<(u64, f64)> {
+    let text = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("loss").is_some())
+        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn killed_and_resumed_run_repeats_the_straight_curve_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 6);
+
+    let straight = dir.path().join("straight");
+    std::fs::create_dir(&straight).unwrap();
+    assert_ok(&run_with(
+        &small_run(&straight, &corpus, 40),
+        &["checkpoint.interval=10"],
+    ));
+
+    let resumed = dir.path().join("resumed");
+    std::fs::create_dir(&resumed).unwrap();
+    let sets = small_run(&resumed, &corpus, 40);
+    let mut first = trainer();
+    first
+        .args(["--config", "configs/tiny.toml"])
+        .env("ZEROPP_KILL_AT_STEP", "20");
+    for s in sets.iter().chain(&["checkpoint.interval=20".to_string()]) {
+        first.args(["--set", s]);
+    }
+    let out = first.output().unwrap();
+    assert!(
+        !out.status.success(),
+        "the run should have been killed at step 20"
+    );
+    assert_eq!(losses(&resumed.join("run")).len(), 20);
+    assert_ok(&run_with(&sets, &["checkpoint.interval=20"]));
+
+    let a = losses(&straight.join("run"));
+    let b = losses(&resumed.join("run"));
+    assert_eq!(a.len(), 40);
+    assert_eq!(
+        a, b,
+        "the resumed curve must equal the straight one bitwise"
+    );
+    assert!(
+        a[39].1 < a[0].1 - 0.5,
+        "the small model should learn: {} -> {}",
+        a[0].1,
+        a[39].1
+    );
+}
+
+/// Runs `sets` expecting a one-line error mentioning `needle`, and checks that `keep` is unchanged.
+fn assert_refused(sets: &[String], needle: &str, keep: &[PathBuf]) {
+    let before: Vec<Option<Vec<u8>>> = keep.iter().map(|p| std::fs::read(p).ok()).collect();
+    let out = run_with(sets, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "should fail with {needle}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "one error line expected: {err}");
+    assert!(
+        lines[0].contains(needle),
+        "error should name {needle}: {err}"
+    );
+    let after: Vec<Option<Vec<u8>>> = keep.iter().map(|p| std::fs::read(p).ok()).collect();
+    assert!(before == after, "a refused run must not change {keep:?}");
+}
+
+#[test]
+fn bad_input_is_refused_with_one_line_and_nothing_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 4);
+    let sets = small_run(dir.path(), &corpus, 4);
+    assert_ok(&run_with(&sets, &["checkpoint.resume=true"]));
+    let run = dir.path().join("run");
+    let ckpt = run.join("checkpoints/step_00000004/rank_00000.safetensors");
+    let keep = vec![run.join("metrics.jsonl"), ckpt.clone()];
+    assert!(ckpt.exists());
+
+    let with = |extra: &str| -> Vec<String> {
+        let mut s = sets.clone();
+        s.push(extra.to_string());
+        s
+    };
+    assert_refused(&with("train.stepz=3"), "train.stepz", &keep);
+    assert_refused(&with("train.lr=\"fast\""), "train.lr", &keep);
+    assert_refused(
+        &with("data.train=[\"no/such/file.jsonl\"]"),
+        "no/such/file.jsonl",
+        &keep,
+    );
+    assert_refused(
+        &with("data.tokenizer=\"no/such/tokenizer\""),
+        "no/such/tokenizer",
+        &keep,
+    );
+    assert_refused(&with("train.global_batch=6"), "global_batch", &keep);
+    // The run exists: starting it again without resume must not overwrite it.
+    assert_refused(
+        &with("checkpoint.resume=false"),
+        "already holds a run",
+        &keep,
+    );
+
+    // A truncated checkpoint is refused on resume, and the metrics stay as they were.
+    let bytes = std::fs::read(&ckpt).unwrap();
+    std::fs::write(&ckpt, &bytes[..bytes.len() / 2]).unwrap();
+    assert_refused(&with("checkpoint.resume=true"), "truncated", &keep);
+}
+
+#[test]
+fn prepared_indexed_data_trains_and_corrupt_index_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 5);
+    let prefix = dir.path().join("sotu");
+    let out = trainer()
+        .args([
+            "prepare-data",
+            "--quiet",
+            "--valid-fraction",
+            "0.2",
+            "--output",
+        ])
+        .arg(&prefix)
+        .arg("--input")
+        .arg(&corpus)
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("MB/s"));
+    let idx = prefix.with_extension("idx");
+    assert!(idx.exists() && prefix.with_extension("bin").exists());
+
+    let mut sets = small_run(dir.path(), &prefix, 3);
+    sets.retain(|s| !s.starts_with("data.valid_fraction"));
+    sets.push(format!(
+        "data.valid=[{:?}]",
+        dir.path().join("sotu_valid").to_str().unwrap()
+    ));
+    assert_ok(&run_with(&sets, &[]));
+    assert_eq!(losses(&dir.path().join("run")).len(), 3);
+
+    let bytes = std::fs::read(&idx).unwrap();
+    std::fs::write(&idx, &bytes[..bytes.len() - 7]).unwrap();
+    let mut again = small_run(&dir.path().join("other"), &prefix, 3);
+    again.retain(|s| !s.starts_with("data.valid_fraction"));
+    again.push("log.eval_samples=0".into());
+    let out = run_with(&again, &[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("sotu.idx"),
+        "the error should name the index: {err}"
+    );
+}
+
+#[test]
+fn plot_writes_a_png() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = dir.path().join("metrics.jsonl");
+    let lines = [
+        r#"{"step":1,"tokens":256,"loss":10.9,"lr":0.001,"grad_norm":1.0,"tokens_per_s":1.0,"comm_intra_bytes":0,"comm_inter_bytes":0}"#,
+        r#"{"step":2,"tokens":512,"loss":9.5,"lr":0.001,"grad_norm":1.0,"tokens_per_s":1.0,"comm_intra_bytes":0,"comm_inter_bytes":0}"#,
+        r#"{"step":2,"tokens":512,"val_loss":9.7}"#,
+    ];
+    std::fs::write(&metrics, lines.join("\n")).unwrap();
+    let png = dir.path().join("loss.png");
+    let out = trainer()
+        .arg("plot")
+        .arg(&metrics)
+        .arg("--output")
+        .arg(&png)
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert_eq!(&std::fs::read(&png).unwrap()[..4], b"\x89PNG");
+}
+
+#[test]
+fn print_config_resolves_overrides() {
+    let out = trainer()
+        .args([
+            "--config",
+            "configs/gpt350m.toml",
+            "--print-config",
+            "--set",
+            "train.steps=7",
+        ])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("steps = 7") && text.contains("preset = \"gpt350m\""),
+        "{text}"
+    );
+}
