@@ -2,6 +2,7 @@
 
 mod checkpoint;
 mod config;
+mod export;
 mod metrics;
 mod plot;
 mod schedule;
@@ -52,6 +53,16 @@ enum Command {
         /// No progress bar.
         #[arg(long)]
         quiet: bool,
+    },
+    /// Write a checkpoint's model as one safetensors file with Hugging Face GPT-2 names
+    /// (and config.json beside it), loadable by transformers' GPT2LMHeadModel.
+    Export {
+        /// A checkpoint folder (its newest step) or one `step_<N>` folder.
+        #[arg(long)]
+        checkpoint: PathBuf,
+        /// Output file, e.g. hf/model.safetensors.
+        #[arg(long)]
+        output: PathBuf,
     },
     /// Draw loss and val_loss against tokens from metrics.jsonl files, one line per run.
     Plot {
@@ -116,6 +127,7 @@ fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
+        Some(Command::Export { checkpoint, output }) => export::export(&checkpoint, &output),
         Some(Command::Plot { metrics, output }) => {
             let files: Vec<PathBuf> = metrics
                 .into_iter()

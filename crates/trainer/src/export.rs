@@ -1,0 +1,107 @@
+//! `trainer export`: one consolidated safetensors file from a sharded checkpoint, with the
+//! tensor names and shapes of Hugging Face's `GPT2LMHeadModel` (`transformer.wte.weight`,
+//! `transformer.h.0.attn.c_attn.weight`, ...), plus the `config.json` that transformers'
+//! `from_pretrained` reads from the same folder. The LM head is tied to `wte`, so, like
+//! `save_pretrained`, the file has no separate `lm_head.weight`.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use safetensors::tensor::{Dtype, TensorView};
+
+use crate::checkpoint;
+
+/// The full fp32 parameters of every unit, in model order, gathered from all ranks' shards.
+pub fn consolidate(ckpt: &Path) -> Result<(model::GptConfig, Vec<(model::UnitLayout, Vec<f32>)>)> {
+    let manifest = checkpoint::read_manifest(ckpt)?;
+    let m = &manifest.model;
+    let cfg = model::GptConfig {
+        n_layer: m.n_layer,
+        n_embd: m.n_embd,
+        n_head: m.n_head,
+        seq_len: m.seq_len,
+        vocab_size: m.vocab_size,
+    };
+    let layout = model::ModelLayout::new(&cfg);
+    let mut full: Vec<Vec<f32>> = vec![Vec::new(); layout.units.len()];
+    for rank in 0..manifest.world_size {
+        let state = checkpoint::read_rank(ckpt, &manifest, rank)?;
+        for (u, unit) in layout.units.iter().enumerate() {
+            let name = format!("{}.master", unit.name);
+            let shard = state
+                .tensors
+                .get(&name)
+                .with_context(|| format!("checkpoint {}: rank {rank} has no {name}", ckpt.display()))?;
+            full[u].extend_from_slice(shard);
+        }
+    }
+    let mut out = Vec::with_capacity(full.len());
+    for (unit, mut data) in layout.units.into_iter().zip(full) {
+        if data.len() < unit.numel {
+            bail!("checkpoint {}: {} holds {} elements, the model needs {}", ckpt.display(), unit.name, data.len(), unit.numel);
+        }
+        data.truncate(unit.numel);
+        out.push((unit, data));
+    }
+    Ok((cfg, out))
+}
+
+/// Writes `units` (full, unpadded) to `output` with Hugging Face GPT-2 names, and `config.json`
+/// beside it.
+pub fn write_hf(cfg: &model::GptConfig, units: &[(model::UnitLayout, Vec<f32>)], output: &Path) -> Result<()> {
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (unit, data) in units {
+        for p in &unit.params {
+            let bytes = data[p.offset..p.offset + p.numel].iter().flat_map(|v| v.to_le_bytes()).collect();
+            tensors.push((format!("transformer.{}", p.name), p.shape.clone(), bytes));
+        }
+    }
+    let mut views = Vec::with_capacity(tensors.len());
+    for (name, shape, bytes) in &tensors {
+        views.push((name.clone(), TensorView::new(Dtype::F32, shape.clone(), bytes)?));
+    }
+    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize_to_file(views, Some(meta), output)
+        .with_context(|| format!("cannot write {}", output.display()))?;
+    let hf_config = serde_json::json!({
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.seq_len,
+        "n_ctx": cfg.seq_len,
+        "n_embd": cfg.n_embd,
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_inner": null,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": true,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
+        "torch_dtype": "float32"
+    });
+    let config_path = output.with_file_name("config.json");
+    std::fs::write(&config_path, serde_json::to_string_pretty(&hf_config)?)
+        .with_context(|| format!("cannot write {}", config_path.display()))?;
+    Ok(())
+}
+
+/// `trainer export --checkpoint DIR --output FILE`: DIR is a `step_<N>` folder, or a
+/// checkpoint folder whose newest step is taken.
+pub fn export(checkpoint_dir: &Path, output: &Path) -> Result<()> {
+    let ckpt = if checkpoint_dir.join("manifest.json").exists() {
+        checkpoint_dir.to_path_buf()
+    } else {
+        checkpoint::newest(checkpoint_dir)?
+            .with_context(|| format!("{} holds no checkpoint", checkpoint_dir.display()))?
+    };
+    let (cfg, units) = consolidate(&ckpt)?;
+    write_hf(&cfg, &units, output)?;
+    eprintln!("exported {} ({} parameters) to {}", ckpt.display(), cfg.num_params(), output.display());
+    Ok(())
+}
