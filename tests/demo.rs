@@ -16,7 +16,11 @@ fn demo_config_learns_three_nats() {
         .arg(format!("log.dir={:?}", dir.path().to_str().unwrap()))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
     let val: Vec<f64> = text
         .lines()
@@ -25,6 +29,12 @@ fn demo_config_learns_three_nats() {
         .collect();
     let (first, last) = (val[0], val[val.len() - 1]);
     eprintln!("val_loss {first:.4} -> {last:.4}");
-    assert!((first - 10.83).abs() < 0.2, "the first evaluation is at initialisation: {first}");
-    assert!(last <= first - 3.0, "val_loss {first} -> {last}: less than 3 nats learned");
+    assert!(
+        (first - 10.83).abs() < 0.2,
+        "the first evaluation is at initialisation: {first}"
+    );
+    assert!(
+        last <= first - 3.0,
+        "val_loss {first} -> {last}: less than 3 nats learned"
+    );
 }

@@ -1,39 +1,109 @@
 //! Collective communication for the ZeRO engine.
 //!
-//! A [`Communicator`] moves `f32` buffers between the ranks of a [`Topology`] of `nodes x
+//! A [`Communicator`] moves buffers between the ranks of a [`Topology`] of `nodes x
 //! ranks_per_node` (rank = node x D + local rank) over three groups: the world, the ranks of my
-//! node, and the ranks with my local index on every node. Backends: [`Solo`] (one rank, every
-//! collective a copy); the threaded `local` backend and NCCL arrive with ZeRO-3 over N ranks.
-//! Every backend counts the logical bytes it sends per link kind ([`ByteCounters`]).
+//! node, and the ranks with my local index on every node. Collectives are asynchronous: each
+//! call returns a [`Pending`] at once, the rank's collectives run in issue order, and
+//! [`Pending::wait`] gives the result, so the engine overlaps a prefetched gather with compute.
+//!
+//! Backends: [`Solo`] (one rank, every collective returns its input) and [`LocalComm`] (W ranks
+//! as threads of one process, see [`run_local`]); NCCL follows. Every backend counts the logical
+//! bytes it sends per link kind ([`ByteCounters`]), the paper's volume accounting.
+//!
+//! ```
+//! use comm::{run_local, Communicator, Group, Topology};
+//!
+//! // 2 nodes x 2 ranks: sum rank-dependent values over each node.
+//! let topology = Topology::new(4, 2)?;
+//! let sums = run_local(topology, |comm| {
+//!     let mine = vec![comm.rank() as f32, 10.0];
+//!     comm.all_reduce(Group::IntraNode, mine).wait()
+//! })?;
+//! assert_eq!(sums, vec![vec![1.0, 20.0], vec![1.0, 20.0], vec![5.0, 20.0], vec![5.0, 20.0]]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod counters;
 mod error;
+mod local;
+mod pending;
 mod solo;
 mod topology;
 
 pub use counters::ByteCounters;
 pub use error::{CommError, Result};
+pub use local::{
+    local_world, local_world_with_timeout, run_local, LocalComm, LocalRunError, DEFAULT_TIMEOUT,
+};
+pub use pending::Pending;
 pub use solo::Solo;
 pub use topology::{Group, Topology};
 
-/// Collectives over the groups of one rank's [`Topology`].
+/// Asynchronous collectives over the groups of one rank's [`Topology`].
 ///
-/// Implementors must make every reduction deterministic (the same inputs give bitwise the same
-/// output whatever the timing), and must return an error on every rank, never hang, when one
-/// rank fails. Buffers are `f32`: the engine's gradient shards and master weights.
-pub trait Communicator: Send {
-    /// This rank's place in the topology.
+/// Every member of a group must issue the same collectives on that group in the same order,
+/// with the same lengths; each call returns at once and the rank's collectives execute in issue
+/// order. Implementors must:
+/// - make every reduction deterministic: sum in `f32` in group-rank order, so the same inputs
+///   give bitwise the same output whatever the timing;
+/// - fail a collective on every member alike when the members disagree (op, length, root), and
+///   never hang when one rank fails: after [`Communicator::abort`] every pending and future
+///   collective of every rank fails with [`CommError::Aborted`];
+/// - count in [`Communicator::counters`] the logical bytes of each collective as documented on
+///   [`ByteCounters`], whatever algorithm they use inside.
+///
+/// They must not reorder a rank's collectives on one group, or block the caller in the issuing
+/// call.
+///
+/// Callers must issue collectives on *different* groups in an order that is consistent across
+/// ranks (as with one NCCL stream): a backend may execute all of a rank's collectives one after
+/// another, so rank A issuing intra-node then world while rank B issues world then intra-node
+/// can deadlock (the local backend then fails with [`CommError::Timeout`]). Buffers of bytes carry any encoding (bf16, INT8 blocks and scales); reductions take
+/// `f32`.
+pub trait Communicator: Send + Sync {
+    /// This rank's world rank.
     fn rank(&self) -> usize;
     /// The nodes x ranks-per-node layout this communicator spans.
     fn topology(&self) -> Topology;
-    /// Each member contributes `send`; `recv` (len = group size x send.len()) receives all
-    /// contributions in group-rank order.
-    fn all_gather(&self, group: Group, send: &[f32], recv: &mut [f32]) -> Result<()>;
-    /// `send` (len = group size x recv.len()) is summed over the group; member i receives
-    /// slice i of the sum in `recv`.
-    fn reduce_scatter(&self, group: Group, send: &[f32], recv: &mut [f32]) -> Result<()>;
-    /// Sums `buf` over the group, in place, on every member.
-    fn all_reduce(&self, group: Group, buf: &mut [f32]) -> Result<()>;
-    /// Bytes this rank has sent since it was created, split by link kind.
+    /// Every member contributes `send` (the same length on all); the result is all
+    /// contributions concatenated in group-rank order.
+    fn all_gather(&self, group: Group, send: Vec<u8>) -> Pending<Vec<u8>>;
+    /// `send` is n equal chunks (n = group size); chunk j goes to member j; result chunk j came
+    /// from member j.
+    fn all_to_all(&self, group: Group, send: Vec<u8>) -> Pending<Vec<u8>>;
+    /// `send` (length divisible by n) is summed over the group in `f32`; member i gets slice i
+    /// of the sum.
+    fn reduce_scatter(&self, group: Group, send: Vec<f32>) -> Pending<Vec<f32>>;
+    /// `buf` summed over the group; every member gets the whole sum.
+    fn all_reduce(&self, group: Group, buf: Vec<f32>) -> Pending<Vec<f32>>;
+    /// Member `root` (a group rank)'s `buf` to every member; the others pass a buffer of the
+    /// same length, whose contents are ignored.
+    fn broadcast(&self, group: Group, root: usize, buf: Vec<u8>) -> Pending<Vec<u8>>;
+    /// Completes once every member has issued it.
+    fn barrier(&self, group: Group) -> Pending<()>;
+    /// Logical bytes this rank has sent so far, split intra/inter node (see [`ByteCounters`]).
     fn counters(&self) -> ByteCounters;
+    /// Fails every pending and future collective of every rank of this world with
+    /// `CommError::Aborted { rank: self.rank(), reason }`. Only the first abort is kept.
+    fn abort(&self, reason: String);
+}
+
+/// `f32` values as little-endian bytes, for byte collectives.
+pub fn f32_to_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Little-endian bytes back to `f32` values.
+///
+/// # Panics
+/// If `b.len()` is not a multiple of 4: the bytes did not come from [`f32_to_bytes`].
+pub fn bytes_to_f32(b: &[u8]) -> Vec<f32> {
+    assert!(
+        b.len().is_multiple_of(4),
+        "bytes_to_f32: {} bytes are not whole f32 values",
+        b.len()
+    );
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }

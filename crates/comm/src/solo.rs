@@ -1,16 +1,12 @@
-use crate::{ByteCounters, CommError, Communicator, Group, Result, Topology};
+use crate::{ByteCounters, CommError, Communicator, Group, Pending, Topology};
 
-/// The world of one rank: every collective is a copy and sends nothing.
-#[derive(Debug, Default)]
+/// The world of one rank: every group is just this rank, so every collective returns its input
+/// at once and sends nothing.
+///
+/// [`Communicator::abort`] does nothing: there is no peer to fail and no collective is ever
+/// pending.
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Solo;
-
-fn check(op: &'static str, got: usize, expected: usize) -> Result<()> {
-    if got == expected {
-        Ok(())
-    } else {
-        Err(CommError::BadLength { op, got, expected })
-    }
-}
 
 impl Communicator for Solo {
     fn rank(&self) -> usize {
@@ -22,20 +18,30 @@ impl Communicator for Solo {
             ranks_per_node: 1,
         }
     }
-    fn all_gather(&self, _: Group, send: &[f32], recv: &mut [f32]) -> Result<()> {
-        check("all_gather", recv.len(), send.len())?;
-        recv.copy_from_slice(send);
-        Ok(())
+    fn all_gather(&self, _: Group, send: Vec<u8>) -> Pending<Vec<u8>> {
+        Pending::ready(send)
     }
-    fn reduce_scatter(&self, _: Group, send: &[f32], recv: &mut [f32]) -> Result<()> {
-        check("reduce_scatter", send.len(), recv.len())?;
-        recv.copy_from_slice(send);
-        Ok(())
+    fn all_to_all(&self, _: Group, send: Vec<u8>) -> Pending<Vec<u8>> {
+        Pending::ready(send)
     }
-    fn all_reduce(&self, _: Group, _: &mut [f32]) -> Result<()> {
-        Ok(())
+    fn reduce_scatter(&self, _: Group, send: Vec<f32>) -> Pending<Vec<f32>> {
+        Pending::ready(send)
+    }
+    fn all_reduce(&self, _: Group, buf: Vec<f32>) -> Pending<Vec<f32>> {
+        Pending::ready(buf)
+    }
+    fn broadcast(&self, _: Group, root: usize, buf: Vec<u8>) -> Pending<Vec<u8>> {
+        if root == 0 {
+            Pending::ready(buf)
+        } else {
+            Pending::failed(CommError::BadRoot { root, size: 1 })
+        }
+    }
+    fn barrier(&self, _: Group) -> Pending<()> {
+        Pending::ready(())
     }
     fn counters(&self) -> ByteCounters {
         ByteCounters::default()
     }
+    fn abort(&self, _: String) {}
 }

@@ -52,7 +52,8 @@ pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
     dir.join(format!("step_{step:08}"))
 }
 
-fn tmp_dir(dir: &Path, step: u64) -> PathBuf {
+/// Where checkpoint `step` is written before [`commit`] renames it.
+pub fn tmp_dir(dir: &Path, step: u64) -> PathBuf {
     dir.join(format!("step_{step:08}.tmp"))
 }
 

@@ -284,7 +284,6 @@ impl RunConfig {
     /// What this build can run: checked when training starts, not by `--print-config`.
     pub fn check_supported(&self) -> Result<()> {
         let t = &self.train;
-        let world = self.dist.world_size;
         if t.precision != Precision::Fp32 {
             bail!(
                 "train.precision = {:?}: only fp32 is implemented on this build",
@@ -299,9 +298,6 @@ impl RunConfig {
                 "dist.backend = {:?}: only \"local\" is implemented",
                 format!("{:?}", self.dist.backend).to_lowercase()
             );
-        }
-        if world != 1 {
-            bail!("dist.world_size = {world}: the ZeRO engine runs one rank for now");
         }
         self.zero.check_supported()?;
         Ok(())

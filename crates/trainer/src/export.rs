@@ -29,17 +29,22 @@ pub fn consolidate(ckpt: &Path) -> Result<(model::GptConfig, Vec<(model::UnitLay
         let state = checkpoint::read_rank(ckpt, &manifest, rank)?;
         for (u, unit) in layout.units.iter().enumerate() {
             let name = format!("{}.master", unit.name);
-            let shard = state
-                .tensors
-                .get(&name)
-                .with_context(|| format!("checkpoint {}: rank {rank} has no {name}", ckpt.display()))?;
+            let shard = state.tensors.get(&name).with_context(|| {
+                format!("checkpoint {}: rank {rank} has no {name}", ckpt.display())
+            })?;
             full[u].extend_from_slice(shard);
         }
     }
     let mut out = Vec::with_capacity(full.len());
     for (unit, mut data) in layout.units.into_iter().zip(full) {
         if data.len() < unit.numel {
-            bail!("checkpoint {}: {} holds {} elements, the model needs {}", ckpt.display(), unit.name, data.len(), unit.numel);
+            bail!(
+                "checkpoint {}: {} holds {} elements, the model needs {}",
+                ckpt.display(),
+                unit.name,
+                data.len(),
+                unit.numel
+            );
         }
         data.truncate(unit.numel);
         out.push((unit, data));
@@ -49,17 +54,27 @@ pub fn consolidate(ckpt: &Path) -> Result<(model::GptConfig, Vec<(model::UnitLay
 
 /// Writes `units` (full, unpadded) to `output` with Hugging Face GPT-2 names, and `config.json`
 /// beside it.
-pub fn write_hf(cfg: &model::GptConfig, units: &[(model::UnitLayout, Vec<f32>)], output: &Path) -> Result<()> {
+pub fn write_hf(
+    cfg: &model::GptConfig,
+    units: &[(model::UnitLayout, Vec<f32>)],
+    output: &Path,
+) -> Result<()> {
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for (unit, data) in units {
         for p in &unit.params {
-            let bytes = data[p.offset..p.offset + p.numel].iter().flat_map(|v| v.to_le_bytes()).collect();
+            let bytes = data[p.offset..p.offset + p.numel]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
             tensors.push((format!("transformer.{}", p.name), p.shape.clone(), bytes));
         }
     }
     let mut views = Vec::with_capacity(tensors.len());
     for (name, shape, bytes) in &tensors {
-        views.push((name.clone(), TensorView::new(Dtype::F32, shape.clone(), bytes)?));
+        views.push((
+            name.clone(),
+            TensorView::new(Dtype::F32, shape.clone(), bytes)?,
+        ));
     }
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
     safetensors::serialize_to_file(views, Some(meta), output)
@@ -102,6 +117,11 @@ pub fn export(checkpoint_dir: &Path, output: &Path) -> Result<()> {
     };
     let (cfg, units) = consolidate(&ckpt)?;
     write_hf(&cfg, &units, output)?;
-    eprintln!("exported {} ({} parameters) to {}", ckpt.display(), cfg.num_params(), output.display());
+    eprintln!(
+        "exported {} ({} parameters) to {}",
+        ckpt.display(),
+        cfg.num_params(),
+        output.display()
+    );
     Ok(())
 }

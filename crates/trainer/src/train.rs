@@ -64,11 +64,11 @@ fn load_data(config: &RunConfig, vocab_size: usize) -> Result<Corpora> {
     Ok(Corpora { train, valid })
 }
 
-/// A checkpoint to resume from, fully read.
+/// A checkpoint to resume from: its manifest, checked against this run; each rank reads its
+/// own file.
 struct Resume {
     path: PathBuf,
     manifest: checkpoint::Manifest,
-    state: checkpoint::RankState,
 }
 
 fn find_resume(config: &RunConfig, model_cfg: &model::GptConfig) -> Result<Option<Resume>> {
@@ -94,12 +94,7 @@ fn find_resume(config: &RunConfig, model_cfg: &model::GptConfig) -> Result<Optio
             config.dist.world_size
         );
     }
-    let state = checkpoint::read_rank(&path, &manifest, 0)?;
-    Ok(Some(Resume {
-        path,
-        manifest,
-        state,
-    }))
+    Ok(Some(Resume { path, manifest }))
 }
 
 /// Progress on stderr: a bar on a terminal, plain lines otherwise (slurm logs, CI).
@@ -161,31 +156,104 @@ fn human_bytes(b: u64) -> String {
     }
 }
 
-/// Trains as `config` says.
+/// What every rank reads and nobody changes.
+struct Shared<'a> {
+    config: &'a RunConfig,
+    model_cfg: model::GptConfig,
+    topology: comm::Topology,
+    corpora: Corpora,
+    sampler: Sampler,
+    resume: Option<Resume>,
+}
+
+/// Trains as `config` says: one thread per simulated rank with the `local` backend.
 pub fn run(config: &RunConfig) -> Result<()> {
     config.check_supported()?;
     let model_cfg = config.model_config()?;
     let t = &config.train;
-    let seq_len = model_cfg.seq_len;
+    let world = config.dist.world_size;
+    let topology = comm::Topology::new(world, config.dist.gpus_per_node.unwrap_or(world))?;
 
     // Read and check every input before writing anything.
     let corpora = load_data(config, model_cfg.vocab_size)?;
-    let sampler =
-        Sampler::new(corpora.train.tokens.len(), seq_len, t.seed).context("data.train")?;
-    Sampler::check_batch(t.global_batch, config.dist.world_size, t.micro_batch)
-        .context("train.global_batch")?;
+    let sampler = Sampler::new(corpora.train.tokens.len(), model_cfg.seq_len, t.seed)
+        .context("data.train")?;
+    Sampler::check_batch(t.global_batch, world, t.micro_batch).context("train.global_batch")?;
+    if let Some(valid) = &corpora.valid {
+        let n = Sampler::new(valid.tokens.len(), model_cfg.seq_len, 0)
+            .context("validation data")?
+            .num_samples();
+        if config.log.eval_samples > 0 && n.min(config.log.eval_samples) < world {
+            bail!(
+                "validation data holds {n} sequences of {} tokens: fewer than the {world} ranks",
+                model_cfg.seq_len
+            );
+        }
+    }
     let resume = find_resume(config, &model_cfg)?;
-    let run_dir = &config.log.dir;
-    let metrics_path = run_dir.join("metrics.jsonl");
+    let metrics_path = config.log.dir.join("metrics.jsonl");
     if resume.is_none() && metrics_path.exists() && !config.checkpoint.resume {
         bail!(
             "{} already holds a run; set checkpoint.resume = true to continue it, or choose another log.dir",
-            run_dir.display()
+            config.log.dir.display()
         );
     }
 
-    let world = config.dist.world_size;
-    let ranks_per_node = config.dist.gpus_per_node.unwrap_or(world);
+    let shared = Shared {
+        config,
+        model_cfg,
+        topology,
+        corpora,
+        sampler,
+        resume,
+    };
+    if world == 1 {
+        return rank_main(&shared, Box::new(comm::Solo));
+    }
+    comm::run_local(topology, |c| {
+        rank_main(&shared, Box::new(c)).map_err(into_boxed)
+    })?;
+    Ok(())
+}
+
+/// Rank 0 holds the metrics writer; the other ranks write nothing.
+fn log_line<T: serde::Serialize>(metrics: &mut Option<MetricsWriter>, line: &T) -> Result<()> {
+    match metrics.as_mut() {
+        Some(m) => m.write(line),
+        None => Ok(()),
+    }
+}
+
+fn into_boxed(e: anyhow::Error) -> Box<dyn std::error::Error + Send + Sync> {
+    format!("{e:#}").into()
+}
+
+/// Test hook: `ZEROPP_FAIL_RANK=R@S` makes rank R fail with an error at step S, to check that
+/// one rank's failure ends the whole run promptly with that rank's error.
+pub const FAIL_RANK_ENV: &str = "ZEROPP_FAIL_RANK";
+
+fn injected_failure() -> Option<(usize, u64)> {
+    let v = std::env::var(FAIL_RANK_ENV).ok()?;
+    let (r, s) = v.split_once('@')?;
+    Some((r.parse().ok()?, s.parse().ok()?))
+}
+
+/// One rank's training loop. Rank 0 alone writes metrics, the config copy and the manifest;
+/// every rank writes its own checkpoint file.
+fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<()> {
+    let Shared {
+        config,
+        model_cfg,
+        topology,
+        corpora,
+        sampler,
+        resume,
+    } = shared;
+    let t = &config.train;
+    let seq_len = model_cfg.seq_len;
+    let rank = comm.rank();
+    let world = topology.world();
+    let lead = rank == 0;
     let options = EngineOptions {
         zero: config.zero.clone(),
         seed: t.seed,
@@ -199,28 +267,48 @@ pub fn run(config: &RunConfig) -> Result<()> {
         grad_clip: t.grad_clip,
         device: Device::Cpu,
     };
-    let mut engine = Engine::new(model_cfg.clone(), options, Box::new(comm::Solo))?;
-    let start = match &resume {
+    let mut engine = Engine::new(model_cfg.clone(), options, comm)?;
+    let start = match resume {
         Some(r) => {
-            let tensors = &r.state.tensors;
+            let state = checkpoint::read_rank(&r.path, &r.manifest, rank)?;
             engine
-                .restore(r.manifest.step, &|name| tensors.get(name).cloned())
-                .with_context(|| format!("checkpoint {}", r.path.display()))?;
+                .restore(r.manifest.step, &|name| state.tensors.get(name).cloned())
+                .with_context(|| format!("checkpoint {} rank {rank}", r.path.display()))?;
             r.manifest.step
         }
         None => 0,
     };
+    // Every rank has read its checkpoint file: only now is anything written.
+    engine.comm().barrier(comm::Group::World).wait()?;
 
-    std::fs::create_dir_all(run_dir)
-        .with_context(|| format!("cannot create {}", run_dir.display()))?;
-    metrics::truncate_after(&metrics_path, start)?;
-    std::fs::write(run_dir.join("config.toml"), config.to_toml()?)?;
-    let mut metrics = MetricsWriter::append(&metrics_path)?;
+    let run_dir = &config.log.dir;
+    let mut metrics = None;
+    if lead {
+        std::fs::create_dir_all(run_dir)
+            .with_context(|| format!("cannot create {}", run_dir.display()))?;
+        let metrics_path = run_dir.join("metrics.jsonl");
+        metrics::truncate_after(&metrics_path, start)?;
+        std::fs::write(run_dir.join("config.toml"), config.to_toml()?)?;
+        metrics = Some(MetricsWriter::append(&metrics_path)?);
+    }
 
     let accumulation = config.accumulation();
     let memory = engine.memory_estimate();
-    let reporter = Reporter::new(config.log.progress, t.steps, start);
-    reporter.println(&format!(
+    let reporter = Reporter::new(
+        if lead {
+            config.log.progress
+        } else {
+            Some(false)
+        },
+        t.steps,
+        start,
+    );
+    let say = |line: &str| {
+        if lead {
+            reporter.println(line)
+        }
+    };
+    say(&format!(
         "model {} params ({} layers, {} wide, {} heads, seq {}) | world {} ({} nodes x {}) | \
          batch {} = {} micro x {} accum x {} ranks | memory per rank: {} sharded states + {} working set | \
          {} train tokens, {} samples",
@@ -230,8 +318,8 @@ pub fn run(config: &RunConfig) -> Result<()> {
         model_cfg.n_head,
         seq_len,
         world,
-        world / ranks_per_node,
-        ranks_per_node,
+        topology.nodes,
+        topology.ranks_per_node,
         t.global_batch,
         t.micro_batch,
         accumulation,
@@ -241,58 +329,81 @@ pub fn run(config: &RunConfig) -> Result<()> {
         corpora.train.tokens.len(),
         sampler.num_samples(),
     ));
-    if let Some(r) = &resume {
-        reporter.println(&format!(
+    if let Some(r) = resume {
+        say(&format!(
             "resumed from {} at step {start}",
             r.path.display()
         ));
     }
-
     if start == 0 && config.log.eval_samples > 0 {
         if let Some(valid) = &corpora.valid {
             let val_loss = evaluate(&engine, valid, seq_len, config)?;
-            metrics.write(&EvalLine {
-                step: 0,
-                tokens: 0,
-                val_loss,
-            })?;
-            reporter.println(&format!("step 0 | val_loss {val_loss:.4}"));
+            log_line(
+                &mut metrics,
+                &EvalLine {
+                    step: 0,
+                    tokens: 0,
+                    val_loss,
+                },
+            )?;
+            say(&format!("step 0 | val_loss {val_loss:.4}"));
         }
     }
+
     let kill_at: Option<u64> = std::env::var(KILL_AT_STEP_ENV)
         .ok()
         .and_then(|v| v.parse().ok());
+    let fail_at = injected_failure()
+        .filter(|(r, _)| *r == rank)
+        .map(|(_, s)| s);
     let tokens_per_step = (t.global_batch * seq_len) as u64;
-    let mut since_log = (Instant::now(), engine.comm().counters(), 0u64);
+    // Since the last metrics line: seconds in training steps (not evaluation or checkpoints),
+    // comm bytes of those steps, and their number.
+    let mut since_log = (0.0f64, comm::ByteCounters::default(), 0u64);
     for step in start + 1..=t.steps {
+        if fail_at == Some(step) {
+            bail!("injected failure at step {step} ({FAIL_RANK_ENV})");
+        }
+        let counters_before = engine.comm().counters();
+        let step_start = Instant::now();
         let mut loss_sum = 0.0;
         for micro in 0..accumulation {
-            let ids =
-                sampler.micro_batch_ids(step - 1, t.global_batch, world, 0, micro, t.micro_batch);
+            let ids = sampler.micro_batch_ids(
+                step - 1,
+                t.global_batch,
+                world,
+                rank,
+                micro,
+                t.micro_batch,
+            );
             let (inputs, targets) = sampler.gather(&corpora.train.tokens, &ids);
             loss_sum += engine.forward_backward(&inputs, &targets, 1.0 / accumulation as f32)?;
         }
         let loss = engine.mean_over_world(loss_sum / accumulation as f64)?;
         let lr = learning_rate(t, step);
         let stats = engine.step(lr)?;
+        since_log.0 += step_start.elapsed().as_secs_f64();
+        since_log.1 = since_log.1 + (engine.comm().counters() - counters_before);
         since_log.2 += 1;
 
         let last = step == t.steps;
-        if step % config.log.interval == 0 || last {
-            let (since, counters, n) = since_log;
-            let bytes = engine.comm().counters() - counters;
+        let log_due = step % config.log.interval == 0 || last;
+        if log_due {
+            let (seconds, bytes, n) = since_log;
             let line = StepLine {
                 step,
                 tokens: step * tokens_per_step,
                 loss,
                 lr,
                 grad_norm: stats.grad_norm,
-                tokens_per_s: (n * tokens_per_step) as f64 / since.elapsed().as_secs_f64(),
+                tokens_per_s: (n * tokens_per_step) as f64 / seconds,
                 comm_intra_bytes: bytes.intra / n,
                 comm_inter_bytes: bytes.inter / n,
             };
-            metrics.write(&line)?;
-            reporter.step(&line, t.steps);
+            log_line(&mut metrics, &line)?;
+            if lead {
+                reporter.step(&line, t.steps);
+            }
         }
         let eval_due = config.log.eval_interval > 0 && step % config.log.eval_interval == 0;
         if let Some(valid) = corpora
@@ -301,76 +412,95 @@ pub fn run(config: &RunConfig) -> Result<()> {
             .filter(|_| (eval_due || last) && config.log.eval_samples > 0)
         {
             let val_loss = evaluate(&engine, valid, seq_len, config)?;
-            metrics.write(&EvalLine {
-                step,
-                tokens: step * tokens_per_step,
-                val_loss,
-            })?;
-            reporter.println(&format!("step {step} | val_loss {val_loss:.4}"));
+            log_line(
+                &mut metrics,
+                &EvalLine {
+                    step,
+                    tokens: step * tokens_per_step,
+                    val_loss,
+                },
+            )?;
+            say(&format!("step {step} | val_loss {val_loss:.4}"));
         }
         let ckpt_due = config.checkpoint.interval > 0 && step % config.checkpoint.interval == 0;
         if ckpt_due || last {
             save(
                 config,
                 &engine,
-                &model_cfg,
+                model_cfg,
+                *topology,
                 step,
                 step * tokens_per_step,
-                ranks_per_node,
             )?;
         }
-        if kill_at == Some(step) {
+        if lead && kill_at == Some(step) {
             kill_self();
         }
-        if step % config.log.interval == 0 || last {
-            since_log = (Instant::now(), engine.comm().counters(), 0);
+        if log_due {
+            since_log = (0.0, comm::ByteCounters::default(), 0);
         }
     }
-    reporter.finish();
-    if start >= t.steps {
-        reporter.println(&format!(
-            "already trained to step {start} of {}; nothing to do",
-            t.steps
-        ));
+    if lead {
+        reporter.finish();
+        if start >= t.steps {
+            reporter.println(&format!(
+                "already trained to step {start} of {}; nothing to do",
+                t.steps
+            ));
+        }
     }
     Ok(())
 }
 
-/// Mean loss over the first `log.eval_samples` validation sequences, in order.
+/// Mean loss over the first `log.eval_samples` validation sequences, in order, rounded down
+/// to a multiple of the world size so every rank evaluates as many (and makes the same
+/// collectives).
 fn evaluate(
     engine: &Engine,
     valid: &TokenCorpus,
     seq_len: usize,
     config: &RunConfig,
 ) -> Result<f64> {
+    let world = engine.comm().topology().world();
+    let rank = engine.comm().rank();
     let sampler = Sampler::new(valid.tokens.len(), seq_len, 0).context("validation data")?;
-    let n = config.log.eval_samples.min(sampler.num_samples());
-    let ids: Vec<usize> = (0..n).collect();
+    let per_rank = config.log.eval_samples.min(sampler.num_samples()) / world;
+    let ids: Vec<usize> = (rank * per_rank..(rank + 1) * per_rank).collect();
     let mut total = 0.0;
     for chunk in ids.chunks(config.train.micro_batch) {
         let (inputs, targets) = sampler.gather(&valid.tokens, chunk);
         total += engine.eval_loss(&inputs, &targets)? * chunk.len() as f64;
     }
-    Ok(total / n as f64)
+    let mean = engine.mean_over_world(total / per_rank as f64)?;
+    Ok(mean)
 }
 
+/// All ranks write their files into the temporary folder rank 0 made; rank 0 then commits it.
 fn save(
     config: &RunConfig,
     engine: &Engine,
     model_cfg: &model::GptConfig,
+    topology: comm::Topology,
     step: u64,
     tokens: u64,
-    ranks_per_node: usize,
 ) -> Result<()> {
     let dir = config.checkpoint_dir();
-    let tmp = checkpoint::begin(&dir, step)?;
-    checkpoint::write_rank(&tmp, 0, step, &engine.state())?;
-    let topology = comm::Topology::new(config.dist.world_size, ranks_per_node)?;
-    checkpoint::commit(
-        &dir,
-        &tmp,
-        &checkpoint::manifest(step, tokens, topology, model_cfg),
-    )?;
+    let lead = engine.comm().rank() == 0;
+    let world = comm::Group::World;
+    if lead {
+        checkpoint::begin(&dir, step)?;
+    }
+    engine.comm().barrier(world).wait()?;
+    let tmp = checkpoint::tmp_dir(&dir, step);
+    checkpoint::write_rank(&tmp, engine.comm().rank(), step, &engine.state())?;
+    engine.comm().barrier(world).wait()?;
+    if lead {
+        checkpoint::commit(
+            &dir,
+            &tmp,
+            &checkpoint::manifest(step, tokens, topology, model_cfg),
+        )?;
+    }
     Ok(())
 }
 

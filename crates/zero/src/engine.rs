@@ -7,7 +7,9 @@
 //! 2 gathers + 1 reduce-scatter per unit of the paper's volume accounting.
 
 use candle_core::{DType, Device, Tensor};
-use comm::{Communicator, Group};
+use std::collections::VecDeque;
+
+use comm::{Communicator, Group, Pending};
 use model::{GptConfig, ModelLayout, UnitLayout};
 
 use crate::{AdamW, DecayRanges, Partition, Result, ZeroConfig, ZeroError};
@@ -151,29 +153,46 @@ impl Engine {
         }
     }
 
-    /// All-gathers unit `u`'s full flat buffer (padded) as a compute tensor.
-    fn gather(&self, u: usize) -> Result<Tensor> {
-        let unit = &self.units[u];
-        let mut full = vec![0f32; unit.partition.padded];
+    /// Starts the all-gather of unit `u`'s full flat buffer (padded).
+    fn start_gather(&self, u: usize) -> Pending<Vec<u8>> {
         self.comm
-            .all_gather(Group::World, &unit.master, &mut full)?;
+            .all_gather(Group::World, comm::f32_to_bytes(&self.units[u].master))
+    }
+
+    /// Waits for a gather of unit `u` and makes it a compute tensor.
+    fn finish_gather(&self, u: usize, pending: Pending<Vec<u8>>) -> Result<Tensor> {
+        let full = comm::bytes_to_f32(&pending.wait()?);
+        debug_assert_eq!(full.len(), self.units[u].partition.padded);
         Ok(Tensor::from_vec(
             full,
-            unit.partition.padded,
+            self.units[u].partition.padded,
             &self.opts.device,
         )?)
     }
 
-    /// Reduce-scatters unit `u`'s full gradient, averaged over the world and multiplied by
-    /// `scale`, and adds my slice into my fp32 gradient shard.
-    fn reduce(&mut self, u: usize, grad: &Tensor, scale: f32) -> Result<()> {
-        let unit = &self.units[u];
+    /// Gathers unit `u` now (no prefetch).
+    fn gather(&self, u: usize) -> Result<Tensor> {
+        self.finish_gather(u, self.start_gather(u))
+    }
+
+    /// Starts the reduce-scatter of unit `u`'s full gradient; [`Engine::finish_reduce`] adds
+    /// my slice into my shard.
+    fn start_reduce(&self, u: usize, grad: &Tensor) -> Result<(usize, Pending<Vec<f32>>)> {
         let mut full = grad.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-        full.resize(unit.partition.padded, 0.0);
-        let mut mine = vec![0f32; unit.partition.shard_len()];
-        self.comm.reduce_scatter(Group::World, &full, &mut mine)?;
+        full.resize(self.units[u].partition.padded, 0.0);
+        Ok((u, self.comm.reduce_scatter(Group::World, full)))
+    }
+
+    /// Adds `scale` x (my slice of the world's mean gradient) into my fp32 gradient shard.
+    fn finish_reduce(
+        &mut self,
+        (u, pending): (usize, Pending<Vec<f32>>),
+        scale: f32,
+    ) -> Result<()> {
+        let mine = pending.wait()?;
+        let unit = &mut self.units[u];
         let coef = scale / unit.partition.world as f32;
-        for (g, r) in self.units[u].grad.iter_mut().zip(&mine) {
+        for (g, r) in unit.grad.iter_mut().zip(&mine) {
             *g += r * coef;
         }
         Ok(())
@@ -202,23 +221,24 @@ impl Engine {
         let cfg = self.cfg.clone();
         let n_layer = cfg.n_layer;
         let last = n_layer + 1;
+        let mut gathers = GatherQueue::new(training_gather_order(n_layer), self.opts.zero.overlap);
 
-        let embedding = self.gather(0)?;
+        let embedding = gathers.next(self, 0)?;
         let mut x = model::embedding_forward(&cfg, &embedding, &tokens)?;
         drop(embedding);
         let mut saved = Vec::with_capacity(n_layer);
         for l in 0..n_layer {
-            let params = self.gather(1 + l)?;
+            let params = gathers.next(self, 1 + l)?;
             let (y, s) = model::block_forward(&cfg, &params, &x, self.opts.recompute)?;
             saved.push(s);
             x = y;
         }
-        let norm = self.gather(last)?;
+        let norm = gathers.next(self, last)?;
         let (xf, norm_saved) = model::final_norm_forward(&cfg, &norm, &x)?;
         drop(norm);
 
         // Backward. The embedding unit's backward gather serves the tied head and the lookup.
-        let embedding = self.gather(0)?;
+        let embedding = gathers.next(self, 0)?;
         let (loss, dxf, head_grad) = model::lm_head_loss_backward(&cfg, &embedding, &xf, &targets)?;
         if !loss.is_finite() {
             return Err(ZeroError::NonFinite {
@@ -226,43 +246,52 @@ impl Engine {
                 step: self.step + 1,
             });
         }
-        let norm = self.gather(last)?;
+        let mut reductions = Vec::with_capacity(last + 1);
+        let norm = gathers.next(self, last)?;
         let (mut dx, dnorm) = model::final_norm_backward(&cfg, &norm, &norm_saved, &dxf)?;
         drop(norm);
-        self.reduce(last, &dnorm, grad_scale)?;
+        reductions.push(self.start_reduce(last, &dnorm)?);
         for l in (0..n_layer).rev() {
-            let params = self.gather(1 + l)?;
+            let params = gathers.next(self, 1 + l)?;
             let s = saved.pop().expect("one saved state per block");
             let (d, dparams) = model::block_backward(&cfg, &params, &s, &dx)?;
-            self.reduce(1 + l, &dparams, grad_scale)?;
+            reductions.push(self.start_reduce(1 + l, &dparams)?);
             dx = d;
         }
         let lookup_grad = model::embedding_backward(&cfg, &tokens, &dx)?;
         drop(embedding);
-        self.reduce(0, &(head_grad + lookup_grad)?, grad_scale)?;
+        reductions.push(self.start_reduce(0, &(head_grad + lookup_grad)?)?);
+        for r in reductions {
+            self.finish_reduce(r, grad_scale)?;
+        }
         Ok(loss)
     }
 
-    /// This rank's mean loss over one micro-batch, forward only.
+    /// This rank's mean loss over one micro-batch, forward only. The embedding unit gathered for
+    /// the lookup is kept for the tied head.
     pub fn eval_loss(&self, inputs: &[u32], targets: &[u32]) -> Result<f64> {
         let (tokens, targets) = self.batch_tensors(inputs, targets)?;
         let cfg = &self.cfg;
-        let embedding = self.gather(0)?;
+        let order: Vec<usize> = (0..cfg.n_layer + 2).collect();
+        let mut gathers = GatherQueue::new(order, self.opts.zero.overlap);
+        let embedding = gathers.next(self, 0)?;
         let mut x = model::embedding_forward(cfg, &embedding, &tokens)?;
         for l in 0..cfg.n_layer {
-            let params = self.gather(1 + l)?;
+            let params = gathers.next(self, 1 + l)?;
             x = model::block_forward(cfg, &params, &x, true)?.0;
         }
-        let norm = self.gather(cfg.n_layer + 1)?;
+        let norm = gathers.next(self, cfg.n_layer + 1)?;
         let (xf, _) = model::final_norm_forward(cfg, &norm, &x)?;
         Ok(model::lm_head_loss(cfg, &embedding, &xf, &targets)?)
     }
 
     /// The mean of `value` over the world (for losses logged by rank 0).
     pub fn mean_over_world(&self, value: f64) -> Result<f64> {
-        let mut buf = [value as f32];
-        self.comm.all_reduce(Group::World, &mut buf)?;
-        Ok(buf[0] as f64 / self.comm.topology().world() as f64)
+        let sum = self
+            .comm
+            .all_reduce(Group::World, vec![value as f32])
+            .wait()?;
+        Ok(sum[0] as f64 / self.comm.topology().world() as f64)
     }
 
     /// Clips by the global gradient norm, applies AdamW with learning rate `lr` to my shards,
@@ -274,8 +303,10 @@ impl Engine {
             .flat_map(|u| u.grad.iter())
             .map(|&g| g as f64 * g as f64)
             .sum();
-        let mut total = [local as f32];
-        self.comm.all_reduce(Group::World, &mut total)?;
+        let total = self
+            .comm
+            .all_reduce(Group::World, vec![local as f32])
+            .wait()?;
         let grad_norm = (total[0] as f64).sqrt();
         if !grad_norm.is_finite() {
             return Err(ZeroError::NonFinite {
@@ -366,5 +397,59 @@ impl Engine {
             out.push((unit.layout.clone(), full));
         }
         Ok(out)
+    }
+}
+
+/// The order in which a training step gathers units: forward (embedding, blocks, final norm),
+/// then backward (embedding for the tied head, final norm, blocks in reverse).
+fn training_gather_order(n_layer: usize) -> Vec<usize> {
+    let last = n_layer + 1;
+    let mut order: Vec<usize> = (0..=last).collect();
+    order.push(0);
+    order.push(last);
+    order.extend((1..=n_layer).rev());
+    order
+}
+
+/// Gathers units in a fixed order, keeping the next gather in flight while the current unit
+/// computes (with `overlap`), as ZeRO-3's prefetch does.
+struct GatherQueue {
+    order: Vec<usize>,
+    issued: usize,
+    in_flight: VecDeque<(usize, Pending<Vec<u8>>)>,
+    overlap: bool,
+}
+
+impl GatherQueue {
+    fn new(order: Vec<usize>, overlap: bool) -> Self {
+        GatherQueue {
+            order,
+            issued: 0,
+            in_flight: VecDeque::new(),
+            overlap,
+        }
+    }
+
+    fn issue(&mut self, engine: &Engine) {
+        if let Some(&u) = self.order.get(self.issued) {
+            self.in_flight.push_back((u, engine.start_gather(u)));
+            self.issued += 1;
+        }
+    }
+
+    /// The gathered unit `expected` (the next in the order), starting the one after it.
+    fn next(&mut self, engine: &Engine, expected: usize) -> Result<Tensor> {
+        if self.in_flight.is_empty() {
+            self.issue(engine);
+        }
+        let (u, pending) = self
+            .in_flight
+            .pop_front()
+            .expect("a gather was just issued");
+        assert_eq!(u, expected, "units must be taken in the gather order");
+        if self.overlap {
+            self.issue(engine);
+        }
+        engine.finish_gather(u, pending)
     }
 }

@@ -1,0 +1,246 @@
+//! The `local` backend: the W ranks of a world as threads of one process.
+//!
+//! Each [`LocalComm`] owns one communication thread that executes its rank's collectives in
+//! issue order, like one CUDA stream or NCCL communicator, so every call returns a [`Pending`]
+//! at once and the caller overlaps compute with communication. Ranks meet in a table shared by
+//! the world, one slot per (group instance, sequence number on that instance): each member
+//! deposits its contribution, waits for all, computes its own result outside the lock, and the
+//! last one out removes the slot. Reductions add the members' contributions in group-rank order
+//! in `f32`, so results are bitwise identical whatever the thread timing.
+
+mod rendezvous;
+mod run;
+
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use crate::counters::AtomicCounters;
+use crate::{ByteCounters, CommError, Communicator, Group, Pending, Result, Topology};
+use rendezvous::{Op, Payload, Seat, Shared};
+
+pub use run::{run_local, LocalRunError};
+
+/// How long a collective waits for its peers before failing with [`CommError::Timeout`]: a last
+/// resort, generous enough for any step; failures of a rank are reported at once by abort.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// One rank of a local world; implements [`Communicator`]. Create with [`local_world`], or
+/// let [`run_local`] create them and run one closure per rank.
+///
+/// Dropping it lets its communication thread finish the collectives already issued, then exit;
+/// a peer still waiting for a collective this rank never issued then fails with
+/// [`CommError::Aborted`] naming this rank, instead of hanging.
+pub struct LocalComm {
+    handle: Arc<Handle>,
+}
+
+struct Handle {
+    rank: usize,
+    shared: Arc<Shared>,
+    counters: Arc<AtomicCounters>,
+    jobs: mpsc::Sender<Job>,
+}
+
+type Job = Box<dyn FnOnce(&mut Worker) + Send>;
+
+/// The communication thread's state: its rank and its sequence number on each group.
+struct Worker {
+    rank: usize,
+    shared: Arc<Shared>,
+    counters: Arc<AtomicCounters>,
+    /// Collectives issued so far on [`Group::World`], [`Group::IntraNode`], [`Group::InterNode`].
+    seq: [u64; 3],
+}
+
+/// One communicator per rank of `topology`, in rank order, with [`DEFAULT_TIMEOUT`].
+pub fn local_world(topology: Topology) -> Vec<LocalComm> {
+    local_world_with_timeout(topology, DEFAULT_TIMEOUT)
+}
+
+/// As [`local_world`], with collectives failing after waiting `timeout` for their peers.
+///
+/// # Panics
+/// If the operating system cannot start a thread.
+pub fn local_world_with_timeout(topology: Topology, timeout: Duration) -> Vec<LocalComm> {
+    let shared = Arc::new(Shared::new(topology, timeout));
+    (0..topology.world())
+        .map(|rank| {
+            let counters = Arc::new(AtomicCounters::default());
+            let (jobs, rx) = mpsc::channel::<Job>();
+            let mut worker = Worker {
+                rank,
+                shared: shared.clone(),
+                counters: counters.clone(),
+                seq: [0; 3],
+            };
+            // Detached: it ends once the handle is dropped and the queue is drained.
+            std::thread::Builder::new()
+                .name(format!("comm-local-{rank}"))
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        job(&mut worker);
+                    }
+                    worker.shared.mark_gone(rank);
+                })
+                .expect("the OS starts a communication thread");
+            LocalComm {
+                handle: Arc::new(Handle {
+                    rank,
+                    shared: shared.clone(),
+                    counters,
+                    jobs,
+                }),
+            }
+        })
+        .collect()
+}
+
+impl LocalComm {
+    /// Queues a collective on this rank's communication thread; `finish` computes my result from
+    /// every member's payload (in group-rank order) and my group rank.
+    fn submit<T, F>(&self, group: Group, op: Op, payload: Payload, finish: F) -> Pending<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&[Arc<Payload>], usize) -> T + Send + 'static,
+    {
+        let (done, pending) = Pending::channel(self.handle.rank);
+        let job: Job = Box::new(move |worker: &mut Worker| {
+            done.complete(worker.run(group, op, payload, finish));
+        });
+        match self.handle.jobs.send(job) {
+            Ok(()) => pending,
+            Err(_) => Pending::failed(CommError::WorkerGone {
+                rank: self.handle.rank,
+            }),
+        }
+    }
+
+    /// A second handle on the same rank, keeping its communication thread alive.
+    fn keepalive(&self) -> Arc<Handle> {
+        self.handle.clone()
+    }
+}
+
+impl Worker {
+    fn run<T>(
+        &mut self,
+        group: Group,
+        op: Op,
+        payload: Payload,
+        finish: impl FnOnce(&[Arc<Payload>], usize) -> T,
+    ) -> Result<T> {
+        let topology = self.shared.topology;
+        let members = topology.members(group, self.rank);
+        let me = topology.group_rank(group, self.rank);
+        let n = members.len() as u64;
+        let g = match group {
+            Group::World => 0,
+            Group::IntraNode => 1,
+            Group::InterNode => 2,
+        };
+        let seq = self.seq[g];
+        self.seq[g] += 1;
+        let seat = Seat {
+            key: (group, topology.group_instance(group, self.rank), seq),
+            members: &members,
+            me,
+        };
+        let (len, size) = (payload.len() as u64, payload.elem_size());
+        let payloads = self.shared.meet(&seat, op, payload)?;
+        let result = finish(&payloads, me);
+        let bytes = match op {
+            Op::AllGather | Op::AllReduce => len * size,
+            Op::AllToAll | Op::ReduceScatter => len / n * size,
+            Op::Broadcast { root } if root == me => len * size,
+            Op::Broadcast { .. } | Op::Barrier => 0,
+        };
+        self.counters
+            .count(&topology, self.rank, &members, |_| bytes);
+        Ok(result)
+    }
+}
+
+/// `out[k] = p[0][range][k] + p[1][range][k] + ...`, added in group-rank order.
+fn sum_in_order(payloads: &[Arc<Payload>], range: std::ops::Range<usize>) -> Vec<f32> {
+    let mut out = payloads[0].floats()[range.clone()].to_vec();
+    for p in &payloads[1..] {
+        for (o, x) in out.iter_mut().zip(&p.floats()[range.clone()]) {
+            *o += x;
+        }
+    }
+    out
+}
+
+impl Communicator for LocalComm {
+    fn rank(&self) -> usize {
+        self.handle.rank
+    }
+
+    fn topology(&self) -> Topology {
+        self.handle.shared.topology
+    }
+
+    fn all_gather(&self, group: Group, send: Vec<u8>) -> Pending<Vec<u8>> {
+        self.submit(group, Op::AllGather, Payload::Bytes(send), |ps, _| {
+            let mut out = Vec::with_capacity(ps.len() * ps[0].len());
+            for p in ps {
+                out.extend_from_slice(p.bytes());
+            }
+            out
+        })
+    }
+
+    fn all_to_all(&self, group: Group, send: Vec<u8>) -> Pending<Vec<u8>> {
+        self.submit(group, Op::AllToAll, Payload::Bytes(send), |ps, me| {
+            let chunk = ps[0].len() / ps.len();
+            let mut out = Vec::with_capacity(ps[0].len());
+            for p in ps {
+                out.extend_from_slice(&p.bytes()[me * chunk..(me + 1) * chunk]);
+            }
+            out
+        })
+    }
+
+    fn reduce_scatter(&self, group: Group, send: Vec<f32>) -> Pending<Vec<f32>> {
+        self.submit(group, Op::ReduceScatter, Payload::F32(send), |ps, me| {
+            let chunk = ps[0].len() / ps.len();
+            sum_in_order(ps, me * chunk..(me + 1) * chunk)
+        })
+    }
+
+    fn all_reduce(&self, group: Group, buf: Vec<f32>) -> Pending<Vec<f32>> {
+        self.submit(group, Op::AllReduce, Payload::F32(buf), |ps, _| {
+            sum_in_order(ps, 0..ps[0].len())
+        })
+    }
+
+    fn broadcast(&self, group: Group, root: usize, buf: Vec<u8>) -> Pending<Vec<u8>> {
+        self.submit(
+            group,
+            Op::Broadcast { root },
+            Payload::Bytes(buf),
+            move |ps, _| ps[root].bytes().to_vec(),
+        )
+    }
+
+    fn barrier(&self, group: Group) -> Pending<()> {
+        self.submit(group, Op::Barrier, Payload::Empty, |_, _| ())
+    }
+
+    fn counters(&self) -> ByteCounters {
+        self.handle.counters.snapshot()
+    }
+
+    fn abort(&self, reason: String) {
+        self.handle.shared.abort(self.handle.rank, reason);
+    }
+}
+
+impl std::fmt::Debug for LocalComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalComm")
+            .field("rank", &self.handle.rank)
+            .field("topology", &self.handle.shared.topology)
+            .finish()
+    }
+}

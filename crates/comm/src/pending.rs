@@ -1,0 +1,126 @@
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+
+use crate::{CommError, Result};
+
+/// A collective in flight; [`Pending::wait`] blocks until this rank's result is ready.
+///
+/// Issuing a collective returns at once so the caller can overlap compute with communication
+/// (the engine prefetches the next unit's gather). Dropping a `Pending` without waiting is
+/// allowed: the collective still runs (peers count on this rank's contribution), and its result
+/// is discarded.
+#[must_use = "a collective's result (and its error) is only seen through `wait`"]
+pub struct Pending<T> {
+    state: State<T>,
+}
+
+enum State<T> {
+    Done(Result<T>),
+    InFlight(Arc<Cell<T>>),
+}
+
+impl<T> Pending<T> {
+    /// A collective that has already completed with `value` (a world of one rank).
+    pub fn ready(value: T) -> Self {
+        Pending {
+            state: State::Done(Ok(value)),
+        }
+    }
+
+    /// A collective that has already failed with `error`.
+    pub fn failed(error: CommError) -> Self {
+        Pending {
+            state: State::Done(Err(error)),
+        }
+    }
+
+    /// Blocks until this rank's result of the collective is ready.
+    pub fn wait(self) -> Result<T> {
+        match self.state {
+            State::Done(result) => result,
+            State::InFlight(cell) => {
+                let mut value = cell.lock();
+                loop {
+                    if let Some(result) = value.take() {
+                        return result;
+                    }
+                    value = cell
+                        .filled
+                        .wait(value)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+            }
+        }
+    }
+
+    /// A pending result and the sender that completes it; `rank` names the rank whose
+    /// communication thread holds the sender, for the error if that thread dies.
+    pub(crate) fn channel(rank: usize) -> (Completer<T>, Pending<T>) {
+        let cell = Arc::new(Cell {
+            value: Mutex::new(None),
+            filled: Condvar::new(),
+        });
+        (
+            Completer {
+                cell: Some(cell.clone()),
+                rank,
+            },
+            Pending {
+                state: State::InFlight(cell),
+            },
+        )
+    }
+}
+
+impl<T> std::fmt::Debug for Pending<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.state {
+            State::Done(Ok(_)) => "ready",
+            State::Done(Err(_)) => "failed",
+            State::InFlight { .. } => "in flight",
+        };
+        f.debug_struct("Pending").field("state", &state).finish()
+    }
+}
+
+/// Where a result waits for its [`Pending`]: a one-shot channel that is `Sync`, so a
+/// `Pending` can sit in a structure shared between threads.
+struct Cell<T> {
+    value: Mutex<Option<Result<T>>>,
+    filled: Condvar,
+}
+
+impl<T> Cell<T> {
+    // Only `Option::take` and assignment run under the lock, so it is never left half-updated.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Result<T>>> {
+        self.value.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn fill(&self, result: Result<T>) {
+        *self.lock() = Some(result);
+        self.filled.notify_all();
+    }
+}
+
+/// The sending half of a [`Pending`], held by the thread executing the collective. Dropped
+/// without completing (that thread died), it completes with [`CommError::WorkerGone`].
+pub(crate) struct Completer<T> {
+    cell: Option<Arc<Cell<T>>>,
+    rank: usize,
+}
+
+impl<T> Completer<T> {
+    /// Delivers the result; a `Pending` that was dropped (the caller did not wait) is fine.
+    pub(crate) fn complete(mut self, result: Result<T>) {
+        if let Some(cell) = self.cell.take() {
+            cell.fill(result);
+        }
+    }
+}
+
+impl<T> Drop for Completer<T> {
+    fn drop(&mut self) {
+        if let Some(cell) = self.cell.take() {
+            cell.fill(Err(CommError::WorkerGone { rank: self.rank }));
+        }
+    }
+}

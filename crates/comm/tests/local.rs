@@ -1,0 +1,391 @@
+//! The local backend (and `Solo`) against exact expected values, on nonzero rank-dependent data.
+
+use std::time::{Duration, Instant};
+
+use comm::{
+    bytes_to_f32, f32_to_bytes, local_world, local_world_with_timeout, run_local, ByteCounters,
+    CommError, Communicator, Group, LocalRunError, Solo, Topology,
+};
+
+const GROUPS: [Group; 3] = [Group::World, Group::IntraNode, Group::InterNode];
+
+fn topo(world: usize, per_node: usize) -> Topology {
+    Topology::new(world, per_node).expect("a valid test topology")
+}
+
+/// Byte i of world rank r's all-gather contribution.
+fn gather_byte(r: usize, i: usize) -> u8 {
+    (r * 31 + i * 7 + 1) as u8
+}
+
+/// Byte k of the chunk world rank r sends to group rank j in an all-to-all.
+fn a2a_byte(r: usize, j: usize, k: usize) -> u8 {
+    (r * 17 + j * 5 + k + 3) as u8
+}
+
+/// Element i of world rank r's reduction input: exact in f32 for the sizes here.
+fn value(r: usize, i: usize) -> f32 {
+    (r * 1000 + i) as f32 + 0.5
+}
+
+/// Runs every collective on every group of `comm` and checks the exact results.
+fn check_every_collective(comm: &dyn Communicator) -> Result<(), CommError> {
+    let t = comm.topology();
+    let r = comm.rank();
+    for g in GROUPS {
+        let members = t.members(g, r);
+        let n = members.len();
+        let me = t.group_rank(g, r);
+
+        let send: Vec<u8> = (0..5).map(|i| gather_byte(r, i)).collect();
+        let got = comm.all_gather(g, send).wait()?;
+        let want: Vec<u8> = members
+            .iter()
+            .flat_map(|&m| (0..5).map(move |i| gather_byte(m, i)))
+            .collect();
+        assert_eq!(got, want, "all_gather {g:?} rank {r}");
+
+        let c = 3;
+        let send: Vec<u8> = (0..n)
+            .flat_map(|j| (0..c).map(move |k| a2a_byte(r, j, k)))
+            .collect();
+        let got = comm.all_to_all(g, send).wait()?;
+        let want: Vec<u8> = members
+            .iter()
+            .flat_map(|&m| (0..c).map(move |k| a2a_byte(m, me, k)))
+            .collect();
+        assert_eq!(got, want, "all_to_all {g:?} rank {r}");
+
+        let c = 4;
+        let send: Vec<f32> = (0..n * c).map(|i| value(r, i)).collect();
+        let got = comm.reduce_scatter(g, send).wait()?;
+        let want: Vec<f32> = (me * c..(me + 1) * c)
+            .map(|i| members.iter().map(|&m| value(m, i)).sum())
+            .collect();
+        assert_eq!(got, want, "reduce_scatter {g:?} rank {r}");
+
+        let send: Vec<f32> = (0..7).map(|i| value(r, i)).collect();
+        let got = comm.all_reduce(g, send).wait()?;
+        let want: Vec<f32> = (0..7)
+            .map(|i| members.iter().map(|&m| value(m, i)).sum())
+            .collect();
+        assert_eq!(got, want, "all_reduce {g:?} rank {r}");
+
+        let root = n - 1;
+        let send: Vec<u8> = (0..6).map(|i| gather_byte(r, i)).collect();
+        let got = comm.broadcast(g, root, send).wait()?;
+        let want: Vec<u8> = (0..6).map(|i| gather_byte(members[root], i)).collect();
+        assert_eq!(got, want, "broadcast {g:?} rank {r}");
+
+        comm.barrier(g).wait()?;
+    }
+    Ok(())
+}
+
+#[test]
+fn every_collective_on_every_group_is_exact() {
+    for (world, per_node) in [(8, 4), (1, 1), (6, 2), (6, 3)] {
+        run_local(topo(world, per_node), |comm| check_every_collective(&comm))
+            .unwrap_or_else(|e| panic!("{world} ranks, {per_node} per node: {e:?}"));
+    }
+    check_every_collective(&Solo).expect("Solo");
+}
+
+#[test]
+fn byte_round_trip() {
+    let v = [0.0f32, -1.5, f32::MAX, f32::MIN_POSITIVE, 3.25e-7];
+    let b = f32_to_bytes(&v);
+    assert_eq!(b.len(), 20);
+    assert_eq!(&b[4..8], &(-1.5f32).to_le_bytes());
+    assert_eq!(bytes_to_f32(&b), v);
+}
+
+/// A small deterministic generator (SplitMix64), so the test needs no dependency.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// Values of mixed sign and magnitude, so that the order of addition changes the rounding.
+fn noisy(rank: usize, call: usize, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| {
+            let h = mix(((rank * 64 + call) * 100_000 + i) as u64);
+            let mantissa = (h >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            mantissa * 10f32.powi((h % 7) as i32 - 3)
+        })
+        .collect()
+}
+
+#[test]
+fn reductions_are_bitwise_deterministic_whatever_the_timing() {
+    let t = topo(8, 4);
+    let len = 8 * 257;
+    let run = |trial: u64| {
+        run_local(t, |comm| {
+            let r = comm.rank();
+            let mut out = Vec::new();
+            for call in 0..6 {
+                let sleep = mix(trial * 1000 + (r * 10 + call) as u64) % 3000;
+                std::thread::sleep(Duration::from_micros(sleep));
+                let g = if call % 2 == 0 {
+                    Group::World
+                } else {
+                    Group::IntraNode
+                };
+                let v = comm.reduce_scatter(g, noisy(r, call, len)).wait()?;
+                out.extend(v.iter().map(|x| x.to_bits()));
+            }
+            let v = comm.all_reduce(Group::World, noisy(r, 99, 33)).wait()?;
+            out.extend(v.iter().map(|x| x.to_bits()));
+            Ok::<_, CommError>(out)
+        })
+        .expect("a run without failures")
+    };
+    let first = run(0);
+    for trial in 1..5 {
+        assert_eq!(run(trial), first, "trial {trial} differs from trial 0");
+    }
+    // And it is the sum in group-rank order: rank 5's first World slice.
+    let c = len / 8;
+    let want: Vec<u32> = (5 * c..6 * c)
+        .map(|i| {
+            let mut s = noisy(0, 0, len)[i];
+            for m in 1..8 {
+                s += noisy(m, 0, len)[i];
+            }
+            s.to_bits()
+        })
+        .collect();
+    assert_eq!(&first[5][..c], &want[..]);
+}
+
+#[test]
+fn collectives_issued_before_any_wait_complete_in_order() {
+    let t = topo(8, 4);
+    run_local(t, |comm| {
+        let r = comm.rank();
+        let node = t.node_of(r);
+        let local = t.local_rank(r);
+        // Issue five collectives on three groups, then wait in reverse order.
+        let a = comm.all_gather(Group::World, vec![r as u8; 2]);
+        let b = comm.all_to_all(
+            Group::IntraNode,
+            (0..4).map(|j| (r * 4 + j) as u8).collect(),
+        );
+        let c = comm.all_gather(Group::World, vec![100 + r as u8]);
+        let d = comm.reduce_scatter(Group::InterNode, vec![r as f32, 1.0]);
+        let e = comm.all_reduce(Group::IntraNode, vec![r as f32]);
+        let e = e.wait()?;
+        let d = d.wait()?;
+        let c = c.wait()?;
+        let b = b.wait()?;
+        let a = a.wait()?;
+        assert_eq!(a, (0..8u8).flat_map(|m| [m, m]).collect::<Vec<_>>());
+        let peers = node * 4..node * 4 + 4;
+        assert_eq!(
+            b,
+            peers
+                .clone()
+                .map(|m| (m * 4 + local) as u8)
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(c, (100..108u8).collect::<Vec<_>>());
+        let inter_sum = (local + local + 4) as f32;
+        assert_eq!(d, vec![if node == 0 { inter_sum } else { 2.0 }]);
+        assert_eq!(e, vec![peers.map(|m| m as f32).sum::<f32>()]);
+        Ok::<_, CommError>(())
+    })
+    .expect("a run without failures");
+}
+
+#[test]
+fn a_failing_rank_is_reported_at_once() {
+    let t = topo(8, 4);
+    let start = Instant::now();
+    let result = run_local(t, |comm| {
+        if comm.rank() == 3 {
+            std::thread::sleep(Duration::from_millis(100));
+            return Err("rank three broke".to_string());
+        }
+        comm.all_gather(Group::World, vec![1; 16])
+            .wait()
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
+    match result {
+        Err(LocalRunError::Failed { rank: 3, source }) => {
+            assert_eq!(source.to_string(), "rank three broke")
+        }
+        other => panic!("expected rank 3's own error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_panicking_rank_is_reported_at_once() {
+    let t = topo(8, 4);
+    let start = Instant::now();
+    let result = run_local(t, |comm| {
+        if comm.rank() == 5 {
+            std::thread::sleep(Duration::from_millis(100));
+            panic!("rank five exploded");
+        }
+        comm.all_gather(Group::World, vec![1; 16]).wait()?;
+        Ok::<_, CommError>(())
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
+    match result {
+        Err(LocalRunError::Panicked { rank: 5, message }) => {
+            assert_eq!(message, "rank five exploded")
+        }
+        other => panic!("expected rank 5's panic, got {other:?}"),
+    }
+}
+
+#[test]
+fn peers_see_the_abort_with_its_rank_and_reason() {
+    let comms = local_world(topo(4, 2));
+    let pending: Vec<_> = comms[..3]
+        .iter()
+        .map(|c| c.all_gather(Group::World, vec![0; 4]))
+        .collect();
+    comms[3].abort("out of memory".into());
+    for p in pending {
+        match p.wait() {
+            Err(e @ CommError::Aborted { rank: 3, .. }) => {
+                assert_eq!(e.to_string(), "rank 3 failed: out of memory")
+            }
+            other => panic!("expected Aborted by rank 3, got {other:?}"),
+        }
+    }
+    // Future collectives fail too, on every rank and group.
+    assert!(matches!(
+        comms[0].barrier(Group::IntraNode).wait(),
+        Err(CommError::Aborted { rank: 3, .. })
+    ));
+}
+
+#[test]
+fn a_dropped_communicator_does_not_hang_its_peers() {
+    let mut comms = local_world(topo(4, 2));
+    let pending = comms[0].all_gather(Group::World, vec![0; 4]);
+    drop(comms.remove(3));
+    match pending.wait() {
+        Err(CommError::Aborted { rank: 3, .. }) => {}
+        other => panic!("expected Aborted naming rank 3, got {other:?}"),
+    }
+    // A group without rank 3 still works.
+    let a = comms[0].all_reduce(Group::IntraNode, vec![1.0]);
+    let b = comms[1].all_reduce(Group::IntraNode, vec![2.0]);
+    assert_eq!(a.wait().expect("node 0 is intact"), vec![3.0]);
+    assert_eq!(b.wait().expect("node 0 is intact"), vec![3.0]);
+}
+
+#[test]
+fn a_missing_peer_times_out() {
+    let comms = local_world_with_timeout(topo(2, 2), Duration::from_millis(200));
+    match comms[0].barrier(Group::World).wait() {
+        Err(CommError::Timeout { rank: 0, .. }) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+}
+
+#[test]
+fn disagreeing_members_all_fail() {
+    let comms = local_world(topo(4, 2));
+    let pending: Vec<_> = comms
+        .iter()
+        .map(|c| c.all_gather(Group::World, vec![0; 4 + (c.rank() == 2) as usize]))
+        .collect();
+    for p in pending {
+        assert!(matches!(p.wait(), Err(CommError::Mismatch { .. })));
+    }
+    let pending: Vec<_> = comms
+        .iter()
+        .map(|c| c.reduce_scatter(Group::IntraNode, vec![0.0; 3]))
+        .collect();
+    for p in pending {
+        assert!(matches!(
+            p.wait(),
+            Err(CommError::Indivisible { parts: 2, .. })
+        ));
+    }
+    // The world is still usable afterwards.
+    let pending: Vec<_> = comms.iter().map(|c| c.barrier(Group::World)).collect();
+    for p in pending {
+        p.wait().expect("a barrier after failed collectives");
+    }
+}
+
+/// After all_gather(s bytes), all_to_all(n x c bytes), reduce_scatter(n x k f32),
+/// all_reduce(l f32) and broadcast(b bytes from group rank 1), a barrier on every group.
+fn run_sequence(comm: &dyn Communicator) -> Result<ByteCounters, CommError> {
+    let t = comm.topology();
+    for g in GROUPS {
+        let n = t.group_size(g);
+        comm.all_gather(g, vec![1; 12]).wait()?;
+        comm.all_to_all(g, vec![2; n * 5]).wait()?;
+        comm.reduce_scatter(g, vec![3.0; n * 7]).wait()?;
+        comm.all_reduce(g, vec![4.0; 9]).wait()?;
+        comm.broadcast(g, 1.min(n - 1), vec![5; 11]).wait()?;
+        comm.barrier(g).wait()?;
+    }
+    Ok(comm.counters())
+}
+
+#[test]
+fn counters_equal_the_logical_formulas() {
+    // 2 nodes x 4: a rank has 3 peers on its node and 4 off it in the world, 3 on it in its
+    // node, 1 off it in its inter-node group.
+    let (s, c, k, l, b) = (12, 5, 7 * 4, 9 * 4, 11);
+    let got = run_local(topo(8, 4), |comm| run_sequence(&comm)).expect("no failures");
+    for (r, got) in got.into_iter().enumerate() {
+        // Group rank 1 roots the broadcast: world rank 1; local rank 1; node 1.
+        let (world_root, intra_root, inter_root) = (r == 1, r % 4 == 1, r / 4 == 1);
+        let want = ByteCounters {
+            intra: 3 * (s + c + k + l)
+                + 3 * (s + c + k + l)
+                + if world_root { 3 * b } else { 0 }
+                + if intra_root { 3 * b } else { 0 },
+            inter: 4 * (s + c + k + l)
+                + (s + c + k + l)
+                + if world_root { 4 * b } else { 0 }
+                + if inter_root { b } else { 0 },
+        };
+        assert_eq!(got, want, "rank {r}");
+        assert_eq!(got - got, ByteCounters::default());
+    }
+    // And the all_gather example of the design: intra = 3s, inter = 4s.
+    let got = run_local(topo(8, 4), |comm| {
+        let before = comm.counters();
+        comm.all_gather(Group::World, vec![0; 1000]).wait()?;
+        Ok::<_, CommError>(comm.counters() - before)
+    })
+    .expect("no failures");
+    assert!(got.iter().all(|c| *c
+        == ByteCounters {
+            intra: 3000,
+            inter: 4000
+        }));
+    // One rank counts nothing.
+    assert_eq!(run_sequence(&Solo).expect("Solo"), ByteCounters::default());
+}
+
+#[test]
+fn handles_are_shareable_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<comm::Pending<Vec<u8>>>();
+    send_sync::<comm::LocalComm>();
+    send_sync::<Solo>();
+}

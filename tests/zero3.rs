@@ -1,0 +1,167 @@
+//! ZeRO-3 over simulated ranks, end to end through the CLI: the same curve at every world size,
+//! the analytic communication volume, kill and resume at W = 4, and a failing rank.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// `tiny` with a short context and a global batch of 8 sequences, on the first addresses of
+/// the bundled corpus, logging every step.
+fn run(
+    dir: &Path,
+    world: usize,
+    per_node: usize,
+    steps: u64,
+    extra: &[String],
+    env: &[(&str, &str)],
+) -> Output {
+    let corpus = dir.join("small.jsonl");
+    if !corpus.exists() {
+        let file = std::fs::File::open(repo().join("data/corpus/sotu.jsonl.zst")).unwrap();
+        let text = String::from_utf8(zstd::decode_all(file).unwrap()).unwrap();
+        let lines: Vec<&str> = text.lines().take(6).collect();
+        std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
+    }
+    let run_dir = dir.join(format!("w{world}"));
+    let mut sets: Vec<String> = vec![
+        "model.seq_len=32".into(),
+        "train.micro_batch=1".into(),
+        "train.global_batch=8".into(),
+        format!("train.steps={steps}"),
+        "train.lr=2e-3".into(),
+        "train.warmup_steps=5".into(),
+        format!("data.train=[{:?}]", corpus.to_str().unwrap()),
+        "data.valid_fraction=0.2".into(),
+        "log.interval=1".into(),
+        "log.eval_interval=0".into(),
+        "log.eval_samples=8".into(),
+        "log.progress=false".into(),
+        format!("log.dir={:?}", run_dir.to_str().unwrap()),
+        format!("dist.world_size={world}"),
+        format!("dist.gpus_per_node={per_node}"),
+    ];
+    sets.extend(extra.iter().cloned());
+    let mut c = Command::new(env!("CARGO_BIN_EXE_trainer"));
+    c.current_dir(repo())
+        .args(["--config", "configs/tiny.toml"]);
+    for s in &sets {
+        c.args(["--set", s]);
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+fn lines(dir: &Path, world: usize) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(dir.join(format!("w{world}/metrics.jsonl"))).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v.get("loss").is_some())
+        .collect()
+}
+
+fn ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Bytes one rank sends per training step under plain ZeRO-3 with fp32 parameters: per unit,
+/// a forward gather, a backward gather and a reduce-scatter, each sending the rank's shard
+/// (padded / W elements) to every peer, per micro-batch; plus the loss and gradient-norm
+/// all-reduces (one f32 each, to every peer).
+fn zero3_bytes(world: usize, per_node: usize, micro_batches: u64) -> (u64, u64) {
+    let cfg = model::preset("tiny").unwrap();
+    let cfg = model::GptConfig { seq_len: 32, ..cfg };
+    let layout = model::ModelLayout::new(&cfg);
+    let shard: u64 = layout
+        .units
+        .iter()
+        .map(|u| zero::Partition::new(u.numel, world, 1).shard_len() as u64)
+        .sum();
+    let (intra_peers, inter_peers) = ((per_node - 1) as u64, (world - per_node) as u64);
+    let per_peer = 3 * 4 * shard * micro_batches + 2 * 4;
+    (per_peer * intra_peers, per_peer * inter_peers)
+}
+
+#[test]
+fn every_world_size_follows_the_single_rank_curve_with_the_analytic_volume() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 50;
+    ok(&run(dir.path(), 1, 1, steps, &[], &[]));
+    let reference = lines(dir.path(), 1);
+    for (world, per_node) in [(2, 2), (4, 2), (8, 4)] {
+        ok(&run(dir.path(), world, per_node, steps, &[], &[]));
+        let curve = lines(dir.path(), world);
+        assert_eq!(curve.len(), steps as usize);
+        let (intra, inter) = zero3_bytes(world, per_node, (8 / world) as u64);
+        for (a, b) in reference.iter().zip(&curve) {
+            let (la, lb) = (a["loss"].as_f64().unwrap(), b["loss"].as_f64().unwrap());
+            assert!(
+                ((la - lb) / la).abs() < 1e-5,
+                "W={world} step {}: {la} vs {lb}",
+                a["step"]
+            );
+            assert_eq!(
+                b["comm_intra_bytes"].as_u64().unwrap(),
+                intra,
+                "W={world} intra bytes"
+            );
+            assert_eq!(
+                b["comm_inter_bytes"].as_u64().unwrap(),
+                inter,
+                "W={world} inter bytes"
+            );
+        }
+    }
+    assert!(reference[49]["loss"].as_f64().unwrap() < reference[0]["loss"].as_f64().unwrap() - 1.0);
+}
+
+#[test]
+fn a_killed_four_rank_run_resumes_on_the_same_curve() {
+    let dir = tempfile::tempdir().unwrap();
+    let straight = dir.path().join("a");
+    let resumed = dir.path().join("b");
+    std::fs::create_dir_all(&straight).unwrap();
+    std::fs::create_dir_all(&resumed).unwrap();
+    let every = ["checkpoint.interval=10".to_string()];
+    ok(&run(&straight, 4, 2, 30, &every, &[]));
+    let killed = run(&resumed, 4, 2, 30, &every, &[("ZEROPP_KILL_AT_STEP", "20")]);
+    assert!(!killed.status.success());
+    ok(&run(&resumed, 4, 2, 30, &every, &[]));
+    let loss = |d: &Path| {
+        lines(d, 4)
+            .iter()
+            .map(|v| v["loss"].as_f64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(loss(&straight), loss(&resumed));
+    assert_eq!(loss(&straight).len(), 30);
+}
+
+#[test]
+fn a_failing_rank_ends_the_run_with_its_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let out = run(dir.path(), 4, 2, 50, &[], &[("ZEROPP_FAIL_RANK", "2@3")]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("rank 2") && err.contains("injected failure"),
+        "{err}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "the run must end promptly"
+    );
+}
