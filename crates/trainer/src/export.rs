@@ -12,8 +12,11 @@ use safetensors::tensor::{Dtype, TensorView};
 
 use crate::checkpoint;
 
-/// The full fp32 parameters of every unit, in model order, gathered from all ranks' shards.
-pub fn consolidate(ckpt: &Path) -> Result<(model::GptConfig, Vec<(model::UnitLayout, Vec<f32>)>)> {
+/// Every unit's layout with its full, unpadded fp32 parameters, in model order.
+pub type UnitParameters = Vec<(model::UnitLayout, Vec<f32>)>;
+
+/// The full fp32 parameters of every unit, gathered from all ranks' shards.
+pub fn consolidate(ckpt: &Path) -> Result<(model::GptConfig, UnitParameters)> {
     let manifest = checkpoint::read_manifest(ckpt)?;
     let m = &manifest.model;
     let cfg = model::GptConfig {
@@ -124,4 +127,95 @@ pub fn export(checkpoint_dir: &Path, output: &Path) -> Result<()> {
         output.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+    use comm::Communicator;
+    use zero::{AdamW, Engine, EngineOptions, ZeroConfig};
+
+    /// A W = 4 (2 x 2) engine trained two steps, checkpointed and exported: the file's tensors
+    /// equal the parameters the engine gathers, under Hugging Face's names and shapes.
+    #[test]
+    fn export_equals_the_gathered_parameters() {
+        let cfg = model::GptConfig {
+            n_layer: 2,
+            n_embd: 16,
+            n_head: 2,
+            seq_len: 8,
+            vocab_size: 37,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let ckpt_dir = dir.path().join("ckpt");
+        let topology = comm::Topology::new(4, 2).unwrap();
+        let gathered = comm::run_local(topology, |c| -> anyhow::Result<UnitParameters> {
+            let rank = c.rank();
+            let opts = EngineOptions {
+                zero: ZeroConfig::default(),
+                seed: 3,
+                recompute: false,
+                optimizer: AdamW {
+                    beta1: 0.9,
+                    beta2: 0.95,
+                    eps: 1e-8,
+                    weight_decay: 0.1,
+                },
+                grad_clip: 1.0,
+                device: Device::Cpu,
+            };
+            let mut e = Engine::new(cfg.clone(), opts, Box::new(c))?;
+            let tokens: Vec<u32> = (0..16).map(|i| (i * 7 + rank as u32) % 37).collect();
+            for _ in 0..2 {
+                e.forward_backward(&tokens, &tokens, 1.0)?;
+                e.step(1e-2)?;
+            }
+            if rank == 0 {
+                checkpoint::begin(&ckpt_dir, 2)?;
+            }
+            e.comm().barrier(comm::Group::World).wait()?;
+            checkpoint::write_rank(&checkpoint::tmp_dir(&ckpt_dir, 2), rank, 2, &e.state())?;
+            e.comm().barrier(comm::Group::World).wait()?;
+            if rank == 0 {
+                checkpoint::commit(
+                    &ckpt_dir,
+                    &checkpoint::tmp_dir(&ckpt_dir, 2),
+                    &checkpoint::manifest(2, 0, topology, &cfg),
+                )?;
+            }
+            Ok(e.gathered_parameters()?)
+        })
+        .unwrap();
+        let (_, consolidated) = consolidate(&checkpoint::step_dir(&ckpt_dir, 2)).unwrap();
+        assert_eq!(
+            consolidated.iter().map(|(_, p)| p).collect::<Vec<_>>(),
+            gathered[0].iter().map(|(_, p)| p).collect::<Vec<_>>()
+        );
+
+        let out = dir.path().join("hf/model.safetensors");
+        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+        export(&ckpt_dir, &out).unwrap();
+        let bytes = std::fs::read(&out).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let c_attn = st.tensor("transformer.h.1.attn.c_attn.weight").unwrap();
+        assert_eq!(c_attn.shape(), &[16, 48]);
+        assert_eq!(
+            st.tensor("transformer.wte.weight").unwrap().shape(),
+            &[37, 16]
+        );
+        assert_eq!(st.names().len(), 2 + 12 * 2 + 2);
+        let (unit, params) = &gathered[0][2];
+        let spec = unit.param("attn.c_attn.weight");
+        let expected: Vec<u8> = params[spec.offset..spec.offset + spec.numel]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(c_attn.data(), &expected[..]);
+        let config: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.with_file_name("config.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(config["n_layer"], 2);
+    }
 }
