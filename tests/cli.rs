@@ -37,6 +37,7 @@ fn small_run(dir: &Path, train: &Path, steps: u64) -> Vec<String> {
         "train.micro_batch=4".into(),
         "train.global_batch=8".into(),
         "dist.world_size=1".into(),
+        "dist.gpus_per_node=1".into(),
         format!("train.steps={steps}"),
         "train.lr=1e-3".into(),
         "train.warmup_steps=5".into(),
