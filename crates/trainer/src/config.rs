@@ -299,7 +299,6 @@ impl RunConfig {
                 format!("{:?}", self.dist.backend).to_lowercase()
             );
         }
-        self.zero.check_supported()?;
         Ok(())
     }
 

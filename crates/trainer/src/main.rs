@@ -4,6 +4,7 @@ mod checkpoint;
 mod config;
 mod export;
 mod metrics;
+mod plan;
 mod plot;
 mod schedule;
 mod train;
@@ -72,6 +73,19 @@ enum Command {
         #[arg(long)]
         output: PathBuf,
     },
+    /// Memory and communication per rank for the config at a world size, without allocating
+    /// the model (docs/plan.md).
+    Plan {
+        /// Ranks in all (default: dist.world_size).
+        #[arg(long)]
+        world_size: Option<usize>,
+        /// Ranks per node (default: dist.gpus_per_node, else all on one node).
+        #[arg(long)]
+        gpus_per_node: Option<usize>,
+        /// One JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -127,6 +141,17 @@ fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
+        Some(Command::Plan {
+            world_size,
+            gpus_per_node,
+            json,
+        }) => plan::run(&plan::PlanArgs {
+            config: cli.config.as_deref(),
+            set: &cli.set,
+            world_size,
+            gpus_per_node,
+            json,
+        }),
         Some(Command::Export { checkpoint, output }) => export::export(&checkpoint, &output),
         Some(Command::Plot { metrics, output }) => {
             let files: Vec<PathBuf> = metrics

@@ -20,6 +20,10 @@ pub struct StepLine {
     pub tokens_per_s: f64,
     pub comm_intra_bytes: u64,
     pub comm_inter_bytes: u64,
+    /// Which ZeRO++ techniques this step used.
+    pub qwz: bool,
+    pub hpz: bool,
+    pub qgz: bool,
 }
 
 /// An evaluation line.

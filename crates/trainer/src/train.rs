@@ -256,6 +256,7 @@ fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<(
     let lead = rank == 0;
     let options = EngineOptions {
         zero: config.zero.clone(),
+        total_steps: t.steps,
         seed: t.seed,
         recompute: config.model.recompute,
         optimizer: AdamW {
@@ -310,7 +311,7 @@ fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<(
     };
     say(&format!(
         "model {} params ({} layers, {} wide, {} heads, seq {}) | world {} ({} nodes x {}) | \
-         batch {} = {} micro x {} accum x {} ranks | memory per rank: {} sharded states + {} working set | \
+         batch {} = {} micro x {} accum x {} ranks | memory per rank: {} sharded states + {} working set + {} hpZ secondary | \
          {} train tokens, {} samples",
         model_cfg.num_params(),
         model_cfg.n_layer,
@@ -326,6 +327,7 @@ fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<(
         world,
         human_bytes(memory.sharded_bytes),
         human_bytes(memory.working_bytes),
+        human_bytes(memory.secondary_bytes),
         corpora.train.tokens.len(),
         sampler.num_samples(),
     ));
@@ -365,6 +367,7 @@ fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<(
             bail!("injected failure at step {step} ({FAIL_RANK_ENV})");
         }
         let counters_before = engine.comm().counters();
+        let techniques = engine.techniques(step);
         let step_start = Instant::now();
         let mut loss_sum = 0.0;
         for micro in 0..accumulation {
@@ -399,6 +402,9 @@ fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<(
                 tokens_per_s: (n * tokens_per_step) as f64 / seconds,
                 comm_intra_bytes: bytes.intra / n,
                 comm_inter_bytes: bytes.inter / n,
+                qwz: techniques.qwz,
+                hpz: techniques.hpz,
+                qgz: techniques.qgz,
             };
             log_line(&mut metrics, &line)?;
             if lead {

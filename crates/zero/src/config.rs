@@ -40,8 +40,8 @@ impl Default for ZeroConfig {
 }
 
 impl ZeroConfig {
-    /// Checks the values on their own; what the engine supports is checked by
-    /// [`ZeroConfig::check_supported`].
+    /// Checks the values on their own; [`crate::ZeroPlan::resolve`] checks them against the
+    /// topology.
     pub fn validate(&self) -> Result<()> {
         let bad = |key, reason: &str| {
             Err(ZeroError::Config {
@@ -63,26 +63,6 @@ impl ZeroConfig {
         }
         if self.grad_quant_block == 0 {
             return bad("grad_quant_block", "must be positive");
-        }
-        Ok(())
-    }
-
-    /// Refuses the options this engine does not implement yet, naming the key.
-    pub fn check_supported(&self) -> Result<()> {
-        let missing = |key, what: &str| {
-            Err(ZeroError::Config {
-                key,
-                reason: format!("{what} is not implemented yet; turn it off"),
-            })
-        };
-        if self.quantized_weights {
-            return missing("quantized_weights", "qwZ");
-        }
-        if self.hpz_partition_size != 1 {
-            return missing("hpz_partition_size", "hpZ");
-        }
-        if self.quantized_gradients {
-            return missing("quantized_gradients", "qgZ");
         }
         Ok(())
     }

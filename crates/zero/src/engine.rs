@@ -7,17 +7,21 @@
 //! 2 gathers + 1 reduce-scatter per unit of the paper's volume accounting.
 
 use candle_core::{DType, Device, Tensor};
-use std::collections::VecDeque;
+use std::cell::RefCell;
 
-use comm::{Communicator, Group, Pending};
+use comm::{Communicator, Group};
 use model::{GptConfig, ModelLayout, UnitLayout};
 
-use crate::{AdamW, DecayRanges, Partition, Result, ZeroConfig, ZeroError};
+use crate::gather::{self, GatherQueue, Secondary};
+use crate::reduce::{self, Reduction};
+use crate::{AdamW, DecayRanges, Partition, Result, Techniques, ZeroConfig, ZeroError, ZeroPlan};
 
 /// Everything the engine needs besides the model shape and the communicator.
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
     pub zero: ZeroConfig,
+    /// Optimizer steps the run will take (qgZ's schedule is a fraction of them).
+    pub total_steps: u64,
     /// Seed of the partition-independent initialisation.
     pub seed: u64,
     /// Activation checkpointing: blocks keep only their input and recompute in backward.
@@ -49,6 +53,8 @@ pub struct MemoryEstimate {
     /// Two gathered units at a time (the embedding held through backward plus the largest other)
     /// and the full gradient of one unit.
     pub working_bytes: u64,
+    /// hpZ's secondary partitions (padded / ranks per node of every unit), 0 without hpZ.
+    pub secondary_bytes: u64,
 }
 
 /// One rank's shard of one unit.
@@ -62,12 +68,15 @@ struct UnitShard {
     /// fp32 gradient of my shard, accumulated over micro-batches.
     grad: Vec<f32>,
     decay: DecayRanges,
+    /// hpZ: my node-local slice of the gathered unit, valid until the next optimizer step.
+    secondary: RefCell<Option<Secondary>>,
 }
 
 /// A ZeRO-3 engine for one rank. See the module doc for the step's schedule.
 pub struct Engine {
     cfg: GptConfig,
     opts: EngineOptions,
+    plan: ZeroPlan,
     comm: Box<dyn Communicator>,
     units: Vec<UnitShard>,
     /// Optimizer steps taken so far.
@@ -77,17 +86,15 @@ pub struct Engine {
 impl Engine {
     /// Builds my shards and fills them from the seed, independently of the world size.
     pub fn new(cfg: GptConfig, opts: EngineOptions, comm: Box<dyn Communicator>) -> Result<Self> {
-        opts.zero.validate()?;
-        opts.zero.check_supported()?;
         cfg.validate()?;
-        let world = comm.topology().world();
+        let plan = ZeroPlan::resolve(&opts.zero, comm.topology(), opts.total_steps)?;
         let rank = comm.rank();
         let layout = ModelLayout::new(&cfg);
         let units = layout
             .units
             .into_iter()
             .map(|layout| {
-                let partition = Partition::new(layout.numel, world, 1);
+                let partition = plan.partition(layout.numel);
                 let range = partition.shard_range(rank);
                 let mut master = vec![0f32; range.len()];
                 model::init_unit_range(&cfg, &layout, opts.seed, range.start, &mut master);
@@ -106,20 +113,25 @@ impl Engine {
                     exp_avg: vec![0.0; n],
                     exp_avg_sq: vec![0.0; n],
                     grad: vec![0.0; n],
+                    secondary: RefCell::new(None),
                 }
             })
             .collect();
-        Ok(Engine {
-            cfg,
-            opts,
-            comm,
-            units,
-            step: 0,
-        })
+        Ok(Engine { cfg, opts, plan, comm, units, step: 0 })
     }
 
     pub fn config(&self) -> &GptConfig {
         &self.cfg
+    }
+
+    /// The resolved ZeRO / ZeRO++ plan.
+    pub fn plan(&self) -> &ZeroPlan {
+        &self.plan
+    }
+
+    /// The techniques optimizer step `step` (1-based) uses.
+    pub fn techniques(&self, step: u64) -> Techniques {
+        self.plan.techniques(step)
     }
 
     pub fn comm(&self) -> &dyn Communicator {
@@ -147,53 +159,94 @@ impl Engine {
         let embedding = sizes[0];
         sizes.sort_unstable();
         let largest = *sizes.last().unwrap_or(&0);
+        let d = self.plan.topology.ranks_per_node;
+        let secondary: usize = if self.plan.hpz {
+            let per_element = if self.plan.qwz.is_some() { 1 } else { 4 };
+            self.units.iter().map(|u| u.partition.padded / d * per_element).sum()
+        } else {
+            0
+        };
         MemoryEstimate {
             sharded_bytes: 16 * owned as u64,
             working_bytes: 4 * (embedding + 2 * largest) as u64,
+            secondary_bytes: secondary as u64,
         }
     }
 
-    /// Starts the all-gather of unit `u`'s full flat buffer (padded).
-    fn start_gather(&self, u: usize) -> Pending<Vec<u8>> {
-        self.comm
-            .all_gather(Group::World, comm::f32_to_bytes(&self.units[u].master))
+    /// Issues the next gather of `queue`. In training (`hpz`), a unit with a valid secondary
+    /// partition is gathered from it over my node.
+    fn issue_gather(&self, queue: &mut GatherQueue, hpz: bool) -> Result<()> {
+        if let Some(u) = queue.to_issue() {
+            let unit = &self.units[u];
+            let secondary = unit.secondary.borrow();
+            let source = if hpz { secondary.as_ref() } else { None };
+            queue.push(gather::start(self.comm.as_ref(), u, &unit.master, self.plan.qwz, source)?);
+        }
+        Ok(())
     }
 
-    /// Waits for a gather of unit `u` and makes it a compute tensor.
-    fn finish_gather(&self, u: usize, pending: Pending<Vec<u8>>) -> Result<Tensor> {
-        let full = comm::bytes_to_f32(&pending.wait()?);
-        debug_assert_eq!(full.len(), self.units[u].partition.padded);
-        Ok(Tensor::from_vec(
-            full,
-            self.units[u].partition.padded,
-            &self.opts.device,
-        )?)
+    /// The gathered unit `expected` (the next in the queue's order), issuing the one after it.
+    fn next_gather(&self, queue: &mut GatherQueue, expected: usize, hpz: bool) -> Result<Tensor> {
+        if queue.is_empty() {
+            self.issue_gather(queue, hpz)?;
+        }
+        let flight = queue.pop().expect("a gather was just issued");
+        assert_eq!(flight.unit, expected, "units must be taken in the gather order");
+        if queue.overlap() {
+            self.issue_gather(queue, hpz)?;
+        }
+        let unit = &self.units[expected];
+        let topology = self.plan.topology;
+        let local = topology.local_rank(self.comm.rank());
+        let (full, secondary) =
+            gather::finish(flight, &unit.partition, self.plan.qwz, topology, local, hpz, &self.opts.device)?;
+        if let Some(s) = secondary {
+            *unit.secondary.borrow_mut() = Some(s);
+        }
+        Ok(full)
     }
 
-    /// Gathers unit `u` now (no prefetch).
-    fn gather(&self, u: usize) -> Result<Tensor> {
-        self.finish_gather(u, self.start_gather(u))
+    /// Unit `u`'s full padded parameters exactly as the forward computes with them (with qwZ,
+    /// dequantised INT8), gathered from the world now.
+    pub fn gather_for_compute(&self, u: usize) -> Result<Vec<f32>> {
+        let mut queue = GatherQueue::new(vec![u], false);
+        Ok(self.next_gather(&mut queue, u, false)?.to_vec1::<f32>()?)
     }
 
-    /// Starts the reduce-scatter of unit `u`'s full gradient; [`Engine::finish_reduce`] adds
-    /// my slice into my shard.
-    fn start_reduce(&self, u: usize, grad: &Tensor) -> Result<(usize, Pending<Vec<f32>>)> {
+    /// Unit `u`'s full padded fp32 master weights, gathered exactly (never quantised).
+    fn gather_exact(&self, u: usize) -> Result<Vec<f32>> {
+        let bytes = self.comm.all_gather(Group::World, comm::f32_to_bytes(&self.units[u].master)).wait()?;
+        Ok(comm::bytes_to_f32(&bytes))
+    }
+
+    /// Starts reducing unit `u`'s full gradient, first advancing every qgZ reduction still in
+    /// its first hop (so hop 1 of this unit overlaps hop 2 of the previous).
+    fn start_reduce(&self, pending: &mut Vec<Reduction>, u: usize, grad: &Tensor, qgz: bool) -> Result<()> {
+        let qgz = self.plan.qgz.filter(|_| qgz);
+        if let Some(q) = qgz {
+            for r in pending.iter_mut() {
+                let shard = self.units[r.unit()].partition.shard_len();
+                let taken = std::mem::replace(r, Reduction::Plain { unit: 0, pending: comm::Pending::ready(Vec::new()) });
+                *r = reduce::advance(self.comm.as_ref(), taken, q, shard)?;
+            }
+        }
         let mut full = grad.to_dtype(DType::F32)?.to_vec1::<f32>()?;
         full.resize(self.units[u].partition.padded, 0.0);
-        Ok((u, self.comm.reduce_scatter(Group::World, full)))
+        pending.push(reduce::start(self.comm.as_ref(), u, full, qgz)?);
+        Ok(())
     }
 
-    /// Adds `scale` x (my slice of the world's mean gradient) into my fp32 gradient shard.
-    fn finish_reduce(
-        &mut self,
-        (u, pending): (usize, Pending<Vec<f32>>),
-        scale: f32,
-    ) -> Result<()> {
-        let mine = pending.wait()?;
-        let unit = &mut self.units[u];
-        let coef = scale / unit.partition.world as f32;
-        for (g, r) in unit.grad.iter_mut().zip(&mine) {
-            *g += r * coef;
+    /// Waits for every reduction and adds `scale` x (my slice of the world mean) into my
+    /// fp32 gradient shards.
+    fn finish_reduces(&mut self, pending: Vec<Reduction>, scale: f32) -> Result<()> {
+        for r in pending {
+            let shard = self.units[r.unit()].partition.shard_len();
+            let (u, sum) = reduce::finish(self.comm.as_ref(), r, self.plan.qgz, shard)?;
+            let unit = &mut self.units[u];
+            let coef = scale / unit.partition.world as f32;
+            for (g, r) in unit.grad.iter_mut().zip(&sum) {
+                *g += r * coef;
+            }
         }
         Ok(())
     }
@@ -221,24 +274,26 @@ impl Engine {
         let cfg = self.cfg.clone();
         let n_layer = cfg.n_layer;
         let last = n_layer + 1;
-        let mut gathers = GatherQueue::new(training_gather_order(n_layer), self.opts.zero.overlap);
+        let mut gathers = GatherQueue::new(training_gather_order(n_layer), self.plan.overlap);
+        let hpz = self.plan.hpz;
+        let qgz = self.plan.qgz_active(self.step + 1);
 
-        let embedding = gathers.next(self, 0)?;
+        let embedding = self.next_gather(&mut gathers, 0, hpz)?;
         let mut x = model::embedding_forward(&cfg, &embedding, &tokens)?;
         drop(embedding);
         let mut saved = Vec::with_capacity(n_layer);
         for l in 0..n_layer {
-            let params = gathers.next(self, 1 + l)?;
+            let params = self.next_gather(&mut gathers, 1 + l, hpz)?;
             let (y, s) = model::block_forward(&cfg, &params, &x, self.opts.recompute)?;
             saved.push(s);
             x = y;
         }
-        let norm = gathers.next(self, last)?;
+        let norm = self.next_gather(&mut gathers, last, hpz)?;
         let (xf, norm_saved) = model::final_norm_forward(&cfg, &norm, &x)?;
         drop(norm);
 
         // Backward. The embedding unit's backward gather serves the tied head and the lookup.
-        let embedding = gathers.next(self, 0)?;
+        let embedding = self.next_gather(&mut gathers, 0, hpz)?;
         let (loss, dxf, head_grad) = model::lm_head_loss_backward(&cfg, &embedding, &xf, &targets)?;
         if !loss.is_finite() {
             return Err(ZeroError::NonFinite {
@@ -247,23 +302,21 @@ impl Engine {
             });
         }
         let mut reductions = Vec::with_capacity(last + 1);
-        let norm = gathers.next(self, last)?;
+        let norm = self.next_gather(&mut gathers, last, hpz)?;
         let (mut dx, dnorm) = model::final_norm_backward(&cfg, &norm, &norm_saved, &dxf)?;
         drop(norm);
-        reductions.push(self.start_reduce(last, &dnorm)?);
+        self.start_reduce(&mut reductions, last, &dnorm, qgz)?;
         for l in (0..n_layer).rev() {
-            let params = gathers.next(self, 1 + l)?;
+            let params = self.next_gather(&mut gathers, 1 + l, hpz)?;
             let s = saved.pop().expect("one saved state per block");
             let (d, dparams) = model::block_backward(&cfg, &params, &s, &dx)?;
-            reductions.push(self.start_reduce(1 + l, &dparams)?);
+            self.start_reduce(&mut reductions, 1 + l, &dparams, qgz)?;
             dx = d;
         }
         let lookup_grad = model::embedding_backward(&cfg, &tokens, &dx)?;
         drop(embedding);
-        reductions.push(self.start_reduce(0, &(head_grad + lookup_grad)?)?);
-        for r in reductions {
-            self.finish_reduce(r, grad_scale)?;
-        }
+        self.start_reduce(&mut reductions, 0, &(head_grad + lookup_grad)?, qgz)?;
+        self.finish_reduces(reductions, grad_scale)?;
         Ok(loss)
     }
 
@@ -273,14 +326,14 @@ impl Engine {
         let (tokens, targets) = self.batch_tensors(inputs, targets)?;
         let cfg = &self.cfg;
         let order: Vec<usize> = (0..cfg.n_layer + 2).collect();
-        let mut gathers = GatherQueue::new(order, self.opts.zero.overlap);
-        let embedding = gathers.next(self, 0)?;
+        let mut gathers = GatherQueue::new(order, self.plan.overlap);
+        let embedding = self.next_gather(&mut gathers, 0, false)?;
         let mut x = model::embedding_forward(cfg, &embedding, &tokens)?;
         for l in 0..cfg.n_layer {
-            let params = gathers.next(self, 1 + l)?;
+            let params = self.next_gather(&mut gathers, 1 + l, false)?;
             x = model::block_forward(cfg, &params, &x, true)?.0;
         }
-        let norm = gathers.next(self, cfg.n_layer + 1)?;
+        let norm = self.next_gather(&mut gathers, cfg.n_layer + 1, false)?;
         let (xf, _) = model::final_norm_forward(cfg, &norm, &x)?;
         Ok(model::lm_head_loss(cfg, &embedding, &xf, &targets)?)
     }
@@ -334,6 +387,8 @@ impl Engine {
                 self.step,
             );
             u.grad.fill(0.0);
+            // hpZ: the secondary partition copies weights this step just changed.
+            u.secondary.replace(None);
         }
         Ok(StepStats { grad_norm })
     }
@@ -383,16 +438,18 @@ impl Engine {
                 *data = saved;
             }
             u.grad.fill(0.0);
+            u.secondary.replace(None);
         }
         self.step = step;
         Ok(())
     }
 
-    /// Gathers every unit's parameters, unpadded, with their layouts (for export and tests).
+    /// Gathers every unit's fp32 master parameters, unpadded, with their layouts (for export
+    /// and tests).
     pub fn gathered_parameters(&self) -> Result<Vec<(UnitLayout, Vec<f32>)>> {
         let mut out = Vec::with_capacity(self.units.len());
         for (u, unit) in self.units.iter().enumerate() {
-            let mut full = self.gather(u)?.to_vec1::<f32>()?;
+            let mut full = self.gather_exact(u)?;
             full.truncate(unit.layout.numel);
             out.push((unit.layout.clone(), full));
         }
@@ -409,47 +466,4 @@ fn training_gather_order(n_layer: usize) -> Vec<usize> {
     order.push(last);
     order.extend((1..=n_layer).rev());
     order
-}
-
-/// Gathers units in a fixed order, keeping the next gather in flight while the current unit
-/// computes (with `overlap`), as ZeRO-3's prefetch does.
-struct GatherQueue {
-    order: Vec<usize>,
-    issued: usize,
-    in_flight: VecDeque<(usize, Pending<Vec<u8>>)>,
-    overlap: bool,
-}
-
-impl GatherQueue {
-    fn new(order: Vec<usize>, overlap: bool) -> Self {
-        GatherQueue {
-            order,
-            issued: 0,
-            in_flight: VecDeque::new(),
-            overlap,
-        }
-    }
-
-    fn issue(&mut self, engine: &Engine) {
-        if let Some(&u) = self.order.get(self.issued) {
-            self.in_flight.push_back((u, engine.start_gather(u)));
-            self.issued += 1;
-        }
-    }
-
-    /// The gathered unit `expected` (the next in the order), starting the one after it.
-    fn next(&mut self, engine: &Engine, expected: usize) -> Result<Tensor> {
-        if self.in_flight.is_empty() {
-            self.issue(engine);
-        }
-        let (u, pending) = self
-            .in_flight
-            .pop_front()
-            .expect("a gather was just issued");
-        assert_eq!(u, expected, "units must be taken in the gather order");
-        if self.overlap {
-            self.issue(engine);
-        }
-        engine.finish_gather(u, pending)
-    }
 }

@@ -7,6 +7,8 @@ pub enum ZeroError {
     Candle(#[from] candle_core::Error),
     #[error(transparent)]
     Comm(#[from] comm::CommError),
+    #[error(transparent)]
+    Quant(#[from] quant::QuantError),
     /// A configuration the engine cannot run, named by its key.
     #[error("[zero] {key}: {reason}")]
     Config { key: &'static str, reason: String },

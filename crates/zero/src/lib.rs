@@ -9,11 +9,16 @@
 mod config;
 mod engine;
 mod error;
+mod gather;
 mod optimizer;
 mod partition;
+mod plan;
+mod reduce;
+pub mod volume;
 
 pub use config::ZeroConfig;
 pub use engine::{Engine, EngineOptions, MemoryEstimate, NamedShard, StepStats};
 pub use error::{Result, ZeroError};
 pub use optimizer::{AdamW, DecayRanges};
 pub use partition::Partition;
+pub use plan::{Qgz, Qwz, Techniques, ZeroPlan};

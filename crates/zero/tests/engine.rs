@@ -17,6 +17,7 @@ fn cfg() -> GptConfig {
 fn options(recompute: bool) -> EngineOptions {
     EngineOptions {
         zero: ZeroConfig::default(),
+        total_steps: 100,
         seed: 7,
         recompute,
         optimizer: AdamW {

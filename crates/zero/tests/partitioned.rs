@@ -19,6 +19,7 @@ fn cfg() -> GptConfig {
 fn options() -> EngineOptions {
     EngineOptions {
         zero: ZeroConfig::default(),
+        total_steps: 100,
         seed: 11,
         recompute: false,
         optimizer: AdamW {

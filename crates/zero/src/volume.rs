@@ -1,0 +1,146 @@
+//! Communication volume per optimizer step, computed from the plan and the unit sizes alone,
+//! in the two accountings of DESIGN.md section 3.
+//!
+//! [`logical_step_bytes`] counts what one rank's collectives send, by each collective's
+//! meaning (the byte counters of `comm` count the same way, and tests hold them equal):
+//! an all-gather sends my part to every peer, a reduce-scatter or all-to-all each chunk to its
+//! owner, an all-reduce my whole buffer to every peer. [`paper_volume`] is the paper's: every
+//! all-gather or reduce-scatter counts M (the bf16 bytes of the parameters) cross-node.
+
+use comm::{ByteCounters, Topology};
+
+use crate::ZeroPlan;
+
+/// Bytes of `numel` INT8 codes plus their f32 scales.
+fn int8_bytes(numel: usize, block: usize) -> u64 {
+    (numel + numel / block * 4) as u64
+}
+
+/// Bytes of `numel` INT4 values (two a byte) plus their f32 scales.
+fn int4_bytes(numel: usize, block: usize) -> u64 {
+    (numel / 2 + numel / block * 4) as u64
+}
+
+/// Adds `bytes` sent to each of the `intra` and `inter` peers.
+fn send(total: &mut ByteCounters, bytes: u64, intra: usize, inter: usize) {
+    total.intra += bytes * intra as u64;
+    total.inter += bytes * inter as u64;
+}
+
+/// The logical bytes one rank sends in optimizer step `step` (1-based) with `micro_batches`
+/// forward/backward passes, for units of `unit_numels` elements whose plain (unquantised)
+/// gathers move `param_bytes` bytes an element and whose gradients are reduced in f32.
+///
+/// The schedule is the engine's: per micro-batch each unit is gathered for its forward and
+/// again for its backward, and its gradient reduced once. With hpZ the first forward gather
+/// of the step fills the secondary partition and every later gather of the step (backward,
+/// and forward of later micro-batches) is an intra-node gather of it; it is invalidated by
+/// the optimizer step. Two one-element all-reduces close the step (the loss, the gradient norm).
+pub fn logical_step_bytes(
+    plan: &ZeroPlan,
+    unit_numels: &[usize],
+    param_bytes: usize,
+    micro_batches: usize,
+    step: u64,
+) -> ByteCounters {
+    let Topology { nodes, ranks_per_node: d } = plan.topology;
+    let w = plan.topology.world();
+    let mut total = ByteCounters::default();
+    for &numel in unit_numels {
+        let padded = plan.partition(numel).padded;
+        let shard = padded / w;
+        let world_gather = match plan.qwz {
+            Some(q) => int8_bytes(shard, q.block),
+            None => (shard * param_bytes) as u64,
+        };
+        let secondary = padded / d;
+        let hpz_gather = match plan.qwz {
+            Some(q) => int8_bytes(secondary, q.block),
+            None => (secondary * param_bytes) as u64,
+        };
+        for micro in 0..micro_batches {
+            // Forward gather, then backward gather.
+            for backward in [false, true] {
+                if plan.hpz && (backward || micro > 0) {
+                    send(&mut total, hpz_gather, d - 1, 0);
+                } else {
+                    send(&mut total, world_gather, d - 1, w - d);
+                }
+            }
+            match plan.qgz.filter(|_| plan.qgz_active(step)) {
+                Some(q) => {
+                    // Hop 1: to each local peer, its N slices; hop 2: to each other node, one slice.
+                    send(&mut total, int4_bytes(nodes * shard, q.block), d - 1, 0);
+                    send(&mut total, int4_bytes(shard, q.block), 0, nodes - 1);
+                }
+                None => send(&mut total, (shard * 4) as u64, d - 1, w - d),
+            }
+        }
+    }
+    send(&mut total, 2 * 4, d - 1, w - d);
+    total
+}
+
+/// The paper's accounting of one step's cross-node traffic, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PaperVolume {
+    /// M: the bf16 bytes of the parameters.
+    pub model_bytes: f64,
+    /// ZeRO-3: forward gather + backward gather + reduce-scatter = 3M.
+    pub zero3: f64,
+    /// The configured ZeRO++: qwZ gather 0.5M (else M), hpZ backward 0 (else M or 0.5M with
+    /// qwZ), qgZ 0.25M (else M), without scales.
+    pub zeropp: f64,
+    /// The quantisation scales on top of `zeropp`.
+    pub scales: f64,
+}
+
+pub fn paper_volume(plan: &ZeroPlan, num_params: usize) -> PaperVolume {
+    let m = 2.0 * num_params as f64;
+    let forward = if plan.qwz.is_some() { 0.5 * m } else { m };
+    let backward = if plan.hpz { 0.0 } else { forward };
+    let reduce = if plan.qgz.is_some() { 0.25 * m } else { m };
+    let mut scales = 0.0;
+    if let Some(q) = plan.qwz {
+        let gathers = if plan.hpz { 1.0 } else { 2.0 };
+        scales += gathers * num_params as f64 / q.block as f64 * 4.0;
+    }
+    if let Some(q) = plan.qgz {
+        scales += num_params as f64 / q.block as f64 * 4.0;
+    }
+    PaperVolume { model_bytes: m, zero3: 3.0 * m, zeropp: forward + backward + reduce, scales }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ZeroConfig;
+
+    fn plan(cfg: ZeroConfig) -> ZeroPlan {
+        ZeroPlan::resolve(&cfg, Topology::new(8, 4).unwrap(), 100).unwrap()
+    }
+
+    #[test]
+    fn hpz_alone_moves_two_thirds_of_zero3_across_nodes() {
+        let units = [4096 * 8, 1024 * 8];
+        let zero3 = logical_step_bytes(&plan(ZeroConfig::default()), &units, 2, 1, 1);
+        let hpz = logical_step_bytes(&plan(ZeroConfig { hpz_partition_size: 4, ..Default::default() }), &units, 4, 1, 1);
+        // Gradients reduce in f32 whatever the parameter bytes: compare at 4 bytes.
+        let zero3_f32 = logical_step_bytes(&plan(ZeroConfig::default()), &units, 4, 1, 1);
+        assert_eq!(3 * (hpz.inter - 32) , 2 * (zero3_f32.inter - 32));
+        assert!(zero3.inter < zero3_f32.inter);
+    }
+
+    #[test]
+    fn paper_accounting_is_three_m_against_three_quarters_m() {
+        let p = plan(ZeroConfig {
+            quantized_weights: true,
+            hpz_partition_size: 4,
+            quantized_gradients: true,
+            ..Default::default()
+        });
+        let v = paper_volume(&p, 1000);
+        assert_eq!(v.zero3, 6000.0);
+        assert_eq!(v.zeropp, 1500.0);
+    }
+}

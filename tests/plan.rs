@@ -1,0 +1,175 @@
+//! `trainer plan`: memory and communication per rank from the layouts alone (docs/plan.md).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn plan(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .current_dir(repo())
+        .arg("plan")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn plan_json(args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let out = plan(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+const GPT18B_384: &[&str] = &[
+    "--config",
+    "configs/gpt350m.toml",
+    "--set",
+    "model.preset=\"gpt18b\"",
+    "--world-size",
+    "384",
+    "--gpus-per-node",
+    "16",
+];
+
+fn f(v: &Value, path: &str) -> f64 {
+    v.pointer(path)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("no number at {path}"))
+}
+
+#[test]
+fn gpt18b_on_384_gpus_matches_both_accountings() {
+    let j = plan_json(GPT18B_384);
+    assert_eq!(j["model"]["preset"], "gpt18b");
+    assert_eq!(j["topology"]["nodes"], 24);
+    let params = j["model"]["num_params"].as_u64().unwrap();
+    let m = 2 * params;
+    assert_eq!(j["model"]["model_bytes"].as_u64().unwrap(), m);
+
+    // The paper's accounting: 3M against 0.75M, scales apart.
+    assert_eq!(f(&j, "/paper/model_bytes"), m as f64);
+    assert_eq!(f(&j, "/paper/zero3"), 3.0 * m as f64);
+    assert!((f(&j, "/paper/zeropp") / m as f64 - 0.75).abs() < 1e-12);
+    let scales = f(&j, "/paper/scales");
+    assert!(scales > 0.0 && scales < 0.01 * m as f64, "{scales}");
+    assert_eq!(f(&j, "/paper/hpz_memory"), m as f64 / 16.0);
+
+    // The config's hpz = 8 (its own node) follows the planned node of 16.
+    assert_eq!(j["zero"]["hpz"], true);
+    assert_eq!(j["zero"]["hpz_partition_size"], 16);
+
+    // hpZ secondary with qwZ: 1/16 of every padded unit as INT8 codes + one f32 scale a block.
+    let padded = j["model"]["padded_params"].as_u64().unwrap();
+    let block = j["zero"]["weight_quant_block"].as_u64().unwrap();
+    let secondary = j["memory"]["hpz_secondary"].as_u64().unwrap();
+    assert_eq!(secondary, padded / 16 + padded / 16 / block * 4);
+    let half_m_over_16 = m as f64 / 16.0 / 2.0;
+    assert!(
+        (secondary as f64 / half_m_over_16 - 1.0).abs() < 0.01,
+        "{secondary}"
+    );
+
+    // The shards: W = 384 ranks own the padded buffers; bf16 params, fp32 grads, 12-byte Adam.
+    let shard = j["memory"]["shard_elems"].as_u64().unwrap();
+    assert_eq!(shard, padded / 384);
+    assert_eq!(j["memory"]["param_shard"].as_u64().unwrap(), 2 * shard);
+    assert_eq!(j["memory"]["grad_shard"].as_u64().unwrap(), 4 * shard);
+    assert_eq!(
+        j["memory"]["optimizer_states"].as_u64().unwrap(),
+        12 * shard
+    );
+    let parts: u64 = [
+        "param_shard",
+        "grad_shard",
+        "optimizer_states",
+        "hpz_secondary",
+        "gathered_working_set",
+        "activations",
+    ]
+    .iter()
+    .map(|k| j["memory"][k].as_u64().unwrap())
+    .sum();
+    assert_eq!(parts, j["memory"]["total"].as_u64().unwrap());
+
+    // Logical bytes per rank: ZeRO++ moves at most 27% of ZeRO-3's across nodes.
+    let z3 = f(&j, "/comm/zero3/inter");
+    let zpp = f(&j, "/comm/zeropp/inter");
+    let ratio = f(&j, "/comm/inter_ratio");
+    assert!((ratio - zpp / z3).abs() < 1e-12);
+    assert!(ratio <= 0.27, "{ratio}");
+    assert!(j["comm"]["after_qgz"].is_null());
+}
+
+#[test]
+fn gpt138b_on_384_gpus_runs() {
+    let mut args = GPT18B_384.to_vec();
+    args[3] = "model.preset=\"gpt138b\"";
+    let j = plan_json(&args);
+    assert_eq!(j["model"]["n_layer"], 100);
+}
+
+#[test]
+fn qgz_window_adds_a_row_after_it() {
+    let mut args = GPT18B_384.to_vec();
+    args.extend(["--set", "zero.qgz_until=0.5"]);
+    let j = plan_json(&args);
+    let until = j["zero"]["qgz_until_step"].as_u64().unwrap();
+    assert_eq!(j["comm"]["after_qgz"]["step"].as_u64().unwrap(), until + 1);
+    assert!(f(&j, "/comm/after_qgz/inter_ratio") > f(&j, "/comm/inter_ratio"));
+}
+
+#[test]
+fn indivisible_topology_is_one_line_naming_both() {
+    let out = plan(&[
+        "--config",
+        "configs/gpt350m.toml",
+        "--world-size",
+        "10",
+        "--gpus-per-node",
+        "4",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--world-size 10") && err.contains("--gpus-per-node 4"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_hpz_and_unknown_preset_are_one_line_errors() {
+    for set in ["zero.hpz_partition_size=3", "model.preset=\"gpt7b\""] {
+        let out = plan(&["--config", "configs/gpt350m.toml", "--set", set]);
+        assert!(!out.status.success(), "{set}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        let key = set.split('=').next().unwrap().split('.').nth(1).unwrap();
+        assert!(err.contains(key), "{err}");
+    }
+}
+
+#[test]
+fn human_output_has_both_rows() {
+    let out = plan(GPT18B_384);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let row = |name: &str| text.lines().any(|l| l.trim_start().starts_with(name));
+    assert!(row("ZeRO-3 "), "{text}");
+    assert!(row("ZeRO++ "), "{text}");
+    assert!(text.contains("hpZ secondary"), "{text}");
+}
