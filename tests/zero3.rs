@@ -165,3 +165,80 @@ fn a_failing_rank_ends_the_run_with_its_error() {
         "the run must end promptly"
     );
 }
+
+/// ZeRO++ switches for `run`.
+fn zeropp(qwz: bool, hpz: bool, qgz: bool) -> Vec<String> {
+    vec![
+        format!("zero.quantized_weights={qwz}"),
+        format!("zero.hpz_partition_size={}", if hpz { 4 } else { 1 }),
+        format!("zero.quantized_gradients={qgz}"),
+    ]
+}
+
+fn losses_of(dir: &Path, world: usize) -> Vec<f64> {
+    lines(dir, world)
+        .iter()
+        .map(|v| v["loss"].as_f64().unwrap())
+        .collect()
+}
+
+#[test]
+fn hpz_gives_the_bitwise_curve_of_zero3() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    ok(&run(a.path(), 8, 4, 30, &zeropp(false, false, false), &[]));
+    ok(&run(b.path(), 8, 4, 30, &zeropp(false, true, false), &[]));
+    assert_eq!(losses_of(a.path(), 8), losses_of(b.path(), 8));
+    let hpz = lines(b.path(), 8);
+    assert!(hpz
+        .iter()
+        .all(|v| v["hpz"] == true && v["qwz"] == false && v["qgz"] == false));
+    // One micro-batch per rank: hpZ keeps 2 of ZeRO-3's 3 cross-node transfers, exactly.
+    let (plain, hpz) = (
+        zero3_bytes(8, 4, 1).1 - 32,
+        hpz[0]["comm_inter_bytes"].as_u64().unwrap() - 32,
+    );
+    assert_eq!(3 * hpz, 2 * plain);
+}
+
+#[test]
+fn qwz_stays_within_one_percent_of_zero3_over_200_steps() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let with = |qwz| {
+        let mut s = zeropp(qwz, false, false);
+        s.push("log.eval_samples=64".into());
+        s
+    };
+    ok(&run(a.path(), 8, 4, 200, &with(false), &[]));
+    ok(&run(b.path(), 8, 4, 200, &with(true), &[]));
+    // The validation loss at the end, over the same 64 held-out sequences.
+    let val = |d: &Path| {
+        let text = std::fs::read_to_string(d.join("w8/metrics.jsonl")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        v["val_loss"].as_f64().unwrap()
+    };
+    let (p, q) = (val(a.path()), val(b.path()));
+    assert!(((p - q) / p).abs() < 0.01, "qwZ val_loss {q} vs ZeRO-3 {p}");
+    assert!(p < 10.0 - 2.0, "the model learns: val_loss {p}");
+}
+
+#[test]
+fn qgz_until_half_turns_qgz_off_after_step_50() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sets = zeropp(true, true, true);
+    sets.push("zero.qgz_until=0.5".into());
+    ok(&run(dir.path(), 8, 4, 100, &sets, &[]));
+    let l = lines(dir.path(), 8);
+    assert_eq!(l.len(), 100);
+    for v in &l {
+        let step = v["step"].as_u64().unwrap();
+        assert_eq!(v["qgz"], step <= 50, "step {step}");
+        assert!(v["qwz"] == true && v["hpz"] == true);
+    }
+    // Full ZeRO++ crosses nodes with under 0.27 of ZeRO-3's bytes; after the qgZ window the
+    // gradients go back to the fp32 reduce-scatter.
+    let zero3 = zero3_bytes(8, 4, 1).1 as f64;
+    assert!(l[0]["comm_inter_bytes"].as_f64().unwrap() / zero3 < 0.27);
+    assert!(
+        l[99]["comm_inter_bytes"].as_f64().unwrap() > l[0]["comm_inter_bytes"].as_f64().unwrap()
+    );
+}

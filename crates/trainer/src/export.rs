@@ -154,7 +154,7 @@ mod tests {
             let rank = c.rank();
             let opts = EngineOptions {
                 zero: ZeroConfig::default(),
-        total_steps: 100,
+                total_steps: 100,
                 seed: 3,
                 recompute: false,
                 optimizer: AdamW {

@@ -117,7 +117,14 @@ impl Engine {
                 }
             })
             .collect();
-        Ok(Engine { cfg, opts, plan, comm, units, step: 0 })
+        Ok(Engine {
+            cfg,
+            opts,
+            plan,
+            comm,
+            units,
+            step: 0,
+        })
     }
 
     pub fn config(&self) -> &GptConfig {
@@ -162,7 +169,10 @@ impl Engine {
         let d = self.plan.topology.ranks_per_node;
         let secondary: usize = if self.plan.hpz {
             let per_element = if self.plan.qwz.is_some() { 1 } else { 4 };
-            self.units.iter().map(|u| u.partition.padded / d * per_element).sum()
+            self.units
+                .iter()
+                .map(|u| u.partition.padded / d * per_element)
+                .sum()
         } else {
             0
         };
@@ -176,11 +186,17 @@ impl Engine {
     /// Issues the next gather of `queue`. In training (`hpz`), a unit with a valid secondary
     /// partition is gathered from it over my node.
     fn issue_gather(&self, queue: &mut GatherQueue, hpz: bool) -> Result<()> {
-        if let Some(u) = queue.to_issue() {
+        if let Some(u) = queue.next_to_issue() {
             let unit = &self.units[u];
             let secondary = unit.secondary.borrow();
             let source = if hpz { secondary.as_ref() } else { None };
-            queue.push(gather::start(self.comm.as_ref(), u, &unit.master, self.plan.qwz, source)?);
+            queue.push(gather::start(
+                self.comm.as_ref(),
+                u,
+                &unit.master,
+                self.plan.qwz,
+                source,
+            )?);
         }
         Ok(())
     }
@@ -191,15 +207,25 @@ impl Engine {
             self.issue_gather(queue, hpz)?;
         }
         let flight = queue.pop().expect("a gather was just issued");
-        assert_eq!(flight.unit, expected, "units must be taken in the gather order");
+        assert_eq!(
+            flight.unit, expected,
+            "units must be taken in the gather order"
+        );
         if queue.overlap() {
             self.issue_gather(queue, hpz)?;
         }
         let unit = &self.units[expected];
         let topology = self.plan.topology;
         let local = topology.local_rank(self.comm.rank());
-        let (full, secondary) =
-            gather::finish(flight, &unit.partition, self.plan.qwz, topology, local, hpz, &self.opts.device)?;
+        let (full, secondary) = gather::finish(
+            flight,
+            &unit.partition,
+            self.plan.qwz,
+            topology,
+            local,
+            hpz,
+            &self.opts.device,
+        )?;
         if let Some(s) = secondary {
             *unit.secondary.borrow_mut() = Some(s);
         }
@@ -215,18 +241,33 @@ impl Engine {
 
     /// Unit `u`'s full padded fp32 master weights, gathered exactly (never quantised).
     fn gather_exact(&self, u: usize) -> Result<Vec<f32>> {
-        let bytes = self.comm.all_gather(Group::World, comm::f32_to_bytes(&self.units[u].master)).wait()?;
+        let bytes = self
+            .comm
+            .all_gather(Group::World, comm::f32_to_bytes(&self.units[u].master))
+            .wait()?;
         Ok(comm::bytes_to_f32(&bytes))
     }
 
     /// Starts reducing unit `u`'s full gradient, first advancing every qgZ reduction still in
     /// its first hop (so hop 1 of this unit overlaps hop 2 of the previous).
-    fn start_reduce(&self, pending: &mut Vec<Reduction>, u: usize, grad: &Tensor, qgz: bool) -> Result<()> {
+    fn start_reduce(
+        &self,
+        pending: &mut Vec<Reduction>,
+        u: usize,
+        grad: &Tensor,
+        qgz: bool,
+    ) -> Result<()> {
         let qgz = self.plan.qgz.filter(|_| qgz);
         if let Some(q) = qgz {
             for r in pending.iter_mut() {
                 let shard = self.units[r.unit()].partition.shard_len();
-                let taken = std::mem::replace(r, Reduction::Plain { unit: 0, pending: comm::Pending::ready(Vec::new()) });
+                let taken = std::mem::replace(
+                    r,
+                    Reduction::Plain {
+                        unit: 0,
+                        pending: comm::Pending::ready(Vec::new()),
+                    },
+                );
                 *r = reduce::advance(self.comm.as_ref(), taken, q, shard)?;
             }
         }

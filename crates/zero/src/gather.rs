@@ -43,7 +43,12 @@ fn int8_message(codes: &[u8], scales: &[f32]) -> Vec<u8> {
 }
 
 /// Splits the concatenation of `parts` INT8 messages of `elems` codes each into (codes, scales).
-fn split_int8_messages(bytes: &[u8], parts: usize, elems: usize, block: usize) -> (Vec<u8>, Vec<f32>) {
+fn split_int8_messages(
+    bytes: &[u8],
+    parts: usize,
+    elems: usize,
+    block: usize,
+) -> (Vec<u8>, Vec<f32>) {
     let scale_bytes = elems / block * 4;
     let mut codes = Vec::with_capacity(parts * elems);
     let mut scales = Vec::with_capacity(parts * elems / block);
@@ -70,22 +75,33 @@ pub(crate) fn start(
     secondary: Option<&Secondary>,
 ) -> Result<InFlight> {
     let (source, pending) = match secondary {
-        Some(Secondary::Plain(v)) => (Source::Secondary, comm.all_gather(Group::IntraNode, f32_to_bytes(v))),
-        Some(Secondary::Quantized { codes, scales }) => {
-            (Source::Secondary, comm.all_gather(Group::IntraNode, int8_message(codes, scales)))
-        }
+        Some(Secondary::Plain(v)) => (
+            Source::Secondary,
+            comm.all_gather(Group::IntraNode, f32_to_bytes(v)),
+        ),
+        Some(Secondary::Quantized { codes, scales }) => (
+            Source::Secondary,
+            comm.all_gather(Group::IntraNode, int8_message(codes, scales)),
+        ),
         None => {
             let message = match qwz {
                 Some(q) => {
                     let (codes, scales) = quant::quantize_int8(master, q.block)?;
-                    int8_message(&codes.iter().map(|&c| c as u8).collect::<Vec<u8>>(), &scales)
+                    int8_message(
+                        &codes.iter().map(|&c| c as u8).collect::<Vec<u8>>(),
+                        &scales,
+                    )
                 }
                 None => f32_to_bytes(master),
             };
             (Source::World, comm.all_gather(Group::World, message))
         }
     };
-    Ok(InFlight { unit, source, pending })
+    Ok(InFlight {
+        unit,
+        source,
+        pending,
+    })
 }
 
 /// Waits for a gather; returns the unit's full padded buffer as a tensor and, when `keep`
@@ -124,7 +140,9 @@ pub(crate) fn finish(
         }
         None => {
             let full = bytes_to_f32(&bytes);
-            let secondary = keep.then(|| Secondary::Plain(full[local_rank * slice..(local_rank + 1) * slice].to_vec()));
+            let secondary = keep.then(|| {
+                Secondary::Plain(full[local_rank * slice..(local_rank + 1) * slice].to_vec())
+            });
             (full, secondary)
         }
     };
@@ -149,11 +167,16 @@ pub(crate) struct GatherQueue {
 
 impl GatherQueue {
     pub(crate) fn new(order: Vec<usize>, overlap: bool) -> Self {
-        GatherQueue { order, issued: 0, in_flight: VecDeque::new(), overlap }
+        GatherQueue {
+            order,
+            issued: 0,
+            in_flight: VecDeque::new(),
+            overlap,
+        }
     }
 
     /// The next unit to issue, if any, marking it issued.
-    pub(crate) fn to_issue(&mut self) -> Option<usize> {
+    pub(crate) fn next_to_issue(&mut self) -> Option<usize> {
         let u = self.order.get(self.issued).copied();
         self.issued += u.is_some() as usize;
         u

@@ -65,19 +65,34 @@ impl ZeroPlan {
                 })
             }
         };
-        if cfg.quantized_gradients && cfg.grad_quant_block % 2 != 0 {
-            return Err(ZeroError::Config { key: "grad_quant_block", reason: "INT4 packs two values a byte: use an even block".into() });
+        if cfg.quantized_gradients && !cfg.grad_quant_block.is_multiple_of(2) {
+            return Err(ZeroError::Config {
+                key: "grad_quant_block",
+                reason: "INT4 packs two values a byte: use an even block".into(),
+            });
         }
-        let qwz = cfg.quantized_weights.then_some(Qwz { block: cfg.weight_quant_block });
+        let qwz = cfg.quantized_weights.then_some(Qwz {
+            block: cfg.weight_quant_block,
+        });
         let qgz = cfg.quantized_gradients.then(|| Qgz {
             block: cfg.grad_quant_block,
             until_step: (cfg.qgz_until * total_steps as f64).round() as u64,
         });
         let mut align = 1;
-        for block in [qwz.map(|q| q.block), qgz.map(|q| q.block)].into_iter().flatten() {
+        for block in [qwz.map(|q| q.block), qgz.map(|q| q.block)]
+            .into_iter()
+            .flatten()
+        {
             align = align / gcd(align, block) * block;
         }
-        Ok(ZeroPlan { topology, qwz, hpz, qgz, align, overlap: cfg.overlap })
+        Ok(ZeroPlan {
+            topology,
+            qwz,
+            hpz,
+            qgz,
+            align,
+            overlap: cfg.overlap,
+        })
     }
 
     /// How a unit of `numel` elements is padded and split over the world.
@@ -92,7 +107,11 @@ impl ZeroPlan {
 
     /// The techniques of optimizer step `step`.
     pub fn techniques(&self, step: u64) -> Techniques {
-        Techniques { qwz: self.qwz.is_some(), hpz: self.hpz, qgz: self.qgz_active(step) }
+        Techniques {
+            qwz: self.qwz.is_some(),
+            hpz: self.hpz,
+            qgz: self.qgz_active(step),
+        }
     }
 }
 
@@ -106,16 +125,25 @@ mod tests {
 
     #[test]
     fn hpz_must_be_off_or_a_node() {
-        let cfg = |h| ZeroConfig { hpz_partition_size: h, ..Default::default() };
+        let cfg = |h| ZeroConfig {
+            hpz_partition_size: h,
+            ..Default::default()
+        };
         assert!(!ZeroPlan::resolve(&cfg(1), topo(), 10).unwrap().hpz);
         assert!(ZeroPlan::resolve(&cfg(4), topo(), 10).unwrap().hpz);
-        let e = ZeroPlan::resolve(&cfg(3), topo(), 10).unwrap_err().to_string();
+        let e = ZeroPlan::resolve(&cfg(3), topo(), 10)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("hpz_partition_size"), "{e}");
     }
 
     #[test]
     fn qgz_schedule_covers_the_first_fraction_of_steps() {
-        let cfg = ZeroConfig { quantized_gradients: true, qgz_until: 0.5, ..Default::default() };
+        let cfg = ZeroConfig {
+            quantized_gradients: true,
+            qgz_until: 0.5,
+            ..Default::default()
+        };
         let plan = ZeroPlan::resolve(&cfg, topo(), 100).unwrap();
         assert!(plan.qgz_active(1) && plan.qgz_active(50));
         assert!(!plan.qgz_active(51));

@@ -43,7 +43,10 @@ pub fn logical_step_bytes(
     micro_batches: usize,
     step: u64,
 ) -> ByteCounters {
-    let Topology { nodes, ranks_per_node: d } = plan.topology;
+    let Topology {
+        nodes,
+        ranks_per_node: d,
+    } = plan.topology;
     let w = plan.topology.world();
     let mut total = ByteCounters::default();
     for &numel in unit_numels {
@@ -108,7 +111,12 @@ pub fn paper_volume(plan: &ZeroPlan, num_params: usize) -> PaperVolume {
     if let Some(q) = plan.qgz {
         scales += num_params as f64 / q.block as f64 * 4.0;
     }
-    PaperVolume { model_bytes: m, zero3: 3.0 * m, zeropp: forward + backward + reduce, scales }
+    PaperVolume {
+        model_bytes: m,
+        zero3: 3.0 * m,
+        zeropp: forward + backward + reduce,
+        scales,
+    }
 }
 
 #[cfg(test)]
@@ -124,10 +132,19 @@ mod tests {
     fn hpz_alone_moves_two_thirds_of_zero3_across_nodes() {
         let units = [4096 * 8, 1024 * 8];
         let zero3 = logical_step_bytes(&plan(ZeroConfig::default()), &units, 2, 1, 1);
-        let hpz = logical_step_bytes(&plan(ZeroConfig { hpz_partition_size: 4, ..Default::default() }), &units, 4, 1, 1);
+        let hpz = logical_step_bytes(
+            &plan(ZeroConfig {
+                hpz_partition_size: 4,
+                ..Default::default()
+            }),
+            &units,
+            4,
+            1,
+            1,
+        );
         // Gradients reduce in f32 whatever the parameter bytes: compare at 4 bytes.
         let zero3_f32 = logical_step_bytes(&plan(ZeroConfig::default()), &units, 4, 1, 1);
-        assert_eq!(3 * (hpz.inter - 32) , 2 * (zero3_f32.inter - 32));
+        assert_eq!(3 * (hpz.inter - 32), 2 * (zero3_f32.inter - 32));
         assert!(zero3.inter < zero3_f32.inter);
     }
 
