@@ -1,4 +1,4 @@
-//! The README demo, whole: `configs/tiny.toml` must learn at least 3 nats of validation loss.
+//! The README demo, whole: `configs/demo.toml` must learn at least 3 nats of validation loss.
 //! About two minutes on 2 cores, so it is ignored by `cargo test`; `.ci/run` runs it with
 //! `cargo test --release -p trainer --test demo -- --ignored`.
 
@@ -12,7 +12,7 @@ fn demo_config_learns_three_nats() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_trainer"))
         .current_dir(&repo)
-        .args(["--config", "configs/tiny.toml", "--set"])
+        .args(["--config", "configs/demo.toml", "--set"])
         .arg(format!("log.dir={:?}", dir.path().to_str().unwrap()))
         .output()
         .unwrap();

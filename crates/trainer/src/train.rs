@@ -331,6 +331,9 @@ fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<(
         corpora.train.tokens.len(),
         sampler.num_samples(),
     ));
+    if engine.plan().qgz.is_some() && topology.nodes == 1 {
+        say("note: qgZ on one node runs its intra-node hop only (the inter-node hop has one member)");
+    }
     if let Some(r) = resume {
         say(&format!(
             "resumed from {} at step {start}",
