@@ -132,9 +132,9 @@ pub fn export(checkpoint_dir: &Path, output: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
+
     use comm::Communicator;
-    use zero::{AdamW, Engine, EngineOptions, ZeroConfig};
+    use zero::{Engine, EngineOptions};
 
     /// A W = 4 (2 x 2) engine trained two steps, checkpointed and exported: the file's tensors
     /// equal the parameters the engine gathers, under Hugging Face's names and shapes.
@@ -153,18 +153,9 @@ mod tests {
         let gathered = comm::run_local(topology, |c| -> anyhow::Result<UnitParameters> {
             let rank = c.rank();
             let opts = EngineOptions {
-                zero: ZeroConfig::default(),
                 total_steps: 100,
                 seed: 3,
-                recompute: false,
-                optimizer: AdamW {
-                    beta1: 0.9,
-                    beta2: 0.95,
-                    eps: 1e-8,
-                    weight_decay: 0.1,
-                },
-                grad_clip: 1.0,
-                device: Device::Cpu,
+                ..Default::default()
             };
             let mut e = Engine::new(cfg.clone(), opts, Box::new(c))?;
             let tokens: Vec<u32> = (0..16).map(|i| (i * 7 + rank as u32) % 37).collect();

@@ -32,6 +32,21 @@ pub struct EngineOptions {
     pub device: Device,
 }
 
+impl Default for EngineOptions {
+    /// Plain ZeRO-3 on CPU: seed 0, one step, no recomputation, [`AdamW::default`], clip 1.0.
+    fn default() -> Self {
+        EngineOptions {
+            zero: ZeroConfig::default(),
+            total_steps: 1,
+            seed: 0,
+            recompute: false,
+            optimizer: AdamW::default(),
+            grad_clip: 1.0,
+            device: Device::Cpu,
+        }
+    }
+}
+
 /// What one optimizer step measured.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepStats {
@@ -259,16 +274,10 @@ impl Engine {
     ) -> Result<()> {
         let qgz = self.plan.qgz.filter(|_| qgz);
         if let Some(q) = qgz {
-            for r in pending.iter_mut() {
+            let earlier = std::mem::take(pending);
+            for r in earlier {
                 let shard = self.units[r.unit()].partition.shard_len();
-                let taken = std::mem::replace(
-                    r,
-                    Reduction::Plain {
-                        unit: 0,
-                        pending: comm::Pending::ready(Vec::new()),
-                    },
-                );
-                *r = reduce::advance(self.comm.as_ref(), taken, q, shard)?;
+                pending.push(reduce::advance(self.comm.as_ref(), r, q, shard)?);
             }
         }
         let mut full = grad.to_dtype(DType::F32)?.to_vec1::<f32>()?;

@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use candle_core::{Device, Tensor};
 use comm::{bytes_to_f32, f32_to_bytes, Communicator, Group, Pending};
 
-use crate::{Partition, Qwz, Result, ZeroError};
+use crate::{wire, Partition, Qwz, Result, ZeroError};
 
 /// A rank's slice of a unit's gathered weights, kept between the forward and the backward.
 #[derive(Clone, Debug)]
@@ -22,7 +22,7 @@ pub(crate) enum Secondary {
     /// The gathered values themselves (hpZ without qwZ).
     Plain(Vec<f32>),
     /// The INT8 codes and scales as gathered (hpZ with qwZ).
-    Quantized { codes: Vec<u8>, scales: Vec<f32> },
+    Quantized { codes: Vec<i8>, scales: Vec<f32> },
 }
 
 /// Where a gather comes from.
@@ -34,27 +34,25 @@ pub(crate) enum Source {
     Secondary,
 }
 
-/// One message of a quantised gather: the codes, then the f32 scales.
-fn int8_message(codes: &[u8], scales: &[f32]) -> Vec<u8> {
+/// One INT8 message: the codes, then the scales.
+fn int8_message(codes: &[i8], scales: &[f32]) -> Vec<u8> {
     let mut m = Vec::with_capacity(codes.len() + 4 * scales.len());
-    m.extend_from_slice(codes);
-    m.extend_from_slice(&f32_to_bytes(scales));
+    wire::push(&mut m, codes.iter().map(|&c| c as u8), scales);
     m
 }
 
-/// Splits the concatenation of `parts` INT8 messages of `elems` codes each into (codes, scales).
+/// The codes and scales of `parts` INT8 messages of `elems` codes each, concatenated.
 fn split_int8_messages(
     bytes: &[u8],
     parts: usize,
     elems: usize,
     block: usize,
-) -> (Vec<u8>, Vec<f32>) {
-    let scale_bytes = elems / block * 4;
+) -> (Vec<i8>, Vec<f32>) {
     let mut codes = Vec::with_capacity(parts * elems);
     let mut scales = Vec::with_capacity(parts * elems / block);
-    for m in bytes.chunks_exact(elems + scale_bytes) {
-        codes.extend_from_slice(&m[..elems]);
-        scales.extend(bytes_to_f32(&m[elems..]));
+    for (c, s) in wire::split(bytes, elems, elems / block) {
+        codes.extend(c.iter().map(|&c| c as i8));
+        scales.extend(s);
     }
     (codes, scales)
 }
@@ -87,10 +85,7 @@ pub(crate) fn start(
             let message = match qwz {
                 Some(q) => {
                     let (codes, scales) = quant::quantize_int8(master, q.block)?;
-                    int8_message(
-                        &codes.iter().map(|&c| c as u8).collect::<Vec<u8>>(),
-                        &scales,
-                    )
+                    int8_message(&codes, &scales)
                 }
                 None => f32_to_bytes(master),
             };
@@ -127,8 +122,7 @@ pub(crate) fn finish(
     let (full, secondary) = match qwz {
         Some(q) => {
             let (codes, scales) = split_int8_messages(&bytes, parts, padded / parts, q.block);
-            let signed: Vec<i8> = codes.iter().map(|&c| c as i8).collect();
-            let full = quant::dequantize_int8(&signed, &scales, q.block);
+            let full = quant::dequantize_int8(&codes, &scales, q.block);
             let secondary = keep.then(|| {
                 let blocks = slice / q.block;
                 Secondary::Quantized {

@@ -15,6 +15,7 @@ mod partition;
 mod plan;
 mod reduce;
 pub mod volume;
+mod wire;
 
 pub use config::ZeroConfig;
 pub use engine::{Engine, EngineOptions, MemoryEstimate, NamedShard, StepStats};

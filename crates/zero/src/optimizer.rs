@@ -10,6 +10,18 @@ pub struct AdamW {
     pub weight_decay: f64,
 }
 
+impl Default for AdamW {
+    /// GPT training's usual setting: betas (0.9, 0.95), eps 1e-8, weight decay 0.1.
+    fn default() -> Self {
+        AdamW {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        }
+    }
+}
+
 /// The sub-ranges of a shard whose elements take weight decay (matrices and embeddings, not
 /// biases or norm weights), relative to the shard's start.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -10,9 +10,9 @@
 //! flight while hop 2 of the previous one completes: the engine advances every pending hop 1
 //! when it starts the next reduction.
 
-use comm::{bytes_to_f32, f32_to_bytes, Communicator, Group, Pending, Topology};
+use comm::{Communicator, Group, Pending, Topology};
 
-use crate::{Qgz, Result};
+use crate::{wire, Qgz, Result};
 
 /// A reduction in flight.
 pub(crate) enum Reduction {
@@ -40,32 +40,28 @@ impl Reduction {
     }
 }
 
-/// One INT4 message: the packed values, then the f32 scales.
-fn int4_message(packed: &[u8], scales: &[f32]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(packed.len() + 4 * scales.len());
-    m.extend_from_slice(packed);
-    m.extend_from_slice(&f32_to_bytes(scales));
-    m
+/// `parts` equal INT4 messages: part j holds the j-th share of `packed` and of `scales`.
+fn int4_messages(packed: &[u8], scales: &[f32], parts: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(packed.len() + 4 * scales.len());
+    let (p, s) = (packed.len() / parts, scales.len() / parts);
+    for j in 0..parts {
+        wire::push(
+            &mut out,
+            packed[j * p..(j + 1) * p].iter().copied(),
+            &scales[j * s..(j + 1) * s],
+        );
+    }
+    out
 }
 
-/// Splits `parts` equal INT4 messages of `elems` values each into (packed, scales) pairs.
-fn split_int4_messages(
-    bytes: &[u8],
-    parts: usize,
-    elems: usize,
-    block: usize,
-) -> Vec<(Vec<u8>, Vec<f32>)> {
-    let packed = elems / 2;
-    let len = bytes.len() / parts.max(1);
-    bytes
-        .chunks_exact(len)
-        .map(|m| {
-            (
-                m[..packed].to_vec(),
-                bytes_to_f32(&m[packed..packed + elems / block * 4]),
-            )
-        })
-        .collect()
+/// Splits equal INT4 messages of `elems` values each into (packed, scales) pairs.
+fn split_int4_messages(bytes: &[u8], elems: usize, block: usize) -> Vec<(&[u8], Vec<f32>)> {
+    wire::split(bytes, elems / 2, elems / block).collect()
+}
+
+/// The pieces as `dequantize_sum*` takes them.
+fn as_pieces<'a>(pieces: &'a [(&'a [u8], Vec<f32>)]) -> Vec<(&'a [u8], &'a [f32])> {
+    pieces.iter().map(|(p, s)| (*p, &s[..])).collect()
 }
 
 /// Starts reducing `grad` (the unit's full padded gradient).
@@ -87,15 +83,7 @@ pub(crate) fn start(
     } = comm.topology();
     let (packed, scales) = quant::quantize_int4_swizzled(&grad, nodes, d, q.block)?;
     // Chunk j (N slices) goes to local rank j.
-    let chunk = grad.len() / d;
-    let mut send = Vec::with_capacity(packed.len() + 4 * scales.len());
-    for j in 0..d {
-        let (p, s) = (chunk / 2, chunk / q.block);
-        send.extend(int4_message(
-            &packed[j * p..(j + 1) * p],
-            &scales[j * s..(j + 1) * s],
-        ));
-    }
+    let send = int4_messages(&packed, &scales, d);
     Ok(Reduction::QgzHop1 {
         unit,
         pending: comm.all_to_all(Group::IntraNode, send),
@@ -113,21 +101,12 @@ pub(crate) fn advance(
     let Reduction::QgzHop1 { unit, pending } = r else {
         return Ok(r);
     };
-    let Topology {
-        nodes,
-        ranks_per_node: d,
-    } = comm.topology();
-    let pieces = split_int4_messages(&pending.wait()?, d, nodes * shard, qgz.block);
-    let refs: Vec<(&[u8], &[f32])> = pieces.iter().map(|(p, s)| (&p[..], &s[..])).collect();
-    let (packed, scales) = quant::dequantize_sum_requantize_int4(&refs, qgz.block)?;
-    let (p, s) = (shard / 2, shard / qgz.block);
-    let mut send = Vec::with_capacity(packed.len() + 4 * scales.len());
-    for n in 0..nodes {
-        send.extend(int4_message(
-            &packed[n * p..(n + 1) * p],
-            &scales[n * s..(n + 1) * s],
-        ));
-    }
+    let nodes = comm.topology().nodes;
+    let received = pending.wait()?;
+    let pieces = split_int4_messages(&received, nodes * shard, qgz.block);
+    let (packed, scales) = quant::dequantize_sum_requantize_int4(&as_pieces(&pieces), qgz.block)?;
+    // Slice n' (of my N node sums) goes to node n'.
+    let send = int4_messages(&packed, &scales, nodes);
     Ok(Reduction::QgzHop2 {
         unit,
         pending: comm.all_to_all(Group::InterNode, send),
@@ -149,10 +128,12 @@ pub(crate) fn finish(
         }
         Reduction::QgzHop2 { unit, pending } => {
             let q = qgz.expect("a qgZ reduction has a qgZ plan");
-            let nodes = comm.topology().nodes;
-            let pieces = split_int4_messages(&pending.wait()?, nodes, shard, q.block);
-            let refs: Vec<(&[u8], &[f32])> = pieces.iter().map(|(p, s)| (&p[..], &s[..])).collect();
-            Ok((unit, quant::dequantize_sum_int4(&refs, q.block)?))
+            let received = pending.wait()?;
+            let pieces = split_int4_messages(&received, shard, q.block);
+            Ok((
+                unit,
+                quant::dequantize_sum_int4(&as_pieces(&pieces), q.block)?,
+            ))
         }
     }
 }

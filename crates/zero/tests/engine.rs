@@ -2,7 +2,7 @@
 
 use candle_core::{Device, Tensor};
 use model::{GptConfig, ModelLayout};
-use zero::{AdamW, Engine, EngineOptions, ZeroConfig};
+use zero::{Engine, EngineOptions};
 
 fn cfg() -> GptConfig {
     GptConfig {
@@ -16,18 +16,10 @@ fn cfg() -> GptConfig {
 
 fn options(recompute: bool) -> EngineOptions {
     EngineOptions {
-        zero: ZeroConfig::default(),
         total_steps: 100,
         seed: 7,
         recompute,
-        optimizer: AdamW {
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-        },
-        grad_clip: 1.0,
-        device: Device::Cpu,
+        ..Default::default()
     }
 }
 

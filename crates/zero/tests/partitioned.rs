@@ -1,10 +1,9 @@
 //! The engine over several simulated ranks: partition-independent initialisation, the same
 //! gradients as one rank, and byte counters equal to the ZeRO-3 volume formula.
 
-use candle_core::Device;
 use comm::{Communicator, Topology};
 use model::{GptConfig, ModelLayout};
-use zero::{AdamW, Engine, EngineOptions, Partition, ZeroConfig};
+use zero::{Engine, EngineOptions, Partition};
 
 fn cfg() -> GptConfig {
     GptConfig {
@@ -18,18 +17,9 @@ fn cfg() -> GptConfig {
 
 fn options() -> EngineOptions {
     EngineOptions {
-        zero: ZeroConfig::default(),
         total_steps: 100,
         seed: 11,
-        recompute: false,
-        optimizer: AdamW {
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-        },
-        grad_clip: 1.0,
-        device: Device::Cpu,
+        ..Default::default()
     }
 }
 

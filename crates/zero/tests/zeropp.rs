@@ -1,9 +1,8 @@
 //! ZeRO++ at W = 8 as 2 nodes x 4: each technique alone and all three against plain ZeRO-3.
 
-use candle_core::Device;
 use comm::{Communicator, Topology};
 use model::{GptConfig, ModelLayout};
-use zero::{volume, AdamW, Engine, EngineOptions, ZeroConfig};
+use zero::{volume, Engine, EngineOptions, ZeroConfig};
 
 fn cfg() -> GptConfig {
     GptConfig {
@@ -31,15 +30,7 @@ fn options(z: ZeroConfig) -> EngineOptions {
         zero: z,
         total_steps: 100,
         seed: 5,
-        recompute: false,
-        optimizer: AdamW {
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-        },
-        grad_clip: 1.0,
-        device: Device::Cpu,
+        ..Default::default()
     }
 }
 
@@ -155,13 +146,18 @@ fn counters_equal_the_logical_volume_in_every_mode() {
     );
 }
 
+/// Every weight the forward sees under qwZ, for `tiny` at W = 8 (2 x 4).
 #[test]
 fn qwz_weights_stay_within_the_int8_block_bound() {
     let block = 64;
     let out = comm::run_local(
         Topology::new(8, 4).unwrap(),
         |c| -> Result<_, zero::ZeroError> {
-            let e = Engine::new(cfg(), options(zero(true, false, false)), Box::new(c))?;
+            let e = Engine::new(
+                model::preset("tiny").expect("tiny is a preset"),
+                options(zero(true, false, false)),
+                Box::new(c),
+            )?;
             let exact = e.gathered_parameters()?;
             let mut worst = 0.0f32;
             for (u, (_, master)) in exact.iter().enumerate() {
