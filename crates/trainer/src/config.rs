@@ -284,14 +284,11 @@ impl RunConfig {
     /// What this build can run: checked when training starts, not by `--print-config`.
     pub fn check_supported(&self) -> Result<()> {
         let t = &self.train;
-        if t.precision != Precision::Fp32 {
-            bail!(
-                "train.precision = {:?}: only fp32 is implemented on this build",
-                format!("{:?}", t.precision).to_lowercase()
-            );
+        if t.precision == Precision::Fp16 {
+            bail!("train.precision = \"fp16\" needs dynamic loss scaling, not implemented yet: use \"bf16\"");
         }
-        if t.device != DeviceKind::Cpu {
-            bail!("train.device = \"cuda\": this binary was built without CUDA support");
+        if t.device == DeviceKind::Cuda && !cfg!(feature = "cuda") {
+            bail!("train.device = \"cuda\": this binary was built without CUDA support (cargo build --release --features cuda)");
         }
         if self.dist.backend != Backend::Local {
             bail!(
@@ -300,6 +297,24 @@ impl RunConfig {
             );
         }
         Ok(())
+    }
+
+    /// The device each rank computes on (every rank shares GPU 0 with the `local` backend).
+    pub fn device(&self) -> Result<candle_core::Device> {
+        match self.train.device {
+            DeviceKind::Cpu => Ok(candle_core::Device::Cpu),
+            DeviceKind::Cuda => candle_core::Device::new_cuda(0)
+                .context("train.device = \"cuda\": cannot open GPU 0"),
+        }
+    }
+
+    /// The dtype of parameters and compute; master weights and optimizer states are f32.
+    pub fn compute_dtype(&self) -> candle_core::DType {
+        match self.train.precision {
+            Precision::Fp32 => candle_core::DType::F32,
+            Precision::Bf16 => candle_core::DType::BF16,
+            Precision::Fp16 => candle_core::DType::F16,
+        }
     }
 
     /// The model shape: the preset, then any explicit sizes.

@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use candle_core::Device;
 use data::{Sampler, TokenCorpus, Tokenizer};
 use zero::{AdamW, Engine, EngineOptions};
 
@@ -266,7 +265,8 @@ fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<(
             weight_decay: t.weight_decay,
         },
         grad_clip: t.grad_clip,
-        device: Device::Cpu,
+        device: config.device()?,
+        compute_dtype: config.compute_dtype(),
     };
     let mut engine = Engine::new(model_cfg.clone(), options, comm)?;
     let start = match resume {

@@ -30,6 +30,9 @@ pub struct EngineOptions {
     /// Clip the global gradient norm to this value (0 = no clipping).
     pub grad_clip: f64,
     pub device: Device,
+    /// dtype of the gathered parameters and of the compute (f32 on CPU, bf16 on GPU); the
+    /// master weights, moments and gradient shards stay f32.
+    pub compute_dtype: DType,
 }
 
 impl Default for EngineOptions {
@@ -43,6 +46,7 @@ impl Default for EngineOptions {
             optimizer: AdamW::default(),
             grad_clip: 1.0,
             device: Device::Cpu,
+            compute_dtype: DType::F32,
         }
     }
 }
@@ -241,6 +245,7 @@ impl Engine {
             hpz,
             &self.opts.device,
         )?;
+        let full = full.to_dtype(self.opts.compute_dtype)?;
         if let Some(s) = secondary {
             *unit.secondary.borrow_mut() = Some(s);
         }
@@ -251,7 +256,10 @@ impl Engine {
     /// dequantised INT8), gathered from the world now.
     pub fn gather_for_compute(&self, u: usize) -> Result<Vec<f32>> {
         let mut queue = GatherQueue::new(vec![u], false);
-        Ok(self.next_gather(&mut queue, u, false)?.to_vec1::<f32>()?)
+        Ok(self
+            .next_gather(&mut queue, u, false)?
+            .to_dtype(DType::F32)?
+            .to_vec1::<f32>()?)
     }
 
     /// Unit `u`'s full padded fp32 master weights, gathered exactly (never quantised).
