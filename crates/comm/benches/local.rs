@@ -6,7 +6,7 @@
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use comm::{local_world, Communicator, Group, LocalComm, Topology};
+use comm::{local_world, Group, HostCollectives, LocalComm, Topology};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 const BYTES: usize = 4 << 20;
@@ -49,7 +49,7 @@ fn collectives(c: &mut Criterion) {
     group.bench_function("all_gather", |b| {
         b.iter_custom(|iters| {
             time_world(&comms, iters, |comm| {
-                let out = comm.all_gather(Group::World, vec![1u8; BYTES]).wait();
+                let out = comm.all_gather_bytes(Group::World, vec![1u8; BYTES]).wait();
                 assert_eq!(out.map(|o| o.len()).ok(), Some(8 * BYTES));
             })
         })
@@ -58,7 +58,7 @@ fn collectives(c: &mut Criterion) {
         b.iter_custom(|iters| {
             time_world(&comms, iters, |comm| {
                 let out = comm
-                    .reduce_scatter(Group::World, vec![1.0f32; BYTES / 4])
+                    .reduce_scatter_f32(Group::World, vec![1.0f32; BYTES / 4])
                     .wait();
                 assert_eq!(out.map(|o| o.len()).ok(), Some(BYTES / 32));
             })
@@ -67,7 +67,7 @@ fn collectives(c: &mut Criterion) {
     group.bench_function("all_to_all", |b| {
         b.iter_custom(|iters| {
             time_world(&comms, iters, |comm| {
-                let out = comm.all_to_all(Group::World, vec![1u8; BYTES]).wait();
+                let out = comm.all_to_all_bytes(Group::World, vec![1u8; BYTES]).wait();
                 assert_eq!(out.map(|o| o.len()).ok(), Some(BYTES));
             })
         })

@@ -53,6 +53,16 @@ pub enum CommError {
     /// The thread executing this rank's collectives is gone (it panicked): an internal bug.
     #[error("rank {rank}: the communication thread is gone")]
     WorkerGone { rank: usize },
+    /// A tensor operation of a collective failed (a dtype the collective does not take, or a
+    /// device error).
+    #[error("{op}: {message}")]
+    Tensor { op: &'static str, message: String },
+    /// An NCCL call failed (`message` is NCCL's result code).
+    #[error("NCCL {op}: {message}")]
+    Nccl { op: &'static str, message: String },
+    /// A CUDA driver call of a collective failed (stream, event or context).
+    #[error("CUDA {op}: {message}")]
+    Cuda { op: &'static str, message: String },
     /// A topology that cannot exist.
     #[error("invalid topology: {0}")]
     BadTopology(String),

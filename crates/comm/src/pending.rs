@@ -16,6 +16,10 @@ pub struct Pending<T> {
 enum State<T> {
     Done(Result<T>),
     InFlight(Arc<Cell<T>>),
+    /// Completed by running the closure at `wait` (a result transformed by [`Pending::map`], or
+    /// a GPU collective whose completion the caller's stream must wait for).
+    /// (In a mutex only so that a `Pending` is `Sync`; it is never contended.)
+    Deferred(Mutex<Box<dyn FnOnce() -> Result<T> + Send>>),
 }
 
 impl<T> Pending<T> {
@@ -33,10 +37,35 @@ impl<T> Pending<T> {
         }
     }
 
+    /// A collective completed by `finish` when the caller waits: for backends whose
+    /// collectives are ordered on a device stream, `finish` makes the caller's stream wait for it.
+    pub fn deferred(finish: impl FnOnce() -> Result<T> + Send + 'static) -> Self {
+        Pending {
+            state: State::Deferred(Mutex::new(Box::new(finish))),
+        }
+    }
+
+    /// The result passed through `f` once it is ready (for example, a tensor read back to the
+    /// host).
+    pub fn map<U>(self, f: impl FnOnce(T) -> Result<U> + Send + 'static) -> Pending<U>
+    where
+        T: Send + 'static,
+    {
+        match self.state {
+            State::Done(result) => Pending {
+                state: State::Done(result.and_then(f)),
+            },
+            _ => Pending::deferred(move || self.wait().and_then(f)),
+        }
+    }
+
     /// Blocks until this rank's result of the collective is ready.
     pub fn wait(self) -> Result<T> {
         match self.state {
             State::Done(result) => result,
+            State::Deferred(finish) => {
+                finish.into_inner().unwrap_or_else(PoisonError::into_inner)()
+            }
             State::InFlight(cell) => {
                 let mut value = cell.lock();
                 loop {
@@ -76,7 +105,7 @@ impl<T> std::fmt::Debug for Pending<T> {
         let state = match &self.state {
             State::Done(Ok(_)) => "ready",
             State::Done(Err(_)) => "failed",
-            State::InFlight { .. } => "in flight",
+            State::InFlight { .. } | State::Deferred(_) => "in flight",
         };
         f.debug_struct("Pending").field("state", &state).finish()
     }

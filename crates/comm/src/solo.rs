@@ -1,3 +1,5 @@
+use candle_core::Tensor;
+
 use crate::{ByteCounters, CommError, Communicator, Group, Pending, Topology};
 
 /// The world of one rank: every group is just this rank, so every collective returns its input
@@ -18,19 +20,19 @@ impl Communicator for Solo {
             ranks_per_node: 1,
         }
     }
-    fn all_gather(&self, _: Group, send: Vec<u8>) -> Pending<Vec<u8>> {
+    fn all_gather(&self, _: Group, send: Tensor) -> Pending<Tensor> {
         Pending::ready(send)
     }
-    fn all_to_all(&self, _: Group, send: Vec<u8>) -> Pending<Vec<u8>> {
+    fn all_to_all(&self, _: Group, send: Tensor) -> Pending<Tensor> {
         Pending::ready(send)
     }
-    fn reduce_scatter(&self, _: Group, send: Vec<f32>) -> Pending<Vec<f32>> {
+    fn reduce_scatter(&self, _: Group, send: Tensor) -> Pending<Tensor> {
         Pending::ready(send)
     }
-    fn all_reduce(&self, _: Group, buf: Vec<f32>) -> Pending<Vec<f32>> {
+    fn all_reduce(&self, _: Group, buf: Tensor) -> Pending<Tensor> {
         Pending::ready(buf)
     }
-    fn broadcast(&self, _: Group, root: usize, buf: Vec<u8>) -> Pending<Vec<u8>> {
+    fn broadcast(&self, _: Group, root: usize, buf: Tensor) -> Pending<Tensor> {
         if root == 0 {
             Pending::ready(buf)
         } else {

@@ -2,9 +2,11 @@
 
 use std::time::{Duration, Instant};
 
+use candle_core::{DType, Device, Tensor};
+
 use comm::{
     bytes_to_f32, f32_to_bytes, local_world, local_world_with_timeout, run_local, ByteCounters,
-    CommError, Communicator, Group, LocalRunError, Solo, Topology,
+    CommError, Communicator, Group, HostCollectives, LocalRunError, Solo, Topology,
 };
 
 const GROUPS: [Group; 3] = [Group::World, Group::IntraNode, Group::InterNode];
@@ -38,7 +40,7 @@ fn check_every_collective(comm: &dyn Communicator) -> Result<(), CommError> {
         let me = t.group_rank(g, r);
 
         let send: Vec<u8> = (0..5).map(|i| gather_byte(r, i)).collect();
-        let got = comm.all_gather(g, send).wait()?;
+        let got = comm.all_gather_bytes(g, send).wait()?;
         let want: Vec<u8> = members
             .iter()
             .flat_map(|&m| (0..5).map(move |i| gather_byte(m, i)))
@@ -49,7 +51,7 @@ fn check_every_collective(comm: &dyn Communicator) -> Result<(), CommError> {
         let send: Vec<u8> = (0..n)
             .flat_map(|j| (0..c).map(move |k| a2a_byte(r, j, k)))
             .collect();
-        let got = comm.all_to_all(g, send).wait()?;
+        let got = comm.all_to_all_bytes(g, send).wait()?;
         let want: Vec<u8> = members
             .iter()
             .flat_map(|&m| (0..c).map(move |k| a2a_byte(m, me, k)))
@@ -58,14 +60,14 @@ fn check_every_collective(comm: &dyn Communicator) -> Result<(), CommError> {
 
         let c = 4;
         let send: Vec<f32> = (0..n * c).map(|i| value(r, i)).collect();
-        let got = comm.reduce_scatter(g, send).wait()?;
+        let got = comm.reduce_scatter_f32(g, send).wait()?;
         let want: Vec<f32> = (me * c..(me + 1) * c)
             .map(|i| members.iter().map(|&m| value(m, i)).sum())
             .collect();
         assert_eq!(got, want, "reduce_scatter {g:?} rank {r}");
 
         let send: Vec<f32> = (0..7).map(|i| value(r, i)).collect();
-        let got = comm.all_reduce(g, send).wait()?;
+        let got = comm.all_reduce_f32(g, send).wait()?;
         let want: Vec<f32> = (0..7)
             .map(|i| members.iter().map(|&m| value(m, i)).sum())
             .collect();
@@ -73,7 +75,7 @@ fn check_every_collective(comm: &dyn Communicator) -> Result<(), CommError> {
 
         let root = n - 1;
         let send: Vec<u8> = (0..6).map(|i| gather_byte(r, i)).collect();
-        let got = comm.broadcast(g, root, send).wait()?;
+        let got = comm.broadcast_bytes(g, root, send).wait()?;
         let want: Vec<u8> = (0..6).map(|i| gather_byte(members[root], i)).collect();
         assert_eq!(got, want, "broadcast {g:?} rank {r}");
 
@@ -135,10 +137,10 @@ fn reductions_are_bitwise_deterministic_whatever_the_timing() {
                 } else {
                     Group::IntraNode
                 };
-                let v = comm.reduce_scatter(g, noisy(r, call, len)).wait()?;
+                let v = comm.reduce_scatter_f32(g, noisy(r, call, len)).wait()?;
                 out.extend(v.iter().map(|x| x.to_bits()));
             }
-            let v = comm.all_reduce(Group::World, noisy(r, 99, 33)).wait()?;
+            let v = comm.all_reduce_f32(Group::World, noisy(r, 99, 33)).wait()?;
             out.extend(v.iter().map(|x| x.to_bits()));
             Ok::<_, CommError>(out)
         })
@@ -170,14 +172,14 @@ fn collectives_issued_before_any_wait_complete_in_order() {
         let node = t.node_of(r);
         let local = t.local_rank(r);
         // Issue five collectives on three groups, then wait in reverse order.
-        let a = comm.all_gather(Group::World, vec![r as u8; 2]);
-        let b = comm.all_to_all(
+        let a = comm.all_gather_bytes(Group::World, vec![r as u8; 2]);
+        let b = comm.all_to_all_bytes(
             Group::IntraNode,
             (0..4).map(|j| (r * 4 + j) as u8).collect(),
         );
-        let c = comm.all_gather(Group::World, vec![100 + r as u8]);
-        let d = comm.reduce_scatter(Group::InterNode, vec![r as f32, 1.0]);
-        let e = comm.all_reduce(Group::IntraNode, vec![r as f32]);
+        let c = comm.all_gather_bytes(Group::World, vec![100 + r as u8]);
+        let d = comm.reduce_scatter_f32(Group::InterNode, vec![r as f32, 1.0]);
+        let e = comm.all_reduce_f32(Group::IntraNode, vec![r as f32]);
         let e = e.wait()?;
         let d = d.wait()?;
         let c = c.wait()?;
@@ -210,7 +212,7 @@ fn a_failing_rank_is_reported_at_once() {
             std::thread::sleep(Duration::from_millis(100));
             return Err("rank three broke".to_string());
         }
-        comm.all_gather(Group::World, vec![1; 16])
+        comm.all_gather_bytes(Group::World, vec![1; 16])
             .wait()
             .map_err(|e| e.to_string())?;
         Ok(())
@@ -237,7 +239,7 @@ fn a_panicking_rank_is_reported_at_once() {
             std::thread::sleep(Duration::from_millis(100));
             panic!("rank five exploded");
         }
-        comm.all_gather(Group::World, vec![1; 16]).wait()?;
+        comm.all_gather_bytes(Group::World, vec![1; 16]).wait()?;
         Ok::<_, CommError>(())
     });
     assert!(
@@ -258,7 +260,7 @@ fn peers_see_the_abort_with_its_rank_and_reason() {
     let comms = local_world(topo(4, 2));
     let pending: Vec<_> = comms[..3]
         .iter()
-        .map(|c| c.all_gather(Group::World, vec![0; 4]))
+        .map(|c| c.all_gather_bytes(Group::World, vec![0; 4]))
         .collect();
     comms[3].abort("out of memory".into());
     for p in pending {
@@ -279,15 +281,15 @@ fn peers_see_the_abort_with_its_rank_and_reason() {
 #[test]
 fn a_dropped_communicator_does_not_hang_its_peers() {
     let mut comms = local_world(topo(4, 2));
-    let pending = comms[0].all_gather(Group::World, vec![0; 4]);
+    let pending = comms[0].all_gather_bytes(Group::World, vec![0; 4]);
     drop(comms.remove(3));
     match pending.wait() {
         Err(CommError::Aborted { rank: 3, .. }) => {}
         other => panic!("expected Aborted naming rank 3, got {other:?}"),
     }
     // A group without rank 3 still works.
-    let a = comms[0].all_reduce(Group::IntraNode, vec![1.0]);
-    let b = comms[1].all_reduce(Group::IntraNode, vec![2.0]);
+    let a = comms[0].all_reduce_f32(Group::IntraNode, vec![1.0]);
+    let b = comms[1].all_reduce_f32(Group::IntraNode, vec![2.0]);
     assert_eq!(a.wait().expect("node 0 is intact"), vec![3.0]);
     assert_eq!(b.wait().expect("node 0 is intact"), vec![3.0]);
 }
@@ -306,20 +308,43 @@ fn disagreeing_members_all_fail() {
     let comms = local_world(topo(4, 2));
     let pending: Vec<_> = comms
         .iter()
-        .map(|c| c.all_gather(Group::World, vec![0; 4 + (c.rank() == 2) as usize]))
+        .map(|c| c.all_gather_bytes(Group::World, vec![0; 4 + (c.rank() == 2) as usize]))
         .collect();
     for p in pending {
         assert!(matches!(p.wait(), Err(CommError::Mismatch { .. })));
     }
     let pending: Vec<_> = comms
         .iter()
-        .map(|c| c.reduce_scatter(Group::IntraNode, vec![0.0; 3]))
+        .map(|c| c.reduce_scatter_f32(Group::IntraNode, vec![0.0; 3]))
         .collect();
     for p in pending {
         assert!(matches!(
             p.wait(),
             Err(CommError::Indivisible { parts: 2, .. })
         ));
+    }
+    // Same length, another dtype: every member fails alike.
+    let pending: Vec<_> = comms
+        .iter()
+        .map(|c| {
+            let dtype = if c.rank() == 1 {
+                DType::BF16
+            } else {
+                DType::F32
+            };
+            c.all_gather(Group::World, Tensor::zeros(4, dtype, &Device::Cpu).unwrap())
+        })
+        .collect();
+    for p in pending {
+        match p.wait() {
+            Err(CommError::Mismatch { ours, theirs, .. }) => {
+                assert!(
+                    ours.contains("BF16") || theirs.contains("BF16"),
+                    "{ours} / {theirs}"
+                )
+            }
+            other => panic!("expected a dtype mismatch, got {other:?}"),
+        }
     }
     // The world is still usable afterwards.
     let pending: Vec<_> = comms.iter().map(|c| c.barrier(Group::World)).collect();
@@ -334,11 +359,11 @@ fn run_sequence(comm: &dyn Communicator) -> Result<ByteCounters, CommError> {
     let t = comm.topology();
     for g in GROUPS {
         let n = t.group_size(g);
-        comm.all_gather(g, vec![1; 12]).wait()?;
-        comm.all_to_all(g, vec![2; n * 5]).wait()?;
-        comm.reduce_scatter(g, vec![3.0; n * 7]).wait()?;
-        comm.all_reduce(g, vec![4.0; 9]).wait()?;
-        comm.broadcast(g, 1.min(n - 1), vec![5; 11]).wait()?;
+        comm.all_gather_bytes(g, vec![1; 12]).wait()?;
+        comm.all_to_all_bytes(g, vec![2; n * 5]).wait()?;
+        comm.reduce_scatter_f32(g, vec![3.0; n * 7]).wait()?;
+        comm.all_reduce_f32(g, vec![4.0; 9]).wait()?;
+        comm.broadcast_bytes(g, 1.min(n - 1), vec![5; 11]).wait()?;
         comm.barrier(g).wait()?;
     }
     Ok(comm.counters())
@@ -369,7 +394,7 @@ fn counters_equal_the_logical_formulas() {
     // And the all_gather example of the design: intra = 3s, inter = 4s.
     let got = run_local(topo(8, 4), |comm| {
         let before = comm.counters();
-        comm.all_gather(Group::World, vec![0; 1000]).wait()?;
+        comm.all_gather_bytes(Group::World, vec![0; 1000]).wait()?;
         Ok::<_, CommError>(comm.counters() - before)
     })
     .expect("no failures");
@@ -388,4 +413,24 @@ fn handles_are_shareable_between_threads() {
     send_sync::<comm::Pending<Vec<u8>>>();
     send_sync::<comm::LocalComm>();
     send_sync::<Solo>();
+}
+
+#[test]
+fn timed_counts_the_time_spent_waiting_for_a_late_peer() {
+    let comms = local_world(topo(2, 2));
+    let mut comms = comms.into_iter();
+    let (first, second) = (comms.next().unwrap(), comms.next().unwrap());
+    let timed = comm::Timed::new(Box::new(first));
+    let clock = timed.clock();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            second.barrier(Group::World).wait().unwrap();
+        });
+        let pending = timed.barrier(Group::World);
+        assert_eq!(clock.seconds(), 0.0, "issuing does not wait");
+        pending.wait().unwrap();
+    });
+    assert!(clock.seconds() >= 0.15, "waited {} s", clock.seconds());
+    assert_eq!(timed.rank(), 0);
 }

@@ -61,7 +61,7 @@ pub const PADDED_GPT2_VOCAB: usize = 50304;
 
 /// Names accepted by [`preset`], smallest first.
 pub const PRESET_NAMES: &[&str] = &[
-    "tiny", "gpt125m", "gpt350m", "gpt1.3b", "gpt18b", "gpt49b", "gpt91b", "gpt138b",
+    "tiny", "gpt125m", "gpt350m", "gpt1.3b", "gpt6.7b", "gpt18b", "gpt49b", "gpt91b", "gpt138b",
 ];
 
 /// The named model shapes. All use `vocab_size` 50304.
@@ -72,6 +72,7 @@ pub const PRESET_NAMES: &[&str] = &[
 /// | `gpt125m` |      12 |    768 |     12 |    1024 |     124,475,904 |
 /// | `gpt350m` |      24 |   1024 |     16 |    1024 |     354,871,296 |
 /// | `gpt1.3b` |      24 |   2048 |     16 |    1024 |   1,313,722,368 |
+/// | `gpt6.7b` |      32 |   4096 |     32 |    2048 |   6,658,596,864 |
 /// | `gpt18b`  |      40 |   6144 |     32 |    2048 |  18,444,251,136 |
 /// | `gpt49b`  |      60 |   8192 |     64 |    2048 |  48,753,655,808 |
 /// | `gpt91b`  |      72 |  10240 |     80 |    2048 |  91,142,656,000 |
@@ -92,6 +93,7 @@ pub fn preset(name: &str) -> Option<GptConfig> {
         "gpt125m" => (12, 768, 12, 1024),
         "gpt350m" => (24, 1024, 16, 1024),
         "gpt1.3b" => (24, 2048, 16, 1024),
+        "gpt6.7b" => (32, 4096, 32, 2048),
         "gpt18b" => (40, 6144, 32, 2048),
         "gpt49b" => (60, 8192, 64, 2048),
         "gpt91b" => (72, 10240, 80, 2048),
@@ -118,6 +120,7 @@ mod tests {
             ("gpt125m", 125e6),
             ("gpt350m", 350e6),
             ("gpt1.3b", 1.3e9),
+            ("gpt6.7b", 6.7e9),
             ("gpt18b", 18e9),
             ("gpt49b", 49e9),
             ("gpt91b", 91e9),

@@ -7,6 +7,10 @@
 //! qwZ; INT4 (qmax 7, two values a byte) carries gradients for qgZ, with its swizzle and fused
 //! kernels. Non-finite inputs are refused with [`QuantError::NonFinite`], never made finite.
 //!
+//! [`tensor`] runs the same quantisers on candle tensors, on the CPU through this reference
+//! code and, with feature `cuda`, on the GPU through the kernels of `cuda` (bitwise equal to
+//! the reference); `bench` (feature `cuda`) measures their bandwidth against a device copy.
+//!
 //! Exactness of constant blocks: a block of constant c (normal) dequantises to c bitwise
 //! whenever c's significand |c| / 2^floor(log2 |c|) is below 1.75 for INT4 (below 127/64 for
 //! INT8), because then |qmax * round(c / qmax) - c| < half an ulp of c. Above that it holds for
@@ -21,14 +25,19 @@
 //! }
 //! ```
 
+#[cfg(feature = "cuda")]
+pub mod bench;
 mod block;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
 mod fused;
 mod int4;
 mod int8;
 mod swizzle;
+pub mod tensor;
 
-pub use error::QuantError;
+pub use error::{CandleError, QuantError};
 pub use fused::{dequantize_sum_int4, dequantize_sum_requantize_int4, quantize_int4_swizzled};
 pub use int4::{dequantize_int4, int4_bound, quantize_int4};
 pub use int8::{dequantize_int8, int8_bound, quantize_int8};

@@ -72,12 +72,7 @@ pub fn begin(dir: &Path, step: u64) -> Result<PathBuf> {
 }
 
 /// Writes one rank's state into the temporary folder of [`begin`].
-pub fn write_rank(
-    tmp: &Path,
-    rank: usize,
-    step: u64,
-    state: &[zero::NamedShard<'_>],
-) -> Result<()> {
+pub fn write_rank(tmp: &Path, rank: usize, step: u64, state: &[zero::NamedShard]) -> Result<()> {
     let bytes: Vec<(String, Vec<u8>, usize)> = state
         .iter()
         .map(|s| {

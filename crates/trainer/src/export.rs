@@ -167,7 +167,7 @@ mod tests {
                 checkpoint::begin(&ckpt_dir, 2)?;
             }
             e.comm().barrier(comm::Group::World).wait()?;
-            checkpoint::write_rank(&checkpoint::tmp_dir(&ckpt_dir, 2), rank, 2, &e.state())?;
+            checkpoint::write_rank(&checkpoint::tmp_dir(&ckpt_dir, 2), rank, 2, &e.state()?)?;
             e.comm().barrier(comm::Group::World).wait()?;
             if rank == 0 {
                 checkpoint::commit(

@@ -1,7 +1,9 @@
 //! `trainer`: trains GPT models with ZeRO-3 and ZeRO++ (see README.md and docs/).
 
+mod bench;
 mod checkpoint;
 mod config;
+mod device_memory;
 mod export;
 mod metrics;
 mod plan;
@@ -72,6 +74,25 @@ enum Command {
         metrics: Vec<PathBuf>,
         #[arg(long)]
         output: PathBuf,
+    },
+    /// Time whole training steps of the config on synthetic tokens: tokens/s, TFLOP/s, MFU,
+    /// peak GPU memory, time waiting on communication (docs/bench.md).
+    Bench {
+        /// Timed optimizer steps.
+        #[arg(long, default_value_t = 10)]
+        steps: u64,
+        /// Untimed steps first (allocator, kernel loading, cuBLAS heuristics).
+        #[arg(long, default_value_t = 2)]
+        warmup: u64,
+        /// One JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Instead: each quantisation kernel's GB/s beside a device-to-device copy (CUDA build).
+        #[arg(long)]
+        kernels: bool,
+        /// Buffer sizes for --kernels, in MiB.
+        #[arg(long, value_delimiter = ',', default_value = "256,1024")]
+        mib: Vec<usize>,
     },
     /// Memory and communication per rank for the config at a world size, without allocating
     /// the model (docs/plan.md).
@@ -151,6 +172,21 @@ fn run(cli: Cli) -> Result<()> {
             world_size,
             gpus_per_node,
             json,
+        }),
+        Some(Command::Bench {
+            steps,
+            warmup,
+            json,
+            kernels,
+            mib,
+        }) => bench::run(&bench::BenchArgs {
+            config: cli.config.as_deref(),
+            set: &cli.set,
+            steps,
+            warmup,
+            json,
+            kernels,
+            kernel_mib: mib,
         }),
         Some(Command::Export { checkpoint, output }) => export::export(&checkpoint, &output),
         Some(Command::Plot { metrics, output }) => {

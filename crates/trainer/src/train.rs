@@ -146,7 +146,7 @@ impl Reporter {
     }
 }
 
-fn human_bytes(b: u64) -> String {
+pub fn human_bytes(b: u64) -> String {
     let b = b as f64;
     match b {
         _ if b >= 1e9 => format!("{:.2} GB", b / 1e9),
@@ -163,6 +163,9 @@ struct Shared<'a> {
     corpora: Corpora,
     sampler: Sampler,
     resume: Option<Resume>,
+    /// One device for every rank: the local backend's ranks share it (and its stream), so their
+    /// collectives are device-to-device copies.
+    device: candle_core::Device,
 }
 
 /// Trains as `config` says: one thread per simulated rank with the `local` backend.
@@ -205,6 +208,7 @@ pub fn run(config: &RunConfig) -> Result<()> {
         corpora,
         sampler,
         resume,
+        device: config.device()?,
     };
     if world == 1 {
         return rank_main(&shared, Box::new(comm::Solo));
@@ -237,23 +241,10 @@ fn injected_failure() -> Option<(usize, u64)> {
     Some((r.parse().ok()?, s.parse().ok()?))
 }
 
-/// One rank's training loop. Rank 0 alone writes metrics, the config copy and the manifest;
-/// every rank writes its own checkpoint file.
-fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<()> {
-    let Shared {
-        config,
-        model_cfg,
-        topology,
-        corpora,
-        sampler,
-        resume,
-    } = shared;
+/// The engine options a run config asks for, on `device`.
+pub fn engine_options(config: &RunConfig, device: &candle_core::Device) -> EngineOptions {
     let t = &config.train;
-    let seq_len = model_cfg.seq_len;
-    let rank = comm.rank();
-    let world = topology.world();
-    let lead = rank == 0;
-    let options = EngineOptions {
+    EngineOptions {
         zero: config.zero.clone(),
         total_steps: t.steps,
         seed: t.seed,
@@ -265,9 +256,29 @@ fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<(
             weight_decay: t.weight_decay,
         },
         grad_clip: t.grad_clip,
-        device: config.device()?,
+        device: device.clone(),
         compute_dtype: config.compute_dtype(),
-    };
+    }
+}
+
+/// One rank's training loop. Rank 0 alone writes metrics, the config copy and the manifest;
+/// every rank writes its own checkpoint file.
+fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<()> {
+    let Shared {
+        config,
+        model_cfg,
+        topology,
+        corpora,
+        sampler,
+        resume,
+        device,
+    } = shared;
+    let t = &config.train;
+    let seq_len = model_cfg.seq_len;
+    let rank = comm.rank();
+    let world = topology.world();
+    let lead = rank == 0;
+    let options = engine_options(config, device);
     let mut engine = Engine::new(model_cfg.clone(), options, comm)?;
     let start = match resume {
         Some(r) => {
@@ -501,7 +512,7 @@ fn save(
     }
     engine.comm().barrier(world).wait()?;
     let tmp = checkpoint::tmp_dir(&dir, step);
-    checkpoint::write_rank(&tmp, engine.comm().rank(), step, &engine.state())?;
+    checkpoint::write_rank(&tmp, engine.comm().rank(), step, &engine.state()?)?;
     engine.comm().barrier(world).wait()?;
     if lead {
         checkpoint::commit(

@@ -58,10 +58,10 @@ pub struct StepStats {
     pub grad_norm: f64,
 }
 
-/// One named fp32 shard of engine state, as saved in a checkpoint.
-pub struct NamedShard<'a> {
+/// One named fp32 shard of engine state, as saved in a checkpoint (read back to the host).
+pub struct NamedShard {
     pub name: String,
-    pub data: &'a [f32],
+    pub data: Vec<f32>,
 }
 
 /// Bytes per rank: the sharded states, and the largest transient full-unit buffers.
@@ -76,16 +76,16 @@ pub struct MemoryEstimate {
     pub secondary_bytes: u64,
 }
 
-/// One rank's shard of one unit.
+/// One rank's shard of one unit; every state is a 1-D f32 tensor on the compute device.
 struct UnitShard {
     layout: UnitLayout,
     partition: Partition,
     /// fp32 master weights of my shard.
-    master: Vec<f32>,
-    exp_avg: Vec<f32>,
-    exp_avg_sq: Vec<f32>,
+    master: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
     /// fp32 gradient of my shard, accumulated over micro-batches.
-    grad: Vec<f32>,
+    grad: Tensor,
     decay: DecayRanges,
     /// hpZ: my node-local slice of the gathered unit, valid until the next optimizer step.
     secondary: RefCell<Option<Secondary>>,
@@ -109,33 +109,34 @@ impl Engine {
         let plan = ZeroPlan::resolve(&opts.zero, comm.topology(), opts.total_steps)?;
         let rank = comm.rank();
         let layout = ModelLayout::new(&cfg);
+        let dev = &opts.device;
         let units = layout
             .units
             .into_iter()
-            .map(|layout| {
+            .map(|layout| -> Result<UnitShard> {
                 let partition = plan.partition(layout.numel);
                 let range = partition.shard_range(rank);
-                let mut master = vec![0f32; range.len()];
-                model::init_unit_range(&cfg, &layout, opts.seed, range.start, &mut master);
+                let n = range.len();
+                let mut master = vec![0f32; n];
+                init_parallel(&cfg, &layout, opts.seed, range.start, &mut master);
                 let decayed: Vec<_> = layout
                     .params
                     .iter()
                     .filter(|p| p.decay)
                     .map(|p| p.offset..p.offset + p.numel)
                     .collect();
-                let n = master.len();
-                UnitShard {
+                Ok(UnitShard {
                     decay: DecayRanges::for_shard(&decayed, &range),
                     layout,
                     partition,
-                    master,
-                    exp_avg: vec![0.0; n],
-                    exp_avg_sq: vec![0.0; n],
-                    grad: vec![0.0; n],
+                    master: Tensor::from_vec(master, n, dev)?,
+                    exp_avg: Tensor::zeros(n, DType::F32, dev)?,
+                    exp_avg_sq: Tensor::zeros(n, DType::F32, dev)?,
+                    grad: Tensor::zeros(n, DType::F32, dev)?,
                     secondary: RefCell::new(None),
-                }
+                })
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         Ok(Engine {
             cfg,
             opts,
@@ -175,19 +176,22 @@ impl Engine {
     }
 
     /// My fp32 gradient shard of unit `u`, as accumulated since the last [`Engine::step`].
-    pub fn grad_shard(&self, u: usize) -> &[f32] {
-        &self.units[u].grad
+    pub fn grad_shard(&self, u: usize) -> Result<Vec<f32>> {
+        Ok(self.units[u].grad.to_vec1::<f32>()?)
     }
 
     pub fn memory_estimate(&self) -> MemoryEstimate {
-        let owned: usize = self.units.iter().map(|u| u.master.len()).sum();
+        let owned: usize = self.units.iter().map(|u| u.master.elem_count()).sum();
         let mut sizes: Vec<usize> = self.units.iter().map(|u| u.partition.padded).collect();
         let embedding = sizes[0];
         sizes.sort_unstable();
         let largest = *sizes.last().unwrap_or(&0);
         let d = self.plan.topology.ranks_per_node;
         let secondary: usize = if self.plan.hpz {
-            let per_element = if self.plan.qwz.is_some() { 1 } else { 4 };
+            let per_element = match self.plan.qwz {
+                Some(_) => 1,
+                None => self.opts.compute_dtype.size_in_bytes(),
+            };
             self.units
                 .iter()
                 .map(|u| u.partition.padded / d * per_element)
@@ -213,6 +217,7 @@ impl Engine {
                 self.comm.as_ref(),
                 u,
                 &unit.master,
+                self.opts.compute_dtype,
                 self.plan.qwz,
                 source,
             )?);
@@ -243,9 +248,8 @@ impl Engine {
             topology,
             local,
             hpz,
-            &self.opts.device,
+            self.opts.compute_dtype,
         )?;
-        let full = full.to_dtype(self.opts.compute_dtype)?;
         if let Some(s) = secondary {
             *unit.secondary.borrow_mut() = Some(s);
         }
@@ -264,11 +268,11 @@ impl Engine {
 
     /// Unit `u`'s full padded fp32 master weights, gathered exactly (never quantised).
     fn gather_exact(&self, u: usize) -> Result<Vec<f32>> {
-        let bytes = self
+        let full = self
             .comm
-            .all_gather(Group::World, comm::f32_to_bytes(&self.units[u].master))
+            .all_gather(Group::World, self.units[u].master.clone())
             .wait()?;
-        Ok(comm::bytes_to_f32(&bytes))
+        Ok(full.to_vec1::<f32>()?)
     }
 
     /// Starts reducing unit `u`'s full gradient, first advancing every qgZ reduction still in
@@ -284,12 +288,15 @@ impl Engine {
         if let Some(q) = qgz {
             let earlier = std::mem::take(pending);
             for r in earlier {
-                let shard = self.units[r.unit()].partition.shard_len();
-                pending.push(reduce::advance(self.comm.as_ref(), r, q, shard)?);
+                pending.push(reduce::advance(self.comm.as_ref(), r, q)?);
             }
         }
-        let mut full = grad.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-        full.resize(self.units[u].partition.padded, 0.0);
+        let numel = grad.elem_count();
+        let full = grad.to_dtype(DType::F32)?.pad_with_zeros(
+            0,
+            0,
+            self.units[u].partition.padded - numel,
+        )?;
         pending.push(reduce::start(self.comm.as_ref(), u, full, qgz)?);
         Ok(())
     }
@@ -298,13 +305,10 @@ impl Engine {
     /// fp32 gradient shards.
     fn finish_reduces(&mut self, pending: Vec<Reduction>, scale: f32) -> Result<()> {
         for r in pending {
-            let shard = self.units[r.unit()].partition.shard_len();
-            let (u, sum) = reduce::finish(self.comm.as_ref(), r, self.plan.qgz, shard)?;
+            let (u, sum) = reduce::finish(self.comm.as_ref(), r, self.plan.qgz)?;
             let unit = &mut self.units[u];
             let coef = scale / unit.partition.world as f32;
-            for (g, r) in unit.grad.iter_mut().zip(&sum) {
-                *g += r * coef;
-            }
+            unit.grad = (&unit.grad + sum.affine(coef as f64, 0.0)?)?;
         }
         Ok(())
     }
@@ -396,29 +400,31 @@ impl Engine {
         Ok(model::lm_head_loss(cfg, &embedding, &xf, &targets)?)
     }
 
+    /// The sum of `value` over the world, through a one-element tensor on my device (NCCL
+    /// reduces device memory only).
+    fn sum_over_world(&self, value: f32) -> Result<f32> {
+        let one = Tensor::from_vec(vec![value], 1, &self.opts.device)?;
+        let sum = self.comm.all_reduce(Group::World, one).wait()?;
+        Ok(sum.to_vec1::<f32>()?[0])
+    }
+
     /// The mean of `value` over the world (for losses logged by rank 0).
     pub fn mean_over_world(&self, value: f64) -> Result<f64> {
-        let sum = self
-            .comm
-            .all_reduce(Group::World, vec![value as f32])
-            .wait()?;
-        Ok(sum[0] as f64 / self.comm.topology().world() as f64)
+        let sum = self.sum_over_world(value as f32)?;
+        Ok(sum as f64 / self.comm.topology().world() as f64)
     }
 
     /// Clips by the global gradient norm, applies AdamW with learning rate `lr` to my shards,
     /// and clears the gradient shards.
     pub fn step(&mut self, lr: f64) -> Result<StepStats> {
-        let local: f64 = self
+        // Squares summed in f64 on the device, one read-back for all units.
+        let squares = self
             .units
             .iter()
-            .flat_map(|u| u.grad.iter())
-            .map(|&g| g as f64 * g as f64)
-            .sum();
-        let total = self
-            .comm
-            .all_reduce(Group::World, vec![local as f32])
-            .wait()?;
-        let grad_norm = (total[0] as f64).sqrt();
+            .map(|u| u.grad.to_dtype(DType::F64)?.sqr()?.sum_all())
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let local = Tensor::stack(&squares, 0)?.sum_all()?.to_scalar::<f64>()?;
+        let grad_norm = (self.sum_over_world(local as f32)? as f64).sqrt();
         if !grad_norm.is_finite() {
             return Err(ZeroError::NonFinite {
                 what: "gradient norm",
@@ -434,25 +440,26 @@ impl Engine {
         self.step += 1;
         for u in &mut self.units {
             let u = &mut *u;
-            self.opts.optimizer.update(
-                &mut u.master,
+            (u.master, u.exp_avg, u.exp_avg_sq) = self.opts.optimizer.update_tensors(
+                &u.master,
                 &u.grad,
-                &mut u.exp_avg,
-                &mut u.exp_avg_sq,
+                &u.exp_avg,
+                &u.exp_avg_sq,
                 &u.decay,
                 coef,
                 lr,
                 self.step,
-            );
-            u.grad.fill(0.0);
+            )?;
+            u.grad = u.grad.zeros_like()?;
             // hpZ: the secondary partition copies weights this step just changed.
             u.secondary.replace(None);
         }
         Ok(StepStats { grad_norm })
     }
 
-    /// My shards of the master weights and Adam moments, named `<unit>.<state>`.
-    pub fn state(&self) -> Vec<NamedShard<'_>> {
+    /// My shards of the master weights and Adam moments, named `<unit>.<state>`, read back to
+    /// the host.
+    pub fn state(&self) -> Result<Vec<NamedShard>> {
         let mut out = Vec::with_capacity(3 * self.units.len());
         for u in &self.units {
             for (state, data) in [
@@ -462,16 +469,17 @@ impl Engine {
             ] {
                 out.push(NamedShard {
                     name: format!("{}.{state}", u.layout.name),
-                    data,
+                    data: data.to_vec1::<f32>()?,
                 });
             }
         }
-        out
+        Ok(out)
     }
 
     /// Restores the shards named as by [`Engine::state`] and the optimizer step count.
     /// `lookup` returns a saved tensor by name; every name must be present with my shard's length.
     pub fn restore(&mut self, step: u64, lookup: &dyn Fn(&str) -> Option<Vec<f32>>) -> Result<()> {
+        let dev = self.opts.device.clone();
         for u in &mut self.units {
             for (state, data) in [
                 ("master", &mut u.master),
@@ -483,19 +491,16 @@ impl Engine {
                     name: name.clone(),
                     reason: "missing".into(),
                 })?;
-                if saved.len() != data.len() {
+                let n = data.elem_count();
+                if saved.len() != n {
                     return Err(ZeroError::BadState {
                         name,
-                        reason: format!(
-                            "{} elements, this rank's shard has {}",
-                            saved.len(),
-                            data.len()
-                        ),
+                        reason: format!("{} elements, this rank's shard has {n}", saved.len()),
                     });
                 }
-                *data = saved;
+                *data = Tensor::from_vec(saved, n, &dev)?;
             }
-            u.grad.fill(0.0);
+            u.grad = u.grad.zeros_like()?;
             u.secondary.replace(None);
         }
         self.step = step;
@@ -513,6 +518,16 @@ impl Engine {
         }
         Ok(out)
     }
+}
+
+/// [`model::init_unit_range`] over all cores: the initialisation is counter-based, so any split
+/// of the range gives the same values (a 6.7B model is 6.7e9 normal draws).
+fn init_parallel(cfg: &GptConfig, layout: &UnitLayout, seed: u64, start: usize, out: &mut [f32]) {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 20;
+    out.par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(i, chunk)| model::init_unit_range(cfg, layout, seed, start + i * CHUNK, chunk));
 }
 
 /// The order in which a training step gathers units: forward (embedding, blocks, final norm),

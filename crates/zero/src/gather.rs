@@ -11,18 +11,19 @@
 
 use std::collections::VecDeque;
 
-use candle_core::{Device, Tensor};
-use comm::{bytes_to_f32, f32_to_bytes, Communicator, Group, Pending};
+use candle_core::{DType, Tensor};
+use comm::{Communicator, Group, Pending};
 
-use crate::{wire, Partition, Qwz, Result, ZeroError};
+use crate::{Partition, Qwz, Result, ZeroError};
 
-/// A rank's slice of a unit's gathered weights, kept between the forward and the backward.
+/// A rank's slice of a unit's gathered weights, kept between the forward and the backward, in
+/// its own buffer on the compute device.
 #[derive(Clone, Debug)]
 pub(crate) enum Secondary {
-    /// The gathered values themselves (hpZ without qwZ).
-    Plain(Vec<f32>),
-    /// The INT8 codes and scales as gathered (hpZ with qwZ).
-    Quantized { codes: Vec<i8>, scales: Vec<f32> },
+    /// The gathered values themselves, in the compute dtype (hpZ without qwZ).
+    Plain(Tensor),
+    /// The INT8 codes (`u8`) and f32 scales as gathered (hpZ with qwZ).
+    Quantized { codes: Tensor, scales: Tensor },
 }
 
 /// Where a gather comes from.
@@ -34,73 +35,74 @@ pub(crate) enum Source {
     Secondary,
 }
 
-/// One INT8 message: the codes, then the scales.
-fn int8_message(codes: &[i8], scales: &[f32]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(codes.len() + 4 * scales.len());
-    wire::push(&mut m, codes.iter().map(|&c| c as u8), scales);
-    m
-}
-
-/// The codes and scales of `parts` INT8 messages of `elems` codes each, concatenated.
-fn split_int8_messages(
-    bytes: &[u8],
-    parts: usize,
-    elems: usize,
-    block: usize,
-) -> (Vec<i8>, Vec<f32>) {
-    let mut codes = Vec::with_capacity(parts * elems);
-    let mut scales = Vec::with_capacity(parts * elems / block);
-    for (c, s) in wire::split(bytes, elems, elems / block) {
-        codes.extend(c.iter().map(|&c| c as i8));
-        scales.extend(s);
-    }
-    (codes, scales)
+/// The collectives of one gather: the values, or INT8 codes and their scales (two all-gathers
+/// on the same group, issued back to back).
+enum Gathering {
+    Plain(Pending<Tensor>),
+    Quantized {
+        codes: Pending<Tensor>,
+        scales: Pending<Tensor>,
+    },
 }
 
 /// A gather in flight.
 pub(crate) struct InFlight {
     pub unit: usize,
     source: Source,
-    pending: Pending<Vec<u8>>,
+    gathering: Gathering,
 }
 
-/// Starts gathering a unit whose primary shard is `master`.
+/// Starts gathering a unit whose primary shard is `master` (f32); plain gathers move
+/// `compute_dtype` values.
 pub(crate) fn start(
     comm: &dyn Communicator,
     unit: usize,
-    master: &[f32],
+    master: &Tensor,
+    compute_dtype: DType,
     qwz: Option<Qwz>,
     secondary: Option<&Secondary>,
 ) -> Result<InFlight> {
-    let (source, pending) = match secondary {
+    let quantized = |group, codes: Tensor, scales: Tensor| Gathering::Quantized {
+        codes: comm.all_gather(group, codes),
+        scales: comm.all_gather(group, scales),
+    };
+    let (source, gathering) = match secondary {
         Some(Secondary::Plain(v)) => (
             Source::Secondary,
-            comm.all_gather(Group::IntraNode, f32_to_bytes(v)),
+            Gathering::Plain(comm.all_gather(Group::IntraNode, v.clone())),
         ),
         Some(Secondary::Quantized { codes, scales }) => (
             Source::Secondary,
-            comm.all_gather(Group::IntraNode, int8_message(codes, scales)),
+            quantized(Group::IntraNode, codes.clone(), scales.clone()),
         ),
         None => {
-            let message = match qwz {
+            let gathering = match qwz {
                 Some(q) => {
-                    let (codes, scales) = quant::quantize_int8(master, q.block)?;
-                    int8_message(&codes, &scales)
+                    let (codes, scales) = quant::tensor::quantize_int8(master, q.block)?;
+                    quantized(Group::World, codes, scales)
                 }
-                None => f32_to_bytes(master),
+                None => {
+                    Gathering::Plain(comm.all_gather(Group::World, master.to_dtype(compute_dtype)?))
+                }
             };
-            (Source::World, comm.all_gather(Group::World, message))
+            (Source::World, gathering)
         }
     };
     Ok(InFlight {
         unit,
         source,
-        pending,
+        gathering,
     })
 }
 
-/// Waits for a gather; returns the unit's full padded buffer as a tensor and, when `keep`
-/// (hpZ in training) and the gather came from the world, my secondary partition of it.
+/// `x[start..start + len]` in a buffer of its own (a narrow would keep all of `x` alive).
+fn own_slice(x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
+    Ok(x.narrow(0, start, len)?.copy()?)
+}
+
+/// Waits for a gather; returns the unit's full padded buffer in `compute_dtype` and, when
+/// `keep` (hpZ in training) and the gather came from the world, my secondary partition of it.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn finish(
     flight: InFlight,
     partition: &Partition,
@@ -108,45 +110,48 @@ pub(crate) fn finish(
     topology: comm::Topology,
     local_rank: usize,
     keep: bool,
-    device: &Device,
+    compute_dtype: DType,
 ) -> Result<(Tensor, Option<Secondary>)> {
-    let bytes = flight.pending.wait()?;
     let padded = partition.padded;
-    let d = topology.ranks_per_node;
-    let parts = match flight.source {
-        Source::World => topology.world(),
-        Source::Secondary => d,
-    };
-    let slice = padded / d;
+    let slice = padded / topology.ranks_per_node;
     let keep = keep && flight.source == Source::World;
-    let (full, secondary) = match qwz {
-        Some(q) => {
-            let (codes, scales) = split_int8_messages(&bytes, parts, padded / parts, q.block);
-            let full = quant::dequantize_int8(&codes, &scales, q.block);
-            let secondary = keep.then(|| {
-                let blocks = slice / q.block;
-                Secondary::Quantized {
-                    codes: codes[local_rank * slice..(local_rank + 1) * slice].to_vec(),
-                    scales: scales[local_rank * blocks..(local_rank + 1) * blocks].to_vec(),
+    let (full, secondary) = match flight.gathering {
+        Gathering::Quantized { codes, scales } => {
+            let q = qwz.expect("a quantised gather has a qwZ plan");
+            let (codes, scales) = (codes.wait()?, scales.wait()?);
+            let full = quant::tensor::dequantize_int8(&codes, &scales, q.block, compute_dtype)?;
+            let secondary = match keep {
+                true => {
+                    let blocks = slice / q.block;
+                    Some(Secondary::Quantized {
+                        codes: own_slice(&codes, local_rank * slice, slice)?,
+                        scales: own_slice(&scales, local_rank * blocks, blocks)?,
+                    })
                 }
-            });
+                false => None,
+            };
             (full, secondary)
         }
-        None => {
-            let full = bytes_to_f32(&bytes);
-            let secondary = keep.then(|| {
-                Secondary::Plain(full[local_rank * slice..(local_rank + 1) * slice].to_vec())
-            });
+        Gathering::Plain(values) => {
+            let full = values.wait()?;
+            let secondary = match keep {
+                true => Some(Secondary::Plain(own_slice(
+                    &full,
+                    local_rank * slice,
+                    slice,
+                )?)),
+                false => None,
+            };
             (full, secondary)
         }
     };
-    if full.len() != padded {
+    if full.elem_count() != padded {
         return Err(ZeroError::BadState {
             name: format!("gathered unit {}", flight.unit),
-            reason: format!("{} elements, expected {padded}", full.len()),
+            reason: format!("{} elements, expected {padded}", full.elem_count()),
         });
     }
-    Ok((Tensor::from_vec(full, padded, device)?, secondary))
+    Ok((full, secondary))
 }
 
 /// Gathers units in a fixed order, keeping the next gather in flight while the current unit

@@ -11,11 +11,12 @@ mod engine;
 mod error;
 mod gather;
 mod optimizer;
+#[cfg(feature = "cuda")]
+mod optimizer_cuda;
 mod partition;
 mod plan;
 mod reduce;
 pub mod volume;
-mod wire;
 
 pub use config::ZeroConfig;
 pub use engine::{Engine, EngineOptions, MemoryEstimate, NamedShard, StepStats};

@@ -1,5 +1,7 @@
 use std::ops::Range;
 
+use candle_core::{DType, Device, Tensor};
+
 /// AdamW with decoupled weight decay (Loshchilov & Hutter; PyTorch's `AdamW`), applied to one
 /// flat fp32 shard at a time. Moments are fp32 whatever the compute precision.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -79,6 +81,67 @@ impl AdamW {
             param[i] = (p - lr * step) as f32;
         }
     }
+
+    /// [`AdamW::update`] on tensors, on whichever device they live: returns the new
+    /// (param, exp_avg, exp_avg_sq). All four inputs are 1-D contiguous F32 of one length, on
+    /// one device. CPU tensors go through `update`; CUDA tensors (feature `cuda`) through one
+    /// kernel that gives the same bits (`optimizer_cuda.rs`), with no host synchronisation.
+    /// `decay`'s ranges must be sorted and disjoint (as `update` assumes too).
+    #[allow(clippy::too_many_arguments)]
+    pub fn update_tensors(
+        &self,
+        param: &Tensor,
+        grad: &Tensor,
+        exp_avg: &Tensor,
+        exp_avg_sq: &Tensor,
+        decay: &DecayRanges,
+        grad_coef: f64,
+        lr: f64,
+        t: u64,
+    ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        let n = param.elem_count();
+        for (what, x) in [
+            ("param", param),
+            ("grad", grad),
+            ("exp_avg", exp_avg),
+            ("exp_avg_sq", exp_avg_sq),
+        ] {
+            if x.rank() != 1 || !x.is_contiguous() || x.dtype() != DType::F32 {
+                candle_core::bail!(
+                    "AdamW: {what} must be 1-D contiguous F32, got {:?} {:?}",
+                    x.dims(),
+                    x.dtype()
+                );
+            }
+            if x.elem_count() != n {
+                candle_core::bail!("AdamW: {what} has {} elements, param {n}", x.elem_count());
+            }
+            if !x.device().same_device(param.device()) {
+                candle_core::bail!("AdamW: {what} is not on the device of param");
+            }
+        }
+        match param.device() {
+            Device::Cpu => {
+                let mut p = param.to_vec1::<f32>()?;
+                let mut m = exp_avg.to_vec1::<f32>()?;
+                let mut v = exp_avg_sq.to_vec1::<f32>()?;
+                let g = grad.to_vec1::<f32>()?;
+                self.update(&mut p, &g, &mut m, &mut v, decay, grad_coef, lr, t);
+                let dev = &Device::Cpu;
+                Ok((
+                    Tensor::from_vec(p, n, dev)?,
+                    Tensor::from_vec(m, n, dev)?,
+                    Tensor::from_vec(v, n, dev)?,
+                ))
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(dev) => crate::optimizer_cuda::update(
+                self, dev, param, grad, exp_avg, exp_avg_sq, decay, grad_coef, lr, t,
+            ),
+            #[allow(unreachable_patterns)]
+            d => candle_core::bail!("AdamW: no kernel for device {:?}", d.location()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -147,6 +210,39 @@ mod tests {
         for i in 0..2 {
             assert!((p[i] as f64 - rp[i]).abs() < 1e-6, "{} vs {}", p[i], rp[i]);
         }
+    }
+
+    #[test]
+    fn update_tensors_on_cpu_equals_update() {
+        let o = opt();
+        let n = 300;
+        let decay = DecayRanges(vec![10..100, 150..151, 200..290]);
+        let mut p: Vec<f32> = (0..n)
+            .map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.03)
+            .collect();
+        let (mut m, mut v) = (vec![0f32; n], vec![0f32; n]);
+        let dev = &Device::Cpu;
+        let mut tp = Tensor::from_vec(p.clone(), n, dev).unwrap();
+        let mut tm = Tensor::zeros(n, DType::F32, dev).unwrap();
+        let mut tv = Tensor::zeros(n, DType::F32, dev).unwrap();
+        for t in 1..=3u64 {
+            let g: Vec<f32> = (0..n)
+                .map(|i| ((i * 13 + t as usize * 5) % 31) as f32 * 0.01 - 0.15)
+                .collect();
+            o.update(&mut p, &g, &mut m, &mut v, &decay, 0.25, 0.01, t);
+            let tg = Tensor::from_vec(g, n, dev).unwrap();
+            (tp, tm, tv) = o
+                .update_tensors(&tp, &tg, &tm, &tv, &decay, 0.25, 0.01, t)
+                .unwrap();
+        }
+        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&tp.to_vec1::<f32>().unwrap()), bits(&p));
+        assert_eq!(bits(&tm.to_vec1::<f32>().unwrap()), bits(&m));
+        assert_eq!(bits(&tv.to_vec1::<f32>().unwrap()), bits(&v));
+        let short = Tensor::zeros(3, DType::F32, dev).unwrap();
+        assert!(o
+            .update_tensors(&tp, &short, &tm, &tv, &decay, 1.0, 0.01, 1)
+            .is_err());
     }
 
     #[test]

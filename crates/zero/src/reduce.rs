@@ -10,65 +10,52 @@
 //! flight while hop 2 of the previous one completes: the engine advances every pending hop 1
 //! when it starts the next reduction.
 
+use candle_core::Tensor;
 use comm::{Communicator, Group, Pending, Topology};
 
-use crate::{wire, Qgz, Result};
+use crate::{Qgz, Result};
+
+/// One hop of qgZ in flight: the packed INT4 codes and their scales, two all-to-alls on the same
+/// group issued back to back.
+pub(crate) struct Hop {
+    packed: Pending<Tensor>,
+    scales: Pending<Tensor>,
+}
+
+impl Hop {
+    fn issue(comm: &dyn Communicator, group: Group, packed: Tensor, scales: Tensor) -> Hop {
+        Hop {
+            packed: comm.all_to_all(group, packed),
+            scales: comm.all_to_all(group, scales),
+        }
+    }
+
+    fn wait(self) -> Result<(Tensor, Tensor)> {
+        Ok((self.packed.wait()?, self.scales.wait()?))
+    }
+}
 
 /// A reduction in flight.
 pub(crate) enum Reduction {
     Plain {
         unit: usize,
-        pending: Pending<Vec<f32>>,
+        pending: Pending<Tensor>,
     },
     QgzHop1 {
         unit: usize,
-        pending: Pending<Vec<u8>>,
+        hop: Hop,
     },
     QgzHop2 {
         unit: usize,
-        pending: Pending<Vec<u8>>,
+        hop: Hop,
     },
 }
 
-impl Reduction {
-    pub(crate) fn unit(&self) -> usize {
-        match self {
-            Reduction::Plain { unit, .. }
-            | Reduction::QgzHop1 { unit, .. }
-            | Reduction::QgzHop2 { unit, .. } => *unit,
-        }
-    }
-}
-
-/// `parts` equal INT4 messages: part j holds the j-th share of `packed` and of `scales`.
-fn int4_messages(packed: &[u8], scales: &[f32], parts: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(packed.len() + 4 * scales.len());
-    let (p, s) = (packed.len() / parts, scales.len() / parts);
-    for j in 0..parts {
-        wire::push(
-            &mut out,
-            packed[j * p..(j + 1) * p].iter().copied(),
-            &scales[j * s..(j + 1) * s],
-        );
-    }
-    out
-}
-
-/// Splits equal INT4 messages of `elems` values each into (packed, scales) pairs.
-fn split_int4_messages(bytes: &[u8], elems: usize, block: usize) -> Vec<(&[u8], Vec<f32>)> {
-    wire::split(bytes, elems / 2, elems / block).collect()
-}
-
-/// The pieces as `dequantize_sum*` takes them.
-fn as_pieces<'a>(pieces: &'a [(&'a [u8], Vec<f32>)]) -> Vec<(&'a [u8], &'a [f32])> {
-    pieces.iter().map(|(p, s)| (*p, &s[..])).collect()
-}
-
-/// Starts reducing `grad` (the unit's full padded gradient).
+/// Starts reducing `grad` (the unit's full padded f32 gradient).
 pub(crate) fn start(
     comm: &dyn Communicator,
     unit: usize,
-    grad: Vec<f32>,
+    grad: Tensor,
     qgz: Option<Qgz>,
 ) -> Result<Reduction> {
     let Some(q) = qgz else {
@@ -81,58 +68,49 @@ pub(crate) fn start(
         nodes,
         ranks_per_node: d,
     } = comm.topology();
-    let (packed, scales) = quant::quantize_int4_swizzled(&grad, nodes, d, q.block)?;
-    // Chunk j (N slices) goes to local rank j.
-    let send = int4_messages(&packed, &scales, d);
+    // Swizzled so that chunk j (N slices, of codes and of scales) goes to local rank j.
+    let (packed, scales) = quant::tensor::quantize_int4_swizzled(&grad, nodes, d, q.block)?;
     Ok(Reduction::QgzHop1 {
         unit,
-        pending: comm.all_to_all(Group::IntraNode, send),
+        hop: Hop::issue(comm, Group::IntraNode, packed, scales),
     })
 }
 
-/// Moves a hop-1 reduction to hop 2: waits for hop 1, sums the node's pieces in the fused
+/// Moves a hop-1 reduction to hop 2: waits for hop 1, sums the node's D pieces in the fused
 /// dequantise-sum-requantise, and sends slice n' to node n'. Other reductions pass through.
-pub(crate) fn advance(
-    comm: &dyn Communicator,
-    r: Reduction,
-    qgz: Qgz,
-    shard: usize,
-) -> Result<Reduction> {
-    let Reduction::QgzHop1 { unit, pending } = r else {
+pub(crate) fn advance(comm: &dyn Communicator, r: Reduction, qgz: Qgz) -> Result<Reduction> {
+    let Reduction::QgzHop1 { unit, hop } = r else {
         return Ok(r);
     };
-    let nodes = comm.topology().nodes;
-    let received = pending.wait()?;
-    let pieces = split_int4_messages(&received, nodes * shard, qgz.block);
-    let (packed, scales) = quant::dequantize_sum_requantize_int4(&as_pieces(&pieces), qgz.block)?;
-    // Slice n' (of my N node sums) goes to node n'.
-    let send = int4_messages(&packed, &scales, nodes);
+    let d = comm.topology().ranks_per_node;
+    let (packed, scales) = hop.wait()?;
+    let (packed, scales) =
+        quant::tensor::dequantize_sum_requantize_int4(&packed, &scales, d, qgz.block)?;
     Ok(Reduction::QgzHop2 {
         unit,
-        pending: comm.all_to_all(Group::InterNode, send),
+        hop: Hop::issue(comm, Group::InterNode, packed, scales),
     })
 }
 
-/// Waits for a reduction; returns the unit and the world sum of my slice.
+/// Waits for a reduction; returns the unit and the world sum of my slice (f32).
 pub(crate) fn finish(
     comm: &dyn Communicator,
     r: Reduction,
     qgz: Option<Qgz>,
-    shard: usize,
-) -> Result<(usize, Vec<f32>)> {
+) -> Result<(usize, Tensor)> {
     match r {
         Reduction::Plain { unit, pending } => Ok((unit, pending.wait()?)),
         Reduction::QgzHop1 { .. } => {
             let q = qgz.expect("a qgZ reduction has a qgZ plan");
-            finish(comm, advance(comm, r, q, shard)?, qgz, shard)
+            finish(comm, advance(comm, r, q)?, qgz)
         }
-        Reduction::QgzHop2 { unit, pending } => {
+        Reduction::QgzHop2 { unit, hop } => {
             let q = qgz.expect("a qgZ reduction has a qgZ plan");
-            let received = pending.wait()?;
-            let pieces = split_int4_messages(&received, shard, q.block);
+            let nodes = comm.topology().nodes;
+            let (packed, scales) = hop.wait()?;
             Ok((
                 unit,
-                quant::dequantize_sum_int4(&as_pieces(&pieces), q.block)?,
+                quant::tensor::dequantize_sum_int4(&packed, &scales, nodes, q.block)?,
             ))
         }
     }
@@ -164,12 +142,13 @@ mod tests {
         let w = topology.world() as f32;
         comm::run_local(topology, |c| -> crate::Result<_> {
             let g = grad(c.rank());
-            let quantised = finish(&c, start(&c, 0, g.clone(), Some(q))?, Some(q), SHARD)?.1;
-            let plain = finish(&c, start(&c, 0, g, None)?, None, SHARD)?.1;
-            Ok((
-                quantised.iter().map(|v| v / w).collect(),
-                plain.iter().map(|v| v / w).collect(),
-            ))
+            let g = Tensor::from_vec(g.clone(), g.len(), &candle_core::Device::Cpu)?;
+            let quantised = finish(&c, start(&c, 0, g.clone(), Some(q))?, Some(q))?.1;
+            let plain = finish(&c, start(&c, 0, g, None)?, None)?.1;
+            let mean = |t: Tensor| -> crate::Result<Vec<f32>> {
+                Ok(t.to_vec1::<f32>()?.iter().map(|v| v / w).collect())
+            };
+            Ok((mean(quantised)?, mean(plain)?))
         })
         .unwrap()
     }

@@ -69,7 +69,7 @@ fn gradients_equal_the_models_own() {
     for (u, g) in grads.iter().enumerate() {
         let g = g.to_vec1::<f32>().unwrap();
         assert!(
-            max_abs_diff(&e.grad_shard(u)[..g.len()], &g) < 1e-6,
+            max_abs_diff(&e.grad_shard(u).unwrap()[..g.len()], &g) < 1e-6,
             "unit {u}"
         );
     }
@@ -86,7 +86,7 @@ fn accumulated_micro_batches_equal_one_batch() {
     split.forward_backward(&x[half..], &y[half..], 0.5).unwrap();
     for u in 0..whole.num_units() {
         assert!(
-            max_abs_diff(whole.grad_shard(u), split.grad_shard(u)) < 1e-6,
+            max_abs_diff(&whole.grad_shard(u).unwrap(), &split.grad_shard(u).unwrap()) < 1e-6,
             "unit {u}"
         );
     }
@@ -109,8 +109,9 @@ fn training_lowers_the_loss_and_restore_continues_exactly() {
     // A fresh engine restored from this one's state takes the identical next step.
     let saved: std::collections::HashMap<String, Vec<f32>> = e
         .state()
+        .unwrap()
         .into_iter()
-        .map(|s| (s.name, s.data.to_vec()))
+        .map(|s| (s.name, s.data))
         .collect();
     let mut r = engine(false);
     r.restore(e.step_count(), &|n| saved.get(n).cloned())

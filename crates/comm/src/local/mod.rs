@@ -5,14 +5,18 @@
 //! at once and the caller overlaps compute with communication. Ranks meet in a table shared by
 //! the world, one slot per (group instance, sequence number on that instance): each member
 //! deposits its contribution, waits for all, computes its own result outside the lock, and the
-//! last one out removes the slot. Reductions add the members' contributions in group-rank order
-//! in `f32`, so results are bitwise identical whatever the thread timing.
+//! last one out removes the slot. Results are built with tensor operations on the buffers' own
+//! device (on a GPU: device-to-device copies and adds, the ranks sharing one device and stream).
+//! Reductions add the members' contributions in group-rank order, so results are bitwise
+//! identical whatever the thread timing.
 
 mod rendezvous;
 mod run;
 
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
+
+use candle_core::Tensor;
 
 use crate::counters::AtomicCounters;
 use crate::{ByteCounters, CommError, Communicator, Group, Pending, Result, Topology};
@@ -101,7 +105,7 @@ impl LocalComm {
     fn submit<T, F>(&self, group: Group, op: Op, payload: Payload, finish: F) -> Pending<T>
     where
         T: Send + 'static,
-        F: FnOnce(&[Arc<Payload>], usize) -> T + Send + 'static,
+        F: FnOnce(&[Arc<Payload>], usize) -> candle_core::Result<T> + Send + 'static,
     {
         let (done, pending) = Pending::channel(self.handle.rank);
         let job: Job = Box::new(move |worker: &mut Worker| {
@@ -127,7 +131,7 @@ impl Worker {
         group: Group,
         op: Op,
         payload: Payload,
-        finish: impl FnOnce(&[Arc<Payload>], usize) -> T,
+        finish: impl FnOnce(&[Arc<Payload>], usize) -> candle_core::Result<T>,
     ) -> Result<T> {
         let topology = self.shared.topology;
         let members = topology.members(group, self.rank);
@@ -147,7 +151,10 @@ impl Worker {
         };
         let (len, size) = (payload.len() as u64, payload.elem_size());
         let payloads = self.shared.meet(&seat, op, payload)?;
-        let result = finish(&payloads, me);
+        let result = finish(&payloads, me).map_err(|e| CommError::Tensor {
+            op: op.name(),
+            message: e.to_string(),
+        })?;
         let bytes = match op {
             Op::AllGather | Op::AllReduce => len * size,
             Op::AllToAll | Op::ReduceScatter => len / n * size,
@@ -160,15 +167,17 @@ impl Worker {
     }
 }
 
-/// `out[k] = p[0][range][k] + p[1][range][k] + ...`, added in group-rank order.
-fn sum_in_order(payloads: &[Arc<Payload>], range: std::ops::Range<usize>) -> Vec<f32> {
-    let mut out = payloads[0].floats()[range.clone()].to_vec();
+/// `p[0][range] + p[1][range] + ...`, added in group-rank order.
+fn sum_in_order(
+    payloads: &[Arc<Payload>],
+    start: usize,
+    len: usize,
+) -> candle_core::Result<Tensor> {
+    let mut out = payloads[0].tensor().narrow(0, start, len)?;
     for p in &payloads[1..] {
-        for (o, x) in out.iter_mut().zip(&p.floats()[range.clone()]) {
-            *o += x;
-        }
+        out = (out + p.tensor().narrow(0, start, len)?)?;
     }
-    out
+    Ok(out)
 }
 
 impl Communicator for LocalComm {
@@ -180,51 +189,48 @@ impl Communicator for LocalComm {
         self.handle.shared.topology
     }
 
-    fn all_gather(&self, group: Group, send: Vec<u8>) -> Pending<Vec<u8>> {
-        self.submit(group, Op::AllGather, Payload::Bytes(send), |ps, _| {
-            let mut out = Vec::with_capacity(ps.len() * ps[0].len());
-            for p in ps {
-                out.extend_from_slice(p.bytes());
-            }
-            out
+    fn all_gather(&self, group: Group, send: Tensor) -> Pending<Tensor> {
+        self.submit(group, Op::AllGather, Payload::Tensor(send), |ps, _| {
+            let parts: Vec<&Tensor> = ps.iter().map(|p| p.tensor()).collect();
+            Tensor::cat(&parts, 0)
         })
     }
 
-    fn all_to_all(&self, group: Group, send: Vec<u8>) -> Pending<Vec<u8>> {
-        self.submit(group, Op::AllToAll, Payload::Bytes(send), |ps, me| {
+    fn all_to_all(&self, group: Group, send: Tensor) -> Pending<Tensor> {
+        self.submit(group, Op::AllToAll, Payload::Tensor(send), |ps, me| {
             let chunk = ps[0].len() / ps.len();
-            let mut out = Vec::with_capacity(ps[0].len());
-            for p in ps {
-                out.extend_from_slice(&p.bytes()[me * chunk..(me + 1) * chunk]);
-            }
-            out
+            let parts = ps
+                .iter()
+                .map(|p| p.tensor().narrow(0, me * chunk, chunk))
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            Tensor::cat(&parts, 0)
         })
     }
 
-    fn reduce_scatter(&self, group: Group, send: Vec<f32>) -> Pending<Vec<f32>> {
-        self.submit(group, Op::ReduceScatter, Payload::F32(send), |ps, me| {
+    fn reduce_scatter(&self, group: Group, send: Tensor) -> Pending<Tensor> {
+        self.submit(group, Op::ReduceScatter, Payload::Tensor(send), |ps, me| {
             let chunk = ps[0].len() / ps.len();
-            sum_in_order(ps, me * chunk..(me + 1) * chunk)
+            sum_in_order(ps, me * chunk, chunk)
         })
     }
 
-    fn all_reduce(&self, group: Group, buf: Vec<f32>) -> Pending<Vec<f32>> {
-        self.submit(group, Op::AllReduce, Payload::F32(buf), |ps, _| {
-            sum_in_order(ps, 0..ps[0].len())
+    fn all_reduce(&self, group: Group, buf: Tensor) -> Pending<Tensor> {
+        self.submit(group, Op::AllReduce, Payload::Tensor(buf), |ps, _| {
+            sum_in_order(ps, 0, ps[0].len())
         })
     }
 
-    fn broadcast(&self, group: Group, root: usize, buf: Vec<u8>) -> Pending<Vec<u8>> {
+    fn broadcast(&self, group: Group, root: usize, buf: Tensor) -> Pending<Tensor> {
         self.submit(
             group,
             Op::Broadcast { root },
-            Payload::Bytes(buf),
-            move |ps, _| ps[root].bytes().to_vec(),
+            Payload::Tensor(buf),
+            move |ps, _| Ok(ps[root].tensor().clone()),
         )
     }
 
     fn barrier(&self, group: Group) -> Pending<()> {
-        self.submit(group, Op::Barrier, Payload::Empty, |_, _| ())
+        self.submit(group, Op::Barrier, Payload::Empty, |_, _| Ok(()))
     }
 
     fn counters(&self) -> ByteCounters {

@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use candle_core::{DType, Tensor};
+
 use crate::{CommError, Group, Result, Topology};
 
 /// What a collective computes, with the arguments every member must agree on besides the length.
@@ -30,10 +32,13 @@ impl Op {
         }
     }
 
-    fn describe(self, len: usize) -> String {
+    fn describe(self, len: usize, dtype: Option<DType>) -> String {
+        let dtype = dtype.map(|d| format!(" {d:?}")).unwrap_or_default();
         match self {
-            Op::Broadcast { root } => format!("broadcast of {len} elements from root {root}"),
-            op => format!("{} of {len} elements", op.name()),
+            Op::Broadcast { root } => {
+                format!("broadcast of {len}{dtype} elements from root {root}")
+            }
+            op => format!("{} of {len}{dtype} elements", op.name()),
         }
     }
 }
@@ -41,8 +46,7 @@ impl Op {
 /// One member's contribution to a collective.
 #[derive(Debug)]
 pub(super) enum Payload {
-    Bytes(Vec<u8>),
-    F32(Vec<f32>),
+    Tensor(Tensor),
     Empty,
 }
 
@@ -50,8 +54,7 @@ impl Payload {
     /// Length in elements.
     pub(super) fn len(&self) -> usize {
         match self {
-            Payload::Bytes(b) => b.len(),
-            Payload::F32(v) => v.len(),
+            Payload::Tensor(t) => t.elem_count(),
             Payload::Empty => 0,
         }
     }
@@ -59,22 +62,24 @@ impl Payload {
     /// Bytes per element.
     pub(super) fn elem_size(&self) -> u64 {
         match self {
-            Payload::F32(_) => 4,
-            Payload::Bytes(_) | Payload::Empty => 1,
+            Payload::Tensor(t) => t.dtype().size_in_bytes() as u64,
+            Payload::Empty => 1,
         }
     }
 
-    pub(super) fn bytes(&self) -> &[u8] {
+    fn dtype(&self) -> Option<DType> {
         match self {
-            Payload::Bytes(b) => b,
-            _ => unreachable!("members agreed on the op, so every payload is bytes"),
+            Payload::Tensor(t) => Some(t.dtype()),
+            Payload::Empty => None,
         }
     }
 
-    pub(super) fn floats(&self) -> &[f32] {
+    pub(super) fn tensor(&self) -> &Tensor {
         match self {
-            Payload::F32(v) => v,
-            _ => unreachable!("members agreed on the op, so every payload is f32"),
+            Payload::Tensor(t) => t,
+            Payload::Empty => {
+                unreachable!("members agreed on the op, so every payload is a tensor")
+            }
         }
     }
 }
@@ -241,15 +246,19 @@ fn agree(seat: &Seat<'_>, calls: &[(Op, Arc<Payload>)]) -> Result<()> {
     let n = calls.len();
     let (op, payload) = &calls[seat.me];
     let len = payload.len();
-    if let Some(j) = calls.iter().position(|(o, p)| o != op || p.len() != len) {
+    let dtype = payload.dtype();
+    if let Some(j) = calls
+        .iter()
+        .position(|(o, p)| o != op || p.len() != len || p.dtype() != dtype)
+    {
         let (theirs, their_payload) = &calls[j];
         return Err(CommError::Mismatch {
             group: seat.key.0,
             seq: seat.key.2,
             rank: seat.members[seat.me],
-            ours: op.describe(len),
+            ours: op.describe(len, dtype),
             peer: seat.members[j],
-            theirs: theirs.describe(their_payload.len()),
+            theirs: theirs.describe(their_payload.len(), their_payload.dtype()),
         });
     }
     match *op {

@@ -1,0 +1,85 @@
+//! A communicator that measures how long its caller waits for collectives: the communication
+//! a step fails to hide behind compute (`trainer bench` reports it).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::Tensor;
+
+use crate::{ByteCounters, Communicator, Group, Pending, Topology};
+
+/// Wraps a communicator and adds up the wall time spent inside [`Pending::wait`] of its
+/// collectives. On the CPU that is the exposed communication; on a GPU it is the time the host
+/// is held up, which excludes collectives queued on the device behind compute.
+pub struct Timed {
+    inner: Box<dyn Communicator>,
+    waited_ns: Arc<AtomicU64>,
+}
+
+impl Timed {
+    pub fn new(inner: Box<dyn Communicator>) -> Self {
+        Timed {
+            inner,
+            waited_ns: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// A handle that reads the waited time after the communicator has moved into an engine.
+    pub fn clock(&self) -> WaitClock {
+        WaitClock(self.waited_ns.clone())
+    }
+
+    fn timed<T: Send + 'static>(&self, pending: Pending<T>) -> Pending<T> {
+        let waited = self.waited_ns.clone();
+        Pending::deferred(move || {
+            let start = Instant::now();
+            let result = pending.wait();
+            waited.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            result
+        })
+    }
+}
+
+/// Seconds waited so far by the callers of one [`Timed`] communicator.
+#[derive(Clone, Debug)]
+pub struct WaitClock(Arc<AtomicU64>);
+
+impl WaitClock {
+    pub fn seconds(&self) -> f64 {
+        self.0.load(Ordering::Relaxed) as f64 * 1e-9
+    }
+}
+
+impl Communicator for Timed {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn topology(&self) -> Topology {
+        self.inner.topology()
+    }
+    fn all_gather(&self, group: Group, send: Tensor) -> Pending<Tensor> {
+        self.timed(self.inner.all_gather(group, send))
+    }
+    fn all_to_all(&self, group: Group, send: Tensor) -> Pending<Tensor> {
+        self.timed(self.inner.all_to_all(group, send))
+    }
+    fn reduce_scatter(&self, group: Group, send: Tensor) -> Pending<Tensor> {
+        self.timed(self.inner.reduce_scatter(group, send))
+    }
+    fn all_reduce(&self, group: Group, buf: Tensor) -> Pending<Tensor> {
+        self.timed(self.inner.all_reduce(group, buf))
+    }
+    fn broadcast(&self, group: Group, root: usize, buf: Tensor) -> Pending<Tensor> {
+        self.timed(self.inner.broadcast(group, root, buf))
+    }
+    fn barrier(&self, group: Group) -> Pending<()> {
+        self.timed(self.inner.barrier(group))
+    }
+    fn counters(&self) -> ByteCounters {
+        self.inner.counters()
+    }
+    fn abort(&self, reason: String) {
+        self.inner.abort(reason)
+    }
+}

@@ -1,0 +1,339 @@
+//! `trainer bench`: whole training steps of a config on synthetic tokens (tokens/s, TFLOP/s,
+//! MFU, peak device memory, time waiting on communication), and with `--kernels` the
+//! quantisation kernels' bandwidth beside a device-to-device copy.
+//!
+//! The model, world, ZeRO++ settings, precision and device are the config's; the data is not
+//! read: every micro-batch is seeded random tokens, which costs the same FLOPs.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use zero::Engine;
+
+use crate::config::RunConfig;
+use crate::device_memory;
+use crate::train::{engine_options, human_bytes};
+
+/// Dense bf16 peak of one H200 (and H100 SXM), TFLOP/s: MFU's denominator.
+pub const PEAK_TFLOPS: f64 = 989.0;
+
+pub struct BenchArgs<'a> {
+    pub config: Option<&'a std::path::Path>,
+    pub set: &'a [String],
+    pub steps: u64,
+    pub warmup: u64,
+    pub json: bool,
+    pub kernels: bool,
+    pub kernel_mib: Vec<usize>,
+}
+
+/// What `trainer bench` measured, as printed with `--json`.
+#[derive(Debug, Serialize)]
+pub struct StepReport {
+    pub model: String,
+    pub params: usize,
+    pub world: usize,
+    pub nodes: usize,
+    pub gpus: usize,
+    pub device: String,
+    pub precision: String,
+    pub techniques: String,
+    pub tokens_per_step: usize,
+    pub steps: u64,
+    /// Mean seconds per optimizer step over the timed steps (rank 0, device synchronised).
+    pub step_seconds: f64,
+    pub tokens_per_s: f64,
+    /// 6 x params + 6 x layers x width x seq.
+    pub flop_per_token: f64,
+    pub tflops_per_gpu: f64,
+    /// Share of [`PEAK_TFLOPS`] per GPU (GPU runs only).
+    pub mfu: Option<f64>,
+    /// Device memory pool high-water mark over the timed steps (GPU runs only).
+    pub peak_memory_bytes: Option<u64>,
+    /// Device memory in use by every process at the end (total - free; GPU runs only): the pool,
+    /// cuBLAS's workspace, the loaded kernels.
+    pub device_used_bytes: Option<u64>,
+    /// Seconds per step rank 0 spent blocked waiting for collectives.
+    pub comm_wait_seconds: f64,
+    pub comm_intra_bytes: u64,
+    pub comm_inter_bytes: u64,
+}
+
+pub fn run(args: &BenchArgs<'_>) -> Result<()> {
+    if args.kernels {
+        return kernels(args);
+    }
+    let path = args
+        .config
+        .context("no --config given (trainer bench --config FILE)")?;
+    let config = RunConfig::load(path, args.set)?;
+    config.check_supported()?;
+    if args.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    let report = bench_steps(&config, args.warmup, args.steps)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(())
+}
+
+/// Micro-batch `micro` of `step` for `rank`: seeded tokens below `vocab`, inputs and targets.
+fn synthetic_batch(
+    seed: u64,
+    step: u64,
+    rank: usize,
+    micro: usize,
+    tokens: usize,
+    vocab: usize,
+) -> (Vec<u32>, Vec<u32>) {
+    let mut state = seed ^ (step << 40) ^ ((rank as u64) << 20) ^ micro as u64;
+    let mut next = || {
+        // splitmix64
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) % vocab as u64) as u32
+    };
+    let seq: Vec<u32> = (0..tokens + 1).map(|_| next()).collect();
+    (seq[..tokens].to_vec(), seq[1..].to_vec())
+}
+
+/// What one rank measured over the timed steps.
+struct RankTimes {
+    seconds: f64,
+    waited: f64,
+    bytes: comm::ByteCounters,
+    peak: Option<u64>,
+    used: Option<u64>,
+}
+
+fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<StepReport> {
+    let model_cfg = config.model_config()?;
+    let t = &config.train;
+    let world = config.dist.world_size;
+    let topology = comm::Topology::new(world, config.dist.gpus_per_node.unwrap_or(world))?;
+    data::Sampler::check_batch(t.global_batch, world, t.micro_batch)
+        .context("train.global_batch")?;
+    let device = config.device()?;
+    let mut options = engine_options(config, &device);
+    options.total_steps = warmup + steps;
+    let accumulation = config.accumulation();
+    let micro_tokens = t.micro_batch * model_cfg.seq_len;
+
+    let rank_main = |inner: Box<dyn comm::Communicator>| -> Result<RankTimes> {
+        let timed = comm::Timed::new(inner);
+        let clock = timed.clock();
+        let mut engine = Engine::new(model_cfg.clone(), options.clone(), Box::new(timed))?;
+        let rank = engine.comm().rank();
+        let mut measured = RankTimes {
+            seconds: 0.0,
+            waited: 0.0,
+            bytes: comm::ByteCounters::default(),
+            peak: None,
+            used: None,
+        };
+        for step in 0..warmup + steps {
+            let timed_step = step >= warmup;
+            engine.comm().barrier(comm::Group::World).wait()?;
+            device.synchronize()?;
+            if step == warmup && rank == 0 {
+                device_memory::reset_peak(&device);
+            }
+            let (start, waited, bytes) =
+                (Instant::now(), clock.seconds(), engine.comm().counters());
+            for micro in 0..accumulation {
+                let (inputs, targets) = synthetic_batch(
+                    t.seed,
+                    step,
+                    rank,
+                    micro,
+                    micro_tokens,
+                    model_cfg.vocab_size,
+                );
+                engine.forward_backward(&inputs, &targets, 1.0 / accumulation as f32)?;
+            }
+            engine.step(t.lr)?;
+            device.synchronize()?;
+            if timed_step {
+                measured.seconds += start.elapsed().as_secs_f64();
+                measured.waited += clock.seconds() - waited;
+                measured.bytes = measured.bytes + (engine.comm().counters() - bytes);
+            }
+        }
+        measured.peak = device_memory::peak_bytes(&device);
+        measured.used = device_memory::device_used_bytes(&device);
+        Ok(measured)
+    };
+    let times = if world == 1 {
+        rank_main(Box::new(comm::Solo))?
+    } else {
+        let all = comm::run_local(topology, |c| {
+            rank_main(Box::new(c)).map_err(|e| -> Box<dyn std::error::Error + Send + Sync> {
+                format!("{e:#}").into()
+            })
+        })?;
+        all.into_iter().next().expect("rank 0 reports")
+    };
+
+    let n = steps as f64;
+    let tokens_per_step = t.global_batch * model_cfg.seq_len;
+    let step_seconds = times.seconds / n;
+    let tokens_per_s = tokens_per_step as f64 / step_seconds;
+    let flop_per_token = 6.0 * model_cfg.num_params() as f64
+        + 6.0 * (model_cfg.n_layer * model_cfg.n_embd * model_cfg.seq_len) as f64;
+    let on_gpu = device.is_cuda();
+    // The local backend puts every rank on one device.
+    let gpus = 1;
+    let tflops_per_gpu = tokens_per_s * flop_per_token / gpus as f64 / 1e12;
+    let plan = zero::ZeroPlan::resolve(&config.zero, topology, warmup + steps)?;
+    let techniques = [
+        ("qwZ", plan.qwz.is_some()),
+        ("hpZ", plan.hpz),
+        ("qgZ", plan.qgz.is_some()),
+    ]
+    .iter()
+    .filter(|(_, on)| *on)
+    .map(|(name, _)| *name)
+    .collect::<Vec<_>>()
+    .join("+");
+    Ok(StepReport {
+        model: config
+            .model
+            .preset
+            .clone()
+            .unwrap_or_else(|| "custom".into()),
+        params: model_cfg.num_params(),
+        world,
+        nodes: topology.nodes,
+        gpus,
+        device: if on_gpu { "cuda" } else { "cpu" }.into(),
+        precision: format!("{:?}", config.compute_dtype()).to_lowercase(),
+        techniques: if techniques.is_empty() {
+            "ZeRO-3".into()
+        } else {
+            format!("ZeRO-3 + {techniques}")
+        },
+        tokens_per_step,
+        steps,
+        step_seconds,
+        tokens_per_s,
+        flop_per_token,
+        tflops_per_gpu,
+        mfu: on_gpu.then(|| tflops_per_gpu / PEAK_TFLOPS),
+        peak_memory_bytes: times.peak,
+        device_used_bytes: times.used,
+        comm_wait_seconds: times.waited / n,
+        comm_intra_bytes: (times.bytes.intra as f64 / n) as u64,
+        comm_inter_bytes: (times.bytes.inter as f64 / n) as u64,
+    })
+}
+
+fn print_report(r: &StepReport) {
+    println!(
+        "{} ({} params) | world {} ({} nodes x {}) on {} {} | {} | {}",
+        r.model,
+        r.params,
+        r.world,
+        r.nodes,
+        r.world / r.nodes,
+        r.gpus,
+        if r.device == "cuda" { "GPU" } else { "CPU" },
+        r.precision,
+        r.techniques
+    );
+    println!(
+        "timed steps        {} of {} tokens",
+        r.steps, r.tokens_per_step
+    );
+    println!("step time          {:.3} s", r.step_seconds);
+    println!("tokens/s           {:.0}", r.tokens_per_s);
+    println!(
+        "TFLOP/s per {}    {:.2} ({:.2} GFLOP per token)",
+        if r.device == "cuda" { "GPU" } else { "CPU" },
+        r.tflops_per_gpu,
+        r.flop_per_token / 1e9
+    );
+    if let Some(mfu) = r.mfu {
+        println!(
+            "MFU                {:.2}% of {PEAK_TFLOPS} TFLOP/s bf16 dense",
+            100.0 * mfu
+        );
+    }
+    if let Some(peak) = r.peak_memory_bytes {
+        println!(
+            "peak GPU memory    {:.2} GiB (allocator high-water mark); {:.2} GiB in use on the device at the end",
+            peak as f64 / (1u64 << 30) as f64,
+            r.device_used_bytes.unwrap_or(0) as f64 / (1u64 << 30) as f64
+        );
+    }
+    println!(
+        "waiting on comm    {:.3} s per step ({:.1}%); compute and the rest {:.3} s",
+        r.comm_wait_seconds,
+        100.0 * r.comm_wait_seconds / r.step_seconds,
+        r.step_seconds - r.comm_wait_seconds
+    );
+    println!(
+        "comm per step      intra-node {}, inter-node {} (rank 0)",
+        human_bytes(r.comm_intra_bytes),
+        human_bytes(r.comm_inter_bytes)
+    );
+}
+
+/// `trainer bench --kernels`: each quantisation kernel's bandwidth against a device copy.
+fn kernels(args: &BenchArgs<'_>) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    {
+        let device = candle_core::Device::new_cuda(0).context("--kernels: cannot open GPU 0")?;
+        let candle_core::Device::Cuda(dev) = &device else {
+            unreachable!("new_cuda gives a CUDA device")
+        };
+        println!(
+            "{:<36} {:>10} {:>12} {:>10} {:>9}",
+            "kernel", "MiB", "time", "GB/s", "of copy"
+        );
+        for &mib in &args.kernel_mib {
+            let rates = quant::bench::kernel_bandwidth(dev, mib << 20, 20)?;
+            let copy = rates
+                .iter()
+                .find(|r| r.name == "copy")
+                .map(|r| r.gb_per_s)
+                .context("the kernel bench measures a copy")?;
+            for r in &rates {
+                println!(
+                    "{:<36} {:>10} {:>9.3} ms {:>10.0} {:>8.1}%",
+                    r.name,
+                    mib,
+                    r.seconds * 1e3,
+                    r.gb_per_s,
+                    100.0 * r.gb_per_s / copy
+                );
+            }
+        }
+        Ok(())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = &args.kernel_mib;
+        bail!("--kernels needs the CUDA build (cargo build --release --features cuda)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_batches_are_seeded_shifted_and_in_range() {
+        let (x, y) = synthetic_batch(7, 3, 1, 0, 64, 100);
+        assert_eq!(x.len(), 64);
+        assert_eq!(x[1..], y[..63]);
+        assert!(x.iter().chain(&y).all(|&t| t < 100));
+        assert_eq!(synthetic_batch(7, 3, 1, 0, 64, 100), (x.clone(), y));
+        assert_ne!(synthetic_batch(7, 3, 2, 0, 64, 100).0, x);
+    }
+}

@@ -1,0 +1,69 @@
+//! Peak device memory, for `trainer bench`: the high-water mark of the CUDA memory pool that
+//! candle's stream-ordered allocations come from.
+
+use candle_core::Device;
+
+/// Bytes of device memory in use at the peak since the last [`reset_peak`] (`None` on the CPU).
+///
+/// This is the default memory pool's `USED_MEM_HIGH`: every tensor candle allocates on the
+/// stream, not cuBLAS's workspace or the loaded kernels (a few hundred MB at most).
+pub fn peak_bytes(device: &Device) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        return cuda::pool_attribute(dev, cuda::USED_MEM_HIGH, None).ok();
+    }
+    let _ = device;
+    None
+}
+
+/// Starts a new peak measurement.
+pub fn reset_peak(device: &Device) {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        // Only 0 may be written to USED_MEM_HIGH; a failure just leaves the older peak.
+        let _ = cuda::pool_attribute(dev, cuda::USED_MEM_HIGH, Some(0));
+    }
+    let _ = device;
+}
+
+/// Bytes in use on the whole device now, by every process (total - free), `None` on the CPU.
+pub fn device_used_bytes(device: &Device) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        let (free, total) = dev.cuda_stream().context().mem_get_info().ok()?;
+        return Some((total - free) as u64);
+    }
+    let _ = device;
+    None
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::{sys, DriverError};
+    use candle_core::cuda_backend::CudaDevice;
+
+    pub use sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH as USED_MEM_HIGH;
+
+    /// Reads (or, with `set`, writes) a 64-bit attribute of the device's default memory pool.
+    pub fn pool_attribute(
+        dev: &CudaDevice,
+        attr: sys::CUmemPool_attribute,
+        set: Option<u64>,
+    ) -> Result<u64, DriverError> {
+        let ctx = dev.cuda_stream().context().clone();
+        ctx.bind_to_thread()?;
+        let mut pool = std::ptr::null_mut();
+        let mut value = set.unwrap_or(0);
+        // SAFETY: the context is current; `pool` and `value` outlive the calls, and both
+        // attributes read or written here are 64-bit (cuuint64_t), as `value` is.
+        unsafe {
+            sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result()?;
+            let ptr = &mut value as *mut u64 as *mut std::ffi::c_void;
+            match set {
+                Some(_) => sys::cuMemPoolSetAttribute(pool, attr, ptr).result()?,
+                None => sys::cuMemPoolGetAttribute(pool, attr, ptr).result()?,
+            }
+        }
+        Ok(value)
+    }
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU test suite, run on the H200 machine from the repository root with what
+# scripts/gpu-build.sh packed into .gpu/ (README, "GPU"). Stages (default: tests parity):
+#   tests   every GPU test: each kernel against its CPU reference, the local backend on one GPU,
+#           the ZeRO++ engine on GPU vs CPU, NCCL at world 1
+#   parity  200 steps of tiny, CPU fp32 vs GPU bf16, plain and ZeRO++ at W = 8 (2 x 4)
+#   bench   trainer bench --kernels, and gpt350m at W = 1 and W = 8 (bench.toml settings)
+# Each run's log and metrics go under $OUT (default gpu-out/).
+set -euo pipefail
+OUT=${OUT:-gpu-out}
+STEPS=${STEPS:-200}
+STAGES=${*:-tests parity}
+V=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+export LD_LIBRARY_PATH=$V/nvidia/cu13/lib:$V/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}
+for b in trainer gpu-tests; do [[ -x .gpu/$b ]] || gunzip -kf .gpu/$b.gz; done
+T=.gpu/trainer
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+
+run() { # name, args...: a training run, its val_loss line
+  local name=$1; shift
+  local start=$SECONDS
+  "$T" "$@" --set "log.dir=\"$OUT/$name\"" > "$OUT/$name.log" 2>&1 || { echo "$name FAILED"; tail -5 "$OUT/$name.log"; return 1; }
+  echo "$name: $((SECONDS - start)) s; $(grep -o '"val_loss":[0-9.]*' "$OUT/$name/metrics.jsonl" | tr '\n' ' ')"
+}
+
+for stage in $STAGES; do
+  case $stage in
+  tests)
+    .gpu/gpu-tests --test-threads=1 2>&1 | tee "$OUT/gpu-tests.log"
+    ;;
+  parity)
+    base=(--config configs/tiny.toml --set log.progress=false --set checkpoint.resume=false
+          --set "train.steps=$STEPS" --set log.interval=10 --set log.eval_interval=50)
+    gpu=(--set 'train.device="cuda"' --set 'train.precision="bf16"')
+    zeropp=(--set dist.world_size=8 --set dist.gpus_per_node=4 --set train.micro_batch=2
+            --set zero.quantized_weights=true --set zero.hpz_partition_size=4 --set zero.quantized_gradients=true)
+    run tiny-cpu-fp32 "${base[@]}"
+    run tiny-gpu-bf16 "${base[@]}" "${gpu[@]}"
+    run zeropp-w8-cpu-fp32 "${base[@]}" "${zeropp[@]}"
+    run zeropp-w8-gpu-bf16 "${base[@]}" "${zeropp[@]}" "${gpu[@]}"
+    ;;
+  bench)
+    "$T" bench --kernels | tee "$OUT/bench-kernels.txt"
+    # gpt350m at seq 1024 and 16 sequences a step: W = 1 (ZeRO-3), and W = 8 as 2 x 4 sharing
+    # the GPU with all of ZeRO++ (2 sequences a rank).
+    b=(bench --config configs/gpt350m.toml --set 'dist.backend="local"' --set model.seq_len=1024
+       --set model.recompute=false --set train.global_batch=16 --steps "${BENCH_STEPS:-5}")
+    "$T" "${b[@]}" --set dist.world_size=1 --set dist.gpus_per_node=1 --set train.micro_batch=16 \
+      --set zero.hpz_partition_size=1 --set zero.quantized_weights=false \
+      --set zero.quantized_gradients=false | tee "$OUT/bench-gpt350m-w1.txt"
+    "$T" "${b[@]}" --set dist.world_size=8 --set dist.gpus_per_node=4 --set train.micro_batch=2 \
+      --set zero.hpz_partition_size=4 | tee "$OUT/bench-gpt350m-w8-zeropp.txt"
+    ;;
+  *) echo "unknown stage $stage (tests, parity, bench)" >&2; exit 2 ;;
+  esac
+done

@@ -1,0 +1,126 @@
+//! The local backend and the ZeRO++ engine on the GPU against the same code on the CPU.
+
+use candle_core::{DType, Device, Tensor};
+use comm::{run_local, Communicator, Group, Topology};
+use model::GptConfig;
+use zero::{Engine, EngineOptions, ZeroConfig};
+
+/// GPU 0 on one stream of its own, as the trainer opens it for ranks that share the GPU.
+fn gpu() -> Device {
+    Device::Cuda(candle_core::cuda_backend::CudaDevice::new_with_stream(0).expect("GPU 0"))
+}
+
+/// Every collective of W = 8 (2 x 4) ranks sharing one GPU equals the same collective on the
+/// CPU, for each group and dtype: device-to-device copies and in-order sums.
+#[test]
+fn local_backend_on_one_gpu_equals_the_cpu() {
+    let topology = Topology::new(8, 4).unwrap();
+    let run = |device: Device| {
+        run_local(
+            topology,
+            move |c| -> Result<Vec<Vec<f32>>, Box<dyn std::error::Error + Send + Sync>> {
+                let r = c.rank() as f32;
+                let values: Vec<f32> = (0..64)
+                    .map(|i| (i as f32 * 0.37 + r).sin() * (1.0 + r))
+                    .collect();
+                let x = Tensor::from_vec(values, 64, &device)?;
+                let mut out = Vec::new();
+                for group in [Group::World, Group::IntraNode, Group::InterNode] {
+                    for dtype in [DType::F32, DType::BF16] {
+                        let x = x.to_dtype(dtype)?;
+                        let results = [
+                            c.all_gather(group, x.clone()).wait()?,
+                            c.all_to_all(group, x.clone()).wait()?,
+                            c.reduce_scatter(group, x.clone()).wait()?,
+                            c.all_reduce(group, x.clone()).wait()?,
+                            c.broadcast(
+                                group,
+                                1.min(topology.members(group, 0).len() - 1),
+                                x.clone(),
+                            )
+                            .wait()?,
+                        ];
+                        for t in results {
+                            assert_eq!(t.device().same_device(&device), true);
+                            out.push(t.to_dtype(DType::F32)?.to_vec1::<f32>()?);
+                        }
+                    }
+                    let codes = x
+                        .affine(10.0, 128.0)?
+                        .clamp(0.0, 255.0)?
+                        .to_dtype(DType::U8)?;
+                    let gathered = c.all_gather(group, codes).wait()?;
+                    out.push(gathered.to_dtype(DType::F32)?.to_vec1::<f32>()?);
+                }
+                Ok(out)
+            },
+        )
+        .unwrap()
+    };
+    assert_eq!(run(gpu()), run(Device::Cpu));
+}
+
+fn tiny() -> GptConfig {
+    GptConfig {
+        n_layer: 2,
+        n_embd: 64,
+        n_head: 4,
+        seq_len: 32,
+        vocab_size: 512,
+    }
+}
+
+fn batch(rank: usize, step: usize) -> (Vec<u32>, Vec<u32>) {
+    let seq: Vec<u32> = (0..2 * 32 + 1)
+        .map(|i| ((i * 31 + rank * 7 + step * 13) % 512) as u32)
+        .collect();
+    (seq[..64].to_vec(), seq[1..65].to_vec())
+}
+
+/// Losses of 5 steps of ZeRO++ (qwZ + hpZ + qgZ) at W = 8 (2 x 4) in fp32 on `device`.
+fn zeropp_losses(device: Device) -> Vec<f64> {
+    let topology = Topology::new(8, 4).unwrap();
+    let opts = EngineOptions {
+        zero: ZeroConfig {
+            quantized_weights: true,
+            hpz_partition_size: 4,
+            quantized_gradients: true,
+            weight_quant_block: 64,
+            grad_quant_block: 32,
+            ..Default::default()
+        },
+        total_steps: 5,
+        seed: 3,
+        device,
+        ..Default::default()
+    };
+    let per_rank = run_local(topology, |c| -> zero::Result<Vec<f64>> {
+        let rank = c.rank();
+        let mut e = Engine::new(tiny(), opts.clone(), Box::new(c))?;
+        let mut losses = Vec::new();
+        for step in 0..5 {
+            let (x, y) = batch(rank, step);
+            let loss = e.forward_backward(&x, &y, 1.0)?;
+            losses.push(e.mean_over_world(loss)?);
+            e.step(1e-2)?;
+        }
+        Ok(losses)
+    })
+    .unwrap();
+    per_rank[0].clone()
+}
+
+/// The whole ZeRO++ step on the GPU (quantisation kernels, AdamW kernel, device collectives)
+/// follows the CPU run: fp32 on both, so only the order of floating-point sums differs.
+#[test]
+fn zeropp_engine_on_the_gpu_follows_the_cpu() {
+    let cpu = zeropp_losses(Device::Cpu);
+    let gpu = zeropp_losses(gpu());
+    for (step, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
+        assert!(
+            (c - g).abs() <= 1e-3 * c.abs(),
+            "step {step}: cpu {c} gpu {g}"
+        );
+    }
+    assert!(cpu[4] < cpu[0], "training lowers the loss: {cpu:?}");
+}

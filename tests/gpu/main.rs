@@ -1,0 +1,8 @@
+//! The GPU test suite: each CUDA kernel against its CPU reference, the local backend and the
+//! ZeRO++ engine on one GPU against the CPU, and the NCCL backend. Built with `--features cuda`
+//! only (scripts/gpu-build.sh); run on a GPU machine with `scripts/gpu-test.sh tests`.
+
+mod adamw;
+mod engine;
+mod nccl;
+mod quant;

@@ -1,0 +1,231 @@
+//! The NCCL backend on one GPU: a world of one (two NCCL ranks cannot share a GPU), so these
+//! check the plumbing (dtypes, offsets, stream and event ordering, argument checks, counters,
+//! abort, ids), and that every collective returns its input as `Solo` does; data movement
+//! between ranks is checked by `multi` on a machine with several GPUs.
+
+#[path = "nccl_multi.rs"]
+mod multi;
+
+use candle_core::{DType, Device, Tensor};
+use comm::{
+    run_local, ByteCounters, CommError, Communicator, Group, HostCollectives, NcclComm, NcclIds,
+    Solo, Topology,
+};
+
+use multi::{exercise, TestError};
+
+const GROUPS: [Group; 3] = [Group::World, Group::IntraNode, Group::InterNode];
+
+fn one() -> Topology {
+    Topology::new(1, 1).unwrap()
+}
+
+/// A world-of-one communicator on GPU 0, and that GPU as a candle device.
+fn world_of_one() -> (Device, NcclComm) {
+    let device = Device::new_cuda(0).expect("GPU 0");
+    let ids = NcclIds::new(one()).expect("NCCL ids");
+    let comm = NcclComm::new(device.as_cuda_device().unwrap(), one(), 0, &ids)
+        .expect("a world-of-one NCCL communicator");
+    (device, comm)
+}
+
+/// Largest |a - b| over the elements, in f32 (every value here is exact in f32 and in each
+/// dtype, so 0 means equal).
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dtype(), b.dtype());
+    assert_eq!(a.dims(), b.dims());
+    let a = a.to_dtype(DType::F32).unwrap();
+    let b = b.to_dtype(DType::F32).unwrap();
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+/// Every collective on every group, for U8, BF16 and F32 (and F16, F64), returns its input:
+/// the same dtype, device and values, also for an input that starts at an offset in its buffer.
+#[test]
+fn nccl_world_of_one_returns_inputs() -> Result<(), TestError> {
+    let (device, comm) = world_of_one();
+    for dtype in [DType::U8, DType::BF16, DType::F16, DType::F32, DType::F64] {
+        let whole = Tensor::arange(0u32, 1000, &device)?
+            .to_dtype(DType::F32)?
+            .affine(0.25, 3.0)?
+            .to_dtype(dtype)?;
+        // Elements 7..7+333 of the buffer: a nonzero offset and an odd length.
+        let x = whole.narrow(0, 7, 333)?;
+        for g in GROUPS {
+            let mut results = vec![
+                ("all_gather", comm.all_gather(g, x.clone()).wait()?),
+                ("all_to_all", comm.all_to_all(g, x.clone()).wait()?),
+                ("broadcast", comm.broadcast(g, 0, x.clone()).wait()?),
+            ];
+            if dtype != DType::U8 {
+                results.push(("reduce_scatter", comm.reduce_scatter(g, x.clone()).wait()?));
+                results.push(("all_reduce", comm.all_reduce(g, x.clone()).wait()?));
+            }
+            for (op, got) in results {
+                assert!(got.device().same_device(&device), "{op} {dtype:?}: device");
+                assert_eq!(max_diff(&got, &x), 0.0, "{op} {g:?} {dtype:?}");
+            }
+            comm.barrier(g).wait()?;
+        }
+    }
+    // CPU buffers (the host helpers) go through the GPU and come back to the CPU.
+    let v = vec![1.5f32, -2.0, 3.25];
+    assert_eq!(comm.all_reduce_f32(Group::World, v.clone()).wait()?, v);
+    assert_eq!(
+        comm.reduce_scatter_f32(Group::IntraNode, v.clone())
+            .wait()?,
+        v
+    );
+    let bytes = vec![1u8, 2, 255, 0];
+    assert_eq!(
+        comm.all_gather_bytes(Group::InterNode, bytes.clone())
+            .wait()?,
+        bytes
+    );
+    assert_eq!(
+        comm.all_to_all_bytes(Group::World, bytes.clone()).wait()?,
+        bytes
+    );
+    assert_eq!(
+        comm.broadcast_bytes(Group::World, 0, bytes.clone())
+            .wait()?,
+        bytes
+    );
+    Ok(())
+}
+
+/// The shared exact check (every collective, group and dtype) gives the same results on NCCL
+/// as on `Solo` (on the GPU) and on the local backend (on the CPU), and the same byte counters
+/// as the local backend (zero: a world of one sends nothing).
+#[test]
+fn nccl_world_of_one_equals_solo_and_local() -> Result<(), TestError> {
+    let (device, comm) = world_of_one();
+    let nccl = exercise(&comm, &device)?;
+    let solo = exercise(&Solo, &device)?;
+    let local = run_local(one(), |c| {
+        exercise(&c, &Device::Cpu).map(|results| (results, c.counters()))
+    })?;
+    assert_eq!(nccl, solo);
+    assert_eq!(nccl, local[0].0);
+    assert_eq!(comm.counters(), local[0].1);
+    assert_eq!(comm.counters(), ByteCounters::default());
+    Ok(())
+}
+
+/// Arguments a collective cannot take fail before NCCL, and the communicator still works.
+/// (An indivisible length cannot happen in a group of one: every length splits into 1 chunk.)
+#[test]
+fn nccl_rejects_bad_arguments() -> Result<(), TestError> {
+    let (device, comm) = world_of_one();
+    let f = Tensor::ones(8, DType::F32, &device)?;
+    match comm.broadcast(Group::World, 1, f.clone()).wait() {
+        Err(CommError::BadRoot { root: 1, size: 1 }) => {}
+        other => panic!("broadcast from root 1 of 1: {other:?}"),
+    }
+    let codes = Tensor::ones(8, DType::U8, &device)?;
+    for result in [
+        comm.all_reduce(Group::World, codes.clone()).wait(),
+        comm.reduce_scatter(Group::World, codes).wait(),
+        comm.all_gather(Group::World, Tensor::ones(8, DType::I64, &device)?)
+            .wait(),
+    ] {
+        assert!(
+            matches!(result, Err(CommError::Tensor { .. })),
+            "{result:?}"
+        );
+    }
+    let other = Device::new_cuda(0)?; // Another candle device: not the communicator's.
+    let elsewhere = Tensor::ones(8, DType::F32, &other)?;
+    assert!(matches!(
+        comm.all_gather(Group::World, elsewhere).wait(),
+        Err(CommError::Tensor { .. })
+    ));
+    assert_eq!(
+        max_diff(&comm.all_reduce(Group::World, f.clone()).wait()?, &f),
+        0.0
+    );
+    Ok(())
+}
+
+/// Collectives are ordered after the compute that writes their input and before the compute
+/// that reads their output, with many in flight at once and results waited out of order; an
+/// unwaited `Pending` is dropped safely.
+#[test]
+fn nccl_orders_collectives_with_compute() -> Result<(), TestError> {
+    let (device, comm) = world_of_one();
+    let a = Tensor::randn(0f32, 1.0, (2048, 2048), &device)?;
+    let mut expected = Vec::new();
+    let mut pending = Vec::new();
+    for i in 0..8 {
+        // A matmul still running on the compute stream when the collective is issued.
+        let y = a.matmul(&a)?.affine(1.0, i as f64)?.flatten_all()?;
+        pending.push(comm.all_gather(Group::World, y.clone()));
+        // Dropped unwaited, with its input gone too: its buffers live until NCCL is done.
+        let dropped = comm.all_reduce(Group::IntraNode, a.matmul(&a)?.flatten_all()?);
+        drop(dropped);
+        expected.push(y);
+    }
+    for (p, y) in pending.into_iter().zip(&expected).rev() {
+        // Read by compute right after `wait`, with no host synchronisation in between.
+        let got = p.wait()?;
+        let diff = (got - y)?.abs()?.sum_all()?.to_scalar::<f32>()?;
+        assert_eq!(diff, 0.0);
+    }
+    Ok(())
+}
+
+/// After `abort`, a collective issued before it and every later one fail with `Aborted`,
+/// carrying the first abort's rank and reason.
+#[test]
+fn nccl_abort_fails_pending_and_later_collectives() -> Result<(), TestError> {
+    let (device, comm) = world_of_one();
+    let x = Tensor::ones(1024, DType::F32, &device)?;
+    let before = comm.all_gather(Group::World, x.clone());
+    comm.abort("test abort".into());
+    comm.abort("second abort".into());
+    let aborted = |r: Result<(), CommError>| match r {
+        Err(CommError::Aborted { rank: 0, reason }) => assert_eq!(reason, "test abort"),
+        other => panic!("expected Aborted, got {other:?}"),
+    };
+    aborted(before.wait().map(drop));
+    aborted(comm.all_reduce(Group::World, x.clone()).wait().map(drop));
+    aborted(
+        comm.all_to_all(Group::InterNode, x.clone())
+            .wait()
+            .map(drop),
+    );
+    aborted(comm.broadcast(Group::IntraNode, 0, x).wait().map(drop));
+    aborted(comm.barrier(Group::World).wait());
+    Ok(())
+}
+
+/// Ids survive `to_bytes` / `from_bytes`: 128 bytes per communicator, 1 + nodes + ranks per
+/// node of them; bytes of the wrong length are refused.
+#[test]
+fn nccl_ids_round_trip() -> Result<(), TestError> {
+    let topology = Topology::new(8, 4)?;
+    let ids = NcclIds::new(topology)?;
+    assert_eq!((ids.intra.len(), ids.inter.len()), (2, 4));
+    let bytes = ids.to_bytes();
+    assert_eq!(bytes.len(), (1 + 2 + 4) * 128);
+    let back = NcclIds::from_bytes(&bytes, topology)?;
+    assert_eq!(back, ids);
+    assert_eq!(back.to_bytes(), bytes);
+    assert_ne!(NcclIds::new(topology)?, ids, "fresh ids differ");
+    assert!(matches!(
+        NcclIds::from_bytes(&bytes, Topology::new(8, 1)?),
+        Err(CommError::BadLength { .. })
+    ));
+    assert!(matches!(
+        NcclIds::from_bytes(&bytes[1..], topology),
+        Err(CommError::BadLength { .. })
+    ));
+    Ok(())
+}

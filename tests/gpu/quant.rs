@@ -1,0 +1,213 @@
+//! The quantisation kernels (`quant::tensor` on CUDA tensors) equal the CPU reference bitwise:
+//! codes, scales and dequantised values, on mixed magnitudes, zero blocks, short last blocks,
+//! several swizzle topologies and piece counts.
+
+use candle_core::{DType, Device, Tensor};
+use quant::tensor;
+
+fn gpu() -> Device {
+    Device::new_cuda(0).expect("a CUDA device")
+}
+
+/// Deterministic pseudo-random values over many binades (1e-30 .. 1e30, subnormals), with some
+/// all-zero blocks of `zero_block` elements, exact half steps and a few near f32::MAX.
+fn mixed(n: usize, seed: u64, zero_block: usize) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let mut x: Vec<f32> = (0..n)
+        .map(|_| {
+            let r = next();
+            let mant = (r >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            let exp = ((r >> 8) % 24) as i32 - 12;
+            match r % 16 {
+                0 => 0.0,
+                1 => mant * 1e-30,
+                2 => mant * 1e30,
+                3 => f32::from_bits((r >> 32) as u32 & 0x007f_ffff), // subnormal
+                4 => (((r >> 20) % 15) as f32 - 7.0) * 0.5,          // half steps
+                _ => mant * 2f32.powi(exp),
+            }
+        })
+        .collect();
+    // Zero every 5th block, and put f32::MAX-scale values into every 7th.
+    for (b, c) in x.chunks_mut(zero_block.max(1)).enumerate() {
+        if b % 5 == 3 {
+            c.fill(0.0);
+        }
+        if b % 7 == 4 {
+            c[0] = f32::MAX;
+            if c.len() > 1 {
+                c[1] = -f32::MAX;
+            }
+        }
+    }
+    x
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+fn bytes(t: &Tensor) -> Vec<u8> {
+    t.to_vec1::<u8>().unwrap()
+}
+
+fn both(x: &[f32]) -> (Tensor, Tensor) {
+    (
+        Tensor::new(x, &Device::Cpu).unwrap(),
+        Tensor::new(x, &gpu()).unwrap(),
+    )
+}
+
+#[test]
+fn int8_quantise_and_dequantise_equal_the_reference() {
+    for &(n, block) in &[
+        (2048 * 9 + 100, 2048),
+        (2048 * 4, 2048),
+        (4096 * 3 + 1, 4096),
+        (512 * 7 + 33, 512),
+        (96 * 11 + 5, 96),
+        (32 * 3 + 31, 32),
+        (160, 64),
+    ] {
+        let x = mixed(n, n as u64 + block as u64, block);
+        let (cx, gx) = both(&x);
+        let (cq, cs) = tensor::quantize_int8(&cx, block).unwrap();
+        let (gq, gs) = tensor::quantize_int8(&gx, block).unwrap();
+        assert_eq!(bytes(&gq), bytes(&cq), "codes n={n} block={block}");
+        assert_eq!(bits(&gs), bits(&cs), "scales n={n} block={block}");
+        for dtype in [DType::F32, DType::BF16] {
+            let cy = tensor::dequantize_int8(&cq, &cs, block, dtype).unwrap();
+            let gy = tensor::dequantize_int8(&gq, &gs, block, dtype).unwrap();
+            assert_eq!(gy.dtype(), dtype);
+            assert_eq!(
+                bits(&gy),
+                bits(&cy),
+                "dequant {dtype:?} n={n} block={block}"
+            );
+        }
+    }
+}
+
+#[test]
+fn int8_on_an_unaligned_view_equals_the_reference() {
+    let x = mixed(2048 * 3 + 7, 11, 2048);
+    let (cx, gx) = both(&x);
+    let (cx, gx) = (
+        cx.narrow(0, 3, 2048 * 3).unwrap(),
+        gx.narrow(0, 3, 2048 * 3).unwrap(),
+    );
+    let (cq, cs) = tensor::quantize_int8(&cx, 2048).unwrap();
+    let (gq, gs) = tensor::quantize_int8(&gx, 2048).unwrap();
+    assert_eq!(bytes(&gq), bytes(&cq));
+    assert_eq!(bits(&gs), bits(&cs));
+    let (cq1, gq1) = (
+        cq.narrow(0, 5, 4096).unwrap(),
+        gq.narrow(0, 5, 4096).unwrap(),
+    );
+    let (cs1, gs1) = (cs.narrow(0, 1, 2).unwrap(), gs.narrow(0, 1, 2).unwrap());
+    // Codes 5.. are not block-aligned for the reference either: equal all the same.
+    let cy = tensor::dequantize_int8(&cq1, &cs1, 2048, DType::F32).unwrap();
+    let gy = tensor::dequantize_int8(&gq1, &gs1, 2048, DType::F32).unwrap();
+    assert_eq!(bits(&gy), bits(&cy));
+}
+
+#[test]
+fn int4_swizzled_quantise_equals_the_reference() {
+    for &(nodes, rpn, s, block) in &[
+        (2, 4, 512 * 3, 512),
+        (3, 2, 512 * 2, 512),
+        (1, 1, 512 * 5, 512),
+        (2, 2, 256 * 3, 256),
+        (3, 2, 96 * 4, 96),
+        (2, 4, 32, 32),
+        (1, 8, 2048, 2048),
+    ] {
+        let x = mixed(nodes * rpn * s, (nodes * 100 + rpn) as u64, block);
+        let (cx, gx) = both(&x);
+        let (cp, cs) = tensor::quantize_int4_swizzled(&cx, nodes, rpn, block).unwrap();
+        let (gp, gs) = tensor::quantize_int4_swizzled(&gx, nodes, rpn, block).unwrap();
+        let at = format!("{nodes}x{rpn} S={s} block={block}");
+        assert_eq!(bytes(&gp), bytes(&cp), "packed {at}");
+        assert_eq!(bits(&gs), bits(&cs), "scales {at}");
+    }
+}
+
+/// `pieces` pieces of `len` elements each (INT4 of mixed data), concatenated, on the CPU.
+fn pieces(pieces: usize, len: usize, block: usize) -> (Tensor, Tensor) {
+    let mut packed = Vec::new();
+    let mut scales = Vec::new();
+    for j in 0..pieces {
+        let mut x = mixed(len, 1000 + j as u64 * 17 + len as u64, block);
+        // Keep the sums finite: no f32::MAX-scale values in the pieces that are summed.
+        for v in &mut x {
+            if v.abs() > 1e36 {
+                *v = v.signum() * 1e36;
+            }
+        }
+        let (p, s) = quant::quantize_int4(&x, block).unwrap();
+        packed.extend(p);
+        scales.extend(s);
+    }
+    let (np, ns) = (packed.len(), scales.len());
+    (
+        Tensor::from_vec(packed, np, &Device::Cpu).unwrap(),
+        Tensor::from_vec(scales, ns, &Device::Cpu).unwrap(),
+    )
+}
+
+#[test]
+fn fused_int4_sums_equal_the_reference() {
+    for &(k, len, block) in &[
+        (4, 512 * 6, 512),
+        (4, 512 * 6 + 130, 512),
+        (2, 512 * 3 + 2, 512),
+        (3, 96 * 5 + 40, 96),
+        (8, 256 * 4 + 18, 256),
+        (5, 2048 * 2 + 1030, 2048),
+        (1, 32 * 7 + 6, 32),
+        (6, 64 * 9 + 2, 64),
+    ] {
+        let (cp, cs) = pieces(k, len, block);
+        let (gp, gs) = (cp.to_device(&gpu()).unwrap(), cs.to_device(&gpu()).unwrap());
+        let at = format!("pieces={k} len={len} block={block}");
+        let (cq, cqs) = tensor::dequantize_sum_requantize_int4(&cp, &cs, k, block).unwrap();
+        let (gq, gqs) = tensor::dequantize_sum_requantize_int4(&gp, &gs, k, block).unwrap();
+        assert_eq!(bytes(&gq), bytes(&cq), "requantised packed {at}");
+        assert_eq!(bits(&gqs), bits(&cqs), "requantised scales {at}");
+        let cy = tensor::dequantize_sum_int4(&cp, &cs, k, block).unwrap();
+        let gy = tensor::dequantize_sum_int4(&gp, &gs, k, block).unwrap();
+        assert_eq!(bits(&gy), bits(&cy), "sum {at}");
+    }
+}
+
+#[test]
+fn gpu_path_refuses_blocks_that_are_not_multiples_of_32() {
+    let x = Tensor::zeros(96, DType::F32, &gpu()).unwrap();
+    assert!(matches!(
+        tensor::quantize_int8(&x, 48),
+        Err(quant::QuantError::GpuBlock { block: 48 })
+    ));
+}
+
+#[test]
+fn non_finite_input_gives_a_nan_scale_on_the_gpu() {
+    let mut x = vec![1.0f32; 4096];
+    x[100] = f32::INFINITY;
+    x[3000] = f32::NAN;
+    let gx = Tensor::new(x.as_slice(), &gpu()).unwrap();
+    let (_, s) = tensor::quantize_int8(&gx, 2048).unwrap();
+    let s = s.to_vec1::<f32>().unwrap();
+    assert!(s.iter().all(|v| v.is_nan()), "{s:?}");
+}
