@@ -63,15 +63,17 @@ fn bytes(t: &Tensor) -> Vec<u8> {
     t.to_vec1::<u8>().unwrap()
 }
 
-fn both(x: &[f32]) -> (Tensor, Tensor) {
+fn both(x: &[f32], gpu: &Device) -> (Tensor, Tensor) {
     (
         Tensor::new(x, &Device::Cpu).unwrap(),
-        Tensor::new(x, &gpu()).unwrap(),
+        Tensor::new(x, gpu).unwrap(),
     )
 }
 
 #[test]
 fn int8_quantise_and_dequantise_equal_the_reference() {
+    // One device for the whole test: each `Device::new_cuda` is a distinct candle device.
+    let gpu = gpu();
     for &(n, block) in &[
         (2048 * 9 + 100, 2048),
         (2048 * 4, 2048),
@@ -80,9 +82,10 @@ fn int8_quantise_and_dequantise_equal_the_reference() {
         (96 * 11 + 5, 96),
         (32 * 3 + 31, 32),
         (160, 64),
+        (2048 * 64 + 4, 2048),
     ] {
         let x = mixed(n, n as u64 + block as u64, block);
-        let (cx, gx) = both(&x);
+        let (cx, gx) = both(&x, &gpu);
         let (cq, cs) = tensor::quantize_int8(&cx, block).unwrap();
         let (gq, gs) = tensor::quantize_int8(&gx, block).unwrap();
         assert_eq!(bytes(&gq), bytes(&cq), "codes n={n} block={block}");
@@ -102,8 +105,9 @@ fn int8_quantise_and_dequantise_equal_the_reference() {
 
 #[test]
 fn int8_on_an_unaligned_view_equals_the_reference() {
+    let gpu = gpu();
     let x = mixed(2048 * 3 + 7, 11, 2048);
-    let (cx, gx) = both(&x);
+    let (cx, gx) = both(&x, &gpu);
     let (cx, gx) = (
         cx.narrow(0, 3, 2048 * 3).unwrap(),
         gx.narrow(0, 3, 2048 * 3).unwrap(),
@@ -125,6 +129,7 @@ fn int8_on_an_unaligned_view_equals_the_reference() {
 
 #[test]
 fn int4_swizzled_quantise_equals_the_reference() {
+    let gpu = gpu();
     for &(nodes, rpn, s, block) in &[
         (2, 4, 512 * 3, 512),
         (3, 2, 512 * 2, 512),
@@ -135,7 +140,7 @@ fn int4_swizzled_quantise_equals_the_reference() {
         (1, 8, 2048, 2048),
     ] {
         let x = mixed(nodes * rpn * s, (nodes * 100 + rpn) as u64, block);
-        let (cx, gx) = both(&x);
+        let (cx, gx) = both(&x, &gpu);
         let (cp, cs) = tensor::quantize_int4_swizzled(&cx, nodes, rpn, block).unwrap();
         let (gp, gs) = tensor::quantize_int4_swizzled(&gx, nodes, rpn, block).unwrap();
         let at = format!("{nodes}x{rpn} S={s} block={block}");
@@ -169,6 +174,8 @@ fn pieces(pieces: usize, len: usize, block: usize) -> (Tensor, Tensor) {
 
 #[test]
 fn fused_int4_sums_equal_the_reference() {
+    // One device for both inputs: each `Device::new_cuda` is a distinct candle device.
+    let gpu = gpu();
     for &(k, len, block) in &[
         (4, 512 * 6, 512),
         (4, 512 * 6 + 130, 512),
@@ -178,9 +185,11 @@ fn fused_int4_sums_equal_the_reference() {
         (5, 2048 * 2 + 1030, 2048),
         (1, 32 * 7 + 6, 32),
         (6, 64 * 9 + 2, 64),
+        (4, 512 * 64, 512),
+        (4, 2048 * 16, 2048),
     ] {
         let (cp, cs) = pieces(k, len, block);
-        let (gp, gs) = (cp.to_device(&gpu()).unwrap(), cs.to_device(&gpu()).unwrap());
+        let (gp, gs) = (cp.to_device(&gpu).unwrap(), cs.to_device(&gpu).unwrap());
         let at = format!("pieces={k} len={len} block={block}");
         let (cq, cqs) = tensor::dequantize_sum_requantize_int4(&cp, &cs, k, block).unwrap();
         let (gq, gqs) = tensor::dequantize_sum_requantize_int4(&gp, &gs, k, block).unwrap();

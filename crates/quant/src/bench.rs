@@ -7,10 +7,15 @@
 //! block 512 (gradients), the swizzle as 2 nodes x 4 ranks, and the fused kernels on 4 pieces,
 //! each piece the INT4 of all of x (so their input is 2n bytes and the f32 sum 4n bytes, sizes
 //! that do not fit in L2 for the buffers we measure).
+//!
+//! Timing: every kernel (and the copy) writes into buffers allocated once before timing (the
+//! `cuda::*_into` launchers, which the tensor API also calls); `iters` launches go back to back
+//! on the device stream after 3 warm-up launches, bracketed by two CUDA events, and the time
+//! per call is the events' elapsed time / iters. So neither allocation nor host launch gaps
+//! are timed (launches queue faster than they run). GB/s = (bytes read + bytes written by one
+//! call, scales included) / time; the copy (`memcpy_dtod` of n f32) counts 8n bytes.
 
-use std::time::Instant;
-
-use candle_core::{CudaDevice, DType, Device, Tensor};
+use candle_core::{CudaDevice, Device, Tensor};
 
 use crate::tensor;
 use crate::QuantError;
@@ -34,25 +39,32 @@ pub const BENCH_INT4_BLOCK: usize = 512;
 /// Pieces of the fused kernels measured.
 pub const BENCH_PIECES: usize = 4;
 
-/// Times `iters` calls of `f` after two warm-up calls, synchronising the stream before and
-/// after; returns seconds per call.
+/// Times `iters` calls of `f` launched back to back after 3 warm-up calls, with CUDA events
+/// recorded on the device stream before and after; returns seconds per call.
 fn time(
     dev: &CudaDevice,
     iters: usize,
     mut f: impl FnMut() -> Result<(), QuantError>,
 ) -> Result<f64, QuantError> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
     use candle_core::cuda_backend::WrapErr;
     let stream = dev.cuda_stream();
-    for _ in 0..2 {
+    for _ in 0..3 {
         f()?;
     }
     stream.synchronize().w()?;
-    let t0 = Instant::now();
+    let iters = iters.max(1);
+    let start = stream
+        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .w()?;
     for _ in 0..iters {
         f()?;
     }
-    stream.synchronize().w()?;
-    Ok(t0.elapsed().as_secs_f64() / iters.max(1) as f64)
+    let end = stream
+        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .w()?;
+    let ms = start.elapsed_ms(&end).w()?;
+    Ok(f64::from(ms) / 1e3 / iters as f64)
 }
 
 fn rate(name: &'static str, bytes_moved: u64, seconds: f64) -> KernelRate {
@@ -64,15 +76,31 @@ fn rate(name: &'static str, bytes_moved: u64, seconds: f64) -> KernelRate {
     }
 }
 
+/// The CUDA slice behind the contiguous tensor `t` (offset 0: the tensors below are fresh).
+fn slice<T: candle_core::cuda_backend::CudaDType>(
+    t: &Tensor,
+    f: impl FnOnce(
+        &candle_core::cuda_backend::cudarc::driver::CudaView<'_, T>,
+    ) -> Result<(), QuantError>,
+) -> Result<(), QuantError> {
+    let (st, layout) = t.storage_and_layout();
+    let candle_core::Storage::Cuda(cs) = &*st else {
+        unreachable!("benchmark tensors are on the GPU")
+    };
+    let s = cs.as_cuda_slice::<T>()?;
+    let o = layout.start_offset();
+    f(&s.slice(o..o + t.elem_count()))
+}
+
 /// Measures, on `device`, a device-to-device copy of `bytes` ("copy", read + write counted)
 /// and each quantisation kernel on an f32 input of `bytes` bytes (see the module doc), `iters`
-/// timed calls each after a warm-up. Calls go through [`crate::tensor`], output allocation
-/// included, as the engine makes them.
+/// timed calls each, into preallocated outputs, timed with CUDA events.
 pub fn kernel_bandwidth(
     device: &CudaDevice,
     bytes: usize,
     iters: usize,
 ) -> Result<Vec<KernelRate>, QuantError> {
+    use crate::cuda::{self, Out};
     use candle_core::cuda_backend::WrapErr;
     let n = (bytes / 4) / 16384 * 16384;
     if n == 0 {
@@ -86,67 +114,112 @@ pub fn kernel_bandwidth(
     let x = Tensor::randn(0f32, 1f32, n, &dev)?;
     let n64 = n as u64;
     let mut out = Vec::new();
+    let stream = device.cuda_stream();
 
     // Copy into a preallocated buffer.
-    {
-        let (st, _) = x.storage_and_layout();
-        let candle_core::Storage::Cuda(cs) = &*st else {
-            unreachable!("x is on the GPU")
-        };
-        let src = cs.as_cuda_slice::<f32>()?;
-        let mut dst = device.alloc_zeros::<f32>(n)?;
-        let stream = device.cuda_stream();
+    let mut dst = device.alloc_zeros::<f32>(n)?;
+    slice::<f32>(&x, |src| {
         let s = time(device, iters, || {
             stream.memcpy_dtod(src, &mut dst).w()?;
             Ok(())
         })?;
         out.push(rate("copy", 8 * n64, s));
-    }
+        Ok(())
+    })?;
+    drop(dst);
 
-    let b8 = BENCH_INT8_BLOCK as u64;
+    let (b8, nb8) = (BENCH_INT8_BLOCK as u64, n.div_ceil(BENCH_INT8_BLOCK));
     let (q8, s8) = tensor::quantize_int8(&x, BENCH_INT8_BLOCK)?;
-    let s = time(device, iters, || {
-        tensor::quantize_int8(&x, BENCH_INT8_BLOCK).map(drop)
-    })?;
-    out.push(rate("quantize_int8", 4 * n64 + n64 + 4 * n64 / b8, s));
-    for (name, dtype, width) in [
-        ("dequantize_int8_f32", DType::F32, 4),
-        ("dequantize_int8_bf16", DType::BF16, 2),
-    ] {
-        let s = time(device, iters, || {
-            tensor::dequantize_int8(&q8, &s8, BENCH_INT8_BLOCK, dtype).map(drop)
+    {
+        let mut codes = device.alloc_zeros::<u8>(n)?;
+        let mut scales = device.alloc_zeros::<f32>(nb8)?;
+        slice::<f32>(&x, |xv| {
+            let s = time(device, iters, || {
+                cuda::quantize_int8_into(device, xv, &mut codes, &mut scales, BENCH_INT8_BLOCK)
+            })?;
+            out.push(rate("quantize_int8", 4 * n64 + n64 + 4 * n64 / b8, s));
+            Ok(())
         })?;
-        out.push(rate(name, n64 + 4 * n64 / b8 + width * n64, s));
     }
-
-    let b4 = BENCH_INT4_BLOCK as u64;
-    let s = time(device, iters, || {
-        tensor::quantize_int4_swizzled(&x, 2, 4, BENCH_INT4_BLOCK).map(drop)
+    slice::<u8>(&q8, |qv| {
+        slice::<f32>(&s8, |sv| {
+            let mut y = device.alloc_zeros::<f32>(n)?;
+            let s = time(device, iters, || {
+                cuda::dequantize_int8_into(device, qv, sv, &mut y, BENCH_INT8_BLOCK)
+            })?;
+            out.push(rate("dequantize_int8_f32", n64 + 4 * n64 / b8 + 4 * n64, s));
+            drop(y);
+            // bf16 bits, as u16 (the launcher picks the kernel by the element size).
+            let mut y = device.alloc_zeros::<u16>(n)?;
+            let s = time(device, iters, || {
+                cuda::dequantize_int8_into(device, qv, sv, &mut y, BENCH_INT8_BLOCK)
+            })?;
+            out.push(rate(
+                "dequantize_int8_bf16",
+                n64 + 4 * n64 / b8 + 2 * n64,
+                s,
+            ));
+            Ok(())
+        })
     })?;
-    out.push(rate(
-        "quantize_int4_swizzled",
-        4 * n64 + n64 / 2 + 4 * n64 / b4,
-        s,
-    ));
+    drop((q8, s8));
+
+    let (b4, nb4) = (BENCH_INT4_BLOCK as u64, n / BENCH_INT4_BLOCK);
+    {
+        let mut packed = device.alloc_zeros::<u8>(n / 2)?;
+        let mut scales = device.alloc_zeros::<f32>(nb4)?;
+        slice::<f32>(&x, |xv| {
+            let s = time(device, iters, || {
+                cuda::quantize_int4_swizzled_into(
+                    device,
+                    xv,
+                    &mut packed,
+                    &mut scales,
+                    2,
+                    4,
+                    BENCH_INT4_BLOCK,
+                )
+            })?;
+            out.push(rate(
+                "quantize_int4_swizzled",
+                4 * n64 + n64 / 2 + 4 * n64 / b4,
+                s,
+            ));
+            Ok(())
+        })?;
+    }
 
     // BENCH_PIECES pieces, each the INT4 of all of x.
     let (p4, s4) = tensor::quantize_int4_swizzled(&x, 1, 1, BENCH_INT4_BLOCK)?;
+    drop(x);
     let pieces = BENCH_PIECES;
     let packed = Tensor::cat(&vec![&p4; pieces], 0)?;
     let scales = Tensor::cat(&vec![&s4; pieces], 0)?;
+    drop((p4, s4));
     let k = pieces as u64;
     let read = k * (n64 / 2 + 4 * n64 / b4);
-    let s = time(device, iters, || {
-        tensor::dequantize_sum_requantize_int4(&packed, &scales, pieces, BENCH_INT4_BLOCK).map(drop)
+    slice::<u8>(&packed, |pv| {
+        slice::<f32>(&scales, |sv| {
+            let mut q = device.alloc_zeros::<u8>(n / 2)?;
+            let mut qs = device.alloc_zeros::<f32>(nb4)?;
+            let s = time(device, iters, || {
+                let o = Out::Requantized(&mut q, &mut qs);
+                cuda::dequantize_sum_int4_into(device, pv, sv, pieces, BENCH_INT4_BLOCK, o)
+            })?;
+            out.push(rate(
+                "dequantize_sum_requantize_int4",
+                read + n64 / 2 + 4 * n64 / b4,
+                s,
+            ));
+            drop((q, qs));
+            let mut y = device.alloc_zeros::<f32>(n)?;
+            let s = time(device, iters, || {
+                let o = Out::Sum(&mut y);
+                cuda::dequantize_sum_int4_into(device, pv, sv, pieces, BENCH_INT4_BLOCK, o)
+            })?;
+            out.push(rate("dequantize_sum_int4", read + 4 * n64, s));
+            Ok(())
+        })
     })?;
-    out.push(rate(
-        "dequantize_sum_requantize_int4",
-        read + n64 / 2 + 4 * n64 / b4,
-        s,
-    ));
-    let s = time(device, iters, || {
-        tensor::dequantize_sum_int4(&packed, &scales, pieces, BENCH_INT4_BLOCK).map(drop)
-    })?;
-    out.push(rate("dequantize_sum_int4", read + 4 * n64, s));
     Ok(out)
 }

@@ -1,23 +1,35 @@
 //! CUDA kernels of the quantisers (DESIGN.md section 6): CUDA C compiled at run time with
-//! NVRTC, one module per block size (the block is a compile-time constant, so each lane keeps
+//! NVRTC, one module per block size (the block is a compile-time constant, so each thread keeps
 //! its share of a block in registers and the loops unroll).
 //!
-//! Launch shape: one warp per quantisation block, 8 warps (256 threads) a CTA; a lane loads
-//! 16 bytes at a time (float4; 4 or 8 elements a lane a step), the block's absmax is an integer
-//! max over `bits & 0x7fffffff` reduced with warp shuffles, and the codes are written 4 bytes a
-//! lane a step. The INT8 dequantiser gives 16 codes to a thread (one 16-byte load).
+//! Launch shape (256 threads a CTA, `__launch_bounds__(256, 8)`: at most 32 registers, so 2048
+//! threads a SM are resident). Per-block kernels give a quantisation block to a group of TPB
+//! threads (a power of two; 256 / TPB blocks a CTA): `quantize_int8` and
+//! `quantize_int4_swizzled` read the block as float4 units, unit `u * TPB + t` to thread t (each
+//! load instruction of a warp covers 512 contiguous bytes), two or more units a thread, every
+//! load issued before any use; the fused kernels read each piece as 4-byte words (8 codes),
+//! unit `u * TPB + t`, the loads of 4 pieces issued together. The block's absmax is an integer
+//! max over `bits & 0x7fffffff` reduced with warp shuffles and, for groups wider than a warp,
+//! shared memory. Codes are packed in registers and written 4 (INT8), 2 (INT4 quantiser) or 4
+//! (requantiser) bytes a thread a unit. The INT8 dequantisers are elementwise: 4 units (4 codes
+//! for f32, 8 for bf16) a thread, 256 apart, loads first; 16-byte stores.
 //!
 //! Exactness: the arithmetic is that of `block.rs`, written with explicit IEEE intrinsics
-//! (`__fdiv_rn`, `__fmul_rn`, `__fadd_rn`), compiled with `--fmad=false` and no fast-math and no
-//! flush-to-zero, so every code, scale and dequantised value equals the CPU reference bitwise.
+//! (`__fdiv_rn`, `__fmul_rn`, `__fadd_rn`, `__frcp_rn`), compiled with `--fmad=false` and no
+//! fast-math and no flush-to-zero, so every code, scale and dequantised value equals the CPU
+//! reference bitwise. A code is computed from y = v * fl(1/s) rounded with the 1.5 * 2^23 trick;
+//! this is provably the reference's round_half_away(clamp(fl(v / s))) unless y lies within a
+//! small bound of a half-integer (or 1/s overflows), and those values take the exact `v / s`
+//! path (see `codes4`). Nibbles are turned into floats exactly through the mantissa of 2^23.
 //! bf16 output is the f32 value rounded to nearest even (the `half` crate's rule).
 //!
 //! Non-finite input: no host synchronisation is made to look for it. A block holding an inf or
 //! NaN gets a NaN scale and codes 0, so it dequantises to NaN; the engine's loss / gradient-norm
 //! finiteness checks catch it. (The CPU path refuses it with `QuantError::NonFinite`.)
 //!
-//! Requirements on the GPU path: block % 32 == 0 (checked by `tensor.rs`); block sizes above
-//! 4096 work but keep more than 128 values a lane in registers (spills).
+//! Requirements on the GPU path: block % 32 == 0 (checked by `tensor.rs`); inputs 16-byte
+//! aligned (`with_input` copies a view that is not). Block sizes whose float4 count has a
+//! small power-of-two part (e.g. 32 * odd above 1024) give many units a thread (spills).
 
 use std::collections::HashMap;
 use std::ops::Deref;
@@ -35,12 +47,22 @@ use crate::QuantError;
 
 type Result<T> = std::result::Result<T, QuantError>;
 
-/// Warps (= quantisation blocks) per CTA of the per-block kernels.
-const WARPS: u32 = 8;
-/// Threads per CTA of the elementwise kernels.
-const THREADS: u32 = 256;
-/// Codes per thread of the INT8 dequantiser.
-const DEQ_PER_THREAD: usize = 16;
+/// Threads a CTA, every kernel (`NT` in the source).
+const NT: usize = 256;
+/// Units (4 or 8 codes) a thread of the INT8 dequantisers (`DEQ_UNROLL` in the source).
+const DEQ_UNROLL: usize = 4;
+
+/// `tpb_of` of the source: threads per quantisation block of `units` float4 units.
+fn tpb_of(units: usize) -> usize {
+    let p = units & units.wrapping_neg();
+    let p = if p == units { units / 2 } else { p };
+    p.clamp(1, NT)
+}
+
+/// `tpb_fused` of the source: threads per block of `units` 8-element units (fused kernels).
+fn tpb_fused(units: usize) -> usize {
+    (units & units.wrapping_neg()).clamp(1, NT)
+}
 
 /// Kernel source shared by every block size; compiled with `#define BLOCK <block>` in front.
 pub const QUANT_KERNELS: &str = r#"
@@ -52,19 +74,41 @@ typedef long long i64;
 #define ABS_MASK 0x7fffffffu
 #define NON_FINITE 0x7f800000u
 #define F32_MAX 3.40282346638528859812e+38f
-#define WARPS 8
+// Threads a CTA, every kernel.
+#define NT 256
+// Pieces whose loads are issued together in the fused kernels.
 #define GROUP 4
 
-__device__ __forceinline__ u32 warp_max(u32 m) {
+// Threads given to one quantisation block of `units` vector units: the largest power of two
+// that divides `units`, at most NT and at most units / 2 (two units or more a thread).
+__device__ constexpr int tpb_of(int units) {
+    const int p = (units & -units) == units ? units / 2 : (units & -units);
+    return p < NT ? p : NT;
+}
+// The same for the fused kernels, whose units are 8 elements (one unit a thread where the
+// block allows, to keep their registers low): the largest power of two dividing `units`, at
+// most NT.
+__device__ constexpr int tpb_fused(int units) { return (units & -units) < NT ? (units & -units) : NT; }
+
+__device__ __forceinline__ u32 umax(u32 a, u32 b) { return a > b ? a : b; }
+__device__ __forceinline__ u32 absbits(float v) { return __float_as_uint(v) & ABS_MASK; }
+
+// Max of m over the TPB threads of each group (groups are aligned runs of TPB threads of the
+// CTA). Every thread of the CTA must call it (shuffles over full warps, __syncthreads).
+template <int TPB>
+__device__ __forceinline__ u32 group_max(u32 m, u32* red) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        u32 v = __shfl_xor_sync(0xffffffffu, m, o);
-        m = v > m ? v : m;
+    for (int o = (TPB < 32 ? TPB : 32) / 2; o > 0; o >>= 1) m = umax(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (TPB > 32) {
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+        __syncthreads();
+        const int w0 = (threadIdx.x / TPB) * (TPB / 32);
+        m = 0;
+#pragma unroll
+        for (int i = 0; i < TPB / 32; ++i) m = umax(m, red[w0 + i]);
     }
     return m;
 }
-
-__device__ __forceinline__ u32 absbits(float v) { return __float_as_uint(v) & ABS_MASK; }
 
 // block.rs scale_of; a non-finite absmax gives a NaN scale (the CPU path errors instead).
 __device__ __forceinline__ float scale_of(u32 m, float qmax) {
@@ -74,7 +118,7 @@ __device__ __forceinline__ float scale_of(u32 m, float qmax) {
     return s;
 }
 
-// block.rs code: round_half_away(clamp(v / s, -qmax, qmax)), exact.
+// block.rs code: round_half_away(clamp(v / s, -qmax, qmax)), exact (the slow path).
 __device__ __forceinline__ int code(float v, float s, float qmax) {
     float y = __fdiv_rn(v, s);
     y = fminf(fmaxf(y, -qmax), qmax);
@@ -83,9 +127,49 @@ __device__ __forceinline__ int code(float v, float s, float qmax) {
     return (int)t + (f >= 0.5f ? 1 : 0) - (f <= -0.5f ? 1 : 0);
 }
 
-__device__ __forceinline__ u32 pack4(int lo, int hi) { return ((u32)lo & 0xfu) | (((u32)hi & 0xfu) << 4); }
-__device__ __forceinline__ int nib_lo(u32 b) { return ((int)(b << 28)) >> 28; }
-__device__ __forceinline__ int nib_hi(u32 b) { return ((int)(b << 24)) >> 28; }
+// 1.5 * 2^23: y + MAGIC rounds y to an integer (nearest even) held in the low mantissa bits.
+#define MAGIC 12582912.0f
+
+// Codes of the 4 values v with scale s > 0 (qmax QM), each in the low bits of z[i] (two's
+// complement: the low 8 / 4 bits are the i8 / nibble code), equal to `code` bitwise.
+// r = fl(1/s); fast = r is finite. Fast path: y = v * r is within 3 * 2^-24 * |v/s| <=
+// 3 * 2^-24 * QM * (1 + 2^-22) of fl(v/s) (|v| <= absmax, so |v/s| <= QM (1 + 2^-23)); when
+// y is farther than 0.5 - LIM from every half-integer, round-to-nearest(y) (the MAGIC
+// addition) equals round_half_away(clamp(fl(v/s))). Values nearer than that, or all values
+// when 1/s overflows (subnormal scales), take `code`.
+template <int QM>
+__device__ __forceinline__ void codes4(const float* v, float s, float r, bool fast, u32* z) {
+    // LIM: 0.5 - 2^-13 (INT8, error bound 2^-15.4), 0.5 - 2^-16 (INT4, bound 2^-19.2).
+    const float LIM = QM == 127 ? 0.4998779296875f : 0.4999847412109375f;
+    bool near = !fast;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float y = __fmul_rn(v[i], r);
+        const float m = __fadd_rn(y, MAGIC);
+        const float d = __fsub_rn(y, __fsub_rn(m, MAGIC));
+        near |= !(fabsf(d) <= LIM);
+        z[i] = __float_as_uint(m);
+    }
+    if (near) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float y = __fmul_rn(v[i], r);
+            const float d = __fsub_rn(y, __fsub_rn(__fadd_rn(y, MAGIC), MAGIC));
+            if (!fast || !(fabsf(d) <= LIM)) z[i] = (u32)code(v[i], s, (float)QM);
+        }
+    }
+}
+
+// Packs the low bytes of four codes into a word (code 0 in byte 0).
+__device__ __forceinline__ u32 pack8x4(const u32* z) {
+    return __byte_perm(__byte_perm(z[0], z[1], 0x0040u), __byte_perm(z[2], z[3], 0x0040u), 0x5410u);
+}
+// Packs the low nibbles of four codes into 16 bits (code 0 in the low nibble of byte 0);
+// the bits above 16 are garbage.
+__device__ __forceinline__ u32 pack4x4(const u32* z) {
+    const u32 a = __byte_perm(z[0], z[2], 0x0040u), b = __byte_perm(z[1], z[3], 0x0040u);
+    return (a & 0x0f0fu) | ((b << 4) & 0xf0f0u);
+}
 
 // half::bf16::from_f32: round to nearest even, NaN kept quiet.
 __device__ __forceinline__ u32 f32_to_bf16(float f) {
@@ -95,315 +179,322 @@ __device__ __forceinline__ u32 f32_to_bf16(float f) {
     return x >> 16;
 }
 
-__device__ __forceinline__ i64 warp_id() {
-    return (i64)blockIdx.x * WARPS + (threadIdx.x >> 5);
-}
-
-// x [n] f32 -> codes [n] (i8 bits), scales [nblocks]. One warp per block.
-extern "C" __global__ void __launch_bounds__(256) quantize_int8(
-    const float* __restrict__ x, u8* __restrict__ codes, float* __restrict__ scales,
-    i64 n, i64 nblocks) {
-    constexpr int EPT = (BLOCK % 128 == 0) ? 4 : 1;
-    constexpr int NIT = BLOCK / (32 * EPT);
-    const int lane = threadIdx.x & 31;
-    const i64 b = warp_id();
-    if (b >= nblocks) return;
-    const i64 base = b * BLOCK;
-    const int blen = (n - base) < BLOCK ? (int)(n - base) : BLOCK;
-    float v[NIT * EPT];
+// Quantises the quantisation block of this thread's group: BLOCK f32 at x + base (blen of them
+// valid), codes of QM (127: a byte each, 7: a nibble each) written to codes (byte offset of
+// element e: e for INT8, e / 2 for INT4), scale to *scale. The block is read as float4 units,
+// unit u * TPB + t by thread t of the group (coalesced), VPT units a thread, all loads issued
+// before any use.
+template <int QM>
+__device__ __forceinline__ void quantize_group(const float* __restrict__ x, u8* __restrict__ codes,
+                                               float* __restrict__ scale, bool active, int blen,
+                                               u32* red) {
+    constexpr int UNITS = BLOCK / 4, TPB = tpb_of(UNITS), VPT = UNITS / TPB;
+    const int t = threadIdx.x % TPB;
+    float v[VPT * 4];
+#pragma unroll
+    for (int u = 0; u < VPT; ++u) {
+        const int e = (u * TPB + t) * 4;
+        if (e + 4 <= blen) {
+            const float4 f = *reinterpret_cast<const float4*>(x + e);
+            v[4 * u] = f.x; v[4 * u + 1] = f.y; v[4 * u + 2] = f.z; v[4 * u + 3] = f.w;
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) v[4 * u + k] = (e + k < blen) ? x[e + k] : 0.0f;
+        }
+    }
     u32 m = 0;
 #pragma unroll
-    for (int it = 0; it < NIT; ++it) {
-        const int e = (it * 32 + lane) * EPT;
-        if (EPT == 4 && e + 4 <= blen) {
-            const float4 f = *reinterpret_cast<const float4*>(x + base + e);
-            v[it * EPT] = f.x;
-            v[it * EPT + (EPT > 1 ? 1 : 0)] = f.y;
-            v[it * EPT + (EPT > 2 ? 2 : 0)] = f.z;
-            v[it * EPT + (EPT > 3 ? 3 : 0)] = f.w;
-        } else {
-#pragma unroll
-            for (int k = 0; k < EPT; ++k) v[it * EPT + k] = (e + k < blen) ? x[base + e + k] : 0.0f;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < NIT * EPT; ++i) { u32 a = absbits(v[i]); m = a > m ? a : m; }
-    m = warp_max(m);
-    const float s = scale_of(m, 127.0f);
-    if (lane == 0) scales[b] = s;
+    for (int i = 0; i < VPT * 4; ++i) m = umax(m, absbits(v[i]));
+    m = group_max<TPB>(m, red);
+    if (!active) return;
+    const float s = scale_of(m, (float)QM);
+    if (t == 0) *scale = s;
     const bool nz = s > 0.0f;  // false for zero and NaN scales: codes 0
+    const float r = __frcp_rn(s);
+    const bool fast = __float_as_uint(r) < NON_FINITE;
 #pragma unroll
-    for (int it = 0; it < NIT; ++it) {
-        const int e = (it * 32 + lane) * EPT;
-        int c[EPT];
+    for (int u = 0; u < VPT; ++u) {
+        const int e = (u * TPB + t) * 4;
+        u32 z[4] = {0u, 0u, 0u, 0u};
+        if (nz) codes4<QM>(v + 4 * u, s, r, fast, z);
+        if (QM == 127) {
+            if (e + 4 <= blen) {
+                *reinterpret_cast<u32*>(codes + e) = pack8x4(z);
+            } else {
 #pragma unroll
-        for (int k = 0; k < EPT; ++k) c[k] = nz ? code(v[it * EPT + k], s, 127.0f) : 0;
-        if (EPT == 4 && e + 4 <= blen) {
-            u32 w = 0;
-#pragma unroll
-            for (int k = 0; k < EPT; ++k) w |= ((u32)c[k] & 0xffu) << (8 * k);
-            *reinterpret_cast<u32*>(codes + base + e) = w;
+                for (int k = 0; k < 4; ++k)
+                    if (e + k < blen) codes[e + k] = (u8)z[k];
+            }
         } else {
-#pragma unroll
-            for (int k = 0; k < EPT; ++k)
-                if (e + k < blen) codes[base + e + k] = (u8)((u32)c[k] & 0xffu);
+            const u32 w = pack4x4(z);
+            if (e + 4 <= blen) {
+                *reinterpret_cast<u16*>(codes + e / 2) = (u16)w;
+            } else if (e < blen) {  // blen is even: one byte (two codes) valid
+                codes[e / 2] = (u8)w;
+            }
         }
     }
 }
 
-// codes [n] (i8 bits), scales [ceil(n / BLOCK)] -> out [n] f32 (16 codes a thread).
-extern "C" __global__ void __launch_bounds__(256) dequantize_int8_f32(
-    const u8* __restrict__ codes, const float* __restrict__ scales, float* __restrict__ out, i64 n) {
-    const i64 e0 = ((i64)blockIdx.x * blockDim.x + threadIdx.x) * 16;
-    if (e0 >= n) return;
-    const float s = scales[e0 / BLOCK];
-    if (e0 + 16 <= n) {
-        const uint4 q = *reinterpret_cast<const uint4*>(codes + e0);
-        const u32 w[4] = {q.x, q.y, q.z, q.w};
-        float4* o = reinterpret_cast<float4*>(out + e0);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            float4 f;
-            f.x = __fmul_rn((float)(signed char)(w[i] & 0xffu), s);
-            f.y = __fmul_rn((float)(signed char)((w[i] >> 8) & 0xffu), s);
-            f.z = __fmul_rn((float)(signed char)((w[i] >> 16) & 0xffu), s);
-            f.w = __fmul_rn((float)(signed char)(w[i] >> 24), s);
-            o[i] = f;
-        }
-    } else {
-        for (i64 e = e0; e < n; ++e) out[e] = __fmul_rn((float)(signed char)codes[e], s);
-    }
-}
-
-// As dequantize_int8_f32, output bf16 bits (round to nearest even).
-extern "C" __global__ void __launch_bounds__(256) dequantize_int8_bf16(
-    const u8* __restrict__ codes, const float* __restrict__ scales, u16* __restrict__ out, i64 n) {
-    const i64 e0 = ((i64)blockIdx.x * blockDim.x + threadIdx.x) * 16;
-    if (e0 >= n) return;
-    const float s = scales[e0 / BLOCK];
-    if (e0 + 16 <= n) {
-        const uint4 q = *reinterpret_cast<const uint4*>(codes + e0);
-        const u32 w[4] = {q.x, q.y, q.z, q.w};
-        u32 h[8];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const u32 b0 = f32_to_bf16(__fmul_rn((float)(signed char)(w[i] & 0xffu), s));
-            const u32 b1 = f32_to_bf16(__fmul_rn((float)(signed char)((w[i] >> 8) & 0xffu), s));
-            const u32 b2 = f32_to_bf16(__fmul_rn((float)(signed char)((w[i] >> 16) & 0xffu), s));
-            const u32 b3 = f32_to_bf16(__fmul_rn((float)(signed char)(w[i] >> 24), s));
-            h[2 * i] = b0 | (b1 << 16);
-            h[2 * i + 1] = b2 | (b3 << 16);
-        }
-        uint4* o = reinterpret_cast<uint4*>(out + e0);
-        o[0] = make_uint4(h[0], h[1], h[2], h[3]);
-        o[1] = make_uint4(h[4], h[5], h[6], h[7]);
-    } else {
-        for (i64 e = e0; e < n; ++e)
-            out[e] = (u16)f32_to_bf16(__fmul_rn((float)(signed char)codes[e], s));
-    }
+// x [n] f32 -> codes [n] (i8 bits), scales [nblocks]. A group of TPB threads per block,
+// NT / TPB blocks a CTA.
+extern "C" __global__ void __launch_bounds__(NT, 8) quantize_int8(
+    const float* __restrict__ x, u8* __restrict__ codes, float* __restrict__ scales,
+    i64 n, i64 nblocks) {
+    constexpr int TPB = tpb_of(BLOCK / 4);
+    __shared__ u32 red[NT / 32];
+    const i64 b = (i64)blockIdx.x * (NT / TPB) + threadIdx.x / TPB;
+    const bool active = b < nblocks;
+    const i64 base = b * BLOCK;
+    const int blen = !active ? 0 : (n - base) < BLOCK ? (int)(n - base) : BLOCK;
+    quantize_group<127>(x + (active ? base : 0), codes + (active ? base : 0), scales + b, active, blen, red);
 }
 
 // x [W * S] f32 -> packed [W * S / 2], scales [W * S / BLOCK], slice p (bps blocks) written at
-// position (p % rpn) * nodes + p / rpn. One warp per block; S % BLOCK == 0 (so n % BLOCK == 0
-// too, but the tail guard is kept so that nodes = rpn = 1, bps = nblocks is plain INT4).
-extern "C" __global__ void __launch_bounds__(256) quantize_int4_swizzled(
+// position (p % rpn) * nodes + p / rpn. S % BLOCK == 0 (so n % BLOCK == 0 too, but the tail
+// guard is kept so that nodes = rpn = 1, bps = nblocks is plain INT4).
+extern "C" __global__ void __launch_bounds__(NT, 8) quantize_int4_swizzled(
     const float* __restrict__ x, u8* __restrict__ packed, float* __restrict__ scales,
     i64 n, i64 nblocks, i64 bps, i64 nodes, i64 rpn) {
-    constexpr int EPT = (BLOCK % 256 == 0) ? 8 : 2;
-    constexpr int NIT = (BLOCK + 32 * EPT - 1) / (32 * EPT);
-    const int lane = threadIdx.x & 31;
-    const i64 b = warp_id();
-    if (b >= nblocks) return;
-    const i64 p = b / bps, k = b - p * bps;
-    const i64 ob = ((p % rpn) * nodes + p / rpn) * bps + k;
-    const i64 base = b * BLOCK, obase = ob * BLOCK;
-    const int blen = (n - base) < BLOCK ? (int)(n - base) : BLOCK;
-    float v[NIT * EPT];
-    u32 m = 0;
+    constexpr int TPB = tpb_of(BLOCK / 4);
+    __shared__ u32 red[NT / 32];
+    const i64 b = (i64)blockIdx.x * (NT / TPB) + threadIdx.x / TPB;
+    const bool active = b < nblocks;
+    i64 ob = 0, base = 0;
+    int blen = 0;
+    if (active) {
+        const i64 p = b / bps, k = b - p * bps;
+        ob = ((p % rpn) * nodes + p / rpn) * bps + k;
+        base = b * BLOCK;
+        blen = (n - base) < BLOCK ? (int)(n - base) : BLOCK;
+    }
+    quantize_group<7>(x + base, packed + ob * (BLOCK / 2), scales + ob, active, blen, red);
+}
+
+// Units (4 codes) a thread of the INT8 dequantisers, NT apart.
+#define DEQ_UNROLL 4
+
+// codes [n] (i8 bits), scales [ceil(n / BLOCK)] -> out [n] f32. Thread t of CTA c converts
+// units (4 codes: a 4-byte load, a 16-byte store) c * NT * DEQ_UNROLL + k * NT + t.
+extern "C" __global__ void __launch_bounds__(NT, 8) dequantize_int8_f32(
+    const u8* __restrict__ codes, const float* __restrict__ scales, float* __restrict__ out, i64 n) {
+    const i64 full = n / 4;
+    const i64 u0 = (i64)blockIdx.x * (NT * DEQ_UNROLL) + threadIdx.x;
+    u32 w[DEQ_UNROLL];
+    float s[DEQ_UNROLL];
 #pragma unroll
-    for (int it = 0; it < NIT; ++it) {
-        const int e = (it * 32 + lane) * EPT;
-        if (e + EPT <= blen) {
-            if (EPT == 8) {
-                const float4 f0 = *reinterpret_cast<const float4*>(x + base + e);
-                const float4 f1 = *reinterpret_cast<const float4*>(x + base + e + (EPT == 8 ? 4 : 0));
-                const float t[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
-#pragma unroll
-                for (int k2 = 0; k2 < EPT; ++k2) v[it * EPT + k2] = t[k2];
-            } else {
-                const float2 f = *reinterpret_cast<const float2*>(x + base + e);
-                v[it * EPT] = f.x;
-                v[it * EPT + 1] = f.y;
-            }
-        } else {
-#pragma unroll
-            for (int k2 = 0; k2 < EPT; ++k2) v[it * EPT + k2] = (e + k2 < blen) ? x[base + e + k2] : 0.0f;
+    for (int k = 0; k < DEQ_UNROLL; ++k) {
+        const i64 u = u0 + k * NT;
+        if (u < full) {
+            w[k] = reinterpret_cast<const u32*>(codes)[u];
+            s[k] = scales[(u * 4) / BLOCK];
         }
     }
 #pragma unroll
-    for (int i = 0; i < NIT * EPT; ++i) { u32 a = absbits(v[i]); m = a > m ? a : m; }
-    m = warp_max(m);
-    const float s = scale_of(m, 7.0f);
-    if (lane == 0) scales[ob] = s;
-    const bool nz = s > 0.0f;
-#pragma unroll
-    for (int it = 0; it < NIT; ++it) {
-        const int e = (it * 32 + lane) * EPT;
-        u32 w = 0;
-#pragma unroll
-        for (int k2 = 0; k2 < EPT / 2; ++k2) {
-            const int lo = nz ? code(v[it * EPT + 2 * k2], s, 7.0f) : 0;
-            const int hi = nz ? code(v[it * EPT + 2 * k2 + 1], s, 7.0f) : 0;
-            w |= pack4(lo, hi) << (8 * k2);
-        }
-        u8* dst = packed + (obase + e) / 2;
-        if (e + EPT <= blen) {
-            if (EPT == 8) *reinterpret_cast<u32*>(dst) = w;
-            else *dst = (u8)w;
-        } else {
-#pragma unroll
-            for (int k2 = 0; k2 < EPT / 2; ++k2)
-                if (e + 2 * k2 < blen) dst[k2] = (u8)((w >> (8 * k2)) & 0xffu);
+    for (int k = 0; k < DEQ_UNROLL; ++k) {
+        const i64 u = u0 + k * NT;
+        if (u < full) {
+            float4 f;
+            f.x = __fmul_rn((float)(signed char)(w[k] & 0xffu), s[k]);
+            f.y = __fmul_rn((float)(signed char)((w[k] >> 8) & 0xffu), s[k]);
+            f.z = __fmul_rn((float)(signed char)((w[k] >> 16) & 0xffu), s[k]);
+            f.w = __fmul_rn((float)(signed char)(w[k] >> 24), s[k]);
+            reinterpret_cast<float4*>(out)[u] = f;
+        } else if (u == full) {
+            for (i64 e = 4 * u; e < n; ++e) out[e] = __fmul_rn((float)(signed char)codes[e], scales[e / BLOCK]);
         }
     }
 }
 
-// Sum (in piece order, f32) of `pieces` INT4 pieces concatenated: packed [pieces * P],
-// scales [pieces * nb], nb = ceil(2P / BLOCK), into acc (this lane's share of block b).
-// Loads GROUP pieces before using them, for memory-level parallelism.
-template <int EPT, int NIT>
+// As dequantize_int8_f32, output bf16 bits (round to nearest even); units of 8 codes (an
+// 8-byte load, a 16-byte store).
+extern "C" __global__ void __launch_bounds__(NT, 8) dequantize_int8_bf16(
+    const u8* __restrict__ codes, const float* __restrict__ scales, u16* __restrict__ out, i64 n) {
+    const i64 full = n / 8;
+    const i64 u0 = (i64)blockIdx.x * (NT * DEQ_UNROLL) + threadIdx.x;
+    uint2 w[DEQ_UNROLL];
+    float s[DEQ_UNROLL];
+#pragma unroll
+    for (int k = 0; k < DEQ_UNROLL; ++k) {
+        const i64 u = u0 + k * NT;
+        if (u < full) {
+            w[k] = reinterpret_cast<const uint2*>(codes)[u];
+            s[k] = scales[(u * 8) / BLOCK];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < DEQ_UNROLL; ++k) {
+        const i64 u = u0 + k * NT;
+        if (u < full) {
+            const u32 q[2] = {w[k].x, w[k].y};
+            u32 h[4];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const u32 b0 = f32_to_bf16(__fmul_rn((float)(signed char)(q[i] & 0xffu), s[k]));
+                const u32 b1 = f32_to_bf16(__fmul_rn((float)(signed char)((q[i] >> 8) & 0xffu), s[k]));
+                const u32 b2 = f32_to_bf16(__fmul_rn((float)(signed char)((q[i] >> 16) & 0xffu), s[k]));
+                const u32 b3 = f32_to_bf16(__fmul_rn((float)(signed char)(q[i] >> 24), s[k]));
+                h[2 * i] = b0 | (b1 << 16);
+                h[2 * i + 1] = b2 | (b3 << 16);
+            }
+            reinterpret_cast<uint4*>(out)[u] = make_uint4(h[0], h[1], h[2], h[3]);
+        } else if (u == full) {
+            for (i64 e = 8 * u; e < n; ++e)
+                out[e] = (u16)f32_to_bf16(__fmul_rn((float)(signed char)codes[e], scales[e / BLOCK]));
+        }
+    }
+}
+
+// Dequantises the 8 nibbles of w (element 2k in the low nibble of byte k) with scale s into d:
+// (nibble ^ 8) put into the mantissa of 2^23 gives 2^23 + 8 + c, exact, minus 2^23 + 8 is c.
+__device__ __forceinline__ void deq8(u32 w, float s, float* d) {
+    w ^= 0x88888888u;
+    const u32 lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const float c0 = __fsub_rn(__uint_as_float(__byte_perm(lo, 0x4b000000u, 0x7540u + k)), 8388616.0f);
+        const float c1 = __fsub_rn(__uint_as_float(__byte_perm(hi, 0x4b000000u, 0x7540u + k)), 8388616.0f);
+        d[2 * k] = __fmul_rn(c0, s);
+        d[2 * k + 1] = __fmul_rn(c1, s);
+    }
+}
+
+// Sum (in piece order, f32, starting from piece 0's values) of `pieces` >= 1 INT4 pieces
+// concatenated: packed [pieces * P], scales [pieces * nb], nb = ceil(2P / BLOCK), into acc:
+// this thread's share of block b (unit u * TPB + t of 8 elements, a 4-byte word a piece, for
+// u < VPT). Full blocks of 4-byte aligned pieces issue GROUP pieces' loads before using any;
+// other blocks (a short last block, odd P) load bytes. Elements past blen are 0.
+template <int TPB, int VPT>
 __device__ __forceinline__ void sum_pieces(
     const u8* __restrict__ packed, const float* __restrict__ scales, int pieces, i64 P, i64 nb,
-    i64 b, int lane, int blen, float* acc) {
-    constexpr int BPC = EPT / 2;  // packed bytes a lane a step
-    const i64 base = b * BLOCK;
-    const bool vec = (P % 4) == 0;  // piece starts 4-byte aligned
-    for (int j0 = 0; j0 < pieces; j0 += GROUP) {
-        u32 w[GROUP][NIT];
-        float s[GROUP];
+    i64 b, int blen, float* acc) {
+    const int t = threadIdx.x % TPB;
+    const u8* pj = packed + b * (BLOCK / 2);
+    const float* sj = scales + b;
+    if ((P & 3) == 0 && blen == BLOCK) {
+        const u32* p0 = reinterpret_cast<const u32*>(pj) + t;
+        for (int j0 = 0; j0 < pieces; j0 += GROUP) {
+            u32 w[GROUP][VPT];
+            float s[GROUP];
 #pragma unroll
-        for (int g = 0; g < GROUP; ++g) {
-            const int j = j0 + g;
-            s[g] = 0.0f;
+            for (int g = 0; g < GROUP; ++g) {
+                if (j0 + g < pieces) {
+                    const i64 j = j0 + g;
+                    s[g] = sj[j * nb];
+                    const u32* p = reinterpret_cast<const u32*>(reinterpret_cast<const u8*>(p0) + j * P);
 #pragma unroll
-            for (int it = 0; it < NIT; ++it) w[g][it] = 0;
-            if (j < pieces) {
-                s[g] = scales[(i64)j * nb + b];
-                const u8* pj = packed + (i64)j * P + base / 2;
+                    for (int u = 0; u < VPT; ++u) w[g][u] = p[u * TPB];
+                }
+            }
 #pragma unroll
-                for (int it = 0; it < NIT; ++it) {
-                    const int e = (it * 32 + lane) * EPT;
-                    if (BPC == 4 && vec && e + EPT <= blen) {
-                        w[g][it] = *reinterpret_cast<const u32*>(pj + e / 2);
-                    } else {
-                        u32 t = 0;
+            for (int g = 0; g < GROUP; ++g) {
+                if (j0 + g < pieces) {
 #pragma unroll
-                        for (int k = 0; k < BPC; ++k)
-                            if (e + 2 * k < blen) t |= (u32)pj[e / 2 + k] << (8 * k);
-                        w[g][it] = t;
+                    for (int u = 0; u < VPT; ++u) {
+                        float d[8];
+                        deq8(w[g][u], s[g], d);
+                        float* a = acc + 8 * u;
+                        if (j0 + g == 0) {
+#pragma unroll
+                            for (int k = 0; k < 8; ++k) a[k] = d[k];
+                        } else {
+#pragma unroll
+                            for (int k = 0; k < 8; ++k) a[k] = __fadd_rn(a[k], d[k]);
+                        }
                     }
                 }
             }
         }
-#pragma unroll
-        for (int g = 0; g < GROUP; ++g) {
-            const int j = j0 + g;
-            if (j < pieces) {
-#pragma unroll
-                for (int it = 0; it < NIT; ++it) {
-#pragma unroll
-                    for (int k = 0; k < BPC; ++k) {
-                        const u32 byte = (w[g][it] >> (8 * k)) & 0xffu;
-                        const float d0 = __fmul_rn((float)nib_lo(byte), s[g]);
-                        const float d1 = __fmul_rn((float)nib_hi(byte), s[g]);
-                        float* a = acc + it * EPT + 2 * k;
-                        if (j == 0) { a[0] = d0; a[1] = d1; }
-                        else { a[0] = __fadd_rn(a[0], d0); a[1] = __fadd_rn(a[1], d1); }
-                    }
-                }
-            }
-        }
+        return;
     }
-    // Elements past the end of a short last block take no part.
 #pragma unroll
-    for (int it = 0; it < NIT; ++it) {
-        const int e = (it * 32 + lane) * EPT;
+    for (int u = 0; u < VPT; ++u) {
+        const int e = (u * TPB + t) * 8;
+        float* a = acc + 8 * u;
+        for (int j = 0; j < pieces; ++j) {
+            const u8* p = pj + (i64)j * P + e / 2;
+            u32 x = 0;
 #pragma unroll
-        for (int k = 0; k < EPT; ++k)
-            if (e + k >= blen) acc[it * EPT + k] = 0.0f;
+            for (int k = 0; k < 4; ++k)
+                if (e + 2 * k < blen) x |= (u32)p[k] << (8 * k);
+            float d[8];
+            deq8(x, sj[(i64)j * nb], d);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) a[k] = j == 0 ? d[k] : __fadd_rn(a[k], d[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            if (e + k >= blen) a[k] = 0.0f;
     }
 }
 
-// Pieces (see sum_pieces) -> f32 sum [2P]. One warp per block.
-extern "C" __global__ void __launch_bounds__(256) dequantize_sum_int4(
+// Pieces (see sum_pieces) -> f32 sum [2P]. A group of TPB threads per block.
+extern "C" __global__ void __launch_bounds__(NT, 8) dequantize_sum_int4(
     const u8* __restrict__ packed, const float* __restrict__ scales, float* __restrict__ out,
     int pieces, i64 P, i64 nb) {
-    constexpr int EPT = (BLOCK % 256 == 0) ? 8 : 2;
-    constexpr int NIT = (BLOCK + 32 * EPT - 1) / (32 * EPT);
-    const int lane = threadIdx.x & 31;
-    const i64 b = warp_id();
+    constexpr int TPB = tpb_fused(BLOCK / 8), VPT = BLOCK / 8 / TPB;
+    const i64 b = (i64)blockIdx.x * (NT / TPB) + threadIdx.x / TPB;
     if (b >= nb) return;
+    const int t = threadIdx.x % TPB;
     const i64 n = 2 * P, base = b * BLOCK;
     const int blen = (n - base) < BLOCK ? (int)(n - base) : BLOCK;
-    float acc[NIT * EPT];
-    sum_pieces<EPT, NIT>(packed, scales, pieces, P, nb, b, lane, blen, acc);
+    float acc[VPT * 8];
+    sum_pieces<TPB, VPT>(packed, scales, pieces, P, nb, b, blen, acc);
 #pragma unroll
-    for (int it = 0; it < NIT; ++it) {
-        const int e = (it * 32 + lane) * EPT;
+    for (int u = 0; u < VPT; ++u) {
+        const int e = (u * TPB + t) * 8;
         float* o = out + base + e;
-        if (e + EPT <= blen) {
-            if (EPT == 8) {
-                reinterpret_cast<float4*>(o)[0] = make_float4(acc[it * EPT], acc[it * EPT + 1], acc[it * EPT + 2], acc[it * EPT + 3]);
-                reinterpret_cast<float4*>(o)[1] = make_float4(acc[it * EPT + (EPT == 8 ? 4 : 0)], acc[it * EPT + (EPT == 8 ? 5 : 0)], acc[it * EPT + (EPT == 8 ? 6 : 0)], acc[it * EPT + (EPT == 8 ? 7 : 0)]);
-            } else {
-                reinterpret_cast<float2*>(o)[0] = make_float2(acc[it * EPT], acc[it * EPT + 1]);
-            }
+        const float* a = acc + 8 * u;
+        if (e + 8 <= blen) {
+            reinterpret_cast<float4*>(o)[0] = make_float4(a[0], a[1], a[2], a[3]);
+            reinterpret_cast<float4*>(o)[1] = make_float4(a[4], a[5], a[6], a[7]);
         } else {
 #pragma unroll
-            for (int k = 0; k < EPT; ++k)
-                if (e + k < blen) o[k] = acc[it * EPT + k];
+            for (int k = 0; k < 8; ++k)
+                if (e + k < blen) o[k] = a[k];
         }
     }
 }
 
-// Pieces (see sum_pieces) -> their sum requantised: packed [P], scales [nb]. One warp per block.
-extern "C" __global__ void __launch_bounds__(256) dequantize_sum_requantize_int4(
+// Pieces (see sum_pieces) -> their sum requantised: packed [P], scales [nb].
+extern "C" __global__ void __launch_bounds__(NT, 8) dequantize_sum_requantize_int4(
     const u8* __restrict__ packed, const float* __restrict__ scales, u8* __restrict__ qout,
     float* __restrict__ qscales, int pieces, i64 P, i64 nb) {
-    constexpr int EPT = (BLOCK % 256 == 0) ? 8 : 2;
-    constexpr int NIT = (BLOCK + 32 * EPT - 1) / (32 * EPT);
-    const int lane = threadIdx.x & 31;
-    const i64 b = warp_id();
-    if (b >= nb) return;
+    constexpr int TPB = tpb_fused(BLOCK / 8), VPT = BLOCK / 8 / TPB;
+    __shared__ u32 red[NT / 32];
+    const i64 b = (i64)blockIdx.x * (NT / TPB) + threadIdx.x / TPB;
+    const bool active = b < nb;
+    const int t = threadIdx.x % TPB;
     const i64 n = 2 * P, base = b * BLOCK;
-    const int blen = (n - base) < BLOCK ? (int)(n - base) : BLOCK;
-    float acc[NIT * EPT];
-    sum_pieces<EPT, NIT>(packed, scales, pieces, P, nb, b, lane, blen, acc);
+    const int blen = !active ? 0 : (n - base) < BLOCK ? (int)(n - base) : BLOCK;
+    float acc[VPT * 8];
+    sum_pieces<TPB, VPT>(packed, scales, active ? pieces : 0, P, nb, b, blen, acc);
     u32 m = 0;
 #pragma unroll
-    for (int i = 0; i < NIT * EPT; ++i) { u32 a = absbits(acc[i]); m = a > m ? a : m; }
-    m = warp_max(m);
+    for (int i = 0; i < VPT * 8; ++i) m = umax(m, absbits(acc[i]));
+    m = group_max<TPB>(m, red);
+    if (!active) return;
     const float s = scale_of(m, 7.0f);
-    if (lane == 0) qscales[b] = s;
-    const bool nz = s > 0.0f;
+    if (t == 0) qscales[b] = s;
+    const bool nz = s > 0.0f;  // false for zero and NaN scales: codes 0
+    const float r = __frcp_rn(s);
+    const bool fast = __float_as_uint(r) < NON_FINITE;
 #pragma unroll
-    for (int it = 0; it < NIT; ++it) {
-        const int e = (it * 32 + lane) * EPT;
-        u32 w = 0;
-#pragma unroll
-        for (int k = 0; k < EPT / 2; ++k) {
-            const int lo = nz ? code(acc[it * EPT + 2 * k], s, 7.0f) : 0;
-            const int hi = nz ? code(acc[it * EPT + 2 * k + 1], s, 7.0f) : 0;
-            w |= pack4(lo, hi) << (8 * k);
+    for (int u = 0; u < VPT; ++u) {
+        const int e = (u * TPB + t) * 8;
+        u32 z0[4] = {0u, 0u, 0u, 0u}, z1[4] = {0u, 0u, 0u, 0u};
+        if (nz) {
+            codes4<7>(acc + 8 * u, s, r, fast, z0);
+            codes4<7>(acc + 8 * u + 4, s, r, fast, z1);
         }
+        const u32 w = __byte_perm(pack4x4(z0), pack4x4(z1), 0x5410u);
         u8* dst = qout + (base + e) / 2;
-        if (e + EPT <= blen) {
-            if (EPT == 8) *reinterpret_cast<u32*>(dst) = w;
-            else *dst = (u8)w;
+        if (e + 8 <= blen) {
+            *reinterpret_cast<u32*>(dst) = w;
         } else {
 #pragma unroll
-            for (int k = 0; k < EPT / 2; ++k)
-                if (e + 2 * k < blen) dst[k] = (u8)((w >> (8 * k)) & 0xffu);
+            for (int k = 0; k < 4; ++k)
+                if (e + 2 * k < blen) dst[k] = (u8)(w >> (8 * k));
         }
     }
 }
@@ -448,18 +539,18 @@ fn func(dev: &CudaDevice, name: &str, block: usize) -> Result<impl Deref<Target 
     Ok(dev.get_or_load_custom_func(name, &format!("zeropp_quant_b{block}"), ptx)?)
 }
 
-/// Launch shape: `units` warps (one per block) or threads, 256 threads a CTA.
-fn grid(units: usize, per_cta: u32) -> LaunchConfig {
-    let threads = if per_cta == WARPS {
-        32 * WARPS
-    } else {
-        THREADS
-    };
+/// `ctas` CTAs of NT threads.
+fn grid(ctas: usize) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (units.div_ceil(per_cta as usize) as u32, 1, 1),
-        block_dim: (threads, 1, 1),
+        grid_dim: (ctas as u32, 1, 1),
+        block_dim: (NT as u32, 1, 1),
         shared_mem_bytes: 0,
     }
+}
+
+/// Grid of the per-block kernels: `nb` quantisation blocks, NT / tpb of them a CTA.
+fn block_grid(nb: usize, tpb: usize) -> LaunchConfig {
+    grid(nb.div_ceil(NT / tpb))
 }
 
 /// Runs `f` on the device view of the 1-D contiguous CUDA tensor `t`. A view whose start is not
@@ -504,6 +595,30 @@ fn i64_of(n: usize) -> i64 {
     n as i64
 }
 
+/// Launches `quantize_int8` on `x` (16-byte aligned) into preallocated `codes` [n] and
+/// `scales` [ceil(n / block)] (block % 32 == 0). Used by the tensor API and the benchmark.
+pub fn quantize_int8_into(
+    dev: &CudaDevice,
+    x: &CudaView<'_, f32>,
+    codes: &mut CudaSlice<u8>,
+    scales: &mut CudaSlice<f32>,
+    block: usize,
+) -> Result<()> {
+    let n = x.len();
+    let nb = n.div_ceil(block);
+    if nb == 0 {
+        return Ok(());
+    }
+    let f = func(dev, "quantize_int8", block)?;
+    let (n64, nb64) = (i64_of(n), i64_of(nb));
+    let stream = dev.cuda_stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(x).arg(codes).arg(scales).arg(&n64).arg(&nb64);
+    // SAFETY: argument types and lengths match the kernel's signature.
+    unsafe { b.launch(block_grid(nb, tpb_of(block / 4))) }.w()?;
+    Ok(())
+}
+
 /// GPU `quant::tensor::quantize_int8` (arguments already checked).
 pub(crate) fn quantize_int8(
     dev: &CudaDevice,
@@ -514,26 +629,43 @@ pub(crate) fn quantize_int8(
     let nb = n.div_ceil(block);
     let mut codes = alloc::<u8>(dev, n)?;
     let mut scales = alloc::<f32>(dev, nb)?;
-    if nb > 0 {
-        let f = func(dev, "quantize_int8", block)?;
-        with_input::<f32, _>(x, |xv| {
-            let (n, nb64) = (i64_of(n), i64_of(nb));
-            let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&f);
-            b.arg(xv)
-                .arg(&mut codes)
-                .arg(&mut scales)
-                .arg(&n)
-                .arg(&nb64);
-            // SAFETY: argument types and lengths match the kernel's signature.
-            unsafe { b.launch(grid(nb, WARPS)) }.w()?;
-            Ok(())
-        })?;
-    }
+    with_input::<f32, _>(x, |xv| {
+        quantize_int8_into(dev, xv, &mut codes, &mut scales, block)
+    })?;
     Ok((
         tensor(CudaStorageSlice::U8(codes), dev, n),
         tensor(CudaStorageSlice::F32(scales), dev, nb),
     ))
+}
+
+/// Launches `dequantize_int8_f32` (`out` f32) or `dequantize_int8_bf16` (`out` bf16 bits as
+/// u16) on `codes` [n] (16-byte aligned) and `scales` [ceil(n / block)] into a preallocated
+/// `out` [n]. Used by the tensor API and the benchmark.
+pub fn dequantize_int8_into<T: DeviceRepr>(
+    dev: &CudaDevice,
+    codes: &CudaView<'_, u8>,
+    scales: &CudaView<'_, f32>,
+    out: &mut CudaSlice<T>,
+    block: usize,
+) -> Result<()> {
+    let n = codes.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let (name, per_unit) = match std::mem::size_of::<T>() {
+        2 => ("dequantize_int8_bf16", 8),
+        _ => ("dequantize_int8_f32", 4),
+    };
+    let f = func(dev, name, block)?;
+    let n64 = i64_of(n);
+    let stream = dev.cuda_stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(codes).arg(scales).arg(out).arg(&n64);
+    // One unit past the full ones, for the tail.
+    let units = n / per_unit + 1;
+    // SAFETY: argument types and lengths match the kernel's signature.
+    unsafe { b.launch(grid(units.div_ceil(NT * DEQ_UNROLL))) }.w()?;
+    Ok(())
 }
 
 /// Allocates the output through its storage variant's constructor (which names the element
@@ -564,43 +696,49 @@ pub(crate) fn dequantize_int8(
         codes: &Tensor,
         scales: &Tensor,
         block: usize,
-        name: &str,
         wrap: fn(CudaSlice<T>) -> CudaStorageSlice,
     ) -> Result<Tensor> {
-        let n = codes.elem_count();
-        let f = func(dev, name, block)?;
-        with_output(dev, n, wrap, |out| {
+        with_output(dev, codes.elem_count(), wrap, |out| {
             with_input::<u8, _>(codes, |cv| {
-                with_input::<f32, _>(scales, |sv| {
-                    let n64 = i64_of(n);
-                    let stream = dev.cuda_stream();
-                    let mut b = stream.launch_builder(&f);
-                    b.arg(cv).arg(sv).arg(out).arg(&n64);
-                    // SAFETY: argument types and lengths match the kernel's signature.
-                    unsafe { b.launch(grid(n.div_ceil(DEQ_PER_THREAD), THREADS)) }.w()?;
-                    Ok(())
-                })
+                with_input::<f32, _>(scales, |sv| dequantize_int8_into(dev, cv, sv, out, block))
             })
         })
     }
     match dtype {
-        DType::BF16 => run(
-            dev,
-            codes,
-            scales,
-            block,
-            "dequantize_int8_bf16",
-            CudaStorageSlice::BF16,
-        ),
-        _ => run(
-            dev,
-            codes,
-            scales,
-            block,
-            "dequantize_int8_f32",
-            CudaStorageSlice::F32,
-        ),
+        DType::BF16 => run(dev, codes, scales, block, CudaStorageSlice::BF16),
+        _ => run(dev, codes, scales, block, CudaStorageSlice::F32),
     }
+}
+
+/// Launches `quantize_int4_swizzled` on `x` [W * S] (16-byte aligned, S % block == 0) into
+/// preallocated `packed` [W * S / 2] and `scales` [W * S / block]. Used by the tensor API and
+/// the benchmark.
+pub fn quantize_int4_swizzled_into(
+    dev: &CudaDevice,
+    x: &CudaView<'_, f32>,
+    packed: &mut CudaSlice<u8>,
+    scales: &mut CudaSlice<f32>,
+    nodes: usize,
+    ranks_per_node: usize,
+    block: usize,
+) -> Result<()> {
+    let n = x.len();
+    let nb = n / block;
+    if nb == 0 {
+        return Ok(());
+    }
+    let bps = nb / (nodes * ranks_per_node);
+    let f = func(dev, "quantize_int4_swizzled", block)?;
+    let a = [n, nb, bps, nodes, ranks_per_node].map(i64_of);
+    let stream = dev.cuda_stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(x).arg(packed).arg(scales);
+    for v in &a {
+        b.arg(v);
+    }
+    // SAFETY: argument types and lengths match the kernel's signature.
+    unsafe { b.launch(block_grid(nb, tpb_of(block / 4))) }.w()?;
+    Ok(())
 }
 
 /// GPU `quant::tensor::quantize_int4_swizzled` (arguments already checked: x.len() = W * S,
@@ -616,26 +754,73 @@ pub(crate) fn quantize_int4_swizzled(
     let nb = n / block;
     let mut packed = alloc::<u8>(dev, n / 2)?;
     let mut scales = alloc::<f32>(dev, nb)?;
-    if nb > 0 {
-        let bps = nb / (nodes * ranks_per_node);
-        let f = func(dev, "quantize_int4_swizzled", block)?;
-        with_input::<f32, _>(x, |xv| {
-            let a = [n, nb, bps, nodes, ranks_per_node].map(i64_of);
-            let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&f);
-            b.arg(xv).arg(&mut packed).arg(&mut scales);
-            for v in &a {
-                b.arg(v);
-            }
-            // SAFETY: argument types and lengths match the kernel's signature.
-            unsafe { b.launch(grid(nb, WARPS)) }.w()?;
-            Ok(())
-        })?;
-    }
+    with_input::<f32, _>(x, |xv| {
+        quantize_int4_swizzled_into(
+            dev,
+            xv,
+            &mut packed,
+            &mut scales,
+            nodes,
+            ranks_per_node,
+            block,
+        )
+    })?;
     Ok((
         tensor(CudaStorageSlice::U8(packed), dev, n / 2),
         tensor(CudaStorageSlice::F32(scales), dev, nb),
     ))
+}
+
+/// Output buffers of the fused INT4 kernels.
+pub enum Out<'a> {
+    /// The f32 sum [2P] (`dequantize_sum_int4`).
+    Sum(&'a mut CudaSlice<f32>),
+    /// The INT4 of the sum: packed [P], scales [ceil(2P / block)]
+    /// (`dequantize_sum_requantize_int4`).
+    Requantized(&'a mut CudaSlice<u8>, &'a mut CudaSlice<f32>),
+}
+
+/// Launches the fused INT4 kernel that `out` names on `pieces` pieces concatenated:
+/// packed [pieces * P] (16-byte aligned), scales [pieces * nb], nb = ceil(2P / block), into
+/// preallocated outputs. Used by the tensor API and the benchmark.
+pub fn dequantize_sum_int4_into(
+    dev: &CudaDevice,
+    packed: &CudaView<'_, u8>,
+    scales: &CudaView<'_, f32>,
+    pieces: usize,
+    block: usize,
+    out: Out<'_>,
+) -> Result<()> {
+    if pieces == 0 {
+        return Ok(());
+    }
+    let p = packed.len() / pieces;
+    let nb = (2 * p).div_ceil(block);
+    if nb == 0 {
+        return Ok(());
+    }
+    let pieces32 = i32::try_from(pieces).map_err(|_| QuantError::BadLength {
+        what: "piece count",
+        got: pieces,
+        expected: i32::MAX as usize,
+    })?;
+    let name = match out {
+        Out::Sum(_) => "dequantize_sum_int4",
+        Out::Requantized(..) => "dequantize_sum_requantize_int4",
+    };
+    let f = func(dev, name, block)?;
+    let (p64, nb64) = (i64_of(p), i64_of(nb));
+    let stream = dev.cuda_stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(packed).arg(scales);
+    match out {
+        Out::Sum(o) => b.arg(o),
+        Out::Requantized(q, s) => b.arg(q).arg(s),
+    };
+    b.arg(&pieces32).arg(&p64).arg(&nb64);
+    // SAFETY: argument types and lengths match the kernel's signature.
+    unsafe { b.launch(block_grid(nb, tpb_fused(block / 8))) }.w()?;
+    Ok(())
 }
 
 /// GPU fused INT4 piece sums (arguments already checked: packed [pieces * P],
@@ -651,55 +836,26 @@ pub(crate) fn dequantize_sum_int4(
 ) -> Result<(Tensor, Option<Tensor>)> {
     let p = packed.elem_count() / pieces;
     let nb = (2 * p).div_ceil(block);
-    let pieces32 = i32::try_from(pieces).map_err(|_| QuantError::BadLength {
-        what: "piece count",
-        got: pieces,
-        expected: i32::MAX as usize,
-    })?;
-    let run = |name: &str, out: Out<'_>| -> Result<()> {
-        if nb == 0 {
-            return Ok(());
-        }
-        let f = func(dev, name, block)?;
+    let run = |out: Out<'_>| -> Result<()> {
         with_input::<u8, _>(packed, |pv| {
             with_input::<f32, _>(scales, |sv| {
-                let (p64, nb64) = (i64_of(p), i64_of(nb));
-                let stream = dev.cuda_stream();
-                let mut b = stream.launch_builder(&f);
-                b.arg(pv).arg(sv);
-                match out {
-                    Out::Sum(o) => b.arg(o),
-                    Out::Requantized(q, s) => b.arg(q).arg(s),
-                };
-                b.arg(&pieces32).arg(&p64).arg(&nb64);
-                // SAFETY: argument types and lengths match the kernel's signature.
-                unsafe { b.launch(grid(nb, WARPS)) }.w()?;
-                Ok(())
+                dequantize_sum_int4_into(dev, pv, sv, pieces, block, out)
             })
         })
     };
     if requantize {
         let mut q = alloc::<u8>(dev, p)?;
         let mut s = alloc::<f32>(dev, nb)?;
-        run(
-            "dequantize_sum_requantize_int4",
-            Out::Requantized(&mut q, &mut s),
-        )?;
+        run(Out::Requantized(&mut q, &mut s))?;
         Ok((
             tensor(CudaStorageSlice::U8(q), dev, p),
             Some(tensor(CudaStorageSlice::F32(s), dev, nb)),
         ))
     } else {
         let mut out = alloc::<f32>(dev, 2 * p)?;
-        run("dequantize_sum_int4", Out::Sum(&mut out))?;
+        run(Out::Sum(&mut out))?;
         Ok((tensor(CudaStorageSlice::F32(out), dev, 2 * p), None))
     }
-}
-
-/// Output buffers of the fused INT4 kernels.
-enum Out<'a> {
-    Sum(&'a mut CudaSlice<f32>),
-    Requantized(&'a mut CudaSlice<u8>, &'a mut CudaSlice<f32>),
 }
 
 #[cfg(test)]
