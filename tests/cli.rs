@@ -268,3 +268,59 @@ fn print_config_resolves_overrides() {
         "{text}"
     );
 }
+
+/// `trainer bench --json` of a config at W = 4 (2 x 2), plain and with ZeRO++.
+fn bench_json(extra: &[&str]) -> serde_json::Value {
+    let mut c = trainer();
+    c.args(["bench", "--config", "configs/tiny.toml", "--steps", "2", "--warmup", "1", "--json"]);
+    for s in [
+        "model.n_layer=1",
+        "model.n_embd=64",
+        "model.seq_len=32",
+        "train.micro_batch=2",
+        "train.global_batch=8",
+    ]
+    .iter()
+    .chain(extra)
+    {
+        c.args(["--set", s]);
+    }
+    let out = c.output().unwrap();
+    assert_ok(&out);
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn bench_reports_throughput_flops_and_communication() {
+    let plain = bench_json(&[]);
+    assert_eq!(plain["world"], 4);
+    assert_eq!(plain["tokens_per_step"], 8 * 32);
+    assert!(plain["tokens_per_s"].as_f64().unwrap() > 0.0);
+    let params = plain["params"].as_f64().unwrap();
+    assert_eq!(
+        plain["flop_per_token"].as_f64().unwrap(),
+        6.0 * params + 6.0 * 64.0 * 32.0
+    );
+    assert!(plain["mfu"].is_null(), "no MFU on the CPU");
+    // Random tokens: the loss stays near ln(vocab) = ln(50304) = 10.83.
+    for key in ["loss_first", "loss_last"] {
+        let loss = plain[key].as_f64().unwrap();
+        assert!((loss - 50304f64.ln()).abs() < 0.5, "{key} {loss}");
+    }
+    let zeropp = bench_json(&[
+        "zero.quantized_weights=true",
+        "zero.hpz_partition_size=2",
+        "zero.quantized_gradients=true",
+    ]);
+    let inter = |v: &serde_json::Value| v["comm_inter_bytes"].as_f64().unwrap();
+    assert!(inter(&zeropp) < 0.3 * inter(&plain), "{zeropp} vs {plain}");
+}
+
+#[test]
+fn bench_kernels_needs_the_cuda_build() {
+    let out = trainer().args(["bench", "--kernels"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--features cuda"), "{err}");
+}

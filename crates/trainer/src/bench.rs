@@ -58,6 +58,10 @@ pub struct StepReport {
     pub comm_wait_seconds: f64,
     pub comm_intra_bytes: u64,
     pub comm_inter_bytes: u64,
+    /// World-mean training loss of the first and the last step (warm-up included), a check that
+    /// the steps compute a sane loss: on uniform random tokens it stays near ln(vocab).
+    pub loss_first: f64,
+    pub loss_last: f64,
 }
 
 pub fn run(args: &BenchArgs<'_>) -> Result<()> {
@@ -110,6 +114,7 @@ struct RankTimes {
     bytes: comm::ByteCounters,
     peak: Option<u64>,
     used: Option<u64>,
+    losses: Vec<f64>,
 }
 
 fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<StepReport> {
@@ -136,6 +141,7 @@ fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<StepReport
             bytes: comm::ByteCounters::default(),
             peak: None,
             used: None,
+            losses: Vec::new(),
         };
         for step in 0..warmup + steps {
             let timed_step = step >= warmup;
@@ -146,6 +152,7 @@ fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<StepReport
             }
             let (start, waited, bytes) =
                 (Instant::now(), clock.seconds(), engine.comm().counters());
+            let mut loss = 0.0;
             for micro in 0..accumulation {
                 let (inputs, targets) = synthetic_batch(
                     t.seed,
@@ -155,9 +162,11 @@ fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<StepReport
                     micro_tokens,
                     model_cfg.vocab_size,
                 );
-                engine.forward_backward(&inputs, &targets, 1.0 / accumulation as f32)?;
+                loss += engine.forward_backward(&inputs, &targets, 1.0 / accumulation as f32)?;
             }
             engine.step(t.lr)?;
+            let loss = engine.mean_over_world(loss / accumulation as f64)?;
+            measured.losses.push(loss);
             device.synchronize()?;
             if timed_step {
                 measured.seconds += start.elapsed().as_secs_f64();
@@ -230,6 +239,8 @@ fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<StepReport
         comm_wait_seconds: times.waited / n,
         comm_intra_bytes: (times.bytes.intra as f64 / n) as u64,
         comm_inter_bytes: (times.bytes.inter as f64 / n) as u64,
+        loss_first: times.losses.first().copied().unwrap_or(f64::NAN),
+        loss_last: times.losses.last().copied().unwrap_or(f64::NAN),
     })
 }
 
@@ -249,6 +260,10 @@ fn print_report(r: &StepReport) {
     println!(
         "timed steps        {} of {} tokens",
         r.steps, r.tokens_per_step
+    );
+    println!(
+        "loss               {:.4} (first step) -> {:.4} (last)",
+        r.loss_first, r.loss_last
     );
     println!("step time          {:.3} s", r.step_seconds);
     println!("tokens/s           {:.0}", r.tokens_per_s);
