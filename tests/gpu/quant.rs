@@ -187,6 +187,11 @@ fn fused_int4_sums_equal_the_reference() {
         (6, 64 * 9 + 2, 64),
         (4, 512 * 64, 512),
         (4, 2048 * 16, 2048),
+        // 16-byte aligned pieces (the vector path) with more pieces than one load group.
+        (8, 512 * 8, 512),
+        (6, 2048 * 4, 2048),
+        (5, 96 * 32, 96),
+        (7, 4096 * 2, 4096),
     ] {
         let (cp, cs) = pieces(k, len, block);
         let (gp, gs) = (cp.to_device(&gpu).unwrap(), cs.to_device(&gpu).unwrap());

@@ -2,17 +2,18 @@
 //! NVRTC, one module per block size (the block is a compile-time constant, so each thread keeps
 //! its share of a block in registers and the loops unroll).
 //!
-//! Launch shape (256 threads a CTA, `__launch_bounds__(256, 8)`: at most 32 registers, so 2048
-//! threads a SM are resident). Per-block kernels give a quantisation block to a group of TPB
-//! threads (a power of two; 256 / TPB blocks a CTA): `quantize_int8` and
-//! `quantize_int4_swizzled` read the block as float4 units, unit `u * TPB + t` to thread t (each
-//! load instruction of a warp covers 512 contiguous bytes), two or more units a thread, every
-//! load issued before any use; the fused kernels read each piece as 4-byte words (8 codes),
-//! unit `u * TPB + t`, the loads of 4 pieces issued together. The block's absmax is an integer
-//! max over `bits & 0x7fffffff` reduced with warp shuffles and, for groups wider than a warp,
-//! shared memory. Codes are packed in registers and written 4 (INT8), 2 (INT4 quantiser) or 4
-//! (requantiser) bytes a thread a unit. The INT8 dequantisers are elementwise: 4 units (4 codes
-//! for f32, 8 for bf16) a thread, 256 apart, loads first; 16-byte stores.
+//! Launch shape (256 threads a CTA). The quantisers and INT8 dequantisers use
+//! `__launch_bounds__(256, 8)` (at most 32 registers, 2048 threads a SM); the fused INT4
+//! kernels `(256, 4)` (64 registers: 32 f32 sums a thread plus loads in flight). Per-block
+//! kernels give a quantisation block to a group of TPB threads (a power of two; 256 / TPB
+//! blocks a CTA): `quantize_int8` and `quantize_int4_swizzled` read the block as float4 units,
+//! unit `u * TPB + t` to thread t (each load instruction of a warp covers 512 contiguous
+//! bytes), two or more units a thread, every load issued before any use. The fused kernels
+//! give each thread 32 consecutive elements (one 16-byte load a piece, the loads of 4 pieces
+//! issued together; block 512: 16 threads, half a warp), sum them in registers and store 16
+//! bytes of codes (or eight float4). The block's absmax is reduced with warp shuffles and,
+//! for groups wider than a warp, shared memory. The INT8 dequantisers are elementwise: units
+//! of 4 codes (f32) or 16 codes (bf16) a thread, 256 units apart, loads first; 16-byte stores.
 //!
 //! Exactness: the arithmetic is that of `block.rs`, written with explicit IEEE intrinsics
 //! (`__fdiv_rn`, `__fmul_rn`, `__fadd_rn`, `__frcp_rn`), compiled with `--fmad=false` and no
@@ -51,6 +52,8 @@ type Result<T> = std::result::Result<T, QuantError>;
 const NT: usize = 256;
 /// Units (4 or 8 codes) a thread of the INT8 dequantisers (`DEQ_UNROLL` in the source).
 const DEQ_UNROLL: usize = 4;
+/// 16-code units a thread of `dequantize_int8_bf16` (`BF16_UNROLL` in the source).
+const BF16_UNROLL: usize = 2;
 
 /// `tpb_of` of the source: threads per quantisation block of `units` float4 units.
 fn tpb_of(units: usize) -> usize {
@@ -59,8 +62,8 @@ fn tpb_of(units: usize) -> usize {
     p.clamp(1, NT)
 }
 
-/// `tpb_fused` of the source: threads per block of `units` 8-element units (fused kernels).
-fn tpb_fused(units: usize) -> usize {
+/// `fused_tpb` of the source: threads per block of `units` 32-element units (fused kernels).
+fn fused_tpb(units: usize) -> usize {
     (units & units.wrapping_neg()).clamp(1, NT)
 }
 
@@ -76,8 +79,6 @@ typedef long long i64;
 #define F32_MAX 3.40282346638528859812e+38f
 // Threads a CTA, every kernel.
 #define NT 256
-// Pieces whose loads are issued together in the fused kernels.
-#define GROUP 4
 
 // Threads given to one quantisation block of `units` vector units: the largest power of two
 // that divides `units`, at most NT and at most units / 2 (two units or more a thread).
@@ -85,10 +86,6 @@ __device__ constexpr int tpb_of(int units) {
     const int p = (units & -units) == units ? units / 2 : (units & -units);
     return p < NT ? p : NT;
 }
-// The same for the fused kernels, whose units are 8 elements (one unit a thread where the
-// block allows, to keep their registers low): the largest power of two dividing `units`, at
-// most NT.
-__device__ constexpr int tpb_fused(int units) { return (units & -units) < NT ? (units & -units) : NT; }
 
 __device__ __forceinline__ u32 umax(u32 a, u32 b) { return a > b ? a : b; }
 __device__ __forceinline__ u32 absbits(float v) { return __float_as_uint(v) & ABS_MASK; }
@@ -306,173 +303,284 @@ extern "C" __global__ void __launch_bounds__(NT, 8) dequantize_int8_f32(
     }
 }
 
-// As dequantize_int8_f32, output bf16 bits (round to nearest even); units of 8 codes (an
-// 8-byte load, a 16-byte store).
+// Exact helpers with a PTX fast form on sm_80+ and a portable form elsewhere (the portable
+// form is also what the CPU emulation of this source runs).
+// lop3.b32 with truth table LUT (a: 0xf0, b: 0xcc, c: 0xaa).
+template <int LUT>
+__device__ __forceinline__ u32 lop3(u32 a, u32 b, u32 c) {
+#ifdef __CUDA_ARCH__
+    u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(LUT));
+    return d;
+#else
+    u32 d = 0;
+    for (int i = 0; i < 32; ++i) {
+        const int k = (((a >> i) & 1) << 2) | (((b >> i) & 1) << 1) | ((c >> i) & 1);
+        d |= (u32)((LUT >> k) & 1) << i;
+    }
+    return d;
+#endif
+}
+// max(m, |v|) that propagates NaN (m >= 0): one FMNMX.NAN with an |.| operand on sm_80+.
+// Its bits & ABS_MASK order like the integer max of `absbits` (NaN: >= NON_FINITE).
+__device__ __forceinline__ float max_abs_nan(float m, float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(v)));
+    return r;
+#else
+    return (m != m || v != v) ? __uint_as_float(0x7fffffffu) : fmaxf(m, fabsf(v));
+#endif
+}
+// bf16 bits of (lo, hi) in one word (lo in the low half), each f32_to_bf16: one
+// cvt.rn.bf16x2.f32 on sm_80+ (IEEE round to nearest even, subnormals kept; a NaN product of
+// __fmul_rn is the canonical 0x7fffffff, which both forms map to 0x7fff).
+__device__ __forceinline__ u32 bf16x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    u32 d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+#else
+    return f32_to_bf16(lo) | (f32_to_bf16(hi) << 16);
+#endif
+}
+
+// i8 code in byte J of x ^ 0x80808080 -> float, exact: the byte (code + 128) put into the
+// mantissa of 2^23 (one prmt), minus 2^23 + 128.
+template <int J>
+__device__ __forceinline__ float i8f(u32 xs) {
+    return __fsub_rn(__uint_as_float(__byte_perm(xs, 0x4b000000u, 0x7440u + J)), 8388736.0f);
+}
+
+// Codes (16-byte units) a thread of dequantize_int8_bf16, NT apart.
+#define BF16_UNROLL 2
+
+// As dequantize_int8_f32, output bf16 bits (round to nearest even). Units of 16 codes (a
+// 16-byte load, two 16-byte stores), BF16_UNROLL units a thread NT apart, loads first.
+// Per element: prmt + fsub (code to float) + fmul + half a cvt.
 extern "C" __global__ void __launch_bounds__(NT, 8) dequantize_int8_bf16(
     const u8* __restrict__ codes, const float* __restrict__ scales, u16* __restrict__ out, i64 n) {
-    const i64 full = n / 8;
-    const i64 u0 = (i64)blockIdx.x * (NT * DEQ_UNROLL) + threadIdx.x;
-    uint2 w[DEQ_UNROLL];
-    float s[DEQ_UNROLL];
+    const i64 full = n / 16;
+    const i64 u0 = (i64)blockIdx.x * (NT * BF16_UNROLL) + threadIdx.x;
+    uint4 w[BF16_UNROLL];
+    float s[BF16_UNROLL];
 #pragma unroll
-    for (int k = 0; k < DEQ_UNROLL; ++k) {
+    for (int k = 0; k < BF16_UNROLL; ++k) {
         const i64 u = u0 + k * NT;
         if (u < full) {
-            w[k] = reinterpret_cast<const uint2*>(codes)[u];
-            s[k] = scales[(u * 8) / BLOCK];
+            w[k] = reinterpret_cast<const uint4*>(codes)[u];
+            s[k] = scales[(u * 16) / BLOCK];
         }
     }
 #pragma unroll
-    for (int k = 0; k < DEQ_UNROLL; ++k) {
+    for (int k = 0; k < BF16_UNROLL; ++k) {
         const i64 u = u0 + k * NT;
         if (u < full) {
-            const u32 q[2] = {w[k].x, w[k].y};
-            u32 h[4];
+            const u32 q[4] = {w[k].x ^ 0x80808080u, w[k].y ^ 0x80808080u, w[k].z ^ 0x80808080u,
+                              w[k].w ^ 0x80808080u};
+            u32 h[8];
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const u32 b0 = f32_to_bf16(__fmul_rn((float)(signed char)(q[i] & 0xffu), s[k]));
-                const u32 b1 = f32_to_bf16(__fmul_rn((float)(signed char)((q[i] >> 8) & 0xffu), s[k]));
-                const u32 b2 = f32_to_bf16(__fmul_rn((float)(signed char)((q[i] >> 16) & 0xffu), s[k]));
-                const u32 b3 = f32_to_bf16(__fmul_rn((float)(signed char)(q[i] >> 24), s[k]));
-                h[2 * i] = b0 | (b1 << 16);
-                h[2 * i + 1] = b2 | (b3 << 16);
+            for (int i = 0; i < 4; ++i) {
+                h[2 * i] = bf16x2(__fmul_rn(i8f<0>(q[i]), s[k]), __fmul_rn(i8f<1>(q[i]), s[k]));
+                h[2 * i + 1] = bf16x2(__fmul_rn(i8f<2>(q[i]), s[k]), __fmul_rn(i8f<3>(q[i]), s[k]));
             }
-            reinterpret_cast<uint4*>(out)[u] = make_uint4(h[0], h[1], h[2], h[3]);
+            uint4* o = reinterpret_cast<uint4*>(out) + 2 * u;
+            o[0] = make_uint4(h[0], h[1], h[2], h[3]);
+            o[1] = make_uint4(h[4], h[5], h[6], h[7]);
         } else if (u == full) {
-            for (i64 e = 8 * u; e < n; ++e)
+            for (i64 e = 16 * u; e < n; ++e)
                 out[e] = (u16)f32_to_bf16(__fmul_rn((float)(signed char)codes[e], scales[e / BLOCK]));
         }
     }
 }
 
-// Dequantises the 8 nibbles of w (element 2k in the low nibble of byte k) with scale s into d:
-// (nibble ^ 8) put into the mantissa of 2^23 gives 2^23 + 8 + c, exact, minus 2^23 + 8 is c.
-__device__ __forceinline__ void deq8(u32 w, float s, float* d) {
-    w ^= 0x88888888u;
-    const u32 lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;
+// ---- Fused INT4 kernels. A thread owns units of 32 consecutive elements (16 bytes of each
+// piece: one uint4 load a piece), VPT units a thread; TPB threads a block.
+
+// Threads a block of `units` 32-element units: the largest power of two dividing `units`, at
+// most NT (one unit a thread for power-of-two blocks). Up to a warp, the block's absmax is a
+// few shuffles (no shared memory, no barrier); wider groups (block 2048: 64 threads) add a
+// shared-memory exchange.
+__device__ constexpr int fused_tpb(int units) { return (units & -units) < NT ? (units & -units) : NT; }
+#define F_TPB fused_tpb(BLOCK / 32)
+#define F_VPT (BLOCK / 32 / F_TPB)
+// Pieces whose loads are issued together (64 bytes a thread in flight).
+#define F_GROUP (F_VPT >= 4 ? 1 : 4 / F_VPT)
+
+// Nibble K (bits 4K..4K+3) of h as a float, exact, in 2 instructions: one lop3 puts the
+// nibble with its sign bit flipped (code + 8) into the mantissa of 2^(23 - 4K) at its own bit
+// position, where bit 4K is worth 1 (truth table 0xac: c & (b | a) | b & ~c & ~a, so a bit
+// passes where (b, c) = (0, 1), is flipped where (1, 0), set where (1, 1)); the fsub of
+// 2^(23 - 4K) + 8 leaves the code.
+template <int K>
+__device__ __forceinline__ float nib(u32 h) {
+    constexpr u32 MB = (u32)(150 - 4 * K) << 23;
+    constexpr float OFF = K == 0 ? 8388616.0f : K == 1 ? 524296.0f : K == 2 ? 32776.0f : 2056.0f;
+    return __fsub_rn(__uint_as_float(lop3<0xac>(h, MB | (8u << (4 * K)), MB | (7u << (4 * K)))), OFF);
+}
+
+// The 32 elements of a 16-byte unit q (element e: nibble e % 8 of word e / 8) times s, stored
+// into (FIRST: piece 0) or added to acc, in element order.
+template <bool FIRST>
+__device__ __forceinline__ void deq32(uint4 q, float s, float* acc) {
+    const u32 ws[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        const float c0 = __fsub_rn(__uint_as_float(__byte_perm(lo, 0x4b000000u, 0x7540u + k)), 8388616.0f);
-        const float c1 = __fsub_rn(__uint_as_float(__byte_perm(hi, 0x4b000000u, 0x7540u + k)), 8388616.0f);
-        d[2 * k] = __fmul_rn(c0, s);
-        d[2 * k + 1] = __fmul_rn(c1, s);
+    for (int i = 0; i < 4; ++i) {
+        const u32 lo = ws[i], hi = ws[i] >> 16;
+        const float c[8] = {nib<0>(lo), nib<1>(lo), nib<2>(lo), nib<3>(lo),
+                            nib<0>(hi), nib<1>(hi), nib<2>(hi), nib<3>(hi)};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const float d = __fmul_rn(c[k], s);
+            acc[8 * i + k] = FIRST ? d : __fadd_rn(acc[8 * i + k], d);
+        }
+    }
+}
+
+// Pieces j0 .. j0 + F_GROUP - 1 (those < pieces) of this thread's units, all loads issued
+// before any use, accumulated in piece order (FIRST: j0 == 0, piece 0 initialises acc).
+template <bool FIRST>
+__device__ __forceinline__ void sum_group(const u8* pj, const float* sj, int t, int j0, int pieces,
+                                          i64 P, i64 nb, float* acc) {
+    uint4 w[F_GROUP][F_VPT];
+    float s[F_GROUP];
+#pragma unroll
+    for (int g = 0; g < F_GROUP; ++g) {
+        if (j0 + g < pieces) {
+            s[g] = sj[(i64)(j0 + g) * nb];
+            const uint4* p = reinterpret_cast<const uint4*>(pj + (i64)(j0 + g) * P) + t;
+#pragma unroll
+            for (int u = 0; u < F_VPT; ++u) w[g][u] = p[u * F_TPB];
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < F_GROUP; ++g) {
+        if (j0 + g < pieces) {
+#pragma unroll
+            for (int u = 0; u < F_VPT; ++u) {
+                if (FIRST && g == 0) deq32<true>(w[g][u], s[g], acc + 32 * u);
+                else deq32<false>(w[g][u], s[g], acc + 32 * u);
+            }
+        }
     }
 }
 
 // Sum (in piece order, f32, starting from piece 0's values) of `pieces` >= 1 INT4 pieces
 // concatenated: packed [pieces * P], scales [pieces * nb], nb = ceil(2P / BLOCK), into acc:
-// this thread's share of block b (unit u * TPB + t of 8 elements, a 4-byte word a piece, for
-// u < VPT). Full blocks of 4-byte aligned pieces issue GROUP pieces' loads before using any;
-// other blocks (a short last block, odd P) load bytes. Elements past blen are 0.
-template <int TPB, int VPT>
-__device__ __forceinline__ void sum_pieces(
-    const u8* __restrict__ packed, const float* __restrict__ scales, int pieces, i64 P, i64 nb,
-    i64 b, int blen, float* acc) {
-    const int t = threadIdx.x % TPB;
+// this thread's units of block b (unit u * F_TPB + t, u < F_VPT). Full blocks of 16-byte
+// aligned pieces (P % 16 == 0) take uint4 loads; other blocks (a short last block, other P)
+// load bytes. Elements past blen are 0. pieces == 0: acc all 0.
+__device__ __forceinline__ void sum_pieces(const u8* __restrict__ packed, const float* __restrict__ scales,
+                                           int pieces, i64 P, i64 nb, i64 b, int blen, float* acc) {
+    const int t = threadIdx.x % F_TPB;
     const u8* pj = packed + b * (BLOCK / 2);
     const float* sj = scales + b;
-    if ((P & 3) == 0 && blen == BLOCK) {
-        const u32* p0 = reinterpret_cast<const u32*>(pj) + t;
-        for (int j0 = 0; j0 < pieces; j0 += GROUP) {
-            u32 w[GROUP][VPT];
-            float s[GROUP];
-#pragma unroll
-            for (int g = 0; g < GROUP; ++g) {
-                if (j0 + g < pieces) {
-                    const i64 j = j0 + g;
-                    s[g] = sj[j * nb];
-                    const u32* p = reinterpret_cast<const u32*>(reinterpret_cast<const u8*>(p0) + j * P);
-#pragma unroll
-                    for (int u = 0; u < VPT; ++u) w[g][u] = p[u * TPB];
-                }
-            }
-#pragma unroll
-            for (int g = 0; g < GROUP; ++g) {
-                if (j0 + g < pieces) {
-#pragma unroll
-                    for (int u = 0; u < VPT; ++u) {
-                        float d[8];
-                        deq8(w[g][u], s[g], d);
-                        float* a = acc + 8 * u;
-                        if (j0 + g == 0) {
-#pragma unroll
-                            for (int k = 0; k < 8; ++k) a[k] = d[k];
-                        } else {
-#pragma unroll
-                            for (int k = 0; k < 8; ++k) a[k] = __fadd_rn(a[k], d[k]);
-                        }
-                    }
-                }
-            }
-        }
+    if ((P & 15) == 0 && blen == BLOCK && pieces > 0) {
+        sum_group<true>(pj, sj, t, 0, pieces, P, nb, acc);
+        for (int j0 = F_GROUP; j0 < pieces; j0 += F_GROUP) sum_group<false>(pj, sj, t, j0, pieces, P, nb, acc);
         return;
     }
 #pragma unroll
-    for (int u = 0; u < VPT; ++u) {
-        const int e = (u * TPB + t) * 8;
-        float* a = acc + 8 * u;
+    for (int i = 0; i < F_VPT * 32; ++i) acc[i] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < F_VPT; ++u) {
+        const int e = (u * F_TPB + t) * 32;
+        float* a = acc + 32 * u;
         for (int j = 0; j < pieces; ++j) {
             const u8* p = pj + (i64)j * P + e / 2;
-            u32 x = 0;
+            u32 x[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
-            for (int k = 0; k < 4; ++k)
-                if (e + 2 * k < blen) x |= (u32)p[k] << (8 * k);
-            float d[8];
-            deq8(x, sj[(i64)j * nb], d);
-#pragma unroll
-            for (int k = 0; k < 8; ++k) a[k] = j == 0 ? d[k] : __fadd_rn(a[k], d[k]);
+            for (int k = 0; k < 16; ++k)
+                if (e + 2 * k < blen) x[k / 4] |= (u32)p[k] << (8 * (k % 4));
+            const uint4 q = make_uint4(x[0], x[1], x[2], x[3]);
+            if (j == 0) deq32<true>(q, sj[0], a);
+            else deq32<false>(q, sj[(i64)j * nb], a);
         }
 #pragma unroll
-        for (int k = 0; k < 8; ++k)
+        for (int k = 0; k < 32; ++k)
             if (e + k >= blen) a[k] = 0.0f;
     }
 }
 
-// Pieces (see sum_pieces) -> f32 sum [2P]. A group of TPB threads per block.
-extern "C" __global__ void __launch_bounds__(NT, 8) dequantize_sum_int4(
+// Pieces (see sum_pieces) -> f32 sum [2P]. F_TPB threads a block, NT / F_TPB blocks a CTA;
+// eight 16-byte stores a unit.
+extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_int4(
     const u8* __restrict__ packed, const float* __restrict__ scales, float* __restrict__ out,
     int pieces, i64 P, i64 nb) {
-    constexpr int TPB = tpb_fused(BLOCK / 8), VPT = BLOCK / 8 / TPB;
-    const i64 b = (i64)blockIdx.x * (NT / TPB) + threadIdx.x / TPB;
+    const i64 b = (i64)blockIdx.x * (NT / F_TPB) + threadIdx.x / F_TPB;
     if (b >= nb) return;
-    const int t = threadIdx.x % TPB;
+    const int t = threadIdx.x % F_TPB;
     const i64 n = 2 * P, base = b * BLOCK;
     const int blen = (n - base) < BLOCK ? (int)(n - base) : BLOCK;
-    float acc[VPT * 8];
-    sum_pieces<TPB, VPT>(packed, scales, pieces, P, nb, b, blen, acc);
+    float acc[F_VPT * 32];
+    sum_pieces(packed, scales, pieces, P, nb, b, blen, acc);
 #pragma unroll
-    for (int u = 0; u < VPT; ++u) {
-        const int e = (u * TPB + t) * 8;
+    for (int u = 0; u < F_VPT; ++u) {
+        const int e = (u * F_TPB + t) * 32;
         float* o = out + base + e;
-        const float* a = acc + 8 * u;
-        if (e + 8 <= blen) {
-            reinterpret_cast<float4*>(o)[0] = make_float4(a[0], a[1], a[2], a[3]);
-            reinterpret_cast<float4*>(o)[1] = make_float4(a[4], a[5], a[6], a[7]);
-        } else {
+        const float* a = acc + 32 * u;
+        if (e + 32 <= blen) {
 #pragma unroll
             for (int k = 0; k < 8; ++k)
+                reinterpret_cast<float4*>(o)[k] = make_float4(a[4 * k], a[4 * k + 1], a[4 * k + 2], a[4 * k + 3]);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 32; ++k)
                 if (e + k < blen) o[k] = a[k];
         }
     }
 }
 
-// Pieces (see sum_pieces) -> their sum requantised: packed [P], scales [nb].
-extern "C" __global__ void __launch_bounds__(NT, 8) dequantize_sum_requantize_int4(
+// Codes of the 8 values v (scale s > 0, r = fl(1/s), fast: r finite) packed into a word
+// (element 2k in the low nibble of byte k), equal to `code` bitwise. Fast path, 4
+// instructions a value: m = fma(v, r, MAGIC) rounds q = v * r (exact product) to the nearest
+// integer t; d = fma(v, r, -t) (one rounding of q - t). If |d| < LIM = 0.5 - 2^-16 then
+// |q - t| < LIM, and |fl(v / s) - q| <= 2^-22 (rounding of the quotient, |v / s| <= 8) +
+// |v| |1/s - r| (< 7.01 * 2^-24) < 2^-20, so fl(v / s) lies within 0.5 - 2^-17 of t and
+// round_half_away(clamp(fl(v / s), -7, 7)) = t (|q| < 7.5). Otherwise, and for every value when
+// 1/s overflows, `code` (the exact division).
+__device__ __forceinline__ u32 codes8(const float* v, float s, float r, bool fast) {
+    const float LIM = 0.4999847412109375f;
+    bool near = !fast;
+    u32 z[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const float m = __fmaf_rn(v[i], r, MAGIC);
+        const float d = __fmaf_rn(v[i], r, -__fsub_rn(m, MAGIC));
+        near |= !(fabsf(d) < LIM);
+        z[i] = __float_as_uint(m);
+    }
+    if (near) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float m = __fmaf_rn(v[i], r, MAGIC);
+            const float d = __fmaf_rn(v[i], r, -__fsub_rn(m, MAGIC));
+            if (!fast || !(fabsf(d) < LIM)) z[i] = (u32)code(v[i], s, 7.0f);
+        }
+    }
+    const u32 ev = __byte_perm(__byte_perm(z[0], z[2], 0x0040u), __byte_perm(z[4], z[6], 0x0040u), 0x5410u);
+    const u32 od = __byte_perm(__byte_perm(z[1], z[3], 0x0040u), __byte_perm(z[5], z[7], 0x0040u), 0x5410u);
+    return (ev & 0x0f0f0f0fu) | ((od << 4) & 0xf0f0f0f0u);
+}
+
+// Pieces (see sum_pieces) -> their sum requantised: packed [P], scales [nb]. F_TPB threads a
+// block; the absmax is a max.NaN over |acc| (one instruction a value), then F_TPB-wide
+// shuffles (and shared memory above a warp); one 16-byte store a unit.
+extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_requantize_int4(
     const u8* __restrict__ packed, const float* __restrict__ scales, u8* __restrict__ qout,
     float* __restrict__ qscales, int pieces, i64 P, i64 nb) {
-    constexpr int TPB = tpb_fused(BLOCK / 8), VPT = BLOCK / 8 / TPB;
     __shared__ u32 red[NT / 32];
-    const i64 b = (i64)blockIdx.x * (NT / TPB) + threadIdx.x / TPB;
+    const i64 b = (i64)blockIdx.x * (NT / F_TPB) + threadIdx.x / F_TPB;
     const bool active = b < nb;
-    const int t = threadIdx.x % TPB;
+    const int t = threadIdx.x % F_TPB;
     const i64 n = 2 * P, base = b * BLOCK;
     const int blen = !active ? 0 : (n - base) < BLOCK ? (int)(n - base) : BLOCK;
-    float acc[VPT * 8];
-    sum_pieces<TPB, VPT>(packed, scales, active ? pieces : 0, P, nb, b, blen, acc);
-    u32 m = 0;
+    float acc[F_VPT * 32];
+    sum_pieces(packed, scales, active ? pieces : 0, P, nb, active ? b : 0, blen, acc);
+    float mf = 0.0f;
 #pragma unroll
-    for (int i = 0; i < VPT * 8; ++i) m = umax(m, absbits(acc[i]));
-    m = group_max<TPB>(m, red);
+    for (int i = 0; i < F_VPT * 32; ++i) mf = max_abs_nan(mf, acc[i]);
+    const u32 m = group_max<F_TPB>(__float_as_uint(mf) & ABS_MASK, red);
     if (!active) return;
     const float s = scale_of(m, 7.0f);
     if (t == 0) qscales[b] = s;
@@ -480,30 +588,31 @@ extern "C" __global__ void __launch_bounds__(NT, 8) dequantize_sum_requantize_in
     const float r = __frcp_rn(s);
     const bool fast = __float_as_uint(r) < NON_FINITE;
 #pragma unroll
-    for (int u = 0; u < VPT; ++u) {
-        const int e = (u * TPB + t) * 8;
-        u32 z0[4] = {0u, 0u, 0u, 0u}, z1[4] = {0u, 0u, 0u, 0u};
+    for (int u = 0; u < F_VPT; ++u) {
+        const int e = (u * F_TPB + t) * 32;
+        u32 w[4] = {0u, 0u, 0u, 0u};
         if (nz) {
-            codes4<7>(acc + 8 * u, s, r, fast, z0);
-            codes4<7>(acc + 8 * u + 4, s, r, fast, z1);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) w[i] = codes8(acc + 32 * u + 8 * i, s, r, fast);
         }
-        const u32 w = __byte_perm(pack4x4(z0), pack4x4(z1), 0x5410u);
         u8* dst = qout + (base + e) / 2;
-        if (e + 8 <= blen) {
-            *reinterpret_cast<u32*>(dst) = w;
+        if (e + 32 <= blen) {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
         } else {
 #pragma unroll
-            for (int k = 0; k < 4; ++k)
-                if (e + 2 * k < blen) dst[k] = (u8)(w >> (8 * k));
+            for (int k = 0; k < 16; ++k)
+                if (e + 2 * k < blen) dst[k] = (u8)(w[k / 4] >> (8 * (k % 4)));
         }
     }
 }
 "#;
 
 /// NVRTC options: IEEE division and square root, no FMA contraction, no flush-to-zero, so the
-/// kernels round exactly like the CPU reference.
+/// kernels round exactly like the CPU reference. PTX for compute_80 (Ampere and later; the
+/// driver JIT-compiles it for the device), so that `max.NaN` and `cvt.rn.bf16x2` are used.
 pub fn exact_options() -> CompileOptions {
     CompileOptions {
+        arch: Some("compute_80"),
         ftz: Some(false),
         prec_sqrt: Some(true),
         prec_div: Some(true),
@@ -652,9 +761,9 @@ pub fn dequantize_int8_into<T: DeviceRepr>(
     if n == 0 {
         return Ok(());
     }
-    let (name, per_unit) = match std::mem::size_of::<T>() {
-        2 => ("dequantize_int8_bf16", 8),
-        _ => ("dequantize_int8_f32", 4),
+    let (name, per_unit, unroll) = match std::mem::size_of::<T>() {
+        2 => ("dequantize_int8_bf16", 16, BF16_UNROLL),
+        _ => ("dequantize_int8_f32", 4, DEQ_UNROLL),
     };
     let f = func(dev, name, block)?;
     let n64 = i64_of(n);
@@ -664,7 +773,7 @@ pub fn dequantize_int8_into<T: DeviceRepr>(
     // One unit past the full ones, for the tail.
     let units = n / per_unit + 1;
     // SAFETY: argument types and lengths match the kernel's signature.
-    unsafe { b.launch(grid(units.div_ceil(NT * DEQ_UNROLL))) }.w()?;
+    unsafe { b.launch(grid(units.div_ceil(NT * unroll))) }.w()?;
     Ok(())
 }
 
@@ -819,7 +928,7 @@ pub fn dequantize_sum_int4_into(
     };
     b.arg(&pieces32).arg(&p64).arg(&nb64);
     // SAFETY: argument types and lengths match the kernel's signature.
-    unsafe { b.launch(block_grid(nb, tpb_fused(block / 8))) }.w()?;
+    unsafe { b.launch(block_grid(nb, fused_tpb(block / 32))) }.w()?;
     Ok(())
 }
 
@@ -877,6 +986,10 @@ mod tests {
                 "dequantize_sum_int4",
                 "dequantize_sum_requantize_int4",
             ] {
+                assert!(
+                    ptx.contains(".target sm_80"),
+                    "block {block}: not sm_80 PTX"
+                );
                 assert!(
                     ptx.contains(&format!(".entry {name}(")),
                     "block {block}: no entry {name}"
