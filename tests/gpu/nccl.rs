@@ -229,3 +229,91 @@ fn nccl_ids_round_trip() -> Result<(), TestError> {
     ));
     Ok(())
 }
+
+/// Enqueues on `device`'s compute stream a one-thread kernel that spins for `ms` milliseconds
+/// (on the GPU's global timer) and then ends by itself: compute that a collective issued after
+/// it must wait for.
+fn spin_on_compute_stream(device: &Device, ms: u64) -> Result<(), TestError> {
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::nvrtc::compile_ptx;
+
+    const SPIN: &str = r#"
+extern "C" __global__ void comm_test_spin(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+#if __CUDA_ARCH__ >= 700
+        __nanosleep(100000);
+#endif
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}
+"#;
+    let cuda = device.as_cuda_device()?;
+    let ptx = compile_ptx(SPIN).map_err(|e| format!("compiling the spin kernel: {e:?}"))?;
+    let f = cuda.get_or_load_custom_func("comm_test_spin", "comm_test_spin", &ptx.to_src())?;
+    let ns = ms * 1_000_000;
+    let stream = cuda.cuda_stream();
+    let mut launch = stream.launch_builder(&f);
+    launch.arg(&ns);
+    let one = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the kernel takes one u64 and touches no memory.
+    unsafe { launch.launch(one) }?;
+    Ok(())
+}
+
+/// The watchdog: a collective that stays incomplete (here: behind a 5 s kernel on the compute
+/// stream, as behind a dead peer) longer than the timeout (1 s) aborts the communicators within
+/// about a poll of the timeout, and that pending and every later collective fail with `Aborted`
+/// naming the timed-out collective; a collective slower than usual (2 s) but within the timeout
+/// (30 s) does not fire it. The last-resort exit is off (`set_grace(None)`), and the spinning
+/// kernel ends by itself, so the test process ends cleanly.
+#[test]
+fn nccl_watchdog_aborts_a_collective_past_the_timeout() -> Result<(), TestError> {
+    use std::time::{Duration, Instant};
+
+    let (device, comm) = world_of_one();
+    comm.set_grace(None);
+    let x = Tensor::ones(1024, DType::F32, &device)?;
+
+    // Within the timeout: completes, and the watchdog stays quiet.
+    comm.set_timeout(Duration::from_secs(30));
+    spin_on_compute_stream(&device, 2000)?;
+    let y = (&x + 1.0)?; // Produced after the spin.
+    let got = comm.all_reduce(Group::World, y.clone()).wait()?;
+    assert_eq!(max_diff(&got, &y), 0.0);
+    std::thread::sleep(Duration::from_millis(500));
+    comm.check()?;
+
+    // Past the timeout: the watchdog aborts.
+    comm.set_timeout(Duration::from_secs(1));
+    spin_on_compute_stream(&device, 5000)?;
+    let y = (&x + 2.0)?;
+    let issued = Instant::now();
+    let stuck = comm.all_reduce(Group::World, y);
+    while comm.check().is_ok() && issued.elapsed() < Duration::from_secs(4) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let after = issued.elapsed();
+    assert!(comm.check().is_err(), "no abort {after:?} after the issue");
+    assert!(
+        after >= Duration::from_secs(1) && after < Duration::from_millis(2500),
+        "aborted {after:?} after the issue, with a timeout of 1 s"
+    );
+    let aborted = |r: Result<(), CommError>| match r {
+        Err(CommError::Aborted { rank: 0, reason }) => assert!(
+            reason.contains("NCCL watchdog: all_reduce #1 on World has not completed after")
+                && reason.contains("timeout 1 s"),
+            "{reason}"
+        ),
+        other => panic!("expected Aborted by the watchdog, got {other:?}"),
+    };
+    aborted(stuck.wait().map(drop));
+    aborted(comm.all_reduce(Group::World, x.clone()).wait().map(drop));
+    aborted(comm.barrier(Group::IntraNode).wait());
+    Ok(())
+}

@@ -41,7 +41,33 @@
 //! this rank's in-flight NCCL kernels) and fails every pending and later collective of *this*
 //! rank with [`CommError::Aborted`]. Telling the peers is the bootstrap's job: NCCL has no
 //! out-of-band channel, and peers blocked in a collective with an aborted rank may hang until
-//! they abort too.
+//! they abort too (their watchdog, below, aborts them after the timeout).
+//!
+//! # Watchdog
+//! A peer that dies or hangs leaves this rank's NCCL kernels spinning for ever, and the host
+//! thread blocked at its next synchronisation (a barrier, a read back to the host). So each
+//! `NcclComm` runs a watchdog thread, started by [`NcclComm::new`] and stopped when it is dropped,
+//! that knows every collective in flight (op, group, sequence number on that group, issue time,
+//! `done` event; a queue in issue order, which is the order they complete on the one
+//! communication stream). Every [`POLL`] it drops the completed ones (`cuEventQuery`); when the
+//! oldest has been incomplete for longer than the timeout ([`NcclComm::set_timeout`], default
+//! [`DEFAULT_TIMEOUT`]), counted from its issue or from the completion of the one before it,
+//! whichever is later, it prints
+//! `error: rank R: <op> #<seq> on <group> has not completed after N s (a peer died or hung);
+//! aborting NCCL`, and aborts as [`Communicator::abort`] does: `ncclCommAbort` makes the spinning
+//! kernels return, so the blocked host thread resumes, and it or the next collective fails with
+//! [`CommError::Aborted`] whose reason names the timeout: the process exits through its normal
+//! error path. The timeout includes the time a collective waits for the compute that writes its
+//! input, so it must exceed the longest compute between a collective's issue and its completion.
+//!
+//! As a last resort, if the process is still alive a grace period ([`NcclComm::set_grace`],
+//! default [`DEFAULT_GRACE`]) after the watchdog began to abort, it prints
+//! `error: rank R: still blocked N s after aborting NCCL; exiting` and calls
+//! `std::process::exit(1)`: a host thread stuck inside a CUDA or NCCL call (a synchronisation
+//! that the abort did not release, `ncclCommAbort` itself, a collective holding the lock that
+//! serialises NCCL calls) cannot be interrupted any other way. Should `exit`'s own handlers (the
+//! CUDA runtime's teardown) block on the stuck device too, the process aborts 10 s later. A
+//! program that survives an abort on purpose (tests) sets the grace to `None`.
 //!
 //! # Testing with one GPU
 //! Two NCCL ranks cannot share one GPU, so a one-GPU test runs a world of one (topology 1 x 1):
@@ -50,10 +76,15 @@
 //! [`Solo`](crate::Solo) does, but not data movement between ranks, chunk order, or summation;
 //! those need several GPUs.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaEvent, CudaSlice, CudaStream, CudaView, DeviceRepr, DriverError,
+    CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, DeviceRepr, DriverError,
 };
 use candle_core::cuda_backend::cudarc::nccl::result::NcclError;
 use candle_core::cuda_backend::cudarc::nccl::safe::{
@@ -64,10 +95,23 @@ use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
 
 use crate::counters::AtomicCounters;
-use crate::{ByteCounters, CommError, Communicator, Group, Pending, Result, Topology};
+use crate::{
+    ByteCounters, CommError, Communicator, Group, Pending, Result, Topology, DEFAULT_TIMEOUT,
+};
 
 /// Bytes of one NCCL unique id.
 const ID_BYTES: usize = 128;
+
+/// How long the process may live on after the watchdog began to abort NCCL before it exits
+/// (see the module doc).
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+
+/// How often the watchdog looks at the collectives in flight.
+pub const POLL: Duration = Duration::from_millis(100);
+
+/// How long after `std::process::exit(1)` the watchdog aborts the process, should exit's own
+/// handlers (the CUDA runtime's teardown) hang too.
+const EXIT_BACKSTOP: Duration = Duration::from_secs(10);
 
 /// The NCCL unique ids of one world's communicators: rank 0 makes them ([`NcclIds::new`]) and
 /// the bootstrap ships them to every rank ([`NcclIds::to_bytes`], [`NcclIds::from_bytes`]).
@@ -151,6 +195,9 @@ pub struct NcclComm {
     stream: Arc<CudaStream>,
     shared: Arc<Shared>,
     counters: AtomicCounters,
+    watch: Arc<Watch>,
+    /// The watchdog thread, joined on drop.
+    watchdog: Option<JoinHandle<()>>,
 }
 
 /// The communicators, or why they are gone; also shared with in-flight collectives so `wait`
@@ -159,6 +206,8 @@ struct Shared {
     /// The lock also serialises calls into NCCL, which does not allow concurrent calls on one
     /// communicator.
     state: Mutex<State>,
+    /// Set once `state` is `Aborted`, for the watchdog, which must not wait on the lock.
+    aborted: AtomicBool,
 }
 
 enum State {
@@ -180,6 +229,21 @@ unsafe impl Send for Comms {}
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Marks the state aborted (unless it already is: the first reason is kept) and hands out
+    /// the communicators, for the caller to drop (`ncclCommAbort`) after the lock is released,
+    /// so that other threads see the abort at once even if `ncclCommAbort` takes a while.
+    fn abort(&self, rank: usize, reason: String) -> Option<Comms> {
+        let mut state = self.lock();
+        if let State::Aborted { .. } = &*state {
+            return None;
+        }
+        self.aborted.store(true, Ordering::SeqCst);
+        match std::mem::replace(&mut *state, State::Aborted { rank, reason }) {
+            State::Live(comms) => Some(comms),
+            State::Aborted { .. } => unreachable!("checked above"),
+        }
     }
 
     /// `Err(Aborted)` once the communicators were aborted.
@@ -258,7 +322,8 @@ impl Call {
 /// A collective enqueued on the communication stream: its buffers, held until the compute
 /// stream has been made to wait for `done`.
 struct InFlight {
-    done: CudaEvent,
+    /// Shared with the watchdog.
+    done: Arc<CudaEvent>,
     compute: Arc<CudaStream>,
     /// The input, kept alive while NCCL may read it.
     _input: Tensor,
@@ -344,6 +409,31 @@ impl NcclComm {
         let world = join(Group::World, ids.world)?;
         let intra = join(Group::IntraNode, ids.intra[topology.node_of(rank)])?;
         let inter = join(Group::InterNode, ids.inter[topology.local_rank(rank)])?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::Live(Comms {
+                world,
+                intra,
+                inter,
+            })),
+            aborted: AtomicBool::new(false),
+        });
+        let watch = Arc::new(Watch {
+            rank,
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            timeout_ms: AtomicU64::new(DEFAULT_TIMEOUT.as_millis() as u64),
+            grace_ms: AtomicU64::new(DEFAULT_GRACE.as_millis() as u64),
+        });
+        let watchdog = {
+            let (watch, shared) = (watch.clone(), shared.clone());
+            std::thread::Builder::new()
+                .name(format!("nccl-watchdog-{rank}"))
+                .spawn(move || watchdog(&watch, &shared, &context))
+                .map_err(|e| CommError::Cuda {
+                    op: "NcclComm::new: starting the watchdog thread",
+                    message: e.to_string(),
+                })?
+        };
         Ok(NcclComm {
             rank,
             topology,
@@ -351,15 +441,34 @@ impl NcclComm {
             home: Device::Cuda(device.clone()),
             compute,
             stream,
-            shared: Arc::new(Shared {
-                state: Mutex::new(State::Live(Comms {
-                    world,
-                    intra,
-                    inter,
-                })),
-            }),
+            shared,
             counters: AtomicCounters::default(),
+            watch,
+            watchdog: Some(watchdog),
         })
+    }
+
+    /// How long a collective may stay incomplete before the watchdog aborts NCCL (default
+    /// [`DEFAULT_TIMEOUT`]; see the module doc); applies from now on, to the collectives already
+    /// in flight too.
+    pub fn set_timeout(&self, timeout: Duration) {
+        self.watch
+            .timeout_ms
+            .store(timeout.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// How long the process may live on after the watchdog began to abort NCCL before it exits
+    /// with code 1 (default [`DEFAULT_GRACE`]); `None`: never exit (for tests and programs that
+    /// handle the abort themselves).
+    pub fn set_grace(&self, grace: Option<Duration>) {
+        let ms = grace.map_or(u64::MAX, |g| (g.as_millis() as u64).min(u64::MAX - 1));
+        self.watch.grace_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// `Err(Aborted)` once the communicators were aborted, by [`Communicator::abort`] or by the
+    /// watchdog, with the first abort's rank and reason.
+    pub fn check(&self) -> Result<()> {
+        self.shared.check()
     }
 
     /// The communication stream, for callers that order their own work against collectives.
@@ -446,6 +555,15 @@ impl NcclComm {
             _ => unreachable!("the dtype was checked"),
         };
         drop(storage);
+        // Watched in issue order: the order they run on the communication stream, which only
+        // collectives issued under the state lock are enqueued on.
+        let launched = launched.map(|(done, output, nccl)| {
+            let done = Arc::new(done);
+            // The one uncounted collective is the barrier's all-reduce.
+            let watched = if count { op } else { "barrier" };
+            self.watch.push(watched, group, done.clone());
+            (done, output, nccl)
+        });
         drop(state);
         let (done, output, nccl) = launched?;
         let in_flight = InFlight {
@@ -620,28 +738,191 @@ impl Communicator for NcclComm {
     /// Aborts the communicators (cudarc's `Comm` drop is `ncclCommAbort`) and fails this rank's
     /// pending and later collectives; peers are not told (see the module doc).
     fn abort(&self, reason: String) {
-        let mut state = self.shared.lock();
-        if let State::Live(_) = &*state {
-            let live = std::mem::replace(
-                &mut *state,
-                State::Aborted {
-                    rank: self.rank,
-                    reason,
-                },
-            );
-            drop(live);
-        }
+        drop(self.shared.abort(self.rank, reason));
     }
 }
 
 impl Drop for NcclComm {
     /// Waits for the collectives already issued before destroying the communicators (cudarc
     /// destroys by `ncclCommAbort`, which would cut short a collective whose result the caller
-    /// already holds). Hangs if a peer never joins them: abort first on failure paths.
+    /// already holds), then stops the watchdog. If a peer never joins them, the watchdog
+    /// aborts after the timeout: abort first on failure paths.
     fn drop(&mut self) {
-        if let State::Live(_) = &*self.shared.lock() {
+        // Not under the state lock: the watchdog needs it to abort.
+        let live = matches!(&*self.shared.lock(), State::Live(_));
+        if live {
             let _ = self.stream.synchronize();
         }
+        self.watch.lock().stop = true;
+        self.watch.wake.notify_all();
+        if let Some(thread) = self.watchdog.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// What the watchdog thread shares with the issuing threads.
+struct Watch {
+    rank: usize,
+    queue: Mutex<Queue>,
+    /// Wakes the watchdog to stop.
+    wake: Condvar,
+    timeout_ms: AtomicU64,
+    /// `u64::MAX`: never exit.
+    grace_ms: AtomicU64,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// The collectives in flight, in issue order.
+    entries: VecDeque<Watched>,
+    /// The next sequence number of each group.
+    seq: [u64; 3],
+    stop: bool,
+}
+
+/// A collective in flight, as the watchdog sees it.
+struct Watched {
+    op: &'static str,
+    group: Group,
+    seq: u64,
+    issued: Instant,
+    done: Arc<CudaEvent>,
+}
+
+impl Watch {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Watches a collective just enqueued (called under the state lock, so in stream order).
+    fn push(&self, op: &'static str, group: Group, done: Arc<CudaEvent>) {
+        let mut queue = self.lock();
+        let g = group_index(group);
+        let seq = queue.seq[g];
+        queue.seq[g] += 1;
+        queue.entries.push_back(Watched {
+            op,
+            group,
+            seq,
+            issued: Instant::now(),
+            done,
+        });
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
+    }
+
+    fn grace(&self) -> Option<Duration> {
+        match self.grace_ms.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+}
+
+fn group_index(group: Group) -> usize {
+    match group {
+        Group::World => 0,
+        Group::IntraNode => 1,
+        Group::InterNode => 2,
+    }
+}
+
+/// The watchdog thread (see the module doc): returns when stopped, or after it has aborted.
+///
+/// Locks: it holds the queue lock only to look at or pop the front entry, never while querying
+/// an event, and never takes the state lock while holding it (issuing threads take the queue
+/// lock under the state lock). It takes the state lock only to abort, after arming the
+/// last-resort exit, so an issuing thread stuck in NCCL under that lock cannot hang the job.
+fn watchdog(watch: &Watch, shared: &Shared, context: &Arc<CudaContext>) {
+    let rank = watch.rank;
+    if let Err(e) = context.bind_to_thread() {
+        eprintln!("warning: rank {rank}: the NCCL watchdog is off: binding the CUDA context: {e}");
+        return;
+    }
+    // When the front entry became the front: its clock starts then, or at its issue if later.
+    let mut front_since = Instant::now();
+    let mut queue = watch.lock();
+    loop {
+        if queue.stop {
+            return;
+        }
+        if shared.aborted.load(Ordering::SeqCst) {
+            // Aborted by the caller: the collectives fail anyway; nothing left to watch.
+            queue.entries.clear();
+        }
+        // Drop the completed collectives, front first (they complete in issue order).
+        while let Some(done) = queue.entries.front().map(|w| w.done.clone()) {
+            drop(queue);
+            // A query error (a sticky CUDA error) fails the host thread's next CUDA call
+            // anyway: the entry is dropped as complete.
+            let complete = done.try_is_complete().unwrap_or(true);
+            queue = watch.lock();
+            if !complete {
+                break;
+            }
+            // Only this thread pops (or clears, above, on this thread), so the front is `done`.
+            queue.entries.pop_front();
+            front_since = Instant::now();
+        }
+        if let Some(front) = queue.entries.front() {
+            let waited = front.issued.max(front_since).elapsed();
+            if waited > watch.timeout() {
+                let what = format!(
+                    "{} #{} on {:?} has not completed after {} s",
+                    front.op,
+                    front.seq,
+                    front.group,
+                    waited.as_secs()
+                );
+                queue.entries.clear();
+                drop(queue);
+                fire(watch, shared, what);
+                return;
+            }
+        }
+        queue = watch
+            .wake
+            .wait_timeout(queue, POLL)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+}
+
+/// Reports the timed-out collective, arms the last-resort exit, and aborts the communicators.
+fn fire(watch: &Watch, shared: &Shared, what: String) {
+    let rank = watch.rank;
+    if shared.aborted.load(Ordering::SeqCst) {
+        return;
+    }
+    eprintln!("error: rank {rank}: {what} (a peer died or hung); aborting NCCL");
+    if let Some(grace) = watch.grace() {
+        // A thread of its own: this one may block below (the state lock, ncclCommAbort).
+        let _ = std::thread::Builder::new()
+            .name(format!("nccl-watchdog-exit-{rank}"))
+            .spawn(move || {
+                std::thread::sleep(grace);
+                eprintln!(
+                    "error: rank {rank}: still blocked {} s after aborting NCCL; exiting",
+                    grace.as_secs()
+                );
+                // `exit` runs the atexit handlers, the CUDA runtime's teardown among them,
+                // which may block on the stuck device too: abort if it has not ended soon.
+                let _ = std::thread::Builder::new().spawn(|| {
+                    std::thread::sleep(EXIT_BACKSTOP);
+                    std::process::abort();
+                });
+                std::process::exit(1);
+            });
+    }
+    let timeout = watch.timeout().as_secs_f64();
+    let reason = format!("NCCL watchdog: {what} (timeout {timeout} s): a peer died or hung");
+    if let Some(comms) = shared.abort(rank, reason) {
+        // cudarc's drop is `ncclCommAbort`, and panics if it fails: the state is already
+        // aborted, so that changes nothing for the host threads; the panic message is printed.
+        let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(comms)));
     }
 }
 
