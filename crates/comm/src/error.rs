@@ -63,9 +63,21 @@ pub enum CommError {
     /// A CUDA driver call of a collective failed (stream, event or context).
     #[error("CUDA {op}: {message}")]
     Cuda { op: &'static str, message: String },
+    /// An MPI call of the MPI backend failed, or MPI cannot do what was asked (`message` says
+    /// why).
+    #[error("MPI {op}: {message}")]
+    Mpi { op: &'static str, message: String },
     /// A topology that cannot exist.
     #[error("invalid topology: {0}")]
     BadTopology(String),
+    /// The launcher's environment (torchrun, mpirun or slurm variables) is incomplete, malformed
+    /// or disagrees with the configuration; the message names the variable and its value.
+    #[error("{0}")]
+    Launch(String),
+    /// The TCP rendezvous that bootstraps a multi-process world failed (every process that took
+    /// part fails with the same message).
+    #[error("bootstrap: {0}")]
+    Bootstrap(String),
 }
 
 pub type Result<T> = std::result::Result<T, CommError>;

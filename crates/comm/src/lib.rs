@@ -24,12 +24,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod bootstrap;
 mod counters;
 mod error;
+pub mod launch;
 mod local;
+#[cfg(feature = "mpi")]
+mod mpi;
 #[cfg(feature = "cuda")]
 mod nccl;
 mod pending;
+mod shared;
 mod solo;
 mod timed;
 mod topology;
@@ -39,6 +44,8 @@ pub use error::{CommError, Result};
 pub use local::{
     local_world, local_world_with_timeout, run_local, LocalComm, LocalRunError, DEFAULT_TIMEOUT,
 };
+#[cfg(feature = "mpi")]
+pub use mpi::MpiComm;
 #[cfg(feature = "cuda")]
 pub use nccl::{NcclComm, NcclIds};
 pub use pending::Pending;

@@ -1,0 +1,463 @@
+//! Rank discovery: which rank of how large a world this process is, from the variables its
+//! launcher set.
+//!
+//! Users start one process per GPU with torchrun (or any launcher that sets torchrun's
+//! variables), `mpirun` (OpenMPI) or `srun` (slurm). [`LaunchInfo::from_env`] reads the first of
+//! these it finds, in that order, and checks the values; [`LaunchInfo::topology`] turns the result
+//! into the `nodes x ranks per node` [`Topology`], and [`crate::bootstrap`] connects the ranks.
+//!
+//! | | torchrun | OpenMPI | slurm |
+//! |---|---|---|---|
+//! | rank | `RANK` | `OMPI_COMM_WORLD_RANK` | `SLURM_PROCID` |
+//! | world size | `WORLD_SIZE` | `OMPI_COMM_WORLD_SIZE` | `SLURM_NTASKS` |
+//! | local rank | `LOCAL_RANK` | `OMPI_COMM_WORLD_LOCAL_RANK` | `SLURM_LOCALID` |
+//! | ranks on this node | `LOCAL_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_SIZE` | `SLURM_STEP_TASKS_PER_NODE`, `SLURM_NTASKS_PER_NODE`, `SLURM_TASKS_PER_NODE` |
+//!
+//! Rank 0's address comes from `MASTER_ADDR` and `MASTER_PORT` under every launcher (torchrun
+//! sets them; scripts export them for `mpirun -x` and `srun`).
+
+use std::fmt;
+
+use crate::{CommError, Result, Topology};
+
+/// The program that started this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launcher {
+    /// torchrun, or anything else that sets `RANK` / `WORLD_SIZE` / `LOCAL_RANK`.
+    Torchrun,
+    /// OpenMPI's `mpirun` (`OMPI_COMM_WORLD_*`).
+    OpenMpi,
+    /// slurm's `srun` (`SLURM_PROCID`, ...).
+    Slurm,
+}
+
+impl Launcher {
+    /// The launcher's name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Launcher::Torchrun => "torchrun",
+            Launcher::OpenMpi => "mpirun",
+            Launcher::Slurm => "slurm",
+        }
+    }
+}
+
+impl fmt::Display for Launcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What the launcher told this process about the world it belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchInfo {
+    /// This process's rank in the world.
+    pub rank: usize,
+    /// Number of processes the launcher started.
+    pub world_size: usize,
+    /// This process's index among the processes of its host: the GPU it should use.
+    pub local_rank: usize,
+    /// Number of processes on this host, where the launcher says (and, for slurm, every host runs
+    /// the same number).
+    pub local_world_size: Option<usize>,
+    /// Number of hosts, where known.
+    pub nodes: Option<usize>,
+    /// Rank 0's host (`MASTER_ADDR`), for the bootstrap.
+    pub master_addr: Option<String>,
+    /// The port rank 0 listens on for the bootstrap (`MASTER_PORT`).
+    pub master_port: Option<u16>,
+    /// Who set the variables.
+    pub launcher: Launcher,
+}
+
+/// The variables one launcher sets, for messages.
+struct Names {
+    rank: &'static str,
+    world: &'static str,
+    local_rank: &'static str,
+    local_size: &'static str,
+}
+
+/// Typed access to the variables, with errors that name the variable and its value.
+struct Vars<'a, F: Fn(&str) -> Option<String>> {
+    get: &'a F,
+}
+
+impl<F: Fn(&str) -> Option<String>> Vars<'_, F> {
+    fn is_set(&self, name: &str) -> bool {
+        (self.get)(name).is_some()
+    }
+
+    fn number(&self, name: &str) -> Result<Option<usize>> {
+        match (self.get)(name) {
+            None => Ok(None),
+            Some(value) => value
+                .trim()
+                .parse()
+                .map(Some)
+                .map_err(|_| launch(format!("{name}={value:?} is not a number"))),
+        }
+    }
+
+    /// `name`, which a launch that set `because` must also set.
+    fn required(&self, name: &str, because: &str) -> Result<usize> {
+        self.number(name)?.ok_or_else(|| {
+            launch(format!(
+                "{because} is set but {name} is not: the launcher must set both"
+            ))
+        })
+    }
+
+    fn master(&self) -> Result<(Option<String>, Option<u16>)> {
+        let addr = match (self.get)("MASTER_ADDR") {
+            Some(a) if a.trim().is_empty() => return Err(launch("MASTER_ADDR is set but empty")),
+            a => a.map(|a| a.trim().to_string()),
+        };
+        let port = match (self.get)("MASTER_PORT") {
+            None => None,
+            Some(value) => match value.trim().parse::<u16>() {
+                Ok(p) if p > 0 => Some(p),
+                _ => {
+                    return Err(launch(format!(
+                        "MASTER_PORT={value:?} is not a port number (1-65535)"
+                    )))
+                }
+            },
+        };
+        Ok((addr, port))
+    }
+}
+
+fn launch(message: impl Into<String>) -> CommError {
+    CommError::Launch(message.into())
+}
+
+impl LaunchInfo {
+    /// Reads this process's launch from its environment: `None` for a plain single process.
+    pub fn from_env() -> Result<Option<LaunchInfo>> {
+        Self::from_vars(&|name: &str| {
+            std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+        })
+    }
+
+    /// Reads a launch from the variables `var` gives (the environment, for [`Self::from_env`]):
+    /// torchrun's if `RANK` or `WORLD_SIZE` is set, else OpenMPI's if `OMPI_COMM_WORLD_RANK` or
+    /// `OMPI_COMM_WORLD_SIZE` is, else slurm's if `SLURM_PROCID` is, else `None`. The values are
+    /// checked (numbers, rank below world size, local rank below local size); an error names the
+    /// variable and its value.
+    ///
+    /// Under slurm the ranks per node come from `SLURM_STEP_TASKS_PER_NODE` (the `srun` step's
+    /// own layout), else `SLURM_NTASKS_PER_NODE`, else `SLURM_TASKS_PER_NODE` (the allocation's),
+    /// each like `4`, `4(x2)` or `4(x2),3`; an uneven layout leaves `local_world_size` unknown.
+    pub fn from_vars(var: &impl Fn(&str) -> Option<String>) -> Result<Option<LaunchInfo>> {
+        let vars = Vars { get: var };
+        let info = if vars.is_set("RANK") || vars.is_set("WORLD_SIZE") {
+            Self::torchrun(&vars)?
+        } else if vars.is_set("OMPI_COMM_WORLD_RANK") || vars.is_set("OMPI_COMM_WORLD_SIZE") {
+            Self::openmpi(&vars)?
+        } else if vars.is_set("SLURM_PROCID") {
+            Self::slurm(&vars)?
+        } else {
+            return Ok(None);
+        };
+        Ok(Some(info))
+    }
+
+    fn torchrun<F: Fn(&str) -> Option<String>>(vars: &Vars<F>) -> Result<LaunchInfo> {
+        let names = Names {
+            rank: "RANK",
+            world: "WORLD_SIZE",
+            local_rank: "LOCAL_RANK",
+            local_size: "LOCAL_WORLD_SIZE",
+        };
+        let rank = vars.required("RANK", "WORLD_SIZE")?;
+        let world_size = vars.required("WORLD_SIZE", "RANK")?;
+        let local_rank = vars.required("LOCAL_RANK", "RANK")?;
+        let local_world_size = vars.number("LOCAL_WORLD_SIZE")?;
+        let (master_addr, master_port) = vars.master()?;
+        let info = LaunchInfo {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            nodes: nodes_from_local(world_size, local_world_size),
+            master_addr,
+            master_port,
+            launcher: Launcher::Torchrun,
+        };
+        info.check(&names, None)?;
+        Ok(info)
+    }
+
+    fn openmpi<F: Fn(&str) -> Option<String>>(vars: &Vars<F>) -> Result<LaunchInfo> {
+        let names = Names {
+            rank: "OMPI_COMM_WORLD_RANK",
+            world: "OMPI_COMM_WORLD_SIZE",
+            local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
+            local_size: "OMPI_COMM_WORLD_LOCAL_SIZE",
+        };
+        let rank = vars.required(names.rank, names.world)?;
+        let world_size = vars.required(names.world, names.rank)?;
+        let local_rank = vars.required(names.local_rank, names.rank)?;
+        let local_world_size = vars.number(names.local_size)?;
+        let (master_addr, master_port) = vars.master()?;
+        let info = LaunchInfo {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            nodes: nodes_from_local(world_size, local_world_size),
+            master_addr,
+            master_port,
+            launcher: Launcher::OpenMpi,
+        };
+        info.check(&names, None)?;
+        Ok(info)
+    }
+
+    fn slurm<F: Fn(&str) -> Option<String>>(vars: &Vars<F>) -> Result<LaunchInfo> {
+        let rank = vars.required("SLURM_PROCID", "SLURM_PROCID")?;
+        let world_size = vars.number("SLURM_NTASKS")?.ok_or_else(|| {
+            launch(
+                "SLURM_PROCID is set but SLURM_NTASKS is not: start the trainer with srun, \
+                 one task per GPU",
+            )
+        })?;
+        let local_rank = vars.required("SLURM_LOCALID", "SLURM_PROCID")?;
+        let mut local_size = "SLURM_NTASKS_PER_NODE";
+        let mut layout = None;
+        for name in [
+            "SLURM_STEP_TASKS_PER_NODE",
+            "SLURM_NTASKS_PER_NODE",
+            "SLURM_TASKS_PER_NODE",
+        ] {
+            if let Some(value) = (vars.get)(name) {
+                local_size = name;
+                layout = Some(parse_tasks_per_node(name, &value)?);
+                break;
+            }
+        }
+        // An even layout gives the ranks per node; an uneven one only the node count.
+        let local_world_size = layout.as_ref().and_then(|entries| {
+            let first = entries[0].0;
+            entries.iter().all(|&(n, _)| n == first).then_some(first)
+        });
+        let listed_nodes = layout
+            .as_ref()
+            .filter(|_| local_size != "SLURM_NTASKS_PER_NODE")
+            .map(|entries| entries.iter().map(|&(_, k)| k).sum::<usize>());
+        let mut nodes_name = "SLURM_NNODES";
+        let mut nodes = nodes_from_local(world_size, local_world_size);
+        for name in ["SLURM_STEP_NUM_NODES", "SLURM_NNODES"] {
+            if nodes.is_none() {
+                nodes = vars.number(name)?;
+                nodes_name = name;
+            }
+        }
+        if nodes.is_none() {
+            nodes = listed_nodes;
+            nodes_name = local_size;
+        }
+        let (master_addr, master_port) = vars.master()?;
+        let info = LaunchInfo {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            nodes,
+            master_addr,
+            master_port,
+            launcher: Launcher::Slurm,
+        };
+        let names = Names {
+            rank: "SLURM_PROCID",
+            world: "SLURM_NTASKS",
+            local_rank: "SLURM_LOCALID",
+            local_size,
+        };
+        info.check(&names, Some(nodes_name))?;
+        Ok(info)
+    }
+
+    /// The checks every launcher's values must pass.
+    fn check(&self, names: &Names, nodes_name: Option<&str>) -> Result<()> {
+        let Names {
+            rank,
+            world,
+            local_rank,
+            local_size,
+        } = names;
+        if self.world_size == 0 {
+            return Err(launch(format!(
+                "{world}=0: the world needs at least 1 rank"
+            )));
+        }
+        if self.rank >= self.world_size {
+            return Err(launch(format!(
+                "{rank}={} is not below {world}={}",
+                self.rank, self.world_size
+            )));
+        }
+        match self.local_world_size {
+            Some(0) => {
+                return Err(launch(format!(
+                    "{local_size}=0: a node needs at least 1 rank"
+                )))
+            }
+            Some(l) if l > self.world_size => {
+                return Err(launch(format!(
+                    "{local_size}={l} is larger than {world}={}",
+                    self.world_size
+                )))
+            }
+            Some(l) if self.local_rank >= l => {
+                return Err(launch(format!(
+                    "{local_rank}={} is not below {local_size}={l}",
+                    self.local_rank
+                )))
+            }
+            _ if self.local_rank >= self.world_size => {
+                return Err(launch(format!(
+                    "{local_rank}={} is not below {world}={}",
+                    self.local_rank, self.world_size
+                )))
+            }
+            _ => {}
+        }
+        if let (Some(n), Some(nodes_name)) = (self.nodes, nodes_name) {
+            if n == 0 || n > self.world_size {
+                return Err(launch(format!(
+                    "{nodes_name}={n}: {} ranks cannot run on {n} nodes",
+                    self.world_size
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The `nodes x ranks per node` topology of this launch. Ranks per node are `gpus_per_node`
+    /// where the configuration sets it (so the 8 GPUs of one host can be 2 simulated nodes x 4),
+    /// else the launcher's ranks on this host, else all ranks are one node.
+    ///
+    /// Errors when the world does not divide into such nodes, when the launcher placed ranks
+    /// other than in blocks (rank = host x ranks per host + local rank, which the topology's
+    /// groups assume), and when the launcher names several hosts with an uneven number of ranks.
+    pub fn topology(&self, gpus_per_node: Option<usize>) -> Result<Topology> {
+        let world = self.world_size;
+        let launcher = self.launcher;
+        if let Some(l) = self.local_world_size {
+            if l > 0 && self.rank % l != self.local_rank {
+                return Err(launch(format!(
+                    "rank {} is local rank {} on its node, but with {l} ranks per node it should be \
+                     local rank {}: the launcher ({launcher}) must place ranks in blocks \
+                     (srun --distribution=block, mpirun --map-by slot)",
+                    self.rank,
+                    self.local_rank,
+                    self.rank % l
+                )));
+            }
+        }
+        let per_node = match (gpus_per_node, self.local_world_size, self.nodes) {
+            (Some(0), ..) => {
+                return Err(launch(
+                    "dist.gpus_per_node = 0: a node needs at least 1 GPU",
+                ));
+            }
+            (Some(g), ..) => {
+                if !world.is_multiple_of(g) {
+                    return Err(launch(format!(
+                        "dist.gpus_per_node = {g} does not divide the {world} ranks the launcher \
+                         ({launcher}) started"
+                    )));
+                }
+                g
+            }
+            (None, Some(l), _) => {
+                if !world.is_multiple_of(l) {
+                    return Err(launch(format!(
+                        "the launcher ({launcher}) put {l} ranks on this node, which does not \
+                         divide the world of {world} ranks (uneven nodes?); set dist.gpus_per_node"
+                    )));
+                }
+                l
+            }
+            (None, None, Some(n)) if n > 1 => {
+                return Err(launch(format!(
+                    "the launcher ({launcher}) started {world} ranks on {n} nodes but not the same \
+                     number on each; set dist.gpus_per_node"
+                )));
+            }
+            (None, None, _) => world,
+        };
+        Topology::new(world, per_node)
+    }
+
+    /// Checks the configuration's `dist.world_size`, if it sets one, against the launch.
+    pub fn check_world(&self, configured: Option<usize>) -> Result<()> {
+        match configured {
+            Some(c) if c != self.world_size => Err(launch(format!(
+                "dist.world_size = {c} but the launcher ({}) started {} processes",
+                self.launcher, self.world_size
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Rank 0's `HOST:PORT` for [`crate::bootstrap::rendezvous`], from `MASTER_ADDR` and
+    /// `MASTER_PORT`; an error names the ones missing.
+    pub fn rendezvous_addr(&self) -> Result<String> {
+        let missing = match (&self.master_addr, self.master_port) {
+            (Some(addr), Some(port)) => {
+                return Ok(if addr.contains(':') && !addr.starts_with('[') {
+                    format!("[{addr}]:{port}")
+                } else {
+                    format!("{addr}:{port}")
+                });
+            }
+            (None, None) => "MASTER_ADDR and MASTER_PORT are",
+            (None, Some(_)) => "MASTER_ADDR is",
+            (Some(_), None) => "MASTER_PORT is",
+        };
+        Err(launch(format!(
+            "{missing} not set: the {} ranks the launcher ({}) started need rank 0's address \
+             to connect (torchrun sets both; export them for mpirun and srun, e.g. \
+             MASTER_ADDR=<first host> MASTER_PORT=29500)",
+            self.world_size, self.launcher
+        )))
+    }
+}
+
+/// Nodes when every node runs `local` of the `world` ranks.
+fn nodes_from_local(world: usize, local: Option<usize>) -> Option<usize> {
+    local
+        .filter(|&l| l > 0 && world.is_multiple_of(l))
+        .map(|l| world / l)
+}
+
+/// Parses slurm's tasks-per-node list (`4`, `4(x2)`, `4(x2),3`) into (tasks, nodes) entries.
+fn parse_tasks_per_node(name: &str, value: &str) -> Result<Vec<(usize, usize)>> {
+    let bad = || {
+        launch(format!(
+            "{name}={value:?} is not a task count list like \"4\", \"4(x2)\" or \"4(x2),3\""
+        ))
+    };
+    let entries = value
+        .trim()
+        .split(',')
+        .map(|entry| {
+            let (tasks, repeat) = match entry.split_once("(x") {
+                Some((tasks, rest)) => {
+                    let repeat = rest.strip_suffix(')').ok_or_else(bad)?;
+                    (tasks, repeat.parse().map_err(|_| bad())?)
+                }
+                None => (entry, 1),
+            };
+            let tasks: usize = tasks.parse().map_err(|_| bad())?;
+            if tasks == 0 || repeat == 0 {
+                return Err(bad());
+            }
+            Ok((tasks, repeat))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(entries)
+}
