@@ -272,7 +272,16 @@ fn print_config_resolves_overrides() {
 /// `trainer bench --json` of a config at W = 4 (2 x 2), plain and with ZeRO++.
 fn bench_json(extra: &[&str]) -> serde_json::Value {
     let mut c = trainer();
-    c.args(["bench", "--config", "configs/tiny.toml", "--steps", "2", "--warmup", "1", "--json"]);
+    c.args([
+        "bench",
+        "--config",
+        "configs/tiny.toml",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--json",
+    ]);
     for s in [
         "model.n_layer=1",
         "model.n_embd=64",

@@ -173,3 +173,38 @@ fn human_output_has_both_rows() {
     assert!(row("ZeRO++ "), "{text}");
     assert!(text.contains("hpZ secondary"), "{text}");
 }
+
+/// Every paper config plans at its own 384 GPUs (24 x 16): memory per GPU fits a 32 GB V100 with
+/// recomputation for 18B at 1K, and ZeRO++ cuts the logical inter-node bytes per step to about
+/// an eighth of ZeRO-3's.
+#[test]
+fn every_paper_config_plans_at_384_gpus() {
+    let dir = repo().join("configs/paper");
+    let mut configs: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    configs.sort();
+    assert_eq!(configs.len(), 8, "4 models x 1K and 2K tokens per GPU");
+    for path in configs {
+        let p = plan_json(&["--config", path.to_str().unwrap()]);
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(p["topology"]["world_size"], 384, "{name}");
+        assert_eq!(p["topology"]["nodes"], 24, "{name}");
+        let seq = p["model"]["seq_len"].as_u64().unwrap();
+        assert_eq!(
+            seq,
+            if name.contains("-1k") { 1024 } else { 2048 },
+            "{name}"
+        );
+        assert!(p["zero"]["qwz"] == true && p["zero"]["hpz"] == true && p["zero"]["qgz"] == true);
+        let total = p["memory"]["total"].as_u64().unwrap();
+        assert!(total > 0, "{name}");
+        let ratio = p["comm"]["inter_ratio"].as_f64().unwrap();
+        assert!((0.1..0.15).contains(&ratio), "{name}: {ratio}");
+        if name == "gpt18b-1k.toml" {
+            assert!(total < 32_000_000_000, "{name}: {total}");
+        }
+    }
+}

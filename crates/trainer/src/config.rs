@@ -147,8 +147,12 @@ pub struct DistSection {
     pub backend: Backend,
     /// Ranks in all. With `local`, simulated as threads of this process.
     pub world_size: usize,
-    /// Ranks per node (default: all on one node).
+    /// Ranks per node (default: the launcher's processes per host; with `local`, all on one
+    /// node). Smaller than the real count simulates more nodes (8 GPUs as 2 x 4).
     pub gpus_per_node: Option<usize>,
+    /// Seconds a collective (or the bootstrap) may wait for its peers before this rank gives up
+    /// and aborts the world, so a dead or hung process never hangs the others.
+    pub timeout_s: u64,
 }
 
 impl Default for DistSection {
@@ -157,6 +161,7 @@ impl Default for DistSection {
             backend: Backend::Local,
             world_size: 1,
             gpus_per_node: None,
+            timeout_s: 600,
         }
     }
 }
@@ -290,11 +295,17 @@ impl RunConfig {
         if t.device == DeviceKind::Cuda && !cfg!(feature = "cuda") {
             bail!("train.device = \"cuda\": this binary was built without CUDA support (cargo build --release --features cuda)");
         }
-        if self.dist.backend != Backend::Local {
-            bail!(
-                "dist.backend = {:?}: only \"local\" is implemented",
-                format!("{:?}", self.dist.backend).to_lowercase()
-            );
+        match (self.dist.backend, t.device) {
+            (Backend::Nccl, DeviceKind::Cpu) => {
+                bail!("dist.backend = \"nccl\" needs train.device = \"cuda\" (\"mpi\" is the CPU backend)")
+            }
+            (Backend::Mpi, DeviceKind::Cuda) => {
+                bail!("dist.backend = \"mpi\" is the CPU backend: use \"nccl\" with train.device = \"cuda\"")
+            }
+            _ => {}
+        }
+        if self.dist.timeout_s == 0 {
+            bail!("dist.timeout_s must be at least 1");
         }
         Ok(())
     }

@@ -12,7 +12,8 @@ use data::{Sampler, TokenCorpus, Tokenizer};
 use zero::{AdamW, Engine, EngineOptions};
 
 use crate::checkpoint;
-use crate::config::RunConfig;
+use crate::config::{Backend, RunConfig};
+use crate::launch;
 use crate::metrics::{self, EvalLine, MetricsWriter, StepLine};
 use crate::schedule::learning_rate;
 
@@ -168,15 +169,43 @@ struct Shared<'a> {
     device: candle_core::Device,
 }
 
-/// Trains as `config` says: one thread per simulated rank with the `local` backend.
+/// Trains as `config` says: with the `local` backend one thread per simulated rank; with
+/// `nccl` or `mpi` this process is one rank of the world its launcher started.
 pub fn run(config: &RunConfig) -> Result<()> {
     config.check_supported()?;
+    if config.dist.backend == Backend::Local {
+        let world = config.dist.world_size;
+        let topology = comm::Topology::new(world, config.dist.gpus_per_node.unwrap_or(world))?;
+        let shared = prepare(config, topology, config.device()?)?;
+        if world == 1 {
+            return rank_main(&shared, Box::new(comm::Solo));
+        }
+        comm::run_local(topology, |c| {
+            rank_main(&shared, Box::new(c)).map_err(into_boxed)
+        })?;
+        return Ok(());
+    }
+    let rank = launch::join(config)?;
+    let comm = rank.comm.clone();
+    let result = prepare(config, comm.topology(), rank.device)
+        .and_then(|shared| rank_main(&shared, Box::new(rank.comm)));
+    if let Err(e) = &result {
+        // Peers blocked in a collective would wait for this rank until their timeout.
+        comm.abort(format!("{e:#}"));
+    }
+    result
+}
+
+/// Reads and checks every input (data, batch shape, checkpoint to resume) before anything is
+/// written.
+fn prepare(
+    config: &RunConfig,
+    topology: comm::Topology,
+    device: candle_core::Device,
+) -> Result<Shared<'_>> {
     let model_cfg = config.model_config()?;
     let t = &config.train;
-    let world = config.dist.world_size;
-    let topology = comm::Topology::new(world, config.dist.gpus_per_node.unwrap_or(world))?;
-
-    // Read and check every input before writing anything.
+    let world = topology.world();
     let corpora = load_data(config, model_cfg.vocab_size)?;
     let sampler = Sampler::new(corpora.train.tokens.len(), model_cfg.seq_len, t.seed)
         .context("data.train")?;
@@ -200,23 +229,15 @@ pub fn run(config: &RunConfig) -> Result<()> {
             config.log.dir.display()
         );
     }
-
-    let shared = Shared {
+    Ok(Shared {
         config,
         model_cfg,
         topology,
         corpora,
         sampler,
         resume,
-        device: config.device()?,
-    };
-    if world == 1 {
-        return rank_main(&shared, Box::new(comm::Solo));
-    }
-    comm::run_local(topology, |c| {
-        rank_main(&shared, Box::new(c)).map_err(into_boxed)
-    })?;
-    Ok(())
+        device,
+    })
 }
 
 /// Rank 0 holds the metrics writer; the other ranks write nothing.
@@ -235,10 +256,20 @@ fn into_boxed(e: anyhow::Error) -> Box<dyn std::error::Error + Send + Sync> {
 /// one rank's failure ends the whole run promptly with that rank's error.
 pub const FAIL_RANK_ENV: &str = "ZEROPP_FAIL_RANK";
 
-fn injected_failure() -> Option<(usize, u64)> {
-    let v = std::env::var(FAIL_RANK_ENV).ok()?;
+/// Test hook: `ZEROPP_KILL_RANK=R@S` makes rank R's process SIGKILL itself at the start of step
+/// S, as a crashed node would (multi-process backends).
+pub const KILL_RANK_ENV: &str = "ZEROPP_KILL_RANK";
+
+/// Test hook: `ZEROPP_HANG_RANK=R@S` makes rank R stop at the start of step S and never come
+/// back, as a hung process would: its peers must give up after `dist.timeout_s`.
+pub const HANG_RANK_ENV: &str = "ZEROPP_HANG_RANK";
+
+/// The step at which the hook `var` (`R@S`) acts on `rank`, if it names this rank.
+fn injected_at(var: &str, rank: usize) -> Option<u64> {
+    let v = std::env::var(var).ok()?;
     let (r, s) = v.split_once('@')?;
-    Some((r.parse().ok()?, s.parse().ok()?))
+    (r.parse::<usize>().ok()? == rank).then_some(())?;
+    s.parse().ok()
 }
 
 /// The engine options a run config asks for, on `device`.
@@ -369,9 +400,9 @@ fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<(
     let kill_at: Option<u64> = std::env::var(KILL_AT_STEP_ENV)
         .ok()
         .and_then(|v| v.parse().ok());
-    let fail_at = injected_failure()
-        .filter(|(r, _)| *r == rank)
-        .map(|(_, s)| s);
+    let fail_at = injected_at(FAIL_RANK_ENV, rank);
+    let kill_rank_at = injected_at(KILL_RANK_ENV, rank);
+    let hang_at = injected_at(HANG_RANK_ENV, rank);
     let tokens_per_step = (t.global_batch * seq_len) as u64;
     // Since the last metrics line: seconds in training steps (not evaluation or checkpoints),
     // comm bytes of those steps, and their number.
@@ -379,6 +410,14 @@ fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<(
     for step in start + 1..=t.steps {
         if fail_at == Some(step) {
             bail!("injected failure at step {step} ({FAIL_RANK_ENV})");
+        }
+        if kill_rank_at == Some(step) {
+            kill_self();
+        }
+        if hang_at == Some(step) {
+            loop {
+                std::thread::park();
+            }
         }
         let counters_before = engine.comm().counters();
         let techniques = engine.techniques(step);
