@@ -192,6 +192,9 @@ fn fused_int4_sums_equal_the_reference() {
         (6, 2048 * 4, 2048),
         (5, 96 * 32, 96),
         (7, 4096 * 2, 4096),
+        // Full blocks, but the last warp has exited lanes (blocks past nb): direct f32 stores.
+        (3, 512 * 5, 512),
+        (2, 32 * 45, 32),
     ] {
         let (cp, cs) = pieces(k, len, block);
         let (gp, gs) = (cp.to_device(&gpu).unwrap(), cs.to_device(&gpu).unwrap());

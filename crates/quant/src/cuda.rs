@@ -11,9 +11,11 @@
 //! bytes), two or more units a thread, every load issued before any use. The fused kernels
 //! give each thread 32 consecutive elements (one 16-byte load a piece, the loads of 4 pieces
 //! issued together; block 512: 16 threads, half a warp), sum them in registers and store 16
-//! bytes of codes (or eight float4). The block's absmax is reduced with warp shuffles and,
-//! for groups wider than a warp, shared memory. The INT8 dequantisers are elementwise: units
-//! of 4 codes (f32) or 16 codes (bf16) a thread, 256 units apart, loads first; 16-byte stores.
+//! bytes of codes, or the 32 f32 sums through a per-warp shared-memory transpose so that each
+//! warp store covers 512 contiguous bytes. The block's absmax is reduced with warp shuffles
+//! and, for groups wider than a warp, shared memory. The INT8 dequantisers are elementwise:
+//! units of 4 codes (f32) or 8 codes (bf16) a thread, 256 units apart, loads first; one
+//! 16-byte store a unit, consecutive lanes at consecutive addresses.
 //!
 //! Exactness: the arithmetic is that of `block.rs`, written with explicit IEEE intrinsics
 //! (`__fdiv_rn`, `__fmul_rn`, `__fadd_rn`, `__frcp_rn`), compiled with `--fmad=false` and no
@@ -52,8 +54,8 @@ type Result<T> = std::result::Result<T, QuantError>;
 const NT: usize = 256;
 /// Units (4 or 8 codes) a thread of the INT8 dequantisers (`DEQ_UNROLL` in the source).
 const DEQ_UNROLL: usize = 4;
-/// 16-code units a thread of `dequantize_int8_bf16` (`BF16_UNROLL` in the source).
-const BF16_UNROLL: usize = 2;
+/// 8-code units a thread of `dequantize_int8_bf16` (`BF16_UNROLL` in the source).
+const BF16_UNROLL: usize = 4;
 
 /// `tpb_of` of the source: threads per quantisation block of `units` float4 units.
 fn tpb_of(units: usize) -> usize {
@@ -352,45 +354,54 @@ __device__ __forceinline__ float i8f(u32 xs) {
     return __fsub_rn(__uint_as_float(__byte_perm(xs, 0x4b000000u, 0x7440u + J)), 8388736.0f);
 }
 
-// Codes (16-byte units) a thread of dequantize_int8_bf16, NT apart.
-#define BF16_UNROLL 2
+// 8-code units a thread of dequantize_int8_bf16, NT apart.
+#define BF16_UNROLL 4
 
-// As dequantize_int8_f32, output bf16 bits (round to nearest even). Units of 16 codes (a
-// 16-byte load, two 16-byte stores), BF16_UNROLL units a thread NT apart, loads first.
+// As dequantize_int8_f32, output bf16 bits (round to nearest even). Units of 8 codes (an
+// 8-byte load, one 16-byte store): thread t of CTA c converts units
+// c * NT * BF16_UNROLL + k * NT + t, k < BF16_UNROLL, all loads issued first. Consecutive
+// lanes take consecutive units, so each warp load covers 256 contiguous bytes and each warp
+// store 512 (whole 128-byte lines, no partial sectors).
 // Per element: prmt + fsub (code to float) + fmul + half a cvt.
 extern "C" __global__ void __launch_bounds__(NT, 8) dequantize_int8_bf16(
     const u8* __restrict__ codes, const float* __restrict__ scales, u16* __restrict__ out, i64 n) {
-    const i64 full = n / 16;
+    const i64 full = n / 8;
     const i64 u0 = (i64)blockIdx.x * (NT * BF16_UNROLL) + threadIdx.x;
-    uint4 w[BF16_UNROLL];
+    // 32-bit bookkeeping (the 32-register budget): unit u0 + k * NT is full iff k * NT < lim,
+    // and is the tail unit (u == full) iff k * NT == lim; a full unit's scale is number
+    // q0 + (r0 + 8 * k * NT) / BLOCK, where 8 * u0 = q0 * BLOCK + r0.
+    const i64 left = full - u0;
+    const int lim = left < 0 ? -1 : left > NT * BF16_UNROLL ? NT * BF16_UNROLL : (int)left;
+    const i64 q0 = (8 * u0) / BLOCK;
+    const int r0 = (int)(8 * u0 - q0 * BLOCK);
+    const uint2* cp = reinterpret_cast<const uint2*>(codes) + u0;
+    const float* sp = scales + q0;
+    uint2 w[BF16_UNROLL];
     float s[BF16_UNROLL];
 #pragma unroll
     for (int k = 0; k < BF16_UNROLL; ++k) {
-        const i64 u = u0 + k * NT;
-        if (u < full) {
-            w[k] = reinterpret_cast<const uint4*>(codes)[u];
-            s[k] = scales[(u * 16) / BLOCK];
+        if (k * NT < lim) {
+            w[k] = cp[k * NT];
+            s[k] = sp[(r0 + 8 * k * NT) / BLOCK];
         }
     }
+    uint4* op = reinterpret_cast<uint4*>(out) + u0;
 #pragma unroll
     for (int k = 0; k < BF16_UNROLL; ++k) {
-        const i64 u = u0 + k * NT;
-        if (u < full) {
-            const u32 q[4] = {w[k].x ^ 0x80808080u, w[k].y ^ 0x80808080u, w[k].z ^ 0x80808080u,
-                              w[k].w ^ 0x80808080u};
-            u32 h[8];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                h[2 * i] = bf16x2(__fmul_rn(i8f<0>(q[i]), s[k]), __fmul_rn(i8f<1>(q[i]), s[k]));
-                h[2 * i + 1] = bf16x2(__fmul_rn(i8f<2>(q[i]), s[k]), __fmul_rn(i8f<3>(q[i]), s[k]));
-            }
-            uint4* o = reinterpret_cast<uint4*>(out) + 2 * u;
-            o[0] = make_uint4(h[0], h[1], h[2], h[3]);
-            o[1] = make_uint4(h[4], h[5], h[6], h[7]);
-        } else if (u == full) {
-            for (i64 e = 16 * u; e < n; ++e)
-                out[e] = (u16)f32_to_bf16(__fmul_rn((float)(signed char)codes[e], scales[e / BLOCK]));
+        if (k * NT < lim) {
+            const u32 q0 = w[k].x ^ 0x80808080u, q1 = w[k].y ^ 0x80808080u;
+            const float sk = s[k];
+            const u32 h0 = bf16x2(__fmul_rn(i8f<0>(q0), sk), __fmul_rn(i8f<1>(q0), sk));
+            const u32 h1 = bf16x2(__fmul_rn(i8f<2>(q0), sk), __fmul_rn(i8f<3>(q0), sk));
+            const u32 h2 = bf16x2(__fmul_rn(i8f<0>(q1), sk), __fmul_rn(i8f<1>(q1), sk));
+            const u32 h3 = bf16x2(__fmul_rn(i8f<2>(q1), sk), __fmul_rn(i8f<3>(q1), sk));
+            op[k * NT] = make_uint4(h0, h1, h2, h3);
         }
+    }
+    // The tail unit (n % 8 codes), by the thread whose unit u0 + k * NT is `full`.
+    if (lim >= 0 && lim < NT * BF16_UNROLL && lim % NT == 0) {
+        for (i64 e = 8 * full; e < n; ++e)
+            out[e] = (u16)f32_to_bf16(__fmul_rn((float)(signed char)codes[e], scales[e / BLOCK]));
     }
 }
 
@@ -502,28 +513,70 @@ __device__ __forceinline__ void sum_pieces(const u8* __restrict__ packed, const 
     }
 }
 
+// Row stride (floats) of the per-warp transpose tile of dequantize_sum_int4: 32 + 4. A
+// 16-byte shared access is served a quarter-warp (8 lanes) at a time; with rows 36 words
+// apart, lane l's float4 at column 4q of row l sits in banks 4l + 4q (mod 32) and the 8
+// float4 of one row in banks 4c + const: 8 distinct bank quads either way, no conflict.
+#define T_STRIDE 36
+
 // Pieces (see sum_pieces) -> f32 sum [2P]. F_TPB threads a block, NT / F_TPB blocks a CTA;
-// eight 16-byte stores a unit.
+// each thread sums its 32-element units in registers as above. Stores go through a per-warp
+// shared-memory transpose (4.5 KiB a warp): each lane writes its unit's 32 sums as a row of
+// the tile, __syncwarp, then store k (k < 8) of lane l writes float4 (l & 7) of row
+// 4k + (l >> 3), so one warp store covers 4 whole units (4 x 128 bytes; 512 contiguous bytes
+// when the warp's units are contiguous: one unit a thread, or 32 threads or more a block).
+// A warp holding a short unit or fewer than 32 running lanes (the grid's last) stores each
+// lane's own elements directly instead.
 extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_int4(
     const u8* __restrict__ packed, const float* __restrict__ scales, float* __restrict__ out,
     int pieces, i64 P, i64 nb) {
+    __shared__ __align__(16) float tile[NT / 32][32 * T_STRIDE];
     const i64 b = (i64)blockIdx.x * (NT / F_TPB) + threadIdx.x / F_TPB;
     if (b >= nb) return;
     const int t = threadIdx.x % F_TPB;
+    const int lane = threadIdx.x & 31;
     const i64 n = 2 * P, base = b * BLOCK;
     const int blen = (n - base) < BLOCK ? (int)(n - base) : BLOCK;
     float acc[F_VPT * 32];
     sum_pieces(packed, scales, pieces, P, nb, b, blen, acc);
+    // The lanes of this warp still running: those of blocks < nb (a prefix; lane 0's block is
+    // b - lane / F_TPB). Only a warp with all 32 lanes and 32 full units each takes the
+    // transposed stores (the exited lanes stay out of the vote's mask).
+    const i64 act = (nb - (b - lane / F_TPB)) * F_TPB;
+    const u32 mask = act >= 32 ? 0xffffffffu : (1u << act) - 1u;
+    float* tw = tile[threadIdx.x >> 5];
 #pragma unroll
     for (int u = 0; u < F_VPT; ++u) {
         const int e = (u * F_TPB + t) * 32;
-        float* o = out + base + e;
         const float* a = acc + 32 * u;
-        if (e + 32 <= blen) {
+        if (__all_sync(mask, e + 32 <= blen) && mask == 0xffffffffu) {
 #pragma unroll
             for (int k = 0; k < 8; ++k)
-                reinterpret_cast<float4*>(o)[k] = make_float4(a[4 * k], a[4 * k + 1], a[4 * k + 2], a[4 * k + 3]);
+                *reinterpret_cast<float4*>(tw + lane * T_STRIDE + 4 * k) =
+                    make_float4(a[4 * k], a[4 * k + 1], a[4 * k + 2], a[4 * k + 3]);
+            __syncwarp();
+            float* ou = out + base + e;  // this lane's unit u
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const int src = 4 * k + (lane >> 3), c = lane & 7;
+                // Offset from ou of float4 c of lane src's unit u. Contiguous units (one a
+                // thread, or a warp inside one block): 32 * (src - lane) + 4 * c. Otherwise
+                // (several units a thread, F_TPB < 32 threads a block): unit
+                // u * F_TPB + src % F_TPB of the block src / F_TPB - lane / F_TPB blocks from
+                // this lane's.
+                const int o = (F_VPT == 1 || F_TPB >= 32)
+                                  ? 128 * k - 28 * lane
+                                  : (src / F_TPB - lane / F_TPB) * BLOCK + (src % F_TPB - t) * 32 + 4 * c;
+                *reinterpret_cast<float4*>(ou + o) =
+                    *reinterpret_cast<const float4*>(tw + src * T_STRIDE + 4 * c);
+            }
+            if (u + 1 < F_VPT) __syncwarp();
+        } else if (e + 32 <= blen) {
+            float4* o = reinterpret_cast<float4*>(out + base + e);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) o[k] = make_float4(a[4 * k], a[4 * k + 1], a[4 * k + 2], a[4 * k + 3]);
         } else {
+            float* o = out + base + e;
 #pragma unroll
             for (int k = 0; k < 32; ++k)
                 if (e + k < blen) o[k] = a[k];
@@ -762,7 +815,7 @@ pub fn dequantize_int8_into<T: DeviceRepr>(
         return Ok(());
     }
     let (name, per_unit, unroll) = match std::mem::size_of::<T>() {
-        2 => ("dequantize_int8_bf16", 16, BF16_UNROLL),
+        2 => ("dequantize_int8_bf16", 8, BF16_UNROLL),
         _ => ("dequantize_int8_f32", 4, DEQ_UNROLL),
     };
     let f = func(dev, name, block)?;
