@@ -11,8 +11,9 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use zero::Engine;
 
-use crate::config::RunConfig;
+use crate::config::{Backend, RunConfig};
 use crate::device_memory;
+use crate::launch;
 use crate::train::{engine_options, human_bytes};
 
 /// Dense bf16 peak of one H200 (and H100 SXM), TFLOP/s: MFU's denominator.
@@ -26,6 +27,7 @@ pub struct BenchArgs<'a> {
     pub json: bool,
     pub kernels: bool,
     pub kernel_mib: Vec<usize>,
+    pub collectives: bool,
 }
 
 /// What `trainer bench` measured, as printed with `--json`.
@@ -68,6 +70,12 @@ pub fn run(args: &BenchArgs<'_>) -> Result<()> {
     if args.kernels {
         return kernels(args);
     }
+    if args.collectives {
+        let path = args
+            .config
+            .context("no --config given (trainer bench --collectives --config FILE)")?;
+        return collectives(&RunConfig::load(path, args.set)?, &args.kernel_mib);
+    }
     let path = args
         .config
         .context("no --config given (trainer bench --config FILE)")?;
@@ -76,7 +84,9 @@ pub fn run(args: &BenchArgs<'_>) -> Result<()> {
     if args.steps == 0 {
         bail!("--steps must be at least 1");
     }
-    let report = bench_steps(&config, args.warmup, args.steps)?;
+    let Some(report) = bench_steps(&config, args.warmup, args.steps)? else {
+        return Ok(());
+    };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -117,14 +127,25 @@ struct RankTimes {
     losses: Vec<f64>,
 }
 
-fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<StepReport> {
+/// Runs the steps; the report of rank 0 (`None` in the other processes of a launched world).
+fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<Option<StepReport>> {
     let model_cfg = config.model_config()?;
     let t = &config.train;
     let world = config.dist.world_size;
-    let topology = comm::Topology::new(world, config.dist.gpus_per_node.unwrap_or(world))?;
+    // nccl / mpi: this process is one rank of the launcher's world.
+    let process = match config.dist.backend {
+        Backend::Local => None,
+        _ => Some(launch::join(config)?),
+    };
+    let (topology, device) = match &process {
+        Some(p) => (p.comm.topology(), p.device.clone()),
+        None => (
+            comm::Topology::new(world, config.dist.gpus_per_node.unwrap_or(world))?,
+            config.device()?,
+        ),
+    };
     data::Sampler::check_batch(t.global_batch, world, t.micro_batch)
         .context("train.global_batch")?;
-    let device = config.device()?;
     let mut options = engine_options(config, &device);
     options.total_steps = warmup + steps;
     let accumulation = config.accumulation();
@@ -178,7 +199,18 @@ fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<StepReport
         measured.used = device_memory::device_used_bytes(&device);
         Ok(measured)
     };
-    let times = if world == 1 {
+    let times = if let Some(p) = process {
+        let comm = p.comm.clone();
+        let times = rank_main(Box::new(p.comm));
+        if let Err(e) = &times {
+            comm.abort(format!("{e:#}"));
+        }
+        if comm.rank() != 0 {
+            times?;
+            return Ok(None);
+        }
+        times?
+    } else if world == 1 {
         rank_main(Box::new(comm::Solo))?
     } else {
         let all = comm::run_local(topology, |c| {
@@ -196,8 +228,11 @@ fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<StepReport
     let flop_per_token = 6.0 * model_cfg.num_params() as f64
         + 6.0 * (model_cfg.n_layer * model_cfg.n_embd * model_cfg.seq_len) as f64;
     let on_gpu = device.is_cuda();
-    // The local backend puts every rank on one device.
-    let gpus = 1;
+    // The local backend puts every rank on one device; nccl gives each its own.
+    let gpus = match config.dist.backend {
+        Backend::Nccl | Backend::Mpi => world,
+        Backend::Local => 1,
+    };
     let tflops_per_gpu = tokens_per_s * flop_per_token / gpus as f64 / 1e12;
     let plan = zero::ZeroPlan::resolve(&config.zero, topology, warmup + steps)?;
     let techniques = [
@@ -210,7 +245,7 @@ fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<StepReport
     .map(|(name, _)| *name)
     .collect::<Vec<_>>()
     .join("+");
-    Ok(StepReport {
+    Ok(Some(StepReport {
         model: config
             .model
             .preset
@@ -241,7 +276,7 @@ fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<StepReport
         comm_inter_bytes: (times.bytes.inter as f64 / n) as u64,
         loss_first: times.losses.first().copied().unwrap_or(f64::NAN),
         loss_last: times.losses.last().copied().unwrap_or(f64::NAN),
-    })
+    }))
 }
 
 fn print_report(r: &StepReport) {
@@ -351,4 +386,79 @@ mod tests {
         assert_eq!(synthetic_batch(7, 3, 1, 0, 64, 100), (x.clone(), y));
         assert_ne!(synthetic_batch(7, 3, 2, 0, 64, 100).0, x);
     }
+}
+
+/// `trainer bench --collectives`: the world's all-gather, reduce-scatter and all-to-all through
+/// our communicator, on bf16 buffers of each size, as nccl-tests reports them: algorithm
+/// bandwidth = bytes / time, bus bandwidth = algbw x (n - 1) / n, with bytes the gathered
+/// output (all-gather), the input (reduce-scatter, f32) or the buffer sent (all-to-all).
+fn collectives(config: &RunConfig, mib: &[usize]) -> Result<()> {
+    use comm::{Communicator, Group};
+
+    config.check_supported()?;
+    let (comm, device): (Box<dyn Communicator>, candle_core::Device) = match config.dist.backend {
+        Backend::Local => {
+            bail!("--collectives measures a launched world: dist.backend = \"nccl\" or \"mpi\"")
+        }
+        _ => {
+            let p = launch::join(config)?;
+            (Box::new(p.comm), p.device)
+        }
+    };
+    let n = comm.topology().world();
+    let lead = comm.rank() == 0;
+    if lead {
+        println!(
+            "{:<16} {:>10} {:>12} {:>12} {:>12}   ({} ranks, {})",
+            "collective",
+            "MiB",
+            "time",
+            "algbw GB/s",
+            "busbw GB/s",
+            n,
+            if device.is_cuda() { "GPU" } else { "CPU" }
+        );
+    }
+    let factor = (n as f64 - 1.0) / n as f64;
+    for &size in mib {
+        let bytes = size << 20;
+        for op in ["all_gather", "reduce_scatter", "all_to_all"] {
+            // Every op moves `bytes` in the nccl-tests sense.
+            let (dtype, elems) = match op {
+                "reduce_scatter" => (candle_core::DType::F32, bytes / 4),
+                _ => (candle_core::DType::BF16, bytes / 2),
+            };
+            let send_elems = if op == "all_gather" { elems / n } else { elems };
+            let send = candle_core::Tensor::zeros(send_elems - send_elems % n, dtype, &device)?;
+            let run = |iters: usize| -> Result<f64> {
+                comm.barrier(Group::World).wait()?;
+                device.synchronize()?;
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let out = match op {
+                        "all_gather" => comm.all_gather(Group::World, send.clone()),
+                        "reduce_scatter" => comm.reduce_scatter(Group::World, send.clone()),
+                        _ => comm.all_to_all(Group::World, send.clone()),
+                    };
+                    drop(out.wait()?);
+                }
+                device.synchronize()?;
+                Ok(start.elapsed().as_secs_f64() / iters as f64)
+            };
+            run(2)?;
+            let seconds = run(10)?;
+            if lead {
+                let algbw = bytes as f64 / seconds / 1e9;
+                println!(
+                    "{:<16} {:>10} {:>9.3} ms {:>12.1} {:>12.1}",
+                    op,
+                    size,
+                    seconds * 1e3,
+                    algbw,
+                    algbw * factor
+                );
+            }
+        }
+    }
+    Ok(())
 }

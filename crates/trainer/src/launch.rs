@@ -69,7 +69,7 @@ fn join_nccl(config: &RunConfig, timeout: Duration) -> Result<ProcessRank> {
     if config.train.device != DeviceKind::Cuda {
         bail!("dist.backend = \"nccl\" needs train.device = \"cuda\"");
     }
-    let info = LaunchInfo::from_env()?.unwrap_or(LaunchInfo {
+    let mut info = LaunchInfo::from_env()?.unwrap_or(LaunchInfo {
         // A plain process: a world of one.
         rank: 0,
         world_size: 1,
@@ -81,6 +81,10 @@ fn join_nccl(config: &RunConfig, timeout: Duration) -> Result<ProcessRank> {
         launcher: Launcher::Torchrun,
     });
     info.check_world(Some(config.dist.world_size))?;
+    if info.launcher == Launcher::Torchrun {
+        // torchrun's own store listens on MASTER_PORT: the NCCL ids meet one port above.
+        info.master_port = info.master_port.and_then(|p| p.checked_add(1));
+    }
     let topology = info.topology(config.dist.gpus_per_node)?;
     // One GPU per rank: the local rank's, unless the launcher left each process only its own.
     let visible = candle_core::cuda_backend::cudarc::driver::CudaContext::device_count()

@@ -91,7 +91,11 @@ enum Command {
         /// Instead: each quantisation kernel's GB/s beside a device-to-device copy (CUDA build).
         #[arg(long)]
         kernels: bool,
-        /// Buffer sizes for --kernels, in MiB.
+        /// Instead: the launched world's all-gather, reduce-scatter and all-to-all bandwidth, as
+        /// nccl-tests reports it (dist.backend nccl or mpi, under the launcher).
+        #[arg(long)]
+        collectives: bool,
+        /// Buffer sizes for --kernels and --collectives, in MiB.
         #[arg(long, value_delimiter = ',', default_value = "256,1024")]
         mib: Vec<usize>,
     },
@@ -179,6 +183,7 @@ fn run(cli: Cli) -> Result<()> {
             warmup,
             json,
             kernels,
+            collectives,
             mib,
         }) => bench::run(&bench::BenchArgs {
             config: cli.config.as_deref(),
@@ -188,6 +193,7 @@ fn run(cli: Cli) -> Result<()> {
             json,
             kernels,
             kernel_mib: mib,
+            collectives,
         }),
         Some(Command::Export { checkpoint, output }) => export::export(&checkpoint, &output),
         Some(Command::Plot { metrics, output }) => {
