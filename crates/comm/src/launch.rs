@@ -152,9 +152,9 @@ impl LaunchInfo {
     pub fn from_vars(var: &impl Fn(&str) -> Option<String>) -> Result<Option<LaunchInfo>> {
         let vars = Vars { get: var };
         let info = if vars.is_set("RANK") || vars.is_set("WORLD_SIZE") {
-            Self::torchrun(&vars)?
+            Self::named(&vars, Self::TORCHRUN, Launcher::Torchrun)?
         } else if vars.is_set("OMPI_COMM_WORLD_RANK") || vars.is_set("OMPI_COMM_WORLD_SIZE") {
-            Self::openmpi(&vars)?
+            Self::named(&vars, Self::OPENMPI, Launcher::OpenMpi)?
         } else if vars.is_set("SLURM_PROCID") {
             Self::slurm(&vars)?
         } else {
@@ -163,39 +163,29 @@ impl LaunchInfo {
         Ok(Some(info))
     }
 
-    fn torchrun<F: Fn(&str) -> Option<String>>(vars: &Vars<F>) -> Result<LaunchInfo> {
-        let names = Names {
-            rank: "RANK",
-            world: "WORLD_SIZE",
-            local_rank: "LOCAL_RANK",
-            local_size: "LOCAL_WORLD_SIZE",
-        };
-        let rank = vars.required("RANK", "WORLD_SIZE")?;
-        let world_size = vars.required("WORLD_SIZE", "RANK")?;
-        let local_rank = vars.required("LOCAL_RANK", "RANK")?;
-        let local_world_size = vars.number("LOCAL_WORLD_SIZE")?;
-        let (master_addr, master_port) = vars.master()?;
-        let info = LaunchInfo {
-            rank,
-            world_size,
-            local_rank,
-            local_world_size,
-            nodes: nodes_from_local(world_size, local_world_size),
-            master_addr,
-            master_port,
-            launcher: Launcher::Torchrun,
-        };
-        info.check(&names, None)?;
-        Ok(info)
-    }
+    /// torchrun's variables.
+    const TORCHRUN: Names = Names {
+        rank: "RANK",
+        world: "WORLD_SIZE",
+        local_rank: "LOCAL_RANK",
+        local_size: "LOCAL_WORLD_SIZE",
+    };
 
-    fn openmpi<F: Fn(&str) -> Option<String>>(vars: &Vars<F>) -> Result<LaunchInfo> {
-        let names = Names {
-            rank: "OMPI_COMM_WORLD_RANK",
-            world: "OMPI_COMM_WORLD_SIZE",
-            local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
-            local_size: "OMPI_COMM_WORLD_LOCAL_SIZE",
-        };
+    /// OpenMPI's variables.
+    const OPENMPI: Names = Names {
+        rank: "OMPI_COMM_WORLD_RANK",
+        world: "OMPI_COMM_WORLD_SIZE",
+        local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
+        local_size: "OMPI_COMM_WORLD_LOCAL_SIZE",
+    };
+
+    /// A launch whose rank, world size, local rank and local size are the variables `names`
+    /// (torchrun's and OpenMPI's), with `MASTER_ADDR` / `MASTER_PORT`.
+    fn named<F: Fn(&str) -> Option<String>>(
+        vars: &Vars<F>,
+        names: Names,
+        launcher: Launcher,
+    ) -> Result<LaunchInfo> {
         let rank = vars.required(names.rank, names.world)?;
         let world_size = vars.required(names.world, names.rank)?;
         let local_rank = vars.required(names.local_rank, names.rank)?;
@@ -209,7 +199,7 @@ impl LaunchInfo {
             nodes: nodes_from_local(world_size, local_world_size),
             master_addr,
             master_port,
-            launcher: Launcher::OpenMpi,
+            launcher,
         };
         info.check(&names, None)?;
         Ok(info)

@@ -33,6 +33,7 @@ mod local;
 mod mpi;
 #[cfg(feature = "cuda")]
 mod nccl;
+mod op;
 mod pending;
 mod shared;
 mod solo;

@@ -46,6 +46,7 @@ use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Root as _};
 use mpi::Threading;
 
 use crate::counters::AtomicCounters;
+use crate::op::Op;
 use crate::{
     ByteCounters, CommError, Communicator, Group, Pending, Result, Topology, DEFAULT_TIMEOUT,
 };
@@ -100,56 +101,33 @@ struct Worker {
     seq: [u64; 3],
 }
 
-/// What a collective computes, with the arguments every member must agree on besides the length.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Op {
-    AllGather,
-    AllToAll,
-    ReduceScatter,
-    AllReduce,
-    Broadcast { root: usize },
-    Barrier,
+/// The op as a header's first two words: a code and the root.
+fn encode(op: Op) -> [u64; 2] {
+    match op {
+        Op::AllGather => [0, 0],
+        Op::AllToAll => [1, 0],
+        Op::ReduceScatter => [2, 0],
+        Op::AllReduce => [3, 0],
+        Op::Broadcast { root } => [4, root as u64],
+        Op::Barrier => [5, 0],
+    }
 }
 
-impl Op {
-    fn name(self) -> &'static str {
-        match self {
-            Op::AllGather => "all_gather",
-            Op::AllToAll => "all_to_all",
-            Op::ReduceScatter => "reduce_scatter",
-            Op::AllReduce => "all_reduce",
-            Op::Broadcast { .. } => "broadcast",
-            Op::Barrier => "barrier",
-        }
-    }
-
-    /// The op as the header's first two words: a code and the root.
-    fn encode(self) -> [u64; 2] {
-        match self {
-            Op::AllGather => [0, 0],
-            Op::AllToAll => [1, 0],
-            Op::ReduceScatter => [2, 0],
-            Op::AllReduce => [3, 0],
-            Op::Broadcast { root } => [4, root as u64],
-            Op::Barrier => [5, 0],
-        }
-    }
-
-    /// As the local backend words it in [`CommError::Mismatch`].
-    fn describe(header: &[u64]) -> String {
-        let (len, dtype) = (header[2], DTYPES.get(header[3] as usize));
-        let dtype = dtype.map(|d| format!(" {d:?}")).unwrap_or_default();
-        let name = match header[0] {
-            0 => "all_gather",
-            1 => "all_to_all",
-            2 => "reduce_scatter",
-            3 => "all_reduce",
-            4 => return format!("broadcast of {len}{dtype} elements from root {}", header[1]),
-            5 => "barrier",
-            _ => "an unknown collective",
-        };
-        format!("{name} of {len}{dtype} elements")
-    }
+/// A header as the local backend words its call in [`CommError::Mismatch`].
+fn describe(header: &[u64]) -> String {
+    let (len, dtype) = (header[2] as usize, DTYPES.get(header[3] as usize).copied());
+    let op = match header[0] {
+        0 => Op::AllGather,
+        1 => Op::AllToAll,
+        2 => Op::ReduceScatter,
+        3 => Op::AllReduce,
+        4 => Op::Broadcast {
+            root: header[1] as usize,
+        },
+        5 => Op::Barrier,
+        _ => return format!("an unknown collective of {len} elements"),
+    };
+    op.describe(len, dtype)
 }
 
 /// The dtypes a buffer may have; a header names one by its index (none: a barrier).
@@ -337,11 +315,7 @@ impl Worker {
         finish: impl FnOnce(Exchanged) -> candle_core::Result<T>,
     ) -> Result<T> {
         self.check_abort();
-        let g = match group {
-            Group::World => 0,
-            Group::IntraNode => 1,
-            Group::InterNode => 2,
-        };
+        let g = group.index();
         let seq = self.seq[g];
         self.seq[g] += 1;
         let watch = Watch {
@@ -379,7 +353,7 @@ impl Worker {
                 }
             },
         };
-        let [code, root] = op.encode();
+        let [code, root] = encode(op);
         let mine = [code, root, len as u64, dtype_index];
         let comm = self.comm(group);
 
@@ -392,9 +366,9 @@ impl Worker {
                 group,
                 seq,
                 rank: self.rank,
-                ours: Op::describe(&mine),
+                ours: describe(&mine),
                 peer: members[j],
-                theirs: Op::describe(&headers[j * HEADER..(j + 1) * HEADER]),
+                theirs: describe(&headers[j * HEADER..(j + 1) * HEADER]),
             });
         }
         match op {
@@ -465,14 +439,8 @@ impl Worker {
             me,
         })
         .map_err(tensor_error)?;
-        let size = dtype.map_or(1, |d| d.size_in_bytes() as u64);
-        let len = len as u64;
-        let bytes = match op {
-            Op::AllGather | Op::AllReduce => len * size,
-            Op::AllToAll | Op::ReduceScatter => len / n as u64 * size,
-            Op::Broadcast { root } if root == me => len * size,
-            Op::Broadcast { .. } | Op::Barrier => 0,
-        };
+        let size = dtype.map_or(1, |d| d.size_in_bytes());
+        let bytes = op.bytes_per_peer(len, size, n, me);
         self.counters
             .count(&self.topology, self.rank, &members, |_| bytes);
         Ok(result)

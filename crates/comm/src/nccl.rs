@@ -95,6 +95,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
 
 use crate::counters::AtomicCounters;
+use crate::op::Op;
 use crate::{
     ByteCounters, CommError, Communicator, Group, Pending, Result, Topology, DEFAULT_TIMEOUT,
 };
@@ -269,14 +270,19 @@ enum Call {
 }
 
 impl Call {
-    fn name(self) -> &'static str {
+    /// The collective this call carries out.
+    fn op(self) -> Op {
         match self {
-            Call::AllGather => "all_gather",
-            Call::AllToAll => "all_to_all",
-            Call::ReduceScatter => "reduce_scatter",
-            Call::AllReduce => "all_reduce",
-            Call::Broadcast { .. } => "broadcast",
+            Call::AllGather => Op::AllGather,
+            Call::AllToAll => Op::AllToAll,
+            Call::ReduceScatter => Op::ReduceScatter,
+            Call::AllReduce => Op::AllReduce,
+            Call::Broadcast { root } => Op::Broadcast { root },
         }
+    }
+
+    fn name(self) -> &'static str {
+        self.op().name()
     }
 
     fn reduces(self) -> bool {
@@ -309,13 +315,7 @@ impl Call {
 
     /// Logical bytes to each other member, as [`ByteCounters`] documents.
     fn bytes_per_peer(self, len: usize, n: usize, elem: usize, me: usize) -> u64 {
-        let bytes = match self {
-            Call::AllGather | Call::AllReduce => len * elem,
-            Call::AllToAll | Call::ReduceScatter => len / n * elem,
-            Call::Broadcast { root } if root == me => len * elem,
-            Call::Broadcast { .. } => 0,
-        };
-        bytes as u64
+        self.op().bytes_per_peer(len, elem, n, me)
     }
 }
 
@@ -798,7 +798,7 @@ impl Watch {
     /// Watches a collective just enqueued (called under the state lock, so in stream order).
     fn push(&self, op: &'static str, group: Group, done: Arc<CudaEvent>) {
         let mut queue = self.lock();
-        let g = group_index(group);
+        let g = group.index();
         let seq = queue.seq[g];
         queue.seq[g] += 1;
         queue.entries.push_back(Watched {
@@ -819,14 +819,6 @@ impl Watch {
             u64::MAX => None,
             ms => Some(Duration::from_millis(ms)),
         }
-    }
-}
-
-fn group_index(group: Group) -> usize {
-    match group {
-        Group::World => 0,
-        Group::IntraNode => 1,
-        Group::InterNode => 2,
     }
 }
 

@@ -18,6 +18,17 @@ pub enum Group {
     InterNode,
 }
 
+impl Group {
+    /// 0, 1, 2 for world, intra-node, inter-node: an index into per-group state.
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Group::World => 0,
+            Group::IntraNode => 1,
+            Group::InterNode => 2,
+        }
+    }
+}
+
 impl Topology {
     /// A topology of `world` ranks with `ranks_per_node` on each node.
     pub fn new(world: usize, ranks_per_node: usize) -> Result<Self> {

@@ -19,8 +19,9 @@ use std::time::Duration;
 use candle_core::Tensor;
 
 use crate::counters::AtomicCounters;
+use crate::op::Op;
 use crate::{ByteCounters, CommError, Communicator, Group, Pending, Result, Topology};
-use rendezvous::{Op, Payload, Seat, Shared};
+use rendezvous::{Payload, Seat, Shared};
 
 pub use run::{run_local, LocalRunError};
 
@@ -136,12 +137,8 @@ impl Worker {
         let topology = self.shared.topology;
         let members = topology.members(group, self.rank);
         let me = topology.group_rank(group, self.rank);
-        let n = members.len() as u64;
-        let g = match group {
-            Group::World => 0,
-            Group::IntraNode => 1,
-            Group::InterNode => 2,
-        };
+        let n = members.len();
+        let g = group.index();
         let seq = self.seq[g];
         self.seq[g] += 1;
         let seat = Seat {
@@ -149,18 +146,13 @@ impl Worker {
             members: &members,
             me,
         };
-        let (len, size) = (payload.len() as u64, payload.elem_size());
+        let (len, size) = (payload.len(), payload.elem_size());
         let payloads = self.shared.meet(&seat, op, payload)?;
         let result = finish(&payloads, me).map_err(|e| CommError::Tensor {
             op: op.name(),
             message: e.to_string(),
         })?;
-        let bytes = match op {
-            Op::AllGather | Op::AllReduce => len * size,
-            Op::AllToAll | Op::ReduceScatter => len / n * size,
-            Op::Broadcast { root } if root == me => len * size,
-            Op::Broadcast { .. } | Op::Barrier => 0,
-        };
+        let bytes = op.bytes_per_peer(len, size, n, me);
         self.counters
             .count(&topology, self.rank, &members, |_| bytes);
         Ok(result)

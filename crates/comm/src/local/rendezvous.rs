@@ -7,41 +7,8 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType, Tensor};
 
+use crate::op::Op;
 use crate::{CommError, Group, Result, Topology};
-
-/// What a collective computes, with the arguments every member must agree on besides the length.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Op {
-    AllGather,
-    AllToAll,
-    ReduceScatter,
-    AllReduce,
-    Broadcast { root: usize },
-    Barrier,
-}
-
-impl Op {
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Op::AllGather => "all_gather",
-            Op::AllToAll => "all_to_all",
-            Op::ReduceScatter => "reduce_scatter",
-            Op::AllReduce => "all_reduce",
-            Op::Broadcast { .. } => "broadcast",
-            Op::Barrier => "barrier",
-        }
-    }
-
-    fn describe(self, len: usize, dtype: Option<DType>) -> String {
-        let dtype = dtype.map(|d| format!(" {d:?}")).unwrap_or_default();
-        match self {
-            Op::Broadcast { root } => {
-                format!("broadcast of {len}{dtype} elements from root {root}")
-            }
-            op => format!("{} of {len}{dtype} elements", op.name()),
-        }
-    }
-}
 
 /// One member's contribution to a collective.
 #[derive(Debug)]
@@ -60,9 +27,9 @@ impl Payload {
     }
 
     /// Bytes per element.
-    pub(super) fn elem_size(&self) -> u64 {
+    pub(super) fn elem_size(&self) -> usize {
         match self {
-            Payload::Tensor(t) => t.dtype().size_in_bytes() as u64,
+            Payload::Tensor(t) => t.dtype().size_in_bytes(),
             Payload::Empty => 1,
         }
     }
