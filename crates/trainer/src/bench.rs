@@ -373,21 +373,6 @@ fn kernels(args: &BenchArgs<'_>) -> Result<()> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn synthetic_batches_are_seeded_shifted_and_in_range() {
-        let (x, y) = synthetic_batch(7, 3, 1, 0, 64, 100);
-        assert_eq!(x.len(), 64);
-        assert_eq!(x[1..], y[..63]);
-        assert!(x.iter().chain(&y).all(|&t| t < 100));
-        assert_eq!(synthetic_batch(7, 3, 1, 0, 64, 100), (x.clone(), y));
-        assert_ne!(synthetic_batch(7, 3, 2, 0, 64, 100).0, x);
-    }
-}
-
 /// `trainer bench --collectives`: the world's all-gather, reduce-scatter and all-to-all through
 /// our communicator, on bf16 buffers of each size, as nccl-tests reports them: algorithm
 /// bandwidth = bytes / time, bus bandwidth = algbw x (n - 1) / n, with bytes the gathered
@@ -461,4 +446,19 @@ fn collectives(config: &RunConfig, mib: &[usize]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_batches_are_seeded_shifted_and_in_range() {
+        let (x, y) = synthetic_batch(7, 3, 1, 0, 64, 100);
+        assert_eq!(x.len(), 64);
+        assert_eq!(x[1..], y[..63]);
+        assert!(x.iter().chain(&y).all(|&t| t < 100));
+        assert_eq!(synthetic_batch(7, 3, 1, 0, 64, 100), (x.clone(), y));
+        assert_ne!(synthetic_batch(7, 3, 2, 0, 64, 100).0, x);
+    }
 }

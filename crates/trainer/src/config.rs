@@ -408,6 +408,22 @@ fn apply_override(table: &mut toml::Table, spec: &str) -> Result<()> {
     Ok(())
 }
 
+/// GPU 0 with a stream of its own. Candle's `Device::new_cuda` computes on each calling
+/// thread's per-thread stream; the local backend's ranks and communication threads share one
+/// device, and one real stream orders all their work by issue order, so a tensor one thread
+/// made is complete before another thread's kernel reads it.
+#[cfg(feature = "cuda")]
+fn cuda_device() -> Result<candle_core::Device> {
+    let dev = candle_core::cuda_backend::CudaDevice::new_with_stream(0)
+        .context("train.device = \"cuda\": cannot open GPU 0")?;
+    Ok(candle_core::Device::Cuda(dev))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device() -> Result<candle_core::Device> {
+    bail!("train.device = \"cuda\": this binary was built without CUDA support (cargo build --release --features cuda)")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -473,20 +489,4 @@ mod tests {
             "30 is not a multiple of 4 heads"
         );
     }
-}
-
-/// GPU 0 with a stream of its own. Candle's `Device::new_cuda` computes on each calling
-/// thread's per-thread stream; the local backend's ranks and communication threads share one
-/// device, and one real stream orders all their work by issue order, so a tensor one thread
-/// made is complete before another thread's kernel reads it.
-#[cfg(feature = "cuda")]
-fn cuda_device() -> Result<candle_core::Device> {
-    let dev = candle_core::cuda_backend::CudaDevice::new_with_stream(0)
-        .context("train.device = \"cuda\": cannot open GPU 0")?;
-    Ok(candle_core::Device::Cuda(dev))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_device() -> Result<candle_core::Device> {
-    bail!("train.device = \"cuda\": this binary was built without CUDA support (cargo build --release --features cuda)")
 }
