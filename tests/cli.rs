@@ -168,6 +168,12 @@ fn bad_input_is_refused_with_one_line_and_nothing_lost() {
         &keep,
     );
     assert_refused(&with("train.global_batch=6"), "global_batch", &keep);
+    // Launched backends: the wrong device, a missing build feature, a bad timeout.
+    assert_refused(&with("dist.backend=\"nccl\""), "train.device", &keep);
+    if !cfg!(feature = "mpi") {
+        assert_refused(&with("dist.backend=\"mpi\""), "--features mpi", &keep);
+    }
+    assert_refused(&with("dist.timeout_s=0"), "dist.timeout_s", &keep);
     // The run exists: starting it again without resume must not overwrite it.
     assert_refused(
         &with("checkpoint.resume=false"),
