@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Multi-GPU checks and measurements on one host with 2 or more GPUs (issue 7), from the
 # repository root with what scripts/gpu-build.sh packed into .gpu/. One process per GPU under
-# torchrun (--no-python), the nccl backend, the GPUs as simulated nodes of one GPU each
-# (dist.gpus_per_node=1), so every byte between them counts as inter-node. Stages (default all):
+# torchrun (--no-python), the nccl backend, the GPUs as simulated nodes of GPN GPUs each
+# (default 1, so every byte between GPUs counts as inter-node; GPN=4 on 8 GPUs gives the 2 x 4 of
+# the issue, with hpZ over each simulated node). Stages (default parity bench comm):
 #   parity   tiny, 200 steps, ZeRO-3 and ZeRO++ over NCCL vs the local backend on one GPU
 #   parity350 gpt350m, 200 steps on the bundled corpus, ZeRO-3 and ZeRO++ over NCCL vs local
 #   bench    gpt350m, ZeRO-3 vs ZeRO++, 1K and 2K tokens per GPU, NCCL's fast path and its
@@ -18,18 +19,19 @@ export LD_LIBRARY_PATH=$V/nvidia/cu13/lib:$V/nvidia/nccl/lib:${LD_LIBRARY_PATH:-
 for b in trainer gpu-tests; do [[ -x .gpu/$b ]] || gunzip -kf .gpu/$b.gz; done
 T=$PWD/.gpu/trainer
 N=${NGPU:-$(nvidia-smi -L | wc -l)}
+GPN=${GPN:-1}
 mkdir -p "$OUT"
 launch() { torchrun --nproc-per-node="$N" --master-port="${PORT:-29501}" --no-python "$T" "$@"; }
 gpu=(--set 'train.device="cuda"' --set 'train.precision="bf16"')
-nccl=(--set 'dist.backend="nccl"' --set "dist.world_size=$N" --set dist.gpus_per_node=1)
-zeropp=(--set zero.quantized_weights=true --set zero.quantized_gradients=true --set zero.hpz_partition_size=1)
+nccl=(--set 'dist.backend="nccl"' --set "dist.world_size=$N" --set "dist.gpus_per_node=$GPN")
+zeropp=(--set zero.quantized_weights=true --set zero.quantized_gradients=true --set "zero.hpz_partition_size=$GPN")
 zero3=(--set zero.quantized_weights=false --set zero.quantized_gradients=false --set zero.hpz_partition_size=1)
 
 for stage in $STAGES; do
   case $stage in
   parity)
     base=(--config configs/tiny.toml --set log.progress=false --set train.steps=200 --set log.interval=10
-          --set log.eval_interval=50 --set dist.world_size="$N" --set dist.gpus_per_node=1 --set zero.hpz_partition_size=1
+          --set log.eval_interval=50 --set dist.world_size="$N" --set "dist.gpus_per_node=$GPN" --set zero.hpz_partition_size=1
           --set train.micro_batch=$((16 / N)) --set checkpoint.interval=0)
     for mode in zero3 zeropp; do
       extra=(); [[ $mode == zeropp ]] && extra=("${zeropp[@]}")
@@ -46,7 +48,7 @@ for stage in $STAGES; do
           --set data.valid_fraction=0.05 --set model.seq_len=1024 --set model.recompute=false
           --set train.micro_batch=1 --set "train.global_batch=$N" --set train.steps=200 --set train.warmup_steps=10
           --set log.progress=false --set log.interval=10 --set log.eval_interval=100 --set log.eval_samples=16
-          --set checkpoint.interval=0 --set checkpoint.resume=false --set dist.world_size="$N" --set dist.gpus_per_node=1
+          --set checkpoint.interval=0 --set checkpoint.resume=false --set dist.world_size="$N" --set "dist.gpus_per_node=$GPN"
           --set zero.hpz_partition_size=1)
     for mode in zero3 zeropp; do
       if [[ $mode == zeropp ]]; then extra=("${zeropp[@]}"); else extra=("${zero3[@]}"); fi
