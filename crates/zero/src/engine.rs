@@ -201,7 +201,9 @@ impl Engine {
         };
         MemoryEstimate {
             sharded_bytes: 16 * owned as u64,
-            working_bytes: 4 * (embedding + 2 * largest) as u64,
+            // Gathered units in the compute dtype, the unit's gradient reduced in f32.
+            working_bytes: (self.opts.compute_dtype.size_in_bytes() * (embedding + largest)
+                + 4 * largest) as u64,
             secondary_bytes: secondary as u64,
         }
     }
