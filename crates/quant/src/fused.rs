@@ -23,6 +23,41 @@ use crate::int4::check_int4_block;
 use crate::swizzle::swizzled_pos;
 use crate::QuantError;
 
+/// The checks of [`quantize_int4_swizzled`] on an input of `len` elements (the GPU path makes
+/// them too); returns the slice length S.
+pub(crate) fn check_swizzle(
+    len: usize,
+    nodes: usize,
+    ranks_per_node: usize,
+    block: usize,
+) -> Result<usize, QuantError> {
+    check_int4_block(block)?;
+    let w = nodes * ranks_per_node;
+    if w == 0 {
+        return Err(QuantError::BadLength {
+            what: "world size nodes * ranks_per_node",
+            got: 0,
+            expected: 1,
+        });
+    }
+    if !len.is_multiple_of(w) {
+        return Err(QuantError::BadLength {
+            what: "input length (a multiple of the world size)",
+            got: len,
+            expected: len.next_multiple_of(w),
+        });
+    }
+    let s = len / w;
+    if !s.is_multiple_of(block) {
+        return Err(QuantError::BadLength {
+            what: "slice length (a multiple of the block)",
+            got: s,
+            expected: s.next_multiple_of(block),
+        });
+    }
+    Ok(s)
+}
+
 /// Equals `quantize_int4(&swizzle(x, nodes, ranks_per_node), block)` bitwise, in one pass.
 ///
 /// x: [W * S], W = nodes * ranks_per_node. Errors: `ZeroBlock`, `OddBlock`; `BadLength` if
@@ -35,30 +70,7 @@ pub fn quantize_int4_swizzled(
     ranks_per_node: usize,
     block: usize,
 ) -> Result<(Vec<u8>, Vec<f32>), QuantError> {
-    check_int4_block(block)?;
-    let w = nodes * ranks_per_node;
-    if w == 0 {
-        return Err(QuantError::BadLength {
-            what: "world size nodes * ranks_per_node",
-            got: 0,
-            expected: 1,
-        });
-    }
-    if !x.len().is_multiple_of(w) {
-        return Err(QuantError::BadLength {
-            what: "input length (a multiple of the world size)",
-            got: x.len(),
-            expected: x.len().next_multiple_of(w),
-        });
-    }
-    let s = x.len() / w;
-    if !s.is_multiple_of(block) {
-        return Err(QuantError::BadLength {
-            what: "slice length (a multiple of the block)",
-            got: s,
-            expected: s.next_multiple_of(block),
-        });
-    }
+    let s = check_swizzle(x.len(), nodes, ranks_per_node, block)?;
     let mut packed = vec![0u8; x.len() / 2];
     let mut scales = vec![0f32; x.len() / block];
     if s == 0 {

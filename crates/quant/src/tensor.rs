@@ -23,6 +23,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::int4::check_int4_block;
 use crate::QuantError;
 
 type Result<T> = std::result::Result<T, QuantError>;
@@ -175,53 +176,13 @@ pub fn quantize_int4_swizzled(
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(dev) => {
-            check_swizzle(x.elem_count(), nodes, ranks_per_node, block)?;
+            crate::fused::check_swizzle(x.elem_count(), nodes, ranks_per_node, block)?;
             gpu_block(block)?;
             crate::cuda::quantize_int4_swizzled(dev, x, nodes, ranks_per_node, block)
         }
         #[allow(unreachable_patterns)]
         d => Err(unsupported("x", d)),
     }
-}
-
-/// The checks of `fused::quantize_int4_swizzled`, in its order (the GPU path makes them here).
-#[cfg(feature = "cuda")]
-fn check_swizzle(len: usize, nodes: usize, ranks_per_node: usize, block: usize) -> Result<()> {
-    check_int4_block(block)?;
-    let w = nodes * ranks_per_node;
-    if w == 0 {
-        return Err(QuantError::BadLength {
-            what: "world size nodes * ranks_per_node",
-            got: 0,
-            expected: 1,
-        });
-    }
-    if !len.is_multiple_of(w) {
-        return Err(QuantError::BadLength {
-            what: "input length (a multiple of the world size)",
-            got: len,
-            expected: len.next_multiple_of(w),
-        });
-    }
-    let s = len / w;
-    if !s.is_multiple_of(block) {
-        return Err(QuantError::BadLength {
-            what: "slice length (a multiple of the block)",
-            got: s,
-            expected: s.next_multiple_of(block),
-        });
-    }
-    Ok(())
-}
-
-fn check_int4_block(block: usize) -> Result<()> {
-    if block == 0 {
-        return Err(QuantError::ZeroBlock);
-    }
-    if !block.is_multiple_of(2) {
-        return Err(QuantError::OddBlock);
-    }
-    Ok(())
 }
 
 /// Checks the concatenated pieces; returns (P = packed bytes a piece, scales a piece).
