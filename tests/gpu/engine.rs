@@ -41,7 +41,7 @@ fn local_backend_on_one_gpu_equals_the_cpu() {
                             .wait()?,
                         ];
                         for t in results {
-                            assert_eq!(t.device().same_device(&device), true);
+                            assert!(t.device().same_device(&device));
                             out.push(t.to_dtype(DType::F32)?.to_vec1::<f32>()?);
                         }
                     }

@@ -153,3 +153,65 @@ fn nccl_every_gpu_one_rank_per_thread_equals_local() {
         assert_eq!(got_bytes, want_bytes, "rank {rank}: byte counters");
     }
 }
+
+/// The emulated slow link ([`comm::link`]): over 2 GPUs as 2 nodes x 1, an all-gather of 32 MiB a
+/// rank at 8 Gb/s (1 GB/s a rank) completes no sooner than its 33.5 ms on that link, and still
+/// gathers the right data; an intra-node all-gather (no cross-node bytes) is not held. Passes
+/// without checking anything on a machine with fewer than two GPUs.
+#[test]
+fn emulated_link_holds_cross_node_collectives() {
+    let gpus = CudaContext::device_count().expect("CUDA device count") as usize;
+    if gpus < 2 {
+        eprintln!("emulated_link_holds_cross_node_collectives: {gpus} GPU, nothing to check");
+        return;
+    }
+    const N: usize = 8 << 20; // f32 elements a rank: 32 MiB
+    let topology = Topology::new(2, 1).unwrap();
+    let link = comm::link::EmulatedLink::per_node(8.0, 1).unwrap();
+    let want_hold = link.hold((N * 4) as u64);
+    let ids = NcclIds::new(topology).unwrap().to_bytes();
+    let held: Vec<_> = std::thread::scope(|s| {
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                let ids = &ids;
+                s.spawn(move || -> Result<_, TestError> {
+                    let device = Device::new_cuda(rank)?;
+                    let ids = NcclIds::from_bytes(ids, topology)?;
+                    let comm = NcclComm::new(device.as_cuda_device()?, topology, rank, &ids)?;
+                    comm.set_emulated_link(Some(link));
+                    let send = Tensor::full(rank as f32, N, &device)?;
+                    // Warm-up (NCCL's first collective sets up its channels), then timed.
+                    comm.all_gather(Group::World, send.clone()).wait()?;
+                    comm.all_gather(Group::IntraNode, send.clone()).wait()?;
+                    device.synchronize()?;
+                    let start = std::time::Instant::now();
+                    let out = comm.all_gather(Group::World, send.clone()).wait()?;
+                    let sum = out.sum_all()?.to_scalar::<f32>()?;
+                    let world = start.elapsed();
+                    let start = std::time::Instant::now();
+                    comm.all_gather(Group::IntraNode, send)
+                        .wait()?
+                        .sum_all()?
+                        .to_scalar::<f32>()?;
+                    let intra = start.elapsed();
+                    Ok((world, intra, sum))
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|h| h.join().unwrap().expect("an NCCL rank"))
+            .collect()
+    });
+    for (rank, (world, intra, sum)) in held.into_iter().enumerate() {
+        assert_eq!(sum, N as f32, "rank {rank}: gathered 0s and 1s");
+        assert!(
+            world >= want_hold,
+            "rank {rank}: world all-gather took {world:?} < {want_hold:?}"
+        );
+        assert!(
+            intra < want_hold,
+            "rank {rank}: the intra-node gather was held ({intra:?})"
+        );
+    }
+}

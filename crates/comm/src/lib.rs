@@ -28,6 +28,7 @@ pub mod bootstrap;
 mod counters;
 mod error;
 pub mod launch;
+pub mod link;
 mod local;
 #[cfg(feature = "mpi")]
 mod mpi;

@@ -79,22 +79,25 @@
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, DeviceRepr, DriverError,
+    CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, DeviceRepr, DriverError, LaunchConfig,
+    PushKernelArg,
 };
 use candle_core::cuda_backend::cudarc::nccl::result::NcclError;
 use candle_core::cuda_backend::cudarc::nccl::safe::{
     group_end, group_start, Comm, Id, NcclType, ReduceOp,
 };
+use candle_core::cuda_backend::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
 
 use crate::counters::AtomicCounters;
+use crate::link::{cross_node_bytes, EmulatedLink};
 use crate::op::Op;
 use crate::{
     ByteCounters, CommError, Communicator, Group, Pending, Result, Topology, DEFAULT_TIMEOUT,
@@ -199,6 +202,8 @@ pub struct NcclComm {
     watch: Arc<Watch>,
     /// The watchdog thread, joined on drop.
     watchdog: Option<JoinHandle<()>>,
+    /// A benchmark's emulated slow link between nodes ([`crate::link`]), if set.
+    link: Mutex<Option<EmulatedLink>>,
 }
 
 /// The communicators, or why they are gone; also shared with in-flight collectives so `wait`
@@ -445,7 +450,15 @@ impl NcclComm {
             counters: AtomicCounters::default(),
             watch,
             watchdog: Some(watchdog),
+            link: Mutex::new(None),
         })
+    }
+
+    /// Emulates a slow link between nodes from now on (`None`: the real one): after each
+    /// collective the communication stream is held for the time this rank's cross-node bytes take
+    /// on `link` (see [`crate::link`]). For benchmarks of the low-bandwidth regime.
+    pub fn set_emulated_link(&self, link: Option<EmulatedLink>) {
+        *self.link.lock().unwrap_or_else(PoisonError::into_inner) = link;
     }
 
     /// How long a collective may stay incomplete before the watchdog aborts NCCL (default
@@ -541,17 +554,25 @@ impl NcclComm {
             Group::IntraNode => &comms.intra,
             Group::InterNode => &comms.inter,
         };
+        let members = self.topology.members(group, self.rank);
+        let bytes = call.bytes_per_peer(len, n, elem, me);
+        let hold = match *self.link.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some(link) if count => {
+                link.hold(cross_node_bytes(&self.topology, group, self.rank, bytes))
+            }
+            _ => Duration::ZERO,
+        };
         let (storage, layout) = send.storage_and_layout();
         let (Storage::Cuda(cuda), Some((start, end))) = (&*storage, layout.contiguous_offsets())
         else {
             unreachable!("`on_device` gives a contiguous tensor on the device");
         };
         let launched = match &cuda.slice {
-            CudaStorageSlice::U8(s) => self.launch(comm, call, n, s.slice(start..end)),
-            CudaStorageSlice::BF16(s) => self.launch(comm, call, n, s.slice(start..end)),
-            CudaStorageSlice::F16(s) => self.launch(comm, call, n, s.slice(start..end)),
-            CudaStorageSlice::F32(s) => self.launch(comm, call, n, s.slice(start..end)),
-            CudaStorageSlice::F64(s) => self.launch(comm, call, n, s.slice(start..end)),
+            CudaStorageSlice::U8(s) => self.launch(comm, call, n, s.slice(start..end), hold),
+            CudaStorageSlice::BF16(s) => self.launch(comm, call, n, s.slice(start..end), hold),
+            CudaStorageSlice::F16(s) => self.launch(comm, call, n, s.slice(start..end), hold),
+            CudaStorageSlice::F32(s) => self.launch(comm, call, n, s.slice(start..end), hold),
+            CudaStorageSlice::F64(s) => self.launch(comm, call, n, s.slice(start..end), hold),
             _ => unreachable!("the dtype was checked"),
         };
         drop(storage);
@@ -577,8 +598,6 @@ impl NcclComm {
         // after whatever was enqueued.
         nccl.map_err(|e| nccl_error(op, e))?;
         if count {
-            let members = self.topology.members(group, self.rank);
-            let bytes = call.bytes_per_peer(len, n, elem, me);
             self.counters
                 .count(&self.topology, self.rank, &members, |_| bytes);
         }
@@ -610,7 +629,8 @@ impl NcclComm {
     }
 
     /// Allocates the output, orders the communication stream after the compute stream, enqueues
-    /// `call` and records `done`. The NCCL result comes separately so that the caller still holds
+    /// `call` (then holds the stream for `hold`, an emulated link's transfer time) and records
+    /// `done`. The NCCL result comes separately so that the caller still holds
     /// the buffers until `done` when NCCL failed.
     #[allow(clippy::type_complexity)]
     fn launch<T>(
@@ -619,6 +639,7 @@ impl NcclComm {
         call: Call,
         n: usize,
         input: CudaView<'_, T>,
+        hold: Duration,
     ) -> Result<(CudaEvent, Tensor, std::result::Result<(), NcclError>)>
     where
         T: NcclType + CudaDType + DeviceRepr,
@@ -644,12 +665,58 @@ impl NcclComm {
                 .map(drop),
             Call::AllToAll => all_to_all(comm, &input, &mut out, n),
         };
+        if !hold.is_zero() && nccl.is_ok() {
+            hold_stream(&self.device, &self.stream, hold)?;
+        }
         let done = self.stream.record_event(None).map_err(cuda)?;
         let storage = CudaStorage::wrap_cuda_slice(out, self.device.clone());
         let output =
             Tensor::from_storage(Storage::Cuda(storage), out_len, BackpropOp::none(), false);
         Ok((done, output, nccl))
     }
+}
+
+/// Source of [`hold_stream`]'s kernel: one thread that sleeps until `ns` nanoseconds of the
+/// global timer have passed since it started.
+const HOLD_KERNEL: &str = r#"
+extern "C" __global__ void hold_stream(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}
+"#;
+
+/// Enqueues on `stream` a kernel that keeps it busy for `hold` (the emulated link's transfer).
+fn hold_stream(device: &CudaDevice, stream: &Arc<CudaStream>, hold: Duration) -> Result<()> {
+    const OP: &str = "emulated link";
+    static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+    let ptx = PTX
+        .get_or_init(|| {
+            let options = CompileOptions {
+                arch: Some("compute_80"),
+                ..Default::default()
+            };
+            compile_ptx_with_opts(HOLD_KERNEL, options)
+                .map(|p| p.to_src())
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|message| CommError::Cuda {
+            op: OP,
+            message: message.clone(),
+        })?;
+    let func = device
+        .get_or_load_custom_func("hold_stream", "zeropp_comm_link", ptx)
+        .map_err(|e| tensor_error(OP, e))?;
+    let ns = u64::try_from(hold.as_nanos()).unwrap_or(u64::MAX);
+    let mut launch = stream.launch_builder(&func);
+    launch.arg(&ns);
+    // SAFETY: the kernel takes one u64 and touches no memory.
+    unsafe { launch.launch(LaunchConfig::for_num_elems(1)) }.map_err(|e| cuda_error(OP, e))?;
+    Ok(())
 }
 
 /// One grouped set of sends and receives: chunk j of `input` to member j, chunk j of `out` from

@@ -153,6 +153,10 @@ pub struct DistSection {
     /// Seconds a collective (or the bootstrap) may wait for its peers before this rank gives up
     /// and aborts the world, so a dead or hung process never hangs the others.
     pub timeout_s: u64,
+    /// Benchmarks only (`nccl`): emulate nodes joined by a link of this many Gb/s, shared by the
+    /// node's ranks, by holding the communication stream for each collective's cross-node bytes
+    /// (comm::link; docs/launch.md). Unset: the real network.
+    pub emulated_link_gbps: Option<f64>,
 }
 
 impl Default for DistSection {
@@ -162,6 +166,7 @@ impl Default for DistSection {
             world_size: 1,
             gpus_per_node: None,
             timeout_s: 600,
+            emulated_link_gbps: None,
         }
     }
 }
@@ -280,6 +285,14 @@ impl RunConfig {
         }
         if self.log.interval == 0 {
             bail!("log.interval must be at least 1");
+        }
+        if let Some(gbps) = self.dist.emulated_link_gbps {
+            if !(gbps.is_finite() && gbps > 0.0) {
+                bail!("dist.emulated_link_gbps = {gbps}: a link rate must be positive");
+            }
+            if self.dist.backend != Backend::Nccl {
+                bail!("dist.emulated_link_gbps emulates a slow network for dist.backend = \"nccl\" only");
+            }
         }
         self.zero.validate()?;
         self.model_config()?;
@@ -476,6 +489,22 @@ mod tests {
         ));
         let e = format!("{:#}", RunConfig::load(&path, &[]).unwrap_err());
         assert!(e.contains("not divisible"), "{e}");
+    }
+
+    #[test]
+    fn emulated_link_needs_nccl_and_a_positive_rate() {
+        let (_d, path) = write(BASE);
+        for (set, want) in [
+            ("dist.emulated_link_gbps=100.0", "\"nccl\" only"),
+            ("dist.emulated_link_gbps=0.0", "must be positive"),
+            ("dist.emulated_link_gbps=-5.0", "must be positive"),
+        ] {
+            let e = format!("{:#}", RunConfig::load(&path, &[set.into()]).unwrap_err());
+            assert!(
+                e.contains("dist.emulated_link_gbps") && e.contains(want),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -101,6 +101,16 @@ fn join_nccl(config: &RunConfig, timeout: Duration) -> Result<ProcessRank> {
     let nccl = comm::bootstrap::nccl_from_launch(&info, topology, &device, timeout)?;
     // The watchdog: a collective unfinished after the timeout aborts NCCL (a peer died or hung).
     nccl.set_timeout(timeout);
+    if let Some(gbps) = config.dist.emulated_link_gbps {
+        let link = comm::link::EmulatedLink::per_node(gbps, topology.ranks_per_node)?;
+        if info.rank == 0 {
+            eprintln!(
+                "note: emulating a {gbps} Gb/s link between nodes ({:.3} GB/s a rank)",
+                link.rank_bytes_per_s() / 1e9
+            );
+        }
+        nccl.set_emulated_link(Some(link));
+    }
     Ok(ProcessRank {
         comm: Arc::new(nccl),
         device: candle_core::Device::Cuda(device),
