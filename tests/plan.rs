@@ -94,6 +94,7 @@ fn gpt18b_on_384_gpus_matches_both_accountings() {
         "optimizer_states",
         "hpz_secondary",
         "gathered_working_set",
+        "reductions_in_flight",
         "activations",
     ]
     .iter()

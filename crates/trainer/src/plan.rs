@@ -95,6 +95,9 @@ pub struct Memory {
     pub optimizer_includes_master: bool,
     pub hpz_secondary: u64,
     pub gathered_working_set: u64,
+    /// Full fp32 gradients of the units whose reduction is in flight (the largest
+    /// `zero::REDUCTIONS_IN_FLIGHT`).
+    pub reductions_in_flight: u64,
     pub activations_saved_inputs: u64,
     pub activations_block_working: u64,
     pub activations_logits_chunk: u64,
@@ -270,6 +273,11 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
     let mut sorted = padded.clone();
     sorted.sort_unstable_by(|a, b| b.cmp(a));
     let gathered_working_set: u64 = sorted.iter().take(2).map(|&p| (p * pb) as u64).sum();
+    let reductions_in_flight: u64 = sorted
+        .iter()
+        .take(zero::REDUCTIONS_IN_FLIGHT)
+        .map(|&p| 4 * p as u64)
+        .sum();
     let (b, s, c, a, l) = (
         t.micro_batch as u64,
         cfg.seq_len as u64,
@@ -292,6 +300,7 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
         + optimizer_states
         + hpz_secondary
         + gathered_working_set
+        + reductions_in_flight
         + activations;
 
     // Communication per rank per step.
@@ -368,6 +377,7 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
             optimizer_includes_master: !fp32,
             hpz_secondary,
             gathered_working_set,
+            reductions_in_flight,
             activations_saved_inputs: saved,
             activations_block_working: working,
             activations_logits_chunk: logits,
@@ -519,6 +529,7 @@ pub fn human(r: &Report) -> String {
         "gathered units (largest two)".into(),
         mem.gathered_working_set,
     );
+    row("reducing gradients (fp32)".into(), mem.reductions_in_flight);
     row(
         format!(
             "activations{}",

@@ -8,6 +8,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use std::cell::RefCell;
+use std::collections::VecDeque;
 
 use comm::{Communicator, Group};
 use model::{GptConfig, ModelLayout, UnitLayout};
@@ -15,6 +16,12 @@ use model::{GptConfig, ModelLayout, UnitLayout};
 use crate::gather::{self, GatherQueue, Secondary};
 use crate::reduce::{self, Reduction};
 use crate::{AdamW, DecayRanges, Partition, Result, Techniques, ZeroConfig, ZeroError, ZeroPlan};
+
+/// Gradient reductions left in flight during the backward pass: starting another finishes the
+/// oldest, so the newest overlaps the next unit's backward while at most this many units' full
+/// fp32 gradients (a reduce-scatter holds its input until it completes) are alive at once, as
+/// `trainer plan` counts them (DeepSpeed's reduce bucket, Megatron's overlapped reduce).
+pub const REDUCTIONS_IN_FLIGHT: usize = 2;
 
 /// Everything the engine needs besides the model shape and the communicator.
 #[derive(Clone, Debug)]
@@ -70,7 +77,7 @@ pub struct MemoryEstimate {
     /// fp32 master + Adam moments + fp32 gradient shard (16 bytes per owned element).
     pub sharded_bytes: u64,
     /// Two gathered units at a time (the embedding held through backward plus the largest other)
-    /// and the full gradient of one unit.
+    /// and the full fp32 gradients of the [`REDUCTIONS_IN_FLIGHT`] largest units.
     pub working_bytes: u64,
     /// hpZ's secondary partitions (padded / ranks per node of every unit), 0 without hpZ.
     pub secondary_bytes: u64,
@@ -186,6 +193,7 @@ impl Engine {
         let embedding = sizes[0];
         sizes.sort_unstable();
         let largest = *sizes.last().unwrap_or(&0);
+        let in_reduction: usize = sizes.iter().rev().take(REDUCTIONS_IN_FLIGHT).sum();
         let d = self.plan.topology.ranks_per_node;
         let secondary: usize = if self.plan.hpz {
             let per_element = match self.plan.qwz {
@@ -201,9 +209,9 @@ impl Engine {
         };
         MemoryEstimate {
             sharded_bytes: 16 * owned as u64,
-            // Gathered units in the compute dtype, the unit's gradient reduced in f32.
+            // Gathered units in the compute dtype, the gradients in reduction in f32.
             working_bytes: (self.opts.compute_dtype.size_in_bytes() * (embedding + largest)
-                + 4 * largest) as u64,
+                + 4 * in_reduction) as u64,
             secondary_bytes: secondary as u64,
         }
     }
@@ -278,19 +286,22 @@ impl Engine {
     }
 
     /// Starts reducing unit `u`'s full gradient, first advancing every qgZ reduction still in
-    /// its first hop (so hop 1 of this unit overlaps hop 2 of the previous).
+    /// its first hop (so hop 1 of this unit overlaps hop 2 of the previous); then finishes the
+    /// oldest reductions beyond [`REDUCTIONS_IN_FLIGHT`], adding `scale` x their mean into the
+    /// shards.
     fn start_reduce(
-        &self,
-        pending: &mut Vec<Reduction>,
+        &mut self,
+        pending: &mut VecDeque<Reduction>,
         u: usize,
         grad: &Tensor,
         qgz: bool,
+        scale: f32,
     ) -> Result<()> {
         let qgz = self.plan.qgz.filter(|_| qgz);
         if let Some(q) = qgz {
             let earlier = std::mem::take(pending);
             for r in earlier {
-                pending.push(reduce::advance(self.comm.as_ref(), r, q)?);
+                pending.push_back(reduce::advance(self.comm.as_ref(), r, q)?);
             }
         }
         let numel = grad.elem_count();
@@ -299,19 +310,23 @@ impl Engine {
             0,
             self.units[u].partition.padded - numel,
         )?;
-        pending.push(reduce::start(self.comm.as_ref(), u, full, qgz)?);
+        pending.push_back(reduce::start(self.comm.as_ref(), u, full, qgz)?);
+        while pending.len() > REDUCTIONS_IN_FLIGHT {
+            let oldest = pending
+                .pop_front()
+                .expect("more than the bound are pending");
+            self.finish_reduce(oldest, scale)?;
+        }
         Ok(())
     }
 
-    /// Waits for every reduction and adds `scale` x (my slice of the world mean) into my
-    /// fp32 gradient shards.
-    fn finish_reduces(&mut self, pending: Vec<Reduction>, scale: f32) -> Result<()> {
-        for r in pending {
-            let (u, sum) = reduce::finish(self.comm.as_ref(), r, self.plan.qgz)?;
-            let unit = &mut self.units[u];
-            let coef = scale / unit.partition.world as f32;
-            unit.grad = (&unit.grad + sum.affine(coef as f64, 0.0)?)?;
-        }
+    /// Waits for reduction `r` and adds `scale` x (my slice of the world mean) into its unit's
+    /// fp32 gradient shard.
+    fn finish_reduce(&mut self, r: Reduction, scale: f32) -> Result<()> {
+        let (u, sum) = reduce::finish(self.comm.as_ref(), r, self.plan.qgz)?;
+        let unit = &mut self.units[u];
+        let coef = scale / unit.partition.world as f32;
+        unit.grad = (&unit.grad + sum.affine(coef as f64, 0.0)?)?;
         Ok(())
     }
 
@@ -365,22 +380,30 @@ impl Engine {
                 step: self.step + 1,
             });
         }
-        let mut reductions = Vec::with_capacity(last + 1);
+        let mut reductions = VecDeque::with_capacity(REDUCTIONS_IN_FLIGHT + 1);
         let norm = self.next_gather(&mut gathers, last, hpz)?;
         let (mut dx, dnorm) = model::final_norm_backward(&cfg, &norm, &norm_saved, &dxf)?;
         drop(norm);
-        self.start_reduce(&mut reductions, last, &dnorm, qgz)?;
+        self.start_reduce(&mut reductions, last, &dnorm, qgz, grad_scale)?;
         for l in (0..n_layer).rev() {
             let params = self.next_gather(&mut gathers, 1 + l, hpz)?;
             let s = saved.pop().expect("one saved state per block");
             let (d, dparams) = model::block_backward(&cfg, &params, &s, &dx)?;
-            self.start_reduce(&mut reductions, 1 + l, &dparams, qgz)?;
+            self.start_reduce(&mut reductions, 1 + l, &dparams, qgz, grad_scale)?;
             dx = d;
         }
         let lookup_grad = model::embedding_backward(&cfg, &tokens, &dx)?;
         drop(embedding);
-        self.start_reduce(&mut reductions, 0, &(head_grad + lookup_grad)?, qgz)?;
-        self.finish_reduces(reductions, grad_scale)?;
+        self.start_reduce(
+            &mut reductions,
+            0,
+            &(head_grad + lookup_grad)?,
+            qgz,
+            grad_scale,
+        )?;
+        for r in reductions {
+            self.finish_reduce(r, grad_scale)?;
+        }
         Ok(loss)
     }
 

@@ -19,7 +19,9 @@ mod reduce;
 pub mod volume;
 
 pub use config::ZeroConfig;
-pub use engine::{Engine, EngineOptions, MemoryEstimate, NamedShard, StepStats};
+pub use engine::{
+    Engine, EngineOptions, MemoryEstimate, NamedShard, StepStats, REDUCTIONS_IN_FLIGHT,
+};
 pub use error::{Result, ZeroError};
 pub use optimizer::{AdamW, DecayRanges};
 pub use partition::Partition;

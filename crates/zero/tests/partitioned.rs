@@ -106,3 +106,103 @@ fn counters_equal_the_zero3_volume_exactly() {
         assert_eq!(c.inter, per_peer * (w - d) as u64);
     }
 }
+
+/// A communicator that counts the reduce-scatters issued and not yet waited, and the most
+/// there ever were.
+struct CountsReductions<C> {
+    inner: C,
+    outstanding: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    most: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<C: Communicator> Communicator for CountsReductions<C> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn topology(&self) -> Topology {
+        self.inner.topology()
+    }
+    fn all_gather(
+        &self,
+        g: comm::Group,
+        send: candle_core::Tensor,
+    ) -> comm::Pending<candle_core::Tensor> {
+        self.inner.all_gather(g, send)
+    }
+    fn all_to_all(
+        &self,
+        g: comm::Group,
+        send: candle_core::Tensor,
+    ) -> comm::Pending<candle_core::Tensor> {
+        self.inner.all_to_all(g, send)
+    }
+    fn reduce_scatter(
+        &self,
+        g: comm::Group,
+        send: candle_core::Tensor,
+    ) -> comm::Pending<candle_core::Tensor> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.outstanding.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(now, SeqCst);
+        let outstanding = self.outstanding.clone();
+        self.inner.reduce_scatter(g, send).map(move |t| {
+            outstanding.fetch_sub(1, SeqCst);
+            Ok(t)
+        })
+    }
+    fn all_reduce(
+        &self,
+        g: comm::Group,
+        buf: candle_core::Tensor,
+    ) -> comm::Pending<candle_core::Tensor> {
+        self.inner.all_reduce(g, buf)
+    }
+    fn broadcast(
+        &self,
+        g: comm::Group,
+        root: usize,
+        buf: candle_core::Tensor,
+    ) -> comm::Pending<candle_core::Tensor> {
+        self.inner.broadcast(g, root, buf)
+    }
+    fn barrier(&self, g: comm::Group) -> comm::Pending<()> {
+        self.inner.barrier(g)
+    }
+    fn counters(&self) -> comm::ByteCounters {
+        self.inner.counters()
+    }
+    fn abort(&self, reason: String) {
+        self.inner.abort(reason)
+    }
+}
+
+/// Backward keeps at most `REDUCTIONS_IN_FLIGHT` gradient reductions in flight (one more while
+/// the next is issued), not one per unit: a reduce-scatter holds its full fp32 gradient until
+/// it is waited, so unbounded, a step held the whole model's gradient at once.
+#[test]
+fn backward_bounds_the_reductions_in_flight() {
+    let cfg = GptConfig {
+        n_layer: 6,
+        ..cfg()
+    };
+    let most = comm::run_local(
+        Topology::new(2, 2).unwrap(),
+        |c| -> Result<_, zero::ZeroError> {
+            let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let counting = CountsReductions {
+                inner: c,
+                outstanding: Default::default(),
+                most: most.clone(),
+            };
+            let mut e = Engine::new(cfg.clone(), options(), Box::new(counting))?;
+            let s = sequence(0);
+            e.forward_backward(&s, &s, 1.0)?;
+            Ok(most.load(std::sync::atomic::Ordering::SeqCst))
+        },
+    )
+    .unwrap();
+    assert_eq!(ModelLayout::new(&cfg).units.len(), 8);
+    for m in most {
+        assert_eq!(m, zero::REDUCTIONS_IN_FLIGHT + 1);
+    }
+}
