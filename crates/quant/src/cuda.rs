@@ -18,12 +18,12 @@
 //! 16-byte store a unit, consecutive lanes at consecutive addresses.
 //!
 //! Exactness: the arithmetic is that of `block.rs`, written with explicit IEEE intrinsics
-//! (`__fdiv_rn`, `__fmul_rn`, `__fadd_rn`, `__frcp_rn`), compiled with `--fmad=false` and no
-//! fast-math and no flush-to-zero, so every code, scale and dequantised value equals the CPU
-//! reference bitwise. A code is computed from y = v * fl(1/s) rounded with the 1.5 * 2^23 trick;
-//! this is provably the reference's round_half_away(clamp(fl(v / s))) unless y lies within a
-//! small bound of a half-integer (or 1/s overflows), and those values take the exact `v / s`
-//! path (see `codes4`). Nibbles are turned into floats exactly through the mantissa of 2^23.
+//! (`__fdiv_rn`, `__fmul_rn`, `__fadd_rn`, `__fmaf_rn`, `__frcp_rn`), compiled with
+//! `--fmad=false` and no fast-math and no flush-to-zero, so every code, scale and dequantised
+//! value equals the CPU reference bitwise. A code is block.rs `code_mul`, the exact product
+//! v * fl(1/s) rounded to an integer (ties to even) by one fma with 1.5 * 2^23 (see `MAGIC`);
+//! a block whose 1/s overflows (subnormal scale) takes `code_div`, the exact division, for
+//! every value. Nibbles are turned into floats exactly through the mantissa of 2^23.
 //! bf16 output is the f32 value rounded to nearest even (the `half` crate's rule).
 //!
 //! Non-finite input: no host synchronisation is made to look for it. A block holding an inf or
@@ -117,8 +117,9 @@ __device__ __forceinline__ float scale_of(u32 m, float qmax) {
     return s;
 }
 
-// block.rs code: round_half_away(clamp(v / s, -qmax, qmax)), exact (the slow path).
-__device__ __forceinline__ int code(float v, float s, float qmax) {
+// block.rs code_div: round_half_away(clamp(v / s, -qmax, qmax)), exact: the codes of a block
+// whose 1 / s overflows (a subnormal scale).
+__device__ __forceinline__ int code_div(float v, float s, float qmax) {
     float y = __fdiv_rn(v, s);
     y = fminf(fmaxf(y, -qmax), qmax);
     float t = truncf(y);
@@ -126,36 +127,24 @@ __device__ __forceinline__ int code(float v, float s, float qmax) {
     return (int)t + (f >= 0.5f ? 1 : 0) - (f <= -0.5f ? 1 : 0);
 }
 
-// 1.5 * 2^23: y + MAGIC rounds y to an integer (nearest even) held in the low mantissa bits.
+// 1.5 * 2^23. fma(v, r, MAGIC) rounds the exact v * r + MAGIC once; for |v r| < 2^22 that sum
+// lies in [2^23, 2^24), where the ulp is 1, so the result is MAGIC plus v * r rounded to an
+// integer, nearest with ties to even (MAGIC is even): block.rs code_mul, which keeps
+// |v r| < qmax + 2^-13 (the proof is there). The result's low bits hold that integer in two's
+// complement: its low 8 / 4 bits are the i8 / nibble code.
 #define MAGIC 12582912.0f
 
-// Codes of the 4 values v with scale s > 0 (qmax QM), each in the low bits of z[i] (two's
-// complement: the low 8 / 4 bits are the i8 / nibble code), equal to `code` bitwise.
-// r = fl(1/s); fast = r is finite. Fast path: y = v * r is within 3 * 2^-24 * |v/s| <=
-// 3 * 2^-24 * QM * (1 + 2^-22) of fl(v/s) (|v| <= absmax, so |v/s| <= QM (1 + 2^-23)); when
-// y is farther than 0.5 - LIM from every half-integer, round-to-nearest(y) (the MAGIC
-// addition) equals round_half_away(clamp(fl(v/s))). Values nearer than that, or all values
-// when 1/s overflows (subnormal scales), take `code`.
+// Codes of the 4 values v with scale s > 0 (qmax QM), each in the low bits of z[i], equal to
+// block.rs bitwise. fast (r = fl(1/s) finite, the same for the whole block): code_mul, one
+// fma a value; otherwise code_div.
 template <int QM>
 __device__ __forceinline__ void codes4(const float* v, float s, float r, bool fast, u32* z) {
-    // LIM: 0.5 - 2^-13 (INT8, error bound 2^-15.4), 0.5 - 2^-16 (INT4, bound 2^-19.2).
-    const float LIM = QM == 127 ? 0.4998779296875f : 0.4999847412109375f;
-    bool near = !fast;
+    if (fast) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float y = __fmul_rn(v[i], r);
-        const float m = __fadd_rn(y, MAGIC);
-        const float d = __fsub_rn(y, __fsub_rn(m, MAGIC));
-        near |= !(fabsf(d) <= LIM);
-        z[i] = __float_as_uint(m);
-    }
-    if (near) {
+        for (int i = 0; i < 4; ++i) z[i] = __float_as_uint(__fmaf_rn(v[i], r, MAGIC));
+    } else {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float y = __fmul_rn(v[i], r);
-            const float d = __fsub_rn(y, __fsub_rn(__fadd_rn(y, MAGIC), MAGIC));
-            if (!fast || !(fabsf(d) <= LIM)) z[i] = (u32)code(v[i], s, (float)QM);
-        }
+        for (int i = 0; i < 4; ++i) z[i] = (u32)code_div(v[i], s, (float)QM);
     }
 }
 
@@ -585,31 +574,16 @@ extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_int4(
 }
 
 // Codes of the 8 values v (scale s > 0, r = fl(1/s), fast: r finite) packed into a word
-// (element 2k in the low nibble of byte k), equal to `code` bitwise. Fast path, 4
-// instructions a value: m = fma(v, r, MAGIC) rounds q = v * r (exact product) to the nearest
-// integer t; d = fma(v, r, -t) (one rounding of q - t). If |d| < LIM = 0.5 - 2^-16 then
-// |q - t| < LIM, and |fl(v / s) - q| <= 2^-22 (rounding of the quotient, |v / s| <= 8) +
-// |v| |1/s - r| (< 7.01 * 2^-24) < 2^-20, so fl(v / s) lies within 0.5 - 2^-17 of t and
-// round_half_away(clamp(fl(v / s), -7, 7)) = t (|q| < 7.5). Otherwise, and for every value when
-// 1/s overflows, `code` (the exact division).
+// (element 2k in the low nibble of byte k), equal to block.rs bitwise: as codes4, one fma a
+// value (code_mul) when fast, code_div for every value of the block otherwise.
 __device__ __forceinline__ u32 codes8(const float* v, float s, float r, bool fast) {
-    const float LIM = 0.4999847412109375f;
-    bool near = !fast;
     u32 z[8];
+    if (fast) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const float m = __fmaf_rn(v[i], r, MAGIC);
-        const float d = __fmaf_rn(v[i], r, -__fsub_rn(m, MAGIC));
-        near |= !(fabsf(d) < LIM);
-        z[i] = __float_as_uint(m);
-    }
-    if (near) {
+        for (int i = 0; i < 8; ++i) z[i] = __float_as_uint(__fmaf_rn(v[i], r, MAGIC));
+    } else {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const float m = __fmaf_rn(v[i], r, MAGIC);
-            const float d = __fmaf_rn(v[i], r, -__fsub_rn(m, MAGIC));
-            if (!fast || !(fabsf(d) < LIM)) z[i] = (u32)code(v[i], s, 7.0f);
-        }
+        for (int i = 0; i < 8; ++i) z[i] = (u32)code_div(v[i], s, 7.0f);
     }
     const u32 ev = __byte_perm(__byte_perm(z[0], z[2], 0x0040u), __byte_perm(z[4], z[6], 0x0040u), 0x5410u);
     const u32 od = __byte_perm(__byte_perm(z[1], z[3], 0x0040u), __byte_perm(z[5], z[7], 0x0040u), 0x5410u);

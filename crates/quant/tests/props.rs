@@ -377,11 +377,12 @@ fn nibble_packing_by_hand() {
     // [1, -1] alone: scale 1/7, codes 7, -7 -> 0x97.
     let (p, s) = quantize_int4(&[1.0, -1.0], 2).unwrap();
     assert_eq!((p, s), (vec![0x97], vec![1.0 / 7.0]));
-    // Ties round away from zero: 0.5 and -2.5 steps.
-    let (p, _) = quantize_int4(&[0.5, -2.5, 7.0, 0.0], 4).unwrap();
-    assert_eq!(p, vec![0xD1, 0x07]); // 1, -3 | 7, 0
-    let (q, _) = quantize_int8(&[0.5, -2.5, 127.0], 3).unwrap();
-    assert_eq!(q, vec![1, -3, 127]);
+    // Ties round to even (scale 1, so x * fl(1 / scale) = x exactly): 0.5, -2.5, 1.5, -3.5
+    // steps give 0, -2, 2, -4.
+    let (p, _) = quantize_int4(&[0.5, -2.5, 7.0, 0.0, 1.5, -3.5], 6).unwrap();
+    assert_eq!(p, vec![0xE0, 0x07, 0xC2]); // 0, -2 | 7, 0 | 2, -4
+    let (q, _) = quantize_int8(&[0.5, -2.5, 127.0, 1.5, -3.5], 5).unwrap();
+    assert_eq!(q, vec![0, -2, 127, 2, -4]);
 }
 
 #[test]
