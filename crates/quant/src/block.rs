@@ -16,6 +16,10 @@
 //! - scale == 0 (an all-zero block, or absmax so small that absmax/qmax underflows to 0):
 //!   every code is 0.
 //! - dequantised value = q as f32 * scale.
+//! - a sum of dequantised INT4 pieces (the fused kernels), elementwise in piece order:
+//!   acc = fl(q_0 * s_0), then acc = fma(q_j, s_j, acc) for j >= 1, a fused multiply-add
+//!   with one rounding ([`int4_deq_fma_block`]): one GPU instruction a piece and value
+//!   where a multiply then an add take two.
 
 pub(crate) const ABS: u32 = 0x7fff_ffff;
 /// `bits & ABS` is at least this for, and only for, inf and NaN.
@@ -196,13 +200,37 @@ pub(crate) fn int4_deq_block(packed: &[u8], scale: f32, out: &mut [f32]) {
     }
 }
 
-/// Dequantise one INT4 block and add it into `acc` (same shapes as [`int4_deq_block`]).
+/// Dequantise one INT4 block and fused-multiply-add it into `acc` (same shapes as
+/// [`int4_deq_block`]): acc = fma(q, scale, acc), one rounding an element (the piece sums'
+/// rule). `f32::mul_add` is correctly rounded on every target, but on x86-64 without the
+/// `fma` target feature it is a libm call an element; where the CPU has FMA (detected at run
+/// time) the same loop is compiled with the feature and vectorises to vfmadd. Both are exact,
+/// so they agree bitwise.
 #[inline]
-pub(crate) fn int4_deq_add_block(packed: &[u8], scale: f32, acc: &mut [f32]) {
+pub(crate) fn int4_deq_fma_block(packed: &[u8], scale: f32, acc: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA (checked just above).
+        return unsafe { int4_deq_fma_x86(packed, scale, acc) };
+    }
+    int4_deq_fma_portable(packed, scale, acc)
+}
+
+/// [`int4_deq_fma_portable`] compiled with FMA instructions.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+pub(crate) unsafe fn int4_deq_fma_x86(packed: &[u8], scale: f32, acc: &mut [f32]) {
+    int4_deq_fma_portable(packed, scale, acc)
+}
+
+/// The loop of [`int4_deq_fma_block`], with whatever `mul_add` the caller's target features
+/// give (inlined, so that [`int4_deq_fma_x86`] gets vfmadd).
+#[inline(always)]
+pub(crate) fn int4_deq_fma_portable(packed: &[u8], scale: f32, acc: &mut [f32]) {
     for (o, &b) in acc.chunks_exact_mut(2).zip(packed) {
         let (lo, hi) = unpack(b);
-        o[0] += lo as f32 * scale;
-        o[1] += hi as f32 * scale;
+        o[0] = (lo as f32).mul_add(scale, o[0]);
+        o[1] = (hi as f32).mul_add(scale, o[1]);
     }
 }
 
@@ -413,6 +441,78 @@ mod tests {
                 "qmax {qmax}: both rules near the threshold"
             );
         }
+    }
+
+    /// fma(c, s, acc) correctly rounded, by an independent route: the product of a small
+    /// integer c and an f32 is exact in f64; the f64 sum is made round-to-odd (TwoSum gives
+    /// its exact error), and rounding that to f32 (24 <= 53 - 2 bits) is the correct rounding.
+    fn fma_ref(c: f32, s: f32, acc: f32) -> f32 {
+        let (p, a) = (c as f64 * s as f64, acc as f64);
+        let sum = p + a;
+        let bb = sum - p;
+        let err = (p - (sum - bb)) + (a - bb);
+        let odd = if err == 0.0 || sum.to_bits() & 1 == 1 {
+            sum
+        } else if err > 0.0 {
+            sum.next_up()
+        } else {
+            sum.next_down()
+        };
+        odd as f32
+    }
+
+    /// A finite f32 of random bits, any exponent (subnormals and near f32::MAX included).
+    fn any_finite(s: &mut u64) -> f32 {
+        loop {
+            let v = f32::from_bits(next(s) as u32);
+            if v.is_finite() {
+                return v;
+            }
+        }
+    }
+
+    #[test]
+    fn fma_sums_are_correctly_rounded() {
+        let mut s = 11u64;
+        for round in 0..20_000 {
+            let n = 1 + (next(&mut s) % 80) as usize;
+            let packed: Vec<u8> = (0..n).map(|_| next(&mut s) as u8).collect();
+            // Scales of every magnitude; accumulators near them (where the rounding bites) or
+            // anywhere.
+            let scale = any_finite(&mut s).abs();
+            let acc: Vec<f32> = (0..2 * n)
+                .map(|_| match next(&mut s) % 3 {
+                    0 => any_finite(&mut s),
+                    1 => scale * ((next(&mut s) % 1000) as f32 - 500.0) / 7.0,
+                    _ => scale * f32::from_bits(0x3f80_0000 | (next(&mut s) as u32 >> 9)),
+                })
+                .collect();
+            let mut want = acc.clone();
+            for (w, &b) in want.chunks_exact_mut(2).zip(&packed) {
+                let (lo, hi) = unpack(b);
+                w[0] = fma_ref(lo as f32, scale, w[0]);
+                w[1] = fma_ref(hi as f32, scale, w[1]);
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let mut got = acc.clone();
+            int4_deq_fma_block(&packed, scale, &mut got);
+            assert_eq!(bits(&got), bits(&want), "round {round}");
+            let mut portable = acc.clone();
+            int4_deq_fma_portable(&packed, scale, &mut portable);
+            assert_eq!(bits(&portable), bits(&want), "round {round}");
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("fma") {
+                let mut hw = acc.clone();
+                // SAFETY: the CPU has FMA.
+                unsafe { int4_deq_fma_x86(&packed, scale, &mut hw) };
+                assert_eq!(bits(&hw), bits(&want), "round {round}");
+            }
+        }
+        // One rounding, not two: 3 (1 + 2^-23) - 3 = 3 * 2^-23 exactly, where a rounded
+        // product (3 + 3 * 2^-23 is not an f32) would leave 2 or 4 * 2^-23.
+        let mut a = [-3.0f32, 0.0];
+        int4_deq_fma_block(&[0x03], 1.0 + f32::EPSILON, &mut a);
+        assert_eq!(a, [3.0 * f32::EPSILON, 0.0]);
     }
 
     #[test]

@@ -420,7 +420,8 @@ __device__ __forceinline__ float nib(u32 h) {
 }
 
 // The 32 elements of a 16-byte unit q (element e: nibble e % 8 of word e / 8) times s, stored
-// into (FIRST: piece 0) or added to acc, in element order.
+// into acc (FIRST: piece 0, fl(c * s)) or fused-multiply-added to it (fma(c, s, acc), one
+// rounding: block.rs int4_deq_fma_block), in element order.
 template <bool FIRST>
 __device__ __forceinline__ void deq32(uint4 q, float s, float* acc) {
     const u32 ws[4] = {q.x, q.y, q.z, q.w};
@@ -431,8 +432,7 @@ __device__ __forceinline__ void deq32(uint4 q, float s, float* acc) {
                             nib<0>(hi), nib<1>(hi), nib<2>(hi), nib<3>(hi)};
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-            const float d = __fmul_rn(c[k], s);
-            acc[8 * i + k] = FIRST ? d : __fadd_rn(acc[8 * i + k], d);
+            acc[8 * i + k] = FIRST ? __fmul_rn(c[k], s) : __fmaf_rn(c[k], s, acc[8 * i + k]);
         }
     }
 }
@@ -465,7 +465,7 @@ __device__ __forceinline__ void sum_group(const u8* pj, const float* sj, int t, 
     }
 }
 
-// Sum (in piece order, f32, starting from piece 0's values) of `pieces` >= 1 INT4 pieces
+// Sum (in piece order, f32: piece 0's values, then one fma a piece) of `pieces` >= 1 INT4 pieces
 // concatenated: packed [pieces * P], scales [pieces * nb], nb = ceil(2P / BLOCK), into acc:
 // this thread's units of block b (unit u * F_TPB + t, u < F_VPT). Full blocks of 16-byte
 // aligned pieces (P % 16 == 0) take uint4 loads; other blocks (a short last block, other P)
