@@ -10,7 +10,10 @@ fn gpu() -> Device {
 }
 
 /// Deterministic pseudo-random values over many binades (1e-30 .. 1e30, subnormals), with some
-/// all-zero blocks of `zero_block` elements, exact half steps and a few near f32::MAX.
+/// all-zero blocks of `zero_block` elements, exact half steps, a few near f32::MAX, blocks of
+/// exact ties for the codes (power-of-two scales: INT8 scale 2^-3, INT4 scale 2^-2, values
+/// (k + 1/2) scale) and all-subnormal blocks (scales whose reciprocal overflows: the division
+/// fallback).
 fn mixed(n: usize, seed: u64, zero_block: usize) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let mut next = || {
@@ -38,6 +41,21 @@ fn mixed(n: usize, seed: u64, zero_block: usize) -> Vec<f32> {
     for (b, c) in x.chunks_mut(zero_block.max(1)).enumerate() {
         if b % 5 == 3 {
             c.fill(0.0);
+        }
+        if b % 11 == 6 || b % 13 == 9 {
+            // absmax 127 * 2^-3 (INT8 scale 2^-3) or 7 * 2^-2 (INT4 scale 2^-2).
+            let (q, step) = if b % 11 == 6 { (127, 0.125) } else { (7, 0.25) };
+            for v in c.iter_mut() {
+                let k = (next() % (2 * q)) as f32 - q as f32;
+                *v = (k + 0.5) * step;
+            }
+            c[0] = q as f32 * step;
+        }
+        if b % 17 == 10 {
+            for v in c.iter_mut() {
+                let r = next();
+                *v = f32::from_bits((r as u32 & 0x001f_ffff) | ((r >> 63) as u32) << 31);
+            }
         }
         if b % 7 == 4 {
             c[0] = f32::MAX;

@@ -4,13 +4,22 @@
 //! Arithmetic, fixed here once:
 //! - scale = absmax / qmax (one f32 division, round to nearest even), one ulp lower in the
 //!   one case where qmax * scale would overflow to inf (see [`scale_of`]);
-//! - q = round(clamp(x / scale, -qmax, qmax)) with round = half away from zero, the rounding
-//!   of [`f32::round`]. Clamping before rounding equals clamping after (the bounds are
-//!   integers and rounding is monotone). We divide rather than multiply by 1/scale: one
-//!   rounding instead of two, so x = ±absmax always gives ±qmax.
+//! - codes: r = fl(1 / scale) (one f32 division, round to nearest even). Where r is finite,
+//!   q = the integer nearest the exact product x * r, ties to even ([`code_mul`]); no clamp is
+//!   needed, and x = ±absmax always gives ±qmax (proof at [`code_mul`]). Where r overflows to
+//!   inf (a subnormal scale below about 2^-128) the whole block takes the division rule
+//!   instead: q = round(clamp(fl(x / scale), -qmax, qmax)), half away from zero
+//!   ([`code_div`]); there ±absmax gives ±qmax only where absmax >= qmax (qmax - 1/2) 2^-149,
+//!   as a subnormal scale carries few significant bits. We multiply because the GPU then spends one FMA a code (the exact
+//!   product rounded to an integer in one step, docs/kernels.md), where an exact division
+//!   takes about ten instructions and round-half-away after a rounded quotient needs a test.
 //! - scale == 0 (an all-zero block, or absmax so small that absmax/qmax underflows to 0):
 //!   every code is 0.
 //! - dequantised value = q as f32 * scale.
+//! - a sum of dequantised INT4 pieces (the fused kernels), elementwise in piece order:
+//!   acc = fl(q_0 * s_0), then acc = fma(q_j, s_j, acc) for j >= 1, a fused multiply-add
+//!   with one rounding ([`int4_deq_fma_block`]): one GPU instruction a piece and value
+//!   where a multiply then an add take two.
 
 pub(crate) const ABS: u32 = 0x7fff_ffff;
 /// `bits & ABS` is at least this for, and only for, inf and NaN.
@@ -65,10 +74,48 @@ fn assert_in_range(y: f32) {
     debug_assert!(y.abs() <= 4_194_304.0, "{y} out of range");
 }
 
-/// Code of one element, given its block's nonzero scale.
+/// Code of one element by the division rule, given its block's nonzero scale: the fallback
+/// of blocks whose `1 / scale` overflows (see [`code_mul`]).
 #[inline(always)]
-pub(crate) fn code(v: f32, scale: f32, qmax: f32) -> i32 {
+pub(crate) fn code_div(v: f32, scale: f32, qmax: f32) -> i32 {
     round_half_away((v / scale).clamp(-qmax, qmax))
+}
+
+/// 1.5 * 2^52: for |y| < 2^51, y + MAGIC52 (one f64 rounding) is MAGIC52 plus y rounded to an
+/// integer, nearest with ties to even (MAGIC52 is even and its ulp is 1), and the low 32 bits
+/// of the sum's bits are that integer in two's complement.
+const MAGIC52: f64 = 6_755_399_441_055_744.0;
+
+/// Reciprocal of a nonzero scale for [`code_mul`]: Some(fl(1 / scale)) as an f64, or None when
+/// it overflows to inf (the block takes [`code_div`]).
+#[inline(always)]
+pub(crate) fn reciprocal(scale: f32) -> Option<f64> {
+    let r = 1.0 / scale;
+    r.is_finite().then_some(r as f64)
+}
+
+/// Code of one element given r = fl(1 / scale) finite ([`reciprocal`]): the integer nearest
+/// the exact product v * r, ties to even.
+///
+/// Exact: v and r have 24-bit significands, so v * r has at most 48 bits, and its magnitude
+/// (between 2^-149 * 2^-126 and 2^128 * 2^128) is in f64's normal range: the f64 product is
+/// exact and the MAGIC52 addition is the one rounding.
+///
+/// No clamp is needed, and ±absmax gives ±qmax. Let a = absmax > 0, t = a / qmax (real),
+/// s = scale, u = 2^-24.
+/// - s = t (1 + d1) with |d1| <= 2^-21: a rounded quotient is within u t of t when normal; in
+///   the overflow case of [`scale_of`] s is one ulp (<= 2u t) lower still; a subnormal s has
+///   an error of at most 2^-150, and r finite means 1 / s < 2^128, s > 2^-128, so
+///   2^-150 <= 2^-21.9 t.
+/// - r = (1 / s)(1 + d2) with |d2| <= u: 1 / s is normal (s <= fl(f32::MAX / 7) < 2^126).
+/// - so a r = qmax (1 + d2) / (1 + d1), and |a r - qmax| <= qmax (|d1| + |d2|) / (1 - |d1|)
+///   < qmax 2^-20 <= 127 * 2^-20 < 2^-13.
+///
+/// For every |v| <= a, |v r| <= a r < qmax + 2^-13 < qmax + 1/2, so |q| <= qmax; and v = ±a
+/// lies within 2^-13 of ±qmax, so q = ±qmax.
+#[inline(always)]
+pub(crate) fn code_mul(v: f32, r: f64) -> i32 {
+    ((v as f64) * r + MAGIC52).to_bits() as i32
 }
 
 /// Scale of a block with the given absmax bits (finite): absmax / qmax, except that where
@@ -94,9 +141,13 @@ pub(crate) fn int8_block(x: &[f32], out: &mut [i8]) -> Result<f32, usize> {
     let scale = scale_of(m, 127.0);
     if scale == 0.0 {
         out.fill(0);
+    } else if let Some(r) = reciprocal(scale) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = code_mul(v, r) as i8;
+        }
     } else {
         for (o, &v) in out.iter_mut().zip(x) {
-            *o = code(v, scale, 127.0) as i8;
+            *o = code_div(v, scale, 127.0) as i8;
         }
     }
     Ok(scale)
@@ -127,9 +178,13 @@ pub(crate) fn int4_block(x: &[f32], out: &mut [u8]) -> Result<f32, usize> {
     let scale = scale_of(m, 7.0);
     if scale == 0.0 {
         out.fill(0);
+    } else if let Some(r) = reciprocal(scale) {
+        for (o, p) in out.iter_mut().zip(x.chunks_exact(2)) {
+            *o = pack(code_mul(p[0], r), code_mul(p[1], r));
+        }
     } else {
         for (o, p) in out.iter_mut().zip(x.chunks_exact(2)) {
-            *o = pack(code(p[0], scale, 7.0), code(p[1], scale, 7.0));
+            *o = pack(code_div(p[0], scale, 7.0), code_div(p[1], scale, 7.0));
         }
     }
     Ok(scale)
@@ -145,13 +200,37 @@ pub(crate) fn int4_deq_block(packed: &[u8], scale: f32, out: &mut [f32]) {
     }
 }
 
-/// Dequantise one INT4 block and add it into `acc` (same shapes as [`int4_deq_block`]).
+/// Dequantise one INT4 block and fused-multiply-add it into `acc` (same shapes as
+/// [`int4_deq_block`]): acc = fma(q, scale, acc), one rounding an element (the piece sums'
+/// rule). `f32::mul_add` is correctly rounded on every target, but on x86-64 without the
+/// `fma` target feature it is a libm call an element; where the CPU has FMA (detected at run
+/// time) the same loop is compiled with the feature and vectorises to vfmadd. Both are exact,
+/// so they agree bitwise.
 #[inline]
-pub(crate) fn int4_deq_add_block(packed: &[u8], scale: f32, acc: &mut [f32]) {
+pub(crate) fn int4_deq_fma_block(packed: &[u8], scale: f32, acc: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA (checked just above).
+        return unsafe { int4_deq_fma_x86(packed, scale, acc) };
+    }
+    int4_deq_fma_portable(packed, scale, acc)
+}
+
+/// [`int4_deq_fma_portable`] compiled with FMA instructions.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+pub(crate) unsafe fn int4_deq_fma_x86(packed: &[u8], scale: f32, acc: &mut [f32]) {
+    int4_deq_fma_portable(packed, scale, acc)
+}
+
+/// The loop of [`int4_deq_fma_block`], with whatever `mul_add` the caller's target features
+/// give (inlined, so that [`int4_deq_fma_x86`] gets vfmadd).
+#[inline(always)]
+pub(crate) fn int4_deq_fma_portable(packed: &[u8], scale: f32, acc: &mut [f32]) {
     for (o, &b) in acc.chunks_exact_mut(2).zip(packed) {
         let (lo, hi) = unpack(b);
-        o[0] += lo as f32 * scale;
-        o[1] += hi as f32 * scale;
+        o[0] = (lo as f32).mul_add(scale, o[0]);
+        o[1] = (hi as f32).mul_add(scale, o[1]);
     }
 }
 
@@ -189,6 +268,251 @@ mod tests {
         ] {
             assert_eq!(round_half_away(v), v.round() as i32, "{v}");
         }
+    }
+
+    /// (sign, integer significand, exponent) of a finite f32: |v| = m * 2^e.
+    fn parts(v: f32) -> (bool, i128, i32) {
+        let b = v.to_bits();
+        let (e, m) = ((b >> 23) & 0xff, b & 0x7f_ffff);
+        let (m, e) = if e == 0 {
+            (m, -149)
+        } else {
+            (m | 0x80_0000, e as i32 - 150)
+        };
+        (b >> 31 == 1, m as i128, e)
+    }
+
+    /// The integer nearest v * r (reals, r an f32), ties to even, in exact integer arithmetic.
+    fn nearest_even(v: f32, r: f32) -> i64 {
+        let ((sv, mv, ev), (sr, mr, er)) = (parts(v), parts(r));
+        let (n, e) = (mv * mr, ev + er); // |v r| = n * 2^e, n < 2^48
+        let q = if e >= 0 {
+            n << e
+        } else if e < -100 {
+            0 // n * 2^e < 2^-52
+        } else {
+            let k = -e;
+            let (fl, rem, half) = (n >> k, n & ((1 << k) - 1), 1i128 << (k - 1));
+            fl + (rem > half || (rem == half && fl % 2 == 1)) as i128
+        };
+        (if sv != sr { -q } else { q }) as i64
+    }
+
+    /// SplitMix64 (the tests' generator).
+    fn next(s: &mut u64) -> u64 {
+        *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    #[test]
+    fn code_mul_is_the_nearest_integer_ties_to_even() {
+        let mut s = 1u64;
+        // Random v and finite r = fl(1 / scale) over the whole exponent range, |v r| < 2^20.
+        let mut n = 0;
+        while n < 2_000_000 {
+            let scale = f32::from_bits(next(&mut s) as u32 & 0x7fff_ffff);
+            let Some(r) = (scale > 0.0).then(|| reciprocal(scale)).flatten() else {
+                continue;
+            };
+            let v = f32::from_bits(next(&mut s) as u32);
+            if !v.is_finite() || (v as f64 * r).abs() >= (1 << 20) as f64 {
+                // Keep |v r| small: v = u * scale, u in (-2^10, 2^10).
+                let u = (next(&mut s) >> 40) as f32 / (1u64 << 13) as f32 - 1024.0;
+                let v = u * scale;
+                if v.is_finite() {
+                    assert_eq!(code_mul(v, r) as i64, nearest_even(v, r as f32), "{v} {r}");
+                    n += 1;
+                }
+                continue;
+            }
+            assert_eq!(code_mul(v, r) as i64, nearest_even(v, r as f32), "{v} {r}");
+            n += 1;
+        }
+        // Exact ties: r = m 2^j (m odd), v = t 2^(-1-j) (t odd) gives v r = m t / 2, a
+        // half-integer; with m = 1 these are the power-of-two scales.
+        for _ in 0..200_000 {
+            let m = (next(&mut s) % 256) as i32 * 2 + 1;
+            let j = (next(&mut s) % 200) as i32 - 100;
+            let t = (next(&mut s) % 128) as i32 * 2 + 1;
+            let (r, v) = (m as f64 * 2f64.powi(j), t as f64 * 2f64.powi(-1 - j));
+            let v = if next(&mut s).is_multiple_of(2) {
+                v
+            } else {
+                -v
+            };
+            let (r32, v32) = (r as f32, v as f32);
+            assert_eq!((r32 as f64, v32 as f64), (r, v));
+            let h = v * r; // exact: m t / 2
+            assert_eq!(h.fract().abs(), 0.5);
+            let even = if (h - 0.5).rem_euclid(2.0) == 0.0 {
+                h - 0.5
+            } else {
+                h + 0.5
+            };
+            assert_eq!(code_mul(v32, r) as f64, even, "{v32} * {r32}");
+            assert_eq!(nearest_even(v32, r32) as f64, even);
+        }
+        for (v, q) in [
+            (0.5f32, 0),
+            (1.5, 2),
+            (2.5, 2),
+            (-0.5, 0),
+            (-2.5, -2),
+            (-3.5, -4),
+        ] {
+            assert_eq!(code_mul(v, 1.0), q, "{v}");
+        }
+    }
+
+    /// Checks the codes of ±a (and of every value of a block whose absmax is a) against
+    /// `qmax`; returns whether the block took the division fallback.
+    fn absmax_codes(a: f32, qmax: f32) -> bool {
+        let scale = scale_of(a.to_bits(), qmax);
+        if scale == 0.0 {
+            return false;
+        }
+        assert!((scale * qmax).is_finite(), "{a}");
+        let q = qmax as i32;
+        match reciprocal(scale) {
+            Some(r) => {
+                assert_eq!(
+                    (code_mul(a, r), code_mul(-a, r)),
+                    (q, -q),
+                    "{a} qmax {qmax}"
+                );
+                // Every |v| <= a stays within [-qmax, qmax] (no clamp), the largest below a too.
+                let b = a.next_down();
+                assert!(
+                    code_mul(b, r).abs() <= q && code_mul(-b, r).abs() <= q,
+                    "{a}"
+                );
+                false
+            }
+            None => {
+                // Division rule: ±qmax wherever the subnormal scale resolves a / scale to
+                // within half a step, a >= qmax (qmax - 1/2) 2^-149 (module doc).
+                let (c, d) = (code_div(a, scale, qmax), code_div(-a, scale, qmax));
+                assert_eq!(c, -d);
+                assert!(c <= q);
+                if a >= qmax * (qmax - 0.5) * f32::from_bits(1) {
+                    assert_eq!(c, q, "{a} qmax {qmax}");
+                }
+                true
+            }
+        }
+    }
+
+    #[test]
+    fn absmax_gives_qmax() {
+        for qmax in [7.0f32, 127.0] {
+            // Every significand of [1, 2) and of the top binade (the overflow case of
+            // scale_of), every subnormal absmax.
+            let mut fallback = 0u32;
+            for bits in (1.0f32.to_bits()..2.0f32.to_bits())
+                .chain(2f32.powi(127).to_bits()..=f32::MAX.to_bits())
+                .chain(1..0x80_0000u32)
+            {
+                fallback += absmax_codes(f32::from_bits(bits), qmax) as u32;
+            }
+            assert!(fallback > 0);
+            // Random absmax over every binade.
+            let mut s = 7u64;
+            for _ in 0..1_000_000 {
+                let a = f32::from_bits(next(&mut s) as u32 % 0x7f80_0000);
+                absmax_codes(a, qmax);
+            }
+            // Around the threshold where 1 / scale overflows.
+            let edge = qmax * 2f32.powi(-128);
+            let mut a = edge;
+            for _ in 0..100_000 {
+                a = a.next_down();
+            }
+            let mut seen = [false; 2];
+            for _ in 0..200_000 {
+                seen[absmax_codes(a, qmax) as usize] = true;
+                a = a.next_up();
+            }
+            assert_eq!(
+                seen,
+                [true, true],
+                "qmax {qmax}: both rules near the threshold"
+            );
+        }
+    }
+
+    /// fma(c, s, acc) correctly rounded, by an independent route: the product of a small
+    /// integer c and an f32 is exact in f64; the f64 sum is made round-to-odd (TwoSum gives
+    /// its exact error), and rounding that to f32 (24 <= 53 - 2 bits) is the correct rounding.
+    fn fma_ref(c: f32, s: f32, acc: f32) -> f32 {
+        let (p, a) = (c as f64 * s as f64, acc as f64);
+        let sum = p + a;
+        let bb = sum - p;
+        let err = (p - (sum - bb)) + (a - bb);
+        let odd = if err == 0.0 || sum.to_bits() & 1 == 1 {
+            sum
+        } else if err > 0.0 {
+            sum.next_up()
+        } else {
+            sum.next_down()
+        };
+        odd as f32
+    }
+
+    /// A finite f32 of random bits, any exponent (subnormals and near f32::MAX included).
+    fn any_finite(s: &mut u64) -> f32 {
+        loop {
+            let v = f32::from_bits(next(s) as u32);
+            if v.is_finite() {
+                return v;
+            }
+        }
+    }
+
+    #[test]
+    fn fma_sums_are_correctly_rounded() {
+        let mut s = 11u64;
+        for round in 0..20_000 {
+            let n = 1 + (next(&mut s) % 80) as usize;
+            let packed: Vec<u8> = (0..n).map(|_| next(&mut s) as u8).collect();
+            // Scales of every magnitude; accumulators near them (where the rounding bites) or
+            // anywhere.
+            let scale = any_finite(&mut s).abs();
+            let acc: Vec<f32> = (0..2 * n)
+                .map(|_| match next(&mut s) % 3 {
+                    0 => any_finite(&mut s),
+                    1 => scale * ((next(&mut s) % 1000) as f32 - 500.0) / 7.0,
+                    _ => scale * f32::from_bits(0x3f80_0000 | (next(&mut s) as u32 >> 9)),
+                })
+                .collect();
+            let mut want = acc.clone();
+            for (w, &b) in want.chunks_exact_mut(2).zip(&packed) {
+                let (lo, hi) = unpack(b);
+                w[0] = fma_ref(lo as f32, scale, w[0]);
+                w[1] = fma_ref(hi as f32, scale, w[1]);
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let mut got = acc.clone();
+            int4_deq_fma_block(&packed, scale, &mut got);
+            assert_eq!(bits(&got), bits(&want), "round {round}");
+            let mut portable = acc.clone();
+            int4_deq_fma_portable(&packed, scale, &mut portable);
+            assert_eq!(bits(&portable), bits(&want), "round {round}");
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("fma") {
+                let mut hw = acc.clone();
+                // SAFETY: the CPU has FMA.
+                unsafe { int4_deq_fma_x86(&packed, scale, &mut hw) };
+                assert_eq!(bits(&hw), bits(&want), "round {round}");
+            }
+        }
+        // One rounding, not two: 3 (1 + 2^-23) - 3 = 3 * 2^-23 exactly, where a rounded
+        // product (3 + 3 * 2^-23 is not an f32) would leave 2 or 4 * 2^-23.
+        let mut a = [-3.0f32, 0.0];
+        int4_deq_fma_block(&[0x03], 1.0 + f32::EPSILON, &mut a);
+        assert_eq!(a, [3.0 * f32::EPSILON, 0.0]);
     }
 
     #[test]

@@ -18,12 +18,12 @@
 //! 16-byte store a unit, consecutive lanes at consecutive addresses.
 //!
 //! Exactness: the arithmetic is that of `block.rs`, written with explicit IEEE intrinsics
-//! (`__fdiv_rn`, `__fmul_rn`, `__fadd_rn`, `__frcp_rn`), compiled with `--fmad=false` and no
-//! fast-math and no flush-to-zero, so every code, scale and dequantised value equals the CPU
-//! reference bitwise. A code is computed from y = v * fl(1/s) rounded with the 1.5 * 2^23 trick;
-//! this is provably the reference's round_half_away(clamp(fl(v / s))) unless y lies within a
-//! small bound of a half-integer (or 1/s overflows), and those values take the exact `v / s`
-//! path (see `codes4`). Nibbles are turned into floats exactly through the mantissa of 2^23.
+//! (`__fdiv_rn`, `__fmul_rn`, `__fadd_rn`, `__fmaf_rn`, `__frcp_rn`), compiled with
+//! `--fmad=false` and no fast-math and no flush-to-zero, so every code, scale and dequantised
+//! value equals the CPU reference bitwise. A code is block.rs `code_mul`, the exact product
+//! v * fl(1/s) rounded to an integer (ties to even) by one fma with 1.5 * 2^23 (see `MAGIC`);
+//! a block whose 1/s overflows (subnormal scale) takes `code_div`, the exact division, for
+//! every value. Nibbles are turned into floats exactly through the mantissa of 2^23.
 //! bf16 output is the f32 value rounded to nearest even (the `half` crate's rule).
 //!
 //! Non-finite input: no host synchronisation is made to look for it. A block holding an inf or
@@ -117,8 +117,9 @@ __device__ __forceinline__ float scale_of(u32 m, float qmax) {
     return s;
 }
 
-// block.rs code: round_half_away(clamp(v / s, -qmax, qmax)), exact (the slow path).
-__device__ __forceinline__ int code(float v, float s, float qmax) {
+// block.rs code_div: round_half_away(clamp(v / s, -qmax, qmax)), exact: the codes of a block
+// whose 1 / s overflows (a subnormal scale).
+__device__ __forceinline__ int code_div(float v, float s, float qmax) {
     float y = __fdiv_rn(v, s);
     y = fminf(fmaxf(y, -qmax), qmax);
     float t = truncf(y);
@@ -126,35 +127,44 @@ __device__ __forceinline__ int code(float v, float s, float qmax) {
     return (int)t + (f >= 0.5f ? 1 : 0) - (f <= -0.5f ? 1 : 0);
 }
 
-// 1.5 * 2^23: y + MAGIC rounds y to an integer (nearest even) held in the low mantissa bits.
+// 1.5 * 2^23. fma(v, r, MAGIC) rounds the exact v * r + MAGIC once; for |v r| < 2^22 that sum
+// lies in [2^23, 2^24), where the ulp is 1, so the result is MAGIC plus v * r rounded to an
+// integer, nearest with ties to even (MAGIC is even): block.rs code_mul, which keeps
+// |v r| < qmax + 2^-13 (the proof is there). The result's low bits hold that integer in two's
+// complement: its low 8 / 4 bits are the i8 / nibble code.
 #define MAGIC 12582912.0f
 
-// Codes of the 4 values v with scale s > 0 (qmax QM), each in the low bits of z[i] (two's
-// complement: the low 8 / 4 bits are the i8 / nibble code), equal to `code` bitwise.
-// r = fl(1/s); fast = r is finite. Fast path: y = v * r is within 3 * 2^-24 * |v/s| <=
-// 3 * 2^-24 * QM * (1 + 2^-22) of fl(v/s) (|v| <= absmax, so |v/s| <= QM (1 + 2^-23)); when
-// y is farther than 0.5 - LIM from every half-integer, round-to-nearest(y) (the MAGIC
-// addition) equals round_half_away(clamp(fl(v/s))). Values nearer than that, or all values
-// when 1/s overflows (subnormal scales), take `code`.
-template <int QM>
-__device__ __forceinline__ void codes4(const float* v, float s, float r, bool fast, u32* z) {
-    // LIM: 0.5 - 2^-13 (INT8, error bound 2^-15.4), 0.5 - 2^-16 (INT4, bound 2^-19.2).
-    const float LIM = QM == 127 ? 0.4998779296875f : 0.4999847412109375f;
-    bool near = !fast;
+// Codes of the N values v of one block with scale s (qmax QM), equal to block.rs bitwise,
+// handed G at a time to pack(g, z) (z[i]: the code of v[G * g + i] in its low bits, two's
+// complement), with one branch a block: where r = fl(1/s) is finite (then s > 0 too), code_mul,
+// one fma a value; where it overflows, code_div for every value if s > 0 (a subnormal scale),
+// else 0 (a zero scale, or the NaN scale of a non-finite block). Each branch packs its own
+// codes, so that only the packed words are live where the branches meet.
+template <int QM, int G, int N, class Pack>
+__device__ __forceinline__ void block_codes(const float* v, float s, float r, Pack pack) {
+    if (__float_as_uint(r) < NON_FINITE) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float y = __fmul_rn(v[i], r);
-        const float m = __fadd_rn(y, MAGIC);
-        const float d = __fsub_rn(y, __fsub_rn(m, MAGIC));
-        near |= !(fabsf(d) <= LIM);
-        z[i] = __float_as_uint(m);
-    }
-    if (near) {
+        for (int g = 0; g < N / G; ++g) {
+            u32 z[G];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float y = __fmul_rn(v[i], r);
-            const float d = __fsub_rn(y, __fsub_rn(__fadd_rn(y, MAGIC), MAGIC));
-            if (!fast || !(fabsf(d) <= LIM)) z[i] = (u32)code(v[i], s, (float)QM);
+            for (int i = 0; i < G; ++i) z[i] = __float_as_uint(__fmaf_rn(v[G * g + i], r, MAGIC));
+            pack(g, z);
+        }
+    } else if (s > 0.0f) {
+#pragma unroll
+        for (int g = 0; g < N / G; ++g) {
+            u32 z[G];
+#pragma unroll
+            for (int i = 0; i < G; ++i) z[i] = (u32)code_div(v[G * g + i], s, (float)QM);
+            pack(g, z);
+        }
+    } else {
+#pragma unroll
+        for (int g = 0; g < N / G; ++g) {
+            u32 z[G];
+#pragma unroll
+            for (int i = 0; i < G; ++i) z[i] = 0u;
+            pack(g, z);
         }
     }
 }
@@ -208,28 +218,27 @@ __device__ __forceinline__ void quantize_group(const float* __restrict__ x, u8* 
     if (!active) return;
     const float s = scale_of(m, (float)QM);
     if (t == 0) *scale = s;
-    const bool nz = s > 0.0f;  // false for zero and NaN scales: codes 0
-    const float r = __frcp_rn(s);
-    const bool fast = __float_as_uint(r) < NON_FINITE;
+    // Unit u's 4 codes, packed: 4 bytes (INT8) or 16 bits (INT4).
+    u32 w[VPT];
+    block_codes<QM, 4, VPT * 4>(v, s, __frcp_rn(s), [&](int u, const u32* z) {
+        w[u] = QM == 127 ? pack8x4(z) : pack4x4(z);
+    });
 #pragma unroll
     for (int u = 0; u < VPT; ++u) {
         const int e = (u * TPB + t) * 4;
-        u32 z[4] = {0u, 0u, 0u, 0u};
-        if (nz) codes4<QM>(v + 4 * u, s, r, fast, z);
         if (QM == 127) {
             if (e + 4 <= blen) {
-                *reinterpret_cast<u32*>(codes + e) = pack8x4(z);
+                *reinterpret_cast<u32*>(codes + e) = w[u];
             } else {
 #pragma unroll
                 for (int k = 0; k < 4; ++k)
-                    if (e + k < blen) codes[e + k] = (u8)z[k];
+                    if (e + k < blen) codes[e + k] = (u8)(w[u] >> (8 * k));
             }
         } else {
-            const u32 w = pack4x4(z);
             if (e + 4 <= blen) {
-                *reinterpret_cast<u16*>(codes + e / 2) = (u16)w;
+                *reinterpret_cast<u16*>(codes + e / 2) = (u16)w[u];
             } else if (e < blen) {  // blen is even: one byte (two codes) valid
-                codes[e / 2] = (u8)w;
+                codes[e / 2] = (u8)w[u];
             }
         }
     }
@@ -418,55 +427,61 @@ __device__ constexpr int fused_tpb(int units) { return (units & -units) < NT ? (
 // Pieces whose loads are issued together (64 bytes a thread in flight).
 #define F_GROUP (F_VPT >= 4 ? 1 : 4 / F_VPT)
 
-// Nibble K (bits 4K..4K+3) of h as a float, exact, in 2 instructions: one lop3 puts the
-// nibble with its sign bit flipped (code + 8) into the mantissa of 2^(23 - 4K) at its own bit
-// position, where bit 4K is worth 1 (truth table 0xac: c & (b | a) | b & ~c & ~a, so a bit
-// passes where (b, c) = (0, 1), is flipped where (1, 0), set where (1, 1)); the fsub of
-// 2^(23 - 4K) + 8 leaves the code.
+// Nibble K (bits 4K..4K+3) of x as a float, exact, in 2 instructions, where x is a packed
+// word with every nibble's sign bit flipped (x = w ^ 0x88888888: nibble = code + 8). One lop3
+// keeps nibble K at its own bit position in the mantissa of 2^(23 - 4K), where bit 4K is worth
+// 1, and sets that exponent: b & (a | ~c) (truth table 0xc4) with a = x, b = the exponent bits
+// and the nibble's mask (an immediate), c = 0x007fffff (the mantissa: one register shared by
+// every K): mantissa bits pass where b is set, exponent bits are b. The fsub of
+// 2^(23 - 4K) + 8 leaves the code. Bits of x above the mantissa are ignored.
 template <int K>
-__device__ __forceinline__ float nib(u32 h) {
+__device__ __forceinline__ float nib(u32 x) {
     constexpr u32 MB = (u32)(150 - 4 * K) << 23;
     constexpr float OFF = K == 0 ? 8388616.0f : K == 1 ? 524296.0f : K == 2 ? 32776.0f : 2056.0f;
-    return __fsub_rn(__uint_as_float(lop3<0xac>(h, MB | (8u << (4 * K)), MB | (7u << (4 * K)))), OFF);
+    return __fsub_rn(__uint_as_float(lop3<0xc4>(x, MB | (15u << (4 * K)), 0x007fffffu)), OFF);
 }
 
 // The 32 elements of a 16-byte unit q (element e: nibble e % 8 of word e / 8) times s, stored
-// into (FIRST: piece 0) or added to acc, in element order.
+// into acc (FIRST: piece 0, fl(c * s)) or fused-multiply-added to it (fma(c, s, acc), one
+// rounding: block.rs int4_deq_fma_block), in element order.
 template <bool FIRST>
 __device__ __forceinline__ void deq32(uint4 q, float s, float* acc) {
     const u32 ws[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const u32 lo = ws[i], hi = ws[i] >> 16;
+        // Sign bits flipped once a word (for nib's shared mask), then the upper half-word.
+        const u32 lo = ws[i] ^ 0x88888888u, hi = lo >> 16;
         const float c[8] = {nib<0>(lo), nib<1>(lo), nib<2>(lo), nib<3>(lo),
                             nib<0>(hi), nib<1>(hi), nib<2>(hi), nib<3>(hi)};
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-            const float d = __fmul_rn(c[k], s);
-            acc[8 * i + k] = FIRST ? d : __fadd_rn(acc[8 * i + k], d);
+            acc[8 * i + k] = FIRST ? __fmul_rn(c[k], s) : __fmaf_rn(c[k], s, acc[8 * i + k]);
         }
     }
 }
 
-// Pieces j0 .. j0 + F_GROUP - 1 (those < pieces) of this thread's units, all loads issued
-// before any use, accumulated in piece order (FIRST: j0 == 0, piece 0 initialises acc).
+// The next F_GROUP pieces (those of the `left` still to sum) of this thread's units, all loads
+// issued before any use, accumulated in piece order (FIRST: piece 0, which initialises acc).
+// p: this thread's first uint4 of the next piece, sp: that piece's scale of this block; both
+// advance a piece (pstep uint4, nb scales) at a time.
 template <bool FIRST>
-__device__ __forceinline__ void sum_group(const u8* pj, const float* sj, int t, int j0, int pieces,
-                                          i64 P, i64 nb, float* acc) {
+__device__ __forceinline__ void sum_group(const uint4*& p, const float*& sp, i64 pstep, i64 nb, int left,
+                                          float* acc) {
     uint4 w[F_GROUP][F_VPT];
     float s[F_GROUP];
 #pragma unroll
     for (int g = 0; g < F_GROUP; ++g) {
-        if (j0 + g < pieces) {
-            s[g] = sj[(i64)(j0 + g) * nb];
-            const uint4* p = reinterpret_cast<const uint4*>(pj + (i64)(j0 + g) * P) + t;
+        if (g < left) {
+            s[g] = *sp;
 #pragma unroll
             for (int u = 0; u < F_VPT; ++u) w[g][u] = p[u * F_TPB];
         }
+        p += pstep;
+        sp += nb;
     }
 #pragma unroll
     for (int g = 0; g < F_GROUP; ++g) {
-        if (j0 + g < pieces) {
+        if (g < left) {
 #pragma unroll
             for (int u = 0; u < F_VPT; ++u) {
                 if (FIRST && g == 0) deq32<true>(w[g][u], s[g], acc + 32 * u);
@@ -476,7 +491,7 @@ __device__ __forceinline__ void sum_group(const u8* pj, const float* sj, int t, 
     }
 }
 
-// Sum (in piece order, f32, starting from piece 0's values) of `pieces` >= 1 INT4 pieces
+// Sum (in piece order, f32: piece 0's values, then one fma a piece) of `pieces` >= 1 INT4 pieces
 // concatenated: packed [pieces * P], scales [pieces * nb], nb = ceil(2P / BLOCK), into acc:
 // this thread's units of block b (unit u * F_TPB + t, u < F_VPT). Full blocks of 16-byte
 // aligned pieces (P % 16 == 0) take uint4 loads; other blocks (a short last block, other P)
@@ -487,8 +502,10 @@ __device__ __forceinline__ void sum_pieces(const u8* __restrict__ packed, const 
     const u8* pj = packed + b * (BLOCK / 2);
     const float* sj = scales + b;
     if ((P & 15) == 0 && blen == BLOCK && pieces > 0) {
-        sum_group<true>(pj, sj, t, 0, pieces, P, nb, acc);
-        for (int j0 = F_GROUP; j0 < pieces; j0 += F_GROUP) sum_group<false>(pj, sj, t, j0, pieces, P, nb, acc);
+        const uint4* p = reinterpret_cast<const uint4*>(pj) + t;
+        const float* sp = sj;
+        sum_group<true>(p, sp, P >> 4, nb, pieces, acc);
+        for (int left = pieces - F_GROUP; left > 0; left -= F_GROUP) sum_group<false>(p, sp, P >> 4, nb, left, acc);
         return;
     }
 #pragma unroll
@@ -584,36 +601,14 @@ extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_int4(
     }
 }
 
-// Codes of the 8 values v (scale s > 0, r = fl(1/s), fast: r finite) packed into a word
-// (element 2k in the low nibble of byte k), equal to `code` bitwise. Fast path, 4
-// instructions a value: m = fma(v, r, MAGIC) rounds q = v * r (exact product) to the nearest
-// integer t; d = fma(v, r, -t) (one rounding of q - t). If |d| < LIM = 0.5 - 2^-16 then
-// |q - t| < LIM, and |fl(v / s) - q| <= 2^-22 (rounding of the quotient, |v / s| <= 8) +
-// |v| |1/s - r| (< 7.01 * 2^-24) < 2^-20, so fl(v / s) lies within 0.5 - 2^-17 of t and
-// round_half_away(clamp(fl(v / s), -7, 7)) = t (|q| < 7.5). Otherwise, and for every value when
-// 1/s overflows, `code` (the exact division).
-__device__ __forceinline__ u32 codes8(const float* v, float s, float r, bool fast) {
-    const float LIM = 0.4999847412109375f;
-    bool near = !fast;
-    u32 z[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const float m = __fmaf_rn(v[i], r, MAGIC);
-        const float d = __fmaf_rn(v[i], r, -__fsub_rn(m, MAGIC));
-        near |= !(fabsf(d) < LIM);
-        z[i] = __float_as_uint(m);
-    }
-    if (near) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const float m = __fmaf_rn(v[i], r, MAGIC);
-            const float d = __fmaf_rn(v[i], r, -__fsub_rn(m, MAGIC));
-            if (!fast || !(fabsf(d) < LIM)) z[i] = (u32)code(v[i], s, 7.0f);
-        }
-    }
+// Packs the low nibbles of eight codes into a word (code 2k in the low nibble of byte k,
+// code 2k + 1 in the high one): the low bytes of the even and of the odd codes gathered by
+// three prmt each, then (ev & 0x0f0f0f0f) | ((od << 4) & 0xf0f0f0f0) as a shift and one lop3
+// (truth table 0xb8: c where b is set, else a).
+__device__ __forceinline__ u32 pack8(const u32* z) {
     const u32 ev = __byte_perm(__byte_perm(z[0], z[2], 0x0040u), __byte_perm(z[4], z[6], 0x0040u), 0x5410u);
     const u32 od = __byte_perm(__byte_perm(z[1], z[3], 0x0040u), __byte_perm(z[5], z[7], 0x0040u), 0x5410u);
-    return (ev & 0x0f0f0f0fu) | ((od << 4) & 0xf0f0f0f0u);
+    return lop3<0xb8>(od << 4, 0x0f0f0f0fu, ev);
 }
 
 // Pieces (see sum_pieces) -> their sum requantised: packed [P], scales [nb]. F_TPB threads a
@@ -629,7 +624,10 @@ extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_requantize_in
     const i64 n = 2 * P, base = b * BLOCK;
     const int blen = !active ? 0 : (n - base) < BLOCK ? (int)(n - base) : BLOCK;
     float acc[F_VPT * 32];
-    sum_pieces(packed, scales, active ? pieces : 0, P, nb, active ? b : 0, blen, acc);
+    // `pieces` as passed (uniform: the per-piece branches of sum_group need no convergence
+    // barrier); a thread past nb reads block 0 with blen 0 (the bytewise path, no packed bytes
+    // loaded, in bounds) and sums zeros.
+    sum_pieces(packed, scales, pieces, P, nb, active ? b : 0, blen, acc);
     float mf = 0.0f;
 #pragma unroll
     for (int i = 0; i < F_VPT * 32; ++i) mf = max_abs_nan(mf, acc[i]);
@@ -637,17 +635,13 @@ extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_requantize_in
     if (!active) return;
     const float s = scale_of(m, 7.0f);
     if (t == 0) qscales[b] = s;
-    const bool nz = s > 0.0f;  // false for zero and NaN scales: codes 0
-    const float r = __frcp_rn(s);
-    const bool fast = __float_as_uint(r) < NON_FINITE;
+    // Word i of unit u: codes 8i .. 8i + 7 of the unit, a nibble each.
+    u32 ws[F_VPT * 4];
+    block_codes<7, 8, F_VPT * 32>(acc, s, __frcp_rn(s), [&](int g, const u32* z) { ws[g] = pack8(z); });
 #pragma unroll
     for (int u = 0; u < F_VPT; ++u) {
         const int e = (u * F_TPB + t) * 32;
-        u32 w[4] = {0u, 0u, 0u, 0u};
-        if (nz) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) w[i] = codes8(acc + 32 * u + 8 * i, s, r, fast);
-        }
+        const u32* w = ws + 4 * u;
         u8* dst = qout + (base + e) / 2;
         if (e + 32 <= blen) {
             *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);

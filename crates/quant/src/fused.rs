@@ -1,5 +1,6 @@
-//! qgZ's fused kernels (DESIGN.md section 3), each bitwise equal to its unfused composition
-//! because they share the per-block arithmetic of `block.rs`.
+//! qgZ's fused kernels (DESIGN.md section 3). They share the per-block arithmetic of
+//! `block.rs`, so [`quantize_int4_swizzled`] is bitwise `quantize_int4` of the swizzled input
+//! and [`dequantize_sum_requantize_int4`] bitwise `quantize_int4` of [`dequantize_sum_int4`].
 //!
 //! - [`quantize_int4_swizzled`]: before hop 1, quantise the full gradient [W * S] with its
 //!   slices swizzled, without a swizzled f32 copy.
@@ -8,8 +9,12 @@
 //! - [`dequantize_sum_requantize_int4`]: between the hops, the D received pieces summed and
 //!   requantised, one block at a time (a block-sized scratch, no full f32 intermediate).
 //!
-//! Pieces are summed elementwise in piece order, starting from piece 0's values:
-//! ((p0 + p1) + p2) + ...
+//! Pieces are summed elementwise in piece order with fused multiply-adds: with q_j the code and
+//! s_j the block scale of piece j, acc = fl(q_0 * s_0), then acc = fma(q_j, s_j, acc), one
+//! rounding a piece (each product q_j * s_j enters its sum exact). So the sum is *not* the
+//! composition `dequantize_int4(p0) + dequantize_int4(p1) + ...`, which rounds every product
+//! as well as every sum; the two agree for one piece, and wherever the products are exact
+//! in f32. The GPU kernels use the same fma chain (one instruction a piece and value).
 //!
 //! ```
 //! let a = quant::quantize_int4(&[1.0, 2.0, 3.0, 7.0], 4).unwrap();
@@ -128,7 +133,8 @@ fn check_pieces(pieces: &[(&[u8], &[f32])], block: usize) -> Result<usize, Quant
     Ok(2 * p)
 }
 
-/// Block `b` of the sum of the pieces into `acc` (that block's length), in piece order.
+/// Block `b` of the sum of the pieces into `acc` (that block's length), in piece order: piece
+/// 0 dequantised, then each further piece fused-multiply-added.
 #[inline]
 fn sum_block(pieces: &[(&[u8], &[f32])], b: usize, block: usize, acc: &mut [f32]) {
     let lo = b * block / 2;
@@ -136,12 +142,13 @@ fn sum_block(pieces: &[(&[u8], &[f32])], b: usize, block: usize, acc: &mut [f32]
     let (p0, s0) = pieces[0];
     block::int4_deq_block(&p0[lo..hi], s0[b], acc);
     for &(p, s) in &pieces[1..] {
-        block::int4_deq_add_block(&p[lo..hi], s[b], acc);
+        block::int4_deq_fma_block(&p[lo..hi], s[b], acc);
     }
 }
 
 /// Dequantise each INT4 piece (packed [P], scales [ceil(2P / block)], all pieces the same
-/// shape) and return their f32 sum [2P], summed in piece order. No pieces: an empty sum.
+/// shape) and return their f32 sum [2P], in piece order with one fused multiply-add a piece
+/// after the first (module doc). No pieces: an empty sum.
 ///
 /// Errors: `ZeroBlock`, `OddBlock`, `BadLength` if the pieces' shapes differ or disagree with
 /// `block`.

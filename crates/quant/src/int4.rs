@@ -1,9 +1,11 @@
 //! Symmetric block-wise INT4 (qgZ's gradients, DESIGN.md section 3).
 //!
 //! x: [L] f32, L even, blocks of `block` elements, `block` even (the last block may be
-//! shorter, and is even too). Per block one f32 scale = absmax / 7 (one ulp lower where 7 * scale would overflow); codes
-//! q = round(x / scale) clamped to [-7, 7], rounding half away from zero; all-zero block:
-//! scale 0, codes 0. Two codes a byte, [L / 2] u8: element 2i in the low nibble, element 2i+1
+//! shorter, and is even too). Per block one f32 scale = absmax / 7 (one ulp lower where 7 *
+//! scale would overflow); codes q = the integer nearest x * fl(1 / scale) (exact product, ties
+//! to even), in [-7, 7] with ±absmax at ±7 (a subnormal scale whose reciprocal overflows:
+//! round(x / scale) clamped, half away from zero; see block.rs); all-zero block: scale 0,
+//! codes 0. Two codes a byte, [L / 2] u8: element 2i in the low nibble, element 2i+1
 //! in the high nibble, each as 4-bit two's complement. Dequantised: q * scale.
 //!
 //! ```
@@ -84,7 +86,7 @@ pub fn dequantize_int4(packed: &[u8], scales: &[f32], block: usize) -> Vec<f32> 
 }
 
 /// Largest |x - dequantize_int4(quantize_int4(x))| of an element whose block has `scale`:
-/// half a step (scale / 2), plus the f32 rounding of the division and the product and, in the
+/// half a step (scale / 2), plus the f32 rounding of the reciprocal and the product and, in the
 /// near-f32::MAX case, the one-ulp-lower scale: 16 ε · scale in all (ε = f32::EPSILON; without
 /// that case about (7 + 1) ε); plus 8 subnormal units for subnormal scales.
 pub fn int4_bound(scale: f32) -> f32 {

@@ -1,12 +1,15 @@
 //! Symmetric block-wise INT8 (qwZ's weights, DESIGN.md section 3).
 //!
 //! x: [L] f32 is cut into blocks of `block` elements (the last may be shorter); each block gets
-//! one f32 scale = absmax / 127 (one ulp lower where 127 * scale would overflow) and codes q = round(x / scale) clamped to [-127, 127], rounding
-//! half away from zero. An all-zero block has scale 0 and codes 0. Dequantised: q * scale.
+//! one f32 scale = absmax / 127 (one ulp lower where 127 * scale would overflow) and codes
+//! q = the integer nearest x * fl(1 / scale) (exact product, ties to even), in [-127, 127]
+//! with ±absmax at ±127 (a subnormal scale whose reciprocal overflows: round(x / scale)
+//! clamped, half away from zero; see block.rs). An all-zero block has scale 0 and codes 0.
+//! Dequantised: q * scale.
 //!
 //! ```
 //! let (q, s) = quant::quantize_int8(&[1.0, -0.5, 0.25, 0.0], 2).unwrap();
-//! assert_eq!(q, vec![127, -64, 127, 0]); // -0.5 / (1/127) = -63.5 rounds away from zero
+//! assert_eq!(q, vec![127, -64, 127, 0]); // -0.5 * fl(1 / fl(1/127)) = -0.5 * 127: a tie, to even
 //! assert_eq!(s, vec![1.0 / 127.0, 0.25 / 127.0]);
 //! assert_eq!(quant::dequantize_int8(&q, &s, 2)[0], 1.0);
 //! ```
@@ -59,7 +62,7 @@ pub fn dequantize_int8(codes: &[i8], scales: &[f32], block: usize) -> Vec<f32> {
 }
 
 /// Largest |x - dequantize_int8(quantize_int8(x))| of an element whose block has `scale`:
-/// half a step (scale / 2), plus the f32 rounding of the division and the product and, in the
+/// half a step (scale / 2), plus the f32 rounding of the reciprocal and the product and, in the
 /// near-f32::MAX case, the one-ulp-lower scale: 256 ε · scale in all (ε = f32::EPSILON; without
 /// that case about (127 + 1) ε); plus 128 subnormal units for subnormal scales.
 pub fn int8_bound(scale: f32) -> f32 {

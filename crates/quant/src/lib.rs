@@ -1,9 +1,11 @@
 //! Block-wise symmetric quantisation for ZeRO++'s quantised collectives (ZeRO++, Wang et al.
 //! 2023, sections 3.1 and 3.3; DESIGN.md section 3). CPU reference.
 //!
-//! One f32 scale per block of `block` elements: scale = absmax / qmax,
-//! q = round(x / scale) clamped to [-qmax, qmax], rounding half away from zero
-//! ([`f32::round`]'s rule); dequantised value q * scale. INT8 (qmax 127) carries weights for
+//! One f32 scale per block of `block` elements: scale = absmax / qmax; q = the integer nearest
+//! x * fl(1 / scale), the product exact, ties to even, which lies in [-qmax, qmax] with no
+//! clamp and gives ±qmax at ±absmax (blocks whose 1 / scale overflows, subnormal scales, take
+//! round(x / scale) clamped, half away from zero); dequantised value q * scale. The arithmetic
+//! is fixed in one place (`block.rs`) and shared by the CPU reference and the GPU kernels. INT8 (qmax 127) carries weights for
 //! qwZ; INT4 (qmax 7, two values a byte) carries gradients for qgZ, with its swizzle and fused
 //! kernels. Non-finite inputs are refused with [`QuantError::NonFinite`], never made finite.
 //!

@@ -275,7 +275,8 @@ pub fn dequantize_sum_requantize_int4(
 }
 
 /// [`crate::dequantize_sum_int4`] on tensors (pieces concatenated as in
-/// [`dequantize_sum_requantize_int4`]): the f32 sum [2P] of the pieces, in piece order.
+/// [`dequantize_sum_requantize_int4`]): the f32 sum [2P] of the pieces, in piece order, one
+/// fused multiply-add a piece after the first (as [`crate::dequantize_sum_int4`]).
 pub fn dequantize_sum_int4(
     packed: &Tensor,
     scales: &Tensor,
