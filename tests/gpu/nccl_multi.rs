@@ -178,7 +178,7 @@ fn emulated_link_holds_cross_node_collectives() {
                     let device = Device::new_cuda(rank)?;
                     let ids = NcclIds::from_bytes(ids, topology)?;
                     let comm = NcclComm::new(device.as_cuda_device()?, topology, rank, &ids)?;
-                    comm.set_emulated_link(Some(link));
+                    comm.set_emulated_link(Some(link))?;
                     let send = Tensor::full(rank as f32, N, &device)?;
                     // Warm-up (NCCL's first collective sets up its channels), then timed.
                     comm.all_gather(Group::World, send.clone()).wait()?;

@@ -2,12 +2,12 @@
 //! GPUs can show the low-bandwidth regime of the ZeRO++ paper (nodes joined by one 100 Gb/s
 //! InfiniBand link, shared by the node's 16 GPUs).
 //!
-//! The NCCL backend (`NcclComm::set_emulated_link`) holds its communication stream, after each
-//! collective, for the time this rank's cross-node bytes of that collective would take on its
-//! share of the node's link: `cross-node bytes / (link rate / ranks per node)`. The data itself
-//! still moves on the host's fast path; the hold is added to it, on the same stream, so compute
-//! that waits for the collective waits for the emulated transfer too, and the overlap of
-//! communication with compute behaves as on a slow network. Bytes are the logical bytes the
+//! The NCCL backend (`NcclComm::set_emulated_link`) holds its communication stream, just before
+//! each collective, for the time this rank's cross-node bytes of that collective would take on
+//! its share of the node's link: `cross-node bytes / (link rate / ranks per node)`. The data
+//! itself still moves on the host's fast path; the hold is added to it, on the same stream, so
+//! compute that waits for the collective waits for the emulated transfer too, and the overlap
+//! of communication with compute behaves as on a slow network. Bytes are the logical bytes the
 //! counters count (DESIGN.md section 3), so intra-node traffic (hpZ's gathers, qgZ's hop 1)
 //! is not held.
 

@@ -84,8 +84,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, DeviceRepr, DriverError, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr, DriverError,
+    LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::cudarc::nccl::result::NcclError;
 use candle_core::cuda_backend::cudarc::nccl::safe::{
@@ -454,11 +454,16 @@ impl NcclComm {
         })
     }
 
-    /// Emulates a slow link between nodes from now on (`None`: the real one): after each
-    /// collective the communication stream is held for the time this rank's cross-node bytes take
-    /// on `link` (see [`crate::link`]). For benchmarks of the low-bandwidth regime.
-    pub fn set_emulated_link(&self, link: Option<EmulatedLink>) {
+    /// Emulates a slow link between nodes from now on (`None`: the real one): each collective
+    /// holds the communication stream for the time this rank's cross-node bytes take on `link`
+    /// (see [`crate::link`]). For benchmarks of the low-bandwidth regime. Errors if the hold
+    /// kernel cannot be compiled or loaded (checked here, not at the first collective).
+    pub fn set_emulated_link(&self, link: Option<EmulatedLink>) -> Result<()> {
+        if link.is_some() {
+            hold_function(&self.device)?;
+        }
         *self.link.lock().unwrap_or_else(PoisonError::into_inner) = link;
+        Ok(())
     }
 
     /// How long a collective may stay incomplete before the watchdog aborts NCCL (default
@@ -628,10 +633,11 @@ impl NcclComm {
             .map_err(|e| tensor_error(op, e))
     }
 
-    /// Allocates the output, orders the communication stream after the compute stream, enqueues
-    /// `call` (then holds the stream for `hold`, an emulated link's transfer time) and records
-    /// `done`. The NCCL result comes separately so that the caller still holds
-    /// the buffers until `done` when NCCL failed.
+    /// Allocates the output, orders the communication stream after the compute stream, holds it
+    /// for `hold` (an emulated link's transfer time; before the call, so that a failure leaves
+    /// nothing enqueued on the buffers), enqueues `call` and records `done`. The NCCL result
+    /// comes separately so that the caller still holds the buffers until `done` when NCCL
+    /// failed.
     #[allow(clippy::type_complexity)]
     fn launch<T>(
         &self,
@@ -654,6 +660,9 @@ impl NcclComm {
         let ready = self.compute.record_event(None).map_err(cuda)?;
         self.stream.wait(&ready).map_err(cuda)?;
         self.stream.context().bind_to_thread().map_err(cuda)?;
+        if !hold.is_zero() {
+            hold_stream(&self.device, &self.stream, hold)?;
+        }
         let nccl = match call {
             Call::AllGather => comm.all_gather(&input, &mut out).map(drop),
             Call::ReduceScatter => comm
@@ -665,9 +674,6 @@ impl NcclComm {
                 .map(drop),
             Call::AllToAll => all_to_all(comm, &input, &mut out, n),
         };
-        if !hold.is_zero() && nccl.is_ok() {
-            hold_stream(&self.device, &self.stream, hold)?;
-        }
         let done = self.stream.record_event(None).map_err(cuda)?;
         let storage = CudaStorage::wrap_cuda_slice(out, self.device.clone());
         let output =
@@ -689,9 +695,10 @@ extern "C" __global__ void hold_stream(unsigned long long ns) {
 }
 "#;
 
-/// Enqueues on `stream` a kernel that keeps it busy for `hold` (the emulated link's transfer).
-fn hold_stream(device: &CudaDevice, stream: &Arc<CudaStream>, hold: Duration) -> Result<()> {
-    const OP: &str = "emulated link";
+const HOLD_OP: &str = "emulated link";
+
+/// [`HOLD_KERNEL`] on `device`: compiled once a process, loaded once a device.
+fn hold_function(device: &CudaDevice) -> Result<impl std::ops::Deref<Target = CudaFunction>> {
     static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
     let ptx = PTX
         .get_or_init(|| {
@@ -705,17 +712,22 @@ fn hold_stream(device: &CudaDevice, stream: &Arc<CudaStream>, hold: Duration) ->
         })
         .as_ref()
         .map_err(|message| CommError::Cuda {
-            op: OP,
+            op: HOLD_OP,
             message: message.clone(),
         })?;
-    let func = device
+    device
         .get_or_load_custom_func("hold_stream", "zeropp_comm_link", ptx)
-        .map_err(|e| tensor_error(OP, e))?;
+        .map_err(|e| tensor_error(HOLD_OP, e))
+}
+
+/// Enqueues on `stream` a kernel that keeps it busy for `hold` (the emulated link's transfer).
+fn hold_stream(device: &CudaDevice, stream: &Arc<CudaStream>, hold: Duration) -> Result<()> {
+    let func = hold_function(device)?;
     let ns = u64::try_from(hold.as_nanos()).unwrap_or(u64::MAX);
     let mut launch = stream.launch_builder(&func);
     launch.arg(&ns);
     // SAFETY: the kernel takes one u64 and touches no memory.
-    unsafe { launch.launch(LaunchConfig::for_num_elems(1)) }.map_err(|e| cuda_error(OP, e))?;
+    unsafe { launch.launch(LaunchConfig::for_num_elems(1)) }.map_err(|e| cuda_error(HOLD_OP, e))?;
     Ok(())
 }
 

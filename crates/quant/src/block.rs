@@ -10,9 +10,10 @@
 //!   inf (a subnormal scale below about 2^-128) the whole block takes the division rule
 //!   instead: q = round(clamp(fl(x / scale), -qmax, qmax)), half away from zero
 //!   ([`code_div`]); there ±absmax gives ±qmax only where absmax >= qmax (qmax - 1/2) 2^-149,
-//!   as a subnormal scale carries few significant bits. We multiply because the GPU then spends one FMA a code (the exact
-//!   product rounded to an integer in one step, docs/kernels.md), where an exact division
-//!   takes about ten instructions and round-half-away after a rounded quotient needs a test.
+//!   as a subnormal scale carries few significant bits. We multiply because the GPU then
+//!   spends one FMA a code (the exact product rounded to an integer in one step,
+//!   docs/kernels.md), where an exact division takes about ten instructions and
+//!   round-half-away after a rounded quotient needs a test.
 //! - scale == 0 (an all-zero block, or absmax so small that absmax/qmax underflows to 0):
 //!   every code is 0.
 //! - dequantised value = q as f32 * scale.

@@ -109,7 +109,8 @@ fn join_nccl(config: &RunConfig, timeout: Duration) -> Result<ProcessRank> {
                 link.rank_bytes_per_s() / 1e9
             );
         }
-        nccl.set_emulated_link(Some(link));
+        nccl.set_emulated_link(Some(link))
+            .context("dist.emulated_link_gbps")?;
     }
     Ok(ProcessRank {
         comm: Arc::new(nccl),
