@@ -31,6 +31,28 @@ impl ByteCounters {
     pub fn total(&self) -> u64 {
         self.intra + self.inter
     }
+
+    /// What world rank `me` sends in one collective: `bytes_to(j)` to each member j of
+    /// `members` (world ranks in group-rank order) other than `me`, split by node.
+    pub(crate) fn sent(
+        topology: &Topology,
+        me: usize,
+        members: &[usize],
+        bytes_to: impl Fn(usize) -> u64,
+    ) -> ByteCounters {
+        let mut sent = ByteCounters::default();
+        for (j, &peer) in members.iter().enumerate() {
+            if peer == me {
+                continue;
+            }
+            if topology.node_of(peer) == topology.node_of(me) {
+                sent.intra += bytes_to(j);
+            } else {
+                sent.inter += bytes_to(j);
+            }
+        }
+        sent
+    }
 }
 
 impl std::ops::Sub for ByteCounters {
@@ -51,8 +73,7 @@ pub(crate) struct AtomicCounters {
 }
 
 impl AtomicCounters {
-    /// Counts `bytes_to(j)` bytes from world rank `me` to each member j of `members` (world
-    /// ranks in group-rank order) other than `me`, split by node.
+    /// Counts [`ByteCounters::sent`] of one collective.
     pub(crate) fn count(
         &self,
         topology: &Topology,
@@ -60,19 +81,12 @@ impl AtomicCounters {
         members: &[usize],
         bytes_to: impl Fn(usize) -> u64,
     ) {
-        let (mut intra, mut inter) = (0, 0);
-        for (j, &peer) in members.iter().enumerate() {
-            if peer == me {
-                continue;
-            }
-            if topology.node_of(peer) == topology.node_of(me) {
-                intra += bytes_to(j);
-            } else {
-                inter += bytes_to(j);
-            }
-        }
-        self.intra.fetch_add(intra, Ordering::Relaxed);
-        self.inter.fetch_add(inter, Ordering::Relaxed);
+        self.add(ByteCounters::sent(topology, me, members, bytes_to));
+    }
+
+    pub(crate) fn add(&self, sent: ByteCounters) {
+        self.intra.fetch_add(sent.intra, Ordering::Relaxed);
+        self.inter.fetch_add(sent.inter, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> ByteCounters {
@@ -90,5 +104,39 @@ impl std::ops::Add for ByteCounters {
             intra: self.intra + rhs.intra,
             inter: self.inter + rhs.inter,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Group;
+
+    #[test]
+    fn sent_splits_peers_by_node_and_skips_me() {
+        // 2 nodes x 4: rank 5 is on node 1.
+        let t = Topology::new(8, 4).unwrap();
+        let sent = |g| ByteCounters::sent(&t, 5, &t.members(g, 5), |_| 10);
+        assert_eq!(
+            sent(Group::World),
+            ByteCounters {
+                intra: 30,
+                inter: 40
+            }
+        );
+        assert_eq!(
+            sent(Group::IntraNode),
+            ByteCounters {
+                intra: 30,
+                inter: 0
+            }
+        );
+        assert_eq!(
+            sent(Group::InterNode),
+            ByteCounters {
+                intra: 0,
+                inter: 10
+            }
+        );
     }
 }

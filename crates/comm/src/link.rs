@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use crate::{CommError, Group, Result, Topology};
+use crate::{CommError, Result};
 
 /// One rank's share of its node's emulated link to the other nodes.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -48,23 +48,6 @@ impl EmulatedLink {
     }
 }
 
-/// The bytes `rank` sends across nodes in a collective on `group` that sends `bytes_per_peer`
-/// to each member (the counters' logical bytes, see [`crate::ByteCounters`]).
-pub fn cross_node_bytes(
-    topology: &Topology,
-    group: Group,
-    rank: usize,
-    bytes_per_peer: u64,
-) -> u64 {
-    let node = topology.node_of(rank);
-    let peers = topology
-        .members(group, rank)
-        .into_iter()
-        .filter(|&m| topology.node_of(m) != node)
-        .count();
-    peers as u64 * bytes_per_peer
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,19 +68,5 @@ mod tests {
             assert!(e.contains("finite and positive"), "{e}");
         }
         assert!(EmulatedLink::per_node(100.0, 0).is_err());
-    }
-
-    #[test]
-    fn only_peers_on_other_nodes_count() {
-        // 2 nodes x 4: rank 5 is on node 1.
-        let t = Topology::new(8, 4).unwrap();
-        assert_eq!(cross_node_bytes(&t, Group::World, 5, 10), 40);
-        assert_eq!(cross_node_bytes(&t, Group::IntraNode, 5, 10), 0);
-        assert_eq!(cross_node_bytes(&t, Group::InterNode, 5, 10), 10);
-        // One node: nothing crosses.
-        assert_eq!(
-            cross_node_bytes(&Topology::new(8, 8).unwrap(), Group::World, 3, 10),
-            0
-        );
     }
 }

@@ -97,7 +97,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
 
 use crate::counters::AtomicCounters;
-use crate::link::{cross_node_bytes, EmulatedLink};
+use crate::link::EmulatedLink;
 use crate::op::Op;
 use crate::{
     ByteCounters, CommError, Communicator, Group, Pending, Result, Topology, DEFAULT_TIMEOUT,
@@ -561,10 +561,9 @@ impl NcclComm {
         };
         let members = self.topology.members(group, self.rank);
         let bytes = call.bytes_per_peer(len, n, elem, me);
+        let sent = ByteCounters::sent(&self.topology, self.rank, &members, |_| bytes);
         let hold = match *self.link.lock().unwrap_or_else(PoisonError::into_inner) {
-            Some(link) if count => {
-                link.hold(cross_node_bytes(&self.topology, group, self.rank, bytes))
-            }
+            Some(link) if count => link.hold(sent.inter),
             _ => Duration::ZERO,
         };
         let (storage, layout) = send.storage_and_layout();
@@ -603,8 +602,7 @@ impl NcclComm {
         // after whatever was enqueued.
         nccl.map_err(|e| nccl_error(op, e))?;
         if count {
-            self.counters
-                .count(&self.topology, self.rank, &members, |_| bytes);
+            self.counters.add(sent);
         }
         Ok(in_flight)
     }
