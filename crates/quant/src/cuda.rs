@@ -23,7 +23,10 @@
 //! value equals the CPU reference bitwise. A code is block.rs `code_mul`, the exact product
 //! v * fl(1/s) rounded to an integer (ties to even) by one fma with 1.5 * 2^23 (see `MAGIC`);
 //! a block whose 1/s overflows (subnormal scale) takes `code_div`, the exact division, for
-//! every value. Nibbles are turned into floats exactly through the mantissa of 2^23.
+//! every value. INT8 codes are turned into floats exactly through the mantissa of 2^23; the
+//! fused INT4 kernels decode a nibble as the subnormal (code + 8) 2^(4K - 149) (one mask) and
+//! sum in a per-block scale domain (block.rs `int4_sum_block`, fused.rs), with the same
+//! operations as the CPU reference.
 //! bf16 output is the f32 value rounded to nearest even (the `half` crate's rule).
 //!
 //! Non-finite input: no host synchronisation is made to look for it. A block holding an inf or
@@ -427,35 +430,59 @@ __device__ constexpr int fused_tpb(int units) { return (units & -units) < NT ? (
 // Pieces whose loads are issued together (64 bytes a thread in flight).
 #define F_GROUP (F_VPT >= 4 ? 1 : 4 / F_VPT)
 
-// Nibble K (bits 4K..4K+3) of x as a float, exact, in 2 instructions, where x is a packed
-// word with every nibble's sign bit flipped (x = w ^ 0x88888888: nibble = code + 8). One lop3
-// keeps nibble K at its own bit position in the mantissa of 2^(23 - 4K), where bit 4K is worth
-// 1, and sets that exponent: b & (a | ~c) (truth table 0xc4) with a = x, b = the exponent bits
-// and the nibble's mask (an immediate), c = 0x007fffff (the mantissa: one register shared by
-// every K): mantissa bits pass where b is set, exponent bits are b. The fsub of
-// 2^(23 - 4K) + 8 leaves the code. Bits of x above the mantissa are ignored.
+// block.rs pow2: 2^e, e in [-126, 127].
+__device__ __forceinline__ float pow2f(int e) { return __uint_as_float((u32)(e + 127) << 23); }
+// block.rs mul_pow2: x 2^t rounded once, t in [-126, 253] (two multiplies; the second is by 1
+// where t <= 127, else both scale up, exact until an overflow).
+__device__ __forceinline__ float mul_pow2(float x, int t) {
+    const int a = t < 127 ? t : 127;
+    return __fmul_rn(__fmul_rn(x, pow2f(a)), pow2f(t - a));
+}
+// x, hidden from the optimiser (a mov it cannot see through), so that values derived from x
+// are recomputed where used instead of hoisted and kept live in registers.
+__device__ __forceinline__ int opaque(int x) {
+#ifdef __CUDA_ARCH__
+    asm volatile("mov.b32 %0, %1;" : "=r"(x) : "r"(x));
+#endif
+    return x;
+}
+// 8 * 2^-149: the bias of a decoded nibble at position 0 (block.rs BIAS0).
+#define BIAS0 __uint_as_float(8u)
+
+// The scale domain of one block (block.rs int4_sum_block): shift k (S_j = mul_pow2(s_j, k),
+// exact) and the bias B_0 of nibble position 0 (B_p = B_0 2^p). Only these two registers stay
+// live across the loads (the 64-register budget); the factors and the four biases are
+// recomputed where they are used.
+struct Dom {
+    int k;
+    float B;
+};
+
+// Nibble K (bits 4K..4K+3) of x as a float, exact, in one instruction, where x is a packed
+// word with every nibble's sign bit flipped (x = w ^ 0x88888888: nibble = code + 8): the
+// nibble kept at its own bit position with exponent field 0 is the subnormal
+// (code + 8) 2^(4K - 149). Bits of x outside the nibble are ignored.
 template <int K>
 __device__ __forceinline__ float nib(u32 x) {
-    constexpr u32 MB = (u32)(150 - 4 * K) << 23;
-    constexpr float OFF = K == 0 ? 8388616.0f : K == 1 ? 524296.0f : K == 2 ? 32776.0f : 2056.0f;
-    return __fsub_rn(__uint_as_float(lop3<0xc4>(x, MB | (15u << (4 * K)), 0x007fffffu)), OFF);
+    return __uint_as_float(x & (15u << (4 * K)));
 }
 
-// The 32 elements of a 16-byte unit q (element e: nibble e % 8 of word e / 8) times s, stored
-// into acc (FIRST: piece 0, fl(c * s)) or fused-multiply-added to it (fma(c, s, acc), one
-// rounding: block.rs int4_deq_fma_block), in element order.
+// The 32 elements of a 16-byte unit q (element e: nibble e % 8 of word e / 8, position
+// 4 (e % 4)) times the domain scale S: acc = fma(F, S, -B_p) (FIRST: piece 0) or
+// fma(F, S, acc), one rounding a value (block.rs int4_sum_block), in element order.
 template <bool FIRST>
-__device__ __forceinline__ void deq32(uint4 q, float s, float* acc) {
+__device__ __forceinline__ void deq32(uint4 q, float S, float B, float* acc) {
     const u32 ws[4] = {q.x, q.y, q.z, q.w};
+    const float nb[4] = {-B, __fmul_rn(B, -16.0f), __fmul_rn(B, -256.0f), __fmul_rn(B, -4096.0f)};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        // Sign bits flipped once a word (for nib's shared mask), then the upper half-word.
+        // Sign bits flipped once a word, then the upper half-word (nibbles 4..7 at 0..12).
         const u32 lo = ws[i] ^ 0x88888888u, hi = lo >> 16;
         const float c[8] = {nib<0>(lo), nib<1>(lo), nib<2>(lo), nib<3>(lo),
                             nib<0>(hi), nib<1>(hi), nib<2>(hi), nib<3>(hi)};
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-            acc[8 * i + k] = FIRST ? __fmul_rn(c[k], s) : __fmaf_rn(c[k], s, acc[8 * i + k]);
+            acc[8 * i + k] = __fmaf_rn(c[k], S, FIRST ? nb[k & 3] : acc[8 * i + k]);
         }
     }
 }
@@ -464,9 +491,19 @@ __device__ __forceinline__ void deq32(uint4 q, float s, float* acc) {
 // issued before any use, accumulated in piece order (FIRST: piece 0, which initialises acc).
 // p: this thread's first uint4 of the next piece, sp: that piece's scale of this block; both
 // advance a piece (pstep uint4, nb scales) at a time.
-template <bool FIRST>
+// The shift k of the domain given mx = max.NaN of the scales' |s| (block.rs domain_shift: its
+// exponent field, 255 for inf / NaN, clamped to [1, 254]; k = 254 - that).
+__device__ __forceinline__ int domain_shift(float mx) {
+    const int E = (int)(__float_as_uint(mx) >> 23);
+    return 254 - (E < 1 ? 1 : E > 254 ? 254 : E);
+}
+
+// OWN: these are all the block's pieces (left <= F_GROUP), and the domain d is computed here
+// from the scales already loaded (the hot path at up to F_GROUP pieces: no separate pass over
+// the scales); otherwise d is given.
+template <bool FIRST, bool OWN>
 __device__ __forceinline__ void sum_group(const uint4*& p, const float*& sp, i64 pstep, i64 nb, int left,
-                                          float* acc) {
+                                          Dom& d, float* acc) {
     uint4 w[F_GROUP][F_VPT];
     float s[F_GROUP];
 #pragma unroll
@@ -479,34 +516,73 @@ __device__ __forceinline__ void sum_group(const uint4*& p, const float*& sp, i64
         p += pstep;
         sp += nb;
     }
+    if (OWN) {
+        float mx = 0.0f;
+#pragma unroll
+        for (int g = 0; g < F_GROUP; ++g)
+            if (g < left) mx = max_abs_nan(mx, s[g]);
+        d.k = domain_shift(mx);
+#pragma unroll
+        for (int g = 0; g < F_GROUP; ++g) {
+            if (g < left) {
+                const float S = mul_pow2(s[g], d.k);
+                d.B = g == 0 ? __fmul_rn(BIAS0, S) : __fmaf_rn(BIAS0, S, d.B);
+            }
+        }
+    }
+    // Past the first group, the factors 2^a, 2^(k - a) of mul_pow2 are recomputed each group
+    // (a few integer instructions) rather than held across the loop (spills otherwise).
+    const int k = OWN || FIRST ? d.k : opaque(d.k);
 #pragma unroll
     for (int g = 0; g < F_GROUP; ++g) {
         if (g < left) {
+            const float S = mul_pow2(s[g], k);
 #pragma unroll
             for (int u = 0; u < F_VPT; ++u) {
-                if (FIRST && g == 0) deq32<true>(w[g][u], s[g], acc + 32 * u);
-                else deq32<false>(w[g][u], s[g], acc + 32 * u);
+                if (FIRST && g == 0) deq32<true>(w[g][u], S, d.B, acc + 32 * u);
+                else deq32<false>(w[g][u], S, d.B, acc + 32 * u);
             }
         }
     }
 }
 
-// Sum (in piece order, f32: piece 0's values, then one fma a piece) of `pieces` >= 1 INT4 pieces
-// concatenated: packed [pieces * P], scales [pieces * nb], nb = ceil(2P / BLOCK), into acc:
-// this thread's units of block b (unit u * F_TPB + t, u < F_VPT). Full blocks of 16-byte
-// aligned pieces (P % 16 == 0) take uint4 loads; other blocks (a short last block, other P)
-// load bytes. Elements past blen are 0. pieces == 0: acc all 0.
-__device__ __forceinline__ void sum_pieces(const u8* __restrict__ packed, const float* __restrict__ scales,
-                                           int pieces, i64 P, i64 nb, i64 b, int blen, float* acc) {
+// Sum of `pieces` >= 1 INT4 pieces concatenated (packed [pieces * P], scales [pieces * nb],
+// nb = ceil(2P / BLOCK)) over this thread's units of block b (unit u * F_TPB + t, u < F_VPT),
+// in the block's scale domain (block.rs int4_sum_block: piece 0 then one fma a piece, in piece
+// order), into acc; returns the domain's shift k (true value = acc 2^(149 - k - p)). Full
+// blocks of 16-byte aligned pieces (P % 16 == 0) take uint4 loads; other blocks (a short last
+// block, other P) load bytes. Elements past blen are 0. pieces == 0: acc all 0.
+__device__ __forceinline__ int sum_pieces(const u8* __restrict__ packed, const float* __restrict__ scales,
+                                          int pieces, i64 P, i64 nb, i64 b, int blen, float* acc) {
     const int t = threadIdx.x % F_TPB;
     const u8* pj = packed + b * (BLOCK / 2);
     const float* sj = scales + b;
-    if ((P & 15) == 0 && blen == BLOCK && pieces > 0) {
+    // The domain: the largest scale exponent (max.NaN over |s|: 255 for inf / NaN), then the
+    // bias chain over the scales moved into the domain: from the loaded scales where one load
+    // group holds every piece, else a pass over the scales first (cached loads).
+    Dom d;
+    const bool vec = (P & 15) == 0 && blen == BLOCK && pieces > 0;
+    if (vec && pieces <= F_GROUP) {
         const uint4* p = reinterpret_cast<const uint4*>(pj) + t;
         const float* sp = sj;
-        sum_group<true>(p, sp, P >> 4, nb, pieces, acc);
-        for (int left = pieces - F_GROUP; left > 0; left -= F_GROUP) sum_group<false>(p, sp, P >> 4, nb, left, acc);
-        return;
+        sum_group<true, true>(p, sp, P >> 4, nb, pieces, d, acc);
+        return d.k;
+    }
+    float mx = 0.0f;
+    for (int j = 0; j < pieces; ++j) mx = max_abs_nan(mx, sj[(i64)j * nb]);
+    d.k = domain_shift(mx);
+    d.B = 0.0f;
+    for (int j = 0; j < pieces; ++j) {
+        const float S = mul_pow2(sj[(i64)j * nb], d.k);
+        d.B = j == 0 ? __fmul_rn(BIAS0, S) : __fmaf_rn(BIAS0, S, d.B);
+    }
+    if (vec) {
+        const uint4* p = reinterpret_cast<const uint4*>(pj) + t;
+        const float* sp = sj;
+        sum_group<true, false>(p, sp, P >> 4, nb, pieces, d, acc);
+        for (int left = pieces - F_GROUP; left > 0; left -= F_GROUP)
+            sum_group<false, false>(p, sp, P >> 4, nb, left, d, acc);
+        return d.k;
     }
 #pragma unroll
     for (int i = 0; i < F_VPT * 32; ++i) acc[i] = 0.0f;
@@ -521,13 +597,15 @@ __device__ __forceinline__ void sum_pieces(const u8* __restrict__ packed, const 
             for (int k = 0; k < 16; ++k)
                 if (e + 2 * k < blen) x[k / 4] |= (u32)p[k] << (8 * (k % 4));
             const uint4 q = make_uint4(x[0], x[1], x[2], x[3]);
-            if (j == 0) deq32<true>(q, sj[0], a);
-            else deq32<false>(q, sj[(i64)j * nb], a);
+            const float S = mul_pow2(sj[(i64)j * nb], d.k);
+            if (j == 0) deq32<true>(q, S, d.B, a);
+            else deq32<false>(q, S, d.B, a);
         }
 #pragma unroll
         for (int k = 0; k < 32; ++k)
             if (e + k >= blen) a[k] = 0.0f;
     }
+    return d.k;
 }
 
 // Row stride (floats) of the per-warp transpose tile of dequantize_sum_int4: 32 + 4. A
@@ -555,7 +633,10 @@ extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_int4(
     const i64 n = 2 * P, base = b * BLOCK;
     const int blen = (n - base) < BLOCK ? (int)(n - base) : BLOCK;
     float acc[F_VPT * 32];
-    sum_pieces(packed, scales, pieces, P, nb, b, blen, acc);
+    const int k = sum_pieces(packed, scales, pieces, P, nb, b, blen, acc);
+    // True values: fl(v 2^(149 - k - p)) at position p = 4 (i % 4) (block.rs mul_pow2).
+#pragma unroll
+    for (int i = 0; i < F_VPT * 32; ++i) acc[i] = mul_pow2(acc[i], 149 - k - 4 * (i & 3));
     // The lanes of this warp still running: those of blocks < nb (a prefix; lane 0's block is
     // b - lane / F_TPB). Only a warp with all 32 lanes and 32 full units each takes the
     // transposed stores (the exited lanes stay out of the vote's mask).
@@ -627,17 +708,43 @@ extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_requantize_in
     // `pieces` as passed (uniform: the per-piece branches of sum_group need no convergence
     // barrier); a thread past nb reads block 0 with blen 0 (the bytewise path, no packed bytes
     // loaded, in bounds) and sums zeros.
-    sum_pieces(packed, scales, pieces, P, nb, active ? b : 0, blen, acc);
-    float mf = 0.0f;
+    const int k = sum_pieces(packed, scales, pieces, P, nb, active ? b : 0, blen, acc);
+    // absmax of the true values: a max.NaN over |acc| a position p (one instruction a value),
+    // the four moved exactly to position 12's scale (|acc| 2^(12 - p), no overflow), the
+    // F_TPB-wide max (shuffles, shared memory above a warp), then fl(m 2^(137 - k)): rounding
+    // is monotonic, so this is the absmax of the true values fl(v 2^(149 - k - p)).
+    float mp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int i = 0; i < F_VPT * 32; ++i) mf = max_abs_nan(mf, acc[i]);
-    const u32 m = group_max<F_TPB>(__float_as_uint(mf) & ABS_MASK, red);
+    for (int i = 0; i < F_VPT * 32; ++i) mp[i & 3] = max_abs_nan(mp[i & 3], acc[i]);
+    const float md = max_abs_nan(max_abs_nan(__fmul_rn(mp[0], 4096.0f), __fmul_rn(mp[1], 256.0f)),
+                                 max_abs_nan(__fmul_rn(mp[2], 16.0f), mp[3]));
+    const u32 mdom = group_max<F_TPB>(__float_as_uint(md) & ABS_MASK, red);
     if (!active) return;
+    const u32 m = __float_as_uint(mul_pow2(__uint_as_float(mdom), 137 - k)) & ABS_MASK;
     const float s = scale_of(m, 7.0f);
     if (t == 0) qscales[b] = s;
+    // Codes (fused.rs dequantize_sum_requantize_int4): where r = fl(1/s) moved to the domain,
+    // r_0 = fl(r 2^(149 - k)), is finite and r_12 = r_0 2^-12 is normal, r_p = r_0 2^-p is
+    // exact and a code is one fma of the domain value; otherwise the true values take
+    // quantize_int4's rules (block_codes).
     // Word i of unit u: codes 8i .. 8i + 7 of the unit, a nibble each.
     u32 ws[F_VPT * 4];
-    block_codes<7, 8, F_VPT * 32>(acc, s, __frcp_rn(s), [&](int g, const u32* z) { ws[g] = pack8(z); });
+    const float r = __frcp_rn(s);
+    const float r0 = mul_pow2(r, 149 - k), r12 = __fmul_rn(r0, 0x1p-12f);
+    if (__float_as_uint(r0) < NON_FINITE && __float_as_uint(r12) > 0x00800000u) {
+        const float rp[4] = {r0, __fmul_rn(r0, 0x1p-4f), __fmul_rn(r0, 0x1p-8f), r12};
+#pragma unroll
+        for (int g = 0; g < F_VPT * 4; ++g) {
+            u32 z[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) z[i] = __float_as_uint(__fmaf_rn(acc[8 * g + i], rp[i & 3], MAGIC));
+            ws[g] = pack8(z);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < F_VPT * 32; ++i) acc[i] = mul_pow2(acc[i], 149 - k - 4 * (i & 3));
+        block_codes<7, 8, F_VPT * 32>(acc, s, r, [&](int g, const u32* z) { ws[g] = pack8(z); });
+    }
 #pragma unroll
     for (int u = 0; u < F_VPT; ++u) {
         const int e = (u * F_TPB + t) * 32;

@@ -9,12 +9,17 @@
 //! - [`dequantize_sum_requantize_int4`]: between the hops, the D received pieces summed and
 //!   requantised, one block at a time (a block-sized scratch, no full f32 intermediate).
 //!
-//! Pieces are summed elementwise in piece order with fused multiply-adds: with q_j the code and
-//! s_j the block scale of piece j, acc = fl(q_0 * s_0), then acc = fma(q_j, s_j, acc), one
-//! rounding a piece (each product q_j * s_j enters its sum exact). So the sum is *not* the
-//! composition `dequantize_int4(p0) + dequantize_int4(p1) + ...`, which rounds every product
-//! as well as every sum; the two agree for one piece, and wherever the products are exact
-//! in f32. The GPU kernels use the same fma chain (one instruction a piece and value).
+//! Pieces are summed elementwise in piece order with fused multiply-adds, in a per-block
+//! *scale domain* ([`block::int4_sum_block`] states the rule): a nibble decodes exactly to the
+//! subnormal (q + 8) 2^(p - 149) (p = 4 (i % 4), its bit position in the GPU decode), each
+//! piece's scale is moved by the same power of two 2^k (k from the block's largest scale
+//! exponent), the bias 8 sum_j s_j is taken out by the first piece's fma, and each further piece
+//! is one fma (one rounding); the domain value v at position p is the true sum times
+//! 2^-(149 - k - p). The f32 sum is fl(v 2^(149 - k - p)), one rounding. So the sum is *not*
+//! the composition `dequantize_int4(p0) + dequantize_int4(p1) + ...`; it is within
+//! 31 P 2^-24 sum_j |s_j| of the exact sum (P pieces) plus the last rounding, far below an INT4
+//! step (a whole scale). The GPU kernels do the same operations (one mask and one fma a piece
+//! and value, no per-piece subtraction).
 //!
 //! ```
 //! let a = quant::quantize_int4(&[1.0, 2.0, 3.0, 7.0], 4).unwrap();
@@ -133,22 +138,26 @@ fn check_pieces(pieces: &[(&[u8], &[f32])], block: usize) -> Result<usize, Quant
     Ok(2 * p)
 }
 
-/// Block `b` of the sum of the pieces into `acc` (that block's length), in piece order: piece
-/// 0 dequantised, then each further piece fused-multiply-added.
+/// Block `b` of the sum of the pieces into `acc` (that block's length), in the block's scale
+/// domain ([`block::int4_sum_block`]); returns the domain's shift k.
 #[inline]
-fn sum_block(pieces: &[(&[u8], &[f32])], b: usize, block: usize, acc: &mut [f32]) {
-    let lo = b * block / 2;
-    let hi = lo + acc.len() / 2;
-    let (p0, s0) = pieces[0];
-    block::int4_deq_block(&p0[lo..hi], s0[b], acc);
-    for &(p, s) in &pieces[1..] {
-        block::int4_deq_fma_block(&p[lo..hi], s[b], acc);
+fn sum_block(pieces: &[(&[u8], &[f32])], b: usize, block: usize, acc: &mut [f32]) -> i32 {
+    block::int4_sum_block(pieces, b, b * block / 2, acc)
+}
+
+/// The domain values `v` of a block with shift `k` as true values: fl(v 2^(149 - k - p)) for
+/// the position p of each element ([`block::mul_pow2`], one rounding).
+#[inline]
+fn to_true(v: &[f32], k: i32, out: &mut [f32]) {
+    for (i, (o, &x)) in out.iter_mut().zip(v).enumerate() {
+        *o = block::mul_pow2(x, block::true_shift(k, block::nibble_pos(i)));
     }
 }
 
 /// Dequantise each INT4 piece (packed [P], scales [ceil(2P / block)], all pieces the same
-/// shape) and return their f32 sum [2P], in piece order with one fused multiply-add a piece
-/// after the first (module doc). No pieces: an empty sum.
+/// shape) and return their f32 sum [2P]: each block summed in its scale domain
+/// ([`block::int4_sum_block`]), then each value v at position p rounded once to
+/// fl(v 2^(149 - k - p)) (module doc). No pieces: an empty sum.
 ///
 /// Errors: `ZeroBlock`, `OddBlock`, `BadLength` if the pieces' shapes differ or disagree with
 /// `block`.
@@ -158,15 +167,34 @@ pub fn dequantize_sum_int4(
 ) -> Result<Vec<f32>, QuantError> {
     let n = check_pieces(pieces, block)?;
     let mut out = vec![0f32; n];
-    for (b, acc) in out.chunks_mut(block).enumerate() {
-        sum_block(pieces, b, block, acc);
+    let mut scratch = vec![0f32; block.min(n)];
+    for (b, o) in out.chunks_mut(block).enumerate() {
+        let acc = &mut scratch[..o.len()];
+        let k = sum_block(pieces, b, block, acc);
+        to_true(acc, k, o);
     }
     Ok(out)
 }
 
-/// Equals `quantize_int4(&dequantize_sum_int4(pieces, block)?, block)` bitwise, one block at a
-/// time. Errors: those of [`dequantize_sum_int4`], and `NonFinite` (index into the sum) if a
-/// sum overflows or a scale is non-finite.
+/// The pieces' sum requantised, one block at a time: scale and absmax are those of
+/// `quantize_int4` of [`dequantize_sum_int4`]'s block (the true values t), and so are the codes
+/// except on the fast path's subnormal exception below.
+///
+/// Codes (module doc of `block.rs` for scale and r = fl(1 / scale)): where r is finite, let
+/// r_0 = fl(r 2^(149 - k)) ([`block::mul_pow2`]) and r_12 = fl(r_0 2^-12). If r_0 is finite and
+/// r_12 > 2^-126 (so r_p = r_0 2^-p = r 2^(149 - k - p) is exact for every position p), the code
+/// of domain value v at position p is the integer nearest v r_p, ties to even (one fma on the
+/// GPU): exactly the integer nearest (v 2^(149 - k - p)) r. Otherwise the block takes
+/// `quantize_int4`'s rules on the true values t (code_mul with r, or the division rule where r
+/// overflows; zeros where the scale is 0).
+///
+/// So this equals `quantize_int4(&dequantize_sum_int4(pieces, block)?, block)` bitwise wherever
+/// every true value is exact, fl(v 2^(149 - k - p)) = v 2^(149 - k - p): the exception is a block
+/// whose sum holds a subnormal value that rounded, and only where that changes a code (which
+/// needs the block's absmax below about 2^-120: otherwise |t r| < 1/2 for every subnormal t).
+///
+/// Errors: those of [`dequantize_sum_int4`], and `NonFinite` (index into the sum) if a sum
+/// overflows or a scale is non-finite.
 pub fn dequantize_sum_requantize_int4(
     pieces: &[(&[u8], &[f32])],
     block: usize,
@@ -175,17 +203,43 @@ pub fn dequantize_sum_requantize_int4(
     let mut packed = vec![0u8; n / 2];
     let mut scales = Vec::with_capacity(n.div_ceil(block));
     let mut scratch = vec![0f32; block.min(n)];
+    let mut tv = vec![0f32; block.min(n)];
     for (b, pc) in packed.chunks_mut(block / 2).enumerate() {
         let acc = &mut scratch[..2 * pc.len()];
-        sum_block(pieces, b, block, acc);
-        match block::int4_block(acc, pc) {
-            Ok(s) => scales.push(s),
-            Err(i) => {
-                return Err(QuantError::NonFinite {
-                    index: b * block + i,
-                    value: acc[i],
-                })
+        let t = &mut tv[..2 * pc.len()];
+        let k = sum_block(pieces, b, block, acc);
+        to_true(acc, k, t);
+        let m = block::absmax_bits(t);
+        if m >= block::NON_FINITE {
+            let i = block::first_non_finite(t).expect("absmax_bits saw a non-finite");
+            return Err(QuantError::NonFinite {
+                index: b * block + i,
+                value: t[i],
+            });
+        }
+        let scale = block::scale_of(m, 7.0);
+        let r = 1.0 / scale;
+        let r0 = block::mul_pow2(r, block::true_shift(k, 0));
+        let r12 = r0 * block::pow2(-12);
+        if scale != 0.0 && r.is_finite() && r0.is_finite() && r12.to_bits() > 0x0080_0000 {
+            let rp = [
+                r0 as f64,
+                (r0 * block::pow2(-4)) as f64,
+                (r0 * block::pow2(-8)) as f64,
+                r12 as f64,
+            ];
+            for (i, (o, v)) in pc.iter_mut().zip(acc.chunks_exact(2)).enumerate() {
+                let p = 2 * (i % 2);
+                *o = block::pack(
+                    block::code_mul(v[0], rp[p]),
+                    block::code_mul(v[1], rp[p + 1]),
+                );
             }
+            scales.push(scale);
+        } else {
+            let s = block::int4_block(t, pc).expect("checked finite");
+            debug_assert_eq!(s.to_bits(), scale.to_bits());
+            scales.push(s);
         }
     }
     Ok((packed, scales))

@@ -211,15 +211,16 @@ fn constant_block_exactness() {
 
 /// The qgZ data path of DESIGN.md section 3 on one process, W = N x D ranks all holding the
 /// same constant gradient c: quantise swizzled, hop 1 sum + requantise, hop 2 sum, divide by W.
-/// Every stage is exact for N, D in {2, 4} when c's significand m is below 4/3, and for
-/// N = D = 2 when m is below 1.75 (`constant_block_exactness`). Why: each piece dequantises to
-/// c, but the sum takes the exact product p = 7 * fl(c / 7) = c + e, |e| <= ulp(c) / 2, into
-/// each fma; 2c + e rounds to 2c, and with m < 4/3 so does 4c after 3c + e (3c stays in 2c's
-/// binade, so its rounding error is at most ulp(c)); above 4/3 the errors can reach half an
-/// ulp of 4c. (A plain add, fl(fl(3c) + c), kept 4c up to m < 1.75.)
+/// Each piece dequantises to 7 fl(c / 7) = c + e, |e| <= ulp(c) / 2; the fused sums round in
+/// the scale domain (`fused.rs`), where the bias 8 sum_j s_j is taken out by the first fma, so
+/// the partial sums are larger than the result and the outcome is no longer exact for every
+/// significand (as it was for significands below 4/3 with the earlier rule of plain fmas of
+/// the codes): every result is within 2 ulps of c, and most are exact (the test prints the
+/// share; 95.6% of the cases here).
 #[test]
-fn qgz_constant_gradient_reduces_exactly() {
+fn qgz_constant_gradient_reduces_within_two_ulps() {
     let mut rng = Rng(8);
+    let (mut worst, mut exact, mut total) = (0i64, 0usize, 0usize);
     for (n, d) in [(2, 2), (2, 4), (4, 2), (4, 4)] {
         let w = n * d;
         let limit = if w == 4 { 1.75f32 } else { 4.0 / 3.0 };
@@ -274,11 +275,16 @@ fn qgz_constant_gradient_reduces_exactly() {
                     .collect();
                 let sum = dequantize_sum_int4(&pieces, block).unwrap();
                 for v in sum {
-                    assert_eq!((v / w as f32).to_bits(), c.to_bits(), "N {n} D {d} c {c}");
+                    let ulps = ((v / w as f32).to_bits() as i64 - c.to_bits() as i64).abs();
+                    worst = worst.max(ulps);
+                    exact += (ulps == 0) as usize;
+                    total += 1;
+                    assert!(ulps <= 2, "N {n} D {d} c {c}: {} ulps", ulps);
                 }
             }
         }
     }
+    println!("constant gradients: worst {worst} ulps, exact {exact}/{total}");
 }
 
 #[test]
@@ -470,9 +476,21 @@ fn code(packed: &[u8], i: usize) -> i8 {
     }
 }
 
+/// INT4 scale of block b of piece j.
+fn piece_scale(pieces: &[(&[u8], &[f32])], j: usize, b: usize) -> f32 {
+    pieces[j].1[b]
+}
+
+/// The fused sum is within the bound of the module doc of `fused.rs` (31 P 2^-24 sum_j |s_j|,
+/// plus 2^-127 max_j |s_j| a rounding in the domain's subnormal range, plus the last rounding
+/// to f32) of the exact sum (f64: exact here, as every product q s is, and the f64 sum of at
+/// most 8 of them errs far below the bound); with one piece it is `dequantize_int4` wherever
+/// that is normal; and the requantised sum is `quantize_int4` of the sum block by block, the
+/// scale always, the codes wherever the block of the sum holds no subnormal value.
 #[test]
-fn fused_sums_equal_compositions() {
+fn fused_sums_within_the_bound_and_requantise_as_quantize() {
     let mut rng = Rng(7);
+    let (mut worst, mut skipped) = (0f64, 0usize);
     for _ in 0..500 {
         let block = 2 * (1 + rng.below(40));
         let len = 2 * rng.below(400);
@@ -482,31 +500,59 @@ fn fused_sums_equal_compositions() {
             .collect();
         let pieces: Vec<(&[u8], &[f32])> = q.iter().map(|(p, s)| (&p[..], &s[..])).collect();
         let sum = dequantize_sum_int4(&pieces, block).unwrap();
-        // The sum is in piece order: piece 0 dequantised, then code * scale + sum fused (one
-        // rounding) for each further piece.
-        let mut want = dequantize_int4(pieces[0].0, pieces[0].1, block);
-        for (p, s) in &pieces[1..] {
-            for (i, w) in want.iter_mut().enumerate() {
-                *w = (code(p, i) as f32).mul_add(s[i / block], *w);
-            }
-        }
-        assert_eq!(bits(&sum), bits(&want));
-        if k == 1 {
-            assert_eq!(
-                bits(&sum),
-                bits(&dequantize_int4(pieces[0].0, pieces[0].1, block))
+        for (i, &v) in sum.iter().enumerate() {
+            let b = i / block;
+            let ss: Vec<f64> = (0..k).map(|j| piece_scale(&pieces, j, b) as f64).collect();
+            let exact: f64 = (0..k).map(|j| code(pieces[j].0, i) as f64 * ss[j]).sum();
+            let (sum_s, max_s) = (
+                ss.iter().sum::<f64>(),
+                ss.iter().fold(0f64, |a, &b| a.max(b)),
             );
-        }
-        let fused = dequantize_sum_requantize_int4(&pieces, block);
-        let unfused = quantize_int4(&sum, block);
-        match (fused, unfused) {
-            (Ok((p, s)), Ok((p2, s2))) => {
-                assert_eq!(p, p2);
-                assert_eq!(bits(&s), bits(&s2));
+            let half_ulp = if v.is_finite() {
+                (v.abs().next_up() - v.abs()) as f64 / 2.0
+            } else {
+                0.0
+            };
+            let bound = 31.0 * k as f64 * 2f64.powi(-24) * sum_s
+                + 2.0 * k as f64 * 2f64.powi(-127) * max_s
+                + half_ulp;
+            if exact.abs() < f32::MAX as f64 {
+                assert!(
+                    (v as f64 - exact).abs() <= bound,
+                    "{i}: {v} {exact} {bound}"
+                );
+                if sum_s > 0.0 {
+                    worst = worst.max((v as f64 - exact).abs() / (2f64.powi(-24) * max_s));
+                }
             }
-            (a, b) => assert_eq!(a.map(|_| ()), b.map(|_| ())),
+        }
+        if k == 1 {
+            let d = dequantize_int4(pieces[0].0, pieces[0].1, block);
+            for (a, b) in sum.iter().zip(&d) {
+                if !b.is_subnormal() {
+                    assert_eq!(a.to_bits(), b.to_bits());
+                }
+            }
+        }
+        match dequantize_sum_requantize_int4(&pieces, block) {
+            Ok((p, s)) => {
+                for (b, sb) in sum.chunks(block).enumerate() {
+                    let (p2, s2) = quantize_int4(sb, block).unwrap();
+                    assert_eq!(s[b].to_bits(), s2[0].to_bits(), "block {b}");
+                    let pb = &p[b * block / 2..b * block / 2 + p2.len()];
+                    if sb.iter().any(|v| v.is_subnormal()) {
+                        skipped += (pb != &p2[..]) as usize;
+                    } else {
+                        assert_eq!(pb, &p2[..], "block {b}");
+                    }
+                }
+            }
+            Err(e) => assert_eq!(Err(e), quantize_int4(&sum, block).map(|_| ())),
         }
     }
+    println!(
+        "worst error {worst:.2} 2^-24 max |s_j|; subnormal blocks with other codes: {skipped}"
+    );
 }
 
 #[test]
