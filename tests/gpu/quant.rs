@@ -227,6 +227,81 @@ fn fused_int4_sums_equal_the_reference() {
     }
 }
 
+/// The scale domain's extremes (crates/quant/src/block.rs `int4_sum_block`): pieces with random
+/// codes (-8 included) and crafted scales per block and piece: f32::MAX / 7, subnormal, zero,
+/// the smallest subnormals, any binade, powers of two, one binade; mixed within a block, or the
+/// same for every piece. Blocks whose sum overflows (the CPU refuses them) are checked for the
+/// GPU's NaN scale.
+#[test]
+fn fused_int4_sums_at_extreme_scales_equal_the_reference() {
+    let gpu = gpu();
+    let mut s = 987_654_321u64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    for case in 0..160 {
+        let block = [32usize, 64, 96, 256, 512, 1024, 2048][(next() % 7) as usize];
+        let k = 1 + (next() % 8) as usize;
+        let nbl = 1 + (next() % 4) as usize;
+        let len = if next() % 2 == 0 {
+            block * nbl
+        } else {
+            block * (nbl - 1) + 2 + 2 * (next() as usize % (block / 2 - 1))
+        };
+        let nb = len.div_ceil(block);
+        let mode = case % 6;
+        let code = |r: u64| -> u8 {
+            if r % 50 == 0 {
+                8
+            } else {
+                ((r % 15) as i32 - 7) as u8 & 15
+            }
+        };
+        let (mut packed, mut scales) = (Vec::new(), Vec::new());
+        for j in 0..k {
+            for _ in 0..len / 2 {
+                let r = next();
+                packed.push(code(r) | (code(r >> 20) << 4));
+            }
+            for b in 0..nb {
+                let r = next();
+                let v = match (mode + j + b) % 7 {
+                    0 => f32::MAX / 7.0,
+                    1 => f32::from_bits((r as u32) & 0x007f_ffff),
+                    2 => 0.0,
+                    3 => f32::from_bits(1 + (r as u32 % 8)),
+                    4 => f32::from_bits((r as u32) % 0x7e00_0000),
+                    5 => 2f32.powi((r % 250) as i32 - 125),
+                    _ => f32::from_bits(0x3f80_0000 | (r as u32 >> 9)) * 1e-3,
+                };
+                scales.push(if mode == 5 && j > 0 { scales[b] } else { v });
+            }
+        }
+        let at = format!("case {case} pieces={k} len={len} block={block}");
+        let (np, ns) = (packed.len(), scales.len());
+        let cp = Tensor::from_vec(packed, np, &Device::Cpu).unwrap();
+        let cs = Tensor::from_vec(scales, ns, &Device::Cpu).unwrap();
+        let (gp, gs) = (cp.to_device(&gpu).unwrap(), cs.to_device(&gpu).unwrap());
+        let cy = tensor::dequantize_sum_int4(&cp, &cs, k, block).unwrap();
+        let gy = tensor::dequantize_sum_int4(&gp, &gs, k, block).unwrap();
+        assert_eq!(bits(&gy), bits(&cy), "sum {at}");
+        let (gq, gqs) = tensor::dequantize_sum_requantize_int4(&gp, &gs, k, block).unwrap();
+        match tensor::dequantize_sum_requantize_int4(&cp, &cs, k, block) {
+            Ok((cq, cqs)) => {
+                assert_eq!(bytes(&gq), bytes(&cq), "requantised packed {at}");
+                assert_eq!(bits(&gqs), bits(&cqs), "requantised scales {at}");
+            }
+            Err(_) => assert!(
+                bits(&gqs).iter().any(|&b| f32::from_bits(b).is_nan()),
+                "{at}: an overflowing sum gives a NaN scale"
+            ),
+        }
+    }
+}
+
 #[test]
 fn gpu_path_refuses_blocks_that_are_not_multiples_of_32() {
     let x = Tensor::zeros(96, DType::F32, &gpu()).unwrap();
