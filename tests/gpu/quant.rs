@@ -302,6 +302,50 @@ fn fused_int4_sums_at_extreme_scales_equal_the_reference() {
     }
 }
 
+/// The requantiser's fallbacks and the domain's resolution: a huge piece scale whose codes are
+/// all 0 beside a small one. At ratios near 2^-125 the sums are subnormal in the domain, so
+/// r = 1/scale is finite but r 2^(149 - k) overflows (quantize_int4's code_mul on the true
+/// values); past 2^-127 the small piece is below the domain's resolution (zero sums); tiny
+/// scales only take the division rule.
+#[test]
+fn fused_int4_requantise_fallbacks_equal_the_reference() {
+    let gpu = gpu();
+    for block in [32usize, 512, 2048] {
+        for (big, small) in [
+            (2f32.powi(100), 2f32.powi(-25)),
+            (2f32.powi(100), 3.0 * 2f32.powi(-24)),
+            (1e30, 1e-7),
+            (2f32.powi(100), 1e-30f32),
+            (1e30, 3e-38),
+            (f32::MAX / 7.0, 1.0),
+            (1e-40, 1e-44),
+        ] {
+            let len = 2 * block;
+            let mut packed = vec![0u8; len / 2]; // piece 0: codes 0
+            let mut r = 12345u64;
+            for _ in 0..len / 2 {
+                r = r
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                let c = |x: u64| ((x % 15) as i32 - 7) as u8 & 15;
+                packed.push(c(r >> 33) | (c(r >> 45) << 4));
+            }
+            let scales = vec![big, big, small, small * 3.0];
+            let cp = Tensor::from_vec(packed, len, &Device::Cpu).unwrap();
+            let cs = Tensor::from_vec(scales, 4, &Device::Cpu).unwrap();
+            let (gp, gs) = (cp.to_device(&gpu).unwrap(), cs.to_device(&gpu).unwrap());
+            let at = format!("block {block} big {big} small {small}");
+            let cy = tensor::dequantize_sum_int4(&cp, &cs, 2, block).unwrap();
+            let gy = tensor::dequantize_sum_int4(&gp, &gs, 2, block).unwrap();
+            assert_eq!(bits(&gy), bits(&cy), "sum {at}");
+            let (cq, cqs) = tensor::dequantize_sum_requantize_int4(&cp, &cs, 2, block).unwrap();
+            let (gq, gqs) = tensor::dequantize_sum_requantize_int4(&gp, &gs, 2, block).unwrap();
+            assert_eq!(bytes(&gq), bytes(&cq), "requantised packed {at}");
+            assert_eq!(bits(&gqs), bits(&cqs), "requantised scales {at}");
+        }
+    }
+}
+
 #[test]
 fn gpu_path_refuses_blocks_that_are_not_multiples_of_32() {
     let x = Tensor::zeros(96, DType::F32, &gpu()).unwrap();

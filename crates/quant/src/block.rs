@@ -250,7 +250,9 @@ pub(crate) fn true_shift(k: i32, p: i32) -> i32 {
 /// Error: the partial sums are at most 23 sum_j |s_j| (true units) in magnitude and the bias
 /// at most 8 sum_j |s_j|, so with u = 2^-24 the 2P roundings (P pieces) leave
 /// |v 2^(149 - k - p) - sum_j q_j s_j| <= 31 P u sum_j |s_j| (plus, where a partial sum is
-/// subnormal in the domain, 2^-150 a rounding there, i.e. below 2^-127 max_j |s_j| each). The
+/// subnormal in the domain, 2^-150 a rounding there, i.e. below 2^-127 max_j |s_j| each: a
+/// piece whose scale is below about 2^-127 of the block's largest is summed at that absolute
+/// resolution and may vanish). The
 /// largest S_j is at least 2^127, so the domain never underflows where it matters and never
 /// overflows (|v| < (P + 1) 2^-5). Zero scales give exact zeros (+0); a NaN or inf scale gives
 /// a NaN or inf sum.
