@@ -213,6 +213,11 @@ fn fused_int4_sums_equal_the_reference() {
         // Full blocks, but the last warp has exited lanes (blocks past nb): direct f32 stores.
         (3, 512 * 5, 512),
         (2, 32 * 45, 32),
+        // Rounds of 16 full blocks for the persistent requantiser, then the general kernel for
+        // what is left: a short last block, or full blocks short of a round.
+        (4, 512 * 64 + 130, 512),
+        (3, 512 * 20, 512),
+        (2, 2048 * 9, 2048),
     ] {
         let (cp, cs) = pieces(k, len, block);
         let (gp, gs) = (cp.to_device(&gpu).unwrap(), cs.to_device(&gpu).unwrap());
@@ -254,7 +259,7 @@ fn fused_int4_sums_at_extreme_scales_equal_the_reference() {
         let nb = len.div_ceil(block);
         let mode = case % 6;
         let code = |r: u64| -> u8 {
-            if r % 50 == 0 {
+            if r.is_multiple_of(50) {
                 8
             } else {
                 ((r % 15) as i32 - 7) as u8 & 15
@@ -299,6 +304,63 @@ fn fused_int4_sums_at_extreme_scales_equal_the_reference() {
                 "{at}: an overflowing sum gives a NaN scale"
             ),
         }
+    }
+}
+
+/// The persistent requantiser (`dequantize_sum_requantize_int4_full`) over many rounds a CTA:
+/// pieces long enough that every resident CTA loops (2^23 elements: 1024 rounds of 16 blocks of
+/// 512, 4096 rounds of 4 blocks of 2048, against ~500 resident CTAs on an H200), each block's
+/// scales drawn from the extremes of the domain (subnormal, zero, the smallest subnormals, any
+/// binade, powers of two), so that the loads issued a round ahead meet every branch of the
+/// requantisation. A short tail block goes to the general kernel.
+#[test]
+fn fused_int4_requantise_persistent_rounds_equal_the_reference() {
+    let gpu = gpu();
+    let mut s = 0x5eed_1234_u64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    for (k, block, tail) in [(4usize, 512usize, 130usize), (3, 2048, 0), (1, 512, 0)] {
+        let len = (1 << 23) + tail;
+        let nb = len.div_ceil(block);
+        let (mut packed, mut scales) = (Vec::with_capacity(k * len / 2), Vec::new());
+        for _ in 0..k {
+            for _ in 0..len / 2 {
+                let r = next();
+                packed.push((r & 0xff) as u8);
+            }
+            for _ in 0..nb {
+                let r = next();
+                scales.push(match (r >> 40) % 6 {
+                    0 => f32::from_bits((r as u32) & 0x007f_ffff),
+                    1 => 0.0,
+                    2 => f32::from_bits(1 + (r as u32 % 8)),
+                    3 => f32::from_bits((r as u32) % 0x7000_0000),
+                    4 => 2f32.powi((r % 200) as i32 - 100),
+                    _ => f32::from_bits(0x3f80_0000 | (r as u32 >> 9)) * 1e-3,
+                });
+            }
+        }
+        let at = format!("pieces={k} len={len} block={block}");
+        let (np, ns) = (packed.len(), scales.len());
+        let cp = Tensor::from_vec(packed, np, &Device::Cpu).unwrap();
+        let cs = Tensor::from_vec(scales, ns, &Device::Cpu).unwrap();
+        let (gp, gs) = (cp.to_device(&gpu).unwrap(), cs.to_device(&gpu).unwrap());
+        let (cq, cqs) = tensor::dequantize_sum_requantize_int4(&cp, &cs, k, block).unwrap();
+        let (gq, gqs) = tensor::dequantize_sum_requantize_int4(&gp, &gs, k, block).unwrap();
+        same(&bits(&gqs), &bits(&cqs), &format!("requantised scales {at}"));
+        same(&bytes(&gq), &bytes(&cq), &format!("requantised packed {at}"));
+    }
+}
+
+/// Asserts gpu == cpu, naming the first difference (not printing millions of elements).
+fn same<T: PartialEq + std::fmt::Debug>(gpu: &[T], cpu: &[T], at: &str) {
+    assert_eq!(gpu.len(), cpu.len(), "{at}: lengths");
+    if let Some(i) = (0..gpu.len()).find(|&i| gpu[i] != cpu[i]) {
+        panic!("{at}: first difference at {i}: gpu {:?}, cpu {:?}", gpu[i], cpu[i]);
     }
 }
 

@@ -42,6 +42,7 @@ use std::ops::Deref;
 use std::sync::{Mutex, OnceLock};
 
 use candle_core::cuda_backend::cudarc::driver::{
+    sys,
     CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
@@ -108,6 +109,7 @@ __device__ __forceinline__ u32 group_max(u32 m, u32* red) {
         m = 0;
 #pragma unroll
         for (int i = 0; i < TPB / 32; ++i) m = umax(m, red[w0 + i]);
+        __syncthreads();  // every read done before red is written again (persistent kernels)
     }
     return m;
 }
@@ -458,13 +460,13 @@ struct Dom {
     float B;
 };
 
-// Nibble K (bits 4K..4K+3) of x as a float, exact, in one instruction, where x is a packed
-// word with every nibble's sign bit flipped (x = w ^ 0x88888888: nibble = code + 8): the
-// nibble kept at its own bit position with exponent field 0 is the subnormal
-// (code + 8) 2^(4K - 149). Bits of x outside the nibble are ignored.
+// Nibble K (bits 4K..4K+3) of the packed word w as a float, exact, in one instruction (a lop3:
+// (w ^ 0x88888888) & mask): with its sign bit flipped the nibble is code + 8, and kept at its
+// own bit position with exponent field 0 it is the subnormal (code + 8) 2^(4K - 149). Bits of
+// w outside the nibble are ignored.
 template <int K>
-__device__ __forceinline__ float nib(u32 x) {
-    return __uint_as_float(x & (15u << (4 * K)));
+__device__ __forceinline__ float nib(u32 w) {
+    return __uint_as_float(lop3<0x48>(w, 15u << (4 * K), 0x88888888u));
 }
 
 // The 32 elements of a 16-byte unit q (element e: nibble e % 8 of word e / 8, position
@@ -476,8 +478,9 @@ __device__ __forceinline__ void deq32(uint4 q, float S, float B, float* acc) {
     const float nb[4] = {-B, __fmul_rn(B, -16.0f), __fmul_rn(B, -256.0f), __fmul_rn(B, -4096.0f)};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        // Sign bits flipped once a word, then the upper half-word (nibbles 4..7 at 0..12).
-        const u32 lo = ws[i] ^ 0x88888888u, hi = lo >> 16;
+        // The upper half-word moved down (nibbles 4..7 at 0..12); the sign flips go into the
+        // masks.
+        const u32 lo = ws[i], hi = lo >> 16;
         const float c[8] = {nib<0>(lo), nib<1>(lo), nib<2>(lo), nib<3>(lo),
                             nib<0>(hi), nib<1>(hi), nib<2>(hi), nib<3>(hi)};
 #pragma unroll
@@ -498,34 +501,45 @@ __device__ __forceinline__ int domain_shift(float mx) {
     return 254 - (E < 1 ? 1 : E > 254 ? 254 : E);
 }
 
-// OWN: these are all the block's pieces (left <= F_GROUP), and the domain d is computed here
-// from the scales already loaded (the hot path at up to F_GROUP pieces: no separate pass over
-// the scales); otherwise d is given.
-template <bool FIRST, bool OWN>
-__device__ __forceinline__ void sum_group(const uint4*& p, const float*& sp, i64 pstep, i64 nb, int left,
-                                          Dom& d, float* acc) {
+// The loads of one group: the next F_GROUP pieces (those of the `left` still to sum) of this
+// thread's units, and their scales of this block. p: this thread's first uint4 of the next
+// piece, sp: that piece's scale of this block; both advance a piece (pstep uint4, nb scales)
+// at a time.
+struct Group {
     uint4 w[F_GROUP][F_VPT];
     float s[F_GROUP];
+};
+
+__device__ __forceinline__ void load_group(Group& G, const uint4*& p, const float*& sp, i64 pstep, i64 nb,
+                                           int left) {
 #pragma unroll
     for (int g = 0; g < F_GROUP; ++g) {
         if (g < left) {
-            s[g] = *sp;
+            G.s[g] = *sp;
 #pragma unroll
-            for (int u = 0; u < F_VPT; ++u) w[g][u] = p[u * F_TPB];
+            for (int u = 0; u < F_VPT; ++u) G.w[g][u] = p[u * F_TPB];
         }
         p += pstep;
         sp += nb;
     }
+}
+
+// Sums a loaded group into acc, in piece order (FIRST: it holds piece 0, which initialises
+// acc). OWN: these are all the block's pieces (left <= F_GROUP), and the domain d is computed
+// here from the group's scales (the hot path at up to F_GROUP pieces: no separate pass over the
+// scales); otherwise d is given.
+template <bool FIRST, bool OWN>
+__device__ __forceinline__ void sum_loaded(const Group& G, int left, Dom& d, float* acc) {
     if (OWN) {
         float mx = 0.0f;
 #pragma unroll
         for (int g = 0; g < F_GROUP; ++g)
-            if (g < left) mx = max_abs_nan(mx, s[g]);
+            if (g < left) mx = max_abs_nan(mx, G.s[g]);
         d.k = domain_shift(mx);
 #pragma unroll
         for (int g = 0; g < F_GROUP; ++g) {
             if (g < left) {
-                const float S = mul_pow2(s[g], d.k);
+                const float S = mul_pow2(G.s[g], d.k);
                 d.B = g == 0 ? __fmul_rn(BIAS0, S) : __fmaf_rn(BIAS0, S, d.B);
             }
         }
@@ -538,14 +552,23 @@ __device__ __forceinline__ void sum_group(const uint4*& p, const float*& sp, i64
 #pragma unroll
     for (int g = 0; g < F_GROUP; ++g) {
         if (g < left) {
-            const float S = mul_pow2(s[g], k);
+            const float S = mul_pow2(G.s[g], k);
 #pragma unroll
             for (int u = 0; u < F_VPT; ++u) {
-                if (FIRST && g == 0) deq32<true>(w[g][u], S, d.B, acc + 32 * u);
-                else deq32<false>(w[g][u], S, d.B, acc + 32 * u);
+                if (FIRST && g == 0) deq32<true>(G.w[g][u], S, d.B, acc + 32 * u);
+                else deq32<false>(G.w[g][u], S, d.B, acc + 32 * u);
             }
         }
     }
+}
+
+// load_group then sum_loaded: the loads all issued before any use.
+template <bool FIRST, bool OWN>
+__device__ __forceinline__ void sum_group(const uint4*& p, const float*& sp, i64 pstep, i64 nb, int left,
+                                          Dom& d, float* acc) {
+    Group G;
+    load_group(G, p, sp, pstep, nb, left);
+    sum_loaded<FIRST, OWN>(G, left, d, acc);
 }
 
 // Sum of `pieces` >= 1 INT4 pieces concatenated (packed [pieces * P], scales [pieces * nb],
@@ -694,23 +717,46 @@ __device__ __forceinline__ u32 pack8(const u32* z) {
     return lop3<0xb8>(od << 4, 0x0f0f0f0fu, ev);
 }
 
-// Pieces (see sum_pieces) -> their sum requantised: packed [P], scales [nb]. F_TPB threads a
-// block; the absmax is a max.NaN over |acc| (one instruction a value), then F_TPB-wide
-// shuffles (and shared memory above a warp); one 16-byte store a unit.
-extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_requantize_int4(
-    const u8* __restrict__ packed, const float* __restrict__ scales, u8* __restrict__ qout,
-    float* __restrict__ qscales, int pieces, i64 P, i64 nb) {
-    __shared__ u32 red[NT / 32];
-    const i64 b = (i64)blockIdx.x * (NT / F_TPB) + threadIdx.x / F_TPB;
-    const bool active = b < nb;
+// Blocks a CTA takes a round (one group of F_TPB threads each).
+#define F_BPC (NT / F_TPB)
+
+// 1.5 * 2^23 + 8: fma(v, r, MAGIC8) is MAGIC8 plus the code, by MAGIC's rule (MAGIC8 is even
+// too), so its low nibble is code + 8, in [1, 15] for |code| <= 7, and bits 4..21 are clear.
+#define MAGIC8 12582920.0f
+
+// Constants the compiler cannot fold (never written), so that products by them stay IMADs on
+// the FMA pipe instead of becoming shifts and 64-bit adds on the ALU pipe, which issues at
+// half rate and bounds the fused requantiser.
+__constant__ u32 K16 = 16u;
+__constant__ u32 K1 = 1u;
+
+// p + n * m bytes: one IMAD.WIDE.U32 (FMA pipe) where m is not a constant the compiler sees.
+template <class T>
+__device__ __forceinline__ T* adv(T* p, u32 n, u32 m) {
+    return reinterpret_cast<T*>(reinterpret_cast<char*>(const_cast<void*>(
+               reinterpret_cast<const void*>(p))) + (unsigned long long)n * m);
+}
+
+// pack8 on the FMA pipe, for eight codes given as MAGIC8 + code: the Horner sum
+// z0 + 16 z1 + ... + 16^7 z7 mod 2^32 (seven IMADs) is the nibbles code + 8 plus the exponent
+// bits 0x4b400000 (1 + 16 + ... + 16^7) = 0x3f400000 mod 2^32 (one IMAD takes them off); then
+// xor 0x88888888 turns each code + 8 into the code's two's complement nibble.
+__device__ __forceinline__ u32 pack8_fma(const u32* z) {
+    u32 w = z[7];
+#pragma unroll
+    for (int i = 6; i >= 0; --i) w = w * K16 + z[i];
+    return (w * K1 + 0xc0c00000u) ^ 0x88888888u;
+}
+
+// This thread's sums acc of its block (domain shift k; see sum_pieces) requantised: the scale
+// to *sdst (by the group's thread 0), the codes of unit u (u < F_VPT) to dst + 16 F_TPB u, of
+// which blen - 32 (u F_TPB + t) elements (all 32 if more) belong to the block. Every thread of
+// the CTA calls it (the absmax is a group-wide max); those with active false store nothing.
+// FMA_PACK: the codes packed on the FMA pipe (pack8_fma) on the fast branch.
+template <bool FMA_PACK>
+__device__ __forceinline__ void requantize_store(float* acc, int k, bool active, int blen, u8* dst,
+                                                 float* sdst, u32* red) {
     const int t = threadIdx.x % F_TPB;
-    const i64 n = 2 * P, base = b * BLOCK;
-    const int blen = !active ? 0 : (n - base) < BLOCK ? (int)(n - base) : BLOCK;
-    float acc[F_VPT * 32];
-    // `pieces` as passed (uniform: the per-piece branches of sum_group need no convergence
-    // barrier); a thread past nb reads block 0 with blen 0 (the bytewise path, no packed bytes
-    // loaded, in bounds) and sums zeros.
-    const int k = sum_pieces(packed, scales, pieces, P, nb, active ? b : 0, blen, acc);
     // absmax of the true values: a max.NaN over |acc| a position p (one instruction a value),
     // the four moved exactly to position 12's scale (|acc| 2^(12 - p), no overflow), the
     // F_TPB-wide max (shuffles, shared memory above a warp), then fl(m 2^(137 - k)): rounding
@@ -724,7 +770,7 @@ extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_requantize_in
     if (!active) return;
     const u32 m = __float_as_uint(mul_pow2(__uint_as_float(mdom), 137 - k)) & ABS_MASK;
     const float s = scale_of(m, 7.0f);
-    if (t == 0) qscales[b] = s;
+    if (t == 0) *sdst = s;
     // Codes (fused.rs dequantize_sum_requantize_int4): where r = fl(1/s) moved to the domain,
     // r_0 = fl(r 2^(149 - k)), is finite and r_12 = r_0 2^-12 is normal, r_p = r_0 2^-p is
     // exact and a code is one fma of the domain value; otherwise the true values take
@@ -739,8 +785,9 @@ extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_requantize_in
         for (int g = 0; g < F_VPT * 4; ++g) {
             u32 z[8];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) z[i] = __float_as_uint(__fmaf_rn(acc[8 * g + i], rp[i & 3], MAGIC));
-            ws[g] = pack8(z);
+            for (int i = 0; i < 8; ++i)
+                z[i] = __float_as_uint(__fmaf_rn(acc[8 * g + i], rp[i & 3], FMA_PACK ? MAGIC8 : MAGIC));
+            ws[g] = FMA_PACK ? pack8_fma(z) : pack8(z);
         }
     } else {
 #pragma unroll
@@ -751,14 +798,84 @@ extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_requantize_in
     for (int u = 0; u < F_VPT; ++u) {
         const int e = (u * F_TPB + t) * 32;
         const u32* w = ws + 4 * u;
-        u8* dst = qout + (base + e) / 2;
+        u8* du = dst + 16 * F_TPB * u;
         if (e + 32 <= blen) {
-            *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+            *reinterpret_cast<uint4*>(du) = make_uint4(w[0], w[1], w[2], w[3]);
         } else {
 #pragma unroll
             for (int k = 0; k < 16; ++k)
-                if (e + 2 * k < blen) dst[k] = (u8)(w[k / 4] >> (8 * (k % 4)));
+                if (e + 2 * k < blen) du[k] = (u8)(w[k / 4] >> (8 * (k % 4)));
         }
+    }
+}
+
+// Pieces (see sum_pieces) -> their sum requantised: packed [P], scales [nb]. F_TPB threads a
+// block; the absmax is a max.NaN over |acc| (one instruction a value), then F_TPB-wide
+// shuffles (and shared memory above a warp); one 16-byte store a unit. Blocks b0 and on, F_BPC
+// a CTA (the blocks that dequantize_sum_requantize_int4_full leaves; any shape).
+extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_requantize_int4(
+    const u8* __restrict__ packed, const float* __restrict__ scales, u8* __restrict__ qout,
+    float* __restrict__ qscales, int pieces, i64 P, i64 nb, i64 b0) {
+    __shared__ u32 red[NT / 32];
+    const i64 b = b0 + (i64)blockIdx.x * F_BPC + threadIdx.x / F_TPB;
+    const bool active = b < nb;
+    const i64 n = 2 * P;
+    const int blen = !active ? 0 : (n - b * BLOCK) < BLOCK ? (int)(n - b * BLOCK) : BLOCK;
+    float acc[F_VPT * 32];
+    // `pieces` as passed (uniform: the per-piece branches of sum_group need no convergence
+    // barrier); a thread past nb reads block 0 with blen 0 (the bytewise path, no packed bytes
+    // loaded, in bounds) and sums zeros.
+    const int k = sum_pieces(packed, scales, pieces, P, nb, active ? b : 0, blen, acc);
+    const int t = threadIdx.x % F_TPB;
+    requantize_store<false>(acc, k, active, blen, qout + b * (BLOCK / 2) + 16 * t, qscales + b, red);
+}
+
+// The fast path of dequantize_sum_requantize_int4, for 1 <= pieces <= F_GROUP (one load group
+// holds every piece) of P bytes, P % 16 == 0 and P < 2^32: the first `rounds` * F_BPC blocks,
+// all full. A round is F_BPC consecutive blocks, one a group of F_TPB threads. Persistent: CTA
+// c takes rounds c, c + gridDim.x, ... (the grid is what stays resident, cuda.rs
+// `dequantize_sum_int4_into`), so the start-up work is paid once a CTA, and each round's
+// successor's loads are issued as soon as its codes are summed, in flight while it
+// requantises. This kernel is bound by the ALU pipe (lop3 a nibble), so the per-round
+// addresses are IMADs (adv) and the codes are packed by IMADs (pack8_fma). 80 registers, no
+// spills (block 512, sm_90).
+extern "C" __global__ void __launch_bounds__(NT, 3) dequantize_sum_requantize_int4_full(
+    const u8* __restrict__ packed, const float* __restrict__ scales, u8* __restrict__ qout,
+    float* __restrict__ qscales, int pieces, u32 P, u32 nb, u32 rounds) {
+    __shared__ u32 red[NT / 32];
+    const u32 t = threadIdx.x % F_TPB, blk = threadIdx.x / F_TPB;
+    // Round 0's addresses of this thread (its first unit of piece 0, its block's scale of piece
+    // 0, its output unit and scale); a round moves them round_bytes (packed and output) and
+    // round_scales (scales) on, a piece P bytes (packed) and 4 nb (scales).
+    const u8* const p0 = packed + blk * (BLOCK / 2) + 16 * t;
+    const float* const s0 = scales + blk;
+    u8* const q0 = qout + blk * (BLOCK / 2) + 16 * t;
+    float* const qs0 = qscales + blk;
+    const u32 round_bytes = K1 * (F_BPC * BLOCK / 2), round_scales = K1 * (4 * F_BPC);
+    const u32 scale_step = 4 * nb;
+    auto load_round = [&](Group& G, u32 r) {
+        const u8* p = adv(p0, r, round_bytes);
+        const float* sp = adv(s0, r, round_scales);
+#pragma unroll
+        for (int g = 0; g < F_GROUP; ++g) {
+            if (g < pieces) {
+                G.s[g] = *sp;
+#pragma unroll
+                for (int u = 0; u < F_VPT; ++u) G.w[g][u] = reinterpret_cast<const uint4*>(p)[u * F_TPB];
+            }
+            p = adv(p, P, K1);
+            sp = adv(sp, scale_step, K1);
+        }
+    };
+    Group G;
+    u32 r = blockIdx.x;
+    if (r < rounds) load_round(G, r);
+    for (; r < rounds; r += gridDim.x) {
+        float acc[F_VPT * 32];
+        Dom d;
+        sum_loaded<true, true>(G, pieces, d, acc);
+        if (r + gridDim.x < rounds) load_round(G, r + gridDim.x);
+        requantize_store<true>(acc, d.k, true, BLOCK, adv(q0, r, round_bytes), adv(qs0, r, round_scales), red);
     }
 }
 "#;
@@ -1069,22 +1186,57 @@ pub fn dequantize_sum_int4_into(
         got: pieces,
         expected: i32::MAX as usize,
     })?;
-    let name = match out {
-        Out::Sum(_) => "dequantize_sum_int4",
-        Out::Requantized(..) => "dequantize_sum_requantize_int4",
-    };
-    let f = func(dev, name, block)?;
-    let (p64, nb64) = (i64_of(p), i64_of(nb));
     let stream = dev.cuda_stream();
-    let mut b = stream.launch_builder(&f);
-    b.arg(packed).arg(scales);
-    match out {
-        Out::Sum(o) => b.arg(o),
-        Out::Requantized(q, s) => b.arg(q).arg(s),
+    let (p64, nb64) = (i64_of(p), i64_of(nb));
+    let tpb = fused_tpb(block / 32);
+    let bpc = NT / tpb;
+    let (qout, qscales) = match out {
+        Out::Sum(o) => {
+            let f = func(dev, "dequantize_sum_int4", block)?;
+            let mut b = stream.launch_builder(&f);
+            b.arg(packed).arg(scales).arg(o).arg(&pieces32).arg(&p64).arg(&nb64);
+            // SAFETY: argument types and lengths match the kernel's signature.
+            unsafe { b.launch(block_grid(nb, tpb)) }.w()?;
+            return Ok(());
+        }
+        Out::Requantized(q, s) => (q, s),
     };
-    b.arg(&pieces32).arg(&p64).arg(&nb64);
-    // SAFETY: argument types and lengths match the kernel's signature.
-    unsafe { b.launch(block_grid(nb, fused_tpb(block / 32))) }.w()?;
+    // Rounds of F_BPC full blocks for the persistent fast kernel (16-byte pieces, every piece
+    // in one load group), then the rest, from block b0, for the general one.
+    let group = if block / 32 / tpb >= 4 { 1 } else { 4 / (block / 32 / tpb) };
+    let rounds = if p.is_multiple_of(16) && pieces <= group && p <= u32::MAX as usize {
+        2 * p / block / bpc
+    } else {
+        0
+    };
+    if rounds > 0 {
+        let f = func(dev, "dequantize_sum_requantize_int4_full", block)?;
+        let sms = stream
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .w()?;
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(NT as u32, 0, None)
+            .w()?;
+        let resident = sms.max(1) as usize * per_sm.max(1) as usize;
+        // In range: p < 2^32, so nb <= 2^33 / 32 and rounds < nb.
+        let (p32, nb32, rounds32) = (p as u32, nb as u32, rounds as u32);
+        let mut b = stream.launch_builder(&f);
+        b.arg(packed).arg(scales).arg(&mut *qout).arg(&mut *qscales);
+        b.arg(&pieces32).arg(&p32).arg(&nb32).arg(&rounds32);
+        // SAFETY: argument types and lengths match the kernel's signature.
+        unsafe { b.launch(grid(rounds.min(resident))) }.w()?;
+    }
+    let b0 = rounds * bpc;
+    if b0 < nb {
+        let f = func(dev, "dequantize_sum_requantize_int4", block)?;
+        let b064 = i64_of(b0);
+        let mut b = stream.launch_builder(&f);
+        b.arg(packed).arg(scales).arg(qout).arg(qscales);
+        b.arg(&pieces32).arg(&p64).arg(&nb64).arg(&b064);
+        // SAFETY: argument types and lengths match the kernel's signature.
+        unsafe { b.launch(block_grid(nb - b0, tpb)) }.w()?;
+    }
     Ok(())
 }
 
@@ -1141,6 +1293,7 @@ mod tests {
                 "quantize_int4_swizzled",
                 "dequantize_sum_int4",
                 "dequantize_sum_requantize_int4",
+                "dequantize_sum_requantize_int4_full",
             ] {
                 assert!(
                     ptx.contains(".target sm_80"),
