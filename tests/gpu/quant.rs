@@ -216,8 +216,10 @@ fn fused_int4_sums_equal_the_reference() {
         // Rounds of 16 full blocks for the persistent requantiser, then the general kernel for
         // what is left: a short last block, or full blocks short of a round.
         (4, 512 * 64 + 130, 512),
-        (3, 512 * 20, 512),
+        (3, 512 * 40, 512),
         (2, 2048 * 9, 2048),
+        (8, 512 * 40 + 130, 512),
+        (6, 512 * 16, 512),
     ] {
         let (cp, cs) = pieces(k, len, block);
         let (gp, gs) = (cp.to_device(&gpu).unwrap(), cs.to_device(&gpu).unwrap());
@@ -307,9 +309,10 @@ fn fused_int4_sums_at_extreme_scales_equal_the_reference() {
     }
 }
 
-/// The persistent requantiser (`dequantize_sum_requantize_int4_full`) over many rounds a CTA:
-/// pieces long enough that every resident CTA loops (2^23 elements: 1024 rounds of 16 blocks of
-/// 512, 4096 rounds of 4 blocks of 2048, against ~500 resident CTAs on an H200), each block's
+/// The persistent requantisers (`dequantize_sum_requantize_int4_full` at 1 to 4 pieces, `_full8`
+/// at 5 to 8) over many rounds a CTA: pieces long enough that every resident CTA loops (2^23
+/// elements: 512 rounds of 32 blocks of 512, 4096 rounds of 4 blocks of 2048, against ~260
+/// resident CTAs on an H200), at blocks of one, two and more units a thread, each block's
 /// scales drawn from the extremes of the domain (subnormal, zero, the smallest subnormals, any
 /// binade, powers of two), so that the loads issued a round ahead meet every branch of the
 /// requantisation. A short tail block goes to the general kernel.
@@ -323,7 +326,15 @@ fn fused_int4_requantise_persistent_rounds_equal_the_reference() {
         s ^= s << 17;
         s
     };
-    for (k, block, tail) in [(4usize, 512usize, 130usize), (3, 2048, 0), (1, 512, 0)] {
+    for (k, block, tail) in [
+        (4usize, 512usize, 130usize),
+        (3, 2048, 0),
+        (1, 512, 0),
+        (2, 64, 0),
+        (8, 512, 130),
+        (5, 2048, 0),
+        (7, 32, 6),
+    ] {
         let len = (1 << 23) + tail;
         let nb = len.div_ceil(block);
         let (mut packed, mut scales) = (Vec::with_capacity(k * len / 2), Vec::new());

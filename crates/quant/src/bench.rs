@@ -6,7 +6,8 @@
 //! elements, rounded down to a multiple of 16384): INT8 with block 2048 (weights), INT4 with
 //! block 512 (gradients), the swizzle as 2 nodes x 4 ranks, and the fused kernels on 4 pieces,
 //! each piece the INT4 of all of x (so their input is 2n bytes and the f32 sum 4n bytes, sizes
-//! that do not fit in L2 for the buffers we measure).
+//! that do not fit in L2 for the buffers we measure); the requantiser also on 8 pieces (qgZ's
+//! first hop with 8 GPUs a node; "dequantize_sum_requantize_int4 x8").
 //!
 //! Timing: every kernel (and the copy) writes into buffers allocated once before timing (the
 //! `cuda::*_into` launchers, which the tensor API also calls); `iters` launches go back to back
@@ -38,6 +39,8 @@ pub const BENCH_INT8_BLOCK: usize = 2048;
 pub const BENCH_INT4_BLOCK: usize = 512;
 /// Pieces of the fused kernels measured.
 pub const BENCH_PIECES: usize = 4;
+/// Pieces of the second requantiser measurement (8 GPUs a node).
+pub const BENCH_PIECES_WIDE: usize = 8;
 
 /// Times `iters` calls of `f` launched back to back after 3 warm-up calls, with CUDA events
 /// recorded on the device stream before and after; returns seconds per call.
@@ -195,7 +198,6 @@ pub fn kernel_bandwidth(
     let pieces = BENCH_PIECES;
     let packed = Tensor::cat(&vec![&p4; pieces], 0)?;
     let scales = Tensor::cat(&vec![&s4; pieces], 0)?;
-    drop((p4, s4));
     let k = pieces as u64;
     let read = k * (n64 / 2 + 4 * n64 / b4);
     slice::<u8>(&packed, |pv| {
@@ -218,6 +220,29 @@ pub fn kernel_bandwidth(
                 cuda::dequantize_sum_int4_into(device, pv, sv, pieces, BENCH_INT4_BLOCK, o)
             })?;
             out.push(rate("dequantize_sum_int4", read + 4 * n64, s));
+            Ok(())
+        })
+    })?;
+    drop((packed, scales));
+
+    let pieces = BENCH_PIECES_WIDE;
+    let packed = Tensor::cat(&vec![&p4; pieces], 0)?;
+    let scales = Tensor::cat(&vec![&s4; pieces], 0)?;
+    drop((p4, s4));
+    let read = pieces as u64 * (n64 / 2 + 4 * n64 / b4);
+    slice::<u8>(&packed, |pv| {
+        slice::<f32>(&scales, |sv| {
+            let mut q = device.alloc_zeros::<u8>(n / 2)?;
+            let mut qs = device.alloc_zeros::<f32>(nb4)?;
+            let s = time(device, iters, || {
+                let o = Out::Requantized(&mut q, &mut qs);
+                cuda::dequantize_sum_int4_into(device, pv, sv, pieces, BENCH_INT4_BLOCK, o)
+            })?;
+            out.push(rate(
+                "dequantize_sum_requantize_int4 x8",
+                read + n64 / 2 + 4 * n64 / b4,
+                s,
+            ));
             Ok(())
         })
     })?;

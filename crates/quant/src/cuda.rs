@@ -501,14 +501,18 @@ __device__ __forceinline__ int domain_shift(float mx) {
     return 254 - (E < 1 ? 1 : E > 254 ? 254 : E);
 }
 
-// The loads of one group: the next F_GROUP pieces (those of the `left` still to sum) of this
-// thread's units, and their scales of this block. p: this thread's first uint4 of the next
-// piece, sp: that piece's scale of this block; both advance a piece (pstep uint4, nb scales)
-// at a time.
-struct Group {
-    uint4 w[F_GROUP][F_VPT];
-    float s[F_GROUP];
+// The loads of one group: the next GROUP pieces of this thread's VPT units, and their scales
+// of this block.
+template <int GROUP, int VPT>
+struct GroupT {
+    uint4 w[GROUP][VPT];
+    float s[GROUP];
 };
+using Group = GroupT<F_GROUP, F_VPT>;
+
+// The next F_GROUP pieces (those of the `left` still to sum) into G. p: this thread's first
+// uint4 of the next piece, sp: that piece's scale of this block; both advance a piece (pstep
+// uint4, nb scales) at a time.
 
 __device__ __forceinline__ void load_group(Group& G, const uint4*& p, const float*& sp, i64 pstep, i64 nb,
                                            int left) {
@@ -524,20 +528,20 @@ __device__ __forceinline__ void load_group(Group& G, const uint4*& p, const floa
     }
 }
 
-// Sums a loaded group into acc, in piece order (FIRST: it holds piece 0, which initialises
-// acc). OWN: these are all the block's pieces (left <= F_GROUP), and the domain d is computed
-// here from the group's scales (the hot path at up to F_GROUP pieces: no separate pass over the
-// scales); otherwise d is given.
-template <bool FIRST, bool OWN>
-__device__ __forceinline__ void sum_loaded(const Group& G, int left, Dom& d, float* acc) {
+// Sums a loaded group (its first `left` pieces) into acc, in piece order (FIRST: it holds piece
+// 0, which initialises acc). OWN: these are all the block's pieces (left <= GROUP), and the
+// domain d is computed here from the group's scales (the hot path at up to GROUP pieces: no
+// separate pass over the scales); otherwise d is given.
+template <bool FIRST, bool OWN, int GROUP, int VPT>
+__device__ __forceinline__ void sum_loaded(const GroupT<GROUP, VPT>& G, int left, Dom& d, float* acc) {
     if (OWN) {
         float mx = 0.0f;
 #pragma unroll
-        for (int g = 0; g < F_GROUP; ++g)
+        for (int g = 0; g < GROUP; ++g)
             if (g < left) mx = max_abs_nan(mx, G.s[g]);
         d.k = domain_shift(mx);
 #pragma unroll
-        for (int g = 0; g < F_GROUP; ++g) {
+        for (int g = 0; g < GROUP; ++g) {
             if (g < left) {
                 const float S = mul_pow2(G.s[g], d.k);
                 d.B = g == 0 ? __fmul_rn(BIAS0, S) : __fmaf_rn(BIAS0, S, d.B);
@@ -547,14 +551,14 @@ __device__ __forceinline__ void sum_loaded(const Group& G, int left, Dom& d, flo
     // Past the first group, the factors 2^a, 2^(k - a) of mul_pow2 are recomputed each group
     // (a few integer instructions) rather than held across the loop: fewer spills there (block
     // 512, sm_90: 112 bytes of spill stores in the kernel instead of 124; the loop of more than
-    // F_GROUP pieces still spills, docs/kernels.md).
+    // GROUP pieces still spills, docs/kernels.md).
     const int k = OWN || FIRST ? d.k : opaque(d.k);
 #pragma unroll
-    for (int g = 0; g < F_GROUP; ++g) {
+    for (int g = 0; g < GROUP; ++g) {
         if (g < left) {
             const float S = mul_pow2(G.s[g], k);
 #pragma unroll
-            for (int u = 0; u < F_VPT; ++u) {
+            for (int u = 0; u < VPT; ++u) {
                 if (FIRST && g == 0) deq32<true>(G.w[g][u], S, d.B, acc + 32 * u);
                 else deq32<false>(G.w[g][u], S, d.B, acc + 32 * u);
             }
@@ -749,24 +753,25 @@ __device__ __forceinline__ u32 pack8_fma(const u32* z) {
 }
 
 // This thread's sums acc of its block (domain shift k; see sum_pieces) requantised: the scale
-// to *sdst (by the group's thread 0), the codes of unit u (u < F_VPT) to dst + 16 F_TPB u, of
-// which blen - 32 (u F_TPB + t) elements (all 32 if more) belong to the block. Every thread of
+// to *sdst (by the group's thread 0), the codes of unit u (u < VPT) to dst + 16 TPB u, of
+// which blen - 32 (u TPB + t) elements (all 32 if more) belong to the block. Every thread of
 // the CTA calls it (the absmax is a group-wide max); those with active false store nothing.
-// FMA_PACK: the codes packed on the FMA pipe (pack8_fma) on the fast branch.
-template <bool FMA_PACK>
+// TPB threads a block, VPT units a thread. FMA_PACK: the codes packed on the FMA pipe
+// (pack8_fma) on the fast branch.
+template <bool FMA_PACK, int TPB, int VPT>
 __device__ __forceinline__ void requantize_store(float* acc, int k, bool active, int blen, u8* dst,
                                                  float* sdst, u32* red) {
-    const int t = threadIdx.x % F_TPB;
+    const int t = threadIdx.x % TPB;
     // absmax of the true values: a max.NaN over |acc| a position p (one instruction a value),
     // the four moved exactly to position 12's scale (|acc| 2^(12 - p), no overflow), the
-    // F_TPB-wide max (shuffles, shared memory above a warp), then fl(m 2^(137 - k)): rounding
+    // TPB-wide max (shuffles, shared memory above a warp), then fl(m 2^(137 - k)): rounding
     // is monotonic, so this is the absmax of the true values fl(v 2^(149 - k - p)).
     float mp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int i = 0; i < F_VPT * 32; ++i) mp[i & 3] = max_abs_nan(mp[i & 3], acc[i]);
+    for (int i = 0; i < VPT * 32; ++i) mp[i & 3] = max_abs_nan(mp[i & 3], acc[i]);
     const float md = max_abs_nan(max_abs_nan(__fmul_rn(mp[0], 4096.0f), __fmul_rn(mp[1], 256.0f)),
                                  max_abs_nan(__fmul_rn(mp[2], 16.0f), mp[3]));
-    const u32 mdom = group_max<F_TPB>(__float_as_uint(md) & ABS_MASK, red);
+    const u32 mdom = group_max<TPB>(__float_as_uint(md) & ABS_MASK, red);
     if (!active) return;
     const u32 m = __float_as_uint(mul_pow2(__uint_as_float(mdom), 137 - k)) & ABS_MASK;
     const float s = scale_of(m, 7.0f);
@@ -776,13 +781,13 @@ __device__ __forceinline__ void requantize_store(float* acc, int k, bool active,
     // exact and a code is one fma of the domain value; otherwise the true values take
     // quantize_int4's rules (block_codes).
     // Word i of unit u: codes 8i .. 8i + 7 of the unit, a nibble each.
-    u32 ws[F_VPT * 4];
+    u32 ws[VPT * 4];
     const float r = __frcp_rn(s);
     const float r0 = mul_pow2(r, 149 - k), r12 = __fmul_rn(r0, 0x1p-12f);
     if (__float_as_uint(r0) < NON_FINITE && __float_as_uint(r12) > 0x00800000u) {
         const float rp[4] = {r0, __fmul_rn(r0, 0x1p-4f), __fmul_rn(r0, 0x1p-8f), r12};
 #pragma unroll
-        for (int g = 0; g < F_VPT * 4; ++g) {
+        for (int g = 0; g < VPT * 4; ++g) {
             u32 z[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i)
@@ -791,14 +796,14 @@ __device__ __forceinline__ void requantize_store(float* acc, int k, bool active,
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < F_VPT * 32; ++i) acc[i] = mul_pow2(acc[i], 149 - k - 4 * (i & 3));
-        block_codes<7, 8, F_VPT * 32>(acc, s, r, [&](int g, const u32* z) { ws[g] = pack8(z); });
+        for (int i = 0; i < VPT * 32; ++i) acc[i] = mul_pow2(acc[i], 149 - k - 4 * (i & 3));
+        block_codes<7, 8, VPT * 32>(acc, s, r, [&](int g, const u32* z) { ws[g] = pack8(z); });
     }
 #pragma unroll
-    for (int u = 0; u < F_VPT; ++u) {
-        const int e = (u * F_TPB + t) * 32;
+    for (int u = 0; u < VPT; ++u) {
+        const int e = (u * TPB + t) * 32;
         const u32* w = ws + 4 * u;
-        u8* du = dst + 16 * F_TPB * u;
+        u8* du = dst + 16 * TPB * u;
         if (e + 32 <= blen) {
             *reinterpret_cast<uint4*>(du) = make_uint4(w[0], w[1], w[2], w[3]);
         } else {
@@ -827,23 +832,32 @@ extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_requantize_in
     // loaded, in bounds) and sums zeros.
     const int k = sum_pieces(packed, scales, pieces, P, nb, active ? b : 0, blen, acc);
     const int t = threadIdx.x % F_TPB;
-    requantize_store<false>(acc, k, active, blen, qout + b * (BLOCK / 2) + 16 * t, qscales + b, red);
+    requantize_store<false, F_TPB, F_VPT>(acc, k, active, blen, qout + b * (BLOCK / 2) + 16 * t, qscales + b,
+                                          red);
 }
 
-// The fast path of dequantize_sum_requantize_int4, for 1 <= pieces <= F_GROUP (one load group
-// holds every piece) of P bytes, P % 16 == 0 and P < 2^32: the first `rounds` * F_BPC blocks,
-// all full. A round is F_BPC consecutive blocks, one a group of F_TPB threads. Persistent: CTA
-// c takes rounds c, c + gridDim.x, ... (the grid is what stays resident, cuda.rs
+// Threads a block of the persistent requantiser at up to 4 pieces: half the general kernels'
+// where that leaves whole units (two 32-element units a thread at blocks of 64 and more powers
+// of two), so that the per-block work (domain, absmax, scale, reciprocal: ~190 instructions a
+// thread) is paid once for 64 elements: 468 instructions a 32-element unit instead of 563
+// (block 512, 4 pieces, traced SASS), 124 registers.
+#define Q_TPB (F_VPT == 1 && F_TPB >= 2 ? F_TPB / 2 : F_TPB)
+
+// The fast path of dequantize_sum_requantize_int4, for 1 <= pieces <= GROUP (one load group
+// holds every piece) of P bytes, P % 16 == 0 and P < 2^32: the first `rounds` * (NT / TPB)
+// blocks, all full, TPB threads a block. A round is NT / TPB consecutive blocks. Persistent:
+// CTA c takes rounds c, c + gridDim.x, ... (the grid is what stays resident, cuda.rs
 // `dequantize_sum_int4_into`), so the start-up work is paid once a CTA, and each round's
 // successor's loads are issued as soon as its codes are summed, in flight while it
-// requantises. This kernel is bound by the ALU pipe (lop3 a nibble), so the per-round
-// addresses are IMADs (adv) and the codes are packed by IMADs (pack8_fma). 80 registers, no
-// spills (block 512, sm_90).
-extern "C" __global__ void __launch_bounds__(NT, 3) dequantize_sum_requantize_int4_full(
-    const u8* __restrict__ packed, const float* __restrict__ scales, u8* __restrict__ qout,
-    float* __restrict__ qscales, int pieces, u32 P, u32 nb, u32 rounds) {
+// requantises. The kernel is bound by instruction issue and the ALU pipe (a lop3 a nibble), so
+// the per-round addresses are IMADs (adv) and the codes are packed by IMADs (pack8_fma).
+template <int TPB, int GROUP>
+__device__ __forceinline__ void requantize_rounds(const u8* __restrict__ packed, const float* __restrict__ scales,
+                                                  u8* __restrict__ qout, float* __restrict__ qscales,
+                                                  int pieces, u32 P, u32 nb, u32 rounds) {
+    constexpr int VPT = BLOCK / 32 / TPB, BPC = NT / TPB;
     __shared__ u32 red[NT / 32];
-    const u32 t = threadIdx.x % F_TPB, blk = threadIdx.x / F_TPB;
+    const u32 t = threadIdx.x % TPB, blk = threadIdx.x / TPB;
     // Round 0's addresses of this thread (its first unit of piece 0, its block's scale of piece
     // 0, its output unit and scale); a round moves them round_bytes (packed and output) and
     // round_scales (scales) on, a piece P bytes (packed) and 4 nb (scales).
@@ -851,32 +865,49 @@ extern "C" __global__ void __launch_bounds__(NT, 3) dequantize_sum_requantize_in
     const float* const s0 = scales + blk;
     u8* const q0 = qout + blk * (BLOCK / 2) + 16 * t;
     float* const qs0 = qscales + blk;
-    const u32 round_bytes = K1 * (F_BPC * BLOCK / 2), round_scales = K1 * (4 * F_BPC);
+    const u32 round_bytes = K1 * (BPC * BLOCK / 2), round_scales = K1 * (4 * BPC);
     const u32 scale_step = 4 * nb;
-    auto load_round = [&](Group& G, u32 r) {
+    auto load_round = [&](GroupT<GROUP, VPT>& G, u32 r) {
         const u8* p = adv(p0, r, round_bytes);
         const float* sp = adv(s0, r, round_scales);
 #pragma unroll
-        for (int g = 0; g < F_GROUP; ++g) {
+        for (int g = 0; g < GROUP; ++g) {
             if (g < pieces) {
                 G.s[g] = *sp;
 #pragma unroll
-                for (int u = 0; u < F_VPT; ++u) G.w[g][u] = reinterpret_cast<const uint4*>(p)[u * F_TPB];
+                for (int u = 0; u < VPT; ++u) G.w[g][u] = reinterpret_cast<const uint4*>(p)[u * TPB];
             }
             p = adv(p, P, K1);
             sp = adv(sp, scale_step, K1);
         }
     };
-    Group G;
+    GroupT<GROUP, VPT> G;
     u32 r = blockIdx.x;
     if (r < rounds) load_round(G, r);
     for (; r < rounds; r += gridDim.x) {
-        float acc[F_VPT * 32];
+        float acc[VPT * 32];
         Dom d;
         sum_loaded<true, true>(G, pieces, d, acc);
         if (r + gridDim.x < rounds) load_round(G, r + gridDim.x);
-        requantize_store<true>(acc, d.k, true, BLOCK, adv(q0, r, round_bytes), adv(qs0, r, round_scales), red);
+        requantize_store<true, TPB, VPT>(acc, d.k, true, BLOCK, adv(q0, r, round_bytes), adv(qs0, r, round_scales),
+                                         red);
     }
+}
+
+// requantize_rounds for 1 to 4 pieces, Q_TPB threads a block (block 512: 124 registers, 16
+// warps an SM, no spills).
+extern "C" __global__ void __launch_bounds__(NT, 2) dequantize_sum_requantize_int4_full(
+    const u8* __restrict__ packed, const float* __restrict__ scales, u8* __restrict__ qout,
+    float* __restrict__ qscales, int pieces, u32 P, u32 nb, u32 rounds) {
+    requantize_rounds<Q_TPB, 4>(packed, scales, qout, qscales, pieces, P, nb, rounds);
+}
+
+// requantize_rounds for 5 to 8 pieces (8 GPUs a node), F_TPB threads a block: one unit a
+// thread, so that the eight pieces' loads fit in registers beside the sums.
+extern "C" __global__ void __launch_bounds__(NT, 2) dequantize_sum_requantize_int4_full8(
+    const u8* __restrict__ packed, const float* __restrict__ scales, u8* __restrict__ qout,
+    float* __restrict__ qscales, int pieces, u32 P, u32 nb, u32 rounds) {
+    requantize_rounds<F_TPB, 8>(packed, scales, qout, qscales, pieces, P, nb, rounds);
 }
 "#;
 
@@ -1189,7 +1220,6 @@ pub fn dequantize_sum_int4_into(
     let stream = dev.cuda_stream();
     let (p64, nb64) = (i64_of(p), i64_of(nb));
     let tpb = fused_tpb(block / 32);
-    let bpc = NT / tpb;
     let (qout, qscales) = match out {
         Out::Sum(o) => {
             let f = func(dev, "dequantize_sum_int4", block)?;
@@ -1201,16 +1231,11 @@ pub fn dequantize_sum_int4_into(
         }
         Out::Requantized(q, s) => (q, s),
     };
-    // Rounds of F_BPC full blocks for the persistent fast kernel (16-byte pieces, every piece
-    // in one load group), then the rest, from block b0, for the general one.
-    let group = if block / 32 / tpb >= 4 { 1 } else { 4 / (block / 32 / tpb) };
-    let rounds = if p.is_multiple_of(16) && pieces <= group && p <= u32::MAX as usize {
-        2 * p / block / bpc
-    } else {
-        0
-    };
+    // Rounds of full blocks for a persistent fast kernel, then the rest, from block b0, for the
+    // general one (F_BPC blocks a CTA).
+    let (fast, rtpb, rounds) = fast_requantizer(block, pieces, p);
     if rounds > 0 {
-        let f = func(dev, "dequantize_sum_requantize_int4_full", block)?;
+        let f = func(dev, fast, block)?;
         let sms = stream
             .context()
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -1227,7 +1252,7 @@ pub fn dequantize_sum_int4_into(
         // SAFETY: argument types and lengths match the kernel's signature.
         unsafe { b.launch(grid(rounds.min(resident))) }.w()?;
     }
-    let b0 = rounds * bpc;
+    let b0 = rounds * (NT / rtpb);
     if b0 < nb {
         let f = func(dev, "dequantize_sum_requantize_int4", block)?;
         let b064 = i64_of(b0);
@@ -1238,6 +1263,26 @@ pub fn dequantize_sum_int4_into(
         unsafe { b.launch(block_grid(nb - b0, tpb)) }.w()?;
     }
     Ok(())
+}
+
+/// The persistent requantiser for `pieces` pieces of `p` bytes at `block`: its kernel, its
+/// threads a block and how many rounds (of NT / threads full blocks) it takes; 0 rounds where
+/// none applies (pieces not 16-byte multiples or of 2^32 bytes and more, more than 8 pieces, or
+/// blocks of an odd number of units, which would hold too many loads a thread).
+fn fast_requantizer(block: usize, pieces: usize, p: usize) -> (&'static str, usize, usize) {
+    let units = block / 32;
+    let tpb = fused_tpb(units);
+    // Q_TPB of the source: two units a thread where one was.
+    let qtpb = if units / tpb == 1 && tpb >= 2 { tpb / 2 } else { tpb };
+    let (name, rtpb) = match pieces {
+        1..=4 if units / qtpb <= 2 => ("dequantize_sum_requantize_int4_full", qtpb),
+        5..=8 if units / tpb == 1 => ("dequantize_sum_requantize_int4_full8", tpb),
+        _ => ("", tpb),
+    };
+    if name.is_empty() || !p.is_multiple_of(16) || p > u32::MAX as usize {
+        return (name, rtpb, 0);
+    }
+    (name, rtpb, 2 * p / block / (NT / rtpb))
 }
 
 /// GPU fused INT4 piece sums (arguments already checked: packed [pieces * P],
@@ -1294,6 +1339,7 @@ mod tests {
                 "dequantize_sum_int4",
                 "dequantize_sum_requantize_int4",
                 "dequantize_sum_requantize_int4_full",
+                "dequantize_sum_requantize_int4_full8",
             ] {
                 assert!(
                     ptx.contains(".target sm_80"),
