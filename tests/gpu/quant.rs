@@ -362,8 +362,16 @@ fn fused_int4_requantise_persistent_rounds_equal_the_reference() {
         let (gp, gs) = (cp.to_device(&gpu).unwrap(), cs.to_device(&gpu).unwrap());
         let (cq, cqs) = tensor::dequantize_sum_requantize_int4(&cp, &cs, k, block).unwrap();
         let (gq, gqs) = tensor::dequantize_sum_requantize_int4(&gp, &gs, k, block).unwrap();
-        same(&bits(&gqs), &bits(&cqs), &format!("requantised scales {at}"));
-        same(&bytes(&gq), &bytes(&cq), &format!("requantised packed {at}"));
+        same(
+            &bits(&gqs),
+            &bits(&cqs),
+            &format!("requantised scales {at}"),
+        );
+        same(
+            &bytes(&gq),
+            &bytes(&cq),
+            &format!("requantised packed {at}"),
+        );
     }
 }
 
@@ -371,7 +379,10 @@ fn fused_int4_requantise_persistent_rounds_equal_the_reference() {
 fn same<T: PartialEq + std::fmt::Debug>(gpu: &[T], cpu: &[T], at: &str) {
     assert_eq!(gpu.len(), cpu.len(), "{at}: lengths");
     if let Some(i) = (0..gpu.len()).find(|&i| gpu[i] != cpu[i]) {
-        panic!("{at}: first difference at {i}: gpu {:?}, cpu {:?}", gpu[i], cpu[i]);
+        panic!(
+            "{at}: first difference at {i}: gpu {:?}, cpu {:?}",
+            gpu[i], cpu[i]
+        );
     }
 }
 

@@ -42,8 +42,7 @@ use std::ops::Deref;
 use std::sync::{Mutex, OnceLock};
 
 use candle_core::cuda_backend::cudarc::driver::{
-    sys,
-    CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+    sys, CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorageSlice, WrapErr};
@@ -490,10 +489,6 @@ __device__ __forceinline__ void deq32(uint4 q, float S, float B, float* acc) {
     }
 }
 
-// The next F_GROUP pieces (those of the `left` still to sum) of this thread's units, all loads
-// issued before any use, accumulated in piece order (FIRST: piece 0, which initialises acc).
-// p: this thread's first uint4 of the next piece, sp: that piece's scale of this block; both
-// advance a piece (pstep uint4, nb scales) at a time.
 // The shift k of the domain given mx = max.NaN of the scales' |s| (block.rs domain_shift: its
 // exponent field, 255 for inf / NaN, clamped to [1, 254]; k = 254 - that).
 __device__ __forceinline__ int domain_shift(float mx) {
@@ -513,7 +508,6 @@ using Group = GroupT<F_GROUP, F_VPT>;
 // The next F_GROUP pieces (those of the `left` still to sum) into G. p: this thread's first
 // uint4 of the next piece, sp: that piece's scale of this block; both advance a piece (pstep
 // uint4, nb scales) at a time.
-
 __device__ __forceinline__ void load_group(Group& G, const uint4*& p, const float*& sp, i64 pstep, i64 nb,
                                            int left) {
 #pragma unroll
@@ -566,7 +560,8 @@ __device__ __forceinline__ void sum_loaded(const GroupT<GROUP, VPT>& G, int left
     }
 }
 
-// load_group then sum_loaded: the loads all issued before any use.
+// The next F_GROUP pieces of this thread's units summed into acc (see sum_loaded), all loads
+// issued before any use.
 template <bool FIRST, bool OWN>
 __device__ __forceinline__ void sum_group(const uint4*& p, const float*& sp, i64 pstep, i64 nb, int left,
                                           Dom& d, float* acc) {
@@ -840,7 +835,7 @@ extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_requantize_in
 // where that leaves whole units (two 32-element units a thread at blocks of 64 and more powers
 // of two), so that the per-block work (domain, absmax, scale, reciprocal: ~190 instructions a
 // thread) is paid once for 64 elements: 468 instructions a 32-element unit instead of 563
-// (block 512, 4 pieces, traced SASS), 124 registers.
+// (block 512, 4 pieces, traced SASS).
 #define Q_TPB (F_VPT == 1 && F_TPB >= 2 ? F_TPB / 2 : F_TPB)
 
 // The fast path of dequantize_sum_requantize_int4, for 1 <= pieces <= GROUP (one load group
@@ -894,8 +889,8 @@ __device__ __forceinline__ void requantize_rounds(const u8* __restrict__ packed,
     }
 }
 
-// requantize_rounds for 1 to 4 pieces, Q_TPB threads a block (block 512: 124 registers, 16
-// warps an SM, no spills).
+// requantize_rounds for 1 to 4 pieces, Q_TPB threads a block (block 512, sm_90: 128 registers,
+// 16 warps an SM, one 8-byte spill outside the loop).
 extern "C" __global__ void __launch_bounds__(NT, 2) dequantize_sum_requantize_int4_full(
     const u8* __restrict__ packed, const float* __restrict__ scales, u8* __restrict__ qout,
     float* __restrict__ qscales, int pieces, u32 P, u32 nb, u32 rounds) {
@@ -903,7 +898,8 @@ extern "C" __global__ void __launch_bounds__(NT, 2) dequantize_sum_requantize_in
 }
 
 // requantize_rounds for 5 to 8 pieces (8 GPUs a node), F_TPB threads a block: one unit a
-// thread, so that the eight pieces' loads fit in registers beside the sums.
+// thread, so that the eight pieces' loads fit in registers beside the sums (block 512, sm_90:
+// 118 registers, no spills).
 extern "C" __global__ void __launch_bounds__(NT, 2) dequantize_sum_requantize_int4_full8(
     const u8* __restrict__ packed, const float* __restrict__ scales, u8* __restrict__ qout,
     float* __restrict__ qscales, int pieces, u32 P, u32 nb, u32 rounds) {
@@ -1224,7 +1220,12 @@ pub fn dequantize_sum_int4_into(
         Out::Sum(o) => {
             let f = func(dev, "dequantize_sum_int4", block)?;
             let mut b = stream.launch_builder(&f);
-            b.arg(packed).arg(scales).arg(o).arg(&pieces32).arg(&p64).arg(&nb64);
+            b.arg(packed)
+                .arg(scales)
+                .arg(o)
+                .arg(&pieces32)
+                .arg(&p64)
+                .arg(&nb64);
             // SAFETY: argument types and lengths match the kernel's signature.
             unsafe { b.launch(block_grid(nb, tpb)) }.w()?;
             return Ok(());
@@ -1233,9 +1234,9 @@ pub fn dequantize_sum_int4_into(
     };
     // Rounds of full blocks for a persistent fast kernel, then the rest, from block b0, for the
     // general one (F_BPC blocks a CTA).
-    let (fast, rtpb, rounds) = fast_requantizer(block, pieces, p);
-    if rounds > 0 {
-        let f = func(dev, fast, block)?;
+    let fast = fast_requantizer(block, pieces, p);
+    if let Some(FastRequantizer { name, rounds, .. }) = fast {
+        let f = func(dev, name, block)?;
         let sms = stream
             .context()
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -1252,7 +1253,7 @@ pub fn dequantize_sum_int4_into(
         // SAFETY: argument types and lengths match the kernel's signature.
         unsafe { b.launch(grid(rounds.min(resident))) }.w()?;
     }
-    let b0 = rounds * (NT / rtpb);
+    let b0 = fast.map_or(0, |q| q.rounds * (NT / q.tpb));
     if b0 < nb {
         let f = func(dev, "dequantize_sum_requantize_int4", block)?;
         let b064 = i64_of(b0);
@@ -1265,24 +1266,39 @@ pub fn dequantize_sum_int4_into(
     Ok(())
 }
 
-/// The persistent requantiser for `pieces` pieces of `p` bytes at `block`: its kernel, its
-/// threads a block and how many rounds (of NT / threads full blocks) it takes; 0 rounds where
-/// none applies (pieces not 16-byte multiples or of 2^32 bytes and more, more than 8 pieces, or
-/// blocks of an odd number of units, which would hold too many loads a thread).
-fn fast_requantizer(block: usize, pieces: usize, p: usize) -> (&'static str, usize, usize) {
+/// A persistent requantiser and the part of the blocks it takes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct FastRequantizer {
+    name: &'static str,
+    /// Threads a block (`Q_TPB` or `F_TPB` of the source).
+    tpb: usize,
+    /// Rounds of NT / tpb full blocks, from block 0 (at least 1).
+    rounds: usize,
+}
+
+/// The persistent requantiser for `pieces` pieces of `p` bytes at `block`, or None where none
+/// applies: pieces not 16-byte multiples, of 2^32 bytes and more, fewer full blocks than a
+/// round, more than 8 pieces, or blocks of an odd number of units (whose threads would hold too
+/// many loads).
+fn fast_requantizer(block: usize, pieces: usize, p: usize) -> Option<FastRequantizer> {
     let units = block / 32;
     let tpb = fused_tpb(units);
     // Q_TPB of the source: two units a thread where one was.
-    let qtpb = if units / tpb == 1 && tpb >= 2 { tpb / 2 } else { tpb };
-    let (name, rtpb) = match pieces {
+    let qtpb = if units / tpb == 1 && tpb >= 2 {
+        tpb / 2
+    } else {
+        tpb
+    };
+    let (name, tpb) = match pieces {
         1..=4 if units / qtpb <= 2 => ("dequantize_sum_requantize_int4_full", qtpb),
         5..=8 if units / tpb == 1 => ("dequantize_sum_requantize_int4_full8", tpb),
-        _ => ("", tpb),
+        _ => return None,
     };
-    if name.is_empty() || !p.is_multiple_of(16) || p > u32::MAX as usize {
-        return (name, rtpb, 0);
+    if !p.is_multiple_of(16) || p > u32::MAX as usize {
+        return None;
     }
-    (name, rtpb, 2 * p / block / (NT / rtpb))
+    let rounds = 2 * p / block / (NT / tpb);
+    (rounds > 0).then_some(FastRequantizer { name, tpb, rounds })
 }
 
 /// GPU fused INT4 piece sums (arguments already checked: packed [pieces * P],
@@ -1323,6 +1339,38 @@ pub(crate) fn dequantize_sum_int4(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_requantizer_takes_whole_rounds_of_full_blocks() {
+        let fast = |block, pieces, p| fast_requantizer(block, pieces, p);
+        // Block 512: 16 threads a block in the general kernels, 8 (two units) at up to 4
+        // pieces, 32 blocks a round; 16 threads, 16 blocks a round at 5 to 8 pieces.
+        let q = fast(512, 4, 256 * 70 + 16).unwrap();
+        assert_eq!(
+            (q.name, q.tpb, q.rounds),
+            ("dequantize_sum_requantize_int4_full", 8, 2)
+        );
+        let q = fast(512, 8, 256 * 70).unwrap();
+        assert_eq!(
+            (q.name, q.tpb, q.rounds),
+            ("dequantize_sum_requantize_int4_full8", 16, 4)
+        );
+        // Block 2048 (64 threads): 32 threads, 8 blocks a round; block 32: one thread, one unit.
+        assert_eq!(
+            fast(2048, 2, 1024 * 8).map(|q| (q.tpb, q.rounds)),
+            Some((32, 1))
+        );
+        assert_eq!(
+            fast(32, 7, 16 * 256).map(|q| (q.tpb, q.rounds)),
+            Some((1, 1))
+        );
+        // None: less than a round, unaligned pieces, 9 pieces, odd units (block 96), 2^32 bytes.
+        assert_eq!(fast(512, 4, 256 * 31), None);
+        assert_eq!(fast(512, 4, 256 * 64 + 8), None);
+        assert_eq!(fast(512, 9, 256 * 64), None);
+        assert_eq!(fast(96, 2, 48 * 1024), None);
+        assert_eq!(fast(512, 1, 1 << 32), None);
+    }
 
     /// Compiles the kernels for the block sizes that exercise every code path (vector and
     /// scalar lanes, partial steps). Needs only libnvrtc, no GPU:
