@@ -234,6 +234,15 @@ fn nccl_ids_round_trip() -> Result<(), TestError> {
 /// (on the GPU's global timer) and then ends by itself: compute that a collective issued after
 /// it must wait for.
 fn spin_on_compute_stream(device: &Device, ms: u64) -> Result<(), TestError> {
+    spin_on_stream(device, &device.as_cuda_device()?.cuda_stream(), ms)
+}
+
+/// As `spin_on_compute_stream`, on `stream` (of `device`'s context).
+fn spin_on_stream(
+    device: &Device,
+    stream: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
+    ms: u64,
+) -> Result<(), TestError> {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::cudarc::nvrtc::compile_ptx;
 
@@ -253,7 +262,6 @@ extern "C" __global__ void comm_test_spin(unsigned long long ns) {
     let ptx = compile_ptx(SPIN).map_err(|e| format!("compiling the spin kernel: {e:?}"))?;
     let f = cuda.get_or_load_custom_func("comm_test_spin", "comm_test_spin", &ptx.to_src())?;
     let ns = ms * 1_000_000;
-    let stream = cuda.cuda_stream();
     let mut launch = stream.launch_builder(&f);
     launch.arg(&ns);
     let one = LaunchConfig {
@@ -263,6 +271,48 @@ extern "C" __global__ void comm_test_spin(unsigned long long ns) {
     };
     // SAFETY: the kernel takes one u64 and touches no memory.
     unsafe { launch.launch(one) }?;
+    Ok(())
+}
+
+/// The device wait clock times how long the compute stream stands still for a collective: about
+/// 300 ms when the communication stream is held 300 ms behind a spin kernel, and next to
+/// nothing when compute is the busy one (300 ms of it) and the collective is done by the time
+/// compute waits for it. The host is not held up in either case.
+#[test]
+fn nccl_device_wait_clock_times_the_compute_streams_stalls() -> Result<(), TestError> {
+    let (device, comm) = world_of_one();
+    let x = Tensor::ones(1 << 20, DType::F32, &device)?;
+    comm.all_reduce(Group::World, x.clone()).wait()?; // NCCL's first collective sets it up
+    device.synchronize()?;
+    let clock = comm
+        .device_wait_clock()
+        .expect("nccl times its waits on the device");
+    assert_eq!(clock.seconds()?, 0.0, "nothing waited yet");
+
+    spin_on_stream(&device, comm.comm_stream(), 300)?;
+    let issued = std::time::Instant::now();
+    let y = comm.all_reduce(Group::World, x.clone()).wait()?;
+    let host = issued.elapsed();
+    let z = (&y + 1.0)?; // compute that needs the collective
+    device.synchronize()?;
+    let held = clock.seconds()?;
+    assert!(
+        (0.25..1.0).contains(&held),
+        "the compute stream waited {held} s behind a 300 ms hold"
+    );
+    assert!(host.as_millis() < 100, "the host waited {host:?}");
+    assert_eq!(z.sum_all()?.to_scalar::<f32>()?, 2.0 * (1 << 20) as f32);
+
+    spin_on_compute_stream(&device, 300)?;
+    let y = comm.all_reduce(Group::World, (&x + 2.0)?).wait()?;
+    let z = (&y + 1.0)?;
+    device.synchronize()?;
+    let busy = clock.seconds()? - held;
+    assert!(
+        (0.0..0.05).contains(&busy),
+        "the compute stream waited {busy} s for a collective done in time"
+    );
+    assert_eq!(z.sum_all()?.to_scalar::<f32>()?, 4.0 * (1 << 20) as f32);
     Ok(())
 }
 

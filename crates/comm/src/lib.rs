@@ -52,7 +52,7 @@ pub use mpi::MpiComm;
 pub use nccl::{NcclComm, NcclIds};
 pub use pending::Pending;
 pub use solo::Solo;
-pub use timed::{Timed, WaitClock};
+pub use timed::{DeviceWaitClock, Timed, WaitClock};
 pub use topology::{Group, Topology};
 
 use candle_core::Tensor;
@@ -104,6 +104,14 @@ pub trait Communicator: Send + Sync {
     /// Fails every pending and future collective of every rank of this world with
     /// `CommError::Aborted { rank: self.rank(), reason }`. Only the first abort is kept.
     fn abort(&self, reason: String);
+    /// Starts timing on the device how long the compute stream waits for this communicator's
+    /// collectives (from now on), and returns the clock that reads it; `None` where waiting
+    /// blocks the host instead (CPU backends, the local backend), so that [`Timed`] measures it.
+    /// The `nccl` backend's `wait` only makes the compute stream wait, so its exposed
+    /// communication is visible on the device alone.
+    fn device_wait_clock(&self) -> Option<DeviceWaitClock> {
+        None
+    }
 }
 
 /// The collectives on host vectors, for scalars, tests and tools: each wraps the vector in a CPU

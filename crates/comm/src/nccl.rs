@@ -16,6 +16,11 @@
 //! 3. [`Pending::wait`] makes the compute stream wait for `done` and returns the output, so
 //!    later kernels on the compute stream see the result, while the host runs on.
 //!
+//! Once [`Communicator::device_wait_clock`] has been called, step 3 also records a timed event
+//! on the compute stream before the wait and one after it: the time between them is how long
+//! compute stood still for the collective (about 0 when it had finished in time), the exposed
+//! communication, which the host cannot see.
+//!
 //! All three communicators share the one communication stream, so a rank's collectives run in
 //! issue order whatever their group, as the [`Communicator`] contract asks.
 //!
@@ -83,6 +88,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr, DriverError,
     LaunchConfig, PushKernelArg,
@@ -100,7 +106,8 @@ use crate::counters::AtomicCounters;
 use crate::link::EmulatedLink;
 use crate::op::Op;
 use crate::{
-    ByteCounters, CommError, Communicator, Group, Pending, Result, Topology, DEFAULT_TIMEOUT,
+    ByteCounters, CommError, Communicator, DeviceWaitClock, Group, Pending, Result, Topology,
+    DEFAULT_TIMEOUT,
 };
 
 /// Bytes of one NCCL unique id.
@@ -204,6 +211,42 @@ pub struct NcclComm {
     watchdog: Option<JoinHandle<()>>,
     /// A benchmark's emulated slow link between nodes ([`crate::link`]), if set.
     link: Mutex<Option<EmulatedLink>>,
+    /// The compute stream's waits for collectives, once [`Communicator::device_wait_clock`]
+    /// has started timing them.
+    waits: Arc<Mutex<Option<WaitLog>>>,
+}
+
+/// Timed events on the compute stream around each wait for a collective, and the seconds
+/// between them already added up.
+#[derive(Default)]
+struct WaitLog {
+    /// (before, after) of each wait not yet added up, in record order.
+    pending: VecDeque<(CudaEvent, CudaEvent)>,
+    seconds: f64,
+}
+
+impl WaitLog {
+    /// Pairs kept before the completed ones are added up (bounds the events held between reads).
+    const FOLD_AT: usize = 1024;
+
+    /// Adds up the recorded waits: all of them, blocking until they have run (`block`), or only
+    /// those that have already run.
+    fn fold(&mut self, block: bool) -> std::result::Result<(), DriverError> {
+        while let Some((before, after)) = self.pending.front() {
+            if block {
+                after.synchronize()?;
+            } else if !after.is_complete() {
+                break;
+            }
+            self.seconds += f64::from(before.elapsed_ms(after)?) * 1e-3;
+            self.pending.pop_front();
+        }
+        Ok(())
+    }
+}
+
+fn lock_waits(waits: &Mutex<Option<WaitLog>>) -> MutexGuard<'_, Option<WaitLog>> {
+    waits.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The communicators, or why they are gone; also shared with in-flight collectives so `wait`
@@ -334,15 +377,36 @@ struct InFlight {
     _input: Tensor,
     output: Option<Tensor>,
     waited: bool,
+    /// The communicator's log of the compute stream's waits (timed where it holds one).
+    waits: Arc<Mutex<Option<WaitLog>>>,
 }
 
 impl InFlight {
-    /// Makes the compute stream wait for the collective and hands out its output.
+    /// Makes the compute stream wait for the collective and hands out its output; where the
+    /// waits are timed, between two timed events on the compute stream.
     fn finish(mut self, op: &'static str) -> Result<Tensor> {
-        self.compute
-            .wait(&self.done)
-            .map_err(|e| cuda_error(op, e))?;
+        let cuda = |e| cuda_error(op, e);
+        let timed = lock_waits(&self.waits).is_some();
+        let timer = || {
+            self.compute
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        };
+        let before = if timed {
+            Some(timer().map_err(cuda)?)
+        } else {
+            None
+        };
+        self.compute.wait(&self.done).map_err(cuda)?;
         self.waited = true;
+        if let Some(before) = before {
+            let after = timer().map_err(cuda)?;
+            if let Some(log) = lock_waits(&self.waits).as_mut() {
+                log.pending.push_back((before, after));
+                if log.pending.len() >= WaitLog::FOLD_AT {
+                    log.fold(false).map_err(cuda)?;
+                }
+            }
+        }
         Ok(self.output.take().expect("the output is taken once"))
     }
 }
@@ -451,6 +515,7 @@ impl NcclComm {
             watch,
             watchdog: Some(watchdog),
             link: Mutex::new(None),
+            waits: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -597,6 +662,7 @@ impl NcclComm {
             _input: send,
             output: Some(output),
             waited: false,
+            waits: self.waits.clone(),
         };
         // On an NCCL error `in_flight` is dropped here, which still orders the buffers' release
         // after whatever was enqueued.
@@ -810,6 +876,20 @@ impl Communicator for NcclComm {
 
     fn counters(&self) -> ByteCounters {
         self.counters.snapshot()
+    }
+
+    /// Times the compute stream's waits from now on (see the module doc): two events a
+    /// collective, added up when read or every [`WaitLog::FOLD_AT`] waits.
+    fn device_wait_clock(&self) -> Option<DeviceWaitClock> {
+        lock_waits(&self.waits).get_or_insert_with(WaitLog::default);
+        let waits = self.waits.clone();
+        Some(DeviceWaitClock::new(move || {
+            let mut log = lock_waits(&waits);
+            let log = log.get_or_insert_with(WaitLog::default);
+            log.fold(true)
+                .map_err(|e| cuda_error("reading the device wait clock", e))?;
+            Ok(log.seconds)
+        }))
     }
 
     /// Aborts the communicators (cudarc's `Comm` drop is `ncclCommAbort`) and fails this rank's

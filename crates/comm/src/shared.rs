@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
-use crate::{ByteCounters, Communicator, Group, Pending, Topology};
+use crate::{ByteCounters, Communicator, DeviceWaitClock, Group, Pending, Topology};
 
 impl<C: Communicator + ?Sized> Communicator for Arc<C> {
     fn rank(&self) -> usize {
@@ -37,5 +37,8 @@ impl<C: Communicator + ?Sized> Communicator for Arc<C> {
     }
     fn abort(&self, reason: String) {
         (**self).abort(reason)
+    }
+    fn device_wait_clock(&self) -> Option<DeviceWaitClock> {
+        (**self).device_wait_clock()
     }
 }

@@ -41,6 +41,31 @@ impl Timed {
     }
 }
 
+/// Seconds the device's compute stream has spent waiting for a communicator's collectives,
+/// timed on the device ([`Communicator::device_wait_clock`]): the communication that compute did
+/// not hide, where waiting does not block the host.
+#[derive(Clone)]
+pub struct DeviceWaitClock(Arc<dyn Fn() -> crate::Result<f64> + Send + Sync>);
+
+impl DeviceWaitClock {
+    /// A clock whose reading is `read()`.
+    pub fn new(read: impl Fn() -> crate::Result<f64> + Send + Sync + 'static) -> Self {
+        DeviceWaitClock(Arc::new(read))
+    }
+
+    /// Seconds so far. Blocks until the waits recorded so far have run on the device, so read
+    /// it after synchronising the device.
+    pub fn seconds(&self) -> crate::Result<f64> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for DeviceWaitClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceWaitClock")
+    }
+}
+
 /// Seconds waited so far by the callers of one [`Timed`] communicator.
 #[derive(Clone, Debug)]
 pub struct WaitClock(Arc<AtomicU64>);
@@ -75,6 +100,9 @@ impl Communicator for Timed {
     }
     fn barrier(&self, group: Group) -> Pending<()> {
         self.timed(self.inner.barrier(group))
+    }
+    fn device_wait_clock(&self) -> Option<DeviceWaitClock> {
+        self.inner.device_wait_clock()
     }
     fn counters(&self) -> ByteCounters {
         self.inner.counters()

@@ -56,8 +56,13 @@ pub struct StepReport {
     /// Device memory in use by every process at the end (total - free; GPU runs only): the pool,
     /// cuBLAS's workspace, the loaded kernels.
     pub device_used_bytes: Option<u64>,
-    /// Seconds per step rank 0 spent blocked waiting for collectives.
+    /// Seconds per step rank 0's host spent blocked waiting for collectives: the exposed
+    /// communication on the CPU and with the local backend.
     pub comm_wait_seconds: f64,
+    /// Seconds per step rank 0's compute stream stood waiting for collectives, timed on the
+    /// device with CUDA events: the exposed communication under `nccl`, whose waits do not block
+    /// the host (`None` on other backends).
+    pub comm_device_wait_seconds: Option<f64>,
     pub comm_intra_bytes: u64,
     pub comm_inter_bytes: u64,
     /// World-mean training loss of the first and the last step (warm-up included), a check that
@@ -121,6 +126,7 @@ fn synthetic_batch(
 struct RankTimes {
     seconds: f64,
     waited: f64,
+    device_waited: Option<f64>,
     bytes: comm::ByteCounters,
     peak: Option<u64>,
     used: Option<u64>,
@@ -154,11 +160,19 @@ fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<Option<Ste
     let rank_main = |inner: Box<dyn comm::Communicator>| -> Result<RankTimes> {
         let timed = comm::Timed::new(inner);
         let clock = timed.clock();
+        let device_clock = comm::Communicator::device_wait_clock(&timed);
+        let device_seconds = || -> Result<Option<f64>> {
+            Ok(match &device_clock {
+                Some(c) => Some(c.seconds()?),
+                None => None,
+            })
+        };
         let mut engine = Engine::new(model_cfg.clone(), options.clone(), Box::new(timed))?;
         let rank = engine.comm().rank();
         let mut measured = RankTimes {
             seconds: 0.0,
             waited: 0.0,
+            device_waited: device_clock.as_ref().map(|_| 0.0),
             bytes: comm::ByteCounters::default(),
             peak: None,
             used: None,
@@ -171,8 +185,12 @@ fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<Option<Ste
             if step == warmup && rank == 0 {
                 device_memory::reset_peak(&device);
             }
-            let (start, waited, bytes) =
-                (Instant::now(), clock.seconds(), engine.comm().counters());
+            let (start, waited, device_waited, bytes) = (
+                Instant::now(),
+                clock.seconds(),
+                device_seconds()?,
+                engine.comm().counters(),
+            );
             let mut loss = 0.0;
             for micro in 0..accumulation {
                 let (inputs, targets) = synthetic_batch(
@@ -192,6 +210,13 @@ fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<Option<Ste
             if timed_step {
                 measured.seconds += start.elapsed().as_secs_f64();
                 measured.waited += clock.seconds() - waited;
+                if let (Some(sum), Some(now), Some(then)) = (
+                    measured.device_waited.as_mut(),
+                    device_seconds()?,
+                    device_waited,
+                ) {
+                    *sum += now - then;
+                }
                 measured.bytes = measured.bytes + (engine.comm().counters() - bytes);
             }
         }
@@ -272,6 +297,7 @@ fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<Option<Ste
         peak_memory_bytes: times.peak,
         device_used_bytes: times.used,
         comm_wait_seconds: times.waited / n,
+        comm_device_wait_seconds: times.device_waited.map(|w| w / n),
         comm_intra_bytes: (times.bytes.intra as f64 / n) as u64,
         comm_inter_bytes: (times.bytes.inter as f64 / n) as u64,
         loss_first: times.losses.first().copied().unwrap_or(f64::NAN),
@@ -322,10 +348,22 @@ fn print_report(r: &StepReport) {
         );
     }
     println!(
-        "waiting on comm    {:.3} s per step ({:.1}%); compute and the rest {:.3} s",
+        "waiting on comm    {:.3} s per step ({:.1}%) with the host blocked",
         r.comm_wait_seconds,
         100.0 * r.comm_wait_seconds / r.step_seconds,
-        r.step_seconds - r.comm_wait_seconds
+    );
+    if let Some(w) = r.comm_device_wait_seconds {
+        println!(
+            "                   {:.3} s per step ({:.1}%) with the GPU's compute stream stalled",
+            w,
+            100.0 * w / r.step_seconds,
+        );
+    }
+    // The exposed communication: the device's stalls where the host does not wait (nccl).
+    let exposed = r.comm_device_wait_seconds.unwrap_or(r.comm_wait_seconds);
+    println!(
+        "compute and rest   {:.3} s per step (the step less the exposed communication)",
+        r.step_seconds - exposed
     );
     println!(
         "comm per step      intra-node {}, inter-node {} (rank 0)",
