@@ -111,3 +111,63 @@ impl Communicator for Timed {
         self.inner.abort(reason)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use candle_core::Tensor;
+
+    use super::*;
+    use crate::Solo;
+
+    /// Solo, with a device wait clock that reads 1.5 s.
+    struct Clocked;
+
+    impl Communicator for Clocked {
+        fn rank(&self) -> usize {
+            Solo.rank()
+        }
+        fn topology(&self) -> Topology {
+            Solo.topology()
+        }
+        fn all_gather(&self, group: Group, send: Tensor) -> Pending<Tensor> {
+            Solo.all_gather(group, send)
+        }
+        fn all_to_all(&self, group: Group, send: Tensor) -> Pending<Tensor> {
+            Solo.all_to_all(group, send)
+        }
+        fn reduce_scatter(&self, group: Group, send: Tensor) -> Pending<Tensor> {
+            Solo.reduce_scatter(group, send)
+        }
+        fn all_reduce(&self, group: Group, buf: Tensor) -> Pending<Tensor> {
+            Solo.all_reduce(group, buf)
+        }
+        fn broadcast(&self, group: Group, root: usize, buf: Tensor) -> Pending<Tensor> {
+            Solo.broadcast(group, root, buf)
+        }
+        fn barrier(&self, group: Group) -> Pending<()> {
+            Solo.barrier(group)
+        }
+        fn counters(&self) -> ByteCounters {
+            Solo.counters()
+        }
+        fn abort(&self, reason: String) {
+            Solo.abort(reason)
+        }
+        fn device_wait_clock(&self) -> Option<DeviceWaitClock> {
+            Some(DeviceWaitClock::new(|| Ok(1.5)))
+        }
+    }
+
+    /// `trainer bench` reads the device clock through `Timed` around an `Arc`ed communicator:
+    /// both pass it on; backends without one (Solo here) give None.
+    #[test]
+    fn wrappers_pass_the_device_wait_clock_on() {
+        let shared: Arc<dyn Communicator> = Arc::new(Clocked);
+        let timed = Timed::new(Box::new(shared));
+        let clock = timed.device_wait_clock().expect("the inner clock");
+        assert_eq!(clock.seconds().unwrap(), 1.5);
+        assert!(Timed::new(Box::new(Solo)).device_wait_clock().is_none());
+    }
+}
