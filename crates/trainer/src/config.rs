@@ -429,6 +429,7 @@ fn apply_override(table: &mut toml::Table, spec: &str) -> Result<()> {
 fn cuda_device() -> Result<candle_core::Device> {
     let dev = candle_core::cuda_backend::CudaDevice::new_with_stream(0)
         .context("train.device = \"cuda\": cannot open GPU 0")?;
+    crate::device_memory::keep_freed_memory(&dev);
     Ok(candle_core::Device::Cuda(dev))
 }
 

@@ -98,6 +98,7 @@ fn join_nccl(config: &RunConfig, timeout: Duration) -> Result<ProcessRank> {
     }
     let device = CudaDevice::new_with_stream(ordinal)
         .with_context(|| format!("cannot open GPU {ordinal}"))?;
+    crate::device_memory::keep_freed_memory(&device);
     let nccl = comm::bootstrap::nccl_from_launch(&info, topology, &device, timeout)?;
     // The watchdog: a collective unfinished after the timeout aborts NCCL (a peer died or hung).
     nccl.set_timeout(timeout);
