@@ -192,59 +192,39 @@ pub fn kernel_bandwidth(
         })?;
     }
 
-    // BENCH_PIECES pieces, each the INT4 of all of x.
+    // BENCH_PIECES pieces, each the INT4 of all of x: the requantiser and the f32 sum; then the
+    // requantiser alone on BENCH_PIECES_WIDE pieces.
     let (p4, s4) = tensor::quantize_int4_swizzled(&x, 1, 1, BENCH_INT4_BLOCK)?;
     drop(x);
-    let pieces = BENCH_PIECES;
-    let packed = Tensor::cat(&vec![&p4; pieces], 0)?;
-    let scales = Tensor::cat(&vec![&s4; pieces], 0)?;
-    let k = pieces as u64;
-    let read = k * (n64 / 2 + 4 * n64 / b4);
-    slice::<u8>(&packed, |pv| {
-        slice::<f32>(&scales, |sv| {
-            let mut q = device.alloc_zeros::<u8>(n / 2)?;
-            let mut qs = device.alloc_zeros::<f32>(nb4)?;
-            let s = time(device, iters, || {
-                let o = Out::Requantized(&mut q, &mut qs);
-                cuda::dequantize_sum_int4_into(device, pv, sv, pieces, BENCH_INT4_BLOCK, o)
-            })?;
-            out.push(rate(
-                "dequantize_sum_requantize_int4",
-                read + n64 / 2 + 4 * n64 / b4,
-                s,
-            ));
-            drop((q, qs));
-            let mut y = device.alloc_zeros::<f32>(n)?;
-            let s = time(device, iters, || {
-                let o = Out::Sum(&mut y);
-                cuda::dequantize_sum_int4_into(device, pv, sv, pieces, BENCH_INT4_BLOCK, o)
-            })?;
-            out.push(rate("dequantize_sum_int4", read + 4 * n64, s));
-            Ok(())
-        })
-    })?;
-    drop((packed, scales));
-
-    let pieces = BENCH_PIECES_WIDE;
-    let packed = Tensor::cat(&vec![&p4; pieces], 0)?;
-    let scales = Tensor::cat(&vec![&s4; pieces], 0)?;
-    drop((p4, s4));
-    let read = pieces as u64 * (n64 / 2 + 4 * n64 / b4);
-    slice::<u8>(&packed, |pv| {
-        slice::<f32>(&scales, |sv| {
-            let mut q = device.alloc_zeros::<u8>(n / 2)?;
-            let mut qs = device.alloc_zeros::<f32>(nb4)?;
-            let s = time(device, iters, || {
-                let o = Out::Requantized(&mut q, &mut qs);
-                cuda::dequantize_sum_int4_into(device, pv, sv, pieces, BENCH_INT4_BLOCK, o)
-            })?;
-            out.push(rate(
-                "dequantize_sum_requantize_int4 x8",
-                read + n64 / 2 + 4 * n64 / b4,
-                s,
-            ));
-            Ok(())
-        })
-    })?;
+    for (pieces, name) in [
+        (BENCH_PIECES, "dequantize_sum_requantize_int4"),
+        (BENCH_PIECES_WIDE, "dequantize_sum_requantize_int4 x8"),
+    ] {
+        let packed = Tensor::cat(&vec![&p4; pieces], 0)?;
+        let scales = Tensor::cat(&vec![&s4; pieces], 0)?;
+        let read = pieces as u64 * (n64 / 2 + 4 * n64 / b4);
+        slice::<u8>(&packed, |pv| {
+            slice::<f32>(&scales, |sv| {
+                let mut q = device.alloc_zeros::<u8>(n / 2)?;
+                let mut qs = device.alloc_zeros::<f32>(nb4)?;
+                let s = time(device, iters, || {
+                    let o = Out::Requantized(&mut q, &mut qs);
+                    cuda::dequantize_sum_int4_into(device, pv, sv, pieces, BENCH_INT4_BLOCK, o)
+                })?;
+                out.push(rate(name, read + n64 / 2 + 4 * n64 / b4, s));
+                drop((q, qs));
+                if pieces != BENCH_PIECES {
+                    return Ok(());
+                }
+                let mut y = device.alloc_zeros::<f32>(n)?;
+                let s = time(device, iters, || {
+                    let o = Out::Sum(&mut y);
+                    cuda::dequantize_sum_int4_into(device, pv, sv, pieces, BENCH_INT4_BLOCK, o)
+                })?;
+                out.push(rate("dequantize_sum_int4", read + 4 * n64, s));
+                Ok(())
+            })
+        })?;
+    }
     Ok(out)
 }
