@@ -3,6 +3,12 @@
 //! only (scripts/gpu-build.sh); run on a GPU machine with `scripts/gpu-test.sh tests`.
 
 mod adamw;
+mod attention;
+mod crossentropy;
+mod elementwise;
+mod embedding;
 mod engine;
+mod layernorm;
+mod model;
 mod nccl;
 mod quant;

@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use crate::Group;
 
 /// Errors of a collective.
@@ -63,6 +65,14 @@ pub enum CommError {
     /// A CUDA driver call of a collective failed (stream, event or context).
     #[error("CUDA {op}: {message}")]
     Cuda { op: &'static str, message: String },
+    /// A CUDA kernel of a backend (`op` names what it is for) could not be compiled (NVRTC) or
+    /// loaded (`kernels::loader`); shared behind an `Arc` so that the error stays `Clone`.
+    #[error("{op}: CUDA kernel")]
+    Kernel {
+        op: &'static str,
+        #[source]
+        source: Arc<kernels::KernelError>,
+    },
     /// An MPI call of the MPI backend failed, or MPI cannot do what was asked (`message` says
     /// why).
     #[error("MPI {op}: {message}")]

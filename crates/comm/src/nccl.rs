@@ -84,7 +84,7 @@
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -97,7 +97,6 @@ use candle_core::cuda_backend::cudarc::nccl::result::NcclError;
 use candle_core::cuda_backend::cudarc::nccl::safe::{
     group_end, group_start, Comm, Id, NcclType, ReduceOp,
 };
-use candle_core::cuda_backend::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
@@ -746,42 +745,23 @@ impl NcclComm {
     }
 }
 
-/// Source of [`hold_stream`]'s kernel: one thread that sleeps until `ns` nanoseconds of the
-/// global timer have passed since it started.
-const HOLD_KERNEL: &str = r#"
-extern "C" __global__ void hold_stream(unsigned long long ns) {
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    do {
-        __nanosleep(1000);
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while (now - start < ns);
-}
-"#;
-
 const HOLD_OP: &str = "emulated link";
 
-/// [`HOLD_KERNEL`] on `device`: compiled once a process, loaded once a device.
-fn hold_function(device: &CudaDevice) -> Result<impl std::ops::Deref<Target = CudaFunction>> {
-    static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
-    let ptx = PTX
-        .get_or_init(|| {
-            let options = CompileOptions {
-                arch: Some("compute_80"),
-                ..Default::default()
-            };
-            compile_ptx_with_opts(HOLD_KERNEL, options)
-                .map(|p| p.to_src())
-                .map_err(|e| e.to_string())
-        })
-        .as_ref()
-        .map_err(|message| CommError::Cuda {
-            op: HOLD_OP,
-            message: message.clone(),
-        })?;
-    device
-        .get_or_load_custom_func("hold_stream", "zeropp_comm_link", ptx)
-        .map_err(|e| tensor_error(HOLD_OP, e))
+/// The kernel of [`hold_stream`] (`crates/kernels/cuda/hold.cu`: one thread that sleeps until
+/// `ns` nanoseconds of the global timer have passed since it started) on `device`: compiled once
+/// a process, loaded once a device, by [`kernels::loader`].
+fn hold_function(device: &CudaDevice) -> Result<CudaFunction> {
+    kernels::loader::function(
+        device,
+        &kernels::HOLD,
+        &[],
+        kernels::Flavour::Exact,
+        "hold_stream",
+    )
+    .map_err(|e| CommError::Kernel {
+        op: HOLD_OP,
+        source: Arc::new(e),
+    })
 }
 
 /// Enqueues on `stream` a kernel that keeps it busy for `hold` (the emulated link's transfer).

@@ -39,6 +39,9 @@ pub enum ModelError {
     UnitCount { expected: usize, got: usize },
 
     // ---- wrapped ----
+    /// A CUDA kernel could not be compiled or loaded.
+    #[error(transparent)]
+    Kernel(#[from] kernels::KernelError),
     /// An error from a candle tensor operation.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),

@@ -9,6 +9,10 @@
 
 mod config;
 mod error;
+#[cfg(feature = "cuda")]
+mod gemm;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod init;
 pub mod layers;
 mod layout;

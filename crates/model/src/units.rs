@@ -35,8 +35,8 @@ use crate::config::GptConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
     attention_backward, attention_forward, crossentropy_forward_backward, gelu_backward,
-    gelu_forward, layernorm_backward, layernorm_forward, matmul_backward, matmul_forward, AttSaved,
-    LnSaved,
+    gelu_forward, layernorm_backward, layernorm_forward, matmul_backward, matmul_forward,
+    residual_matmul_forward, AttSaved, LnSaved,
 };
 use crate::layout::{ModelLayout, UnitKind, UnitLayout};
 
@@ -158,18 +158,16 @@ struct BlockActs {
     /// `ln_1(x)` `(N, C)` and its statistics.
     ln1: Tensor,
     ln1_saved: LnSaved,
-    /// Attention internals (`q, k, v, att`).
+    /// Attention's input `qkv`, output `y (B, T, C)` (heads merged) and row log-sum-exps.
     att: AttSaved,
-    /// Attention output before `c_proj`, heads merged, `(N, C)`.
-    y: Tensor,
     /// Residual after attention, `(N, C)`.
     x2: Tensor,
     /// `ln_2(x2)` `(N, C)` and its statistics.
     ln2: Tensor,
     ln2_saved: LnSaved,
-    /// `c_fc` output (pre-GELU) `(N, 4C)`, and after GELU.
+    /// `c_fc` output (pre-GELU) `(N, 4C)`; backward recomputes `gelu(h)` from it (one pass
+    /// instead of keeping another `(N, 4C)` tensor, as llm.c does).
     h: Tensor,
-    hg: Tensor,
 }
 
 /// What [`block_forward`] keeps for [`block_backward`].
@@ -203,24 +201,21 @@ fn block_forward_full(cfg: &GptConfig, params: &Tensor, x: &Tensor) -> Result<(T
     let qkv = matmul_forward(&ln1, &p("attn.c_attn.weight")?, &p("attn.c_attn.bias")?)?;
     let (y, att) = attention_forward(&qkv.reshape((b, t, 3 * c))?, cfg.n_head)?;
     let y = y.reshape((b * t, c))?;
-    let attn_out = matmul_forward(&y, &p("attn.c_proj.weight")?, &p("attn.c_proj.bias")?)?;
-    let x2 = (&xf + attn_out)?;
+    let x2 = residual_matmul_forward(&xf, &y, &p("attn.c_proj.weight")?, &p("attn.c_proj.bias")?)?;
     let (ln2, ln2_saved) = layernorm_forward(&x2, &p("ln_2.weight")?, &p("ln_2.bias")?)?;
     let h = matmul_forward(&ln2, &p("mlp.c_fc.weight")?, &p("mlp.c_fc.bias")?)?;
     let hg = gelu_forward(&h)?;
-    let mlp_out = matmul_forward(&hg, &p("mlp.c_proj.weight")?, &p("mlp.c_proj.bias")?)?;
-    let out = (&x2 + mlp_out)?.reshape((b, t, c))?;
+    let out = residual_matmul_forward(&x2, &hg, &p("mlp.c_proj.weight")?, &p("mlp.c_proj.bias")?)?
+        .reshape((b, t, c))?;
     let acts = BlockActs {
         x: x.clone(),
         ln1,
         ln1_saved,
         att,
-        y,
         x2,
         ln2,
         ln2_saved,
         h,
-        hg,
     };
     Ok((out, acts))
 }
@@ -229,8 +224,8 @@ fn block_forward_full(cfg: &GptConfig, params: &Tensor, x: &Tensor) -> Result<(T
 ///
 /// With `recompute`, [`BlockSaved`] holds only `x` (activation checkpointing) and
 /// [`block_backward`] reruns this forward; gradients are bitwise the same either way.
-/// Without it, it holds `ln1, ln2, x2, y (N, C)`, `q, k, v (B, NH, T, hs)`,
-/// `att (B, NH, T, T)`, `h, gelu(h) (N, 4C)` and the LayerNorm statistics.
+/// Without it, it holds `ln1, ln2, x2, y (N, C)`, `qkv (N, 3C)`, `h (N, 4C)`, attention's
+/// row log-sum-exps `(B, NH, T)` and the LayerNorm statistics.
 pub fn block_forward(
     cfg: &GptConfig,
     params: &Tensor,
@@ -276,26 +271,29 @@ pub fn block_backward(
     let p = |name: &str| unit.param(name).view(params);
     let dout = dout.reshape((b * t, c))?;
 
-    // out = x2 + mlp_out
-    let (dhg, dw_mproj, db_mproj) = matmul_backward(&dout, &a.hg, &p("mlp.c_proj.weight")?)?;
+    // out = x2 + hg @ mlp.c_proj + b, with hg = gelu(h) recomputed
+    let hg = gelu_forward(&a.h)?;
+    let (dhg, dw_mproj, db_mproj) = matmul_backward(&dout, &hg, &p("mlp.c_proj.weight")?)?;
+    drop(hg);
     // hg = gelu(h)
     let dh = gelu_backward(&dhg, &a.h)?;
     // h = ln2 @ c_fc + b
     let (dln2, dw_fc, db_fc) = matmul_backward(&dh, &a.ln2, &p("mlp.c_fc.weight")?)?;
-    // ln2 = ln_2(x2); x2 also feeds the residual
-    let (dx2_ln, dw_ln2, db_ln2) =
-        layernorm_backward(&dln2, &a.ln2_saved, &a.x2, &p("ln_2.weight")?)?;
-    let dx2 = (dout + dx2_ln)?;
+    // ln2 = ln_2(x2); x2 also feeds the residual, whose gradient is dout
+    let (dx2, dw_ln2, db_ln2) =
+        layernorm_backward(&dln2, &a.ln2_saved, &a.x2, &p("ln_2.weight")?, Some(&dout))?;
     // x2 = x + y @ c_proj + b
-    let (dy, dw_aproj, db_aproj) = matmul_backward(&dx2, &a.y, &p("attn.c_proj.weight")?)?;
+    let y = a.att.y.reshape((b * t, c))?;
+    let (dy, dw_aproj, db_aproj) = matmul_backward(&dx2, &y, &p("attn.c_proj.weight")?)?;
     // y = attention(qkv)
     let dqkv = attention_backward(&dy.reshape((b, t, c))?, &a.att)?.reshape((b * t, 3 * c))?;
     // qkv = ln1 @ c_attn + b
     let (dln1, dw_attn, db_attn) = matmul_backward(&dqkv, &a.ln1, &p("attn.c_attn.weight")?)?;
-    // ln1 = ln_1(x); x also feeds the residual
+    // ln1 = ln_1(x); x also feeds the residual, whose gradient is dx2
     let xf = a.x.reshape((b * t, c))?;
-    let (dx_ln, dw_ln1, db_ln1) = layernorm_backward(&dln1, &a.ln1_saved, &xf, &p("ln_1.weight")?)?;
-    let dx = (dx2 + dx_ln)?.reshape((b, t, c))?;
+    let (dx, dw_ln1, db_ln1) =
+        layernorm_backward(&dln1, &a.ln1_saved, &xf, &p("ln_1.weight")?, Some(&dx2))?;
+    let dx = dx.reshape((b, t, c))?;
 
     let flat = flatten_grads(
         &unit,
@@ -368,7 +366,7 @@ pub fn final_norm_backward(
     }
     let w = unit.param("ln_f.weight").view(params)?;
     let xf = saved.x.reshape((b * t, c))?;
-    let (dx, dw, db) = layernorm_backward(&dout.reshape((b * t, c))?, &saved.ln, &xf, &w)?;
+    let (dx, dw, db) = layernorm_backward(&dout.reshape((b * t, c))?, &saved.ln, &xf, &w, None)?;
     let flat = flatten_grads(&unit, vec![("ln_f.weight", dw), ("ln_f.bias", db)])?;
     Ok((dx.reshape((b, t, c))?, flat))
 }

@@ -48,7 +48,10 @@ pub enum QuantError {
         got: candle_core::DeviceLocation,
         expected: candle_core::DeviceLocation,
     },
-    /// An error of candle or of the CUDA driver underneath (allocation, NVRTC, launch).
+    /// A quantisation kernel could not be compiled (NVRTC) or loaded (`kernels::loader`).
+    #[error(transparent)]
+    Kernel(SharedKernelError),
+    /// An error of candle or of the CUDA driver underneath (allocation, launch).
     #[error(transparent)]
     Candle(CandleError),
 }
@@ -79,5 +82,34 @@ impl std::error::Error for CandleError {
 impl From<candle_core::Error> for QuantError {
     fn from(e: candle_core::Error) -> Self {
         QuantError::Candle(CandleError(Arc::new(e)))
+    }
+}
+
+/// A [`kernels::KernelError`], shared behind an `Arc` like [`CandleError`] (equal only if it is
+/// the same error).
+#[derive(Debug, Clone)]
+pub struct SharedKernelError(pub Arc<kernels::KernelError>);
+
+impl PartialEq for SharedKernelError {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl std::fmt::Display for SharedKernelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedKernelError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl From<kernels::KernelError> for QuantError {
+    fn from(e: kernels::KernelError) -> Self {
+        QuantError::Kernel(SharedKernelError(Arc::new(e)))
     }
 }

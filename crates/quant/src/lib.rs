@@ -39,7 +39,7 @@ mod int8;
 mod swizzle;
 pub mod tensor;
 
-pub use error::{CandleError, QuantError};
+pub use error::{CandleError, QuantError, SharedKernelError};
 pub use fused::{dequantize_sum_int4, dequantize_sum_requantize_int4, quantize_int4_swizzled};
 pub use int4::{dequantize_int4, int4_bound, quantize_int4};
 pub use int8::{dequantize_int8, int8_bound, quantize_int8};

@@ -1,66 +1,35 @@
-//! The AdamW update of `optimizer.rs` as one CUDA kernel (NVRTC), bitwise equal to
+//! The AdamW update of `optimizer.rs` as one CUDA kernel (`crates/kernels/cuda/adamw.cu`,
+//! [`kernels::ADAMW`], compiled with NVRTC by [`kernels::loader`]), bitwise equal to
 //! [`AdamW::update`]: the same f64 operations in the same order, written with IEEE intrinsics
 //! (`__dmul_rn`, `__ddiv_rn`, `__dsqrt_rn`, ...) and compiled without FMA contraction, the bias
 //! corrections computed on the host as `update` computes them, and the weight decay taken on the
 //! `DecayRanges` only.
 //!
-//! Launch shape: one thread per element, 256 a CTA. The decay ranges (sorted, disjoint) travel
-//! by value in the kernel parameters, up to `MAX_RANGES` a launch; a shard with more ranges is
-//! cut into element spans of at most that many ranges each, one launch per span. Each thread
-//! binary-searches its element's range. Bytes moved per element: 16 read (param, grad, m, v),
-//! 12 written (new param, m, v).
-
-use std::sync::OnceLock;
+//! Launch shape: one thread per element, `THREADS` (256) a CTA. The decay ranges (sorted,
+//! disjoint) travel by value in the kernel parameters, up to `MAX_RANGES` a launch; a shard with
+//! more ranges is cut into element spans of at most that many ranges each, one launch per span.
+//! Each thread binary-searches its element's range. Bytes moved per element: 16 read (param,
+//! grad, m, v), 12 written (new param, m, v).
 
 use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
 };
-use candle_core::cuda_backend::cudarc::nvrtc::compile_ptx_with_opts;
 use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaStorage, Result, Storage, Tensor};
 
 use crate::optimizer::{AdamW, DecayRanges};
 
-/// Decay ranges a launch carries in its parameters.
+/// Decay ranges a launch carries in its parameters (`MAX_RANGES` in the source).
 pub(crate) const MAX_RANGES: usize = 64;
+/// Threads a CTA (`THREADS` in the source).
+const THREADS: usize = 256;
 
-/// CUDA C source of the AdamW kernel.
-pub const ADAMW_KERNEL: &str = r#"
-typedef long long i64;
-#define MAX_RANGES 64
-struct Ranges { i64 lo[MAX_RANGES]; i64 hi[MAX_RANGES]; int count; };
-
-// param, grad, m, v [len] f32 -> p_out, m_out, v_out, on elements [start, end).
-extern "C" __global__ void __launch_bounds__(256) adamw_f32(
-    const float* __restrict__ param, const float* __restrict__ grad,
-    const float* __restrict__ m_in, const float* __restrict__ v_in,
-    float* __restrict__ p_out, float* __restrict__ m_out, float* __restrict__ v_out,
-    i64 start, i64 end, Ranges ranges,
-    double beta1, double one_minus_beta1, double beta2, double one_minus_beta2,
-    double eps, double weight_decay, double grad_coef, double lr, double bc1, double bc2) {
-    const i64 i = start + (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= end) return;
-    // Number of ranges starting at or before i; the last of them may contain i.
-    int lo = 0, hi = ranges.count;
-    while (lo < hi) {
-        const int mid = (lo + hi) >> 1;
-        if (ranges.lo[mid] <= i) lo = mid + 1; else hi = mid;
-    }
-    const double wd = (lo > 0 && i < ranges.hi[lo - 1]) ? weight_decay : 0.0;
-    const double g = __dmul_rn((double)grad[i], grad_coef);
-    const double m = __dadd_rn(__dmul_rn(beta1, (double)m_in[i]), __dmul_rn(one_minus_beta1, g));
-    const double v = __dadd_rn(__dmul_rn(beta2, (double)v_in[i]),
-                               __dmul_rn(__dmul_rn(one_minus_beta2, g), g));
-    m_out[i] = __double2float_rn(m);
-    v_out[i] = __double2float_rn(v);
-    const double p = (double)param[i];
-    const double step = __dadd_rn(
-        __ddiv_rn(__ddiv_rn(m, bc1), __dadd_rn(__dsqrt_rn(__ddiv_rn(v, bc2)), eps)),
-        __dmul_rn(wd, p));
-    p_out[i] = __double2float_rn(__dsub_rn(p, __dmul_rn(lr, step)));
-}
-"#;
+/// The source's defines: the constants this file shares with it.
+const DEFINES: [kernels::Define; 2] = [
+    ("MAX_RANGES", MAX_RANGES as i64),
+    ("THREADS", THREADS as i64),
+];
 
 /// The kernel's `Ranges` parameter.
 #[repr(C)]
@@ -73,17 +42,6 @@ struct Ranges {
 
 // SAFETY: plain #[repr(C)] data with the layout of the kernel's struct Ranges.
 unsafe impl DeviceRepr for Ranges {}
-
-/// PTX of [`ADAMW_KERNEL`], compiled once per process.
-pub fn adamw_ptx() -> Result<&'static str> {
-    static PTX: OnceLock<String> = OnceLock::new();
-    if let Some(p) = PTX.get() {
-        return Ok(p);
-    }
-    let ptx = compile_ptx_with_opts(ADAMW_KERNEL, quant::cuda::exact_options())
-        .map_err(candle_core::Error::wrap)?;
-    Ok(PTX.get_or_init(|| ptx.to_src()))
-}
 
 /// Element spans, each with at most [`MAX_RANGES`] of the (non-empty, sorted) decay ranges,
 /// covering 0..len.
@@ -145,7 +103,14 @@ pub(crate) fn update(
     let mut m_out: CudaSlice<f32> = unsafe { dev.alloc::<f32>(n.max(1))? };
     let mut v_out: CudaSlice<f32> = unsafe { dev.alloc::<f32>(n.max(1))? };
     if n > 0 {
-        let f = dev.get_or_load_custom_func("adamw_f32", "zeropp_adamw", adamw_ptx()?)?;
+        let f = kernels::loader::function(
+            dev,
+            &kernels::ADAMW,
+            &DEFINES,
+            kernels::Flavour::Exact,
+            "adamw_f32",
+        )
+        .map_err(candle_core::Error::wrap)?;
         let stream = dev.cuda_stream();
         let (sp, sg, sm, sv) = (
             param.storage_and_layout().0,
@@ -187,8 +152,8 @@ pub(crate) fn update(
                 b.arg(x);
             }
             let cfg = LaunchConfig {
-                grid_dim: ((end - start).div_ceil(256) as u32, 1, 1),
-                block_dim: (256, 1, 1),
+                grid_dim: ((end - start).div_ceil(THREADS) as u32, 1, 1),
+                block_dim: (THREADS as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: argument types and lengths match the kernel's signature; the span lies
@@ -214,7 +179,8 @@ mod tests {
     /// Needs only libnvrtc, no GPU.
     #[test]
     fn nvrtc_compiles_the_adamw_kernel() {
-        let ptx = adamw_ptx().unwrap();
+        let ptx = kernels::loader::ptx(&kernels::ADAMW, &DEFINES, kernels::Flavour::Exact)
+            .unwrap_or_else(|e| panic!("{e}"));
         assert!(ptx.contains(".entry adamw_f32("));
         assert!(
             !ptx.contains("fma.rn.f64"),

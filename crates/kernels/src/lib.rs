@@ -1,0 +1,167 @@
+//! zeropp's CUDA kernels: the CUDA C sources, one kernel family a `.cu` file under `cuda/`
+//! (forward and backward together), and the one loader that compiles them with NVRTC and caches
+//! a module per (file, defines, flavour) for the process.
+//!
+//! This is the bottom crate of the GPU path: `model`, `quant`, `zero` and `comm` depend on it,
+//! never the other way. A kernel's launcher lives beside the CPU function it replaces, in the
+//! crate that owns that function; this crate only knows source text and how to load it.
+//!
+//! Sizes and constants that Rust and C share are passed as `-D` defines by the launcher
+//! ([`Define`]), never written in both languages. NVRTC errors name the real file and line:
+//! the loader pastes `common.cuh` where a file includes it and marks both with `#line`.
+//!
+//! ```
+//! let text = kernels::LAYERNORM.nvrtc_text(&[("C", 768)]);
+//! assert!(text.starts_with("#define C 768\n"));
+//! assert!(text.contains("#line 1 \"common.cuh\""));
+//! assert!(text.contains("#line 1 \"layernorm.cu\""));
+//! ```
+
+mod error;
+#[cfg(feature = "cuda")]
+pub mod loader;
+pub mod profile;
+
+pub use error::{KernelError, Result};
+
+/// One `.cu` file: its name (for `#line` and the module cache) and its text.
+#[derive(Clone, Copy, Debug)]
+pub struct Source {
+    pub file: &'static str,
+    pub text: &'static str,
+}
+
+/// A `#define NAME VALUE` put in front of a source.
+pub type Define = (&'static str, i64);
+
+/// The header every kernel file includes.
+pub const COMMON: &str = include_str!("../cuda/common.cuh");
+
+macro_rules! sources {
+    ($($(#[$doc:meta])* $name:ident = $file:literal;)*) => {
+        $( $(#[$doc])* pub const $name: Source = Source {
+            file: $file,
+            text: include_str!(concat!("../cuda/", $file)),
+        }; )*
+        /// Every kernel file, for tests that compile them all.
+        pub const ALL: &[Source] = &[$($name),*];
+    };
+}
+
+sources! {
+    /// LayerNorm with the residual add before it, forward and backward.
+    LAYERNORM = "layernorm.cu";
+    /// Bias add, GELU (tanh) and their backward, bias gradients (column sums), residual adds.
+    ELEMENTWISE = "elementwise.cu";
+    /// Causal flash attention on tensor cores, forward and backward, on the QKV GEMM's layout.
+    ATTENTION = "attention.cu";
+    /// Token + position embedding, forward and deterministic backward.
+    EMBEDDING = "embedding.cu";
+    /// Fused soft-max cross-entropy of a chunk of logits: loss and dlogits in one pass.
+    CROSSENTROPY = "crossentropy.cu";
+    /// Sum of squares of an f32 buffer in f64 (the gradient norm), deterministic.
+    GRADNORM = "gradnorm.cu";
+    /// The quantisers of `quant` (INT8, swizzled INT4, fused INT4 piece sums and requantisers),
+    /// one module per block size `BLOCK`, bitwise equal to the CPU reference (`Flavour::Exact`).
+    QUANT = "quant.cu";
+    /// The AdamW update of `zero`, bitwise equal to the CPU one (`Flavour::Exact`).
+    ADAMW = "adamw.cu";
+    /// A one-thread kernel that holds a stream for a given time (`comm`'s emulated slow link).
+    HOLD = "hold.cu";
+}
+
+impl Source {
+    /// The text NVRTC compiles: the defines, then the file with `#include "common.cuh"` replaced
+    /// by the header itself, `#line` marks keeping error positions true in both.
+    pub fn nvrtc_text(&self, defines: &[Define]) -> String {
+        let mut out = String::with_capacity(COMMON.len() + self.text.len() + 256);
+        for (name, value) in defines {
+            out.push_str(&format!("#define {name} {value}\n"));
+        }
+        for (i, line) in self.text.lines().enumerate() {
+            if line.trim() == "#include \"common.cuh\"" {
+                out.push_str("#line 1 \"common.cuh\"\n");
+                out.push_str(COMMON);
+                out.push_str(&format!("\n#line {} \"{}\"\n", i + 2, self.file));
+            } else {
+                if i == 0 {
+                    out.push_str(&format!("#line 1 \"{}\"\n", self.file));
+                }
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// The module's cache key: file, defines and flavour.
+    pub fn module_name(&self, defines: &[Define], flavour: Flavour) -> String {
+        let mut key = format!("zeropp/{}/{flavour:?}", self.file);
+        for (name, value) in defines {
+            key.push_str(&format!("/{name}={value}"));
+        }
+        key
+    }
+}
+
+/// How a module is compiled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Flavour {
+    /// IEEE division and square root, no FMA contraction, no flush-to-zero: kernels that must
+    /// equal their CPU reference bitwise (quantisers, AdamW).
+    Exact,
+    /// FMA contraction allowed, PTX for sm_90: the model's kernels, checked against the CPU
+    /// reference within bf16 tolerance.
+    Fast,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn include_is_replaced_and_lines_stay_true() {
+        for src in ALL {
+            let text = src.nvrtc_text(&[("X", 3)]);
+            assert!(text.starts_with("#define X 3\n"), "{}", src.file);
+            assert!(!text.contains("#include \"common.cuh\""), "{}", src.file);
+            // The line after the include is numbered as in the file.
+            let lines: Vec<&str> = src.text.lines().collect();
+            if let Some(i) = lines
+                .iter()
+                .position(|l| l.trim() == "#include \"common.cuh\"")
+            {
+                let mark = format!("#line {} \"{}\"", i + 2, src.file);
+                let after = text.split(&mark).nth(1).expect("a #line after the header");
+                assert_eq!(
+                    after.lines().nth(1),
+                    lines.get(i + 1).copied(),
+                    "{}",
+                    src.file
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn module_names_differ_by_defines_and_flavour() {
+        let a = LAYERNORM.module_name(&[("C", 64)], Flavour::Fast);
+        let b = LAYERNORM.module_name(&[("C", 128)], Flavour::Fast);
+        let c = LAYERNORM.module_name(&[("C", 64)], Flavour::Exact);
+        assert!(a != b && a != c && b != c);
+    }
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod nvrtc_tests {
+    /// Every source compiles with NVRTC under its default defines. Needs only libnvrtc, no GPU:
+    /// `eval "$(../shared/tools/cuda-toolchain.sh)"; LD_LIBRARY_PATH=$CUDA_ROOT/lib
+    /// CARGO_TARGET_DIR=target/cuda cargo test -p kernels --features cuda nvrtc`.
+    #[test]
+    fn nvrtc_compiles_every_source() {
+        for src in crate::ALL {
+            crate::loader::ptx(src, &[], crate::Flavour::Fast)
+                .unwrap_or_else(|e| panic!("{}: {e}", src.file));
+        }
+    }
+}

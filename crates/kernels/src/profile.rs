@@ -1,0 +1,234 @@
+//! The step's GPU time by kernel family (`trainer bench --profile`), timed with CUDA events.
+//!
+//! A launcher opens a [`scope`] of its family around its launches; the profile is off unless
+//! [`enable`]d on this thread, and then costs two events a scope. Scopes nest (the GEMMs inside
+//! the cross-entropy, the quantisers inside a gather): a family is charged its *exclusive*
+//! time, its own span less the spans of the scopes opened inside it, so the families add up to
+//! the time covered by outermost scopes. Everything is per thread (one rank each).
+
+/// What a span of GPU work is, for the profile's table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// cuBLAS/cuBLASLt GEMMs (with their epilogues).
+    Gemm,
+    /// Fused attention, forward and backward.
+    Attention,
+    /// LayerNorm, forward and backward.
+    Norm,
+    /// Bias, GELU, residual and bias-gradient kernels.
+    Elementwise,
+    /// Embedding lookup and its backward.
+    Embedding,
+    /// The LM head's soft-max cross-entropy (its GEMMs are charged to `Gemm`).
+    CrossEntropy,
+    /// Gradient norm, clipping and AdamW.
+    Optimizer,
+    /// The ZeRO engine's own passes: casts, padding and accumulation of gathered parameters and
+    /// reduced gradients.
+    ZeroCopies,
+    /// qwZ / qgZ quantisation kernels.
+    Quantisation,
+    /// Collectives and the compute stream's waits for them.
+    Communication,
+}
+
+impl Family {
+    pub const ALL: [Family; 10] = [
+        Family::Gemm,
+        Family::Attention,
+        Family::Norm,
+        Family::Elementwise,
+        Family::Embedding,
+        Family::CrossEntropy,
+        Family::Optimizer,
+        Family::ZeroCopies,
+        Family::Quantisation,
+        Family::Communication,
+    ];
+
+    /// Lower-case name, as in `--json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Gemm => "gemm",
+            Family::Attention => "attention",
+            Family::Norm => "norm",
+            Family::Elementwise => "elementwise",
+            Family::Embedding => "embedding",
+            Family::CrossEntropy => "cross_entropy",
+            Family::Optimizer => "optimizer",
+            Family::ZeroCopies => "zero_copies",
+            Family::Quantisation => "quantisation",
+            Family::Communication => "communication",
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use super::*;
+    use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
+    use candle_core::cuda_backend::cudarc::driver::{CudaEvent, CudaStream};
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    struct Span {
+        family: Family,
+        parent: Option<usize>,
+        start: CudaEvent,
+        end: Option<CudaEvent>,
+    }
+
+    #[derive(Default)]
+    pub(super) struct State {
+        pub(super) enabled: bool,
+        spans: Vec<Span>,
+        open: Vec<usize>,
+        stream: Option<Arc<CudaStream>>,
+    }
+
+    thread_local! {
+        pub(super) static STATE: RefCell<State> = RefCell::new(State::default());
+    }
+
+    fn event(stream: &CudaStream) -> Option<CudaEvent> {
+        stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .ok()
+    }
+
+    pub(super) fn open(dev: &candle_core::cuda_backend::CudaDevice, family: Family) -> bool {
+        STATE.with(|s| {
+            let mut s = s.borrow_mut();
+            if !s.enabled {
+                return false;
+            }
+            let stream = dev.cuda_stream();
+            let Some(start) = event(&stream) else {
+                return false;
+            };
+            let parent = s.open.last().copied();
+            s.spans.push(Span {
+                family,
+                parent,
+                start,
+                end: None,
+            });
+            let i = s.spans.len() - 1;
+            s.open.push(i);
+            s.stream = Some(stream);
+            true
+        })
+    }
+
+    pub(super) fn close() {
+        STATE.with(|s| {
+            let mut s = s.borrow_mut();
+            let Some(i) = s.open.pop() else { return };
+            let end = s.stream.as_ref().and_then(|st| event(st));
+            s.spans[i].end = end;
+        })
+    }
+
+    pub(super) fn take() -> Vec<(Family, f64)> {
+        STATE.with(|s| {
+            let mut s = s.borrow_mut();
+            let spans = std::mem::take(&mut s.spans);
+            s.open.clear();
+            let elapsed: Vec<f64> = spans
+                .iter()
+                .map(|sp| match &sp.end {
+                    Some(end) => {
+                        let _ = end.synchronize();
+                        sp.start
+                            .elapsed_ms(end)
+                            .map(|ms| ms as f64 / 1e3)
+                            .unwrap_or(0.0)
+                    }
+                    None => 0.0,
+                })
+                .collect();
+            let mut exclusive = elapsed.clone();
+            for (i, sp) in spans.iter().enumerate() {
+                if let Some(p) = sp.parent {
+                    exclusive[p] -= elapsed[i];
+                }
+            }
+            let mut out: Vec<(Family, f64)> = Family::ALL.iter().map(|f| (*f, 0.0)).collect();
+            for (sp, t) in spans.iter().zip(exclusive) {
+                if let Some(slot) = out.iter_mut().find(|(f, _)| *f == sp.family) {
+                    slot.1 += t.max(0.0);
+                }
+            }
+            out
+        })
+    }
+}
+
+/// Turns the profile on or off for this thread (off by default); turning it on clears it.
+pub fn enable(on: bool) {
+    #[cfg(feature = "cuda")]
+    imp::STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        s.enabled = on;
+    });
+    #[cfg(feature = "cuda")]
+    if on {
+        let _ = imp::take();
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = on;
+}
+
+/// An open span; it closes when dropped.
+pub struct Scope {
+    #[cfg(feature = "cuda")]
+    open: bool,
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        #[cfg(feature = "cuda")]
+        if self.open {
+            imp::close();
+        }
+    }
+}
+
+/// Opens a span of `family` on `device`'s stream (nothing on the CPU or with the profile off).
+#[must_use = "the span closes when the scope is dropped"]
+pub fn scope(device: &candle_core::Device, family: Family) -> Scope {
+    #[cfg(feature = "cuda")]
+    {
+        match device {
+            candle_core::Device::Cuda(dev) => scope_cuda(dev, family),
+            _ => Scope { open: false },
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (device, family);
+        Scope {}
+    }
+}
+
+/// [`scope`] on a CUDA device handle.
+#[cfg(feature = "cuda")]
+#[must_use = "the span closes when the scope is dropped"]
+pub fn scope_cuda(dev: &candle_core::cuda_backend::CudaDevice, family: Family) -> Scope {
+    Scope {
+        open: imp::open(dev, family),
+    }
+}
+
+/// Each family's exclusive seconds since the last `take` (or `enable`), waiting for the events
+/// to complete; every family is listed, in [`Family::ALL`] order.
+pub fn take() -> Vec<(Family, f64)> {
+    #[cfg(feature = "cuda")]
+    {
+        imp::take()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Family::ALL.iter().map(|f| (*f, 0.0)).collect()
+    }
+}

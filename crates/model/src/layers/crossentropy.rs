@@ -1,0 +1,223 @@
+//! Tied LM head + cross-entropy, in chunks of rows: nothing of size `(N, V)` is kept.
+
+use candle_core::{DType, Tensor};
+
+use crate::error::Result;
+
+/// Rows of logits handled at once by [`crossentropy_forward_backward`]: about this many elements.
+///
+/// Chunking bounds the `(rows, V)` temporaries at ~16 MiB in f32. On CPU that is the difference
+/// between ~4 fresh 200 MB allocations (each paid again in page faults) and buffers the
+/// allocator reuses; on GPU it only bounds memory.
+pub const CE_CHUNK_ELEMS: usize = 1 << 22;
+
+/// Mean cross-entropy of `logits = x @ wte^T` against `targets`, optionally with gradients.
+///
+/// Shapes: `x (N, C)`, `wte (V, C)`, `targets (N)` u32. Returns the loss and, when `grad`, the
+/// pair `(dx (N, C), dwte (V, C))` of `d loss`. Stable: `lse = m + log(sum(exp(logits - m)))`
+/// with `m` the row max. The softmax runs in f32 for half-precision inputs. Rows are processed
+/// in chunks of about [`CE_CHUNK_ELEMS`] logits; nothing of size `(N, V)` is kept.
+pub fn crossentropy_forward_backward(
+    x: &Tensor,
+    wte: &Tensor,
+    targets: &Tensor,
+    grad: bool,
+) -> Result<(f64, Option<(Tensor, Tensor)>)> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(x) {
+        let _span = kernels::profile::scope(x.device(), kernels::profile::Family::CrossEntropy);
+        if let Some(r) = cuda::crossentropy_forward_backward(x, wte, targets, grad)? {
+            return Ok(r);
+        }
+    }
+    crossentropy_chunked(x, wte, targets, grad, CE_CHUNK_ELEMS)
+}
+
+/// [`crossentropy_forward_backward`] with an explicit chunk size in logits (for benchmarks and tests).
+pub fn crossentropy_chunked(
+    x: &Tensor,
+    wte: &Tensor,
+    targets: &Tensor,
+    grad: bool,
+    chunk_elems: usize,
+) -> Result<(f64, Option<(Tensor, Tensor)>)> {
+    let (n, _c) = x.dims2()?;
+    let v = wte.dim(0)?;
+    let dtype = x.dtype();
+    let ce_dtype = match dtype {
+        DType::BF16 | DType::F16 => DType::F32,
+        d => d,
+    };
+    let inv_n = 1.0 / n as f64;
+    let rows = (chunk_elems / v.max(1)).clamp(1, n.max(1));
+    let wte_t = wte.t()?;
+    let mut loss_sum = Tensor::zeros((), ce_dtype, x.device())?;
+    let mut dx_parts = Vec::new();
+    let mut dwte = Tensor::zeros(wte.shape(), dtype, wte.device())?;
+    for r0 in (0..n).step_by(rows) {
+        let r = rows.min(n - r0);
+        let xc = x.narrow(0, r0, r)?;
+        let tc = targets.narrow(0, r0, r)?.reshape((r, 1))?;
+        let logits = xc.matmul(&wte_t)?.to_dtype(ce_dtype)?; // (r, V)
+        let max = logits.max_keepdim(1)?;
+        let e = logits.broadcast_sub(&max)?.exp()?;
+        let sum = e.sum_keepdim(1)?; // (r, 1)
+                                     // loss_i = lse_i - logits[i, target_i]
+        let lse = (sum.log()? + &max)?;
+        loss_sum = (loss_sum + (lse - logits.gather(&tc, 1)?)?.sum_all()?)?;
+        if grad {
+            // dlogits = (softmax - onehot) / N. The dense softmax part goes through the two
+            // matmuls here; the one-hot part is applied after the loop as a gather / scatter of
+            // rows of wte and x, so no pass over (r, V) is spent on it.
+            let p = e
+                .broadcast_mul(&sum.affine(n as f64, 0.0)?.recip()?)?
+                .to_dtype(dtype)?;
+            dx_parts.push(p.matmul(wte)?);
+            dwte = (dwte + p.t()?.matmul(&xc)?)?;
+        }
+    }
+    let loss = loss_sum.to_dtype(DType::F64)?.to_scalar::<f64>()? * inv_n; // NaN if n == 0
+    if !grad {
+        return Ok((loss, None));
+    }
+    let dx = if dx_parts.is_empty() {
+        x.zeros_like()?
+    } else {
+        Tensor::cat(&dx_parts, 0)?
+    };
+    // The one-hot part: dlogits[i, target_i] -= 1/N.
+    let dx = (dx - wte.index_select(targets, 0)?.affine(inv_n, 0.0)?)?;
+    let dwte = dwte.index_add(targets, &x.affine(-inv_n, 0.0)?, 0)?;
+    Ok((loss, Some((dx, dwte))))
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    //! Launchers of `kernels/cuda/crossentropy.cu`: logits of a chunk of rows by one GEMM, then
+    //! the loss and `dlogits` in one pass over them, then the two gradient GEMMs.
+    //!
+    //! Size letters: `N` rows, `R` rows of a chunk, `C` channels, `V` vocabulary.
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::{DType, Tensor};
+
+    use crate::error::Result;
+    use crate::gpu;
+
+    /// The loss and, when asked for, `(dx, dwte)`: what [`super::crossentropy_forward_backward`]
+    /// returns.
+    type LossGrads = (f64, Option<(Tensor, Tensor)>);
+
+    /// Bytes of one chunk's `(R, V)` bf16 logits, at most (about; `R` is rounded up to 64).
+    const CHUNK_BYTES: usize = 256 << 20;
+
+    /// Rows a chunk: `N` split evenly into as few chunks as keep the logits under
+    /// [`CHUNK_BYTES`], rounded up to a multiple of 64 rows (whole GEMM tiles), at most `N`.
+    fn chunk_rows(n: usize, v: usize) -> usize {
+        let max_rows = (CHUNK_BYTES / (2 * v)).max(1);
+        let chunks = n.div_ceil(max_rows);
+        (n.div_ceil(chunks).div_ceil(64) * 64).min(n)
+    }
+
+    /// The fused path, or `None` for inputs it does not take (not bf16, `V % 8 != 0`, `N == 0`,
+    /// unaligned rows). Shapes: `x (N, C)`, `wte (V, C)` bf16, `targets (N)` u32.
+    ///
+    /// Per chunk of `R` rows: `logits (R, V) = x_chunk @ wte^T` (cuBLAS, bf16 out, `wte^T` as
+    /// a transposed operand, no copy); one kernel writes each row's loss to an f32 `(N)` buffer
+    /// and, when `grad`, `dlogits = (softmax - onehot) / N` over the logits in place; then
+    /// `dx_chunk = dlogits @ wte` and `dwte += dlogits^T @ x_chunk`.
+    ///
+    /// `dwte` accumulates in bf16 (one bf16 add a chunk): the result is bf16 anyway and each
+    /// chunk's GEMM already rounds its product to bf16, so the sum gains at most one rounding a
+    /// chunk (7 chunks at gpt350m's N = 16384, V = 50304); an f32 accumulator would cost a
+    /// 2x-size (V, C) buffer and twice the bytes in every chunk's add, for an error the bf16
+    /// output rounding mostly hides. This is also what the reference does in the input dtype.
+    ///
+    /// Synchronises once: the loss (sum of the per-row losses on the device) is read to the
+    /// host at the end. Never holds anything of size `(N, V)`.
+    pub(super) fn crossentropy_forward_backward(
+        x: &Tensor,
+        wte: &Tensor,
+        targets: &Tensor,
+        grad: bool,
+    ) -> Result<Option<LossGrads>> {
+        if x.dtype() != DType::BF16 || wte.dtype() != DType::BF16 || targets.dtype() != DType::U32 {
+            return Ok(None);
+        }
+        if !targets.device().same_device(x.device()) || !wte.device().same_device(x.device()) {
+            return Ok(None);
+        }
+        let (n, c) = x.dims2()?;
+        let (v, c2) = wte.dims2()?;
+        if c2 != c || targets.dims() != [n] {
+            return Ok(None); // the reference reports the mismatch
+        }
+        if n == 0 || v == 0 || !v.is_multiple_of(8) || v > i32::MAX as usize {
+            return Ok(None);
+        }
+        let (x, wte, targets) = (x.contiguous()?, wte.contiguous()?, targets.contiguous()?);
+        let dev = gpu::device(&x)?;
+
+        let rows = chunk_rows(n, v);
+        let threads = ((v / 8).div_ceil(32) * 32).min(1024);
+        let func = gpu::function(
+            &dev,
+            &kernels::CROSSENTROPY,
+            &[("CE_THREADS", threads as i64)],
+            "crossentropy_forward_backward",
+        )?;
+        let losses = gpu::uninit(n, DType::F32, &dev)?;
+        let (inv_n, grad_i, v_i) = (1.0f32 / n as f32, grad as i32, v as i32);
+        let wte_t = wte.t()?;
+        let mut dx_parts = Vec::new();
+        let mut dwte: Option<Tensor> = None;
+        for r0 in (0..n).step_by(rows) {
+            let r = rows.min(n - r0);
+            let xc = x.narrow(0, r0, r)?;
+            let logits = xc.matmul(&wte_t)?; // (R, V) bf16, fresh and contiguous
+            let p_logits = gpu::ptr(&logits)?;
+            if !p_logits.is_multiple_of(16) {
+                // cuBLAS output from candle's allocator is always aligned; keep the kernel safe.
+                return Ok(None);
+            }
+            let p_tgt = gpu::ptr(&targets.narrow(0, r0, r)?)?;
+            let p_loss = gpu::ptr(&losses.narrow(0, r0, r)?)?;
+            let cfg = LaunchConfig {
+                grid_dim: (r as u32, 1, 1),
+                block_dim: (threads as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: argument list of `crossentropy_forward_backward`; logits is (R, V)
+            // contiguous, targets and losses hold R elements from r0; target ids >= V are not
+            // dereferenced (their loss is NaN).
+            unsafe {
+                gpu::launch(
+                    &func,
+                    cfg,
+                    &[&p_logits, &p_tgt, &p_loss, &v_i, &inv_n, &grad_i],
+                )?;
+            }
+            if grad {
+                // `logits` now holds dlogits (R, V).
+                dx_parts.push(logits.matmul(&wte)?); // (R, C)
+                let g = logits.t()?.matmul(&xc)?; // (V, C), dlogits^T as a transposed operand
+                dwte = Some(match dwte {
+                    None => g,
+                    Some(d) => (d + g)?,
+                });
+            }
+        }
+        // The only sync: sum of the per-row losses (f64 on the device), read once.
+        let loss = losses.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()? / n as f64;
+        if !grad {
+            return Ok(Some((loss, None)));
+        }
+        let dx = match dx_parts.len() {
+            1 => dx_parts.swap_remove(0),
+            _ => Tensor::cat(&dx_parts, 0)?,
+        };
+        let Some(dwte) = dwte else {
+            return Ok(None); // unreachable: n > 0 means at least one chunk
+        };
+        Ok(Some((loss, Some((dx, dwte)))))
+    }
+}

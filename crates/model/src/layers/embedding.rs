@@ -1,0 +1,248 @@
+//! Token + position embedding.
+
+use candle_core::Tensor;
+
+use crate::error::Result;
+
+/// `out[b, t] = wte[tokens[b, t]] + wpe[t]`.
+///
+/// Shapes: `tokens (B, T)` u32, `wte (V, C)`, `wpe (>= T, C)` -> `out (B, T, C)`. Backward needs `tokens`.
+pub fn embedding_forward(tokens: &Tensor, wte: &Tensor, wpe: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(wte) {
+        let _span = kernels::profile::scope(wte.device(), kernels::profile::Family::Embedding);
+        if let Some(r) = cuda::embedding_forward(tokens, wte, wpe)? {
+            return Ok(r);
+        }
+    }
+    let (b, t) = tokens.dims2()?;
+    let c = wte.dim(1)?;
+    let tok = wte
+        .index_select(&tokens.flatten_all()?, 0)?
+        .reshape((b, t, c))?;
+    Ok(tok.broadcast_add(&wpe.narrow(0, 0, t)?)?)
+}
+
+/// Gradients of [`embedding_forward`]: returns `(dwte (V, C), dwpe (T_max, C))`, rows of `wpe`
+/// at or beyond `T` getting zero. `dout (B, T, C)`. Deterministic: every row of `dwte` sums its
+/// positions in the order they appear in `tokens`.
+pub fn embedding_backward(
+    dout: &Tensor,
+    tokens: &Tensor,
+    vocab_size: usize,
+    max_t: usize,
+) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(dout) {
+        let _span = kernels::profile::scope(dout.device(), kernels::profile::Family::Embedding);
+        if let Some(r) = cuda::embedding_backward(dout, tokens, vocab_size, max_t)? {
+            return Ok(r);
+        }
+    }
+    let (b, t, c) = dout.dims3()?;
+    let (dtype, dev) = (dout.dtype(), dout.device());
+    let dout2 = dout.reshape((b * t, c))?;
+    let dwte =
+        Tensor::zeros((vocab_size, c), dtype, dev)?.index_add(&tokens.flatten_all()?, &dout2, 0)?;
+    let mut dwpe = dout.sum(0)?;
+    if t < max_t {
+        dwpe = Tensor::cat(&[dwpe, Tensor::zeros((max_t - t, c), dtype, dev)?], 0)?;
+    }
+    Ok((dwte, dwpe))
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    //! Launchers of `kernels/cuda/embedding.cu`. Size letters: `B` batch, `T` positions,
+    //! `N = B*T`, `C` channels, `V` vocabulary. The kernels move rows as 16-byte vectors: they
+    //! take bf16 with `C % 8 == 0` and 16-byte aligned rows; anything else runs the reference.
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::{DType, Device, Tensor};
+
+    use crate::error::{ModelError, Result};
+    use crate::gpu;
+
+    /// Rows (one warp each) per CTA of the forward; the kernel's `EMB_WARPS`.
+    const EMB_WARPS: usize = 8;
+
+    /// Whether the kernels take these tensors: bf16 rows of `C % 8 == 0` elements, 16-byte
+    /// aligned (checked on the device addresses, which include any view offset).
+    fn vectorisable(c: usize, ts: &[&Tensor]) -> Result<bool> {
+        if !c.is_multiple_of(8) || ts.iter().any(|t| t.dtype() != DType::BF16) {
+            return Ok(false);
+        }
+        for t in ts {
+            if !gpu::ptr(t)?.is_multiple_of(16) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Threads a CTA for one row of `C` channels: a thread per 16-byte vector, rounded up to
+    /// a warp, at most 256 (threads loop beyond that).
+    fn row_threads(c: usize) -> u32 {
+        ((c / 8).div_ceil(32) * 32).clamp(32, 256) as u32
+    }
+
+    /// `out (B, T, C) = wte[tokens] + wpe[t]`, or `None` for inputs the kernel does not take.
+    /// `tokens (B, T)` u32, `wte (V, C)`, `wpe (>= T, C)` bf16. A token id `>= V` gives a NaN
+    /// row (the kernel never reads outside `wte`).
+    pub(super) fn embedding_forward(
+        tokens: &Tensor,
+        wte: &Tensor,
+        wpe: &Tensor,
+    ) -> Result<Option<Tensor>> {
+        if tokens.dtype() != DType::U32 || !tokens.device().same_device(wte.device()) {
+            return Ok(None);
+        }
+        let (b, t) = tokens.dims2()?;
+        let (v, c) = wte.dims2()?;
+        let (max_t, c2) = wpe.dims2()?;
+        if c2 != c {
+            return Ok(None); // the reference reports the mismatch
+        }
+        if t > max_t {
+            return Err(ModelError::SequenceTooLong { got: t, max: max_t });
+        }
+        let n = b * t;
+        let (tokens, wte, wpe) = (tokens.contiguous()?, wte.contiguous()?, wpe.contiguous()?);
+        if n == 0 || !vectorisable(c, &[&wte, &wpe])? {
+            return Ok(None);
+        }
+        let dev = gpu::device(&wte)?;
+        let out = gpu::uninit((b, t, c), DType::BF16, &dev)?;
+        let func = gpu::function(
+            &dev,
+            &kernels::EMBEDDING,
+            &[("EMB_WARPS", EMB_WARPS as i64)],
+            "embedding_forward",
+        )?;
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(EMB_WARPS) as u32, 1, 1),
+            block_dim: (32 * EMB_WARPS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (p_out, p_tok, p_wte, p_wpe) = (
+            gpu::ptr(&out)?,
+            gpu::ptr(&tokens)?,
+            gpu::ptr(&wte)?,
+            gpu::ptr(&wpe)?,
+        );
+        let (n_i, t_i, c_i, v_i) = (n as i32, t as i32, c as i32, v as i32);
+        // SAFETY: argument list of `embedding_forward`; out is (N, C), tokens (N), wte (V, C),
+        // wpe (>= T, C), all contiguous; token ids >= V are not dereferenced.
+        unsafe {
+            gpu::launch(
+                &func,
+                cfg,
+                &[&p_out, &p_tok, &p_wte, &p_wpe, &n_i, &t_i, &c_i, &v_i],
+            )?;
+        }
+        Ok(Some(out))
+    }
+
+    /// `(dwte (V, C), dwpe (max_t, C))` from `dout (B, T, C)` bf16 and `tokens (B, T)`, or
+    /// `None` for inputs the kernels do not take. Deterministic: each `dwte` row sums its
+    /// positions in increasing order in f32, each `dwpe` row sums over `b` in order.
+    ///
+    /// Synchronises: the tokens are copied to the host (`N` u32, one device->host read, which
+    /// waits for the work queued before it on the stream) to build the stable CSR of positions
+    /// by token; the CSR goes back in one upload. A token id `>= V` is an error here.
+    pub(super) fn embedding_backward(
+        dout: &Tensor,
+        tokens: &Tensor,
+        vocab_size: usize,
+        max_t: usize,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        if tokens.dtype() != DType::U32 || !tokens.device().same_device(dout.device()) {
+            return Ok(None);
+        }
+        let (b, t, c) = dout.dims3()?;
+        if tokens.dims() != [b, t] {
+            return Ok(None); // the reference reports the mismatch
+        }
+        if t > max_t {
+            return Err(ModelError::SequenceTooLong { got: t, max: max_t });
+        }
+        let n = b * t;
+        let dout = dout.contiguous()?;
+        if n == 0 || vocab_size == 0 || !vectorisable(c, &[&dout])? {
+            return Ok(None);
+        }
+        let dev = gpu::device(&dout)?;
+
+        // Stable CSR by counting sort: [tok_0..tok_nd | off_0..off_nd | pos_0..pos_{N-1}].
+        let toks = tokens.flatten_all()?.to_vec1::<u32>()?; // the device->host sync
+        let mut count = vec![0u32; vocab_size];
+        for &k in &toks {
+            let k = k as usize;
+            if k >= vocab_size {
+                return Err(candle_core::Error::Msg(format!(
+                    "embedding_backward: token id {k} >= vocab size {vocab_size}"
+                ))
+                .into());
+            }
+            count[k] += 1;
+        }
+        let distinct: Vec<u32> = (0..vocab_size as u32)
+            .filter(|&k| count[k as usize] > 0)
+            .collect();
+        let nd = distinct.len();
+        let mut csr = Vec::with_capacity(2 * nd + 1 + n);
+        csr.extend_from_slice(&distinct);
+        // `count` becomes each token's next free slot in the position list.
+        let mut off = 0u32;
+        for &k in &distinct {
+            csr.push(off);
+            let c_k = count[k as usize];
+            count[k as usize] = off;
+            off += c_k;
+        }
+        csr.push(off);
+        let base = csr.len();
+        csr.resize(base + n, 0);
+        for (p, &k) in toks.iter().enumerate() {
+            let slot = &mut count[k as usize];
+            csr[base + *slot as usize] = p as u32;
+            *slot += 1;
+        }
+        let csr = Tensor::from_vec(csr, 2 * nd + 1 + n, &Device::Cuda(dev.clone()))?;
+
+        let dwte = Tensor::zeros((vocab_size, c), DType::BF16, dout.device())?;
+        let dwpe = gpu::uninit((max_t, c), DType::BF16, &dev)?;
+        let threads = row_threads(c);
+        let f_wte = gpu::function(&dev, &kernels::EMBEDDING, &[], "embedding_backward_wte")?;
+        let f_wpe = gpu::function(&dev, &kernels::EMBEDDING, &[], "embedding_backward_wpe")?;
+        let (p_dwte, p_dwpe, p_dout, p_csr) = (
+            gpu::ptr(&dwte)?,
+            gpu::ptr(&dwpe)?,
+            gpu::ptr(&dout)?,
+            gpu::ptr(&csr)?,
+        );
+        let (nd_i, b_i, t_i, c_i) = (nd as i32, b as i32, t as i32, c as i32);
+        // SAFETY: argument lists of the two kernels; dwte is (V, C) and every CSR token < V,
+        // every CSR position < N = rows of dout; dwpe is (max_t, C), one CTA a row.
+        unsafe {
+            gpu::launch(
+                &f_wte,
+                LaunchConfig {
+                    grid_dim: (nd as u32, 1, 1),
+                    block_dim: (threads, 1, 1),
+                    shared_mem_bytes: 0,
+                },
+                &[&p_dwte, &p_dout, &p_csr, &nd_i, &c_i],
+            )?;
+            gpu::launch(
+                &f_wpe,
+                LaunchConfig {
+                    grid_dim: (max_t as u32, 1, 1),
+                    block_dim: (threads, 1, 1),
+                    shared_mem_bytes: 0,
+                },
+                &[&p_dwpe, &p_dout, &b_i, &t_i, &c_i],
+            )?;
+        }
+        Ok(Some((dwte, dwpe)))
+    }
+}

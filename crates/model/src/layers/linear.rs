@@ -1,0 +1,266 @@
+//! Linear layers (HF Conv1D: weight stored `(in, out)`): `x @ w + b`, with the residual add of
+//! the projections that write into the residual stream fused in.
+
+use candle_core::Tensor;
+
+use crate::error::Result;
+
+/// `out = x @ w + b`.
+///
+/// Shapes: `x (N, IN)`, `w (IN, OUT)`, `b (OUT)` -> `out (N, OUT)`. Backward needs `x` and `w`.
+pub fn matmul_forward(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(x) {
+        if let Some(r) = cuda::matmul_forward(None, x, w, b)? {
+            return Ok(r);
+        }
+    }
+    Ok(x.matmul(w)?.broadcast_add(b)?)
+}
+
+/// `out = residual + x @ w + b`: a projection into the residual stream. Its backward is
+/// [`matmul_backward`] of `dout` (the residual's gradient passes through unchanged).
+///
+/// Shapes: `residual (N, OUT)`, `x (N, IN)`, `w (IN, OUT)`, `b (OUT)` -> `out (N, OUT)`.
+pub fn residual_matmul_forward(
+    residual: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(x) {
+        if let Some(r) = cuda::matmul_forward(Some(residual), x, w, b)? {
+            return Ok(r);
+        }
+    }
+    Ok((residual + x.matmul(w)?.broadcast_add(b)?)?)
+}
+
+/// Gradients of [`matmul_forward`]: returns `(dx (N, IN), dw (IN, OUT), db (OUT))`.
+pub fn matmul_backward(dout: &Tensor, x: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(x) {
+        if let Some(r) = cuda::matmul_backward(dout, x, w)? {
+            return Ok(r);
+        }
+    }
+    let dx = dout.matmul(&w.t()?)?;
+    let dw = x.t()?.matmul(dout)?;
+    let db = dout.sum(0)?;
+    Ok((dx, dw, db))
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    //! Launchers: cuBLASLt GEMMs with no transpose copied (`crate::gemm`), the bias (and the
+    //! residual) added in the forward GEMM's epilogue, the bias gradient by our column-sum
+    //! kernel. A row-major `(R, S)` matrix is column-major `(S, R)` with leading dimension `S`.
+    use crate::error::Result;
+    use crate::gemm::{self, Gemm};
+    use crate::gpu;
+    use candle_core::{DType, Tensor};
+
+    /// bf16, contiguous: what the GEMM path takes.
+    fn takes(ts: &[&Tensor]) -> bool {
+        ts.iter()
+            .all(|t| t.dtype() == DType::BF16 && t.is_contiguous())
+    }
+
+    /// `residual + x @ w + b` (`residual` optional), or `None` for inputs the kernels do not take.
+    ///
+    /// Column-major: `out^T (OUT, N) = w^T (OUT, IN) x^T (IN, N) + b + residual^T`, where `w`'s
+    /// memory is `w^T` column-major with leading dimension OUT, and `x`'s is `x^T` with IN.
+    pub(super) fn matmul_forward(
+        residual: Option<&Tensor>,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+    ) -> Result<Option<Tensor>> {
+        if !takes(&[x, w, b]) || residual.is_some_and(|r| !takes(&[r])) {
+            return Ok(None);
+        }
+        let (n, inp) = x.dims2()?;
+        let (_, out) = w.dims2()?;
+        let dev = gpu::device(x)?;
+        let y = gpu::uninit((n, out), DType::BF16, &dev)?;
+        gemm::run(
+            &dev,
+            &Gemm {
+                m: out,
+                n,
+                k: inp,
+                a: gpu::ptr(w)?,
+                lda: out,
+                trans_a: false,
+                b: gpu::ptr(x)?,
+                ldb: inp,
+                trans_b: false,
+                in_type: DType::BF16,
+                d: gpu::ptr(&y)?,
+                ldd: out,
+                d_type: DType::BF16,
+                bias: Some(gpu::ptr(b)?),
+                c: residual.map(gpu::ptr).transpose()?,
+            },
+        )?;
+        Ok(Some(y))
+    }
+
+    /// `(dx, dw, db)`, or `None` for inputs the kernels do not take.
+    ///
+    /// Column-major: `dx^T (IN, N) = w (IN, OUT) dout^T (OUT, N)` (w's memory transposed) and
+    /// `dw^T (OUT, IN) = dout^T (OUT, N) x (N, IN)` (x's memory transposed).
+    pub(super) fn matmul_backward(
+        dout: &Tensor,
+        x: &Tensor,
+        w: &Tensor,
+    ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+        if !takes(&[dout, x, w]) {
+            return Ok(None);
+        }
+        let (n, inp) = x.dims2()?;
+        let (_, out) = w.dims2()?;
+        let dev = gpu::device(x)?;
+        let dx = gpu::uninit((n, inp), DType::BF16, &dev)?;
+        let dw = gpu::uninit((inp, out), DType::BF16, &dev)?;
+        let (p_dout, p_x, p_w) = (gpu::ptr(dout)?, gpu::ptr(x)?, gpu::ptr(w)?);
+        gemm::run(
+            &dev,
+            &Gemm {
+                m: inp,
+                n,
+                k: out,
+                a: p_w,
+                lda: out,
+                trans_a: true,
+                b: p_dout,
+                ldb: out,
+                trans_b: false,
+                in_type: DType::BF16,
+                d: gpu::ptr(&dx)?,
+                ldd: inp,
+                d_type: DType::BF16,
+                bias: None,
+                c: None,
+            },
+        )?;
+        gemm::run(
+            &dev,
+            &Gemm {
+                m: out,
+                n: inp,
+                k: n,
+                a: p_dout,
+                lda: out,
+                trans_a: false,
+                b: p_x,
+                ldb: inp,
+                trans_b: true,
+                in_type: DType::BF16,
+                d: gpu::ptr(&dw)?,
+                ldd: out,
+                d_type: DType::BF16,
+                bias: None,
+                c: None,
+            },
+        )?;
+        let db = {
+            let _span = kernels::profile::scope_cuda(&dev, kernels::profile::Family::Elementwise);
+            super::bias_grad::bias_grad_gpu(dout)?
+        };
+        Ok(Some((dx, dw, db)))
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub(crate) mod bias_grad {
+    //! The bias gradient `db = sum over rows of dout`, deterministic: `bias_grad_partial` and
+    //! `bias_grad_final` of `kernels/cuda/elementwise.cu`.
+    use crate::error::{ModelError, Result};
+    use crate::gpu;
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::{DType, Tensor};
+
+    /// Columns a CTA of `bias_grad_partial` covers (16 threads of 8 columns).
+    const TILE: usize = 128;
+    /// Rows a CTA's threads step by (its 16 row groups).
+    const ROW_GROUPS: usize = 16;
+    /// CTAs an SM the partial pass aims at (256 threads each: a full SM).
+    const CTAS_PER_SM: usize = 8;
+
+    /// `db (OUT) = sum_n dout[n, :]`, summed in f32 in a fixed order, in the dtype of `dout`.
+    ///
+    /// Shapes: `dout (N, OUT)` (any leading dimensions are rows) -> `db (OUT)`. bf16 `dout`
+    /// with `OUT % 8 == 0` on a 16-byte aligned address takes the kernels (one read of `dout`);
+    /// anything else takes candle's `sum` in f32.
+    pub(crate) fn bias_grad_gpu(dout: &Tensor) -> Result<Tensor> {
+        let dims = dout.dims();
+        let out_dim = dims.last().copied().unwrap_or(0);
+        let n = if out_dim == 0 {
+            0
+        } else {
+            dout.elem_count() / out_dim
+        };
+        let dout = dout.contiguous()?;
+        let fits = dout.dtype() == DType::BF16
+            && dims.len() >= 2
+            && out_dim % 8 == 0
+            && n > 0
+            && out_dim > 0
+            && n <= i32::MAX as usize
+            && out_dim <= i32::MAX as usize
+            && gpu::ptr(&dout)? % 16 == 0;
+        if !fits {
+            let flat = dout.reshape((n, out_dim))?;
+            return Ok(flat.to_dtype(DType::F32)?.sum(0)?.to_dtype(dout.dtype())?);
+        }
+        let dev = gpu::device(&dout)?;
+        let sms = dev
+            .cuda_stream()
+            .context()
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| ModelError::Candle(candle_core::Error::wrap(e)))?
+            .max(1) as usize;
+        // Row slices: enough CTAs to fill the GPU, at least ROW_GROUPS rows a slice.
+        let tiles = out_dim.div_ceil(TILE);
+        let max_slices = n.div_ceil(ROW_GROUPS);
+        let slices = (sms * CTAS_PER_SM).div_ceil(tiles).clamp(1, max_slices);
+        let rows = n.div_ceil(slices);
+        let slices = n.div_ceil(rows);
+        let partials = gpu::uninit((slices, out_dim), DType::F32, &dev)?;
+        let db = gpu::uninit(out_dim, DType::BF16, &dev)?;
+        let (pd, ppart, pdb) = (gpu::ptr(&dout)?, gpu::ptr(&partials)?, gpu::ptr(&db)?);
+        let partial = gpu::function(&dev, &kernels::ELEMENTWISE, &[], "bias_grad_partial")?;
+        let cfg = LaunchConfig {
+            grid_dim: (tiles as u32, slices as u32, 1),
+            block_dim: (16, ROW_GROUPS as u32, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: dout (N, OUT) bf16 contiguous and 16-byte aligned, OUT % 8 == 0; partials
+        // (slices, OUT) f32 fresh, slices * rows >= N. Arguments in kernel order.
+        unsafe {
+            gpu::launch(
+                &partial,
+                cfg,
+                &[&ppart, &pd, &(n as i32), &(out_dim as i32), &(rows as i32)],
+            )?;
+        }
+        let fin = gpu::function(&dev, &kernels::ELEMENTWISE, &[], "bias_grad_final")?;
+        let cfg = LaunchConfig {
+            grid_dim: (out_dim.div_ceil(32) as u32, 1, 1),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: db (OUT) bf16 fresh; partials (slices, OUT) f32 written above on this stream.
+        unsafe {
+            gpu::launch(
+                &fin,
+                cfg,
+                &[&pdb, &ppart, &(slices as i32), &(out_dim as i32)],
+            )?;
+        }
+        Ok(db)
+    }
+}

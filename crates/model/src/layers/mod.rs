@@ -1,0 +1,39 @@
+//! The layers of GPT-2, each as a forward and a backward free function side by side
+//! (the layout of llm.c's `train_gpt2.c`), one module a layer.
+//!
+//! Size letters: `B` batch, `T` sequence length of this batch, `N = B*T` positions,
+//! `C` channels (`n_embd`), `NH` heads, `hs = C/NH`, `V` vocabulary.
+//!
+//! Every function takes tensors on any device. On the CPU (and for shapes a kernel does not
+//! take) it runs the *reference*: basic candle [`candle_core::Tensor`] ops (matmul, broadcasts,
+//! reductions, `exp`, `tanh`, ...), generic over the float dtype. On a CUDA device (feature
+//! `cuda`) it launches our fused kernels from the `kernels` crate; each launcher sits in its
+//! layer's `cuda` submodule, beside the reference it replaces, and is tested against it
+//! (tests/gpu). The path is chosen by the tensor's device, never by a flag.
+//!
+//! We do not use candle-nn: its fused `layer_norm`/`softmax_last_dim` record no gradient, and
+//! here we write every gradient ourselves anyway. Backward functions *return* gradients; they
+//! never accumulate into buffers (the caller, ultimately the ZeRO engine, does that).
+
+mod attention;
+mod crossentropy;
+mod embedding;
+mod gelu;
+mod layernorm;
+mod linear;
+
+#[cfg(feature = "cuda")]
+pub use attention::attention_forward_tiled;
+pub use attention::{attention_backward, attention_forward, causal_mask, AttSaved};
+pub use crossentropy::{crossentropy_chunked, crossentropy_forward_backward, CE_CHUNK_ELEMS};
+pub use embedding::{embedding_backward, embedding_forward};
+pub use gelu::{gelu_backward, gelu_forward};
+pub use layernorm::{layernorm_backward, layernorm_forward, LnSaved, LN_EPS};
+pub use linear::{matmul_backward, matmul_forward, residual_matmul_forward};
+
+/// Whether `t` lives on a CUDA device (the `cuda` kernels are built in).
+#[cfg(feature = "cuda")]
+#[inline]
+pub(crate) fn on_gpu(t: &candle_core::Tensor) -> bool {
+    t.device().is_cuda()
+}

@@ -1,0 +1,134 @@
+//! The fused LM head + cross-entropy against the reference: the GPU runs in bf16 (bf16 logits,
+//! f32 soft-max), the reference in f32 on the same bf16-rounded values (on the CPU, or on the
+//! GPU in f32 for the gpt350m shape, where the CPU would take minutes).
+//!
+//! Inputs: x uniform in [-1, 1), wte uniform in [-3/sqrt(C), 3/sqrt(C)), so logits have
+//! standard deviation ~1 and the soft-max is far from uniform.
+//! Tolerances: the loss 2e-3 relative (bf16 logits move each row's loss by ~|logit| * 2^-9 with
+//! random sign, the mean averages that down); dx and dwte 1e-2 of max|cpu| (dlogits in bf16,
+//! gradient GEMMs with bf16 outputs, dwte accumulated over chunks in bf16).
+
+use candle_core::{DType, Device, Tensor};
+use model::layers::{crossentropy_chunked, crossentropy_forward_backward, CE_CHUNK_ELEMS};
+
+/// Uniform values in [-scale, scale), xorshift from `seed`.
+fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// The same bf16-rounded values as (f32 on `f32_dev`, bf16 on `gpu`).
+fn pair(dims: &[usize], seed: u64, scale: f32, f32_dev: &Device, gpu: &Device) -> (Tensor, Tensor) {
+    let n = dims.iter().product();
+    let t = Tensor::from_vec(values(n, seed, scale), dims, &Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    (
+        t.to_dtype(DType::F32).unwrap().to_device(f32_dev).unwrap(),
+        t.to_device(gpu).unwrap(),
+    )
+}
+
+/// max|gpu - ref| / max|ref| below `tol`; on failure names the worst element.
+fn compare(what: &str, gpu: &Tensor, reference: &Tensor, tol: f32) {
+    assert_eq!(gpu.dims(), reference.dims(), "{what}: shape");
+    let cols = *reference.dims().last().unwrap_or(&1);
+    let flat = |t: &Tensor| {
+        t.to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    };
+    let (g, c) = (flat(gpu), flat(reference));
+    let scale = c.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let (mut worst, mut at) = (0f32, 0usize);
+    for (i, (a, b)) in g.iter().zip(&c).enumerate() {
+        let d = (a - b).abs();
+        if d > worst || d.is_nan() {
+            (worst, at) = (if d.is_nan() { f32::INFINITY } else { d }, i);
+        }
+    }
+    let rel = worst / scale.max(f32::MIN_POSITIVE);
+    assert!(
+        rel < tol,
+        "{what}: max|gpu - ref| / max|ref| = {rel:.3e} (tol {tol:e}) at row {} col {}: gpu {} ref {}",
+        at / cols,
+        at % cols,
+        g[at],
+        c[at]
+    );
+}
+
+fn check(n: usize, c: usize, v: usize, reference_on_gpu: bool) {
+    let gpu = Device::new_cuda(0).expect("a CUDA device");
+    let rdev = if reference_on_gpu {
+        gpu.clone()
+    } else {
+        Device::Cpu
+    };
+    let (x_r, x_g) = pair(&[n, c], 1, 1.0, &rdev, &gpu);
+    let (w_r, w_g) = pair(&[v, c], 2, 3.0 / (c as f32).sqrt(), &rdev, &gpu);
+    // Targets over [0, V) with repeats (every 5th row the same id).
+    let tgt: Vec<u32> = values(n, 3, 1.0)
+        .iter()
+        .enumerate()
+        .map(|(i, u)| {
+            if i % 5 == 0 {
+                (v / 2) as u32
+            } else {
+                ((u + 1.0) * 0.5 * v as f32) as u32 % v as u32
+            }
+        })
+        .collect();
+    let t_r = Tensor::from_vec(tgt, n, &rdev).unwrap();
+    let t_g = t_r.to_device(&gpu).unwrap();
+    let shape = format!("(N, C, V) = ({n}, {c}, {v})");
+
+    let (loss_g, grads) = crossentropy_forward_backward(&x_g, &w_g, &t_g, true).unwrap();
+    let (dx_g, dw_g) = grads.expect("gradients");
+    assert_eq!((dx_g.dtype(), dw_g.dtype()), (DType::BF16, DType::BF16));
+    let (loss_r, grads_r) =
+        crossentropy_chunked(&x_r, &w_r, &t_r, true, CE_CHUNK_ELEMS.max(1 << 28)).unwrap();
+    let (dx_r, dw_r) = grads_r.expect("gradients");
+    let rel = ((loss_g - loss_r) / loss_r).abs();
+    assert!(
+        rel < 2e-3,
+        "loss {shape}: gpu {loss_g} ref {loss_r} (rel {rel:.3e})"
+    );
+    compare(&format!("dx {shape}"), &dx_g, &dx_r, 1e-2);
+    compare(&format!("dwte {shape}"), &dw_g, &dw_r, 1e-2);
+
+    // Without gradients: the same loss, no gradients.
+    let (loss_ng, none) = crossentropy_forward_backward(&x_g, &w_g, &t_g, false).unwrap();
+    assert!(none.is_none());
+    assert!(
+        ((loss_ng - loss_g) / loss_g).abs() < 1e-6,
+        "loss without grad {loss_ng} vs {loss_g}"
+    );
+}
+
+#[test]
+fn crossentropy_small() {
+    check(77, 64, 104, false);
+}
+
+#[test]
+fn crossentropy_gpt2_vocab() {
+    check(300, 128, 50304, false);
+}
+
+#[test]
+fn crossentropy_gpt350m_shape() {
+    // N = 16 * 1024: 7 chunks of logits, dwte accumulated over them.
+    check(16384, 1024, 50304, true);
+}

@@ -1,0 +1,161 @@
+//! The element-wise kernels (bf16 on the GPU) against the CPU reference in f32 on the same
+//! bf16-rounded values: GELU forward and backward (an element count with a scalar tail, an
+//! unaligned view, gpt350m's MLP activation (16384, 4096)), and the bias gradient of
+//! `matmul_backward` (column sums, deterministic) against `dout.to_dtype(F32).sum(0)`.
+
+use candle_core::{DType, Device, Tensor};
+use model::layers::{gelu_backward, gelu_forward, matmul_backward};
+
+fn gpu() -> Device {
+    Device::new_cuda(0).expect("a CUDA device")
+}
+
+/// Deterministic values `scale * u`, u uniform in [-1, 1), every 1000th times 8 (the tails of
+/// GELU), rounded to bf16 (on the CPU).
+fn values(n: usize, seed: u64, scale: f32) -> Tensor {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let v: Vec<f32> = (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = scale * ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0);
+            if i % 1000 == 7 {
+                8.0 * u
+            } else {
+                u
+            }
+        })
+        .collect();
+    Tensor::from_vec(v, n, &Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap()
+}
+
+/// max |gpu - cpu| / max |cpu| (both as f32 on the CPU).
+fn rel_err(gpu: &Tensor, cpu: &Tensor) -> f32 {
+    assert_eq!(gpu.dims(), cpu.dims(), "shapes");
+    let flat = |t: &Tensor| {
+        t.to_device(&Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    };
+    let (g, c) = (flat(gpu), flat(cpu));
+    if g.iter().any(|x| !x.is_finite()) {
+        return f32::INFINITY;
+    }
+    let scale = c.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
+    let diff = g
+        .iter()
+        .zip(&c)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    diff / scale
+}
+
+/// GELU forward and backward of `h`, `dout` (bf16 on the CPU, shape `dims`), GPU vs CPU f32.
+/// `skip` elements are dropped from the front on the GPU side (an unaligned view when not a
+/// multiple of 8: the element-by-element path).
+fn check_gelu(dims: &[usize], seed: u64, skip: usize) {
+    let n: usize = dims.iter().product();
+    let h = values(n + skip, seed, 4.0);
+    let dout = values(n + skip, seed + 1, 1.0);
+    let cpu_of = |t: &Tensor| {
+        t.narrow(0, skip, n)
+            .unwrap()
+            .reshape(dims)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+    };
+    let gpu_of = |t: &Tensor| {
+        t.to_device(&gpu())
+            .unwrap()
+            .narrow(0, skip, n)
+            .unwrap()
+            .reshape(dims)
+            .unwrap()
+    };
+    let (h_c, h_g) = (cpu_of(&h), gpu_of(&h));
+    let (d_c, d_g) = (cpu_of(&dout), gpu_of(&dout));
+    // bf16 outputs of f32 math (ex2/rcp approximations ~1e-6 relative): one rounding, 1e-2.
+    let out_g = gelu_forward(&h_g).unwrap();
+    assert_eq!(out_g.dtype(), DType::BF16);
+    let e = rel_err(&out_g, &gelu_forward(&h_c).unwrap());
+    assert!(
+        e < 1e-2,
+        "gelu forward {dims:?} skip {skip}: max rel err {e:e}"
+    );
+    let dh_g = gelu_backward(&d_g, &h_g).unwrap();
+    assert_eq!(dh_g.dtype(), DType::BF16);
+    let e = rel_err(&dh_g, &gelu_backward(&d_c, &h_c).unwrap());
+    assert!(
+        e < 1e-2,
+        "gelu backward {dims:?} skip {skip}: max rel err {e:e}"
+    );
+}
+
+#[test]
+fn gelu_odd_count_with_scalar_tail() {
+    check_gelu(&[1_000_003], 1, 0);
+}
+
+#[test]
+fn gelu_unaligned_view_takes_the_scalar_path() {
+    check_gelu(&[3001, 7], 2, 3);
+}
+
+#[test]
+fn gelu_gpt350m_mlp_shape() {
+    check_gelu(&[16384, 4096], 3, 0);
+}
+
+/// db of `matmul_backward` on the GPU (the bias-gradient kernels) against the CPU column sums
+/// in f32. bf16 result of an f32 sum over N rows: one rounding plus summation order, 1e-2.
+fn check_bias_grad(n: usize, out: usize, seed: u64) {
+    let k = 64;
+    let dout = values(n * out, seed, 1.0).reshape((n, out)).unwrap();
+    let x = values(n * k, seed + 1, 1.0).reshape((n, k)).unwrap();
+    let w = values(k * out, seed + 2, 0.1).reshape((k, out)).unwrap();
+    let want = dout.to_dtype(DType::F32).unwrap().sum(0).unwrap();
+    let (dout_g, x_g, w_g) = (
+        dout.to_device(&gpu()).unwrap(),
+        x.to_device(&gpu()).unwrap(),
+        w.to_device(&gpu()).unwrap(),
+    );
+    let (_, _, db) = matmul_backward(&dout_g, &x_g, &w_g).unwrap();
+    assert_eq!(db.dims(), &[out]);
+    let e = rel_err(&db, &want);
+    assert!(e < 1e-2, "bias grad ({n}, {out}): max rel err {e:e}");
+    // Deterministic: the same bits again.
+    let (_, _, db2) = matmul_backward(&dout_g, &x_g, &w_g).unwrap();
+    let bits = |t: &Tensor| -> Vec<u32> {
+        t.to_dtype(DType::F32)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .map(|f| f.to_bits())
+            .collect()
+    };
+    assert_eq!(
+        bits(&db),
+        bits(&db2),
+        "bias grad ({n}, {out}) differs between runs"
+    );
+}
+
+#[test]
+fn bias_grad_small() {
+    check_bias_grad(77, 192, 10);
+}
+
+#[test]
+fn bias_grad_gpt350m_mlp_shape() {
+    check_bias_grad(16384, 3072, 11);
+}

@@ -1,0 +1,159 @@
+//! Token + position embedding kernels against the CPU reference: the GPU runs in bf16, the CPU
+//! in f32 on the same bf16-rounded values.
+//!
+//! Tolerance 4e-3 of max|cpu|: the forward adds in f32 and rounds once (error <= 2^-9 of the
+//! element, ~2e-3), the backward sums in f32 and rounds once, the reference sums in f32 too
+//! (order differences are ~2^-24 of the sum), so only one bf16 rounding separates them.
+
+use candle_core::{DType, Device, Tensor};
+use model::layers::{embedding_backward, embedding_forward};
+
+/// Uniform values in [-scale, scale), xorshift from `seed`.
+fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// The same bf16-rounded values as (CPU f32, GPU bf16).
+fn pair(dims: &[usize], seed: u64, scale: f32, gpu: &Device) -> (Tensor, Tensor) {
+    let n = dims.iter().product();
+    let t = Tensor::from_vec(values(n, seed, scale), dims, &Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    (t.to_dtype(DType::F32).unwrap(), t.to_device(gpu).unwrap())
+}
+
+/// Token ids of (B, T): many repeats (a third of them one frequent id, others from a small
+/// set), the rest spread over [0, V), including 0 and V - 1.
+fn tokens(b: usize, t: usize, v: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..b * t)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            match (i, s % 6) {
+                (0, _) => 0,
+                (1, _) => v as u32 - 1,
+                (_, 0 | 1) => (v / 3) as u32,
+                (_, 2) => ((s >> 20) % 5 * 7 % v as u64) as u32,
+                _ => ((s >> 20) % v as u64) as u32,
+            }
+        })
+        .collect()
+}
+
+/// max|gpu - cpu| / max|cpu| below `tol`; on failure names the worst element.
+fn compare(what: &str, gpu: &Tensor, cpu: &Tensor, tol: f32) {
+    assert_eq!(gpu.dims(), cpu.dims(), "{what}: shape");
+    let cols = *cpu.dims().last().unwrap_or(&1);
+    let g = gpu
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let c = cpu.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let scale = c.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let (mut worst, mut at) = (0f32, 0usize);
+    for (i, (a, b)) in g.iter().zip(&c).enumerate() {
+        let d = (a - b).abs();
+        if d > worst || d.is_nan() {
+            (worst, at) = (if d.is_nan() { f32::INFINITY } else { d }, i);
+        }
+    }
+    let rel = worst / scale.max(f32::MIN_POSITIVE);
+    assert!(
+        rel < tol,
+        "{what}: max|gpu - cpu| / max|cpu| = {rel:.3e} (tol {tol:e}) at row {} col {}: gpu {} cpu {}",
+        at / cols,
+        at % cols,
+        g[at],
+        c[at]
+    );
+}
+
+/// Bit patterns of a bf16 tensor (widened to f32 exactly).
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .iter()
+        .map(|f| f.to_bits())
+        .collect()
+}
+
+fn check(b: usize, t: usize, c: usize, v: usize, max_t: usize) {
+    let gpu = Device::new_cuda(0).expect("a CUDA device");
+    let (wte_c, wte_g) = pair(&[v, c], 1, 1.0, &gpu);
+    let (wpe_c, wpe_g) = pair(&[max_t, c], 2, 0.5, &gpu);
+    let tok = tokens(b, t, v, 3);
+    let tok_c = Tensor::from_vec(tok, (b, t), &Device::Cpu).unwrap();
+    let tok_g = tok_c.to_device(&gpu).unwrap();
+    let shape = format!("(B, T, C, V) = ({b}, {t}, {c}, {v})");
+
+    let out_g = embedding_forward(&tok_g, &wte_g, &wpe_g).unwrap();
+    assert_eq!(out_g.dtype(), DType::BF16);
+    let out_c = embedding_forward(&tok_c, &wte_c, &wpe_c).unwrap();
+    compare(&format!("forward {shape}"), &out_g, &out_c, 4e-3);
+
+    let (dout_c, dout_g) = pair(&[b, t, c], 4, 1.0, &gpu);
+    let (dwte_g, dwpe_g) = embedding_backward(&dout_g, &tok_g, v, max_t).unwrap();
+    assert_eq!(dwte_g.dtype(), DType::BF16);
+    let (dwte_c, dwpe_c) = embedding_backward(&dout_c, &tok_c, v, max_t).unwrap();
+    compare(&format!("dwte {shape}"), &dwte_g, &dwte_c, 4e-3);
+    compare(&format!("dwpe {shape}"), &dwpe_g, &dwpe_c, 4e-3);
+
+    // Deterministic: a second run gives the same bits.
+    let (dwte_2, dwpe_2) = embedding_backward(&dout_g, &tok_g, v, max_t).unwrap();
+    assert!(
+        bits(&dwte_g) == bits(&dwte_2),
+        "dwte differs between runs {shape}"
+    );
+    assert!(
+        bits(&dwpe_g) == bits(&dwpe_2),
+        "dwpe differs between runs {shape}"
+    );
+}
+
+#[test]
+fn embedding_small_with_repeated_tokens_and_spare_positions() {
+    // T = 17 < max_t = 23: rows 17..23 of dwpe must be zero. C = 64: 8 vectors a row.
+    check(3, 17, 64, 101, 23);
+}
+
+#[test]
+fn embedding_gpt350m_shape() {
+    check(16, 1024, 1024, 50304, 1024);
+}
+
+#[test]
+fn embedding_forward_out_of_range_token_gives_nan() {
+    let gpu = Device::new_cuda(0).expect("a CUDA device");
+    let (_, wte) = pair(&[11, 16], 1, 1.0, &gpu);
+    let (_, wpe) = pair(&[4, 16], 2, 1.0, &gpu);
+    let tok = Tensor::new(&[[1u32, 11, 3]], &gpu).unwrap();
+    let out = embedding_forward(&tok, &wte, &wpe)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_vec3::<f32>()
+        .unwrap();
+    assert!(
+        out[0][1].iter().all(|x| x.is_nan()),
+        "token 11 of V = 11: NaN row"
+    );
+    assert!(out[0][0].iter().chain(&out[0][2]).all(|x| x.is_finite()));
+}
