@@ -5,6 +5,8 @@
 #           the ZeRO++ engine on GPU vs CPU, NCCL at world 1
 #   parity  200 steps of tiny, CPU fp32 vs GPU bf16, plain and ZeRO++ at W = 8 (2 x 4)
 #   bench   trainer bench --kernels, and gpt350m at W = 1 and W = 8 (bench.toml settings)
+#   speed   gpt350m at W = 1 (seq 1024, 16 sequences) with --profile, beside PyTorch eager and
+#           torch.compile from the same call (.gpu/torch_gpt.py: a copy of shared/tools/torch_gpt.py)
 # Each run's log and metrics go under $OUT (default gpu-out/).
 set -euo pipefail
 OUT=${OUT:-gpu-out}
@@ -52,6 +54,18 @@ for stage in $STAGES; do
     "$T" "${b[@]}" --set dist.world_size=8 --set dist.gpus_per_node=4 --set train.micro_batch=2 \
       --set zero.hpz_partition_size=4 | tee "$OUT/bench-gpt350m-w8-zeropp.txt"
     ;;
-  *) echo "unknown stage $stage (tests, parity, bench)" >&2; exit 2 ;;
+  speed)
+    # Ours first, then the anchors: the same model, data shape and optimizer (issue #13).
+    "$T" bench --config configs/gpt350m.toml --set 'dist.backend="local"' --set model.seq_len=1024 \
+      --set model.recompute=false --set train.global_batch=16 --set train.micro_batch=16 \
+      --set dist.world_size=1 --set dist.gpus_per_node=1 --set zero.hpz_partition_size=1 \
+      --set zero.quantized_weights=false --set zero.quantized_gradients=false \
+      --steps "${BENCH_STEPS:-10}" --profile | tee "$OUT/speed-gpt350m.txt"
+    if [[ -f .gpu/torch_gpt.py ]]; then
+      python3 .gpu/torch_gpt.py --steps 30 | tee "$OUT/speed-torch-eager.txt"
+      [[ -n ${NO_COMPILE:-} ]] || python3 .gpu/torch_gpt.py --steps 30 --compile | tee "$OUT/speed-torch-compile.txt"
+    fi
+    ;;
+  *) echo "unknown stage $stage (tests, parity, bench, speed)" >&2; exit 2 ;;
   esac
 done

@@ -67,3 +67,37 @@ fn adamw_kernel_with_more_ranges_than_one_launch_carries() {
     let ranges = (0..300).map(|i| 37 * i + 3..37 * i + 20).collect();
     check(37 * 300 + 50, DecayRanges(ranges));
 }
+
+/// The gradient norm's sum of squares on the GPU (two-stage f64 kernel) against the CPU's f64
+/// sum, with a tail that is not a whole float4 and an unaligned view; and bitwise repeatable.
+#[test]
+fn sum_of_squares_kernel_equals_the_cpu_sum() {
+    let gpu = Device::new_cuda(0).expect("a CUDA device");
+    for n in [1usize, 7, 1027, 3_000_001] {
+        let v = values(n, 5 + n as u64, 3.0);
+        let cpu: f64 = v.iter().map(|x| *x as f64 * *x as f64).sum();
+        let t = Tensor::new(v.as_slice(), &gpu).unwrap();
+        let got = zero::sum_of_squares(&t)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+        assert!(
+            (got - cpu).abs() <= 1e-12 * cpu,
+            "n {n}: gpu {got} cpu {cpu}"
+        );
+        let again = zero::sum_of_squares(&t)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+        assert_eq!(got.to_bits(), again.to_bits(), "n {n}: not repeatable");
+        if n > 2 {
+            let view = t.narrow(0, 1, n - 1).unwrap();
+            let want: f64 = cpu - v[0] as f64 * v[0] as f64;
+            let got = zero::sum_of_squares(&view)
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap();
+            assert!((got - want).abs() <= 1e-12 * want.max(1e-30), "n {n} view");
+        }
+    }
+}

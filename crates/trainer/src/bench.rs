@@ -25,6 +25,7 @@ pub struct BenchArgs<'a> {
     pub steps: u64,
     pub warmup: u64,
     pub json: bool,
+    pub profile: bool,
     pub kernels: bool,
     pub kernel_mib: Vec<usize>,
     pub collectives: bool,
@@ -69,6 +70,17 @@ pub struct StepReport {
     /// the steps compute a sane loss: on uniform random tokens it stays near ln(vocab).
     pub loss_first: f64,
     pub loss_last: f64,
+    /// With `--profile`: rank 0's GPU time per step by kernel family (exclusive of the families
+    /// nested inside), from CUDA events around each family's launches.
+    pub profile: Option<Vec<FamilyTime>>,
+}
+
+/// One row of the `--profile` table.
+#[derive(Debug, Serialize)]
+pub struct FamilyTime {
+    pub family: &'static str,
+    /// Mean seconds per step.
+    pub seconds: f64,
 }
 
 pub fn run(args: &BenchArgs<'_>) -> Result<()> {
@@ -89,7 +101,7 @@ pub fn run(args: &BenchArgs<'_>) -> Result<()> {
     if args.steps == 0 {
         bail!("--steps must be at least 1");
     }
-    let Some(report) = bench_steps(&config, args.warmup, args.steps)? else {
+    let Some(report) = bench_steps(&config, args.warmup, args.steps, args.profile)? else {
         return Ok(());
     };
     if args.json {
@@ -131,10 +143,17 @@ struct RankTimes {
     peak: Option<u64>,
     used: Option<u64>,
     losses: Vec<f64>,
+    /// Seconds by family summed over the timed steps (`--profile`, rank 0).
+    families: Option<Vec<(kernels::profile::Family, f64)>>,
 }
 
 /// Runs the steps; the report of rank 0 (`None` in the other processes of a launched world).
-fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<Option<StepReport>> {
+fn bench_steps(
+    config: &RunConfig,
+    warmup: u64,
+    steps: u64,
+    profile: bool,
+) -> Result<Option<StepReport>> {
     let model_cfg = config.model_config()?;
     let t = &config.train;
     let world = config.dist.world_size;
@@ -177,7 +196,9 @@ fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<Option<Ste
             peak: None,
             used: None,
             losses: Vec::new(),
+            families: None,
         };
+        let profiling = profile && rank == 0 && device.is_cuda();
         for step in 0..warmup + steps {
             let timed_step = step >= warmup;
             engine.comm().barrier(comm::Group::World).wait()?;
@@ -185,6 +206,7 @@ fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<Option<Ste
             if step == warmup && rank == 0 {
                 device_memory::reset_peak(&device);
             }
+            kernels::profile::enable(profiling && timed_step);
             let (start, waited, device_waited, bytes) = (
                 Instant::now(),
                 clock.seconds(),
@@ -218,6 +240,15 @@ fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<Option<Ste
                     *sum += now - then;
                 }
                 measured.bytes = measured.bytes + (engine.comm().counters() - bytes);
+                if profiling {
+                    let now = kernels::profile::take();
+                    let sums = measured
+                        .families
+                        .get_or_insert_with(|| now.iter().map(|(f, _)| (*f, 0.0)).collect());
+                    for ((_, sum), (_, t)) in sums.iter_mut().zip(&now) {
+                        *sum += t;
+                    }
+                }
             }
         }
         measured.peak = device_memory::peak_bytes(&device);
@@ -302,6 +333,14 @@ fn bench_steps(config: &RunConfig, warmup: u64, steps: u64) -> Result<Option<Ste
         comm_inter_bytes: (times.bytes.inter as f64 / n) as u64,
         loss_first: times.losses.first().copied().unwrap_or(f64::NAN),
         loss_last: times.losses.last().copied().unwrap_or(f64::NAN),
+        profile: times.families.map(|fs| {
+            fs.into_iter()
+                .map(|(f, s)| FamilyTime {
+                    family: f.name(),
+                    seconds: s / n,
+                })
+                .collect()
+        }),
     }))
 }
 
@@ -369,6 +408,32 @@ fn print_report(r: &StepReport) {
         "comm per step      intra-node {}, inter-node {} (rank 0)",
         human_bytes(r.comm_intra_bytes),
         human_bytes(r.comm_inter_bytes)
+    );
+    if let Some(families) = &r.profile {
+        print_profile(families, r.step_seconds);
+    }
+}
+
+/// The `--profile` table: milliseconds per step and share of the step by family, then the time
+/// no family's span covered (host gaps, candle's own ops outside any span).
+fn print_profile(families: &[FamilyTime], step_seconds: f64) {
+    println!("GPU time by kernel family (rank 0, CUDA events, per step):");
+    let mut covered = 0.0;
+    for f in families {
+        covered += f.seconds;
+        println!(
+            "  {:<16} {:>9.2} ms {:>6.1}%",
+            f.family,
+            f.seconds * 1e3,
+            100.0 * f.seconds / step_seconds
+        );
+    }
+    let rest = step_seconds - covered;
+    println!(
+        "  {:<16} {:>9.2} ms {:>6.1}%",
+        "not in a span",
+        rest * 1e3,
+        100.0 * rest / step_seconds
     );
 }
 

@@ -88,6 +88,10 @@ enum Command {
         /// One JSON object instead of the table.
         #[arg(long)]
         json: bool,
+        /// Also time rank 0's GPU work by kernel family (GEMM, attention, norm, ...) with CUDA
+        /// events: a table of milliseconds per step, `profile` in --json (GPU runs).
+        #[arg(long)]
+        profile: bool,
         /// Instead: each quantisation kernel's GB/s beside a device-to-device copy (CUDA build).
         #[arg(long)]
         kernels: bool,
@@ -182,6 +186,7 @@ fn run(cli: Cli) -> Result<()> {
             steps,
             warmup,
             json,
+            profile,
             kernels,
             collectives,
             mib,
@@ -191,6 +196,7 @@ fn run(cli: Cli) -> Result<()> {
             steps,
             warmup,
             json,
+            profile,
             kernels,
             kernel_mib: mib,
             collectives,

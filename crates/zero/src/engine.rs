@@ -11,6 +11,7 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 
 use comm::{Communicator, Group};
+use kernels::profile::{scope, Family};
 use model::{GptConfig, ModelLayout, UnitLayout};
 
 use crate::gather::{self, GatherQueue, Secondary};
@@ -221,6 +222,7 @@ impl Engine {
     fn issue_gather(&self, queue: &mut GatherQueue, hpz: bool) -> Result<()> {
         if let Some(u) = queue.next_to_issue() {
             let unit = &self.units[u];
+            let _span = scope(&self.opts.device, Family::ZeroCopies);
             let secondary = unit.secondary.borrow();
             let source = if hpz { secondary.as_ref() } else { None };
             queue.push(gather::start(
@@ -249,6 +251,7 @@ impl Engine {
             self.issue_gather(queue, hpz)?;
         }
         let unit = &self.units[expected];
+        let _span = scope(&self.opts.device, Family::ZeroCopies);
         let topology = self.plan.topology;
         let local = topology.local_rank(self.comm.rank());
         let (full, secondary) = gather::finish(
@@ -259,6 +262,7 @@ impl Engine {
             local,
             hpz,
             self.opts.compute_dtype,
+            &self.opts.device,
         )?;
         if let Some(s) = secondary {
             *unit.secondary.borrow_mut() = Some(s);
@@ -301,15 +305,22 @@ impl Engine {
         if let Some(q) = qgz {
             let earlier = std::mem::take(pending);
             for r in earlier {
-                pending.push_back(reduce::advance(self.comm.as_ref(), r, q)?);
+                pending.push_back(reduce::advance(
+                    self.comm.as_ref(),
+                    r,
+                    q,
+                    &self.opts.device,
+                )?);
             }
         }
         let numel = grad.elem_count();
+        let copies = scope(&self.opts.device, Family::ZeroCopies);
         let full = grad.to_dtype(DType::F32)?.pad_with_zeros(
             0,
             0,
             self.units[u].partition.padded - numel,
         )?;
+        drop(copies);
         pending.push_back(reduce::start(self.comm.as_ref(), u, full, qgz)?);
         while pending.len() > REDUCTIONS_IN_FLIGHT {
             let oldest = pending
@@ -323,10 +334,17 @@ impl Engine {
     /// Waits for reduction `r` and adds `scale` x (my slice of the world mean) into its unit's
     /// fp32 gradient shard.
     fn finish_reduce(&mut self, r: Reduction, scale: f32) -> Result<()> {
-        let (u, sum) = reduce::finish(self.comm.as_ref(), r, self.plan.qgz)?;
+        let (u, sum) = reduce::finish(self.comm.as_ref(), r, self.plan.qgz, &self.opts.device)?;
+        let _span = scope(&self.opts.device, Family::ZeroCopies);
         let unit = &mut self.units[u];
         let coef = scale / unit.partition.world as f32;
-        unit.grad = (&unit.grad + sum.affine(coef as f64, 0.0)?)?;
+        // One pass fewer in the common case (one micro-batch, one rank): no scaling.
+        let sum = if coef == 1.0 {
+            sum
+        } else {
+            sum.affine(coef as f64, 0.0)?
+        };
+        unit.grad = (&unit.grad + sum)?;
         Ok(())
     }
 
@@ -442,12 +460,13 @@ impl Engine {
     /// Clips by the global gradient norm, applies AdamW with learning rate `lr` to my shards,
     /// and clears the gradient shards.
     pub fn step(&mut self, lr: f64) -> Result<StepStats> {
+        let _span = scope(&self.opts.device, Family::Optimizer);
         // Squares summed in f64 on the device, one read-back for all units.
         let squares = self
             .units
             .iter()
-            .map(|u| u.grad.to_dtype(DType::F64)?.sqr()?.sum_all())
-            .collect::<candle_core::Result<Vec<_>>>()?;
+            .map(|u| crate::squares::sum_of_squares(&u.grad))
+            .collect::<Result<Vec<_>>>()?;
         let local = Tensor::stack(&squares, 0)?.sum_all()?.to_scalar::<f64>()?;
         let grad_norm = (self.sum_over_world(local as f32)? as f64).sqrt();
         if !grad_norm.is_finite() {

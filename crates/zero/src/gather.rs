@@ -11,8 +11,9 @@
 
 use std::collections::VecDeque;
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 use comm::{Communicator, Group, Pending};
+use kernels::profile::{scope, Family};
 
 use crate::{Partition, Qwz, Result, ZeroError};
 
@@ -78,7 +79,10 @@ pub(crate) fn start(
         None => {
             let gathering = match qwz {
                 Some(q) => {
-                    let (codes, scales) = quant::tensor::quantize_int8(master, q.block)?;
+                    let (codes, scales) = {
+                        let _span = scope(master.device(), Family::Quantisation);
+                        quant::tensor::quantize_int8(master, q.block)?
+                    };
                     quantized(Group::World, codes, scales)
                 }
                 None => {
@@ -111,6 +115,7 @@ pub(crate) fn finish(
     local_rank: usize,
     keep: bool,
     compute_dtype: DType,
+    device: &Device,
 ) -> Result<(Tensor, Option<Secondary>)> {
     let padded = partition.padded;
     let slice = padded / topology.ranks_per_node;
@@ -118,8 +123,14 @@ pub(crate) fn finish(
     let (full, secondary) = match flight.gathering {
         Gathering::Quantized { codes, scales } => {
             let q = qwz.expect("a quantised gather has a qwZ plan");
-            let (codes, scales) = (codes.wait()?, scales.wait()?);
-            let full = quant::tensor::dequantize_int8(&codes, &scales, q.block, compute_dtype)?;
+            let (codes, scales) = {
+                let _span = scope(device, Family::Communication);
+                (codes.wait()?, scales.wait()?)
+            };
+            let full = {
+                let _span = scope(codes.device(), Family::Quantisation);
+                quant::tensor::dequantize_int8(&codes, &scales, q.block, compute_dtype)?
+            };
             let secondary = match keep {
                 true => {
                     let blocks = slice / q.block;
@@ -133,7 +144,10 @@ pub(crate) fn finish(
             (full, secondary)
         }
         Gathering::Plain(values) => {
-            let full = values.wait()?;
+            let full = {
+                let _span = scope(device, Family::Communication);
+                values.wait()?
+            };
             let secondary = match keep {
                 true => Some(Secondary::Plain(own_slice(
                     &full,

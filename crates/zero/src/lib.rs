@@ -16,6 +16,7 @@ mod optimizer_cuda;
 mod partition;
 mod plan;
 mod reduce;
+mod squares;
 pub mod volume;
 
 pub use config::ZeroConfig;
@@ -26,3 +27,4 @@ pub use error::{Result, ZeroError};
 pub use optimizer::{AdamW, DecayRanges};
 pub use partition::Partition;
 pub use plan::{Qgz, Qwz, Techniques, ZeroPlan};
+pub use squares::sum_of_squares;

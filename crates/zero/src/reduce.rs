@@ -10,8 +10,9 @@
 //! flight while hop 2 of the previous one completes: the engine advances every pending hop 1
 //! when it starts the next reduction.
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 use comm::{Communicator, Group, Pending, Topology};
+use kernels::profile::{scope, Family};
 
 use crate::{Qgz, Result};
 
@@ -69,7 +70,10 @@ pub(crate) fn start(
         ranks_per_node: d,
     } = comm.topology();
     // Swizzled so that chunk j (N slices, of codes and of scales) goes to local rank j.
-    let (packed, scales) = quant::tensor::quantize_int4_swizzled(&grad, nodes, d, q.block)?;
+    let (packed, scales) = {
+        let _span = scope(grad.device(), Family::Quantisation);
+        quant::tensor::quantize_int4_swizzled(&grad, nodes, d, q.block)?
+    };
     Ok(Reduction::QgzHop1 {
         unit,
         hop: Hop::issue(comm, Group::IntraNode, packed, scales),
@@ -78,14 +82,24 @@ pub(crate) fn start(
 
 /// Moves a hop-1 reduction to hop 2: waits for hop 1, sums the node's D pieces in the fused
 /// dequantise-sum-requantise, and sends slice n' to node n'. Other reductions pass through.
-pub(crate) fn advance(comm: &dyn Communicator, r: Reduction, qgz: Qgz) -> Result<Reduction> {
+pub(crate) fn advance(
+    comm: &dyn Communicator,
+    r: Reduction,
+    qgz: Qgz,
+    device: &Device,
+) -> Result<Reduction> {
     let Reduction::QgzHop1 { unit, hop } = r else {
         return Ok(r);
     };
     let d = comm.topology().ranks_per_node;
-    let (packed, scales) = hop.wait()?;
-    let (packed, scales) =
-        quant::tensor::dequantize_sum_requantize_int4(&packed, &scales, d, qgz.block)?;
+    let (packed, scales) = {
+        let _span = scope(device, Family::Communication);
+        hop.wait()?
+    };
+    let (packed, scales) = {
+        let _span = scope(packed.device(), Family::Quantisation);
+        quant::tensor::dequantize_sum_requantize_int4(&packed, &scales, d, qgz.block)?
+    };
     Ok(Reduction::QgzHop2 {
         unit,
         hop: Hop::issue(comm, Group::InterNode, packed, scales),
@@ -97,17 +111,25 @@ pub(crate) fn finish(
     comm: &dyn Communicator,
     r: Reduction,
     qgz: Option<Qgz>,
+    device: &Device,
 ) -> Result<(usize, Tensor)> {
     match r {
-        Reduction::Plain { unit, pending } => Ok((unit, pending.wait()?)),
+        Reduction::Plain { unit, pending } => {
+            let _span = scope(device, Family::Communication);
+            Ok((unit, pending.wait()?))
+        }
         Reduction::QgzHop1 { .. } => {
             let q = qgz.expect("a qgZ reduction has a qgZ plan");
-            finish(comm, advance(comm, r, q)?, qgz)
+            finish(comm, advance(comm, r, q, device)?, qgz, device)
         }
         Reduction::QgzHop2 { unit, hop } => {
             let q = qgz.expect("a qgZ reduction has a qgZ plan");
             let nodes = comm.topology().nodes;
-            let (packed, scales) = hop.wait()?;
+            let (packed, scales) = {
+                let _span = scope(device, Family::Communication);
+                hop.wait()?
+            };
+            let _span = scope(packed.device(), Family::Quantisation);
             Ok((
                 unit,
                 quant::tensor::dequantize_sum_int4(&packed, &scales, nodes, q.block)?,
@@ -143,8 +165,14 @@ mod tests {
         comm::run_local(topology, |c| -> crate::Result<_> {
             let g = grad(c.rank());
             let g = Tensor::from_vec(g.clone(), g.len(), &candle_core::Device::Cpu)?;
-            let quantised = finish(&c, start(&c, 0, g.clone(), Some(q))?, Some(q))?.1;
-            let plain = finish(&c, start(&c, 0, g, None)?, None)?.1;
+            let quantised = finish(
+                &c,
+                start(&c, 0, g.clone(), Some(q))?,
+                Some(q),
+                &candle_core::Device::Cpu,
+            )?
+            .1;
+            let plain = finish(&c, start(&c, 0, g, None)?, None, &candle_core::Device::Cpu)?.1;
             let mean = |t: Tensor| -> crate::Result<Vec<f32>> {
                 Ok(t.to_vec1::<f32>()?.iter().map(|v| v / w).collect())
             };
