@@ -254,6 +254,61 @@ fn attention_timing_h200_shape() {
         2.5 * flops / tb / 1e12
     );
     let dqkv = attention_backward(&dy, &saved).expect("backward");
+    let top = dqkv
+        .to_dtype(DType::F32)
+        .and_then(|x| x.abs())
+        .and_then(|x| x.max_all())
+        .and_then(|x| x.to_scalar::<f32>())
+        .expect("max");
+    for (keys, early_p) in [(64usize, false), (64, true), (128, false), (128, true)] {
+        let tk = time(&|| {
+            model::layers::attention_backward_tiled(&dy, &saved, keys, early_p)
+                .expect("backward tiled");
+        });
+        let dk = model::layers::attention_backward_tiled(&dy, &saved, keys, early_p)
+            .expect("backward tiled")
+            .expect("the kernel takes hs 64");
+        let diff = (dk.to_dtype(DType::F32).unwrap() - dqkv.to_dtype(DType::F32).unwrap())
+            .and_then(|d| d.abs())
+            .and_then(|d| d.max_all())
+            .and_then(|d| d.to_scalar::<f32>())
+            .expect("diff");
+        println!(
+            "attention backward with {keys} keys a CTA, early P {early_p}: {:.1} us = {:.0} \
+             TFLOP/s (max |diff| to the default {diff:.3e})",
+            tk * 1e6,
+            2.5 * flops / tk / 1e12
+        );
+        assert!(
+            diff <= 1e-2 * top,
+            "{keys} keys a CTA, early P {early_p} give another dqkv: max |diff| {diff}, \
+             max |dqkv| {top}"
+        );
+    }
+    let tp = time(&|| {
+        model::layers::attention_backward_tiled(&dy, &saved, 0, false).expect("pre/post");
+    });
+    println!(
+        "attention backward pre- and post-passes alone (D, zeroing and converting dq): {:.1} us",
+        tp * 1e6
+    );
+    // The other head sizes at the same C and T.
+    for hs in [32usize, 128] {
+        let nh = c / hs;
+        let (_, saved) = attention_forward(&qkv, nh).expect("forward");
+        for (keys, early_p) in [(64usize, false), (64, true), (128, false), (128, true)] {
+            let tk = time(&|| {
+                model::layers::attention_backward_tiled(&dy, &saved, keys, early_p)
+                    .expect("backward");
+            });
+            println!(
+                "attention backward hs {hs} with {keys} keys a CTA, early P {early_p}: {:.1} us \
+                 = {:.0} TFLOP/s",
+                tk * 1e6,
+                2.5 * flops / tk / 1e12
+            );
+        }
+    }
     for (name, x) in [("y", &y), ("dqkv", &dqkv)] {
         let bad = x
             .to_dtype(DType::F32)

@@ -11,6 +11,8 @@
 // Defines (from the launcher; defaults let the file compile alone):
 //   HS    head size, 16, 32, 64 or 128 (one module per head size)
 //   BLOCK query rows = key rows of a tile, 64 (or 128); BLOCK/16 warps a CTA, 16 rows a warp.
+//   BKEYS keys a backward CTA, BLOCK or 2*BLOCK (BKEYS/16 warps; 2*BLOCK needs HS >= 32).
+//   BWD_EARLY_P backward order, 0 or 1 (see the kernel).
 //
 // Kernels and launch shapes:
 //   attention_forward_kernel   grid (B*NH, ceil(T/BLOCK)), block 2*BLOCK threads,
@@ -20,21 +22,35 @@
 //       (last ones) are launched first (blockIdx.y reversed).
 //   attention_backward_preprocess  grid ceil(B*T*C/8 / 256), block 256: D[b,h,t] = sum_d dy*y,
 //       and zeroes the f32 dq accumulator (B, T, C).
-//   attention_backward_kernel  grid (B*NH, ceil(T/BLOCK)), block 2*BLOCK threads,
-//       dynamic smem 6 tiles (K, V, 2x Q, 2x dO) + dS (BLOCK x BLOCK+8 bf16) + lse/D = 64 KiB
-//       at HS=64. One CTA = one key block of one head; each warp owns 16 keys (its dK, dV rows in
-//       registers) and loops over query blocks from the diagonal to the end, Q/dO/lse/D
-//       double-buffered. dQ += dS K goes to the f32 accumulator with atomics (red.global.add),
-//       so dq's summation order over key blocks is NOT deterministic (dk, dv are).
+//   attention_backward_kernel  grid (B*NH, ceil(T/BKEYS)), block 2*BKEYS threads,
+//       dynamic smem K, V (BKEYS rows), 2x Q, 2x dO (BLOCK rows), dS^T (BKEYS x BLOCK+8 bf16),
+//       lse/D: 91 KiB at HS=64, BKEYS=128 (one CTA of 8 warps a SM at 244 registers).
+//       One CTA = one key block of one head; each warp owns 16 keys (its dK, dV rows in
+//       registers) and loops over BLOCK-row query blocks from the diagonal to the end, Q/dO/lse/D
+//       double-buffered (cp.async of block qb+1 issued before block qb's math). Warps whose keys
+//       all lie after a query block skip its mma. dQ += dS K (warps split over the query rows
+//       and HS columns) goes to the f32 accumulator with red.global.add.v4.f32 (lane pairs
+//       swap halves so each lane holds 4 adjacent columns), so dq's summation order over key
+//       blocks is NOT deterministic (dk, dv are). The launcher picks (BKEYS, BWD_EARLY_P) by
+//       HS: 16 (64, 0), 32 (64, 0), 64 (128, 0), 128 (128, 1).
 //   attention_backward_dq      grid ceil(B*T*C/8 / 256), block 256: dqkv[:, :, :C] = bf16(acc).
 //
 // Bound: tensor-core FLOPs (causal: forward 2*B*NH*T*T*HS, backward 2.5x that); K/V (Q/dO) tiles
 // come from L2 once per CTA. The FA2 references on the H200 at (B, NH, T, HS) = (16, 16, 1024, 64):
-// ~194 TFLOP/s forward, ~141 backward. Share reached: to be measured on the GPU
-// (tests/gpu/attention.rs prints the timings of its largest shape).
+// ~194 TFLOP/s forward, ~141 backward (cuDNN 228).
+// Measured on the H200 at that shape (attention_timing_h200_shape in tests/gpu/attention.rs:
+// `gpu-tests --test-threads=1 --nocapture attention`, whole backward = pre-pass + main + dq
+// conversion, mean of 20): forward 170-177 us = 194-202 TFLOP/s; backward 592-612 us =
+// 140-145 TFLOP/s (BKEYS 128, BWD_EARLY_P 0), of which the pre-pass and the dq conversion
+// alone take 91.5 us (the next lever: fuse them). Before: 859 us = 100 TFLOP/s (BKEYS 64,
+// scalar f32 atomics for dQ); BKEYS 64 with the vector reductions: 672-690 us. Other HS at C 1024:
+// HS 32 713-732 us at BKEYS 64 or 128; HS 128 559 us (BKEYS 128, BWD_EARLY_P 1) against 829 us at
+// BKEYS 64 (spills). BWD_EARLY_P 1 costs ~2% at HS 64 (615 us) though it frees 16 registers.
+// A second dS^T buffer to save one barrier a query block measured no gain (not kept).
 //
-// Registers (NVRTC PTX -> ptxas sm_90, BLOCK 64): forward 96/116/166/239 at HS 16/32/64/128,
-// backward 168/236/245/255, no spills except the backward at HS 128 (140 bytes).
+// Registers (nvcc -arch=sm_90 -Xptxas -v, spill bytes in brackets): forward (BLOCK 64)
+// 96/116/166/239 at HS 16/32/64/128; backward at the launcher's picks 148/200/244/255 (0/0/0/0),
+// at BKEYS 64: 148/200/250/255 (0/0/0/44).
 //
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 fragments (PTX ISA, "Matrix Fragments for
 // mma.m16n8k16"), g = lane>>2, c = lane&3, each register two bf16 (lower column in the low half):
@@ -52,21 +68,34 @@
 #ifndef BLOCK
 #define BLOCK 64
 #endif
+// Keys a backward CTA (BKEYS/16 warps, 16 keys a warp); its query tiles have BLOCK rows.
+#ifndef BKEYS
+#define BKEYS BLOCK
+#endif
+// Backward order: 1 = dV += P^T dO right after P^T, which then stays as bf16 fragments (dS^T
+// uses the bf16 P^T); 0 = S^T and dP^T both in f32 registers, then dV and dK together.
+#ifndef BWD_EARLY_P
+#define BWD_EARLY_P 0
+#endif
 
 static_assert(HS == 16 || HS == 32 || HS == 64 || HS == 128, "HS must be 16, 32, 64 or 128");
 static_assert(BLOCK == 64 || BLOCK == 128, "BLOCK must be 64 or 128");
+static_assert(BKEYS == BLOCK || BKEYS == 2 * BLOCK, "BKEYS must be BLOCK or 2 BLOCK");
 
 #define NWARPS (BLOCK / 16)
 // CTAs a SM the register allocation aims for (__launch_bounds__ minimum). BLOCK 64: forward 3
 // (<= 170 registers; its 46 KiB of tiles fit 3 times) or 2 at HS 128, backward 2 (<= 255) or 1 at
 // HS 128. BLOCK 128 (8 warps, 255 registers): meant for the forward; the backward spills there.
 #define FWD_MIN_CTAS (BLOCK == 64 ? (HS <= 64 ? 3 : 2) : 1)
-#define BWD_MIN_CTAS (BLOCK == 64 && HS <= 64 ? 2 : 1)
+#define BWD_MIN_CTAS (BKEYS == 64 && HS <= 64 ? 2 : 1)
 #define NTHREADS (NWARPS * 32)
+#define BWD_WARPS (BKEYS / 16)
+#define BWD_THREADS (BWD_WARPS * 32)
 // Padded shared row: HS + 8 bf16, so the 8 rows one ldmatrix phase reads sit in 8 distinct
 // 16-byte bank groups (row stride = 16 bytes mod 128 for every HS here): no bank conflicts.
 #define SROW (HS + 8)
 #define TILE_BYTES (BLOCK * SROW * 2)
+#define KTILE_BYTES (BKEYS * SROW * 2)
 // dS^T tile (keys x queries) in the backward, padded the same way.
 #define SDS (BLOCK + 8)
 #define LOG2E 1.4426950408889634f
@@ -177,18 +206,31 @@ __device__ __forceinline__ void acc_to_a(u32 (&a)[4], const float (&lo)[4], cons
 
 // Rows row0..row0+BLOCK-1 of one head's HS columns, element (r, d) at g[r * ld + d], into a
 // padded tile at s; rows >= nrows are zero-filled (so masked scores times them stay finite).
-__device__ __forceinline__ void load_tile(u32 s, const bf16* g, long long ld, int row0, int nrows,
+// (ROWS rows, THREADS threads loading.)
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void load_rows(u32 s, const bf16* g, long long ld, int row0, int nrows,
                                           int tid) {
     constexpr int CPR = HS / 8;  // 16-byte chunks a row
-    static_assert((BLOCK * CPR) % NTHREADS == 0, "tile chunks split evenly");
 #pragma unroll
-    for (int it = 0; it < BLOCK * CPR / NTHREADS; ++it) {
-        const int i = it * NTHREADS + tid;
+    for (int it = 0; it < (ROWS * CPR + THREADS - 1) / THREADS; ++it) {
+        const int i = it * THREADS + tid;
+        if ((ROWS * CPR) % THREADS != 0 && i >= ROWS * CPR) break;
         const int r = i / CPR, ch = i % CPR;
         const bool ok = row0 + r < nrows;
         const bf16* src = g + (long long)(ok ? row0 + r : 0) * ld + ch * 8;
         cp_async16(s + (r * SROW + ch * 8) * 2, src, ok);
     }
+}
+__device__ __forceinline__ void load_tile(u32 s, const bf16* g, long long ld, int row0, int nrows,
+                                          int tid) {
+    load_rows<BLOCK, NTHREADS>(s, g, ld, row0, nrows, tid);
+}
+
+// dst[0..3] += v (f32, 16-byte aligned), one vector reduction (sm_90).
+__device__ __forceinline__ void red_add_v4(float* dst, float a, float b, float c, float d) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(a), "f"(b),
+                 "f"(c), "f"(d)
+                 : "memory");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -382,7 +424,7 @@ extern "C" __global__ void attention_backward_preprocess(float* __restrict__ dsu
 
 // dqkv (B, T, 3C): k and v columns <- dK, dV; dq_acc (B, T, C) f32 += dQ / scale.
 // Reads qkv (B, T, 3C), dy (B, T, C), lse and dsum (B, NH, T).
-extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_MIN_CTAS)
+extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_CTAS)
     attention_backward_kernel(bf16* __restrict__ dqkv, float* __restrict__ dq_acc,
                               const bf16* __restrict__ qkv, const bf16* __restrict__ dy,
                               const float* __restrict__ lse, const float* __restrict__ dsum,
@@ -392,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_MIN_CTAS)
     const long long ld = 3LL * C;
     const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int kb = blockIdx.y;  // key block; the first ones have the most query blocks
-    const int nqb = gridDim.y;
+    const int nqb = (T + BLOCK - 1) / BLOCK;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3;
 
@@ -403,44 +445,97 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_MIN_CTAS)
     const float* lseg = lse + (long long)bh * T;
     const float* dsg = dsum + (long long)bh * T;
 
-    // Shared: K, V, Q[2], dO[2] tiles, then dS^T (BLOCK x SDS bf16), then lse[2], D[2] (f32).
+    // Shared: K, V, Q[2], dO[2] tiles, then dS^T (BKEYS x SDS bf16), then lse[2], D[2] (f32).
+    // K and V have BKEYS rows, Q and dO BLOCK.
     const u32 sK = smem_u32(smem);
-    const u32 sV = sK + TILE_BYTES;
-    auto sQ = [&](int i) { return sK + (u32)TILE_BYTES * (2 + i); };
-    auto sdO = [&](int i) { return sK + (u32)TILE_BYTES * (4 + i); };
-    const u32 sdS = sK + 6u * TILE_BYTES;
-    unsigned char* sdS_ptr = smem + 6 * TILE_BYTES;
-    float* sL = (float*)(smem + 6 * TILE_BYTES + BLOCK * SDS * 2);  // [2][BLOCK]
-    float* sD = sL + 2 * BLOCK;                                     // [2][BLOCK]
+    const u32 sV = sK + KTILE_BYTES;
+    auto sQ = [&](int i) { return sK + 2u * KTILE_BYTES + (u32)TILE_BYTES * i; };
+    auto sdO = [&](int i) { return sK + 2u * KTILE_BYTES + (u32)TILE_BYTES * (2 + i); };
+    constexpr int DS_OFF = 2 * KTILE_BYTES + 4 * TILE_BYTES;
+    const u32 sdS = sK + DS_OFF;
+    u32* dsw = (u32*)(smem + DS_OFF);
+    float* sL = (float*)(smem + DS_OFF + BKEYS * SDS * 2);  // [2][BLOCK]
+    float* sD = sL + 2 * BLOCK;                             // [2][BLOCK]
 
     // Query block qbl's Q, dO, lse, D into buffer i (threads 0..BLOCK-1 lse, the rest D).
     auto load_qblock = [&](int i, int qbl) {
-        load_tile(sQ(i), qg, ld, qbl * BLOCK, T, tid);
-        load_tile(sdO(i), dog, C, qbl * BLOCK, T, tid);
-        const int r = tid % BLOCK, t = qbl * BLOCK + r;
-        const bool ok = t < T;
-        const float* src = (tid < BLOCK ? lseg : dsg) + (ok ? t : 0);
-        float* dst = (tid < BLOCK ? sL : sD) + i * BLOCK + r;
-        cp_async4(smem_u32(dst), src, ok);
+        load_rows<BLOCK, BWD_THREADS>(sQ(i), qg, ld, qbl * BLOCK, T, tid);
+        load_rows<BLOCK, BWD_THREADS>(sdO(i), dog, C, qbl * BLOCK, T, tid);
+        if (tid < 2 * BLOCK) {
+            const int r = tid % BLOCK, t = qbl * BLOCK + r;
+            const bool ok = t < T;
+            const float* src = (tid < BLOCK ? lseg : dsg) + (ok ? t : 0);
+            float* dst = (tid < BLOCK ? sL : sD) + i * BLOCK + r;
+            cp_async4(smem_u32(dst), src, ok);
+        }
     };
 
-    load_tile(sK, kg, ld, kb * BLOCK, T, tid);
-    load_tile(sV, vg, ld, kb * BLOCK, T, tid);
-    load_qblock(0, kb);
+    const int qb0 = kb * (BKEYS / BLOCK);  // first query block with a query >= a key of ours
+    load_rows<BKEYS, BWD_THREADS>(sK, kg, ld, kb * BKEYS, T, tid);
+    load_rows<BKEYS, BWD_THREADS>(sV, vg, ld, kb * BKEYS, T, tid);
+    load_qblock(0, qb0);
     cp_async_commit();
 
     // This thread's keys: s_lo (c0, c1 of every tile) and s_lo + 8 (c2, c3).
-    const int s_lo = kb * BLOCK + warp * 16 + g;
+    const int s_lo = kb * BKEYS + warp * 16 + g;
     float dk[HS / 8][4], dv[HS / 8][4];
 #pragma unroll
     for (int i = 0; i < HS / 8; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) dk[i][j] = dv[i][j] = 0.f;
 
-    for (int qb = kb, it = 0; qb < nqb; ++qb, ++it) {
+    // dQ of query block qbl += dS K over the CTA's BKEYS keys, dS^T from the shared buffer sdSb:
+    // warp w takes queries (w % RG)*16..+15 of the block and HSW of the HS columns (BKEYS/BLOCK
+    // warps a row group), in column chunks of at most 64 to bound registers. f32 vector
+    // reductions into dq_acc: lane pairs (c, c^1) swap halves so that each lane holds 4
+    // adjacent columns of one row (even c: row g, odd c: row g+8).
+    auto dq_block = [&](int qbl, u32 sdSb) {
+        constexpr int RG = BLOCK / 16, HSW = HS * RG / BWD_WARPS;
+        constexpr int DQC = HSW < 64 ? HSW : 64;
+        static_assert(HSW >= 16, "dQ column slices of at least 16");
+        const int rg = warp % RG, col0 = (warp / RG) * HSW;
+        const int odd = c & 1;
+        const int t_dq = qbl * BLOCK + rg * 16 + g + 8 * odd;
+#pragma unroll
+        for (int dc = 0; dc < HSW / DQC; ++dc) {
+            float dq[DQC / 8][4];
+#pragma unroll
+            for (int i = 0; i < DQC / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < BKEYS / 16; ++ks) {
+                u32 a[4];
+                frag_a_trans(a, sdSb, SDS, rg * 16, ks * 16, lane);
+#pragma unroll
+                for (int dp = 0; dp < DQC / 16; ++dp) {
+                    u32 f[4];
+                    frag_b_kn(f, sK, SROW, ks * 16, col0 + dc * DQC + dp * 16, lane);
+                    mma16816(dq[2 * dp], a, f[0], f[1]);
+                    mma16816(dq[2 * dp + 1], a, f[2], f[3]);
+                }
+            }
+            float* dst = dq_acc + ((long long)b * T + t_dq) * C + h * HS + col0 + dc * DQC +
+                         2 * (c & ~1);
+#pragma unroll
+            for (int dt = 0; dt < DQC / 8; ++dt) {
+                // even c sends its row g+8 pair, odd c its row g pair.
+                const float s0 = odd ? dq[dt][0] : dq[dt][2];
+                const float s1 = odd ? dq[dt][1] : dq[dt][3];
+                const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+                const float r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+                if (t_dq < T) {
+                    if (odd)
+                        red_add_v4(dst + dt * 8, r0, r1, dq[dt][2], dq[dt][3]);
+                    else
+                        red_add_v4(dst + dt * 8, dq[dt][0], dq[dt][1], r0, r1);
+                }
+            }
+        }
+    };
+
+    for (int qb = qb0, it = 0; qb < nqb; ++qb, ++it) {
         const int buf = it & 1;
         cp_async_wait_all();
-        __syncthreads();  // block qb landed; every warp is done with buffer buf^1 and with dS
+        __syncthreads();  // block qb landed; every warp is done with buffer buf^1 and with dS^T
         if (qb + 1 < nqb) {
             load_qblock(buf ^ 1, qb + 1);
             cp_async_commit();
@@ -448,118 +543,131 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_MIN_CTAS)
         const u32 sQb = sQ(buf), sdOb = sdO(buf);
         const float* sLb = sL + buf * BLOCK;
         const float* sDb = sD + buf * BLOCK;
+        // With 2 query blocks a key block, the upper warps see only queries before their keys in
+        // the first one (all masked): they skip the mma (warp-uniform) and write dS^T = 0 for dQ.
+        const bool live = qb * BLOCK + BLOCK > kb * BKEYS + warp * 16;
+        // P^T = 0 where query < key or query >= T: needed on the diagonal and last blocks.
+        const bool mask = qb * BLOCK < (kb + 1) * BKEYS || (qb + 1) * BLOCK > T;
+        const int r0 = warp * 16 + g;  // this thread's dS^T rows in the block: r0, r0 + 8
 
-        // S^T = K Q^T and dP^T = V dO^T: 16 keys (this warp's) x BLOCK queries.
-        float st[BLOCK / 8][4], dpt[BLOCK / 8][4];
+        // S^T = K Q^T: 16 keys (this warp's) x BLOCK queries.
+        float st[BLOCK / 8][4];
 #pragma unroll
-        for (int i = 0; i < BLOCK / 8; ++i)
+        for (int i = 0; i < BLOCK / 8; ++i) st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.f;
+        if (live) {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) st[i][j] = dpt[i][j] = 0.f;
+            for (int kk = 0; kk < HS / 16; ++kk) {
+                u32 ka[4];
+                frag_a(ka, sK, SROW, warp * 16, kk * 16, lane);
 #pragma unroll
-        for (int kk = 0; kk < HS / 16; ++kk) {
-            u32 ka[4];
-            frag_a(ka, sK, SROW, warp * 16, kk * 16, lane);
-#pragma unroll
-            for (int np = 0; np < BLOCK / 16; ++np) {
-                u32 qf[4];
-                frag_b_nk(qf, sQb, SROW, np * 16, kk * 16, lane);
-                mma16816(st[2 * np], ka, qf[0], qf[1]);
-                mma16816(st[2 * np + 1], ka, qf[2], qf[3]);
+                for (int np = 0; np < BLOCK / 16; ++np) {
+                    u32 qf[4];
+                    frag_b_nk(qf, sQb, SROW, np * 16, kk * 16, lane);
+                    mma16816(st[2 * np], ka, qf[0], qf[1]);
+                    mma16816(st[2 * np + 1], ka, qf[2], qf[3]);
+                }
             }
         }
-#pragma unroll
-        for (int kk = 0; kk < HS / 16; ++kk) {
-            u32 va[4];
-            frag_a(va, sV, SROW, warp * 16, kk * 16, lane);
-#pragma unroll
-            for (int np = 0; np < BLOCK / 16; ++np) {
-                u32 df[4];
-                frag_b_nk(df, sdOb, SROW, np * 16, kk * 16, lane);
-                mma16816(dpt[2 * np], va, df[0], df[1]);
-                mma16816(dpt[2 * np + 1], va, df[2], df[3]);
-            }
-        }
-
-        // P^T = exp(scale * S^T - lse) (the forward's softmax), 0 where query < key or
-        // query >= T; dS^T = P^T * (dP^T - D). Masks are needed on the diagonal and last blocks.
-        const bool mask = qb == kb || (qb + 1) * BLOCK > T;
+        // P^T = exp(scale * S^T - lse) (the forward's softmax), masked.
 #pragma unroll
         for (int nt = 0; nt < BLOCK / 8; ++nt)
 #pragma unroll
             for (int jc = 0; jc < 2; ++jc) {
                 const int qc = nt * 8 + 2 * c + jc;  // query column within the block
                 const int t = qb * BLOCK + qc;
-                const float nl = -sLb[qc] * LOG2E, dd = sDb[qc];
+                const float nl = -sLb[qc] * LOG2E;
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     const int j = 2 * r + jc;
                     float p = ex2(fmaf(st[nt][j], scale_log2, nl));
                     if (mask && (t < s_lo + 8 * r || t >= T)) p = 0.f;
                     st[nt][j] = p;
-                    dpt[nt][j] = p * (dpt[nt][j] - dd);
                 }
             }
+#if BWD_EARLY_P
+        // P^T to bf16 A fragments (k = query), dV += P^T dO now, so that the f32 P^T is dead
+        // before dP^T is live; dS^T below uses the bf16 P^T.
+        u32 pa[BLOCK / 16][4];
+#pragma unroll
+        for (int j = 0; j < BLOCK / 16; ++j) acc_to_a(pa[j], st[2 * j], st[2 * j + 1]);
+        if (live) {
+#pragma unroll
+            for (int j = 0; j < BLOCK / 16; ++j)
+#pragma unroll
+                for (int dp = 0; dp < HS / 16; ++dp) {
+                    u32 f[4];
+                    frag_b_kn(f, sdOb, SROW, j * 16, dp * 16, lane);
+                    mma16816(dv[2 * dp], pa[j], f[0], f[1]);
+                    mma16816(dv[2 * dp + 1], pa[j], f[2], f[3]);
+                }
+        }
+#endif
+        // dP^T = V dO^T.
+        float dpt[BLOCK / 8][4];
+#pragma unroll
+        for (int i = 0; i < BLOCK / 8; ++i) dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.f;
+        if (live) {
+#pragma unroll
+            for (int kk = 0; kk < HS / 16; ++kk) {
+                u32 va[4];
+                frag_a(va, sV, SROW, warp * 16, kk * 16, lane);
+#pragma unroll
+                for (int np = 0; np < BLOCK / 16; ++np) {
+                    u32 df[4];
+                    frag_b_nk(df, sdOb, SROW, np * 16, kk * 16, lane);
+                    mma16816(dpt[2 * np], va, df[0], df[1]);
+                    mma16816(dpt[2 * np + 1], va, df[2], df[3]);
+                }
+            }
+        }
+        // dS^T = P^T * (dP^T - D).
+#pragma unroll
+        for (int nt = 0; nt < BLOCK / 8; ++nt)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float dd = sDb[nt * 8 + 2 * c + (j & 1)];
+#if BWD_EARLY_P
+                // st[nt][j] is half (j & 1) of pa[nt / 2][(nt & 1) * 2 + (j >> 1)].
+                const u32 w = pa[nt >> 1][(nt & 1) * 2 + (j >> 1)];
+                const float p = (j & 1) ? bf16x2_hi(w) : bf16x2_lo(w);
+#else
+                const float p = st[nt][j];
+#endif
+                dpt[nt][j] = p * (dpt[nt][j] - dd);
+            }
 
-        // dV += P^T dO and dK += dS^T Q (k = query: the S^T registers are the A fragments);
-        // dS^T also goes to shared (bf16, as the mma uses it) for dQ.
-        u32* dsw = (u32*)sdS_ptr;
+        // dK += dS^T Q (and dV += P^T dO unless done above): k = query, the accumulator
+        // registers are the A fragments; dS^T also goes to shared (bf16, as the mma uses it).
 #pragma unroll
         for (int j = 0; j < BLOCK / 16; ++j) {
-            u32 pa[4], da[4];
-            acc_to_a(pa, st[2 * j], st[2 * j + 1]);
+            u32 da[4];
             acc_to_a(da, dpt[2 * j], dpt[2 * j + 1]);
             // (key row, query col) of da[i]: (g, 2c), (g+8, 2c), (g, 2c+8), (g+8, 2c+8).
-            const int r0 = warp * 16 + g, c0 = j * 16 + 2 * c;
+            const int c0 = j * 16 + 2 * c;
             dsw[(r0 * SDS + c0) / 2] = da[0];
             dsw[((r0 + 8) * SDS + c0) / 2] = da[1];
             dsw[(r0 * SDS + c0 + 8) / 2] = da[2];
             dsw[((r0 + 8) * SDS + c0 + 8) / 2] = da[3];
+            if (!live) continue;
+#if !BWD_EARLY_P
+            u32 pa[4];
+            acc_to_a(pa, st[2 * j], st[2 * j + 1]);
+#endif
 #pragma unroll
             for (int dp = 0; dp < HS / 16; ++dp) {
                 u32 f[4];
+#if !BWD_EARLY_P
                 frag_b_kn(f, sdOb, SROW, j * 16, dp * 16, lane);
                 mma16816(dv[2 * dp], pa, f[0], f[1]);
                 mma16816(dv[2 * dp + 1], pa, f[2], f[3]);
+#endif
                 frag_b_kn(f, sQb, SROW, j * 16, dp * 16, lane);
                 mma16816(dk[2 * dp], da, f[0], f[1]);
                 mma16816(dk[2 * dp + 1], da, f[2], f[3]);
             }
         }
         __syncthreads();  // dS^T of all warps in shared
-
-        // dQ (this warp: queries warp*16..+15 of the block) += dS K over the CTA's BLOCK keys,
-        // in column chunks of at most 64 to bound registers; f32 atomics into dq_acc.
-        constexpr int DQC = HS < 64 ? HS : 64;
-#pragma unroll
-        for (int dc = 0; dc < HS / DQC; ++dc) {
-            float dq[DQC / 8][4];
-#pragma unroll
-            for (int i = 0; i < DQC / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
-#pragma unroll
-            for (int ks = 0; ks < BLOCK / 16; ++ks) {
-                u32 a[4];
-                frag_a_trans(a, sdS, SDS, warp * 16, ks * 16, lane);
-#pragma unroll
-                for (int dp = 0; dp < DQC / 16; ++dp) {
-                    u32 f[4];
-                    frag_b_kn(f, sK, SROW, ks * 16, dc * DQC + dp * 16, lane);
-                    mma16816(dq[2 * dp], a, f[0], f[1]);
-                    mma16816(dq[2 * dp + 1], a, f[2], f[3]);
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int t = qb * BLOCK + warp * 16 + g + 8 * r;
-                if (t < T) {
-                    float* dst = dq_acc + ((long long)b * T + t) * C + h * HS + dc * DQC + 2 * c;
-#pragma unroll
-                    for (int dt = 0; dt < DQC / 8; ++dt) {
-                        atomicAdd(dst + dt * 8, dq[dt][2 * r]);
-                        atomicAdd(dst + dt * 8 + 1, dq[dt][2 * r + 1]);
-                    }
-                }
-            }
-        }
+        dq_block(qb, sdS);
     }
 
     // dK = scale * dS^T Q, dV = P^T dO, rows of keys < T, into dqkv's k and v columns.

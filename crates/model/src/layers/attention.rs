@@ -67,6 +67,24 @@ pub fn attention_forward_tiled(
     cuda::forward_tiled(qkv, n_head, block)
 }
 
+/// [`attention_backward`] on the GPU with `keys` (64 or 128) keys a CTA and the kernel's
+/// `BWD_EARLY_P` order `early_p`: for the tuning benchmark in tests/gpu/attention.rs. `keys` 0
+/// runs only the pre- and post-passes (dqkv's k and v columns are left undefined), to time them.
+/// `None` where the kernel does not take the input (also hs 16 with 128 keys).
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub fn attention_backward_tiled(
+    dy: &Tensor,
+    saved: &AttSaved,
+    keys: usize,
+    early_p: bool,
+) -> Result<Option<Tensor>> {
+    if !matches!(keys, 0 | 64 | 128) {
+        return Ok(None);
+    }
+    cuda::backward_tiled(dy, saved, Some((keys, early_p)))
+}
+
 /// Gradient of [`attention_forward`]: `dy (B, T, C)` -> `dqkv (B, T, 3C)`.
 pub fn attention_backward(dy: &Tensor, saved: &AttSaved) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
@@ -170,8 +188,18 @@ mod cuda {
 
     /// Query rows = key rows of a tile (the kernels' `BLOCK`: `BLOCK/16` warps a CTA).
     const FWD_BLOCK: usize = 64;
-    /// The backward's tile (64: at 128 its registers spill).
+    /// The backward's query tile (64: at 128 its registers spill).
     const BWD_BLOCK: usize = 64;
+    /// The backward's tuning by head size: (keys a CTA = the kernel's `BKEYS`, `BKEYS/16` warps;
+    /// its `BWD_EARLY_P` order), the fastest measured on the H200 at T 1024, C 1024 (see
+    /// attention.cu's header). hs 16 cannot take 128 keys.
+    fn bwd_tune(hs: usize) -> (usize, bool) {
+        match hs {
+            64 => (128, false),
+            128 => (128, true),
+            _ => (64, false),
+        }
+    }
     /// Threads a block of the element-wise pre/post kernels.
     const ELEM_THREADS: u32 = 256;
 
@@ -288,9 +316,19 @@ mod cuda {
     /// The flash backward, or `None` for shapes the kernel does not take.
     ///
     /// `dy (B, T, C)` -> `dqkv (B, T, 3C)`: a pre-pass (`D = rowsum(dy * y)` and zeroing the f32
-    /// dq accumulator), the main kernel (grid `(B*NH, T/64)`, 128 threads, one CTA a key block;
-    /// dq by f32 atomics, so its summation order is not deterministic) and the dq conversion.
+    /// dq accumulator), the main kernel (grid `(B*NH, T/keys)`, `2*keys` threads, one CTA a block
+    /// of `keys` = 64 or 128 keys by hs (`bwd_tune`); dq by f32 vector atomics, so its summation
+    /// order is not deterministic) and the dq conversion.
     pub(super) fn attention_backward(dy: &Tensor, saved: &AttSaved) -> Result<Option<Tensor>> {
+        backward_tiled(dy, saved, None)
+    }
+
+    /// [`attention_backward`] with `(keys a CTA, BWD_EARLY_P)` = `tune` (`None`: the defaults).
+    pub(crate) fn backward_tiled(
+        dy: &Tensor,
+        saved: &AttSaved,
+        tune: Option<(usize, bool)>,
+    ) -> Result<Option<Tensor>> {
         let AttSaved {
             qkv,
             y,
@@ -328,7 +366,19 @@ mod cuda {
         let scale_log2 = scale * std::f32::consts::LOG2_E;
         let (bt_i, t_i, nh_i) = ((b * t) as i32, t as i32, n_head as i32);
 
-        let module = defines(hs, BWD_BLOCK);
+        let (keys, early_p) = tune.unwrap_or_else(|| bwd_tune(hs));
+        // keys 0 (tuning only): the pre- and post-passes alone, to time them.
+        let (keys, main_pass) = if keys == 0 { (64, false) } else { (keys, true) };
+        if keys == 128 && hs == 16 {
+            return Ok(None);
+        }
+        let [d_hs, d_block] = defines(hs, BWD_BLOCK);
+        let module = [
+            d_hs,
+            d_block,
+            ("BKEYS", keys as i64),
+            ("BWD_EARLY_P", early_p as i64),
+        ];
         let pre = gpu::function(
             &dev,
             &kernels::ATTENTION,
@@ -345,10 +395,12 @@ mod cuda {
             )?;
         }
 
-        // K, V, double-buffered Q and dO, dS^T (BLOCK x (BLOCK + 8) bf16), lse and D (2 x 2 x
-        // BLOCK f32): attention.cu's shared layout.
-        let smem =
-            6 * tile_bytes(BWD_BLOCK, hs) + BWD_BLOCK * (BWD_BLOCK + 8) * 2 + 4 * BWD_BLOCK * 4;
+        // K, V (BKEYS rows), double-buffered Q and dO (BLOCK rows), dS^T (BKEYS x (BLOCK + 8)
+        // bf16), lse and D (2 x 2 x BLOCK f32): attention.cu's shared layout.
+        let smem = 2 * tile_bytes(keys, hs)
+            + 4 * tile_bytes(BWD_BLOCK, hs)
+            + keys * (BWD_BLOCK + 8) * 2
+            + 4 * BWD_BLOCK * 4;
         let main = gpu::function(
             &dev,
             &kernels::ATTENTION,
@@ -357,30 +409,32 @@ mod cuda {
         )?;
         allow_smem(&main, smem)?;
         let cfg = LaunchConfig {
-            grid_dim: ((b * n_head) as u32, t.div_ceil(BWD_BLOCK) as u32, 1),
-            block_dim: ((BWD_BLOCK / 16 * 32) as u32, 1, 1),
+            grid_dim: ((b * n_head) as u32, t.div_ceil(keys) as u32, 1),
+            block_dim: ((keys / 16 * 32) as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        // SAFETY: dqkv (B*T*3C bf16): the kernel writes every k and v column; dq_acc was zeroed
-        // above on the same stream; qkv (B*T*3C), dy (B*T*C) bf16, lse and dsum (B*NH*T) f32;
-        // the arguments match attention_backward_kernel's list.
-        unsafe {
-            gpu::launch(
-                &main,
-                cfg,
-                &[
-                    &p_dqkv,
-                    &p_acc,
-                    &p_qkv,
-                    &p_dy,
-                    &p_lse,
-                    &p_dsum,
-                    &t_i,
-                    &nh_i,
-                    &scale_log2,
-                    &scale,
-                ],
-            )?;
+        if main_pass {
+            // SAFETY: dqkv (B*T*3C bf16): the kernel writes every k and v column; dq_acc was
+            // zeroed above on the same stream; qkv (B*T*3C), dy (B*T*C) bf16, lse and dsum
+            // (B*NH*T) f32; the arguments match attention_backward_kernel's list.
+            unsafe {
+                gpu::launch(
+                    &main,
+                    cfg,
+                    &[
+                        &p_dqkv,
+                        &p_acc,
+                        &p_qkv,
+                        &p_dy,
+                        &p_lse,
+                        &p_dsum,
+                        &t_i,
+                        &nh_i,
+                        &scale_log2,
+                        &scale,
+                    ],
+                )?;
+            }
         }
 
         let conv = gpu::function(&dev, &kernels::ATTENTION, &module, "attention_backward_dq")?;
