@@ -313,13 +313,8 @@ impl Engine {
                 )?);
             }
         }
-        let numel = grad.elem_count();
         let copies = scope(&self.opts.device, Family::ZeroCopies);
-        let full = grad.to_dtype(DType::F32)?.pad_with_zeros(
-            0,
-            0,
-            self.units[u].partition.padded - numel,
-        )?;
+        let full = crate::copies::grad_to_f32_padded(grad, self.units[u].partition.padded)?;
         drop(copies);
         pending.push_back(reduce::start(self.comm.as_ref(), u, full, qgz)?);
         while pending.len() > REDUCTIONS_IN_FLIGHT {
@@ -339,12 +334,7 @@ impl Engine {
         let unit = &mut self.units[u];
         let coef = scale / unit.partition.world as f32;
         // One pass fewer in the common case (one micro-batch, one rank): no scaling.
-        let sum = if coef == 1.0 {
-            sum
-        } else {
-            sum.affine(coef as f64, 0.0)?
-        };
-        unit.grad = (&unit.grad + sum)?;
+        unit.grad = crate::copies::accumulate(&unit.grad, &sum, coef)?;
         Ok(())
     }
 

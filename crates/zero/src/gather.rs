@@ -85,9 +85,10 @@ pub(crate) fn start(
                     };
                     quantized(Group::World, codes, scales)
                 }
-                None => {
-                    Gathering::Plain(comm.all_gather(Group::World, master.to_dtype(compute_dtype)?))
-                }
+                None => Gathering::Plain(comm.all_gather(
+                    Group::World,
+                    crate::copies::cast_for_gather(master, compute_dtype)?,
+                )),
             };
             (Source::World, gathering)
         }

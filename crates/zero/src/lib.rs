@@ -7,6 +7,7 @@
 //! to [`Engine`]; the world size and the ZeRO++ options are resolved once into a [`ZeroConfig`].
 
 mod config;
+mod copies;
 mod engine;
 mod error;
 mod gather;
