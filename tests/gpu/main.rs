@@ -9,6 +9,7 @@ mod elementwise;
 mod embedding;
 mod engine;
 mod layernorm;
+mod linear;
 mod model;
 mod nccl;
 mod quant;

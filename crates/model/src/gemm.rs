@@ -1,11 +1,12 @@
 //! GEMMs on the GPU through cuBLASLt (feature `cuda`), in row-major terms, with the epilogues
-//! the layers use: a bias added to every row, and a residual matrix added (`D = A B + bias + C`
-//! with C and D distinct). bf16 inputs, f32 accumulation and scaling, bf16 or f32 output. No
+//! the layers use: a bias added to every row, a residual matrix added (`D = A B + bias + C`
+//! with C and D distinct), GELU with its input kept, and GELU's backward with a bias gradient. bf16 inputs, f32 accumulation and scaling, bf16 or f32 output. No
 //! transpose is ever copied: a row-major `(R, S)` matrix is cuBLAS's column-major `(S, R)`, so
 //! every product here is one cuBLASLt call with the right transpose flags.
 //!
-//! One cuBLASLt handle and a 32 MiB workspace per CUDA stream, made at first use. The algorithm
-//! is cuBLASLt's first heuristic pick for the shape, kept per (shape, flags) for the process.
+//! One cuBLASLt handle and a 32 MiB workspace per CUDA stream, made at first use. Each shape's
+//! descriptors and algorithm (cuBLASLt's first heuristic pick) are made once and kept with the
+//! handle, so a call costs only the pointer attributes and the launch on the host.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -26,6 +27,8 @@ struct Lt {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     stream: Arc<CudaStream>,
+    /// Descriptors, layouts and algorithm of every shape seen on this stream.
+    plans: HashMap<AlgoKey, Plan>,
 }
 
 // SAFETY: the handle is only used with its own stream; cuBLASLt handles may be shared between
@@ -37,16 +40,11 @@ fn lt_error(e: impl std::fmt::Debug) -> ModelError {
 }
 
 /// Key of an algorithm choice: every argument of the heuristic query.
-type AlgoKey = (u64, u64, u64, bool, bool, i64, i64, i64, u8, u8, bool, bool);
+type AlgoKey = (u64, u64, u64, bool, bool, i64, i64, i64, u8, u8, u8, bool);
 
 fn handles() -> &'static Mutex<HashMap<usize, Arc<Mutex<Lt>>>> {
     static H: OnceLock<Mutex<HashMap<usize, Arc<Mutex<Lt>>>>> = OnceLock::new();
     H.get_or_init(Default::default)
-}
-
-fn algos() -> &'static Mutex<HashMap<AlgoKey, sys::cublasLtMatmulAlgo_t>> {
-    static A: OnceLock<Mutex<HashMap<AlgoKey, sys::cublasLtMatmulAlgo_t>>> = OnceLock::new();
-    A.get_or_init(Default::default)
 }
 
 /// The handle of `dev`'s stream, made at first use.
@@ -65,6 +63,7 @@ fn lt_for(dev: &CudaDevice) -> Result<Arc<Mutex<Lt>>> {
         handle,
         workspace,
         stream,
+        plans: HashMap::new(),
     }));
     map.insert(key, h.clone());
     Ok(h)
@@ -78,7 +77,34 @@ fn cuda_type(d: DType) -> Result<sys::cudaDataType> {
     }
 }
 
-/// A column-major product `D (m, n) = op(A) op(B) [+ bias (m)] [+ C (m, n)]` (cuBLAS terms).
+/// What cuBLASLt does to the product before storing D (`m` = rows of D, column-major).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Epilogue {
+    /// `D = op(A) op(B) [+ C]`.
+    None,
+    /// `D = op(A) op(B) + bias [+ C]`, `bias` one value a row (D's type).
+    Bias(u64),
+    /// `aux = op(A) op(B) + bias`, `D = gelu(aux)` (tanh form): a forward linear layer and
+    /// its GELU, keeping the GELU's input for backward. `aux` has D's type and shape.
+    GeluAuxBias { bias: u64, aux: u64 },
+    /// `D = (op(A) op(B)) * gelu'(aux)` and `bias_grad[i] = sum_j D[i, j]`: the backward of a
+    /// GELU and the bias gradient of the layer before it, in one GEMM.
+    DGeluBGrad { aux: u64, bias_grad: u64 },
+}
+
+impl Epilogue {
+    fn code(self) -> u8 {
+        match self {
+            Epilogue::None => 0,
+            Epilogue::Bias(_) => 1,
+            Epilogue::GeluAuxBias { .. } => 2,
+            Epilogue::DGeluBGrad { .. } => 3,
+        }
+    }
+}
+
+/// A column-major product `D (m, n) = op(A) op(B)` with an [`Epilogue`] and optionally `+ C`
+/// (cuBLAS terms).
 /// Pointers are device addresses; `a_type`/`b_type` are the inputs' dtypes (bf16), `d_type`
 /// the output's (bf16 or f32; C has D's type and leading dimension).
 pub(crate) struct Gemm {
@@ -95,8 +121,7 @@ pub(crate) struct Gemm {
     pub d: u64,
     pub ldd: usize,
     pub d_type: DType,
-    /// Added to every column of D (one value per row `i < m`), D's type.
-    pub bias: Option<u64>,
+    pub epilogue: Epilogue,
     /// `beta = 1` with this C.
     pub c: Option<u64>,
 }
@@ -135,12 +160,33 @@ fn layout(t: sys::cudaDataType, rows: usize, cols: usize, ld: usize) -> Result<L
     ))
 }
 
-/// # Safety (of the arguments)
-/// Every pointer must address a matrix of the stated shape and leading dimension on `dev`.
-pub(crate) fn run(dev: &CudaDevice, g: &Gemm) -> Result<()> {
-    let _span = kernels::profile::scope_cuda(dev, kernels::profile::Family::Gemm);
-    let h = lt_for(dev)?;
-    let lt_guard = h.lock().unwrap_or_else(|e| e.into_inner());
+/// Everything of one GEMM shape that does not change from call to call: the descriptor (with
+/// its transposes and epilogue kind), the three layouts and cuBLASLt's algorithm choice. Made
+/// at the first call of a shape and kept with the stream's handle; only the pointers (data,
+/// bias, aux) are set per call.
+struct Plan {
+    desc: Desc,
+    a: Layout,
+    b: Layout,
+    d: Layout,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+// SAFETY: the descriptors are plain host objects of cuBLASLt, used under the stream's mutex.
+unsafe impl Send for Plan {}
+
+fn set_attr(
+    desc: &Desc,
+    attr: sys::cublasLtMatmulDescAttributes_t,
+    ptr: *const c_void,
+    size: usize,
+) -> Result<()> {
+    // SAFETY: attribute values of the documented types and sizes.
+    unsafe { lt::set_matmul_desc_attribute(desc.0, attr, ptr, size) }.map_err(lt_error)
+}
+
+fn plan(handle: sys::cublasLtHandle_t, g: &Gemm) -> Result<Plan> {
+    use sys::cublasLtMatmulDescAttributes_t as A;
     let in_t = cuda_type(g.in_type)?;
     let d_t = cuda_type(g.d_type)?;
     let desc = Desc(
@@ -150,46 +196,107 @@ pub(crate) fn run(dev: &CudaDevice, g: &Gemm) -> Result<()> {
         )
         .map_err(lt_error)?,
     );
-    let set = |attr, ptr: *const c_void, size: usize| -> Result<()> {
-        // SAFETY: attribute values of the documented types and sizes.
-        unsafe { lt::set_matmul_desc_attribute(desc.0, attr, ptr, size) }.map_err(lt_error)
-    };
     use candle_core::cuda_backend::cudarc::cublas::sys::cublasOperation_t as Op;
-    use sys::cublasLtMatmulDescAttributes_t as A;
     let op = |t: bool| if t { Op::CUBLAS_OP_T } else { Op::CUBLAS_OP_N };
     let (ta, tb) = (op(g.trans_a), op(g.trans_b));
-    set(
+    set_attr(
+        &desc,
         A::CUBLASLT_MATMUL_DESC_TRANSA,
         &ta as *const _ as _,
         size_of_val(&ta),
     )?;
-    set(
+    set_attr(
+        &desc,
         A::CUBLASLT_MATMUL_DESC_TRANSB,
         &tb as *const _ as _,
         size_of_val(&tb),
     )?;
-    let epilogue = if g.bias.is_some() {
-        sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS
-    } else {
-        sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT
+    use sys::cublasLtEpilogue_t as E;
+    let epilogue = match g.epilogue {
+        Epilogue::None => E::CUBLASLT_EPILOGUE_DEFAULT,
+        Epilogue::Bias(_) => E::CUBLASLT_EPILOGUE_BIAS,
+        Epilogue::GeluAuxBias { .. } => E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+        Epilogue::DGeluBGrad { .. } => E::CUBLASLT_EPILOGUE_DGELU_BGRAD,
     };
-    set(
+    set_attr(
+        &desc,
         A::CUBLASLT_MATMUL_DESC_EPILOGUE,
         &epilogue as *const _ as _,
         size_of_val(&epilogue),
     )?;
-    if let Some(bias) = &g.bias {
-        set(
+    set_pointers(&desc, g)?;
+    let (a_rows, a_cols) = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
+    let (b_rows, b_cols) = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
+    let a = layout(in_t, a_rows, a_cols, g.lda)?;
+    let b = layout(in_t, b_rows, b_cols, g.ldb)?;
+    let d = layout(d_t, g.m, g.n, g.ldd)?;
+    let pref = Pref(lt::create_matmul_pref().map_err(lt_error)?);
+    // SAFETY: a usize attribute, as documented.
+    unsafe {
+        lt::set_matmul_pref_attribute(
+            pref.0,
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            &WORKSPACE_BYTES as *const usize as _,
+            size_of::<usize>(),
+        )
+    }
+    .map_err(lt_error)?;
+    // SAFETY: every descriptor above is alive.
+    let heuristic =
+        unsafe { lt::get_matmul_algo_heuristic(handle, desc.0, a.0, b.0, d.0, d.0, pref.0) }
+            .map_err(lt_error)?;
+    Ok(Plan {
+        desc,
+        a,
+        b,
+        d,
+        algo: heuristic.algo,
+    })
+}
+
+/// Sets the per-call pointers of `g`'s epilogue (bias, aux) on `desc`.
+fn set_pointers(desc: &Desc, g: &Gemm) -> Result<()> {
+    use sys::cublasLtMatmulDescAttributes_t as A;
+    let (bias, aux) = match g.epilogue {
+        Epilogue::None => (None, None),
+        Epilogue::Bias(b) => (Some(b), None),
+        Epilogue::GeluAuxBias { bias, aux } => (Some(bias), Some(aux)),
+        Epilogue::DGeluBGrad { aux, bias_grad } => (Some(bias_grad), Some(aux)),
+    };
+    if let Some(bias) = &bias {
+        set_attr(
+            desc,
             A::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
             bias as *const u64 as _,
             size_of::<u64>(),
         )?;
     }
-    let (a_rows, a_cols) = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
-    let (b_rows, b_cols) = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
-    let a_l = layout(in_t, a_rows, a_cols, g.lda)?;
-    let b_l = layout(in_t, b_rows, b_cols, g.ldb)?;
-    let d_l = layout(d_t, g.m, g.n, g.ldd)?;
+    if let Some(aux) = &aux {
+        let aux_ld = g.ldd as i64;
+        set_attr(
+            desc,
+            A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+            aux as *const u64 as _,
+            size_of::<u64>(),
+        )?;
+        set_attr(
+            desc,
+            A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+            &aux_ld as *const i64 as _,
+            size_of::<i64>(),
+        )?;
+    }
+    Ok(())
+}
+
+/// Queues `g` on `dev`'s stream.
+///
+/// # Safety (of the arguments)
+/// Every pointer must address a matrix of the stated shape and leading dimension on `dev`.
+pub(crate) fn run(dev: &CudaDevice, g: &Gemm) -> Result<()> {
+    let _span = kernels::profile::scope_cuda(dev, kernels::profile::Family::Gemm);
+    let h = lt_for(dev)?;
+    let mut lt_guard = h.lock().unwrap_or_else(|e| e.into_inner());
     let key: AlgoKey = (
         g.m as u64,
         g.n as u64,
@@ -201,71 +308,39 @@ pub(crate) fn run(dev: &CudaDevice, g: &Gemm) -> Result<()> {
         g.ldd as i64,
         g.in_type as u8,
         g.d_type as u8,
-        g.bias.is_some(),
+        g.epilogue.code(),
         g.c.is_some(),
     );
-    let cached = algos()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&key)
-        .copied();
-    let algo = match cached {
-        Some(a) => a,
-        None => {
-            let pref = Pref(lt::create_matmul_pref().map_err(lt_error)?);
-            // SAFETY: a usize attribute, as documented.
-            unsafe {
-                lt::set_matmul_pref_attribute(
-                    pref.0,
-                    sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                    &WORKSPACE_BYTES as *const usize as _,
-                    size_of::<usize>(),
-                )
-            }
-            .map_err(lt_error)?;
-            // SAFETY: every descriptor above is alive.
-            let h = unsafe {
-                lt::get_matmul_algo_heuristic(
-                    lt_guard.handle,
-                    desc.0,
-                    a_l.0,
-                    b_l.0,
-                    d_l.0,
-                    d_l.0,
-                    pref.0,
-                )
-            }
-            .map_err(lt_error)?;
-            algos()
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key, h.algo);
-            h.algo
-        }
-    };
+    if !lt_guard.plans.contains_key(&key) {
+        let p = plan(lt_guard.handle, g)?;
+        lt_guard.plans.insert(key, p);
+    }
+    let lt_ref = &*lt_guard;
+    let p = &lt_ref.plans[&key];
+    set_pointers(&p.desc, g)?;
     let alpha = 1f32;
     let beta = if g.c.is_some() { 1f32 } else { 0f32 };
     let c = g.c.unwrap_or(g.d);
-    let (ws, _ws_record) = lt_guard.workspace.device_ptr(&lt_guard.stream);
+    let (ws, _ws_record) = lt_ref.workspace.device_ptr(&lt_ref.stream);
     // SAFETY: the caller's contract on the pointers; descriptors alive; the workspace is ours.
     unsafe {
         lt::matmul(
-            lt_guard.handle,
-            desc.0,
+            lt_ref.handle,
+            p.desc.0,
             &alpha as *const f32 as _,
             &beta as *const f32 as _,
             g.a as *const c_void,
-            a_l.0,
+            p.a.0,
             g.b as *const c_void,
-            b_l.0,
+            p.b.0,
             c as *const c_void,
-            d_l.0,
+            p.d.0,
             g.d as *mut c_void,
-            d_l.0,
-            &algo,
+            p.d.0,
+            &p.algo,
             ws as *mut c_void,
             WORKSPACE_BYTES,
-            lt_guard.stream.cu_stream() as _,
+            lt_ref.stream.cu_stream() as _,
         )
     }
     .map_err(lt_error)

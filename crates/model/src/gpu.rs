@@ -77,6 +77,7 @@ pub(crate) fn uninit<S: Into<Shape>>(shape: S, dtype: DType, dev: &CudaDevice) -
 }
 
 /// A loaded kernel and the stream its launches queue on (the device's).
+#[derive(Clone)]
 pub(crate) struct Kernel {
     func: CudaFunction,
     stream: Arc<CudaStream>,
@@ -89,17 +90,39 @@ impl std::ops::Deref for Kernel {
     }
 }
 
-/// Kernel `name` of `src` compiled with `defines` (fast flavour), loaded on `dev`.
+/// Key of a loaded kernel: stream, file, defines, name.
+type KernelKey = (usize, &'static str, Vec<kernels::Define>, String);
+
+thread_local! {
+    /// Kernels this thread has loaded, so that a launch costs no module lookup.
+    static KERNELS: std::cell::RefCell<std::collections::HashMap<KernelKey, Kernel>> =
+        Default::default();
+}
+
+/// Kernel `name` of `src` compiled with `defines` (fast flavour), loaded on `dev`; kept per
+/// thread after the first call.
 pub(crate) fn function(
     dev: &CudaDevice,
     src: &kernels::Source,
     defines: &[kernels::Define],
     name: &str,
 ) -> Result<Kernel> {
-    Ok(Kernel {
+    let stream = dev.cuda_stream();
+    let key: KernelKey = (
+        stream.cu_stream() as usize,
+        src.file,
+        defines.to_vec(),
+        name.to_string(),
+    );
+    if let Some(k) = KERNELS.with(|m| m.borrow().get(&key).cloned()) {
+        return Ok(k);
+    }
+    let k = Kernel {
         func: kernels::loader::function(dev, src, defines, kernels::Flavour::Fast, name)?,
-        stream: dev.cuda_stream(),
-    })
+        stream,
+    };
+    KERNELS.with(|m| m.borrow_mut().insert(key, k.clone()));
+    Ok(k)
 }
 
 /// Queues `func` on its device's stream with `cfg` and `args` (each a kernel parameter by

@@ -34,9 +34,9 @@ use candle_core::{DType, Tensor};
 use crate::config::GptConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    attention_backward, attention_forward, crossentropy_forward_backward, gelu_backward,
-    gelu_forward, layernorm_backward, layernorm_forward, matmul_backward, matmul_forward,
-    residual_matmul_forward, AttSaved, LnSaved,
+    attention_backward, attention_forward, crossentropy_forward_backward, layernorm_backward,
+    layernorm_forward, matmul_backward, matmul_backward_no_bias, matmul_forward,
+    matmul_gelu_backward, matmul_gelu_forward, residual_matmul_forward, AttSaved, LnSaved,
 };
 use crate::layout::{ModelLayout, UnitKind, UnitLayout};
 
@@ -165,9 +165,10 @@ struct BlockActs {
     /// `ln_2(x2)` `(N, C)` and its statistics.
     ln2: Tensor,
     ln2_saved: LnSaved,
-    /// `c_fc` output (pre-GELU) `(N, 4C)`; backward recomputes `gelu(h)` from it (one pass
-    /// instead of keeping another `(N, 4C)` tensor, as llm.c does).
+    /// `c_fc` output (pre-GELU) `(N, 4C)`, and after GELU: both come out of one GEMM on the
+    /// GPU, and backward reads both (recomputing `gelu(h)` would cost a pass over `(N, 4C)`).
     h: Tensor,
+    hg: Tensor,
 }
 
 /// What [`block_forward`] keeps for [`block_backward`].
@@ -203,8 +204,7 @@ fn block_forward_full(cfg: &GptConfig, params: &Tensor, x: &Tensor) -> Result<(T
     let y = y.reshape((b * t, c))?;
     let x2 = residual_matmul_forward(&xf, &y, &p("attn.c_proj.weight")?, &p("attn.c_proj.bias")?)?;
     let (ln2, ln2_saved) = layernorm_forward(&x2, &p("ln_2.weight")?, &p("ln_2.bias")?)?;
-    let h = matmul_forward(&ln2, &p("mlp.c_fc.weight")?, &p("mlp.c_fc.bias")?)?;
-    let hg = gelu_forward(&h)?;
+    let (h, hg) = matmul_gelu_forward(&ln2, &p("mlp.c_fc.weight")?, &p("mlp.c_fc.bias")?)?;
     let out = residual_matmul_forward(&x2, &hg, &p("mlp.c_proj.weight")?, &p("mlp.c_proj.bias")?)?
         .reshape((b, t, c))?;
     let acts = BlockActs {
@@ -216,6 +216,7 @@ fn block_forward_full(cfg: &GptConfig, params: &Tensor, x: &Tensor) -> Result<(T
         ln2,
         ln2_saved,
         h,
+        hg,
     };
     Ok((out, acts))
 }
@@ -224,7 +225,7 @@ fn block_forward_full(cfg: &GptConfig, params: &Tensor, x: &Tensor) -> Result<(T
 ///
 /// With `recompute`, [`BlockSaved`] holds only `x` (activation checkpointing) and
 /// [`block_backward`] reruns this forward; gradients are bitwise the same either way.
-/// Without it, it holds `ln1, ln2, x2, y (N, C)`, `qkv (N, 3C)`, `h (N, 4C)`, attention's
+/// Without it, it holds `ln1, ln2, x2, y (N, C)`, `qkv (N, 3C)`, `h, gelu(h) (N, 4C)`, attention's
 /// row log-sum-exps `(B, NH, T)` and the LayerNorm statistics.
 pub fn block_forward(
     cfg: &GptConfig,
@@ -271,14 +272,11 @@ pub fn block_backward(
     let p = |name: &str| unit.param(name).view(params);
     let dout = dout.reshape((b * t, c))?;
 
-    // out = x2 + hg @ mlp.c_proj + b, with hg = gelu(h) recomputed
-    let hg = gelu_forward(&a.h)?;
-    let (dhg, dw_mproj, db_mproj) = matmul_backward(&dout, &hg, &p("mlp.c_proj.weight")?)?;
-    drop(hg);
-    // hg = gelu(h)
-    let dh = gelu_backward(&dhg, &a.h)?;
+    // out = x2 + hg @ mlp.c_proj + b, hg = gelu(h): dh, and c_fc's bias gradient sum(dh)
+    let (dh, dw_mproj, db_mproj, db_fc) =
+        matmul_gelu_backward(&dout, &a.hg, &p("mlp.c_proj.weight")?, &a.h)?;
     // h = ln2 @ c_fc + b
-    let (dln2, dw_fc, db_fc) = matmul_backward(&dh, &a.ln2, &p("mlp.c_fc.weight")?)?;
+    let (dln2, dw_fc) = matmul_backward_no_bias(&dh, &a.ln2, &p("mlp.c_fc.weight")?)?;
     // ln2 = ln_2(x2); x2 also feeds the residual, whose gradient is dout
     let (dx2, dw_ln2, db_ln2) =
         layernorm_backward(&dln2, &a.ln2_saved, &a.x2, &p("ln_2.weight")?, Some(&dout))?;

@@ -22,14 +22,18 @@ mod gelu;
 mod layernorm;
 mod linear;
 
-#[cfg(feature = "cuda")]
-pub use attention::attention_forward_tiled;
 pub use attention::{attention_backward, attention_forward, causal_mask, AttSaved};
+#[cfg(feature = "cuda")]
+pub use attention::{attention_backward_tiled, attention_forward_tiled};
 pub use crossentropy::{crossentropy_chunked, crossentropy_forward_backward, CE_CHUNK_ELEMS};
 pub use embedding::{embedding_backward, embedding_forward};
 pub use gelu::{gelu_backward, gelu_forward};
 pub use layernorm::{layernorm_backward, layernorm_forward, LnSaved, LN_EPS};
-pub use linear::{matmul_backward, matmul_forward, residual_matmul_forward};
+pub use linear::{
+    bias_grad, matmul_backward, matmul_backward_no_bias, matmul_forward, matmul_gelu_backward,
+    matmul_gelu_backward_epilogue, matmul_gelu_forward, matmul_gelu_forward_unfused,
+    residual_matmul_forward,
+};
 
 /// Whether `t` lives on a CUDA device (the `cuda` kernels are built in).
 #[cfg(feature = "cuda")]
