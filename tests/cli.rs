@@ -339,3 +339,25 @@ fn bench_kernels_needs_the_cuda_build() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("--features cuda"), "{err}");
 }
+
+/// `trainer bench --profile` on a CPU config is refused with one line naming the setting.
+#[test]
+fn bench_profile_needs_the_gpu() {
+    let out = trainer()
+        .args([
+            "bench",
+            "--config",
+            "configs/tiny.toml",
+            "--steps",
+            "1",
+            "--profile",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--profile") && err.contains("train.device"),
+        "{err}"
+    );
+}

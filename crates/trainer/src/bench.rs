@@ -101,6 +101,9 @@ pub fn run(args: &BenchArgs<'_>) -> Result<()> {
     if args.steps == 0 {
         bail!("--steps must be at least 1");
     }
+    if args.profile && config.train.device != crate::config::DeviceKind::Cuda {
+        bail!("--profile times GPU kernels: it needs train.device = \"cuda\"");
+    }
     let Some(report) = bench_steps(&config, args.warmup, args.steps, args.profile)? else {
         return Ok(());
     };

@@ -333,7 +333,7 @@ impl Engine {
         let _span = scope(&self.opts.device, Family::ZeroCopies);
         let unit = &mut self.units[u];
         let coef = scale / unit.partition.world as f32;
-        // One pass fewer in the common case (one micro-batch, one rank): no scaling.
+        // grad + coef * sum in one pass (`coef` is 1 with one micro-batch and one rank).
         unit.grad = crate::copies::accumulate(&unit.grad, &sum, coef)?;
         Ok(())
     }
