@@ -150,6 +150,7 @@ mod cuda {
     use crate::error::Result;
     use crate::gemm::{self, Epilogue, Gemm};
     use crate::gpu;
+    use candle_core::cuda_backend::CudaDevice;
     use candle_core::{DType, Tensor};
 
     /// bf16, contiguous: what the GEMM path takes.
@@ -158,25 +159,21 @@ mod cuda {
             .all(|t| t.dtype() == DType::BF16 && t.is_contiguous())
     }
 
-    /// `residual + x @ w + b` (`residual` optional), or `None` for inputs the kernels do not take.
-    ///
-    /// Column-major: `out^T (OUT, N) = w^T (OUT, IN) x^T (IN, N) + b + residual^T`, where `w`'s
-    /// memory is `w^T` column-major with leading dimension OUT, and `x`'s is `x^T` with IN.
-    pub(super) fn matmul_forward(
-        residual: Option<&Tensor>,
+    /// `d (N, OUT) = x (N, IN) @ w (IN, OUT)` with `epilogue`, plus `c (N, OUT)` when given.
+    /// Column-major: `d^T (OUT, N) = w^T (OUT, IN) x^T (IN, N)`, where `w`'s memory is `w^T`
+    /// with leading dimension OUT and `x`'s is `x^T` with IN.
+    fn forward_gemm(
+        dev: &CudaDevice,
         x: &Tensor,
         w: &Tensor,
-        b: &Tensor,
-    ) -> Result<Option<Tensor>> {
-        if !takes(&[x, w, b]) || residual.is_some_and(|r| !takes(&[r])) {
-            return Ok(None);
-        }
+        d: &Tensor,
+        epilogue: Epilogue,
+        c: Option<u64>,
+    ) -> Result<()> {
         let (n, inp) = x.dims2()?;
         let (_, out) = w.dims2()?;
-        let dev = gpu::device(x)?;
-        let y = gpu::uninit((n, out), DType::BF16, &dev)?;
         gemm::run(
-            &dev,
+            dev,
             &Gemm {
                 m: out,
                 n,
@@ -188,20 +185,95 @@ mod cuda {
                 ldb: inp,
                 trans_b: false,
                 in_type: DType::BF16,
-                d: gpu::ptr(&y)?,
+                d: gpu::ptr(d)?,
                 ldd: out,
                 d_type: DType::BF16,
-                epilogue: Epilogue::Bias(gpu::ptr(b)?),
-                c: residual.map(gpu::ptr).transpose()?,
+                epilogue,
+                c,
             },
-        )?;
+        )
+    }
+
+    /// `dx (N, IN) = dout (N, OUT) @ w^T` with `epilogue`. Column-major:
+    /// `dx^T (IN, N) = w (IN, OUT) dout^T (OUT, N)`, w's memory transposed.
+    fn dx_gemm(
+        dev: &CudaDevice,
+        dout: &Tensor,
+        w: &Tensor,
+        dx: &Tensor,
+        epilogue: Epilogue,
+    ) -> Result<()> {
+        let (n, out) = dout.dims2()?;
+        let (inp, _) = w.dims2()?;
+        gemm::run(
+            dev,
+            &Gemm {
+                m: inp,
+                n,
+                k: out,
+                a: gpu::ptr(w)?,
+                lda: out,
+                trans_a: true,
+                b: gpu::ptr(dout)?,
+                ldb: out,
+                trans_b: false,
+                in_type: DType::BF16,
+                d: gpu::ptr(dx)?,
+                ldd: inp,
+                d_type: DType::BF16,
+                epilogue,
+                c: None,
+            },
+        )
+    }
+
+    /// `dw (IN, OUT) = x^T @ dout`. Column-major: `dw^T (OUT, IN) = dout^T (OUT, N) x (N, IN)`,
+    /// x's memory transposed.
+    fn dw_gemm(dev: &CudaDevice, dout: &Tensor, x: &Tensor, dw: &Tensor) -> Result<()> {
+        let (n, out) = dout.dims2()?;
+        let (_, inp) = x.dims2()?;
+        gemm::run(
+            dev,
+            &Gemm {
+                m: out,
+                n: inp,
+                k: n,
+                a: gpu::ptr(dout)?,
+                lda: out,
+                trans_a: false,
+                b: gpu::ptr(x)?,
+                ldb: inp,
+                trans_b: true,
+                in_type: DType::BF16,
+                d: gpu::ptr(dw)?,
+                ldd: out,
+                d_type: DType::BF16,
+                epilogue: Epilogue::None,
+                c: None,
+            },
+        )
+    }
+
+    /// `residual + x @ w + b` (`residual` optional), or `None` for inputs the kernels do not
+    /// take: one GEMM with the bias in its epilogue and the residual as its C.
+    pub(super) fn matmul_forward(
+        residual: Option<&Tensor>,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+    ) -> Result<Option<Tensor>> {
+        if !takes(&[x, w, b]) || residual.is_some_and(|r| !takes(&[r])) {
+            return Ok(None);
+        }
+        let (n, out) = (x.dim(0)?, w.dim(1)?);
+        let dev = gpu::device(x)?;
+        let y = gpu::uninit((n, out), DType::BF16, &dev)?;
+        let c = residual.map(gpu::ptr).transpose()?;
+        forward_gemm(&dev, x, w, &y, Epilogue::Bias(gpu::ptr(b)?), c)?;
         Ok(Some(y))
     }
 
     /// `(dx, dw, db)`, or `None` for inputs the kernels do not take.
-    ///
-    /// Column-major: `dx^T (IN, N) = w (IN, OUT) dout^T (OUT, N)` (w's memory transposed) and
-    /// `dw^T (OUT, IN) = dout^T (OUT, N) x (N, IN)` (x's memory transposed).
     pub(super) fn matmul_backward(
         dout: &Tensor,
         x: &Tensor,
@@ -210,7 +282,7 @@ mod cuda {
         Ok(backward(dout, x, w, true)?.map(|(dx, dw, db)| (dx, dw, db.expect("asked for db"))))
     }
 
-    /// `(dx, dw, db if want_db)`.
+    /// `(dx, dw, db if want_db)`: two GEMMs and our column sum.
     pub(super) fn backward(
         dout: &Tensor,
         x: &Tensor,
@@ -221,103 +293,36 @@ mod cuda {
             return Ok(None);
         }
         let (n, inp) = x.dims2()?;
-        let (_, out) = w.dims2()?;
+        let out = w.dim(1)?;
         let dev = gpu::device(x)?;
         let dx = gpu::uninit((n, inp), DType::BF16, &dev)?;
         let dw = gpu::uninit((inp, out), DType::BF16, &dev)?;
-        let (p_dout, p_x, p_w) = (gpu::ptr(dout)?, gpu::ptr(x)?, gpu::ptr(w)?);
-        gemm::run(
-            &dev,
-            &Gemm {
-                m: inp,
-                n,
-                k: out,
-                a: p_w,
-                lda: out,
-                trans_a: true,
-                b: p_dout,
-                ldb: out,
-                trans_b: false,
-                in_type: DType::BF16,
-                d: gpu::ptr(&dx)?,
-                ldd: inp,
-                d_type: DType::BF16,
-                epilogue: Epilogue::None,
-                c: None,
-            },
-        )?;
-        gemm::run(
-            &dev,
-            &Gemm {
-                m: out,
-                n: inp,
-                k: n,
-                a: p_dout,
-                lda: out,
-                trans_a: false,
-                b: p_x,
-                ldb: inp,
-                trans_b: true,
-                in_type: DType::BF16,
-                d: gpu::ptr(&dw)?,
-                ldd: out,
-                d_type: DType::BF16,
-                epilogue: Epilogue::None,
-                c: None,
-            },
-        )?;
-        let db = match want_db {
-            true => {
-                let _span =
-                    kernels::profile::scope_cuda(&dev, kernels::profile::Family::Elementwise);
-                Some(super::bias_grad::bias_grad_gpu(dout)?)
-            }
-            false => None,
-        };
+        dx_gemm(&dev, dout, w, &dx, Epilogue::None)?;
+        dw_gemm(&dev, dout, x, &dw)?;
+        let db = want_db.then(|| super::bias_grad(dout)).transpose()?;
         Ok(Some((dx, dw, db)))
     }
 
     /// `(h, gelu(h))` with `h = x @ w + b`: one GEMM with cuBLASLt's GELU_AUX_BIAS epilogue
-    /// (`aux` = h, D = gelu(h)); column-major as in [`matmul_forward`].
+    /// (`aux` = h, D = gelu(h)).
     pub(super) fn matmul_gelu_forward(
         x: &Tensor,
         w: &Tensor,
         b: &Tensor,
     ) -> Result<Option<(Tensor, Tensor)>> {
-        if !takes(&[x, w, b]) {
+        let (n, out) = (x.dim(0)?, w.dim(1)?);
+        if !takes(&[x, w, b]) || out % 8 != 0 {
+            // cuBLASLt's aux leading dimension must be a multiple of 8.
             return Ok(None);
-        }
-        let (n, inp) = x.dims2()?;
-        let (_, out) = w.dims2()?;
-        if out % 8 != 0 {
-            return Ok(None); // cuBLASLt's aux leading dimension must be a multiple of 8
         }
         let dev = gpu::device(x)?;
         let h = gpu::uninit((n, out), DType::BF16, &dev)?;
         let g = gpu::uninit((n, out), DType::BF16, &dev)?;
-        gemm::run(
-            &dev,
-            &Gemm {
-                m: out,
-                n,
-                k: inp,
-                a: gpu::ptr(w)?,
-                lda: out,
-                trans_a: false,
-                b: gpu::ptr(x)?,
-                ldb: inp,
-                trans_b: false,
-                in_type: DType::BF16,
-                d: gpu::ptr(&g)?,
-                ldd: out,
-                d_type: DType::BF16,
-                epilogue: Epilogue::GeluAuxBias {
-                    bias: gpu::ptr(b)?,
-                    aux: gpu::ptr(&h)?,
-                },
-                c: None,
-            },
-        )?;
+        let epilogue = Epilogue::GeluAuxBias {
+            bias: gpu::ptr(b)?,
+            aux: gpu::ptr(&h)?,
+        };
+        forward_gemm(&dev, x, w, &g, epilogue, None)?;
         Ok(Some((h, g)))
     }
 
@@ -329,66 +334,22 @@ mod cuda {
         w: &Tensor,
         h: &Tensor,
     ) -> Result<Option<(Tensor, Tensor, Tensor, Tensor)>> {
-        if !takes(&[dout, g, w, h]) {
-            return Ok(None);
-        }
         let (n, inp) = g.dims2()?;
-        let (_, out) = w.dims2()?;
-        if inp % 8 != 0 {
+        if !takes(&[dout, g, w, h]) || inp % 8 != 0 {
             return Ok(None);
         }
+        let out = w.dim(1)?;
         let dev = gpu::device(g)?;
         let dh = gpu::uninit((n, inp), DType::BF16, &dev)?;
         let dbias_h = gpu::uninit(inp, DType::BF16, &dev)?;
         let dw = gpu::uninit((inp, out), DType::BF16, &dev)?;
-        let p_dout = gpu::ptr(dout)?;
-        gemm::run(
-            &dev,
-            &Gemm {
-                m: inp,
-                n,
-                k: out,
-                a: gpu::ptr(w)?,
-                lda: out,
-                trans_a: true,
-                b: p_dout,
-                ldb: out,
-                trans_b: false,
-                in_type: DType::BF16,
-                d: gpu::ptr(&dh)?,
-                ldd: inp,
-                d_type: DType::BF16,
-                epilogue: Epilogue::DGeluBGrad {
-                    aux: gpu::ptr(h)?,
-                    bias_grad: gpu::ptr(&dbias_h)?,
-                },
-                c: None,
-            },
-        )?;
-        gemm::run(
-            &dev,
-            &Gemm {
-                m: out,
-                n: inp,
-                k: n,
-                a: p_dout,
-                lda: out,
-                trans_a: false,
-                b: gpu::ptr(g)?,
-                ldb: inp,
-                trans_b: true,
-                in_type: DType::BF16,
-                d: gpu::ptr(&dw)?,
-                ldd: out,
-                d_type: DType::BF16,
-                epilogue: Epilogue::None,
-                c: None,
-            },
-        )?;
-        let db = {
-            let _span = kernels::profile::scope_cuda(&dev, kernels::profile::Family::Elementwise);
-            super::bias_grad::bias_grad_gpu(dout)?
+        let epilogue = Epilogue::DGeluBGrad {
+            aux: gpu::ptr(h)?,
+            bias_grad: gpu::ptr(&dbias_h)?,
         };
+        dx_gemm(&dev, dout, w, &dh, epilogue)?;
+        dw_gemm(&dev, dout, g, &dw)?;
+        let db = super::bias_grad(dout)?;
         Ok(Some((dh, dw, db, dbias_h)))
     }
 }
