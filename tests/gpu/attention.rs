@@ -8,30 +8,14 @@
 //! bf16 before P V as in FlashAttention-2: a few bf16 ulps), lse 1e-3 (f32 throughout; exp2
 //! approximation), gradients 3e-2 (bf16 P and dS feed sums over up to T rows).
 
+use crate::common::{gpu, uniform};
 use candle_core::{DType, Device, Tensor};
 use model::layers::{attention_backward, attention_forward};
 
-fn gpu() -> Device {
-    Device::new_cuda(0).expect("a CUDA device")
-}
-
-/// Deterministic uniform values in `[-scale, scale)`.
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
-
 /// `(B, T, 3C)`: q and k in [-2, 2) (peaked enough that the softmax is not flat), v in [-1, 1).
 fn qkv_values(b: usize, t: usize, c: usize, seed: u64) -> Vec<f32> {
-    let qk = values(b * t * 2 * c, seed, 2.0);
-    let v = values(b * t * c, seed + 1, 1.0);
+    let qk = uniform(b * t * 2 * c, seed, 2.0);
+    let v = uniform(b * t * c, seed + 1, 1.0);
     let mut out = Vec::with_capacity(b * t * 3 * c);
     for row in 0..b * t {
         out.extend_from_slice(&qk[row * 2 * c..(row + 1) * 2 * c]);
@@ -95,7 +79,7 @@ fn compare(b: usize, t: usize, nh: usize, hs: usize) {
         .and_then(|x| x.to_dtype(DType::BF16))
         .and_then(|x| x.to_dtype(DType::F32))
         .expect("qkv");
-    let dy_cpu = Tensor::from_vec(values(b * t * c, seed + 7, 1.0), (b, t, c), &Device::Cpu)
+    let dy_cpu = Tensor::from_vec(uniform(b * t * c, seed + 7, 1.0), (b, t, c), &Device::Cpu)
         .and_then(|x| x.to_dtype(DType::BF16))
         .and_then(|x| x.to_dtype(DType::F32))
         .expect("dy");

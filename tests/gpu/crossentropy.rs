@@ -8,26 +8,14 @@
 //! random sign, the mean averages that down); dx and dwte 1e-2 of max|cpu| (dlogits in bf16,
 //! gradient GEMMs with bf16 outputs, dwte accumulated over chunks in bf16).
 
+use crate::common::uniform;
 use candle_core::{DType, Device, Tensor};
 use model::layers::{crossentropy_chunked, crossentropy_forward_backward, CE_CHUNK_ELEMS};
-
-/// Uniform values in [-scale, scale), xorshift from `seed`.
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
 
 /// The same bf16-rounded values as (f32 on `f32_dev`, bf16 on `gpu`).
 fn pair(dims: &[usize], seed: u64, scale: f32, f32_dev: &Device, gpu: &Device) -> (Tensor, Tensor) {
     let n = dims.iter().product();
-    let t = Tensor::from_vec(values(n, seed, scale), dims, &Device::Cpu)
+    let t = Tensor::from_vec(uniform(n, seed, scale), dims, &Device::Cpu)
         .unwrap()
         .to_dtype(DType::BF16)
         .unwrap();
@@ -79,7 +67,7 @@ fn check(n: usize, c: usize, v: usize, reference_on_gpu: bool) {
     let (x_r, x_g) = pair(&[n, c], 1, 1.0, &rdev, &gpu);
     let (w_r, w_g) = pair(&[v, c], 2, 3.0 / (c as f32).sqrt(), &rdev, &gpu);
     // Targets over [0, V) with repeats (every 5th row the same id).
-    let tgt: Vec<u32> = values(n, 3, 1.0)
+    let tgt: Vec<u32> = uniform(n, 3, 1.0)
         .iter()
         .enumerate()
         .map(|(i, u)| {

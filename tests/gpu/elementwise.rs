@@ -3,59 +3,22 @@
 //! unaligned view, gpt350m's MLP activation (16384, 4096)), and the bias gradient of
 //! `matmul_backward` (column sums, deterministic) against `dout.to_dtype(F32).sum(0)`.
 
+use crate::common::{gpu, rel_err, uniform};
 use candle_core::{DType, Device, Tensor};
 use model::layers::{gelu_backward, gelu_forward, matmul_backward};
-
-fn gpu() -> Device {
-    Device::new_cuda(0).expect("a CUDA device")
-}
 
 /// Deterministic values `scale * u`, u uniform in [-1, 1), every 1000th times 8 (the tails of
 /// GELU), rounded to bf16 (on the CPU).
 fn values(n: usize, seed: u64, scale: f32) -> Tensor {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let v: Vec<f32> = (0..n)
-        .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let u = scale * ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0);
-            if i % 1000 == 7 {
-                8.0 * u
-            } else {
-                u
-            }
-        })
+    let v: Vec<f32> = uniform(n, seed, scale)
+        .into_iter()
+        .enumerate()
+        .map(|(i, u)| if i % 1000 == 7 { 8.0 * u } else { u })
         .collect();
     Tensor::from_vec(v, n, &Device::Cpu)
         .unwrap()
         .to_dtype(DType::BF16)
         .unwrap()
-}
-
-/// max |gpu - cpu| / max |cpu| (both as f32 on the CPU).
-fn rel_err(gpu: &Tensor, cpu: &Tensor) -> f32 {
-    assert_eq!(gpu.dims(), cpu.dims(), "shapes");
-    let flat = |t: &Tensor| {
-        t.to_device(&Device::Cpu)
-            .unwrap()
-            .to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-    };
-    let (g, c) = (flat(gpu), flat(cpu));
-    if g.iter().any(|x| !x.is_finite()) {
-        return f32::INFINITY;
-    }
-    let scale = c.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
-    let diff = g
-        .iter()
-        .zip(&c)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    diff / scale
 }
 
 /// GELU forward and backward of `h`, `dout` (bf16 on the CPU, shape `dims`), GPU vs CPU f32.

@@ -5,26 +5,14 @@
 //! element, ~2e-3), the backward sums in f32 and rounds once, the reference sums in f32 too
 //! (order differences are ~2^-24 of the sum), so only one bf16 rounding separates them.
 
+use crate::common::uniform;
 use candle_core::{DType, Device, Tensor};
 use model::layers::{embedding_backward, embedding_forward};
-
-/// Uniform values in [-scale, scale), xorshift from `seed`.
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
 
 /// The same bf16-rounded values as (CPU f32, GPU bf16).
 fn pair(dims: &[usize], seed: u64, scale: f32, gpu: &Device) -> (Tensor, Tensor) {
     let n = dims.iter().product();
-    let t = Tensor::from_vec(values(n, seed, scale), dims, &Device::Cpu)
+    let t = Tensor::from_vec(uniform(n, seed, scale), dims, &Device::Cpu)
         .unwrap()
         .to_dtype(DType::BF16)
         .unwrap();

@@ -3,23 +3,15 @@
 //! db. Sizes: a C below one warp's vector width (64), a row count no tile divides (77, 300), and
 //! gpt350m's C = 1024 at N = B*T = 16384.
 
+use crate::common::{gpu, rel_err, uniform};
 use candle_core::{DType, Device, Tensor};
 use model::layers::{layernorm_backward, layernorm_forward, LnSaved};
 
-fn gpu() -> Device {
-    Device::new_cuda(0).expect("a CUDA device")
-}
-
 /// Deterministic values `offset + scale * u`, u uniform in [-1, 1), rounded to bf16 (on the CPU).
 fn values(n: usize, seed: u64, offset: f32, scale: f32) -> Tensor {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let v: Vec<f32> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            offset + scale * ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
-        })
+    let v: Vec<f32> = uniform(n, seed, scale)
+        .into_iter()
+        .map(|u| offset + u)
         .collect();
     Tensor::from_vec(v, n, &Device::Cpu)
         .unwrap()
@@ -34,36 +26,6 @@ fn pair(t: Tensor, dims: &[usize]) -> (Tensor, Tensor) {
         t.to_dtype(DType::F32).unwrap(),
         t.to_device(&gpu()).unwrap(),
     )
-}
-
-/// max |gpu - cpu| / max |cpu| (both as f32 on the CPU).
-fn rel_err(gpu: &Tensor, cpu: &Tensor) -> f32 {
-    assert_eq!(gpu.dims(), cpu.dims(), "shapes");
-    let g = gpu
-        .to_device(&Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
-    let c = cpu
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
-    let scale = c.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
-    let diff = g
-        .iter()
-        .zip(&c)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    if g.iter().any(|x| !x.is_finite()) {
-        return f32::INFINITY;
-    }
-    diff / scale
 }
 
 fn check(n: usize, c: usize, seed: u64) {

@@ -4,6 +4,7 @@
 
 mod adamw;
 mod attention;
+mod common;
 mod crossentropy;
 mod elementwise;
 mod embedding;

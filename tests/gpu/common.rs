@@ -1,0 +1,47 @@
+//! What the GPU test files share: the device, seeded inputs, the error measure.
+
+use candle_core::{DType, Device, Tensor};
+
+/// GPU 0.
+pub fn gpu() -> Device {
+    Device::new_cuda(0).expect("a CUDA device")
+}
+
+/// `n` deterministic values uniform in `[-scale, scale)` (xorshift from `seed`).
+pub fn uniform(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// max |gpu - cpu| / max |cpu|, both read as f32 on the CPU; infinite when `gpu` holds a
+/// non-finite value.
+pub fn rel_err(gpu: &Tensor, cpu: &Tensor) -> f32 {
+    assert_eq!(gpu.dims(), cpu.dims(), "shapes");
+    let flat = |t: &Tensor| {
+        t.to_device(&Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    };
+    let (g, c) = (flat(gpu), flat(cpu));
+    if g.iter().any(|x| !x.is_finite()) {
+        return f32::INFINITY;
+    }
+    let scale = c.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
+    let diff = g
+        .iter()
+        .zip(&c)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    diff / scale
+}
