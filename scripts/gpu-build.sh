@@ -6,6 +6,18 @@
 set -euo pipefail
 eval "$(../shared/tools/cuda-toolchain.sh)"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
+# The attention runs on cuDNN (crates/model/src/cudnn.rs), so the binaries link libcudnn.so.9;
+# the GPU machine has it in PyTorch's wheel. To link here without it, a stub of the cuDNN entry
+# points that cudarc binds stands in, as the toolchain's stub does for the driver.
+stub=$CARGO_TARGET_DIR/cudnn-stub
+if [[ ! -f $stub/libcudnn.so ]]; then
+  v=$(grep -A1 '^name = "cudarc"' Cargo.lock | sed -n 's/^version = "\(.*\)"/\1/p')
+  sys=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-"$v" | head -1)/src/cudnn/sys/mod.rs
+  mkdir -p "$stub"
+  grep -oE 'pub unsafe fn cudnn[A-Za-z0-9_]+' "$sys" | awk '{print "void " $NF "(void){}"}' | sort -u > "$stub/stub.c"
+  gcc -shared -fPIC -Wl,-soname,libcudnn.so.9 -o "$stub/libcudnn.so" "$stub/stub.c"
+fi
+export LIBRARY_PATH=$stub:$LIBRARY_PATH
 cargo build --release --features cuda -p trainer
 tests=$(cargo test --release --features cuda -p trainer --test gpu --no-run 2>&1 |
         grep -o "$CARGO_TARGET_DIR/release/deps/gpu-[0-9a-f]*" | tail -1)

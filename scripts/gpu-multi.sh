@@ -20,7 +20,7 @@ set -euo pipefail -f  # -f: no globbing (the --set values hold brackets)
 OUT=${OUT:-gpu-out}
 STAGES=${*:-parity bench comm}
 V=$(python3 -c 'import site; print(site.getsitepackages()[0])')
-export LD_LIBRARY_PATH=$V/nvidia/cu13/lib:$V/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=$V/nvidia/cu13/lib:$V/nvidia/nccl/lib:$V/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}
 for b in trainer gpu-tests; do [[ -x .gpu/$b ]] || gunzip -kf .gpu/$b.gz; done
 T=$PWD/.gpu/trainer
 N=${NGPU:-$(nvidia-smi -L | wc -l)}

@@ -15,7 +15,7 @@ OUT=${OUT:-gpu-out}
 STEPS=${STEPS:-200}
 STAGES=${*:-tests parity}
 V=$(python3 -c 'import site; print(site.getsitepackages()[0])')
-export LD_LIBRARY_PATH=$V/nvidia/cu13/lib:$V/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=$V/nvidia/cu13/lib:$V/nvidia/nccl/lib:$V/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}
 for b in trainer gpu-tests; do [[ -x .gpu/$b ]] || gunzip -kf .gpu/$b.gz; done
 T=.gpu/trainer
 mkdir -p "$OUT"

@@ -1,8 +1,10 @@
-//! The flash attention kernels (`model::layers::attention_forward/backward` on bf16 CUDA tensors)
-//! against the CPU reference in f32 on the same bf16 values: y, lse, and the q, k, v parts of
-//! dqkv, at shapes whose T is and is not a multiple of the 64-row tile, for every head size the
-//! kernels take (16, 32, 64, 128), and at the gpt350m shape. A failure names the output and the
-//! (b, h, t, d) of its largest error.
+//! Both GPU attentions, cuDNN's fused SDPA and our flash kernels
+//! (`model::layers::attention_forward_with/backward_with` on bf16 CUDA tensors), against the CPU
+//! reference in f32 on the same bf16 values: y, lse, and the q, k, v parts of dqkv, at shapes
+//! whose T is and is not a multiple of the 64-row tile, for every head size our kernels take
+//! (16, 32, 64, 128), and at the gpt350m shape; and the two mixed (either backward after either
+//! forward), as the model may mix them. A failure names the output and the (b, h, t, d) of its
+//! largest error. The cuDNN tests require cuDNN to take the shape: the H200 machine has it.
 //!
 //! Tolerances, as max|gpu - cpu| / max|cpu| of each output: y 2e-2 (bf16 output, P rounded to
 //! bf16 before P V as in FlashAttention-2: a few bf16 ulps), lse 1e-3 (f32 throughout; exp2
@@ -10,7 +12,10 @@
 
 use crate::common::{gpu, uniform};
 use candle_core::{DType, Device, Tensor};
-use model::layers::{attention_backward, attention_forward};
+use model::layers::{
+    attention_backward, attention_backward_with, attention_cudnn_support, attention_forward,
+    attention_forward_with, AttentionKernel,
+};
 
 /// `(B, T, 3C)`: q and k in [-2, 2) (peaked enough that the softmax is not flat), v in [-1, 1).
 fn qkv_values(b: usize, t: usize, c: usize, seed: u64) -> Vec<f32> {
@@ -68,10 +73,17 @@ fn check(
     );
 }
 
-/// Forward and backward of one shape `(B, T, NH, hs)`.
-fn compare(b: usize, t: usize, nh: usize, hs: usize) {
+/// Forward by `fwd` and backward by `bwd` of one shape `(B, T, NH, hs)`.
+fn compare_with(
+    fwd: AttentionKernel,
+    bwd: AttentionKernel,
+    b: usize,
+    t: usize,
+    nh: usize,
+    hs: usize,
+) {
     let c = nh * hs;
-    let shape = format!("(B, T, NH, hs) = ({b}, {t}, {nh}, {hs})");
+    let shape = format!("{fwd:?}/{bwd:?} (B, T, NH, hs) = ({b}, {t}, {nh}, {hs})");
     let dev = gpu();
     let seed = (b * 1000 + t * 10 + nh + hs) as u64;
     // bf16 inputs, and the same values in f32 on the CPU.
@@ -92,8 +104,20 @@ fn compare(b: usize, t: usize, nh: usize, hs: usize) {
         .and_then(|x| x.to_device(&dev))
         .expect("dy");
 
+    for (kernel, backward) in [(fwd, false), (bwd, true)] {
+        if kernel == AttentionKernel::Cudnn {
+            let support = attention_cudnn_support(&qkv_gpu, nh, backward).expect("cuDNN query");
+            assert_eq!(
+                support,
+                Ok(()),
+                "{shape}: cuDNN takes the shape (backward {backward})"
+            );
+        }
+    }
     let (y_cpu, saved_cpu) = attention_forward(&qkv_cpu, nh).expect("cpu forward");
-    let (y_gpu, saved_gpu) = attention_forward(&qkv_gpu, nh).expect("gpu forward");
+    let (y_gpu, saved_gpu) = attention_forward_with(fwd, &qkv_gpu, nh)
+        .expect("gpu forward")
+        .expect("the kernel takes the shape");
     assert_eq!(
         y_gpu.dtype(),
         DType::BF16,
@@ -133,7 +157,9 @@ fn compare(b: usize, t: usize, nh: usize, hs: usize) {
     );
 
     let dqkv_cpu = attention_backward(&dy_cpu, &saved_cpu).expect("cpu backward");
-    let dqkv_gpu = attention_backward(&dy_gpu, &saved_gpu).expect("gpu backward");
+    let dqkv_gpu = attention_backward_with(bwd, &dy_gpu, &saved_gpu)
+        .expect("gpu backward")
+        .expect("the kernel takes the shape");
     assert_eq!(dqkv_gpu.dims(), &[b, t, 3 * c], "{shape}: dqkv shape");
     let part = |x: &Tensor, k: usize| to_vec(&x.narrow(2, k * c, c).expect("narrow"));
     // dv = P^T dy is never identically zero: the scale for dq and dk where they are.
@@ -144,40 +170,59 @@ fn compare(b: usize, t: usize, nh: usize, hs: usize) {
     }
 }
 
+fn compare(kernel: AttentionKernel, b: usize, t: usize, nh: usize, hs: usize) {
+    compare_with(kernel, kernel, b, t, nh, hs);
+}
+
+use AttentionKernel::{Cudnn, Flash};
+
 #[test]
 fn attention_matches_the_cpu_reference_hs64_tail_tile() {
-    compare(2, 77, 3, 64);
+    compare(Flash, 2, 77, 3, 64);
+    compare(Cudnn, 2, 77, 3, 64);
 }
 
 #[test]
 fn attention_matches_the_cpu_reference_hs128() {
-    compare(1, 200, 2, 128);
+    compare(Flash, 1, 200, 2, 128);
+    compare(Cudnn, 1, 200, 2, 128);
 }
 
 #[test]
 fn attention_matches_the_cpu_reference_hs32_whole_tile() {
-    compare(3, 64, 4, 32);
+    compare(Flash, 3, 64, 4, 32);
+    compare(Cudnn, 3, 64, 4, 32);
 }
 
 #[test]
 fn attention_matches_the_cpu_reference_hs16() {
-    compare(2, 50, 4, 16);
+    compare(Flash, 2, 50, 4, 16);
 }
 
 #[test]
 fn attention_matches_the_cpu_reference_short_rows() {
     // T = 1 (one masked row) and T = 65 (a one-row last tile).
-    compare(3, 1, 2, 64);
-    compare(1, 65, 5, 32);
+    compare(Flash, 3, 1, 2, 64);
+    compare(Flash, 1, 65, 5, 32);
+    compare(Cudnn, 1, 65, 5, 32);
 }
 
 #[test]
 fn attention_matches_the_cpu_reference_gpt350m_heads() {
-    compare(2, 1024, 16, 64);
+    compare(Flash, 2, 1024, 16, 64);
+    compare(Cudnn, 2, 1024, 16, 64);
 }
 
-/// Timing of the FlashAttention-2 comparison shape (B, NH, T, hs) = (16, 16, 1024, 64), printed
-/// (`--nocapture`); asserts nothing but finite outputs. FLOPs counted causal: forward
+#[test]
+fn attention_cudnn_and_flash_mix() {
+    // The model takes cuDNN where it can: its lse must serve our backward and ours its.
+    compare_with(Cudnn, Flash, 2, 130, 4, 64);
+    compare_with(Flash, Cudnn, 2, 130, 4, 64);
+}
+
+/// Timing of cuDNN's and our attention at the gpt350m shape (B, NH, T, hs) = (16, 16, 1024, 64)
+/// (and cuDNN at hs 128), printed (`--nocapture`); asserts only that our tunings agree and the
+/// outputs are finite. FLOPs counted causal: forward
 /// 2*B*NH*T*T*hs, backward 2.5x that.
 #[test]
 fn attention_timing_h200_shape() {
@@ -202,9 +247,32 @@ fn attention_timing_h200_shape() {
         dev.synchronize().expect("sync");
         start.elapsed().as_secs_f64() / n as f64
     };
-    let (y, saved) = attention_forward(&qkv, nh).expect("forward");
+    // cuDNN's fused SDPA (what the model runs), then ours with its tunings.
+    for hs in [64usize, 128] {
+        let nh = c / hs;
+        let (_, saved) = attention_forward_with(Cudnn, &qkv, nh)
+            .expect("forward")
+            .expect("cuDNN takes the shape");
+        let tf = time(&|| {
+            attention_forward_with(Cudnn, &qkv, nh).expect("forward");
+        });
+        let tb = time(&|| {
+            attention_backward_with(Cudnn, &dy, &saved).expect("backward");
+        });
+        println!(
+            "cuDNN attention (B, NH, T, hs) = ({b}, {nh}, {t}, {hs}): forward {:.1} us = {:.0} \
+             TFLOP/s, backward {:.1} us = {:.0} TFLOP/s",
+            tf * 1e6,
+            flops / tf / 1e12,
+            tb * 1e6,
+            2.5 * flops / tb / 1e12
+        );
+    }
+    let (y, saved) = attention_forward_with(Flash, &qkv, nh)
+        .expect("forward")
+        .expect("our kernel takes hs 64");
     let tf = time(&|| {
-        attention_forward(&qkv, nh).expect("forward");
+        attention_forward_with(Flash, &qkv, nh).expect("forward");
     });
     let tf128 = time(&|| {
         model::layers::attention_forward_tiled(&qkv, nh, 128).expect("forward 128");
@@ -227,17 +295,19 @@ fn attention_timing_h200_shape() {
         flops / tf128 / 1e12
     );
     let tb = time(&|| {
-        attention_backward(&dy, &saved).expect("backward");
+        attention_backward_with(Flash, &dy, &saved).expect("backward");
     });
     println!(
-        "attention (B, NH, T, hs) = ({b}, {nh}, {t}, {hs}): forward {:.1} us = {:.0} TFLOP/s, \
+        "our attention (B, NH, T, hs) = ({b}, {nh}, {t}, {hs}): forward {:.1} us = {:.0} TFLOP/s, \
          backward {:.1} us = {:.0} TFLOP/s",
         tf * 1e6,
         flops / tf / 1e12,
         tb * 1e6,
         2.5 * flops / tb / 1e12
     );
-    let dqkv = attention_backward(&dy, &saved).expect("backward");
+    let dqkv = attention_backward_with(Flash, &dy, &saved)
+        .expect("backward")
+        .expect("our kernel takes hs 64");
     let top = dqkv
         .to_dtype(DType::F32)
         .and_then(|x| x.abs())
@@ -279,7 +349,9 @@ fn attention_timing_h200_shape() {
     // The other head sizes at the same C and T.
     for hs in [32usize, 128] {
         let nh = c / hs;
-        let (_, saved) = attention_forward(&qkv, nh).expect("forward");
+        let (_, saved) = attention_forward_with(Flash, &qkv, nh)
+            .expect("forward")
+            .expect("our kernel takes the head size");
         for (keys, early_p) in [(64usize, false), (64, true), (128, false), (128, true)] {
             let tk = time(&|| {
                 model::layers::attention_backward_tiled(&dy, &saved, keys, early_p)

@@ -42,6 +42,9 @@ pub enum ModelError {
     /// A CUDA kernel could not be compiled or loaded.
     #[error(transparent)]
     Kernel(#[from] kernels::KernelError),
+    /// A cuDNN call failed (the attention graphs, feature `cuda`).
+    #[error("cuDNN: {what}: {message}")]
+    Cudnn { what: String, message: String },
     /// An error from a candle tensor operation.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),

@@ -8,6 +8,8 @@
 //! returned flat gradient.
 
 mod config;
+#[cfg(feature = "cuda")]
+mod cudnn;
 mod error;
 #[cfg(feature = "cuda")]
 mod gemm;

@@ -85,6 +85,58 @@ pub fn attention_backward_tiled(
     cuda::backward_tiled(dy, saved, Some((keys, early_p)))
 }
 
+/// Which GPU implementation runs the attention: [`attention_forward`] takes cuDNN where it can
+/// and our flash kernels elsewhere; the tests and benchmarks in tests/gpu/attention.rs name one.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// cuDNN's fused SDPA (crates/model/src/cudnn.rs).
+    Cudnn,
+    /// Ours: kernels/cuda/attention.cu, at its default tiles.
+    Flash,
+}
+
+/// [`attention_forward`] by `kernel` only; `None` where it does not take the input.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub fn attention_forward_with(
+    kernel: AttentionKernel,
+    qkv: &Tensor,
+    n_head: usize,
+) -> Result<Option<(Tensor, AttSaved)>> {
+    match kernel {
+        AttentionKernel::Cudnn => cuda::cudnn_forward(qkv, n_head),
+        AttentionKernel::Flash => cuda::forward_tiled(qkv, n_head, cuda::FWD_BLOCK),
+    }
+}
+
+/// [`attention_backward`] by `kernel` only; `None` where it does not take the input.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub fn attention_backward_with(
+    kernel: AttentionKernel,
+    dy: &Tensor,
+    saved: &AttSaved,
+) -> Result<Option<Tensor>> {
+    match kernel {
+        AttentionKernel::Cudnn => cuda::cudnn_backward(dy, saved),
+        AttentionKernel::Flash => cuda::backward_tiled(dy, saved, None),
+    }
+}
+
+/// Why cuDNN does not take the forward (or `backward`) at `qkv`'s shape; `Ok(())` when it
+/// does. For the tests, which require cuDNN where the H200 has it.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub fn attention_cudnn_support(
+    qkv: &Tensor,
+    n_head: usize,
+    backward: bool,
+) -> Result<std::result::Result<(), String>> {
+    cuda::cudnn_support(qkv, n_head, backward)
+}
+
 /// Gradient of [`attention_forward`]: `dy (B, T, C)` -> `dqkv (B, T, 3C)`.
 pub fn attention_backward(dy: &Tensor, saved: &AttSaved) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
@@ -187,7 +239,7 @@ mod cuda {
     use candle_core::{DType, Tensor};
 
     /// Query rows = key rows of a tile (the kernels' `BLOCK`: `BLOCK/16` warps a CTA).
-    const FWD_BLOCK: usize = 64;
+    pub(super) const FWD_BLOCK: usize = 64;
     /// The backward's query tile (64: at 128 its registers spill).
     const BWD_BLOCK: usize = 64;
     /// The backward's tuning by head size: (keys a CTA = the kernel's `BKEYS`, `BKEYS/16` warps;
@@ -258,7 +310,120 @@ mod cuda {
         qkv: &Tensor,
         n_head: usize,
     ) -> Result<Option<(Tensor, AttSaved)>> {
+        if let Some(r) = cudnn_forward(qkv, n_head)? {
+            return Ok(Some(r));
+        }
         forward_tiled(qkv, n_head, FWD_BLOCK)
+    }
+
+    /// `(B, NH, T, hs)` for cuDNN when `qkv` suits it: bf16, contiguous, k and v 16-byte
+    /// aligned inside a row (C a multiple of 8), hs a multiple of 8 up to 128.
+    fn cudnn_shape(qkv: &Tensor, n_head: usize) -> Result<Option<crate::cudnn::Shape>> {
+        if qkv.dtype() != DType::BF16 || !qkv.is_contiguous() || n_head == 0 {
+            return Ok(None);
+        }
+        let (b, t, c3) = qkv.dims3()?;
+        if c3 % (3 * n_head) != 0 || b == 0 || t == 0 {
+            return Ok(None);
+        }
+        let (c, hs) = (c3 / 3, c3 / 3 / n_head);
+        if hs % 8 != 0 || hs > 128 || c % 8 != 0 || gpu::ptr(qkv)? % 16 != 0 {
+            return Ok(None);
+        }
+        Ok(Some(crate::cudnn::Shape {
+            batch: b,
+            heads: n_head,
+            seq: t,
+            head_size: hs,
+        }))
+    }
+
+    /// The forward through cuDNN's fused SDPA, or `None` where cuDNN does not take the input.
+    pub(crate) fn cudnn_forward(qkv: &Tensor, n_head: usize) -> Result<Option<(Tensor, AttSaved)>> {
+        let Some(shape) = cudnn_shape(qkv, n_head)? else {
+            return Ok(None);
+        };
+        let (b, t) = (shape.batch, shape.seq);
+        let c = n_head * shape.head_size;
+        let dev = gpu::device(qkv)?;
+        let y = gpu::uninit((b, t, c), DType::BF16, &dev)?;
+        let lse = gpu::uninit((b, n_head, t), DType::F32, &dev)?;
+        let args = crate::cudnn::ForwardArgs {
+            qkv: gpu::ptr(qkv)?,
+            y: gpu::ptr(&y)?,
+            lse: gpu::ptr(&lse)?,
+        };
+        if !crate::cudnn::forward(&dev, shape, &args)? {
+            return Ok(None);
+        }
+        let saved = AttSaved {
+            qkv: qkv.clone(),
+            y: y.clone(),
+            lse,
+            n_head,
+        };
+        Ok(Some((y, saved)))
+    }
+
+    /// The backward through cuDNN's fused SDPA, or `None` where cuDNN does not take the input.
+    pub(crate) fn cudnn_backward(dy: &Tensor, saved: &AttSaved) -> Result<Option<Tensor>> {
+        let AttSaved {
+            qkv,
+            y,
+            lse,
+            n_head,
+        } = saved;
+        let Some(shape) = cudnn_shape(qkv, *n_head)? else {
+            return Ok(None);
+        };
+        let (b, t) = (shape.batch, shape.seq);
+        let c = n_head * shape.head_size;
+        if dy.dtype() != DType::BF16
+            || y.dtype() != DType::BF16
+            || lse.dtype() != DType::F32
+            || dy.dims() != [b, t, c]
+            || y.dims() != [b, t, c]
+            || lse.dims() != [b, *n_head, t]
+            || !dy.is_contiguous()
+            || !y.is_contiguous()
+            || !lse.is_contiguous()
+        {
+            return Ok(None);
+        }
+        let (p_dy, p_y) = (gpu::ptr(dy)?, gpu::ptr(y)?);
+        if (p_dy | p_y) % 16 != 0 {
+            return Ok(None);
+        }
+        let dev = gpu::device(qkv)?;
+        let dqkv = gpu::uninit((b, t, 3 * c), DType::BF16, &dev)?;
+        let args = crate::cudnn::BackwardArgs {
+            qkv: gpu::ptr(qkv)?,
+            y: p_y,
+            lse: gpu::ptr(lse)?,
+            dy: p_dy,
+            dqkv: gpu::ptr(&dqkv)?,
+        };
+        if !crate::cudnn::backward(&dev, shape, &args)? {
+            return Ok(None);
+        }
+        Ok(Some(dqkv))
+    }
+
+    /// Why cuDNN does not take `(pass, qkv)` (`Ok(())` when it does): for the GPU tests.
+    pub(crate) fn cudnn_support(
+        qkv: &Tensor,
+        n_head: usize,
+        backward: bool,
+    ) -> Result<std::result::Result<(), String>> {
+        let Some(shape) = cudnn_shape(qkv, n_head)? else {
+            return Ok(Err("the input's dtype, layout or head size".into()));
+        };
+        let pass = if backward {
+            crate::cudnn::Pass::Backward
+        } else {
+            crate::cudnn::Pass::Forward
+        };
+        crate::cudnn::support(&gpu::device(qkv)?, pass, shape)
     }
 
     /// [`attention_forward`] with query tiles of `block` rows (64 or 128), for tuning.
@@ -320,6 +485,9 @@ mod cuda {
     /// of `keys` = 64 or 128 keys by hs (`bwd_tune`); dq by f32 vector atomics, so its summation
     /// order is not deterministic) and the dq conversion.
     pub(super) fn attention_backward(dy: &Tensor, saved: &AttSaved) -> Result<Option<Tensor>> {
+        if let Some(r) = cudnn_backward(dy, saved)? {
+            return Ok(Some(r));
+        }
         backward_tiled(dy, saved, None)
     }
 

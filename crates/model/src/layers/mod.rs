@@ -24,7 +24,10 @@ mod linear;
 
 pub use attention::{attention_backward, attention_forward, causal_mask, AttSaved};
 #[cfg(feature = "cuda")]
-pub use attention::{attention_backward_tiled, attention_forward_tiled};
+pub use attention::{
+    attention_backward_tiled, attention_backward_with, attention_cudnn_support,
+    attention_forward_tiled, attention_forward_with, AttentionKernel,
+};
 pub use crossentropy::{crossentropy_chunked, crossentropy_forward_backward, CE_CHUNK_ELEMS};
 pub use embedding::{embedding_backward, embedding_forward};
 pub use gelu::{gelu_backward, gelu_forward};
