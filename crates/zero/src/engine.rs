@@ -92,8 +92,10 @@ struct UnitShard {
     master: Tensor,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
-    /// fp32 gradient of my shard, accumulated over micro-batches.
-    grad: Tensor,
+    /// fp32 gradient of my shard, accumulated over micro-batches; `None` while it is zero (after
+    /// a step), so that the first micro-batch's reduced gradient is taken as it is, with no
+    /// zeroing pass and no accumulation pass.
+    grad: Option<Tensor>,
     decay: DecayRanges,
     /// hpZ: my node-local slice of the gathered unit, valid until the next optimizer step.
     secondary: RefCell<Option<Secondary>>,
@@ -140,7 +142,7 @@ impl Engine {
                     master: Tensor::from_vec(master, n, dev)?,
                     exp_avg: Tensor::zeros(n, DType::F32, dev)?,
                     exp_avg_sq: Tensor::zeros(n, DType::F32, dev)?,
-                    grad: Tensor::zeros(n, DType::F32, dev)?,
+                    grad: None,
                     secondary: RefCell::new(None),
                 })
             })
@@ -185,7 +187,11 @@ impl Engine {
 
     /// My fp32 gradient shard of unit `u`, as accumulated since the last [`Engine::step`].
     pub fn grad_shard(&self, u: usize) -> Result<Vec<f32>> {
-        Ok(self.units[u].grad.to_vec1::<f32>()?)
+        let unit = &self.units[u];
+        match &unit.grad {
+            Some(g) => Ok(g.to_vec1::<f32>()?),
+            None => Ok(vec![0.0; unit.master.elem_count()]),
+        }
     }
 
     pub fn memory_estimate(&self) -> MemoryEstimate {
@@ -333,8 +339,13 @@ impl Engine {
         let _span = scope(&self.opts.device, Family::ZeroCopies);
         let unit = &mut self.units[u];
         let coef = scale / unit.partition.world as f32;
-        // grad + coef * sum in one pass (`coef` is 1 with one micro-batch and one rank).
-        unit.grad = crate::copies::accumulate(&unit.grad, &sum, coef)?;
+        // grad + coef * sum in one pass (`coef` is 1 with one micro-batch and one rank); the
+        // first micro-batch after a step takes coef * sum as it is.
+        unit.grad = Some(match unit.grad.take() {
+            Some(grad) => crate::copies::accumulate(&grad, &sum, coef)?,
+            None if coef == 1.0 => sum,
+            None => sum.affine(coef as f64, 0.0)?,
+        });
         Ok(())
     }
 
@@ -455,9 +466,13 @@ impl Engine {
         let squares = self
             .units
             .iter()
-            .map(|u| crate::squares::sum_of_squares(&u.grad))
+            .filter_map(|u| u.grad.as_ref())
+            .map(crate::squares::sum_of_squares)
             .collect::<Result<Vec<_>>>()?;
-        let local = Tensor::stack(&squares, 0)?.sum_all()?.to_scalar::<f64>()?;
+        let local = match squares.is_empty() {
+            true => 0.0,
+            false => Tensor::stack(&squares, 0)?.sum_all()?.to_scalar::<f64>()?,
+        };
         let grad_norm = (self.sum_over_world(local as f32)? as f64).sqrt();
         if !grad_norm.is_finite() {
             return Err(ZeroError::NonFinite {
@@ -474,9 +489,13 @@ impl Engine {
         self.step += 1;
         for u in &mut self.units {
             let u = &mut *u;
+            let grad = match u.grad.take() {
+                Some(g) => g,
+                None => u.master.zeros_like()?,
+            };
             (u.master, u.exp_avg, u.exp_avg_sq) = self.opts.optimizer.update_tensors(
                 &u.master,
-                &u.grad,
+                &grad,
                 &u.exp_avg,
                 &u.exp_avg_sq,
                 &u.decay,
@@ -484,7 +503,6 @@ impl Engine {
                 lr,
                 self.step,
             )?;
-            u.grad = u.grad.zeros_like()?;
             // hpZ: the secondary partition copies weights this step just changed.
             u.secondary.replace(None);
         }
@@ -534,7 +552,7 @@ impl Engine {
                 }
                 *data = Tensor::from_vec(saved, n, &dev)?;
             }
-            u.grad = u.grad.zeros_like()?;
+            u.grad = None;
             u.secondary.replace(None);
         }
         self.step = step;
