@@ -1,11 +1,13 @@
 //! The element-wise kernels (bf16 on the GPU) against the CPU reference in f32 on the same
 //! bf16-rounded values: GELU forward and backward (an element count with a scalar tail, an
-//! unaligned view, gpt350m's MLP activation (16384, 4096)), and the bias gradient of
+//! unaligned view, gpt350m's MLP activation (16384, 4096)), GELU backward fused with its bias
+//! gradient (the same dh as the plain kernel, bit for bit, and its column sums), and the bias
+//! gradient of
 //! `matmul_backward` (column sums, deterministic) against `dout.to_dtype(F32).sum(0)`.
 
 use crate::common::{gpu, rel_err, uniform};
 use candle_core::{DType, Device, Tensor};
-use model::layers::{gelu_backward, gelu_forward, matmul_backward};
+use model::layers::{gelu_backward, gelu_backward_bias_grad, gelu_forward, matmul_backward};
 
 /// Deterministic values `scale * u`, u uniform in [-1, 1), every 1000th times 8 (the tails of
 /// GELU), rounded to bf16 (on the CPU).
@@ -61,6 +63,38 @@ fn check_gelu(dims: &[usize], seed: u64, skip: usize) {
         e < 1e-2,
         "gelu backward {dims:?} skip {skip}: max rel err {e:e}"
     );
+    if dims.len() == 2 {
+        // Fused with the bias gradient: the same dh (the kernels share the math), and the
+        // column sums of the CPU's dh in f32 (bf16 result of a sum over N rows: 1e-2).
+        let (dh_f, db_f) = gelu_backward_bias_grad(&d_g, &h_g).unwrap();
+        let (dh_c, db_c) = gelu_backward_bias_grad(&d_c, &h_c).unwrap();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.flatten_all()
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        assert!(
+            bits(&dh_f) == bits(&dh_g),
+            "fused gelu backward {dims:?} skip {skip}: dh differs from the plain kernel's"
+        );
+        assert_eq!(db_f.dims(), &[dims[1]]);
+        let e = rel_err(&db_f, &db_c);
+        assert!(
+            e < 1e-2,
+            "fused gelu bias grad {dims:?} skip {skip}: max rel err {e:e}"
+        );
+        let e = rel_err(&dh_f, &dh_c);
+        assert!(
+            e < 1e-2,
+            "fused gelu backward {dims:?} skip {skip}: max rel err {e:e}"
+        );
+    }
 }
 
 #[test]

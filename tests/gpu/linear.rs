@@ -192,3 +192,82 @@ fn gelu_epilogue_timing() {
          {fwd_plain:.3} ms; backward DGELU_BGRAD {bwd_epi:.3} ms, GEMMs + kernels {bwd_plain:.3} ms"
     );
 }
+
+/// Every GEMM of a gpt350m block at its training shape (N = 16 x 1024 rows, C = 1024), timed
+/// alone and printed (`--nocapture`) as ms and TFLOP/s: where the step's GEMM time goes, layer
+/// by layer and pass by pass. Asserts only finite outputs.
+#[test]
+fn gemm_timing_gpt350m_layers() {
+    let (n, c) = (16384usize, 1024usize);
+    let dev = Device::new_cuda(0).expect("a CUDA device");
+    let r = |shape: &[usize], s: f32| {
+        Tensor::randn(0f32, s, shape, &dev)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap()
+    };
+    let time = |f: &dyn Fn()| {
+        f();
+        dev.synchronize().unwrap();
+        let start = std::time::Instant::now();
+        for _ in 0..20 {
+            f();
+        }
+        dev.synchronize().unwrap();
+        start.elapsed().as_secs_f64() / 20.0
+    };
+    let mut total = 0.0;
+    for (name, inp, out) in [
+        ("qkv", c, 3 * c),
+        ("attn proj", c, c),
+        ("fc", c, 4 * c),
+        ("fc proj", 4 * c, c),
+    ] {
+        let (x, w, b, dout, res) = (
+            r(&[n, inp], 1.0),
+            r(&[inp, out], 0.02),
+            r(&[out], 0.02),
+            r(&[n, out], 1.0),
+            r(&[n, out], 1.0),
+        );
+        let flops = 2.0 * (n * inp * out) as f64;
+        let fwd = match name {
+            "fc" => time(&|| {
+                matmul_gelu_forward(&x, &w, &b).unwrap();
+            }),
+            "qkv" => time(&|| {
+                model::layers::matmul_forward(&x, &w, &b).unwrap();
+            }),
+            _ => time(&|| {
+                model::layers::residual_matmul_forward(&res, &x, &w, &b).unwrap();
+            }),
+        };
+        let bwd = time(&|| {
+            model::layers::matmul_backward_no_bias(&dout, &x, &w).unwrap();
+        });
+        let (dx, dw) = model::layers::matmul_backward_no_bias(&dout, &x, &w).unwrap();
+        for t in [&dx, &dw] {
+            let m = t
+                .to_dtype(DType::F32)
+                .and_then(|t| t.abs())
+                .and_then(|t| t.max_all())
+                .and_then(|t| t.to_scalar::<f32>())
+                .unwrap();
+            assert!(m.is_finite(), "{name}: non-finite gradient");
+        }
+        total += fwd + bwd;
+        println!(
+            "gemm {name:>9} ({n} x {inp} -> {out}): forward {:.3} ms = {:.0} TFLOP/s, dx + dw \
+             {:.3} ms = {:.0} TFLOP/s",
+            fwd * 1e3,
+            flops / fwd / 1e12,
+            bwd * 1e3,
+            2.0 * flops / bwd / 1e12
+        );
+    }
+    println!(
+        "gemm total a block {:.3} ms, x 24 layers = {:.1} ms a step",
+        total * 1e3,
+        total * 24e3
+    );
+}

@@ -12,6 +12,9 @@
 //                      vector) over every 16th row of its slice; the block adds its 16 row
 //                      groups in order into partials (S, OUT) f32.
 //   bias_grad_final:   partials (S, OUT) -> db (OUT) bf16, slices added in order: deterministic.
+//   gelu_backward_bias_grad_partial: gelu_backward and bias_grad_partial of its output in one
+//                      pass (reads dout, h, writes dh: 6 bytes an element, where the two kernels
+//                      apart move 8): the MLP's GELU backward and the c_fc bias gradient.
 // Aim: close to the ~4.3 TB/s copy bandwidth of the H200 at gpt350m's sizes; share reached not
 // measured yet (tests/gpu/elementwise.rs checks values only).
 //
@@ -101,23 +104,13 @@ extern "C" __global__ void __launch_bounds__(256) gelu_backward(
 // dout (N, OUT) bf16 -> partials (gridDim.y, OUT) f32: the column sums of rows
 // [blockIdx.y * rows, min(N, (blockIdx.y + 1) * rows)), over the 128 columns of tile blockIdx.x.
 // OUT % 8 == 0, dout 16-byte aligned. Block (16, 16).
-extern "C" __global__ void __launch_bounds__(256) bias_grad_partial(
-    float* __restrict__ partials, const bf16* __restrict__ dout, int N, int OUT, int rows) {
+// The end of a partial column-sum CTA (block (16, 16), 128 columns from tile blockIdx.x): each
+// thread's 8 column sums `acc` over its row group, added over the 16 row groups in order into
+// partials[blockIdx.y, :].
+__device__ __forceinline__ void store_column_partials(
+    float* __restrict__ partials, const float acc[8], int OUT) {
     __shared__ float4 part[16][16 * 2 + 1];  // [row group][column float4], padded
     const int tx = threadIdx.x, ty = threadIdx.y;
-    const int col = (blockIdx.x * 16 + tx) * 8;
-    const i64 r0 = (i64)blockIdx.y * rows;
-    const i64 r1 = r0 + rows < N ? r0 + rows : N;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (col < OUT) {
-#pragma unroll 4
-        for (i64 r = r0 + ty; r < r1; r += 16) {
-            float f[8];
-            unpack8(ld16(dout + r * OUT + col), f);
-#pragma unroll
-            for (int k = 0; k < 8; k++) acc[k] += f[k];
-        }
-    }
     part[ty][tx * 2] = float4{acc[0], acc[1], acc[2], acc[3]};
     part[ty][tx * 2 + 1] = float4{acc[4], acc[5], acc[6], acc[7]};
     __syncthreads();
@@ -133,6 +126,57 @@ extern "C" __global__ void __launch_bounds__(256) bias_grad_partial(
             partials[(i64)blockIdx.y * OUT + c] = sum;
         }
     }
+}
+
+// dout (N, OUT) bf16 -> partials (gridDim.y, OUT) f32: the column sums of rows
+// [blockIdx.y * rows, min(N, (blockIdx.y + 1) * rows)), over the 128 columns of tile blockIdx.x.
+// OUT % 8 == 0, dout 16-byte aligned. Block (16, 16).
+extern "C" __global__ void __launch_bounds__(256) bias_grad_partial(
+    float* __restrict__ partials, const bf16* __restrict__ dout, int N, int OUT, int rows) {
+    const int col = (blockIdx.x * 16 + threadIdx.x) * 8;
+    const i64 r0 = (i64)blockIdx.y * rows;
+    const i64 r1 = r0 + rows < N ? r0 + rows : N;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (col < OUT) {
+#pragma unroll 4
+        for (i64 r = r0 + threadIdx.y; r < r1; r += 16) {
+            float f[8];
+            unpack8(ld16(dout + r * OUT + col), f);
+#pragma unroll
+            for (int k = 0; k < 8; k++) acc[k] += f[k];
+        }
+    }
+    store_column_partials(partials, acc, OUT);
+}
+
+// dout, h (N, OUT) bf16 -> dh (N, OUT) bf16 = dout * gelu'(h), and partials (gridDim.y, OUT) f32
+// of dh's column sums as bias_grad_partial takes them (of dh as rounded to bf16, so the bias
+// gradient is that of the dh written). Same grid, block and conditions as bias_grad_partial,
+// all three pointers 16-byte aligned.
+extern "C" __global__ void __launch_bounds__(256) gelu_backward_bias_grad_partial(
+    bf16* __restrict__ dh, float* __restrict__ partials, const bf16* __restrict__ dout,
+    const bf16* __restrict__ h, int N, int OUT, int rows, float a, float s) {
+    const int col = (blockIdx.x * 16 + threadIdx.x) * 8;
+    const i64 r0 = (i64)blockIdx.y * rows;
+    const i64 r1 = r0 + rows < N ? r0 + rows : N;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (col < OUT) {
+#pragma unroll 2
+        for (i64 r = r0 + threadIdx.y; r < r1; r += 16) {
+            const i64 at = r * OUT + col;
+            float d[8], f[8];
+            unpack8(ld16(dout + at), d);
+            unpack8(ld16(h + at), f);
+#pragma unroll
+            for (int k = 0; k < 8; k++) f[k] = d[k] * gelu_grad(f[k], a, s);
+            const uint4 v = pack8(f);
+            st16(dh + at, v);
+            unpack8(v, f);
+#pragma unroll
+            for (int k = 0; k < 8; k++) acc[k] += f[k];
+        }
+    }
+    store_column_partials(partials, acc, OUT);
 }
 
 // partials (S, OUT) f32 -> db (OUT) bf16, the S slices added in a fixed order. Block (32, 8):

@@ -100,15 +100,19 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::{DType, Tensor};
 
+    use super::super::linear::cuda as linear;
     use crate::error::Result;
+    use crate::gemm::Epilogue;
     use crate::gpu;
 
     /// The loss and, when asked for, `(dx, dwte)`: what [`super::crossentropy_forward_backward`]
     /// returns.
     type LossGrads = (f64, Option<(Tensor, Tensor)>);
 
-    /// Bytes of one chunk's `(R, V)` bf16 logits, at most (about; `R` is rounded up to 64).
-    const CHUNK_BYTES: usize = 256 << 20;
+    /// Bytes of one chunk's `(R, V)` bf16 logits, at most (about; `R` is rounded up to 64):
+    /// 4 chunks of 4096 rows at gpt350m's N = 16384, V = 50304, where the GEMMs run at full
+    /// speed (7 chunks of 2368 rows were measurably slower).
+    const CHUNK_BYTES: usize = 512 << 20;
 
     /// Rows a chunk: `N` split evenly into as few chunks as keep the logits under
     /// [`CHUNK_BYTES`], rounded up to a multiple of 64 rows (whole GEMM tiles), at most `N`.
@@ -121,15 +125,14 @@ mod cuda {
     /// The fused path, or `None` for inputs it does not take (not bf16, `V % 8 != 0`, `N == 0`,
     /// unaligned rows). Shapes: `x (N, C)`, `wte (V, C)` bf16, `targets (N)` u32.
     ///
-    /// Per chunk of `R` rows: `logits (R, V) = x_chunk @ wte^T` (cuBLAS, bf16 out, `wte^T` as
-    /// a transposed operand, no copy); one kernel writes each row's loss to an f32 `(N)` buffer
-    /// and, when `grad`, `dlogits = (softmax - onehot) / N` over the logits in place; then
-    /// `dx_chunk = dlogits @ wte` and `dwte += dlogits^T @ x_chunk`.
+    /// Per chunk of `R` rows: `logits (R, V) = x_chunk @ wte^T` (cuBLASLt, bf16 out, `wte^T`
+    /// as a transposed operand, no copy); one kernel writes each row's loss to an f32 `(N)`
+    /// buffer and, when `grad`, `dlogits = (softmax - onehot) / N` over the logits in place;
+    /// then `dx[chunk] = dlogits @ wte`, written into its rows of `dx`, and
+    /// `dwte += dlogits^T @ x_chunk` in the GEMM itself (C = D, beta 1).
     ///
-    /// `dwte` accumulates in bf16 (one bf16 add a chunk): the result is bf16 anyway and each
-    /// chunk's GEMM already rounds its product to bf16, so the sum gains at most one rounding a
-    /// chunk (7 chunks at gpt350m's N = 16384, V = 50304); an f32 accumulator would cost a
-    /// 2x-size (V, C) buffer and twice the bytes in every chunk's add, for an error the bf16
+    /// `dwte` accumulates in bf16 (one rounding a chunk, 4 at gpt350m's shape): the result is
+    /// bf16 anyway and an f32 accumulator would cost a 2x-size `(V, C)` buffer for an error the
     /// output rounding mostly hides. This is also what the reference does in the input dtype.
     ///
     /// Synchronises once: the loss (sum of the per-row losses on the device) is read to the
@@ -167,13 +170,18 @@ mod cuda {
         )?;
         let losses = gpu::uninit(n, DType::F32, &dev)?;
         let (inv_n, grad_i, v_i) = (1.0f32 / n as f32, grad as i32, v as i32);
-        let wte_t = wte.t()?;
-        let mut dx_parts = Vec::new();
-        let mut dwte: Option<Tensor> = None;
-        for r0 in (0..n).step_by(rows) {
+        let dx = grad
+            .then(|| gpu::uninit((n, c), DType::BF16, &dev))
+            .transpose()?;
+        let dwte = grad
+            .then(|| gpu::uninit((v, c), DType::BF16, &dev))
+            .transpose()?;
+        for (chunk, r0) in (0..n).step_by(rows).enumerate() {
             let r = rows.min(n - r0);
             let xc = x.narrow(0, r0, r)?;
-            let logits = xc.matmul(&wte_t)?; // (R, V) bf16, fresh and contiguous
+            // logits (R, V) = xc (R, C) @ wte^T: the dx GEMM of a linear layer whose w is wte.
+            let logits = gpu::uninit((r, v), DType::BF16, &dev)?;
+            linear::dx_gemm(&dev, &xc, &wte, &logits, Epilogue::None)?;
             let p_logits = gpu::ptr(&logits)?;
             if !p_logits.is_multiple_of(16) {
                 // cuBLAS output from candle's allocator is always aligned; keep the kernel safe.
@@ -196,14 +204,12 @@ mod cuda {
                     &[&p_logits, &p_tgt, &p_loss, &v_i, &inv_n, &grad_i],
                 )?;
             }
-            if grad {
-                // `logits` now holds dlogits (R, V).
-                dx_parts.push(logits.matmul(&wte)?); // (R, C)
-                let g = logits.t()?.matmul(&xc)?; // (V, C), dlogits^T as a transposed operand
-                dwte = Some(match dwte {
-                    None => g,
-                    Some(d) => (d + g)?,
-                });
+            if let (Some(dx), Some(dwte)) = (&dx, &dwte) {
+                // `logits` now holds dlogits (R, V). dx rows (R, C) = dlogits @ wte (V, C); dwte
+                // (V, C) (+)= dlogits^T @ xc: the dw GEMM of a linear layer with x = dlogits.
+                let dx_rows = dx.narrow(0, r0, r)?;
+                linear::forward_gemm(&dev, &logits, &wte, &dx_rows, Epilogue::None, None)?;
+                linear::dw_gemm(&dev, &xc, &logits, dwte, chunk > 0)?;
             }
         }
         // The only sync: sum of the per-row losses (f64 on the device), read once.
@@ -211,12 +217,8 @@ mod cuda {
         if !grad {
             return Ok(Some((loss, None)));
         }
-        let dx = match dx_parts.len() {
-            1 => dx_parts.swap_remove(0),
-            _ => Tensor::cat(&dx_parts, 0)?,
-        };
-        let Some(dwte) = dwte else {
-            return Ok(None); // unreachable: n > 0 means at least one chunk
+        let (Some(dx), Some(dwte)) = (dx, dwte) else {
+            return Ok(None); // unreachable: `grad` made both
         };
         Ok(Some((loss, Some((dx, dwte)))))
     }

@@ -73,7 +73,7 @@ pub fn matmul_gelu_forward(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<(Tensor
 /// `dh` over rows: the bias gradient of the layer that produced `h`.
 ///
 /// Shapes: `dout (N, OUT)`, `g = gelu(h)` and `h (N, IN)`, `w (IN, OUT)`. On the GPU: the
-/// GEMMs, then our GELU-backward and bias-gradient kernels. (cuBLASLt's DGELU_BGRAD epilogue
+/// GEMMs, then our GELU backward with the bias gradient in one pass. (cuBLASLt's DGELU_BGRAD epilogue
 /// does it in the GEMM, [`matmul_gelu_backward_epilogue`], but measured 0.3 ms slower a layer at
 /// gpt350m's shape on the H200 than the GEMM plus our two passes.)
 pub fn matmul_gelu_backward(
@@ -83,8 +83,7 @@ pub fn matmul_gelu_backward(
     h: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
     let (dg, dw, db) = matmul_backward(dout, g, w)?;
-    let dh = super::gelu_backward(&dg, h)?;
-    let dbias_h = bias_grad(&dh)?;
+    let (dh, dbias_h) = super::gelu_backward_bias_grad(&dg, h)?;
     Ok((dh, dw, db, dbias_h))
 }
 
@@ -143,7 +142,7 @@ pub fn matmul_backward_no_bias(dout: &Tensor, x: &Tensor, w: &Tensor) -> Result<
 }
 
 #[cfg(feature = "cuda")]
-mod cuda {
+pub(super) mod cuda {
     //! Launchers: cuBLASLt GEMMs with no transpose copied (`crate::gemm`), the bias (and the
     //! residual) added in the forward GEMM's epilogue, the bias gradient by our column-sum
     //! kernel. A row-major `(R, S)` matrix is column-major `(S, R)` with leading dimension `S`.
@@ -162,7 +161,7 @@ mod cuda {
     /// `d (N, OUT) = x (N, IN) @ w (IN, OUT)` with `epilogue`, plus `c (N, OUT)` when given.
     /// Column-major: `d^T (OUT, N) = w^T (OUT, IN) x^T (IN, N)`, where `w`'s memory is `w^T`
     /// with leading dimension OUT and `x`'s is `x^T` with IN.
-    fn forward_gemm(
+    pub(in crate::layers) fn forward_gemm(
         dev: &CudaDevice,
         x: &Tensor,
         w: &Tensor,
@@ -196,7 +195,7 @@ mod cuda {
 
     /// `dx (N, IN) = dout (N, OUT) @ w^T` with `epilogue`. Column-major:
     /// `dx^T (IN, N) = w (IN, OUT) dout^T (OUT, N)`, w's memory transposed.
-    fn dx_gemm(
+    pub(in crate::layers) fn dx_gemm(
         dev: &CudaDevice,
         dout: &Tensor,
         w: &Tensor,
@@ -227,9 +226,16 @@ mod cuda {
         )
     }
 
-    /// `dw (IN, OUT) = x^T @ dout`. Column-major: `dw^T (OUT, IN) = dout^T (OUT, N) x (N, IN)`,
-    /// x's memory transposed.
-    fn dw_gemm(dev: &CudaDevice, dout: &Tensor, x: &Tensor, dw: &Tensor) -> Result<()> {
+    /// `dw (IN, OUT) = x^T @ dout`, plus the `dw` already there when `accumulate` (in place:
+    /// cuBLASLt's C = D). Column-major: `dw^T (OUT, IN) = dout^T (OUT, N) x (N, IN)`, x's
+    /// memory transposed.
+    pub(in crate::layers) fn dw_gemm(
+        dev: &CudaDevice,
+        dout: &Tensor,
+        x: &Tensor,
+        dw: &Tensor,
+        accumulate: bool,
+    ) -> Result<()> {
         let (n, out) = dout.dims2()?;
         let (_, inp) = x.dims2()?;
         gemm::run(
@@ -249,7 +255,7 @@ mod cuda {
                 ldd: out,
                 d_type: DType::BF16,
                 epilogue: Epilogue::None,
-                c: None,
+                c: accumulate.then(|| gpu::ptr(dw)).transpose()?,
             },
         )
     }
@@ -298,7 +304,7 @@ mod cuda {
         let dx = gpu::uninit((n, inp), DType::BF16, &dev)?;
         let dw = gpu::uninit((inp, out), DType::BF16, &dev)?;
         dx_gemm(&dev, dout, w, &dx, Epilogue::None)?;
-        dw_gemm(&dev, dout, x, &dw)?;
+        dw_gemm(&dev, dout, x, &dw, false)?;
         let db = want_db.then(|| super::bias_grad(dout)).transpose()?;
         Ok(Some((dx, dw, db)))
     }
@@ -348,7 +354,7 @@ mod cuda {
             bias_grad: gpu::ptr(&dbias_h)?,
         };
         dx_gemm(&dev, dout, w, &dh, epilogue)?;
-        dw_gemm(&dev, dout, g, &dw)?;
+        dw_gemm(&dev, dout, g, &dw, false)?;
         let db = super::bias_grad(dout)?;
         Ok(Some((dh, dw, db, dbias_h)))
     }
@@ -362,6 +368,7 @@ pub(crate) mod bias_grad {
     use crate::gpu;
     use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::cuda_backend::CudaDevice;
     use candle_core::{DType, Tensor};
 
     /// Columns a CTA of `bias_grad_partial` covers (16 threads of 8 columns).
@@ -377,69 +384,163 @@ pub(crate) mod bias_grad {
     /// with `OUT % 8 == 0` on a 16-byte aligned address takes the kernels (one read of `dout`);
     /// anything else takes candle's `sum` in f32.
     pub(crate) fn bias_grad_gpu(dout: &Tensor) -> Result<Tensor> {
-        let dims = dout.dims();
-        let out_dim = dims.last().copied().unwrap_or(0);
-        let n = if out_dim == 0 {
-            0
-        } else {
-            dout.elem_count() / out_dim
-        };
         let dout = dout.contiguous()?;
-        let fits = dout.dtype() == DType::BF16
-            && dims.len() >= 2
-            && out_dim % 8 == 0
-            && n > 0
-            && out_dim > 0
-            && n <= i32::MAX as usize
-            && out_dim <= i32::MAX as usize
-            && gpu::ptr(&dout)? % 16 == 0;
-        if !fits {
+        let Some((n, out_dim)) = kernel_shape(&[&dout])? else {
+            let out_dim = dout.dims().last().copied().unwrap_or(0);
+            let n = dout.elem_count().checked_div(out_dim).unwrap_or(0);
             let flat = dout.reshape((n, out_dim))?;
             return Ok(flat.to_dtype(DType::F32)?.sum(0)?.to_dtype(dout.dtype())?);
-        }
-        let dev = gpu::device(&dout)?;
-        let sms = dev
-            .cuda_stream()
-            .context()
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| ModelError::Candle(candle_core::Error::wrap(e)))?
-            .max(1) as usize;
-        // Row slices: enough CTAs to fill the GPU, at least ROW_GROUPS rows a slice.
-        let tiles = out_dim.div_ceil(TILE);
-        let max_slices = n.div_ceil(ROW_GROUPS);
-        let slices = (sms * CTAS_PER_SM).div_ceil(tiles).clamp(1, max_slices);
-        let rows = n.div_ceil(slices);
-        let slices = n.div_ceil(rows);
-        let partials = gpu::uninit((slices, out_dim), DType::F32, &dev)?;
-        let db = gpu::uninit(out_dim, DType::BF16, &dev)?;
-        let (pd, ppart, pdb) = (gpu::ptr(&dout)?, gpu::ptr(&partials)?, gpu::ptr(&db)?);
-        let partial = gpu::function(&dev, &kernels::ELEMENTWISE, &[], "bias_grad_partial")?;
-        let cfg = LaunchConfig {
-            grid_dim: (tiles as u32, slices as u32, 1),
-            block_dim: (16, ROW_GROUPS as u32, 1),
-            shared_mem_bytes: 0,
         };
+        let dev = gpu::device(&dout)?;
+        let grid = Grid::new(&dev, n, out_dim)?;
+        let partials = gpu::uninit((grid.slices, out_dim), DType::F32, &dev)?;
+        let (pd, ppart) = (gpu::ptr(&dout)?, gpu::ptr(&partials)?);
+        let partial = gpu::function(&dev, &kernels::ELEMENTWISE, &[], "bias_grad_partial")?;
         // SAFETY: dout (N, OUT) bf16 contiguous and 16-byte aligned, OUT % 8 == 0; partials
         // (slices, OUT) f32 fresh, slices * rows >= N. Arguments in kernel order.
         unsafe {
             gpu::launch(
                 &partial,
-                cfg,
-                &[&ppart, &pd, &(n as i32), &(out_dim as i32), &(rows as i32)],
+                grid.config(),
+                &[
+                    &ppart,
+                    &pd,
+                    &(n as i32),
+                    &(out_dim as i32),
+                    &(grid.rows as i32),
+                ],
             )?;
         }
-        let fin = gpu::function(&dev, &kernels::ELEMENTWISE, &[], "bias_grad_final")?;
+        finish(&dev, &partials, &grid, out_dim)
+    }
+
+    /// `(dh, db)`: `dh = dout * gelu'(h)` and its column sums, in one pass over the inputs
+    /// (`gelu_backward_bias_grad_partial`), or `None` where the kernels do not take the inputs
+    /// (then [`super::super::gelu_backward`] and [`bias_grad_gpu`] run apart).
+    pub(crate) fn gelu_backward_bias_grad_gpu(
+        dout: &Tensor,
+        h: &Tensor,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        if dout.dims() != h.dims() || !dout.is_contiguous() || !h.is_contiguous() {
+            return Ok(None);
+        }
+        let Some((n, out_dim)) = kernel_shape(&[dout, h])? else {
+            return Ok(None);
+        };
+        let dev = gpu::device(h)?;
+        let grid = Grid::new(&dev, n, out_dim)?;
+        let dh = gpu::uninit(dout.shape().clone(), DType::BF16, &dev)?;
+        let partials = gpu::uninit((grid.slices, out_dim), DType::F32, &dev)?;
+        let f = gpu::function(
+            &dev,
+            &kernels::ELEMENTWISE,
+            &[],
+            "gelu_backward_bias_grad_partial",
+        )?;
+        let (pdh, ppart, pd, ph) = (
+            gpu::ptr(&dh)?,
+            gpu::ptr(&partials)?,
+            gpu::ptr(dout)?,
+            gpu::ptr(h)?,
+        );
+        let (a, s) = (
+            super::super::gelu::GELU_A as f32,
+            super::super::gelu::GELU_S as f32,
+        );
+        // SAFETY: dout, h (N, OUT) bf16 contiguous and 16-byte aligned, OUT % 8 == 0; dh the
+        // same shape and partials (slices, OUT) f32, both fresh; slices * rows >= N. Arguments
+        // in kernel order.
+        unsafe {
+            gpu::launch(
+                &f,
+                grid.config(),
+                &[
+                    &pdh,
+                    &ppart,
+                    &pd,
+                    &ph,
+                    &(n as i32),
+                    &(out_dim as i32),
+                    &(grid.rows as i32),
+                    &a,
+                    &s,
+                ],
+            )?;
+        }
+        let db = finish(&dev, &partials, &grid, out_dim)?;
+        Ok(Some((dh, db)))
+    }
+
+    /// `(N, OUT)` of `ts[0]` (leading dimensions are rows) when the partial kernels take every
+    /// tensor of `ts`: bf16, `OUT % 8 == 0`, sizes within i32, 16-byte aligned.
+    fn kernel_shape(ts: &[&Tensor]) -> Result<Option<(usize, usize)>> {
+        let dims = ts[0].dims();
+        let out_dim = dims.last().copied().unwrap_or(0);
+        let n = ts[0].elem_count().checked_div(out_dim).unwrap_or(0);
+        let mut fits = dims.len() >= 2
+            && out_dim % 8 == 0
+            && n > 0
+            && out_dim > 0
+            && n <= i32::MAX as usize
+            && out_dim <= i32::MAX as usize;
+        for t in ts {
+            fits = fits && t.dtype() == DType::BF16 && gpu::ptr(t)? % 16 == 0;
+        }
+        Ok(fits.then_some((n, out_dim)))
+    }
+
+    /// The partial pass's grid: `tiles` column tiles by `slices` row slices of `rows` rows.
+    struct Grid {
+        tiles: usize,
+        slices: usize,
+        rows: usize,
+    }
+
+    impl Grid {
+        /// Enough row slices to fill the GPU, at least ROW_GROUPS rows a slice.
+        fn new(dev: &CudaDevice, n: usize, out_dim: usize) -> Result<Grid> {
+            let sms = dev
+                .cuda_stream()
+                .context()
+                .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_err(|e| ModelError::Candle(candle_core::Error::wrap(e)))?
+                .max(1) as usize;
+            let tiles = out_dim.div_ceil(TILE);
+            let max_slices = n.div_ceil(ROW_GROUPS);
+            let slices = (sms * CTAS_PER_SM).div_ceil(tiles).clamp(1, max_slices);
+            let rows = n.div_ceil(slices);
+            Ok(Grid {
+                tiles,
+                slices: n.div_ceil(rows),
+                rows,
+            })
+        }
+
+        fn config(&self) -> LaunchConfig {
+            LaunchConfig {
+                grid_dim: (self.tiles as u32, self.slices as u32, 1),
+                block_dim: (16, ROW_GROUPS as u32, 1),
+                shared_mem_bytes: 0,
+            }
+        }
+    }
+
+    /// `db (OUT)` bf16 from the partial pass's `partials (slices, OUT)`, slices added in order.
+    fn finish(dev: &CudaDevice, partials: &Tensor, grid: &Grid, out_dim: usize) -> Result<Tensor> {
+        let db = gpu::uninit(out_dim, DType::BF16, dev)?;
+        let (pdb, ppart) = (gpu::ptr(&db)?, gpu::ptr(partials)?);
+        let fin = gpu::function(dev, &kernels::ELEMENTWISE, &[], "bias_grad_final")?;
         let cfg = LaunchConfig {
             grid_dim: (out_dim.div_ceil(32) as u32, 1, 1),
             block_dim: (32, 8, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: db (OUT) bf16 fresh; partials (slices, OUT) f32 written above on this stream.
+        // SAFETY: db (OUT) bf16 fresh; partials (slices, OUT) f32 written before on this stream.
         unsafe {
             gpu::launch(
                 &fin,
                 cfg,
-                &[&pdb, &ppart, &(slices as i32), &(out_dim as i32)],
+                &[&pdb, &ppart, &(grid.slices as i32), &(out_dim as i32)],
             )?;
         }
         Ok(db)

@@ -30,7 +30,7 @@ pub use attention::{
 };
 pub use crossentropy::{crossentropy_chunked, crossentropy_forward_backward, CE_CHUNK_ELEMS};
 pub use embedding::{embedding_backward, embedding_forward};
-pub use gelu::{gelu_backward, gelu_forward};
+pub use gelu::{gelu_backward, gelu_backward_bias_grad, gelu_forward};
 pub use layernorm::{layernorm_backward, layernorm_forward, LnSaved, LN_EPS};
 pub use linear::{
     bias_grad, matmul_backward, matmul_backward_no_bias, matmul_forward, matmul_gelu_backward,
