@@ -7,8 +7,9 @@
 #   bench   trainer bench --kernels, and gpt350m at W = 1 and W = 8 (bench.toml settings)
 #   speed   gpt350m at W = 1 (seq 1024, 16 sequences) with --profile, beside PyTorch eager and
 #           torch.compile from the same call (.gpu/torch_gpt.py: a copy of shared/tools/torch_gpt.py)
-#   speed-large  the same beside PyTorch eager for gpt350m at seq 2048, GPT-1.3B at seq 2048 and
-#           gpt6.7b with recomputation (issue 13's other shapes)
+#   speed-2k, speed-1.3b, speed-6.7b  issue 13's other shapes, each beside PyTorch in the same
+#           call: gpt350m at seq 2048 and GPT-1.3B at seq 2048 (eager and torch.compile), gpt6.7b
+#           with recomputation (eager with checkpointing); speed-large: all three
 # Each run's log and metrics go under $OUT (default gpu-out/).
 set -euo pipefail
 OUT=${OUT:-gpu-out}
@@ -68,23 +69,37 @@ for stage in $STAGES; do
       [[ -n ${NO_COMPILE:-} ]] || python3 .gpu/torch_gpt.py --steps 30 --compile | tee "$OUT/speed-torch-compile.txt"
     fi
     ;;
-  speed-large)
+  speed-2k|speed-1.3b|speed-6.7b|speed-large)
+    # Issue 13's other shapes, each beside its PyTorch anchors in the same call: gpt350m at seq
+    # 2048 (8 sequences) and GPT-1.3B at seq 2048 (eager and torch.compile), gpt6.7b with
+    # recomputation (eager with activation checkpointing). speed-large runs all three.
     w1=(bench --config configs/gpt350m.toml --set 'dist.backend="local"' --set model.recompute=false
         --set dist.world_size=1 --set dist.gpus_per_node=1 --set zero.hpz_partition_size=1
         --set zero.quantized_weights=false --set zero.quantized_gradients=false
         --set model.seq_len=2048 --set train.global_batch=8 --set train.micro_batch=8)
-    "$T" "${w1[@]}" --steps 5 | tee "$OUT/speed-gpt350m-2k.txt"
-    "$T" "${w1[@]}" --set 'model.preset="gpt1.3b"' --steps 4 | tee "$OUT/speed-gpt1.3b-2k.txt"
-    "$T" bench --config configs/gpt6.7b.toml --set train.micro_batch=4 --steps 2 --warmup 1 \
-      | tee "$OUT/speed-gpt6.7b.txt"
-    if [[ -f .gpu/torch_gpt.py ]]; then
-      python3 .gpu/torch_gpt.py --steps 15 --seq 2048 --batch 8 | tee "$OUT/speed-torch-2k.txt"
-      python3 .gpu/torch_gpt.py --steps 10 --layers 24 --dim 2048 --heads 16 --seq 2048 --batch 8 \
-        | tee "$OUT/speed-torch-1.3b.txt"
-      python3 .gpu/torch_gpt.py --steps 6 --layers 32 --dim 4096 --heads 32 --seq 2048 --batch 4 \
-        --ckpt | tee "$OUT/speed-torch-6.7b.txt"
+    torch=() ; [[ -f .gpu/torch_gpt.py ]] && torch=(python3 .gpu/torch_gpt.py)
+    if [[ $stage == speed-2k || $stage == speed-large ]]; then
+      "$T" "${w1[@]}" --steps 5 --profile | tee "$OUT/speed-gpt350m-2k.txt"
+      if [[ -n ${torch[*]} ]]; then
+        "${torch[@]}" --steps 15 --seq 2048 --batch 8 | tee "$OUT/speed-torch-2k.txt"
+        "${torch[@]}" --steps 15 --seq 2048 --batch 8 --compile | tee "$OUT/speed-torch-2k-compile.txt"
+      fi
+    fi
+    if [[ $stage == speed-1.3b || $stage == speed-large ]]; then
+      "$T" "${w1[@]}" --set 'model.preset="gpt1.3b"' --steps 4 --profile | tee "$OUT/speed-gpt1.3b-2k.txt"
+      if [[ -n ${torch[*]} ]]; then
+        l13=(--layers 24 --dim 2048 --heads 16 --seq 2048 --batch 8)
+        "${torch[@]}" --steps 10 "${l13[@]}" | tee "$OUT/speed-torch-1.3b.txt"
+        "${torch[@]}" --steps 10 "${l13[@]}" --compile | tee "$OUT/speed-torch-1.3b-compile.txt"
+      fi
+    fi
+    if [[ $stage == speed-6.7b || $stage == speed-large ]]; then
+      "$T" bench --config configs/gpt6.7b.toml --set train.micro_batch=4 --steps 2 --warmup 1 \
+        | tee "$OUT/speed-gpt6.7b.txt"
+      [[ -z ${torch[*]} ]] || "${torch[@]}" --steps 6 --layers 32 --dim 4096 --heads 32 --seq 2048 \
+        --batch 4 --ckpt | tee "$OUT/speed-torch-6.7b.txt"
     fi
     ;;
-  *) echo "unknown stage $stage (tests, parity, bench, speed, speed-large)" >&2; exit 2 ;;
+  *) echo "unknown stage $stage (tests, parity, bench, speed, speed-2k, speed-1.3b, speed-6.7b, speed-large)" >&2; exit 2 ;;
   esac
 done
