@@ -6,7 +6,7 @@
 set -euo pipefail
 eval "$(../shared/tools/cuda-toolchain.sh)"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
-# The attention runs on cuDNN (crates/model/src/cudnn.rs), so the binaries link libcudnn.so.9;
+# The attention runs on cuDNN (crates/model/src/cudnn/), so the binaries link libcudnn.so.9;
 # the GPU machine has it in PyTorch's wheel. To link here without it, a stub of the cuDNN entry
 # points that cudarc binds stands in, as the toolchain's stub does for the driver.
 stub=$CARGO_TARGET_DIR/cudnn-stub

@@ -91,7 +91,7 @@ pub fn attention_backward_tiled(
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKernel {
-    /// cuDNN's fused SDPA (crates/model/src/cudnn.rs).
+    /// cuDNN's fused SDPA (crates/model/src/cudnn/).
     Cudnn,
     /// Ours: kernels/cuda/attention.cu, at its default tiles.
     Flash,
