@@ -190,8 +190,15 @@ impl BlockSaved {
     }
 }
 
-/// Forward of one block, keeping every activation.
-fn block_forward_full(cfg: &GptConfig, params: &Tensor, x: &Tensor) -> Result<(Tensor, BlockActs)> {
+/// Forward of one block, keeping every activation: the block's output too when `want_out`.
+/// Backward's recomputation does not want it: the MLP's projection, a third of the block's
+/// forward FLOPs, feeds only the output, which backward never reads.
+fn block_forward_full(
+    cfg: &GptConfig,
+    params: &Tensor,
+    x: &Tensor,
+    want_out: bool,
+) -> Result<(Option<Tensor>, BlockActs)> {
     let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
     check_params(params, &unit, "block")?;
     let (b, t) = check_acts(cfg, x, "block input")?;
@@ -205,8 +212,13 @@ fn block_forward_full(cfg: &GptConfig, params: &Tensor, x: &Tensor) -> Result<(T
     let x2 = residual_matmul_forward(&xf, &y, &p("attn.c_proj.weight")?, &p("attn.c_proj.bias")?)?;
     let (ln2, ln2_saved) = layernorm_forward(&x2, &p("ln_2.weight")?, &p("ln_2.bias")?)?;
     let (h, hg) = matmul_gelu_forward(&ln2, &p("mlp.c_fc.weight")?, &p("mlp.c_fc.bias")?)?;
-    let out = residual_matmul_forward(&x2, &hg, &p("mlp.c_proj.weight")?, &p("mlp.c_proj.bias")?)?
-        .reshape((b, t, c))?;
+    let out = if want_out {
+        let w = p("mlp.c_proj.weight")?;
+        let bias = p("mlp.c_proj.bias")?;
+        Some(residual_matmul_forward(&x2, &hg, &w, &bias)?.reshape((b, t, c))?)
+    } else {
+        None
+    };
     let acts = BlockActs {
         x: x.clone(),
         ln1,
@@ -224,7 +236,8 @@ fn block_forward_full(cfg: &GptConfig, params: &Tensor, x: &Tensor) -> Result<(T
 /// One transformer block: `x (B, T, C)` -> `out (B, T, C)` from the block's flat `params`.
 ///
 /// With `recompute`, [`BlockSaved`] holds only `x` (activation checkpointing) and
-/// [`block_backward`] reruns this forward; gradients are bitwise the same either way.
+/// [`block_backward`] reruns this forward (all of it but the MLP projection, whose output it does
+/// not read); gradients are bitwise the same either way.
 /// Without it, it holds `ln1, ln2, x2, y (N, C)`, `qkv (N, 3C)`, `h, gelu(h) (N, 4C)`, attention's
 /// row log-sum-exps `(B, NH, T)` and the LayerNorm statistics.
 pub fn block_forward(
@@ -233,7 +246,8 @@ pub fn block_forward(
     x: &Tensor,
     recompute: bool,
 ) -> Result<(Tensor, BlockSaved)> {
-    let (out, acts) = block_forward_full(cfg, params, x)?;
+    let (out, acts) = block_forward_full(cfg, params, x, true)?;
+    let out = out.expect("asked for the output");
     let saved = if recompute {
         BlockSavedInner::Input(acts.x)
     } else {
@@ -254,7 +268,7 @@ pub fn block_backward(
     let a: &BlockActs = match &saved.0 {
         BlockSavedInner::Full(a) => a,
         BlockSavedInner::Input(x) => {
-            recomputed = block_forward_full(cfg, params, x)?.1;
+            recomputed = block_forward_full(cfg, params, x, false)?.1;
             &recomputed
         }
     };
