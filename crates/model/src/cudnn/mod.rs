@@ -11,7 +11,7 @@
 //! `(B, T, 3C)`: nothing is permuted or copied. The log-sum-exp ("Stats") is `(B, NH, T)` f32,
 //! the same as our kernels', so either backward takes either forward's output.
 //!
-//! One cuDNN handle and workspace per CUDA stream; an execution plan per (direction, shape),
+//! One cuDNN handle and workspace per CUDA stream; an execution plan per (pass, shape),
 //! made at first use (the backward's engine compiles for about 2 s) and kept. A shape that no
 //! engine takes is remembered as unsupported, and the caller runs our kernels instead.
 
@@ -101,6 +101,8 @@ fn cudnn_for(dev: &CudaDevice) -> Result<Option<Arc<Mutex<Cudnn>>>> {
     let mut handle = std::ptr::null_mut();
     // SAFETY: handle receives a fresh cuDNN context, bound to our stream next.
     check(unsafe { sys::cudnnCreate(&mut handle) }, "create handle")?;
+    // SAFETY: a live handle and the device's stream, which outlives it (both live as long as
+    // the device).
     check(
         unsafe { sys::cudnnSetStream(handle, stream.cu_stream() as sys::cudaStream_t) },
         "set stream",
