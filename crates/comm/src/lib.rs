@@ -27,6 +27,7 @@
 pub mod bootstrap;
 mod counters;
 mod error;
+mod failure;
 pub mod launch;
 pub mod link;
 mod local;
@@ -42,7 +43,8 @@ mod timed;
 mod topology;
 
 pub use counters::ByteCounters;
-pub use error::{CommError, Result};
+pub use error::{CommError, Result, SharedSource};
+pub use failure::{FailureHandler, FailureReport};
 pub use local::{
     local_world, local_world_with_timeout, run_local, LocalComm, LocalRunError, DEFAULT_TIMEOUT,
 };
@@ -142,10 +144,8 @@ fn host_tensor<T: candle_core::WithDType>(v: Vec<T>) -> Tensor {
 }
 
 fn host_vec<T: candle_core::WithDType>(t: Tensor) -> Result<Vec<T>> {
-    t.to_vec1::<T>().map_err(|e| CommError::Tensor {
-        op: "read back",
-        message: e.to_string(),
-    })
+    t.to_vec1::<T>()
+        .map_err(|e| CommError::tensor("read back", e))
 }
 
 /// `f32` values as little-endian bytes, for byte collectives.

@@ -306,7 +306,10 @@ impl RunConfig {
             bail!("train.precision = \"fp16\" needs dynamic loss scaling, not implemented yet: use \"bf16\"");
         }
         if t.device == DeviceKind::Cuda && !cfg!(feature = "cuda") {
-            bail!("train.device = \"cuda\": this binary was built without CUDA support (cargo build --release --features cuda)");
+            return Err(not_built_with("train.device = \"cuda\"", "cuda"));
+        }
+        if self.dist.backend == Backend::Mpi && !cfg!(feature = "mpi") {
+            return Err(not_built_with("dist.backend = \"mpi\"", "mpi"));
         }
         match (self.dist.backend, t.device) {
             (Backend::Nccl, DeviceKind::Cpu) => {
@@ -440,7 +443,20 @@ fn cuda_device() -> Result<candle_core::Device> {
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_device() -> Result<candle_core::Device> {
-    bail!("train.device = \"cuda\": this binary was built without CUDA support (cargo build --release --features cuda)")
+    Err(not_built_with("train.device = \"cuda\"", "cuda"))
+}
+
+/// The error for a config `setting` that needs a cargo `feature` this binary was built without.
+pub fn not_built_with(setting: &str, feature: &str) -> anyhow::Error {
+    let support = match feature {
+        "cuda" => "CUDA",
+        "mpi" => "MPI",
+        other => other,
+    };
+    anyhow::anyhow!(
+        "{setting}: this binary was built without {support} support (cargo build --release \
+         --features {feature})"
+    )
 }
 
 #[cfg(test)]

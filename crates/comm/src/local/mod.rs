@@ -148,10 +148,7 @@ impl Worker {
         };
         let (len, size) = (payload.len(), payload.elem_size());
         let payloads = self.shared.meet(&seat, op, payload)?;
-        let result = finish(&payloads, me).map_err(|e| CommError::Tensor {
-            op: op.name(),
-            message: e.to_string(),
-        })?;
+        let result = finish(&payloads, me).map_err(|e| CommError::tensor(op.name(), e))?;
         let bytes = op.bytes_per_peer(len, size, n, me);
         self.counters
             .count(&topology, self.rank, &members, |_| bytes);
