@@ -366,7 +366,7 @@ impl Engine {
         let qgz = self.plan.qgz_active(self.step + 1);
 
         let embedding = self.next_gather(&mut gathers, 0, hpz)?;
-        let mut x = model::embedding_forward(&cfg, &embedding, &tokens)?;
+        let mut x = model::embedding_unit_forward(&cfg, &embedding, &tokens)?;
         drop(embedding);
         let mut saved = Vec::with_capacity(n_layer);
         for l in 0..n_layer {
@@ -400,7 +400,7 @@ impl Engine {
             self.start_reduce(&mut reductions, 1 + l, &dparams, qgz, grad_scale)?;
             dx = d;
         }
-        let lookup_grad = model::embedding_backward(&cfg, &tokens, &dx)?;
+        let lookup_grad = model::embedding_unit_backward(&cfg, &tokens, &dx)?;
         drop(embedding);
         self.start_reduce(
             &mut reductions,
@@ -423,7 +423,7 @@ impl Engine {
         let order: Vec<usize> = (0..cfg.n_layer + 2).collect();
         let mut gathers = GatherQueue::new(order, self.plan.overlap);
         let embedding = self.next_gather(&mut gathers, 0, false)?;
-        let mut x = model::embedding_forward(cfg, &embedding, &tokens)?;
+        let mut x = model::embedding_unit_forward(cfg, &embedding, &tokens)?;
         for l in 0..cfg.n_layer {
             let params = self.next_gather(&mut gathers, 1 + l, false)?;
             x = model::block_forward(cfg, &params, &x, true)?.0;
