@@ -11,6 +11,7 @@ mod plan;
 mod plot;
 mod schedule;
 mod train;
+mod units;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -130,12 +131,13 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    let overrides = config::Overrides::parse(&cli.set)?;
     match cli.command {
         None => {
             let path = cli
                 .config
                 .context("no --config given (see trainer --help)")?;
-            let config = config::RunConfig::load(&path, &cli.set)?;
+            let config = config::RunConfig::load(&path, &overrides)?;
             if cli.print_config {
                 print!("{}", config.to_toml()?);
                 return Ok(());
@@ -177,7 +179,7 @@ fn run(cli: Cli) -> Result<()> {
             json,
         }) => plan::run(&plan::PlanArgs {
             config: cli.config.as_deref(),
-            set: &cli.set,
+            set: &overrides,
             world_size,
             gpus_per_node,
             json,
@@ -192,7 +194,7 @@ fn run(cli: Cli) -> Result<()> {
             mib,
         }) => bench::run(&bench::BenchArgs {
             config: cli.config.as_deref(),
-            set: &cli.set,
+            set: &overrides,
             steps,
             warmup,
             json,

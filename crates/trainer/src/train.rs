@@ -16,6 +16,7 @@ use crate::config::{Backend, RunConfig};
 use crate::launch;
 use crate::metrics::{self, EvalLine, MetricsWriter, StepLine};
 use crate::schedule::learning_rate;
+use crate::units;
 
 /// Test hook: after completing (and checkpointing) this step, the process kills itself with
 /// SIGKILL, as a crash or a preempted job would. Used by the kill-and-resume tests.
@@ -144,15 +145,6 @@ impl Reporter {
         if let Some(bar) = &self.bar {
             bar.finish();
         }
-    }
-}
-
-pub fn human_bytes(b: u64) -> String {
-    let b = b as f64;
-    match b {
-        _ if b >= 1e9 => format!("{:.2} GB", b / 1e9),
-        _ if b >= 1e6 => format!("{:.1} MB", b / 1e6),
-        _ => format!("{:.1} kB", b / 1e3),
     }
 }
 
@@ -367,9 +359,9 @@ fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<(
         t.micro_batch,
         accumulation,
         world,
-        human_bytes(memory.sharded_bytes),
-        human_bytes(memory.working_bytes),
-        human_bytes(memory.secondary_bytes),
+        units::bytes(memory.sharded_bytes()),
+        units::bytes(memory.working_bytes()),
+        units::bytes(memory.hpz_secondary),
         corpora.train.tokens.len(),
         sampler.num_samples(),
     ));

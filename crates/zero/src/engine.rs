@@ -15,6 +15,7 @@ use kernels::profile::{scope, Family};
 use model::{GptConfig, ModelLayout, UnitLayout};
 
 use crate::gather::{self, GatherQueue, Secondary};
+use crate::memory::{rank_memory, RankMemory};
 use crate::reduce::{self, Reduction};
 use crate::{AdamW, DecayRanges, Partition, Result, Techniques, ZeroConfig, ZeroError, ZeroPlan};
 
@@ -70,18 +71,6 @@ pub struct StepStats {
 pub struct NamedShard {
     pub name: String,
     pub data: Vec<f32>,
-}
-
-/// Bytes per rank: the sharded states, and the largest transient full-unit buffers.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct MemoryEstimate {
-    /// fp32 master + Adam moments + fp32 gradient shard (16 bytes per owned element).
-    pub sharded_bytes: u64,
-    /// Two gathered units at a time (the embedding held through backward plus the largest other)
-    /// and the full fp32 gradients of the [`REDUCTIONS_IN_FLIGHT`] largest units.
-    pub working_bytes: u64,
-    /// hpZ's secondary partitions (padded / ranks per node of every unit), 0 without hpZ.
-    pub secondary_bytes: u64,
 }
 
 /// One rank's shard of one unit; every state is a 1-D f32 tensor on the compute device.
@@ -188,33 +177,11 @@ impl Engine {
         Ok(self.units[u].grad.to_vec1::<f32>()?)
     }
 
-    pub fn memory_estimate(&self) -> MemoryEstimate {
-        let owned: usize = self.units.iter().map(|u| u.master.elem_count()).sum();
-        let mut sizes: Vec<usize> = self.units.iter().map(|u| u.partition.padded).collect();
-        let embedding = sizes[0];
-        sizes.sort_unstable();
-        let largest = *sizes.last().unwrap_or(&0);
-        let in_reduction: usize = sizes.iter().rev().take(REDUCTIONS_IN_FLIGHT).sum();
-        let d = self.plan.topology.ranks_per_node;
-        let secondary: usize = if self.plan.hpz {
-            let per_element = match self.plan.qwz {
-                Some(_) => 1,
-                None => self.opts.compute_dtype.size_in_bytes(),
-            };
-            self.units
-                .iter()
-                .map(|u| u.partition.padded / d * per_element)
-                .sum()
-        } else {
-            0
-        };
-        MemoryEstimate {
-            sharded_bytes: 16 * owned as u64,
-            // Gathered units in the compute dtype, the gradients in reduction in f32.
-            working_bytes: (self.opts.compute_dtype.size_in_bytes() * (embedding + largest)
-                + 4 * in_reduction) as u64,
-            secondary_bytes: secondary as u64,
-        }
+    /// This rank's memory for the model's states, as `trainer plan` counts it
+    /// ([`crate::memory::rank_memory`] of this engine's plan and units, in the compute dtype).
+    pub fn memory_estimate(&self) -> RankMemory {
+        let numels: Vec<usize> = self.units.iter().map(|u| u.layout.numel).collect();
+        rank_memory(&self.plan, &numels, self.opts.compute_dtype.size_in_bytes())
     }
 
     /// Issues the next gather of `queue`. In training (`hpz`), a unit with a valid secondary
