@@ -255,6 +255,40 @@ fn plot_writes_a_png() {
     assert_eq!(&std::fs::read(&png).unwrap()[..4], b"\x89PNG");
 }
 
+/// With the local backend, a rank that hangs makes its peers give up after `dist.timeout_s`
+/// (not the 600 s default): the run fails within seconds, naming the wait.
+#[test]
+fn dist_timeout_s_bounds_the_local_backends_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 4);
+    let mut sets = small_run(dir.path(), &corpus, 4);
+    sets.retain(|s| !s.starts_with("dist."));
+    sets.extend(
+        [
+            "dist.world_size=2",
+            "dist.gpus_per_node=2",
+            "dist.timeout_s=2",
+        ]
+        .map(String::from),
+    );
+    let mut c = trainer();
+    c.args(["--config", "configs/tiny.toml"])
+        .env("ZEROPP_HANG_RANK", "1@2");
+    for s in &sets {
+        c.args(["--set", s]);
+    }
+    let start = std::time::Instant::now();
+    let out = c.output().unwrap();
+    let took = start.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the run must fail: {err}");
+    assert!(
+        took < std::time::Duration::from_secs(60),
+        "took {took:?}: {err}"
+    );
+    assert!(err.contains("waited 2 s for its peers"), "{err}");
+}
+
 #[test]
 fn print_config_resolves_overrides() {
     let out = trainer()

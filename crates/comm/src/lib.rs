@@ -46,7 +46,8 @@ pub use counters::ByteCounters;
 pub use error::{CommError, Result, SharedSource};
 pub use failure::{FailureHandler, FailureReport};
 pub use local::{
-    local_world, local_world_with_timeout, run_local, LocalComm, LocalRunError, DEFAULT_TIMEOUT,
+    local_world, local_world_with_timeout, run_local, run_local_with_timeout, LocalComm,
+    LocalRunError, DEFAULT_TIMEOUT,
 };
 #[cfg(feature = "mpi")]
 pub use mpi::MpiComm;

@@ -5,6 +5,7 @@ mod checkpoint;
 mod config;
 mod device_memory;
 mod export;
+mod hooks;
 mod launch;
 mod metrics;
 mod plan;

@@ -23,7 +23,7 @@ use crate::op::Op;
 use crate::{ByteCounters, CommError, Communicator, Group, Pending, Result, Topology};
 use rendezvous::{Payload, Seat, Shared};
 
-pub use run::{run_local, LocalRunError};
+pub use run::{run_local, run_local_with_timeout, LocalRunError};
 
 /// How long a collective waits for its peers before failing with [`CommError::Timeout`]: a last
 /// resort, generous enough for any step; failures of a rank are reported at once by abort.
