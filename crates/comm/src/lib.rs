@@ -8,8 +8,13 @@
 //!
 //! Buffers are 1-D candle tensors, on the CPU or a GPU. Backends: [`Solo`] (one rank, every
 //! collective returns its input), [`LocalComm`] (W ranks as threads of one process, on the CPU
-//! or sharing one GPU, see [`run_local`]) and, with feature `cuda`, NCCL. Every backend counts the logical
-//! bytes it sends per link kind ([`ByteCounters`]), the paper's volume accounting.
+//! or sharing one GPU, see [`run_local`]), with feature `cuda` NCCL, and with feature `mpi`
+//! MPI. Every backend counts the logical bytes it sends per link kind ([`ByteCounters`]), the
+//! paper's volume accounting.
+//!
+//! Failures are [`CommError`]s that keep their causes as sources. The library never prints and
+//! never ends the process: a backend that gives up on its world without a caller to return to
+//! (a watchdog, an MPI abort) hands a [`FailureReport`] to the program's [`FailureHandler`].
 //!
 //! ```
 //! use comm::{run_local, Communicator, Group, HostCollectives, Topology};
