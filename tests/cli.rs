@@ -60,6 +60,30 @@ fn run_with(sets: &[String], extra: &[&str]) -> Output {
     c.output().unwrap()
 }
 
+/// `trainer prepare-data --quiet --output OUTPUT --input INPUT` and `extra` arguments.
+fn prepare_data(output: &Path, input: &Path, extra: &[&str]) -> Output {
+    trainer()
+        .args(["prepare-data", "--quiet"])
+        .args(extra)
+        .arg("--output")
+        .arg(output)
+        .arg("--input")
+        .arg(input)
+        .output()
+        .unwrap()
+}
+
+/// `trainer plot INPUT --output PNG`.
+fn plot(input: &Path, png: &Path) -> Output {
+    trainer()
+        .arg("plot")
+        .arg(input)
+        .arg("--output")
+        .arg(png)
+        .output()
+        .unwrap()
+}
+
 fn assert_ok(out: &Output) {
     assert!(
         out.status.success(),
@@ -192,21 +216,9 @@ fn prepared_indexed_data_trains_and_corrupt_index_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let corpus = small_corpus(dir.path(), 5);
     let prefix = dir.path().join("sotu");
-    let out = trainer()
-        .args([
-            "prepare-data",
-            "--quiet",
-            "--valid-fraction",
-            "0.2",
-            "--output",
-        ])
-        .arg(&prefix)
-        .arg("--input")
-        .arg(&corpus)
-        .output()
-        .unwrap();
+    let out = prepare_data(&prefix, &corpus, &["--valid-fraction", "0.2"]);
     assert_ok(&out);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("MB/s"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("iB/s"));
     let idx = prefix.with_extension("idx");
     assert!(idx.exists() && prefix.with_extension("bin").exists());
 
@@ -244,15 +256,107 @@ fn plot_writes_a_png() {
     ];
     std::fs::write(&metrics, lines.join("\n")).unwrap();
     let png = dir.path().join("loss.png");
+    assert_ok(&plot(&metrics, &png));
+    assert_eq!(&std::fs::read(&png).unwrap()[..4], b"\x89PNG");
+}
+
+/// The newcomer's paths from the README, on a fresh folder: `prepare-data`, `export` and `plot`
+/// create the folders their output goes in, and an error names its io cause once.
+#[test]
+fn outputs_in_new_folders_are_created_and_io_causes_said_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 4);
+
+    let prefix = dir.path().join("data/pile/pile_train");
+    assert_ok(&prepare_data(&prefix, &corpus, &[]));
+    assert!(prefix.with_extension("bin").exists() && prefix.with_extension("idx").exists());
+
+    let sets = small_run(dir.path(), &corpus, 2);
+    assert_ok(&run_with(&sets, &[]));
+    let model = dir.path().join("hf/gpt/model.safetensors");
     let out = trainer()
-        .arg("plot")
-        .arg(&metrics)
+        .args(["export", "--checkpoint"])
+        .arg(dir.path().join("run/checkpoints"))
         .arg("--output")
-        .arg(&png)
+        .arg(&model)
         .output()
         .unwrap();
     assert_ok(&out);
+    assert!(model.exists() && model.with_file_name("config.json").exists());
+
+    let png = dir.path().join("plots/new/loss.png");
+    assert_ok(&plot(&dir.path().join("run"), &png));
     assert_eq!(&std::fs::read(&png).unwrap()[..4], b"\x89PNG");
+
+    // A missing input: one error line, which names the file and says the cause once.
+    let out = prepare_data(
+        &dir.path().join("again/pile_train"),
+        &dir.path().join("missing.jsonl"),
+        &[],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("missing.jsonl"), "{err}");
+    let cause = "No such file or directory";
+    assert_eq!(lines[0].matches(cause).count(), 1, "{err}");
+}
+
+/// The plot's token axis and its summary line count tokens as 20K, 1.5M, 2.1B.
+#[test]
+fn plot_counts_tokens_in_thousands_millions_and_billions() {
+    let dir = tempfile::tempdir().unwrap();
+    for (tokens, label) in [
+        (20_000u64, "20K"),
+        (1_500_000, "1.5M"),
+        (2_100_000_000, "2.1B"),
+    ] {
+        let metrics = dir.path().join(format!("{label}.jsonl"));
+        let lines = [
+            format!(r#"{{"step":1,"tokens":{},"loss":10.9}}"#, tokens / 2),
+            format!(r#"{{"step":2,"tokens":{tokens},"loss":9.5}}"#),
+        ];
+        std::fs::write(&metrics, lines.join("\n")).unwrap();
+        let out = plot(&metrics, &dir.path().join(format!("{label}.png")));
+        assert_ok(&out);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("over {label} tokens")), "{err}");
+    }
+}
+
+/// With the local backend, a rank that hangs makes its peers give up after `dist.timeout_s`
+/// (not the 600 s default): the run fails within seconds, naming the wait.
+#[test]
+fn dist_timeout_s_bounds_the_local_backends_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 4);
+    let mut sets = small_run(dir.path(), &corpus, 4);
+    sets.retain(|s| !s.starts_with("dist."));
+    sets.extend(
+        [
+            "dist.world_size=2",
+            "dist.gpus_per_node=2",
+            "dist.timeout_s=2",
+        ]
+        .map(String::from),
+    );
+    let mut c = trainer();
+    c.args(["--config", "configs/tiny.toml"])
+        .env("ZEROPP_HANG_RANK", "1@2");
+    for s in &sets {
+        c.args(["--set", s]);
+    }
+    let start = std::time::Instant::now();
+    let out = c.output().unwrap();
+    let took = start.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the run must fail: {err}");
+    assert!(
+        took < std::time::Duration::from_secs(60),
+        "took {took:?}: {err}"
+    );
+    assert!(err.contains("waited 2 s for its peers"), "{err}");
 }
 
 #[test]

@@ -16,10 +16,11 @@
 //! `--hang-at K` sleeps for ever (the peers' watchdogs fire, after `--timeout S` seconds);
 //! `--abort-at K` calls [`Communicator::abort`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
-use comm::{run_local, ByteCounters, Communicator, Group, MpiComm, Topology};
+use comm::{run_local, ByteCounters, Communicator, FailureReport, Group, MpiComm, Topology};
 
 const GROUPS: [Group; 3] = [Group::World, Group::IntraNode, Group::InterNode];
 const DTYPES: [DType; 3] = [DType::U8, DType::F32, DType::BF16];
@@ -308,6 +309,10 @@ pub fn run_rank(argv: Vec<String>) -> i32 {
     if let Some(s) = args.timeout_s {
         comm.set_timeout(Duration::from_secs(s));
     }
+    // The backend reports its watchdog and its aborts here, just before `MPI_Abort`.
+    comm.set_failure_handler(Some(Arc::new(|report: &FailureReport| {
+        eprintln!("error: {report}")
+    })));
     let rank = comm.rank();
     let fault = |k: usize| {
         if rank != FAULTY {
@@ -328,6 +333,8 @@ pub fn run_rank(argv: Vec<String>) -> i32 {
         }
         if args.abort_at == Some(k) {
             comm.abort(format!("asked to abort before collective #{k}"));
+            // MPI_Abort did not end the process: end it here.
+            std::process::exit(1);
         }
     };
     let result = sequence(&comm, &fault)

@@ -16,9 +16,11 @@
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::error::one_line;
 use crate::{CommError, Result};
 
 const MAGIC: [u8; 4] = *b"ZPPb";
@@ -40,8 +42,170 @@ const REPLY_SLACK: Duration = Duration::from_secs(2);
 /// Socket write timeout for the short messages.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn error(message: impl Into<String>) -> CommError {
-    CommError::Bootstrap(message.into())
+/// What went wrong in the rendezvous. Rank 0 sends its error to every peer that connected
+/// ([`BootstrapError::FromRankZero`] there), so every process of the world fails with the same
+/// line.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum BootstrapError {
+    // ---- the arguments ----
+    /// A rank outside its world.
+    #[error("bootstrap: rank {rank} is not below world size {world}")]
+    RankOutOfWorld { rank: usize, world: usize },
+    /// Rank 0's address is not `HOST:PORT`.
+    #[error("bootstrap: {addr:?} is not HOST:PORT (check MASTER_ADDR and MASTER_PORT)")]
+    BadAddress { addr: String },
+
+    // ---- rank 0's view ----
+    /// Rank 0 cannot listen on its port.
+    #[error(
+        "bootstrap: rank 0 cannot listen on {addr} (is MASTER_PORT={} used by another job?)",
+        addr.port()
+    )]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// Ranks that had not connected at the timeout.
+    #[error(
+        "bootstrap: only {} of {world} ranks connected to {addr} within {} (missing: {})",
+        world - missing.len(),
+        seconds(*timeout),
+        rank_list(missing)
+    )]
+    MissingRanks {
+        world: usize,
+        addr: SocketAddr,
+        timeout: Duration,
+        missing: Vec<usize>,
+    },
+    /// A peer of another protocol version (another build of the trainer).
+    #[error(
+        "bootstrap: rank {rank} speaks bootstrap protocol version {theirs}, rank 0 version \
+         {ours} (different trainer builds?)"
+    )]
+    Version { rank: u64, theirs: u32, ours: u32 },
+    /// A peer started with another world size.
+    #[error("bootstrap: rank {rank} was started with world size {theirs}, rank 0 with {ours}")]
+    WorldSize { rank: u64, theirs: u64, ours: usize },
+    /// A peer whose rank is outside the world.
+    #[error("bootstrap: a process connected as rank {rank}, outside the world of {world} ranks")]
+    RankOutside { rank: u64, world: usize },
+    /// Two processes with one rank.
+    #[error(
+        "bootstrap: two processes were started as rank {rank} (check the launcher's rank \
+         variables)"
+    )]
+    DuplicateRank { rank: u64 },
+    /// Rank 0 could not make the payload.
+    #[error("bootstrap: rank 0 could not make the payload")]
+    Payload {
+        #[source]
+        source: Box<CommError>,
+    },
+    /// Rank 0 could not send the payload to a peer.
+    #[error("bootstrap: could not send the payload to rank {rank}")]
+    Send {
+        rank: usize,
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// A peer did not confirm that it holds the payload.
+    #[error("bootstrap: rank {rank} did not confirm the payload")]
+    NoConfirmation {
+        rank: usize,
+        #[source]
+        source: Arc<io::Error>,
+    },
+
+    // ---- a peer's view ----
+    /// `MASTER_ADDR` does not resolve.
+    #[error("bootstrap: cannot resolve MASTER_ADDR {host:?}")]
+    Resolve {
+        host: String,
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// `MASTER_ADDR` resolves to no address.
+    #[error("bootstrap: cannot resolve MASTER_ADDR {host:?} (no addresses)")]
+    NoAddresses { host: String },
+    /// Nothing accepted the connection until the timeout.
+    #[error(
+        "bootstrap: nothing listening at {addr} after {} (is rank 0 running, and are \
+         MASTER_ADDR/MASTER_PORT right?)",
+        seconds(*timeout)
+    )]
+    NothingListening { addr: String, timeout: Duration },
+    /// Rank 0 sent nothing within `waited` (`what`: the step, e.g. "no reply from").
+    #[error("bootstrap: {what} rank 0 at {addr}: rank 0 sent nothing within {}", seconds(*waited))]
+    Silent {
+        what: &'static str,
+        addr: String,
+        waited: Duration,
+    },
+    /// Rank 0 closed the connection.
+    #[error("bootstrap: {what} rank 0 at {addr}: rank 0 closed the connection")]
+    Closed { what: &'static str, addr: String },
+    /// Another socket error talking to rank 0.
+    #[error("bootstrap: {what} rank 0 at {addr}")]
+    Io {
+        what: &'static str,
+        addr: String,
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// The reply is not our protocol's.
+    #[error(
+        "bootstrap: {addr} is not a trainer's rank 0 (unexpected reply; is MASTER_PORT used by \
+         another program?)"
+    )]
+    NotRankZero { addr: String },
+    /// A reply longer than any payload.
+    #[error("bootstrap: rank 0 at {addr} announced {len} bytes, more than the limit of {limit}")]
+    TooLong { addr: String, len: u64, limit: u64 },
+    /// A reply status this build does not know.
+    #[error("bootstrap: rank 0 at {addr} replied with unknown status {status}")]
+    UnknownStatus { addr: String, status: u8 },
+    /// Rank 0's error, as rank 0 wrote it (its whole cause chain on one line).
+    #[error("{message}")]
+    FromRankZero { message: String },
+
+    // ---- the NCCL payload (feature `cuda`) ----
+    /// The configured topology against the launched world.
+    #[error(
+        "bootstrap: the topology of {nodes} nodes x {ranks_per_node} ranks does not match the \
+         {world} ranks the launcher ({launcher}) started"
+    )]
+    TopologyNotLaunch {
+        nodes: usize,
+        ranks_per_node: usize,
+        world: usize,
+        launcher: crate::launch::Launcher,
+    },
+    /// A payload too short to hold rank 0's topology.
+    #[error("bootstrap: rank 0 sent {len} bytes, too short for NCCL ids")]
+    ShortPayload { len: usize },
+    /// Rank 0 and this rank disagree on the topology.
+    #[error(
+        "bootstrap: rank 0 uses {} nodes x {} ranks, rank {rank} uses {} x {} (is \
+         dist.gpus_per_node the same for every rank?)",
+        theirs.0, theirs.1, ours.0, ours.1
+    )]
+    TopologyMismatch {
+        rank: usize,
+        theirs: (u64, u64),
+        ours: (u64, u64),
+    },
+}
+
+/// The first 16 ranks of `ranks`, then how many more.
+fn rank_list(ranks: &[usize]) -> String {
+    let mut list: Vec<String> = ranks.iter().take(16).map(|r| r.to_string()).collect();
+    if ranks.len() > 16 {
+        list.push(format!("... {} more", ranks.len() - 16));
+    }
+    list.join(", ")
 }
 
 /// Joins the rendezvous at `addr` (`HOST:PORT`, rank 0's address) as `rank` of `world_size`
@@ -67,31 +231,32 @@ fn rendezvous_with(
     addr: &str,
     rank: usize,
     world_size: usize,
-    root_payload: impl FnOnce() -> std::result::Result<Vec<u8>, String>,
+    root_payload: impl FnOnce() -> Result<Vec<u8>>,
     timeout: Duration,
 ) -> Result<Vec<u8>> {
     if rank >= world_size {
-        return Err(error(format!(
-            "rank {rank} is not below world size {world_size}"
-        )));
+        return Err(BootstrapError::RankOutOfWorld {
+            rank,
+            world: world_size,
+        }
+        .into());
     }
     if world_size == 1 {
-        return root_payload().map_err(error);
+        return root_payload();
     }
     let (host, port) = split_addr(addr)?;
-    if rank == 0 {
+    let result = if rank == 0 {
         root(host, port, world_size, root_payload, timeout)
     } else {
         peer(addr, host, port, rank, world_size, timeout)
-    }
+    };
+    Ok(result?)
 }
 
 /// `HOST:PORT` (or `[V6]:PORT`) into its parts.
-fn split_addr(addr: &str) -> Result<(&str, u16)> {
-    let bad = || {
-        error(format!(
-            "{addr:?} is not HOST:PORT (check MASTER_ADDR and MASTER_PORT)"
-        ))
+fn split_addr(addr: &str) -> Result<(&str, u16), BootstrapError> {
+    let bad = || BootstrapError::BadAddress {
+        addr: addr.to_string(),
     };
     let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
     let host = host
@@ -159,9 +324,9 @@ fn root(
     host: &str,
     port: u16,
     world: usize,
-    payload: impl FnOnce() -> std::result::Result<Vec<u8>, String>,
+    payload: impl FnOnce() -> Result<Vec<u8>>,
     timeout: Duration,
-) -> Result<Vec<u8>> {
+) -> Result<Vec<u8>, BootstrapError> {
     let deadline = Instant::now() + timeout;
     let any: IpAddr = if host.parse::<Ipv6Addr>().is_ok() {
         Ipv6Addr::UNSPECIFIED.into()
@@ -171,16 +336,15 @@ fn root(
     let listen = SocketAddr::new(any, port);
     let listener = TcpListener::bind(listen)
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .map_err(|e| {
-            error(format!(
-                "rank 0 cannot listen on {listen}: {e} (is MASTER_PORT={port} used by another job?)"
-            ))
+        .map_err(|e| BootstrapError::Listen {
+            addr: listen,
+            source: Arc::new(e),
         })?;
 
     // Peers by rank, and connections to tell the error to (duplicates, mismatched worlds).
     let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
     let mut others: Vec<TcpStream> = Vec::new();
-    let mut failure: Option<String> = None;
+    let mut failure: Option<BootstrapError> = None;
     // The largest world any process was started with: how many to wait for before failing.
     let mut expected = world;
     let mut arrived = 0;
@@ -191,18 +355,12 @@ fn root(
         }
         if Instant::now() >= deadline {
             if failure.is_none() {
-                let missing: Vec<usize> = (1..world).filter(|&r| peers[r].is_none()).collect();
-                let mut list: Vec<String> =
-                    missing.iter().take(16).map(|r| r.to_string()).collect();
-                if missing.len() > 16 {
-                    list.push(format!("... {} more", missing.len() - 16));
-                }
-                failure = Some(format!(
-                    "only {} of {world} ranks connected to {listen} within {} (missing: {})",
-                    world - missing.len(),
-                    seconds(timeout),
-                    list.join(", ")
-                ));
+                failure = Some(BootstrapError::MissingRanks {
+                    world,
+                    addr: listen,
+                    timeout,
+                    missing: (1..world).filter(|&r| peers[r].is_none()).collect(),
+                });
             }
             break;
         }
@@ -222,28 +380,24 @@ fn root(
         };
         arrived += 1;
         last_arrival = Instant::now();
+        let rank = hello.rank;
         let problem = if hello.version != VERSION {
-            Some(format!(
-                "rank {} speaks bootstrap protocol version {}, rank 0 version {VERSION} \
-                 (different trainer builds?)",
-                hello.rank, hello.version
-            ))
+            Some(BootstrapError::Version {
+                rank,
+                theirs: hello.version,
+                ours: VERSION,
+            })
         } else if hello.world != world as u64 {
             expected = expected.max(usize::try_from(hello.world).unwrap_or(usize::MAX));
-            Some(format!(
-                "rank {} was started with world size {}, rank 0 with {world}",
-                hello.rank, hello.world
-            ))
-        } else if hello.rank >= world as u64 {
-            Some(format!(
-                "a process connected as rank {}, outside the world of {world} ranks",
-                hello.rank
-            ))
-        } else if hello.rank == 0 || peers[hello.rank as usize].is_some() {
-            Some(format!(
-                "two processes were started as rank {} (check the launcher's rank variables)",
-                hello.rank
-            ))
+            Some(BootstrapError::WorldSize {
+                rank,
+                theirs: hello.world,
+                ours: world,
+            })
+        } else if rank >= world as u64 {
+            Some(BootstrapError::RankOutside { rank, world })
+        } else if rank == 0 || peers[rank as usize].is_some() {
+            Some(BootstrapError::DuplicateRank { rank })
         } else {
             None
         };
@@ -258,16 +412,19 @@ fn root(
     drop(listener);
 
     let bytes = match failure {
-        None => payload(),
-        Some(message) => Err(message),
+        None => payload().map_err(|e| BootstrapError::Payload {
+            source: Box::new(e),
+        }),
+        Some(failure) => Err(failure),
     };
     let bytes = match bytes {
         Ok(bytes) => bytes,
-        Err(message) => {
+        Err(failure) => {
+            let message = one_line(&failure);
             for stream in peers.iter_mut().flatten().chain(others.iter_mut()) {
                 let _ = write_reply(stream, STATUS_ERROR, message.as_bytes());
             }
-            return Err(error(message));
+            return Err(failure);
         }
     };
     let mut peers: Vec<(usize, TcpStream)> = peers
@@ -275,16 +432,21 @@ fn root(
         .enumerate()
         .filter_map(|(r, s)| s.map(|s| (r, s)))
         .collect();
-    for (r, stream) in &mut peers {
-        write_reply(stream, STATUS_OK, &bytes)
-            .map_err(|e| error(format!("could not send the payload to rank {r}: {e}")))?;
+    for (rank, stream) in &mut peers {
+        write_reply(stream, STATUS_OK, &bytes).map_err(|e| BootstrapError::Send {
+            rank: *rank,
+            source: Arc::new(e),
+        })?;
     }
-    for (r, stream) in &mut peers {
+    for (rank, stream) in &mut peers {
         let mut ack = [0; 1];
         stream
             .set_read_timeout(Some(timeout.max(Duration::from_secs(1))))
             .and_then(|()| stream.read_exact(&mut ack))
-            .map_err(|e| error(format!("rank {r} did not confirm the payload: {e}")))?;
+            .map_err(|e| BootstrapError::NoConfirmation {
+                rank: *rank,
+                source: Arc::new(e),
+            })?;
     }
     Ok(bytes)
 }
@@ -297,16 +459,19 @@ fn peer(
     rank: usize,
     world: usize,
     timeout: Duration,
-) -> Result<Vec<u8>> {
+) -> Result<Vec<u8>, BootstrapError> {
     let deadline = Instant::now() + timeout;
     let targets: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()
-        .map_err(|e| error(format!("cannot resolve MASTER_ADDR {host:?} ({e})")))?
+        .map_err(|e| BootstrapError::Resolve {
+            host: host.to_string(),
+            source: Arc::new(e),
+        })?
         .collect();
     if targets.is_empty() {
-        return Err(error(format!(
-            "cannot resolve MASTER_ADDR {host:?} (no addresses)"
-        )));
+        return Err(BootstrapError::NoAddresses {
+            host: host.to_string(),
+        });
     }
 
     let mut backoff = Duration::from_millis(10);
@@ -323,26 +488,30 @@ fn peer(
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(error(format!(
-                "nothing listening at {addr} after {} (is rank 0 running, and are \
-                 MASTER_ADDR/MASTER_PORT right?)",
-                seconds(timeout)
-            )));
+            return Err(BootstrapError::NothingListening {
+                addr: addr.to_string(),
+                timeout,
+            });
         }
         thread::sleep(backoff.min(left));
         backoff = (backoff * 2).min(MAX_BACKOFF);
     };
 
-    let io_error = |what: &str, e: io::Error| {
-        let why = match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
-                "rank 0 sent nothing within {}",
-                seconds(timeout + REPLY_SLACK)
-            ),
-            io::ErrorKind::UnexpectedEof => "rank 0 closed the connection".to_string(),
-            _ => e.to_string(),
-        };
-        error(format!("{what} rank 0 at {addr}: {why}"))
+    let io_error = |what: &'static str, e: io::Error| {
+        let addr = addr.to_string();
+        match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => BootstrapError::Silent {
+                what,
+                addr,
+                waited: timeout + REPLY_SLACK,
+            },
+            io::ErrorKind::UnexpectedEof => BootstrapError::Closed { what, addr },
+            _ => BootstrapError::Io {
+                what,
+                addr,
+                source: Arc::new(e),
+            },
+        }
     };
     let mut hello = Vec::with_capacity(HELLO_BYTES);
     hello.extend_from_slice(&MAGIC);
@@ -361,16 +530,17 @@ fn peer(
         .read_exact(&mut header)
         .map_err(|e| io_error("no reply from", e))?;
     if header[..4] != MAGIC {
-        return Err(error(format!(
-            "{addr} is not a trainer's rank 0 (unexpected reply; is MASTER_PORT used by another \
-             program?)"
-        )));
+        return Err(BootstrapError::NotRankZero {
+            addr: addr.to_string(),
+        });
     }
     let len = u64::from_le_bytes(header[5..].try_into().expect("8 bytes"));
     if len > MAX_PAYLOAD {
-        return Err(error(format!(
-            "rank 0 at {addr} announced {len} bytes, more than the limit of {MAX_PAYLOAD}"
-        )));
+        return Err(BootstrapError::TooLong {
+            addr: addr.to_string(),
+            len,
+            limit: MAX_PAYLOAD,
+        });
     }
     let mut body = vec![0; len as usize];
     stream
@@ -383,10 +553,13 @@ fn peer(
                 .map_err(|e| io_error("cannot confirm the payload to", e))?;
             Ok(body)
         }
-        STATUS_ERROR => Err(error(String::from_utf8_lossy(&body).into_owned())),
-        status => Err(error(format!(
-            "rank 0 at {addr} replied with unknown status {status}"
-        ))),
+        STATUS_ERROR => Err(BootstrapError::FromRankZero {
+            message: String::from_utf8_lossy(&body).into_owned(),
+        }),
+        status => Err(BootstrapError::UnknownStatus {
+            addr: addr.to_string(),
+            status,
+        }),
     }
 }
 
@@ -399,7 +572,7 @@ mod cuda {
 
     use candle_core::CudaDevice;
 
-    use super::{error, rendezvous_with};
+    use super::{rendezvous_with, BootstrapError};
     use crate::launch::LaunchInfo;
     use crate::{NcclComm, NcclIds, Result, Topology};
 
@@ -416,19 +589,20 @@ mod cuda {
         timeout: Duration,
     ) -> Result<NcclComm> {
         if topology.world() != info.world_size {
-            return Err(error(format!(
-                "the topology of {} nodes x {} ranks does not match the {} ranks the launcher \
-                 ({}) started",
-                topology.nodes, topology.ranks_per_node, info.world_size, info.launcher
-            )));
+            return Err(BootstrapError::TopologyNotLaunch {
+                nodes: topology.nodes,
+                ranks_per_node: topology.ranks_per_node,
+                world: info.world_size,
+                launcher: info.launcher,
+            }
+            .into());
         }
         let ids = if info.world_size == 1 {
             NcclIds::new(topology)?
         } else {
             let addr = info.rendezvous_addr()?;
             let make = || {
-                let ids = NcclIds::new(topology)
-                    .map_err(|e| format!("rank 0 could not create the NCCL ids: {e}"))?;
+                let ids = NcclIds::new(topology)?;
                 let mut bytes = Vec::new();
                 bytes.extend_from_slice(&(topology.nodes as u64).to_le_bytes());
                 bytes.extend_from_slice(&(topology.ranks_per_node as u64).to_le_bytes());
@@ -437,20 +611,19 @@ mod cuda {
             };
             let bytes = rendezvous_with(&addr, info.rank, info.world_size, make, timeout)?;
             if bytes.len() < 16 {
-                return Err(error(format!(
-                    "rank 0 sent {} bytes, too short for NCCL ids",
-                    bytes.len()
-                )));
+                return Err(BootstrapError::ShortPayload { len: bytes.len() }.into());
             }
             let word =
                 |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
             let (nodes, per_node) = (word(0), word(1));
-            if (nodes, per_node) != (topology.nodes as u64, topology.ranks_per_node as u64) {
-                return Err(error(format!(
-                    "rank 0 uses {nodes} nodes x {per_node} ranks, rank {} uses {} x {} \
-                     (is dist.gpus_per_node the same for every rank?)",
-                    info.rank, topology.nodes, topology.ranks_per_node
-                )));
+            let ours = (topology.nodes as u64, topology.ranks_per_node as u64);
+            if (nodes, per_node) != ours {
+                return Err(BootstrapError::TopologyMismatch {
+                    rank: info.rank,
+                    theirs: (nodes, per_node),
+                    ours,
+                }
+                .into());
             }
             NcclIds::from_bytes(&bytes[16..], topology)?
         };

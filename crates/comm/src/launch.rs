@@ -18,7 +18,7 @@
 
 use std::fmt;
 
-use crate::{CommError, Result, Topology};
+use crate::{Result, Topology};
 
 /// The program that started this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +46,141 @@ impl fmt::Display for Launcher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// What is wrong with a launch: a launcher variable (named, with its value) or the configuration
+/// against the launch. Every message is one line that names the variable or key to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LaunchError {
+    // ---- the variables ----
+    /// A variable that must be a number is not.
+    #[error("{name}={value:?} is not a number")]
+    NotANumber {
+        name: &'static str,
+        value: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    /// `because` is set but `name`, which that launcher sets with it, is not.
+    #[error("{because} is set but {name} is not: the launcher must set both")]
+    Missing {
+        name: &'static str,
+        because: &'static str,
+    },
+    /// `SLURM_PROCID` without `SLURM_NTASKS`: not a task of an `srun` step.
+    #[error(
+        "SLURM_PROCID is set but SLURM_NTASKS is not: start the trainer with srun, one task per GPU"
+    )]
+    NotAnSrunTask,
+    /// `MASTER_ADDR` set to nothing.
+    #[error("MASTER_ADDR is set but empty")]
+    EmptyMasterAddr,
+    /// `MASTER_PORT` that is not a port number.
+    #[error("MASTER_PORT={value:?} is not a port number (1-65535)")]
+    BadPort { value: String },
+    /// A slurm tasks-per-node list that does not parse.
+    #[error("{name}={value:?} is not a task count list like \"4\", \"4(x2)\" or \"4(x2),3\"")]
+    BadTaskList { name: &'static str, value: String },
+
+    // ---- the values against each other ----
+    /// A world size of 0.
+    #[error("{name}=0: the world needs at least 1 rank")]
+    EmptyWorld { name: &'static str },
+    /// A node size of 0.
+    #[error("{name}=0: a node needs at least 1 rank")]
+    EmptyNode { name: &'static str },
+    /// `name` = `value` is not below `limit_name` = `limit` (a rank, a local rank).
+    #[error("{name}={value} is not below {limit_name}={limit}")]
+    NotBelow {
+        name: &'static str,
+        value: usize,
+        limit_name: &'static str,
+        limit: usize,
+    },
+    /// More ranks on a node than in the world.
+    #[error("{name}={value} is larger than {world_name}={world}")]
+    NodeLargerThanWorld {
+        name: &'static str,
+        value: usize,
+        world_name: &'static str,
+        world: usize,
+    },
+    /// A node count the world's ranks cannot fill.
+    #[error("{name}={nodes}: {world} ranks cannot run on {nodes} nodes")]
+    BadNodeCount {
+        name: &'static str,
+        nodes: usize,
+        world: usize,
+    },
+
+    // ---- the launch against the topology and the configuration ----
+    /// Ranks not placed in blocks of `per_node` (rank = host x ranks per host + local rank).
+    #[error(
+        "rank {rank} is local rank {local_rank} on its node, but with {per_node} ranks per node \
+         it should be local rank {}: the launcher ({launcher}) must place ranks in blocks \
+         (srun --distribution=block, mpirun --map-by slot)",
+        rank % per_node
+    )]
+    NotInBlocks {
+        launcher: Launcher,
+        rank: usize,
+        local_rank: usize,
+        per_node: usize,
+    },
+    /// `dist.gpus_per_node = 0`.
+    #[error("dist.gpus_per_node = 0: a node needs at least 1 GPU")]
+    NoGpusPerNode,
+    /// `dist.gpus_per_node` that does not divide the launched world.
+    #[error(
+        "dist.gpus_per_node = {gpus} does not divide the {world} ranks the launcher ({launcher}) \
+         started"
+    )]
+    GpusPerNode {
+        gpus: usize,
+        world: usize,
+        launcher: Launcher,
+    },
+    /// A host whose rank count does not divide the world, without `dist.gpus_per_node`.
+    #[error(
+        "the launcher ({launcher}) put {local} ranks on this node, which does not divide the \
+         world of {world} ranks (uneven nodes?); set dist.gpus_per_node"
+    )]
+    UnevenNode {
+        launcher: Launcher,
+        local: usize,
+        world: usize,
+    },
+    /// Several hosts with unknown (uneven) rank counts, without `dist.gpus_per_node`.
+    #[error(
+        "the launcher ({launcher}) started {world} ranks on {nodes} nodes but not the same \
+         number on each; set dist.gpus_per_node"
+    )]
+    UnevenNodes {
+        launcher: Launcher,
+        world: usize,
+        nodes: usize,
+    },
+    /// `dist.world_size` against the processes the launcher started.
+    #[error(
+        "dist.world_size = {configured} but the launcher ({launcher}) started {world} processes"
+    )]
+    WorldSize {
+        configured: usize,
+        launcher: Launcher,
+        world: usize,
+    },
+    /// A world of several ranks without rank 0's address (`missing` names the variables).
+    #[error(
+        "{missing} not set: the {world} ranks the launcher ({launcher}) started need rank 0's \
+         address to connect (torchrun sets both; export them for mpirun and srun, e.g. \
+         MASTER_ADDR=<first host> MASTER_PORT=29500)"
+    )]
+    NoMaster {
+        missing: &'static str,
+        world: usize,
+        launcher: Launcher,
+    },
 }
 
 /// What the launcher told this process about the world it belongs to.
@@ -88,48 +223,40 @@ impl<F: Fn(&str) -> Option<String>> Vars<'_, F> {
         (self.get)(name).is_some()
     }
 
-    fn number(&self, name: &str) -> Result<Option<usize>> {
+    fn number(&self, name: &'static str) -> Result<Option<usize>, LaunchError> {
         match (self.get)(name) {
             None => Ok(None),
-            Some(value) => value
-                .trim()
-                .parse()
-                .map(Some)
-                .map_err(|_| launch(format!("{name}={value:?} is not a number"))),
+            Some(value) => match value.trim().parse() {
+                Ok(n) => Ok(Some(n)),
+                Err(source) => Err(LaunchError::NotANumber {
+                    name,
+                    value,
+                    source,
+                }),
+            },
         }
     }
 
     /// `name`, which a launch that set `because` must also set.
-    fn required(&self, name: &str, because: &str) -> Result<usize> {
-        self.number(name)?.ok_or_else(|| {
-            launch(format!(
-                "{because} is set but {name} is not: the launcher must set both"
-            ))
-        })
+    fn required(&self, name: &'static str, because: &'static str) -> Result<usize, LaunchError> {
+        self.number(name)?
+            .ok_or(LaunchError::Missing { name, because })
     }
 
-    fn master(&self) -> Result<(Option<String>, Option<u16>)> {
+    fn master(&self) -> Result<(Option<String>, Option<u16>), LaunchError> {
         let addr = match (self.get)("MASTER_ADDR") {
-            Some(a) if a.trim().is_empty() => return Err(launch("MASTER_ADDR is set but empty")),
+            Some(a) if a.trim().is_empty() => return Err(LaunchError::EmptyMasterAddr),
             a => a.map(|a| a.trim().to_string()),
         };
         let port = match (self.get)("MASTER_PORT") {
             None => None,
             Some(value) => match value.trim().parse::<u16>() {
                 Ok(p) if p > 0 => Some(p),
-                _ => {
-                    return Err(launch(format!(
-                        "MASTER_PORT={value:?} is not a port number (1-65535)"
-                    )))
-                }
+                _ => return Err(LaunchError::BadPort { value }),
             },
         };
         Ok((addr, port))
     }
-}
-
-fn launch(message: impl Into<String>) -> CommError {
-    CommError::Launch(message.into())
 }
 
 impl LaunchInfo {
@@ -207,12 +334,9 @@ impl LaunchInfo {
 
     fn slurm<F: Fn(&str) -> Option<String>>(vars: &Vars<F>) -> Result<LaunchInfo> {
         let rank = vars.required("SLURM_PROCID", "SLURM_PROCID")?;
-        let world_size = vars.number("SLURM_NTASKS")?.ok_or_else(|| {
-            launch(
-                "SLURM_PROCID is set but SLURM_NTASKS is not: start the trainer with srun, \
-                 one task per GPU",
-            )
-        })?;
+        let world_size = vars
+            .number("SLURM_NTASKS")?
+            .ok_or(LaunchError::NotAnSrunTask)?;
         let local_rank = vars.required("SLURM_LOCALID", "SLURM_PROCID")?;
         let mut local_size = "SLURM_NTASKS_PER_NODE";
         let mut layout = None;
@@ -270,56 +394,55 @@ impl LaunchInfo {
     }
 
     /// The checks every launcher's values must pass.
-    fn check(&self, names: &Names, nodes_name: Option<&str>) -> Result<()> {
+    fn check(&self, names: &Names, nodes_name: Option<&'static str>) -> Result<(), LaunchError> {
         let Names {
             rank,
             world,
             local_rank,
             local_size,
         } = names;
+        let not_below = |name, value, limit_name, limit| LaunchError::NotBelow {
+            name,
+            value,
+            limit_name,
+            limit,
+        };
         if self.world_size == 0 {
-            return Err(launch(format!(
-                "{world}=0: the world needs at least 1 rank"
-            )));
+            return Err(LaunchError::EmptyWorld { name: world });
         }
         if self.rank >= self.world_size {
-            return Err(launch(format!(
-                "{rank}={} is not below {world}={}",
-                self.rank, self.world_size
-            )));
+            return Err(not_below(rank, self.rank, world, self.world_size));
         }
         match self.local_world_size {
-            Some(0) => {
-                return Err(launch(format!(
-                    "{local_size}=0: a node needs at least 1 rank"
-                )))
-            }
+            Some(0) => return Err(LaunchError::EmptyNode { name: local_size }),
             Some(l) if l > self.world_size => {
-                return Err(launch(format!(
-                    "{local_size}={l} is larger than {world}={}",
-                    self.world_size
-                )))
+                return Err(LaunchError::NodeLargerThanWorld {
+                    name: local_size,
+                    value: l,
+                    world_name: world,
+                    world: self.world_size,
+                })
             }
             Some(l) if self.local_rank >= l => {
-                return Err(launch(format!(
-                    "{local_rank}={} is not below {local_size}={l}",
-                    self.local_rank
-                )))
+                return Err(not_below(local_rank, self.local_rank, local_size, l))
             }
             _ if self.local_rank >= self.world_size => {
-                return Err(launch(format!(
-                    "{local_rank}={} is not below {world}={}",
-                    self.local_rank, self.world_size
-                )))
+                return Err(not_below(
+                    local_rank,
+                    self.local_rank,
+                    world,
+                    self.world_size,
+                ))
             }
             _ => {}
         }
-        if let (Some(n), Some(nodes_name)) = (self.nodes, nodes_name) {
+        if let (Some(n), Some(name)) = (self.nodes, nodes_name) {
             if n == 0 || n > self.world_size {
-                return Err(launch(format!(
-                    "{nodes_name}={n}: {} ranks cannot run on {n} nodes",
-                    self.world_size
-                )));
+                return Err(LaunchError::BadNodeCount {
+                    name,
+                    nodes: n,
+                    world: self.world_size,
+                });
             }
         }
         Ok(())
@@ -337,45 +460,46 @@ impl LaunchInfo {
         let launcher = self.launcher;
         if let Some(l) = self.local_world_size {
             if l > 0 && self.rank % l != self.local_rank {
-                return Err(launch(format!(
-                    "rank {} is local rank {} on its node, but with {l} ranks per node it should be \
-                     local rank {}: the launcher ({launcher}) must place ranks in blocks \
-                     (srun --distribution=block, mpirun --map-by slot)",
-                    self.rank,
-                    self.local_rank,
-                    self.rank % l
-                )));
+                return Err(LaunchError::NotInBlocks {
+                    launcher,
+                    rank: self.rank,
+                    local_rank: self.local_rank,
+                    per_node: l,
+                }
+                .into());
             }
         }
         let per_node = match (gpus_per_node, self.local_world_size, self.nodes) {
-            (Some(0), ..) => {
-                return Err(launch(
-                    "dist.gpus_per_node = 0: a node needs at least 1 GPU",
-                ));
-            }
+            (Some(0), ..) => return Err(LaunchError::NoGpusPerNode.into()),
             (Some(g), ..) => {
                 if !world.is_multiple_of(g) {
-                    return Err(launch(format!(
-                        "dist.gpus_per_node = {g} does not divide the {world} ranks the launcher \
-                         ({launcher}) started"
-                    )));
+                    return Err(LaunchError::GpusPerNode {
+                        gpus: g,
+                        world,
+                        launcher,
+                    }
+                    .into());
                 }
                 g
             }
             (None, Some(l), _) => {
                 if !world.is_multiple_of(l) {
-                    return Err(launch(format!(
-                        "the launcher ({launcher}) put {l} ranks on this node, which does not \
-                         divide the world of {world} ranks (uneven nodes?); set dist.gpus_per_node"
-                    )));
+                    return Err(LaunchError::UnevenNode {
+                        launcher,
+                        local: l,
+                        world,
+                    }
+                    .into());
                 }
                 l
             }
-            (None, None, Some(n)) if n > 1 => {
-                return Err(launch(format!(
-                    "the launcher ({launcher}) started {world} ranks on {n} nodes but not the same \
-                     number on each; set dist.gpus_per_node"
-                )));
+            (None, None, Some(nodes)) if nodes > 1 => {
+                return Err(LaunchError::UnevenNodes {
+                    launcher,
+                    world,
+                    nodes,
+                }
+                .into());
             }
             (None, None, _) => world,
         };
@@ -385,10 +509,12 @@ impl LaunchInfo {
     /// Checks the configuration's `dist.world_size`, if it sets one, against the launch.
     pub fn check_world(&self, configured: Option<usize>) -> Result<()> {
         match configured {
-            Some(c) if c != self.world_size => Err(launch(format!(
-                "dist.world_size = {c} but the launcher ({}) started {} processes",
-                self.launcher, self.world_size
-            ))),
+            Some(configured) if configured != self.world_size => Err(LaunchError::WorldSize {
+                configured,
+                launcher: self.launcher,
+                world: self.world_size,
+            }
+            .into()),
             _ => Ok(()),
         }
     }
@@ -408,12 +534,12 @@ impl LaunchInfo {
             (None, Some(_)) => "MASTER_ADDR is",
             (Some(_), None) => "MASTER_PORT is",
         };
-        Err(launch(format!(
-            "{missing} not set: the {} ranks the launcher ({}) started need rank 0's address \
-             to connect (torchrun sets both; export them for mpirun and srun, e.g. \
-             MASTER_ADDR=<first host> MASTER_PORT=29500)",
-            self.world_size, self.launcher
-        )))
+        Err(LaunchError::NoMaster {
+            missing,
+            world: self.world_size,
+            launcher: self.launcher,
+        }
+        .into())
     }
 }
 
@@ -425,11 +551,13 @@ fn nodes_from_local(world: usize, local: Option<usize>) -> Option<usize> {
 }
 
 /// Parses slurm's tasks-per-node list (`4`, `4(x2)`, `4(x2),3`) into (tasks, nodes) entries.
-fn parse_tasks_per_node(name: &str, value: &str) -> Result<Vec<(usize, usize)>> {
-    let bad = || {
-        launch(format!(
-            "{name}={value:?} is not a task count list like \"4\", \"4(x2)\" or \"4(x2),3\""
-        ))
+fn parse_tasks_per_node(
+    name: &'static str,
+    value: &str,
+) -> Result<Vec<(usize, usize)>, LaunchError> {
+    let bad = || LaunchError::BadTaskList {
+        name,
+        value: value.to_string(),
     };
     let entries = value
         .trim()
@@ -448,6 +576,6 @@ fn parse_tasks_per_node(name: &str, value: &str) -> Result<Vec<(usize, usize)>> 
             }
             Ok((tasks, repeat))
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>, LaunchError>>()?;
     Ok(entries)
 }

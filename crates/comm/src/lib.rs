@@ -8,8 +8,13 @@
 //!
 //! Buffers are 1-D candle tensors, on the CPU or a GPU. Backends: [`Solo`] (one rank, every
 //! collective returns its input), [`LocalComm`] (W ranks as threads of one process, on the CPU
-//! or sharing one GPU, see [`run_local`]) and, with feature `cuda`, NCCL. Every backend counts the logical
-//! bytes it sends per link kind ([`ByteCounters`]), the paper's volume accounting.
+//! or sharing one GPU, see [`run_local`]), with feature `cuda` NCCL, and with feature `mpi`
+//! MPI. Every backend counts the logical bytes it sends per link kind ([`ByteCounters`]), the
+//! paper's volume accounting.
+//!
+//! Failures are [`CommError`]s that keep their causes as sources. The library never prints and
+//! never ends the process: a backend that gives up on its world without a caller to return to
+//! (a watchdog, an MPI abort) hands a [`FailureReport`] to the program's [`FailureHandler`].
 //!
 //! ```
 //! use comm::{run_local, Communicator, Group, HostCollectives, Topology};
@@ -27,6 +32,7 @@
 pub mod bootstrap;
 mod counters;
 mod error;
+mod failure;
 pub mod launch;
 pub mod link;
 mod local;
@@ -42,9 +48,11 @@ mod timed;
 mod topology;
 
 pub use counters::ByteCounters;
-pub use error::{CommError, Result};
+pub use error::{CommError, Result, SharedSource};
+pub use failure::{FailureHandler, FailureReport};
 pub use local::{
-    local_world, local_world_with_timeout, run_local, LocalComm, LocalRunError, DEFAULT_TIMEOUT,
+    local_world, local_world_with_timeout, run_local, run_local_with_timeout, LocalComm,
+    LocalRunError, DEFAULT_TIMEOUT,
 };
 #[cfg(feature = "mpi")]
 pub use mpi::MpiComm;
@@ -142,10 +150,8 @@ fn host_tensor<T: candle_core::WithDType>(v: Vec<T>) -> Tensor {
 }
 
 fn host_vec<T: candle_core::WithDType>(t: Tensor) -> Result<Vec<T>> {
-    t.to_vec1::<T>().map_err(|e| CommError::Tensor {
-        op: "read back",
-        message: e.to_string(),
-    })
+    t.to_vec1::<T>()
+        .map_err(|e| CommError::tensor("read back", e))
 }
 
 /// `f32` values as little-endian bytes, for byte collectives.

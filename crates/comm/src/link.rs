@@ -27,10 +27,10 @@ impl EmulatedLink {
     /// ranks. Errors unless the rate is finite and positive.
     pub fn per_node(gbit_per_s: f64, ranks_per_node: usize) -> Result<EmulatedLink> {
         if !(gbit_per_s.is_finite() && gbit_per_s > 0.0) || ranks_per_node == 0 {
-            return Err(CommError::BadTopology(format!(
-                "an emulated link of {gbit_per_s} Gb/s shared by {ranks_per_node} ranks: \
-                 the rate must be finite and positive"
-            )));
+            return Err(CommError::BadLink {
+                gbit_per_s,
+                ranks_per_node,
+            });
         }
         Ok(EmulatedLink {
             rank_bytes_per_s: gbit_per_s * 1e9 / 8.0 / ranks_per_node as f64,

@@ -33,9 +33,10 @@ impl Topology {
     /// A topology of `world` ranks with `ranks_per_node` on each node.
     pub fn new(world: usize, ranks_per_node: usize) -> Result<Self> {
         if world == 0 || ranks_per_node == 0 || !world.is_multiple_of(ranks_per_node) {
-            return Err(CommError::BadTopology(format!(
-                "world size {world} is not a positive multiple of {ranks_per_node} ranks per node"
-            )));
+            return Err(CommError::BadTopology {
+                world,
+                ranks_per_node,
+            });
         }
         Ok(Topology {
             nodes: world / ranks_per_node,

@@ -541,6 +541,47 @@ fn rank_zero_names_the_missing_ranks() {
 }
 
 #[test]
+fn causes_are_kept_as_sources_and_said_once() {
+    use comm::bootstrap::BootstrapError;
+    use comm::launch::LaunchError;
+    use std::error::Error;
+
+    // A port in use: the message names it, the io error is the source, not repeated.
+    let taken = TcpListener::bind("0.0.0.0:0").expect("bind an ephemeral port");
+    let port = taken.local_addr().unwrap().port();
+    let e = rendezvous(
+        &format!("127.0.0.1:{port}"),
+        0,
+        2,
+        Vec::new,
+        Duration::from_secs(1),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, CommError::Bootstrap(BootstrapError::Listen { .. })),
+        "{e:?}"
+    );
+    let cause = e.source().expect("the io error is kept").to_string();
+    assert!(
+        e.to_string().contains(&format!("MASTER_PORT={port}")),
+        "{e}"
+    );
+    assert!(!e.to_string().contains(&cause), "{e} repeats {cause}");
+
+    // A variable that is not a number keeps the parse error.
+    let e = parse(&with(&TORCHRUN, "RANK", Some("five"))).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            CommError::Launch(LaunchError::NotANumber { name: "RANK", .. })
+        ),
+        "{e:?}"
+    );
+    assert!(e.source().is_some());
+    assert_eq!(e.to_string(), "RANK=\"five\" is not a number");
+}
+
+#[test]
 fn a_stray_client_does_not_disturb_the_rendezvous() {
     use std::io::Write;
     let addr = format!("127.0.0.1:{}", free_port());

@@ -206,7 +206,8 @@ fn the_watchdog_aborts_a_job_whose_rank_hangs() {
     assert_failed(
         &job,
         &[
-            "reduce_scatter on World waited 2 s for its peers; aborting",
+            "reduce_scatter #",
+            "on World waited 2 s for its peers (a peer died or hung); aborting MPI",
             "MPI_ABORT",
         ],
     );

@@ -1,4 +1,6 @@
-//! The crate's one error type. Every variant names the file (or source) it is about.
+//! The crate's one error type. Every variant names the file (or source) it is about; a cause
+//! underneath (an io or JSON error) is the variant's `source`, not repeated in its message, so
+//! a program that prints the cause chain prints it once.
 
 use std::path::PathBuf;
 
@@ -8,14 +10,14 @@ use std::path::PathBuf;
 pub enum DataError {
     // ---- files ----
     /// An operating-system error on a file.
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
     /// A `.jsonl` line that is not valid JSON (or whose `text` is not a string).
-    #[error("{}: line {line}: invalid JSON: {source}", path.display())]
+    #[error("{}: line {line}: invalid JSON", path.display())]
     Json {
         path: PathBuf,
         line: u64,

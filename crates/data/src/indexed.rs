@@ -55,58 +55,58 @@ pub const HEADER_LEN: usize = 9 + 8 + 1 + 8 + 8;
 
 /// Token storage type of a `.bin` file, with Megatron's dtype codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DType {
+pub enum TokenDType {
     /// `numpy.uint16`, code 8: used when the vocabulary has fewer than 65500 tokens.
     U16,
     /// `numpy.int32`, code 4.
     I32,
 }
 
-impl DType {
+impl TokenDType {
     /// Megatron's choice for a vocabulary size.
     pub fn for_vocab(vocab_size: usize) -> Self {
         if vocab_size < 65500 {
-            DType::U16
+            TokenDType::U16
         } else {
-            DType::I32
+            TokenDType::I32
         }
     }
     /// Megatron's dtype code.
     pub fn code(self) -> u8 {
         match self {
-            DType::U16 => 8,
-            DType::I32 => 4,
+            TokenDType::U16 => 8,
+            TokenDType::I32 => 4,
         }
     }
     /// `Some` for the codes we support (8, 4).
     pub fn from_code(code: u8) -> Option<Self> {
         match code {
-            8 => Some(DType::U16),
-            4 => Some(DType::I32),
+            8 => Some(TokenDType::U16),
+            4 => Some(TokenDType::I32),
             _ => None,
         }
     }
     /// Bytes per token.
     pub fn bytes(self) -> usize {
         match self {
-            DType::U16 => 2,
-            DType::I32 => 4,
+            TokenDType::U16 => 2,
+            TokenDType::I32 => 4,
         }
     }
     fn name(self) -> &'static str {
         match self {
-            DType::U16 => "uint16",
-            DType::I32 => "int32",
+            TokenDType::U16 => "uint16",
+            TokenDType::I32 => "int32",
         }
     }
     fn decode_into(self, bytes: &[u8], out: &mut Vec<u32>) {
         match self {
-            DType::U16 => out.extend(
+            TokenDType::U16 => out.extend(
                 bytes
                     .chunks_exact(2)
                     .map(|c| u16::from_le_bytes([c[0], c[1]]) as u32),
             ),
-            DType::I32 => out.extend(
+            TokenDType::I32 => out.extend(
                 bytes
                     .chunks_exact(4)
                     .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32),
@@ -127,7 +127,7 @@ pub(crate) fn with_suffix(prefix: &Path, suffix: &str) -> PathBuf {
 pub struct IndexStats {
     pub documents: usize,
     pub tokens: usize,
-    pub dtype: DType,
+    pub dtype: TokenDType,
     pub bin_path: PathBuf,
     pub idx_path: PathBuf,
 }
@@ -143,7 +143,7 @@ pub struct IndexedDatasetWriter {
     bin_tmp: PathBuf,
     idx_tmp: PathBuf,
     bin: Option<BufWriter<File>>,
-    dtype: DType,
+    dtype: TokenDType,
     vocab_size: usize,
     sizes: Vec<i32>,
     tokens: usize,
@@ -161,7 +161,7 @@ impl IndexedDatasetWriter {
             idx_tmp: with_suffix(prefix, ".idx.tmp"),
             bin_tmp,
             bin: Some(BufWriter::with_capacity(1 << 20, file)),
-            dtype: DType::for_vocab(vocab_size),
+            dtype: TokenDType::for_vocab(vocab_size),
             vocab_size,
             sizes: Vec::new(),
             tokens: 0,
@@ -188,12 +188,12 @@ impl IndexedDatasetWriter {
         self.scratch.clear();
         match self.dtype {
             // `vocab_size < 65500` was checked above, so every token fits.
-            DType::U16 => {
+            TokenDType::U16 => {
                 for &t in tokens {
                     self.scratch.extend_from_slice(&(t as u16).to_le_bytes());
                 }
             }
-            DType::I32 => {
+            TokenDType::I32 => {
                 for &t in tokens {
                     self.scratch.extend_from_slice(&(t as i32).to_le_bytes());
                 }
@@ -272,7 +272,7 @@ impl Drop for IndexedDatasetWriter {
 }
 
 /// The `.idx` bytes for one sequence per document.
-fn index_bytes(dtype: DType, sizes: &[i32]) -> Vec<u8> {
+fn index_bytes(dtype: TokenDType, sizes: &[i32]) -> Vec<u8> {
     let n = sizes.len();
     let mut out = Vec::with_capacity(HEADER_LEN + n * 12 + (n + 1) * 8);
     out.extend_from_slice(MAGIC);
@@ -297,7 +297,7 @@ fn index_bytes(dtype: DType, sizes: &[i32]) -> Vec<u8> {
 /// A read-only, validated `.bin`/`.idx` pair; the `.bin` is memory-mapped.
 pub struct IndexedDataset {
     bin_path: PathBuf,
-    dtype: DType,
+    dtype: TokenDType,
     sizes: Vec<i32>,
     pointers: Vec<i64>,
     doc_idx: Vec<i64>,
@@ -358,7 +358,7 @@ impl IndexedDataset {
             )));
         }
         let code = idx[17];
-        let dtype = DType::from_code(code).ok_or_else(|| {
+        let dtype = TokenDType::from_code(code).ok_or_else(|| {
             bad(format!(
                 "unsupported dtype code {code} (supported: 8 = uint16, 4 = int32)"
             ))
@@ -516,7 +516,7 @@ impl IndexedDataset {
     }
 
     /// Token storage type.
-    pub fn dtype(&self) -> DType {
+    pub fn dtype(&self) -> TokenDType {
         self.dtype
     }
 

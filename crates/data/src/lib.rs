@@ -17,7 +17,7 @@ mod tokenizer;
 pub use corpus::TokenCorpus;
 pub use error::{DataError, Result};
 pub use indexed::{
-    DType, IndexStats, IndexedDataset, IndexedDatasetWriter, HEADER_LEN, MAGIC, VERSION,
+    IndexStats, IndexedDataset, IndexedDatasetWriter, TokenDType, HEADER_LEN, MAGIC, VERSION,
 };
 pub use jsonl::read_documents;
 pub use prepare::{

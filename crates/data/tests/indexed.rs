@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use data::{DType, DataError, IndexedDataset, IndexedDatasetWriter};
+use data::{DataError, IndexedDataset, IndexedDatasetWriter, TokenDType};
 
 fn write(prefix: &Path, vocab: usize, docs: &[&[u32]]) -> data::IndexStats {
     let mut w = IndexedDatasetWriter::create(prefix, vocab).unwrap();
@@ -36,7 +36,7 @@ fn reason(err: DataError) -> (String, String) {
 fn round_trip_u16_and_i32() {
     let dir = tempfile::tempdir().unwrap();
     let docs: [&[u32]; 3] = [&[1, 2, 3, 50256], &[50256], &[7, 65000 % 50257, 50256]];
-    for (vocab, dtype) in [(50257, DType::U16), (100_000, DType::I32)] {
+    for (vocab, dtype) in [(50257, TokenDType::U16), (100_000, TokenDType::I32)] {
         let prefix = dir.path().join(format!("ds.v{vocab}"));
         let stats = write(&prefix, vocab, &docs);
         assert_eq!((stats.documents, stats.tokens, stats.dtype), (3, 8, dtype));

@@ -47,7 +47,7 @@ __device__ __forceinline__ u32 group_max(u32 m, u32* red) {
     return m;
 }
 
-// block.rs scale_of; a non-finite absmax gives a NaN scale (the CPU path errors instead).
+// block/mod.rs scale_of; a non-finite absmax gives a NaN scale (the CPU path errors instead).
 __device__ __forceinline__ float scale_of(u32 m, float qmax) {
     if (m >= NON_FINITE) return __uint_as_float(0x7fc00000u);
     float s = __fdiv_rn(__uint_as_float(m), qmax);
@@ -55,7 +55,7 @@ __device__ __forceinline__ float scale_of(u32 m, float qmax) {
     return s;
 }
 
-// block.rs code_div: round_half_away(clamp(v / s, -qmax, qmax)), exact: the codes of a block
+// block/mod.rs code_div: round_half_away(clamp(v / s, -qmax, qmax)), exact: the codes of a block
 // whose 1 / s overflows (a subnormal scale).
 __device__ __forceinline__ int code_div(float v, float s, float qmax) {
     float y = __fdiv_rn(v, s);
@@ -67,12 +67,12 @@ __device__ __forceinline__ int code_div(float v, float s, float qmax) {
 
 // 1.5 * 2^23. fma(v, r, MAGIC) rounds the exact v * r + MAGIC once; for |v r| < 2^22 that sum
 // lies in [2^23, 2^24), where the ulp is 1, so the result is MAGIC plus v * r rounded to an
-// integer, nearest with ties to even (MAGIC is even): block.rs code_mul, which keeps
+// integer, nearest with ties to even (MAGIC is even): block/mod.rs code_mul, which keeps
 // |v r| < qmax + 2^-13 (the proof is there). The result's low bits hold that integer in two's
 // complement: its low 8 / 4 bits are the i8 / nibble code.
 #define MAGIC 12582912.0f
 
-// Codes of the N values v of one block with scale s (qmax QM), equal to block.rs bitwise,
+// Codes of the N values v of one block with scale s (qmax QM), equal to block/mod.rs bitwise,
 // handed G at a time to pack(g, z) (z[i]: the code of v[G * g + i] in its low bits, two's
 // complement), with one branch a block: where r = fl(1/s) is finite (then s > 0 too), code_mul,
 // one fma a value; where it overflows, code_div for every value if s > 0 (a subnormal scale),
@@ -361,9 +361,9 @@ __device__ constexpr int fused_tpb(int units) { return (units & -units) < NT ? (
 // Pieces whose loads are issued together (64 bytes a thread in flight).
 #define F_GROUP (F_VPT >= 4 ? 1 : 4 / F_VPT)
 
-// block.rs pow2: 2^e, e in [-126, 127].
+// block/domain.rs pow2: 2^e, e in [-126, 127].
 __device__ __forceinline__ float pow2f(int e) { return __uint_as_float((u32)(e + 127) << 23); }
-// block.rs mul_pow2: x 2^t rounded once, t in [-126, 253] (two multiplies; the second is by 1
+// block/domain.rs mul_pow2: x 2^t rounded once, t in [-126, 253] (two multiplies; the second is by 1
 // where t <= 127, else both scale up, exact until an overflow).
 __device__ __forceinline__ float mul_pow2(float x, int t) {
     const int a = t < 127 ? t : 127;
@@ -377,10 +377,10 @@ __device__ __forceinline__ int opaque(int x) {
 #endif
     return x;
 }
-// 8 * 2^-149: the bias of a decoded nibble at position 0 (block.rs BIAS0).
+// 8 * 2^-149: the bias of a decoded nibble at position 0 (block/domain.rs BIAS0).
 #define BIAS0 __uint_as_float(8u)
 
-// The scale domain of one block (block.rs int4_sum_block): shift k (S_j = mul_pow2(s_j, k),
+// The scale domain of one block (block/domain.rs int4_sum_block): shift k (S_j = mul_pow2(s_j, k),
 // exact) and the bias B_0 of nibble position 0 (B_p = B_0 2^p). Only these two registers stay
 // live across the loads (the 64-register budget); the factors and the four biases are
 // recomputed where they are used.
@@ -400,7 +400,7 @@ __device__ __forceinline__ float nib(u32 w) {
 
 // The 32 elements of a 16-byte unit q (element e: nibble e % 8 of word e / 8, position
 // 4 (e % 4)) times the domain scale S: acc = fma(F, S, -B_p) (FIRST: piece 0) or
-// fma(F, S, acc), one rounding a value (block.rs int4_sum_block), in element order.
+// fma(F, S, acc), one rounding a value (block/domain.rs int4_sum_block), in element order.
 template <bool FIRST>
 __device__ __forceinline__ void deq32(uint4 q, float S, float B, float* acc) {
     const u32 ws[4] = {q.x, q.y, q.z, q.w};
@@ -419,7 +419,7 @@ __device__ __forceinline__ void deq32(uint4 q, float S, float B, float* acc) {
     }
 }
 
-// The shift k of the domain given mx = max.NaN of the scales' |s| (block.rs domain_shift: its
+// The shift k of the domain given mx = max.NaN of the scales' |s| (block/domain.rs domain_shift: its
 // exponent field, 255 for inf / NaN, clamped to [1, 254]; k = 254 - that).
 __device__ __forceinline__ int domain_shift(float mx) {
     const int E = (int)(__float_as_uint(mx) >> 23);
@@ -502,7 +502,7 @@ __device__ __forceinline__ void sum_group(const uint4*& p, const float*& sp, i64
 
 // Sum of `pieces` >= 1 INT4 pieces concatenated (packed [pieces * P], scales [pieces * nb],
 // nb = ceil(2P / BLOCK)) over this thread's units of block b (unit u * F_TPB + t, u < F_VPT),
-// in the block's scale domain (block.rs int4_sum_block: piece 0 then one fma a piece, in piece
+// in the block's scale domain (block/domain.rs int4_sum_block: piece 0 then one fma a piece, in piece
 // order), into acc; returns the domain's shift k (true value = acc 2^(149 - k - p)). Full
 // blocks of 16-byte aligned pieces (P % 16 == 0) take uint4 loads; other blocks (a short last
 // block, other P) load bytes. Elements past blen are 0. pieces == 0: acc all 0.
@@ -588,7 +588,7 @@ extern "C" __global__ void __launch_bounds__(NT, 4) dequantize_sum_int4(
     const int blen = (n - base) < BLOCK ? (int)(n - base) : BLOCK;
     float acc[F_VPT * 32];
     const int k = sum_pieces(packed, scales, pieces, P, nb, b, blen, acc);
-    // True values: fl(v 2^(149 - k - p)) at position p = 4 (i % 4) (block.rs mul_pow2).
+    // True values: fl(v 2^(149 - k - p)) at position p = 4 (i % 4) (block/domain.rs mul_pow2).
 #pragma unroll
     for (int i = 0; i < F_VPT * 32; ++i) acc[i] = mul_pow2(acc[i], 149 - k - 4 * (i & 3));
     // The lanes of this warp still running: those of blocks < nb (a prefix; lane 0's block is

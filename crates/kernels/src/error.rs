@@ -7,7 +7,7 @@ pub enum KernelError {
     #[error("NVRTC could not compile {file}: {log}")]
     Compile { file: &'static str, log: String },
     /// The driver could not load a module or find a function in it.
-    #[error("loading kernel {function} from {file}: {source}")]
+    #[error("loading kernel {function} from {file}")]
     Load {
         file: &'static str,
         function: String,

@@ -25,7 +25,7 @@ pub use error::{ModelError, Result};
 pub use init::init_unit_range;
 pub use layout::{ModelLayout, ParamInit, ParamSpec, UnitKind, UnitLayout};
 pub use units::{
-    block_backward, block_forward, embedding_backward, embedding_forward, final_norm_backward,
-    final_norm_forward, lm_head_loss, lm_head_loss_backward, model_loss, model_loss_and_grads,
-    BlockSaved, NormSaved,
+    block_backward, block_forward, embedding_unit_backward, embedding_unit_forward,
+    final_norm_backward, final_norm_forward, lm_head_loss, lm_head_loss_backward, model_loss,
+    model_loss_and_grads, BlockSaved, NormSaved,
 };

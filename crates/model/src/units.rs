@@ -120,8 +120,9 @@ fn flatten_grads(unit: &UnitLayout, grads: Vec<(&str, Tensor)>) -> Result<Tensor
 // Embedding unit
 
 /// `out (B, T, C) = wte[tokens] + wpe[:T]` from the embedding unit's flat `params` and
-/// `tokens (B, T)` u32.
-pub fn embedding_forward(cfg: &GptConfig, params: &Tensor, tokens: &Tensor) -> Result<Tensor> {
+/// `tokens (B, T)` u32: the unit's forward around the layer's
+/// [`layers::embedding_forward`](crate::layers::embedding_forward).
+pub fn embedding_unit_forward(cfg: &GptConfig, params: &Tensor, tokens: &Tensor) -> Result<Tensor> {
     let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
     check_params(params, &unit, "embedding")?;
     check_tokens(cfg, tokens, "tokens")?;
@@ -132,7 +133,7 @@ pub fn embedding_forward(cfg: &GptConfig, params: &Tensor, tokens: &Tensor) -> R
 
 /// Flat gradient of the embedding unit (`wte` rows scattered from `dout (B, T, C)`, `wpe` rows
 /// `0..T` summed over the batch, the rest zero). Dtype of `dout`. Returned, not accumulated.
-pub fn embedding_backward(cfg: &GptConfig, tokens: &Tensor, dout: &Tensor) -> Result<Tensor> {
+pub fn embedding_unit_backward(cfg: &GptConfig, tokens: &Tensor, dout: &Tensor) -> Result<Tensor> {
     let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
     let (b, t) = check_tokens(cfg, tokens, "tokens")?;
     if dout.dims() != [b, t, cfg.n_embd] {
@@ -473,7 +474,7 @@ pub fn model_loss(
 ) -> Result<f64> {
     check_units(layout, unit_params)?;
     let n_layer = layout.units.len() - 2;
-    let mut x = embedding_forward(cfg, &unit_params[0], tokens)?;
+    let mut x = embedding_unit_forward(cfg, &unit_params[0], tokens)?;
     for l in 0..n_layer {
         x = block_forward(cfg, &unit_params[1 + l], &x, true)?.0;
     }
@@ -493,7 +494,7 @@ pub fn model_loss_and_grads(
 ) -> Result<(f64, Vec<Tensor>)> {
     check_units(layout, unit_params)?;
     let n_layer = layout.units.len() - 2;
-    let mut x = embedding_forward(cfg, &unit_params[0], tokens)?;
+    let mut x = embedding_unit_forward(cfg, &unit_params[0], tokens)?;
     let mut saved = Vec::with_capacity(n_layer);
     for l in 0..n_layer {
         let (out, s) = block_forward(cfg, &unit_params[1 + l], &x, recompute)?;
@@ -510,7 +511,7 @@ pub fn model_loss_and_grads(
         grads[1 + l] = Some(g);
         dx = d;
     }
-    grads[0] = Some((embedding_backward(cfg, tokens, &dx)? + d_head)?);
+    grads[0] = Some((embedding_unit_backward(cfg, tokens, &dx)? + d_head)?);
     Ok((
         loss,
         grads.into_iter().map(|g| g.expect("every unit")).collect(),

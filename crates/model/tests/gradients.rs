@@ -283,13 +283,16 @@ fn embedding_backward_matches_fd_and_autograd() {
     let tokens = rng.tokens(cfg.vocab_size);
     let dout = t3(&rng.vec(B * T * cfg.n_embd, 1.0));
 
-    let out = embedding_forward(&cfg, &t1(&p), &tokens).unwrap();
+    let out = embedding_unit_forward(&cfg, &t1(&p), &tokens).unwrap();
     assert_eq!(out.dims(), [B, T, cfg.n_embd]);
-    let g = vec1(&embedding_backward(&cfg, &tokens, &dout).unwrap());
+    let g = vec1(&embedding_unit_backward(&cfg, &tokens, &dout).unwrap());
     assert_eq!(g.len(), unit.numel);
 
     let fd = finite_diff(&p, |p| {
-        dot(&embedding_forward(&cfg, &t1(p), &tokens).unwrap(), &dout)
+        dot(
+            &embedding_unit_forward(&cfg, &t1(p), &tokens).unwrap(),
+            &dout,
+        )
     });
     assert_close("embedding fd", &g, &fd[..unit.numel], FD_RTOL, FD_ATOL);
     let ad = autograd(&[t1(&p)], |v| {
@@ -620,7 +623,7 @@ fn outputs_are_causal() {
         .collect();
     let tokens = rng.tokens(cfg.vocab_size);
     let hidden = |tokens: &Tensor| {
-        let mut x = embedding_forward(&cfg, &params[0], tokens).unwrap();
+        let mut x = embedding_unit_forward(&cfg, &params[0], tokens).unwrap();
         for l in 0..cfg.n_layer {
             x = block_forward(&cfg, &params[1 + l], &x, false).unwrap().0;
         }
@@ -666,12 +669,12 @@ fn bad_inputs_are_errors() {
     let emb = Tensor::zeros(layout.embedding().numel, DType::F64, &Device::Cpu).unwrap();
     let long = Tensor::zeros((1, cfg.seq_len + 1), DType::U32, &Device::Cpu).unwrap();
     assert!(matches!(
-        embedding_forward(&cfg, &emb, &long),
+        embedding_unit_forward(&cfg, &emb, &long),
         Err(ModelError::SequenceTooLong { .. })
     ));
     let float_tokens = Tensor::zeros((1, 2), DType::F32, &Device::Cpu).unwrap();
     assert!(matches!(
-        embedding_forward(&cfg, &emb, &float_tokens),
+        embedding_unit_forward(&cfg, &emb, &float_tokens),
         Err(ModelError::TokenDType { .. })
     ));
     assert!(matches!(

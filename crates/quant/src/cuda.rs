@@ -19,15 +19,15 @@
 //! units of 4 codes (f32) or 8 codes (bf16) a thread, 256 units apart, loads first; one
 //! 16-byte store a unit, consecutive lanes at consecutive addresses.
 //!
-//! Exactness: the arithmetic is that of `block.rs`, written with explicit IEEE intrinsics
+//! Exactness: the arithmetic is that of `block/`, written with explicit IEEE intrinsics
 //! (`__fdiv_rn`, `__fmul_rn`, `__fadd_rn`, `__fmaf_rn`, `__frcp_rn`), compiled with
 //! `--fmad=false` and no fast-math and no flush-to-zero, so every code, scale and dequantised
-//! value equals the CPU reference bitwise. A code is block.rs `code_mul`, the exact product
+//! value equals the CPU reference bitwise. A code is block/mod.rs `code_mul`, the exact product
 //! v * fl(1/s) rounded to an integer (ties to even) by one fma with 1.5 * 2^23 (see `MAGIC`);
 //! a block whose 1/s overflows (subnormal scale) takes `code_div`, the exact division, for
 //! every value. INT8 codes are turned into floats exactly through the mantissa of 2^23; the
 //! fused INT4 kernels decode a nibble as the subnormal (code + 8) 2^(4K - 149) (one mask) and
-//! sum in a per-block scale domain (block.rs `int4_sum_block`, fused.rs), with the same
+//! sum in a per-block scale domain (block/domain.rs `int4_sum_block`, fused.rs), with the same
 //! operations as the CPU reference.
 //! bf16 output is the f32 value rounded to nearest even (the `half` crate's rule).
 //!

@@ -1,5 +1,5 @@
 //! qgZ's fused kernels (DESIGN.md section 3). They share the per-block arithmetic of
-//! `block.rs`, so [`quantize_int4_swizzled`] is bitwise `quantize_int4` of the swizzled input
+//! `block/`, so [`quantize_int4_swizzled`] is bitwise `quantize_int4` of the swizzled input
 //! and [`dequantize_sum_requantize_int4`] bitwise `quantize_int4` of [`dequantize_sum_int4`].
 //!
 //! - [`quantize_int4_swizzled`]: before hop 1, quantise the full gradient [W * S] with its
@@ -180,7 +180,7 @@ pub fn dequantize_sum_int4(
 /// `quantize_int4` of [`dequantize_sum_int4`]'s block (the true values t), and so are the codes
 /// except on the fast path's subnormal exception below.
 ///
-/// Codes (module doc of `block.rs` for scale and r = fl(1 / scale)): where r is finite, let
+/// Codes (module doc of `block/mod.rs` for scale and r = fl(1 / scale)): where r is finite, let
 /// r_0 = fl(r 2^(149 - k)) ([`block::mul_pow2`]) and r_12 = fl(r_0 2^-12). If r_0 is finite and
 /// r_12 > 2^-126 (so r_p = r_0 2^-p = r 2^(149 - k - p) is exact for every position p), the code
 /// of domain value v at position p is the integer nearest v r_p, ties to even (one fma on the

@@ -4,7 +4,7 @@
 //! shorter, and is even too). Per block one f32 scale = absmax / 7 (one ulp lower where 7 *
 //! scale would overflow); codes q = the integer nearest x * fl(1 / scale) (exact product, ties
 //! to even), in [-7, 7] with ±absmax at ±7 (a subnormal scale whose reciprocal overflows:
-//! round(x / scale) clamped, half away from zero; see block.rs); all-zero block: scale 0,
+//! round(x / scale) clamped, half away from zero; see block/mod.rs); all-zero block: scale 0,
 //! codes 0. Two codes a byte, [L / 2] u8: element 2i in the low nibble, element 2i+1
 //! in the high nibble, each as 4-bit two's complement. Dequantised: q * scale.
 //!
@@ -44,23 +44,7 @@ pub fn quantize_int4(x: &[f32], block: usize) -> Result<(Vec<u8>, Vec<f32>), Qua
         });
     }
     let mut packed = vec![0u8; x.len() / 2];
-    let mut scales = Vec::with_capacity(x.len().div_ceil(block));
-    for (b, (xc, pc)) in x
-        .chunks(block)
-        .zip(packed.chunks_mut(block / 2))
-        .enumerate()
-    {
-        match block::int4_block(xc, pc) {
-            Ok(s) => scales.push(s),
-            Err(i) => {
-                let index = b * block + i;
-                return Err(QuantError::NonFinite {
-                    index,
-                    value: x[index],
-                });
-            }
-        }
-    }
+    let scales = block::quantize_blocks(x, block, &mut packed, block / 2, block::int4_block)?;
     Ok((packed, scales))
 }
 

@@ -4,7 +4,7 @@
 //! one f32 scale = absmax / 127 (one ulp lower where 127 * scale would overflow) and codes
 //! q = the integer nearest x * fl(1 / scale) (exact product, ties to even), in [-127, 127]
 //! with ±absmax at ±127 (a subnormal scale whose reciprocal overflows: round(x / scale)
-//! clamped, half away from zero; see block.rs). An all-zero block has scale 0 and codes 0.
+//! clamped, half away from zero; see block/mod.rs). An all-zero block has scale 0 and codes 0.
 //! Dequantised: q * scale.
 //!
 //! ```
@@ -26,19 +26,7 @@ pub fn quantize_int8(x: &[f32], block: usize) -> Result<(Vec<i8>, Vec<f32>), Qua
         return Err(QuantError::ZeroBlock);
     }
     let mut codes = vec![0i8; x.len()];
-    let mut scales = Vec::with_capacity(x.len().div_ceil(block));
-    for (b, (xc, qc)) in x.chunks(block).zip(codes.chunks_mut(block)).enumerate() {
-        match block::int8_block(xc, qc) {
-            Ok(s) => scales.push(s),
-            Err(i) => {
-                let index = b * block + i;
-                return Err(QuantError::NonFinite {
-                    index,
-                    value: x[index],
-                });
-            }
-        }
-    }
+    let scales = block::quantize_blocks(x, block, &mut codes, block, block::int8_block)?;
     Ok((codes, scales))
 }
 

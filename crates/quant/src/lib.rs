@@ -5,7 +5,7 @@
 //! x * fl(1 / scale), the product exact, ties to even, which lies in [-qmax, qmax] with no
 //! clamp and gives ±qmax at ±absmax (blocks whose 1 / scale overflows, subnormal scales, take
 //! round(x / scale) clamped, half away from zero); dequantised value q * scale. The arithmetic
-//! is defined in one place (`block.rs`), which the GPU kernels follow bitwise. INT8 (qmax 127)
+//! is defined in one place (`block/`), which the GPU kernels follow bitwise. INT8 (qmax 127)
 //! carries weights for qwZ; INT4 (qmax 7, two values a byte) carries gradients for qgZ, with
 //! its swizzle and fused kernels. Non-finite inputs are refused with [`QuantError::NonFinite`], never made finite.
 //!

@@ -14,14 +14,15 @@ use zero::Engine;
 use crate::config::{Backend, RunConfig};
 use crate::device_memory;
 use crate::launch;
-use crate::train::{engine_options, human_bytes};
+use crate::train::engine_options;
+use crate::units;
 
 /// Dense bf16 peak of one H200 (and H100 SXM), TFLOP/s: MFU's denominator.
 pub const PEAK_TFLOPS: f64 = 989.0;
 
 pub struct BenchArgs<'a> {
     pub config: Option<&'a std::path::Path>,
-    pub set: &'a [String],
+    pub set: &'a crate::config::Overrides,
     pub steps: u64,
     pub warmup: u64,
     pub json: bool,
@@ -384,9 +385,9 @@ fn print_report(r: &StepReport) {
     }
     if let Some(peak) = r.peak_memory_bytes {
         println!(
-            "peak GPU memory    {:.2} GiB (allocator high-water mark); {:.2} GiB in use on the device at the end",
-            peak as f64 / (1u64 << 30) as f64,
-            r.device_used_bytes.unwrap_or(0) as f64 / (1u64 << 30) as f64
+            "peak GPU memory    {} (allocator high-water mark); {} in use on the device at the end",
+            units::bytes(peak),
+            units::bytes(r.device_used_bytes.unwrap_or(0))
         );
     }
     println!(
@@ -409,8 +410,8 @@ fn print_report(r: &StepReport) {
     );
     println!(
         "comm per step      intra-node {}, inter-node {} (rank 0)",
-        human_bytes(r.comm_intra_bytes),
-        human_bytes(r.comm_inter_bytes)
+        units::bytes(r.comm_intra_bytes),
+        units::bytes(r.comm_inter_bytes)
     );
     if let Some(families) = &r.profile {
         print_profile(families, r.step_seconds);

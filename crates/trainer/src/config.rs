@@ -211,10 +211,69 @@ pub struct CheckpointSection {
     pub resume: bool,
 }
 
+/// The command line's `--set section.key=VALUE` overrides (VALUE in TOML syntax), parsed once,
+/// before any file is read.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    /// (the `--set` argument, its dotted key split, its value), in command-line order.
+    entries: Vec<(String, Vec<String>, toml::Value)>,
+}
+
+impl Overrides {
+    /// Parses each `section.key=VALUE`; an error names the argument.
+    pub fn parse(specs: &[String]) -> Result<Self> {
+        let entries = specs
+            .iter()
+            .map(|spec| {
+                let (key, value) = spec
+                    .split_once('=')
+                    .with_context(|| format!("--set {spec}: expected section.key=VALUE"))?;
+                let key = key.trim();
+                let parsed: toml::Table = format!("v = {value}").parse().map_err(|_| {
+                    anyhow::anyhow!(
+                        "--set {spec}: VALUE must be TOML (quote strings: {key}='\"text\"')"
+                    )
+                })?;
+                let value = parsed.get("v").cloned().context("--set: empty value")?;
+                let parts: Vec<String> = key.split('.').map(str::to_string).collect();
+                if parts.len() < 2 || parts.iter().any(|p| p.is_empty()) {
+                    bail!("--set {spec}: the key must be section.key");
+                }
+                Ok((spec.clone(), parts, value))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Overrides { entries })
+    }
+
+    /// Whether an override sets the dotted `key` (`zero.hpz_partition_size`).
+    pub fn sets(&self, key: &str) -> bool {
+        self.entries
+            .iter()
+            .any(|(_, parts, _)| parts.iter().map(String::as_str).eq(key.split('.')))
+    }
+
+    /// Merges every override into `table`, in order.
+    fn apply(&self, table: &mut toml::Table) -> Result<()> {
+        for (spec, parts, value) in &self.entries {
+            let (last, sections) = parts.split_last().expect("parse checked section.key");
+            let mut node = &mut *table;
+            for s in sections {
+                let entry = node
+                    .entry(s.clone())
+                    .or_insert_with(|| toml::Value::Table(Default::default()));
+                node = entry
+                    .as_table_mut()
+                    .with_context(|| format!("--set {spec}: `{s}` is not a section"))?;
+            }
+            node.insert(last.clone(), value.clone());
+        }
+        Ok(())
+    }
+}
+
 impl RunConfig {
-    /// Reads `path`, applies `overrides` (`section.key=VALUE`, VALUE in TOML syntax), and checks
-    /// the result.
-    pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
+    /// Reads `path`, applies `overrides`, and checks the result.
+    pub fn load(path: &Path, overrides: &Overrides) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config {}", path.display()))?;
         let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
@@ -223,9 +282,7 @@ impl RunConfig {
                 .map_or(0, |s| text[..s.start].lines().count().max(1));
             anyhow::anyhow!("{} line {line}: {}", path.display(), e.message())
         })?;
-        for o in overrides {
-            apply_override(&mut table, o)?;
-        }
+        overrides.apply(&mut table)?;
         let config: RunConfig = serde_path_to_error::deserialize(table).map_err(|e| {
             let key = e.path().to_string();
             anyhow::anyhow!("{}: {key}: {}", path.display(), e.inner().message())
@@ -306,7 +363,10 @@ impl RunConfig {
             bail!("train.precision = \"fp16\" needs dynamic loss scaling, not implemented yet: use \"bf16\"");
         }
         if t.device == DeviceKind::Cuda && !cfg!(feature = "cuda") {
-            bail!("train.device = \"cuda\": this binary was built without CUDA support (cargo build --release --features cuda)");
+            return Err(not_built_with("train.device = \"cuda\"", "cuda"));
+        }
+        if self.dist.backend == Backend::Mpi && !cfg!(feature = "mpi") {
+            return Err(not_built_with("dist.backend = \"mpi\"", "mpi"));
         }
         match (self.dist.backend, t.device) {
             (Backend::Nccl, DeviceKind::Cpu) => {
@@ -391,36 +451,6 @@ impl RunConfig {
     }
 }
 
-/// Merges one `section.key=VALUE` into `table`, VALUE parsed as a TOML value.
-fn apply_override(table: &mut toml::Table, spec: &str) -> Result<()> {
-    let (key, value) = spec
-        .split_once('=')
-        .with_context(|| format!("--set {spec}: expected section.key=VALUE"))?;
-    let key = key.trim();
-    let parsed: toml::Table = format!("v = {value}").parse().map_err(|_| {
-        anyhow::anyhow!("--set {spec}: VALUE must be TOML (quote strings: {key}='\"text\"')")
-    })?;
-    let value = parsed.get("v").cloned().context("--set: empty value")?;
-    let parts: Vec<&str> = key.split('.').collect();
-    let Some((last, sections)) = parts.split_last() else {
-        bail!("--set {spec}: empty key")
-    };
-    if sections.is_empty() || parts.iter().any(|p| p.is_empty()) {
-        bail!("--set {spec}: the key must be section.key");
-    }
-    let mut node = table;
-    for s in sections {
-        let entry = node
-            .entry(s.to_string())
-            .or_insert_with(|| toml::Value::Table(Default::default()));
-        node = entry
-            .as_table_mut()
-            .with_context(|| format!("--set {spec}: `{s}` is not a section"))?;
-    }
-    node.insert(last.to_string(), value);
-    Ok(())
-}
-
 /// GPU 0 with a stream of its own. Candle's `Device::new_cuda` computes on each calling
 /// thread's per-thread stream; the local backend's ranks and communication threads share one
 /// device, and one real stream orders all their work by issue order, so a tensor one thread
@@ -440,7 +470,20 @@ fn cuda_device() -> Result<candle_core::Device> {
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_device() -> Result<candle_core::Device> {
-    bail!("train.device = \"cuda\": this binary was built without CUDA support (cargo build --release --features cuda)")
+    Err(not_built_with("train.device = \"cuda\"", "cuda"))
+}
+
+/// The error for a config `setting` that needs a cargo `feature` this binary was built without.
+pub fn not_built_with(setting: &str, feature: &str) -> anyhow::Error {
+    let support = match feature {
+        "cuda" => "CUDA",
+        "mpi" => "MPI",
+        other => other,
+    };
+    anyhow::anyhow!(
+        "{setting}: this binary was built without {support} support (cargo build --release \
+         --features {feature})"
+    )
 }
 
 #[cfg(test)]
@@ -454,17 +497,18 @@ mod tests {
         (dir, path)
     }
 
+    fn sets(specs: &[&str]) -> Overrides {
+        let specs: Vec<String> = specs.iter().map(|s| s.to_string()).collect();
+        Overrides::parse(&specs).unwrap()
+    }
+
     const BASE: &str =
         "[model]\npreset = \"tiny\"\n[data]\ntrain = [\"x.jsonl\"]\nvalid_fraction = 0.1\n";
 
     #[test]
     fn overrides_take_precedence_and_parse_as_toml() {
         let (_d, path) = write(BASE);
-        let c = RunConfig::load(
-            &path,
-            &["train.steps=40".into(), "log.dir=\"runs/a\"".into()],
-        )
-        .unwrap();
+        let c = RunConfig::load(&path, &sets(&["train.steps=40", "log.dir=\"runs/a\""])).unwrap();
         assert_eq!(c.train.steps, 40);
         assert_eq!(c.log.dir, PathBuf::from("runs/a"));
         assert_eq!(c.train.micro_batch, 8);
@@ -473,9 +517,11 @@ mod tests {
     #[test]
     fn unknown_key_is_named_with_the_file() {
         let (_d, path) = write(&format!("{BASE}[train]\nstepz = 3\n"));
-        let e = RunConfig::load(&path, &[]).unwrap_err().to_string();
+        let e = RunConfig::load(&path, &Overrides::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("run.toml") && e.contains("train.stepz"), "{e}");
-        let e = RunConfig::load(&write(BASE).1, &["train.nope=1".into()])
+        let e = RunConfig::load(&write(BASE).1, &sets(&["train.nope=1"]))
             .unwrap_err()
             .to_string();
         assert!(e.contains("train.nope"), "{e}");
@@ -484,7 +530,9 @@ mod tests {
     #[test]
     fn wrong_type_is_named() {
         let (_d, path) = write(&format!("{BASE}[train]\nsteps = \"many\"\n"));
-        let e = RunConfig::load(&path, &[]).unwrap_err().to_string();
+        let e = RunConfig::load(&path, &Overrides::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("train.steps") && !e.contains('\n'), "{e}");
     }
 
@@ -493,7 +541,10 @@ mod tests {
         let (_d, path) = write(&format!(
             "{BASE}[train]\nmicro_batch = 3\nglobal_batch = 8\n"
         ));
-        let e = format!("{:#}", RunConfig::load(&path, &[]).unwrap_err());
+        let e = format!(
+            "{:#}",
+            RunConfig::load(&path, &Overrides::default()).unwrap_err()
+        );
         assert!(e.contains("not divisible"), "{e}");
     }
 
@@ -505,7 +556,7 @@ mod tests {
             ("dist.emulated_link_gbps=0.0", "must be positive"),
             ("dist.emulated_link_gbps=-5.0", "must be positive"),
         ] {
-            let e = format!("{:#}", RunConfig::load(&path, &[set.into()]).unwrap_err());
+            let e = format!("{:#}", RunConfig::load(&path, &sets(&[set])).unwrap_err());
             assert!(
                 e.contains("dist.emulated_link_gbps") && e.contains(want),
                 "{e}"
@@ -516,11 +567,14 @@ mod tests {
     #[test]
     fn preset_sizes_can_be_overridden() {
         let (_d, path) = write(&BASE.replace("[data]", "n_embd = 32\n[data]"));
-        let c = RunConfig::load(&path, &[]).unwrap().model_config().unwrap();
+        let c = RunConfig::load(&path, &Overrides::default())
+            .unwrap()
+            .model_config()
+            .unwrap();
         assert_eq!((c.n_layer, c.n_embd), (2, 32));
         let (_d, path) = write(&BASE.replace("[data]", "n_embd = 30\n[data]"));
         assert!(
-            RunConfig::load(&path, &[]).is_err(),
+            RunConfig::load(&path, &Overrides::default()).is_err(),
             "30 is not a multiple of 4 heads"
         );
     }

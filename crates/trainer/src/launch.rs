@@ -1,12 +1,13 @@
 //! One rank per process (`dist.backend = "nccl"` or `"mpi"`): which rank this process is, its
 //! device, and its communicator, from the launcher's environment (slurm, mpirun, torchrun) and
-//! the config (docs/launch.md).
+//! the config (docs/launch.md). The config has passed `RunConfig::check_supported` (backend
+//! against device and build).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use comm::Communicator;
+use comm::{Communicator, FailureReport};
 
 use crate::config::{Backend, RunConfig};
 
@@ -21,33 +22,48 @@ pub struct ProcessRank {
 pub fn join(config: &RunConfig) -> Result<ProcessRank> {
     let dist = &config.dist;
     let timeout = Duration::from_secs(dist.timeout_s);
-    let rank = match dist.backend {
-        Backend::Local => unreachable!("the local backend runs ranks as threads"),
-        Backend::Mpi => join_mpi(config, timeout)?,
-        Backend::Nccl => join_nccl(config, timeout)?,
-    };
-    let world = rank.comm.topology().world();
-    if world != dist.world_size {
-        bail!(
-            "dist.world_size = {} but the launcher started {world} processes",
-            dist.world_size
-        );
+    match dist.backend {
+        Backend::Local => {
+            bail!("dist.backend = \"local\" runs its ranks as threads, not processes")
+        }
+        Backend::Mpi => join_mpi(config, timeout),
+        Backend::Nccl => join_nccl(config, timeout),
     }
-    Ok(rank)
+}
+
+/// What this process does with its backend's [`FailureReport`]s: prints each as one error line
+/// and, for a process still blocked after its NCCL watchdog aborted, exits.
+#[cfg_attr(not(any(feature = "mpi", feature = "cuda")), allow(dead_code))]
+fn on_failure(report: &FailureReport) {
+    eprintln!("error: {report}");
+    if let FailureReport::StillBlocked { .. } = report {
+        // `exit` runs the atexit handlers, the CUDA runtime's teardown among them, which may
+        // block on the stuck device too: abort if it has not ended soon.
+        let _ = std::thread::Builder::new().spawn(|| {
+            std::thread::sleep(Duration::from_secs(10));
+            std::process::abort();
+        });
+        std::process::exit(1);
+    }
 }
 
 #[cfg(feature = "mpi")]
 fn join_mpi(config: &RunConfig, timeout: Duration) -> Result<ProcessRank> {
-    use crate::config::DeviceKind;
     use anyhow::Context;
+    use comm::launch::{LaunchError, Launcher};
 
-    if config.train.device != DeviceKind::Cpu {
-        bail!(
-            "dist.backend = \"mpi\" is the CPU backend: use \"nccl\" with train.device = \"cuda\""
-        );
-    }
     let mpi = comm::MpiComm::init(config.dist.gpus_per_node).context("dist.backend = \"mpi\"")?;
     mpi.set_timeout(timeout);
+    mpi.set_failure_handler(Some(Arc::new(on_failure)));
+    let world = mpi.topology().world();
+    if world != config.dist.world_size {
+        return Err(LaunchError::WorldSize {
+            configured: config.dist.world_size,
+            launcher: Launcher::OpenMpi,
+            world,
+        }
+        .into());
+    }
     Ok(ProcessRank {
         comm: Arc::new(mpi),
         device: candle_core::Device::Cpu,
@@ -56,19 +72,18 @@ fn join_mpi(config: &RunConfig, timeout: Duration) -> Result<ProcessRank> {
 
 #[cfg(not(feature = "mpi"))]
 fn join_mpi(_: &RunConfig, _: Duration) -> Result<ProcessRank> {
-    bail!("dist.backend = \"mpi\": this binary was built without MPI support (cargo build --release --features mpi)")
+    Err(crate::config::not_built_with(
+        "dist.backend = \"mpi\"",
+        "mpi",
+    ))
 }
 
 #[cfg(feature = "cuda")]
 fn join_nccl(config: &RunConfig, timeout: Duration) -> Result<ProcessRank> {
-    use crate::config::DeviceKind;
     use anyhow::Context;
     use candle_core::cuda_backend::CudaDevice;
     use comm::launch::{LaunchInfo, Launcher};
 
-    if config.train.device != DeviceKind::Cuda {
-        bail!("dist.backend = \"nccl\" needs train.device = \"cuda\"");
-    }
     let mut info = LaunchInfo::from_env()?.unwrap_or(LaunchInfo {
         // A plain process: a world of one.
         rank: 0,
@@ -102,6 +117,7 @@ fn join_nccl(config: &RunConfig, timeout: Duration) -> Result<ProcessRank> {
     let nccl = comm::bootstrap::nccl_from_launch(&info, topology, &device, timeout)?;
     // The watchdog: a collective unfinished after the timeout aborts NCCL (a peer died or hung).
     nccl.set_timeout(timeout);
+    nccl.set_failure_handler(Some(Arc::new(on_failure)));
     if let Some(gbps) = config.dist.emulated_link_gbps {
         let link = comm::link::EmulatedLink::per_node(gbps, topology.ranks_per_node)?;
         if info.rank == 0 {
@@ -121,5 +137,8 @@ fn join_nccl(config: &RunConfig, timeout: Duration) -> Result<ProcessRank> {
 
 #[cfg(not(feature = "cuda"))]
 fn join_nccl(_: &RunConfig, _: Duration) -> Result<ProcessRank> {
-    bail!("dist.backend = \"nccl\": this binary was built without CUDA support (cargo build --release --features cuda)")
+    Err(crate::config::not_built_with(
+        "dist.backend = \"nccl\"",
+        "cuda",
+    ))
 }

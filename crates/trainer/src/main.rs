@@ -5,14 +5,16 @@ mod checkpoint;
 mod config;
 mod device_memory;
 mod export;
+mod hooks;
 mod launch;
 mod metrics;
 mod plan;
 mod plot;
 mod schedule;
 mod train;
+mod units;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -130,12 +132,13 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    let overrides = config::Overrides::parse(&cli.set)?;
     match cli.command {
         None => {
             let path = cli
                 .config
                 .context("no --config given (see trainer --help)")?;
-            let config = config::RunConfig::load(&path, &cli.set)?;
+            let config = config::RunConfig::load(&path, &overrides)?;
             if cli.print_config {
                 print!("{}", config.to_toml()?);
                 return Ok(());
@@ -149,6 +152,7 @@ fn run(cli: Cli) -> Result<()> {
             valid_fraction,
             quiet,
         }) => {
+            create_parent(&output)?;
             let opts = data::PrepareOptions {
                 inputs: input,
                 output: output.clone(),
@@ -159,15 +163,15 @@ fn run(cli: Cli) -> Result<()> {
             let s = data::prepare(&opts)?;
             eprintln!(
                 "wrote {}.{{bin,idx}}: {} documents, {} tokens; {} held out ({} tokens); \
-                 {:.1} MB of text in {:.1} s = {:.2} MB/s",
+                 {} of text in {:.1} s = {}/s",
                 output.display(),
                 s.documents,
                 s.tokens,
                 s.valid_documents,
                 s.valid_tokens,
-                s.text_bytes as f64 / 1e6,
+                units::bytes(s.text_bytes),
                 s.seconds,
-                s.text_bytes as f64 / 1e6 / s.seconds
+                units::bytes_f64(s.text_bytes as f64 / s.seconds)
             );
             Ok(())
         }
@@ -177,7 +181,7 @@ fn run(cli: Cli) -> Result<()> {
             json,
         }) => plan::run(&plan::PlanArgs {
             config: cli.config.as_deref(),
-            set: &cli.set,
+            set: &overrides,
             world_size,
             gpus_per_node,
             json,
@@ -192,7 +196,7 @@ fn run(cli: Cli) -> Result<()> {
             mib,
         }) => bench::run(&bench::BenchArgs {
             config: cli.config.as_deref(),
-            set: &cli.set,
+            set: &overrides,
             steps,
             warmup,
             json,
@@ -201,7 +205,10 @@ fn run(cli: Cli) -> Result<()> {
             kernel_mib: mib,
             collectives,
         }),
-        Some(Command::Export { checkpoint, output }) => export::export(&checkpoint, &output),
+        Some(Command::Export { checkpoint, output }) => {
+            create_parent(&output)?;
+            export::export(&checkpoint, &output)
+        }
         Some(Command::Plot { metrics, output }) => {
             let files: Vec<PathBuf> = metrics
                 .into_iter()
@@ -213,9 +220,27 @@ fn run(cli: Cli) -> Result<()> {
                     }
                 })
                 .collect();
-            plot::plot(&files, &output)?;
-            eprintln!("wrote {}", output.display());
+            create_parent(&output)?;
+            let drawn = plot::plot(&files, &output)?;
+            eprintln!(
+                "wrote {}: {} run(s) over {} tokens, loss {:.2} to {:.2}",
+                output.display(),
+                drawn.runs,
+                units::count(drawn.tokens),
+                drawn.loss_min,
+                drawn.loss_max
+            );
             Ok(())
         }
+    }
+}
+
+/// Creates the folder that `output` goes in (and its parents), so that a command run on a fresh
+/// clone can write `data/pile/pile_train` or `hf/model.safetensors`.
+fn create_parent(output: &Path) -> Result<()> {
+    match output.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the folder {}", dir.display())),
+        _ => Ok(()),
     }
 }

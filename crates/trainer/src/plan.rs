@@ -4,20 +4,22 @@
 //! docs/plan.md explains every number and the JSON keys; DESIGN.md section 3 the two
 //! accountings of communication (logical bytes per rank, and the paper's M-based one).
 
+use std::fmt::Write;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use comm::{ByteCounters, Topology};
 use serde::Serialize;
 use zero::volume::{logical_step_bytes, paper_volume};
-use zero::{ZeroConfig, ZeroPlan};
+use zero::{RankMemory, ZeroConfig, ZeroPlan};
 
-use crate::config::{Precision, RunConfig};
+use crate::config::{Overrides, Precision, RunConfig};
+use crate::units;
 
 /// The command line of `trainer plan`.
 pub struct PlanArgs<'a> {
     pub config: Option<&'a Path>,
-    pub set: &'a [String],
+    pub set: &'a Overrides,
     pub world_size: Option<usize>,
     pub gpus_per_node: Option<usize>,
     pub json: bool,
@@ -86,18 +88,11 @@ pub struct ZeroInfo {
 
 #[derive(Debug, Serialize)]
 pub struct Memory {
-    /// Elements of every unit this rank owns: sum of padded / W.
-    pub shard_elems: u64,
-    pub param_shard: u64,
-    pub grad_shard: u64,
-    pub optimizer_states: u64,
-    /// fp32 precision: the parameter shard is the fp32 master, so `optimizer_states` is Adam m + v only.
-    pub optimizer_includes_master: bool,
-    pub hpz_secondary: u64,
-    pub gathered_working_set: u64,
-    /// Full fp32 gradients of the units whose reduction is in flight (the largest
-    /// `zero::REDUCTIONS_IN_FLIGHT`).
-    pub reductions_in_flight: u64,
+    /// The states, as the engine counts them: `shard_elems`, `param_shard`, `grad_shard`,
+    /// `optimizer_states`, `optimizer_includes_master`, `hpz_secondary`,
+    /// `gathered_working_set`, `reductions_in_flight` (docs/plan.md).
+    #[serde(flatten)]
+    pub states: RankMemory,
     pub activations_saved_inputs: u64,
     pub activations_block_working: u64,
     pub activations_logits_chunk: u64,
@@ -171,19 +166,57 @@ fn param_bytes(p: Precision) -> usize {
     }
 }
 
-/// Bytes of `numel` INT8 codes plus their f32 scales (as `zero::volume` counts them).
-fn int8_bytes(numel: usize, block: usize) -> u64 {
-    (numel + numel / block * 4) as u64
-}
-
+/// The report for `args`, section by section as [`human`] prints them.
 pub fn build(args: &PlanArgs) -> Result<Report> {
     let path = args
         .config
         .context("no --config given (trainer plan --config FILE)")?;
     let mut config = RunConfig::load(path, args.set)?;
     let mut notes = Vec::new();
+    let topology = fit_topology(&mut config, args, &mut notes)?;
+    let (accumulation, global_batch) = fit_batch(&config, topology.world(), &mut notes);
 
-    // The topology: the command line over [dist].
+    let t = &config.train;
+    let cfg = config.model_config()?;
+    let plan = ZeroPlan::resolve(&config.zero, topology, t.steps)?;
+    let numels: Vec<usize> = model::ModelLayout::new(&cfg)
+        .units
+        .iter()
+        .map(|u| u.numel)
+        .collect();
+    let pb = param_bytes(t.precision);
+    Ok(Report {
+        model: model_info(&config, &cfg, &plan, &numels),
+        topology: TopologyInfo {
+            world_size: topology.world(),
+            gpus_per_node: topology.ranks_per_node,
+            nodes: topology.nodes,
+        },
+        train: TrainInfo {
+            precision: t.precision,
+            param_bytes: pb,
+            micro_batch: t.micro_batch,
+            accumulation,
+            global_batch,
+            steps: t.steps,
+            recompute: config.model.recompute,
+        },
+        zero: zero_info(&config, &plan),
+        memory: memory(&config, &cfg, &plan, &numels, pb),
+        comm: comm_per_step(&config, &plan, &numels, pb, accumulation)?,
+        paper: paper(&plan, cfg.num_params()),
+        notes,
+    })
+}
+
+/// The planned topology: the command line over `[dist]`, written back into `config`. hpZ's
+/// group is a node: a config that set it to its own node size follows the planned node (a
+/// note says so) unless `--set` names it.
+fn fit_topology(
+    config: &mut RunConfig,
+    args: &PlanArgs,
+    notes: &mut Vec<String>,
+) -> Result<Topology> {
     let file_world = config.dist.world_size;
     let file_d = config.dist.gpus_per_node.unwrap_or(file_world);
     let w = args.world_size.unwrap_or(file_world);
@@ -207,79 +240,86 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
     config.dist.world_size = w;
     config.dist.gpus_per_node = Some(d);
 
-    // hpZ's group is a node: a config that set it to its own node size follows the node.
-    let hpz_explicit = args.set.iter().any(|s| {
-        s.split_once('=')
-            .is_some_and(|(k, _)| k.trim() == "zero.hpz_partition_size")
-    });
     let h = config.zero.hpz_partition_size;
-    if h != 1 && h == file_d && h != d && !hpz_explicit {
+    if h != 1 && h == file_d && h != d && !args.set.sets("zero.hpz_partition_size") {
         notes.push(format!(
             "zero.hpz_partition_size = {h} (the config's gpus per node) follows the node: {d}"
         ));
         config.zero.hpz_partition_size = d;
     }
+    Ok(topology)
+}
 
-    // Micro-batches per step at this world size.
+/// Micro-batches per step at `world` ranks, at least one (a note says when the global batch
+/// had to change), and the global batch they make.
+fn fit_batch(config: &RunConfig, world: usize, notes: &mut Vec<String>) -> (usize, usize) {
     let t = &config.train;
-    let per_pass = t.micro_batch * w;
+    let per_pass = t.micro_batch * world;
     let mut accumulation = config.accumulation();
     if accumulation == 0 || !t.global_batch.is_multiple_of(per_pass) {
         accumulation = accumulation.max(1);
         notes.push(format!(
-            "train.global_batch = {} is not a multiple of micro_batch x world = {} x {w}: \
+            "train.global_batch = {} is not a multiple of micro_batch x world = {} x {world}: \
              planned with {accumulation} micro-batch(es) a step (global batch {})",
             t.global_batch,
             t.micro_batch,
             per_pass * accumulation
         ));
     }
-    let global_batch = per_pass * accumulation;
+    (accumulation, per_pass * accumulation)
+}
 
-    let cfg = config.model_config()?;
-    let plan = ZeroPlan::resolve(&config.zero, topology, t.steps)?;
-    let plain_cfg = ZeroConfig {
-        quantized_weights: false,
-        hpz_partition_size: 1,
-        quantized_gradients: false,
-        ..config.zero.clone()
-    };
-    let plain = ZeroPlan::resolve(&plain_cfg, topology, t.steps)?;
-
-    let layout = model::ModelLayout::new(&cfg);
-    let numels: Vec<usize> = layout.units.iter().map(|u| u.numel).collect();
-    let num_params = cfg.num_params();
-    let pb = param_bytes(t.precision);
-    let padded: Vec<usize> = numels.iter().map(|&n| plan.partition(n).padded).collect();
-    let padded_sum: u64 = padded.iter().map(|&p| p as u64).sum();
-
-    // Memory per rank.
-    let shard: u64 = padded.iter().map(|&p| (p / w) as u64).sum();
-    let fp32 = t.precision == Precision::Fp32;
-    let param_shard = pb as u64 * shard;
-    let grad_shard = 4 * shard;
-    let optimizer_states = if fp32 { 8 * shard } else { 12 * shard };
-    let hpz_secondary: u64 = if plan.hpz {
-        padded
+/// The `model` section: the shape and its sizes.
+fn model_info(
+    config: &RunConfig,
+    cfg: &model::GptConfig,
+    plan: &ZeroPlan,
+    numels: &[usize],
+) -> ModelInfo {
+    let num_params = cfg.num_params() as u64;
+    ModelInfo {
+        preset: config.model.preset.clone(),
+        n_layer: cfg.n_layer,
+        n_embd: cfg.n_embd,
+        n_head: cfg.n_head,
+        seq_len: cfg.seq_len,
+        vocab_size: cfg.vocab_size,
+        num_params,
+        padded_params: numels
             .iter()
-            .map(|&p| match plan.qwz {
-                Some(q) => int8_bytes(p / d, q.block),
-                None => ((p / d) * pb) as u64,
-            })
-            .sum()
-    } else {
-        0
-    };
-    let mut sorted = padded.clone();
-    sorted.sort_unstable_by(|a, b| b.cmp(a));
-    let gathered_working_set: u64 = sorted.iter().take(2).map(|&p| (p * pb) as u64).sum();
-    let reductions_in_flight: u64 = sorted
-        .iter()
-        .take(zero::REDUCTIONS_IN_FLIGHT)
-        .map(|&p| 4 * p as u64)
-        .sum();
+            .map(|&n| plan.partition(n).padded as u64)
+            .sum(),
+        units: numels.len(),
+        model_bytes: 2 * num_params,
+    }
+}
+
+/// The `zero` section: the resolved techniques.
+fn zero_info(config: &RunConfig, plan: &ZeroPlan) -> ZeroInfo {
+    ZeroInfo {
+        qwz: plan.qwz.is_some(),
+        weight_quant_block: plan.qwz.map(|q| q.block),
+        hpz: plan.hpz,
+        hpz_partition_size: config.zero.hpz_partition_size,
+        qgz: plan.qgz.is_some(),
+        grad_quant_block: plan.qgz.map(|q| q.block),
+        qgz_until_step: plan.qgz.map(|q| q.until_step),
+        align: plan.align,
+    }
+}
+
+/// The `memory` section: the states as the engine counts them ([`zero::rank_memory`]) plus
+/// one micro-batch's activations.
+fn memory(
+    config: &RunConfig,
+    cfg: &model::GptConfig,
+    plan: &ZeroPlan,
+    numels: &[usize],
+    pb: usize,
+) -> Memory {
+    let states = zero::rank_memory(plan, numels, pb);
     let (b, s, c, a, l) = (
-        t.micro_batch as u64,
+        config.train.micro_batch as u64,
         cfg.seq_len as u64,
         cfg.n_embd as u64,
         cfg.n_head as u64,
@@ -287,114 +327,77 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
     );
     // Korthikanti et al. 2022: s*b*h*(34 + 5*a*s/h) bytes per layer at 16 bits.
     let per_layer = b * s * (34 * c + 5 * a * s) * pb as u64 / 2;
-    let recompute = config.model.recompute;
-    let (saved, working) = if recompute {
+    let (saved, working) = if config.model.recompute {
         (l * b * s * c * pb as u64, per_layer)
     } else {
         (0, l * per_layer)
     };
     let logits = (model::layers::CE_CHUNK_ELEMS * 4) as u64;
     let activations = saved + working + logits;
-    let total = param_shard
-        + grad_shard
-        + optimizer_states
-        + hpz_secondary
-        + gathered_working_set
-        + reductions_in_flight
-        + activations;
+    Memory {
+        states,
+        activations_saved_inputs: saved,
+        activations_block_working: working,
+        activations_logits_chunk: logits,
+        activations,
+        total: states.total() + activations,
+    }
+}
 
-    // Communication per rank per step.
-    let zero3 = logical_step_bytes(&plain, &numels, pb, accumulation, 1);
-    let zeropp = logical_step_bytes(&plan, &numels, pb, accumulation, 1);
+/// The `comm` section: step 1's logical bytes of plain ZeRO-3 and of the configured ZeRO++,
+/// and those of the first step after the qgZ window.
+fn comm_per_step(
+    config: &RunConfig,
+    plan: &ZeroPlan,
+    numels: &[usize],
+    pb: usize,
+    accumulation: usize,
+) -> Result<Comm> {
+    let steps = config.train.steps;
+    let plain_cfg = ZeroConfig {
+        quantized_weights: false,
+        hpz_partition_size: 1,
+        quantized_gradients: false,
+        ..config.zero.clone()
+    };
+    let plain = ZeroPlan::resolve(&plain_cfg, plan.topology, steps)?;
+    let zero3 = logical_step_bytes(&plain, numels, pb, accumulation, 1);
+    let zeropp = logical_step_bytes(plan, numels, pb, accumulation, 1);
     let ratio = |x: &ByteCounters| x.inter as f64 / zero3.inter.max(1) as f64;
-    let inter_ratio = ratio(&zeropp);
-    let after_qgz = plan.qgz.filter(|q| q.until_step < t.steps).map(|q| {
+    let after_qgz = plan.qgz.filter(|q| q.until_step < steps).map(|q| {
         let step = q.until_step + 1;
-        let after = logical_step_bytes(&plan, &numels, pb, accumulation, step);
+        let after = logical_step_bytes(plan, numels, pb, accumulation, step);
         AfterQgz {
             step,
             inter_ratio: ratio(&after),
             zeropp: after.into(),
         }
     });
+    Ok(Comm {
+        step: 1,
+        micro_batches: accumulation,
+        inter_ratio: ratio(&zeropp),
+        zero3: zero3.into(),
+        zeropp: zeropp.into(),
+        after_qgz,
+    })
+}
 
-    let pv = paper_volume(&plan, num_params);
-    let paper = Paper {
+/// The `paper` section: the paper's M-based accounting.
+fn paper(plan: &ZeroPlan, num_params: usize) -> Paper {
+    let pv = paper_volume(plan, num_params);
+    Paper {
         model_bytes: pv.model_bytes,
         zero3: pv.zero3,
         zeropp: pv.zeropp,
         scales: pv.scales,
         ratio: pv.zeropp / pv.zero3,
         hpz_memory: if plan.hpz {
-            pv.model_bytes / d as f64
+            pv.model_bytes / plan.topology.ranks_per_node as f64
         } else {
             0.0
         },
-    };
-
-    Ok(Report {
-        model: ModelInfo {
-            preset: config.model.preset.clone(),
-            n_layer: cfg.n_layer,
-            n_embd: cfg.n_embd,
-            n_head: cfg.n_head,
-            seq_len: cfg.seq_len,
-            vocab_size: cfg.vocab_size,
-            num_params: num_params as u64,
-            padded_params: padded_sum,
-            units: numels.len(),
-            model_bytes: 2 * num_params as u64,
-        },
-        topology: TopologyInfo {
-            world_size: w,
-            gpus_per_node: d,
-            nodes: topology.nodes,
-        },
-        train: TrainInfo {
-            precision: t.precision,
-            param_bytes: pb,
-            micro_batch: t.micro_batch,
-            accumulation,
-            global_batch,
-            steps: t.steps,
-            recompute,
-        },
-        zero: ZeroInfo {
-            qwz: plan.qwz.is_some(),
-            weight_quant_block: plan.qwz.map(|q| q.block),
-            hpz: plan.hpz,
-            hpz_partition_size: config.zero.hpz_partition_size,
-            qgz: plan.qgz.is_some(),
-            grad_quant_block: plan.qgz.map(|q| q.block),
-            qgz_until_step: plan.qgz.map(|q| q.until_step),
-            align: plan.align,
-        },
-        memory: Memory {
-            shard_elems: shard,
-            param_shard,
-            grad_shard,
-            optimizer_states,
-            optimizer_includes_master: !fp32,
-            hpz_secondary,
-            gathered_working_set,
-            reductions_in_flight,
-            activations_saved_inputs: saved,
-            activations_block_working: working,
-            activations_logits_chunk: logits,
-            activations,
-            total,
-        },
-        comm: Comm {
-            step: 1,
-            micro_batches: accumulation,
-            zero3: zero3.into(),
-            zeropp: zeropp.into(),
-            inter_ratio,
-            after_qgz,
-        },
-        paper,
-        notes,
-    })
+    }
 }
 
 /// `1234567` -> `"1,234,567"`.
@@ -410,22 +413,6 @@ fn grouped(n: u64) -> String {
     out
 }
 
-/// Binary units: `"1.50 GiB"`.
-fn human_bytes(n: f64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = n;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < UNITS.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{v:.0} B")
-    } else {
-        format!("{v:.2} {}", UNITS[i])
-    }
-}
-
 fn precision_name(p: Precision) -> &'static str {
     match p {
         Precision::Fp32 => "fp32",
@@ -434,16 +421,28 @@ fn precision_name(p: Precision) -> &'static str {
     }
 }
 
-/// The report as a compact aligned table.
+/// The report as a compact aligned table: the run, then memory, communication and the paper's
+/// accounting, then the notes.
 pub fn human(r: &Report) -> String {
-    use std::fmt::Write;
     let mut o = String::new();
+    human_run(&mut o, r);
+    human_memory(&mut o, r);
+    human_comm(&mut o, r);
+    human_paper(&mut o, r);
+    for n in &r.notes {
+        let _ = writeln!(o, "note: {n}");
+    }
+    o
+}
+
+/// The model, ranks and ZeRO++ lines.
+fn human_run(o: &mut String, r: &Report) {
     let m = &r.model;
     let t = &r.train;
     let z = &r.zero;
     let pname = precision_name(t.precision);
     let _ = writeln!(
-        o,
+        *o,
         "model     {}: {} layers x {} wide, {} heads, seq {}, vocab {}",
         m.preset.as_deref().unwrap_or("custom"),
         m.n_layer,
@@ -453,15 +452,15 @@ pub fn human(r: &Report) -> String {
         m.vocab_size
     );
     let _ = writeln!(
-        o,
+        *o,
         "          {} parameters ({:.2} B), M = 2 x params = {} ({})",
         grouped(m.num_params),
         m.num_params as f64 / 1e9,
         grouped(m.model_bytes),
-        human_bytes(m.model_bytes as f64)
+        units::bytes(m.model_bytes)
     );
     let _ = writeln!(
-        o,
+        *o,
         "ranks     {} = {} nodes x {}; {pname} ({} bytes a parameter); micro-batch {} x {} accumulation; {} steps",
         r.topology.world_size,
         r.topology.nodes,
@@ -482,7 +481,7 @@ pub fn human(r: &Report) -> String {
         tech.push(format!("qgZ (INT4, block {bk}, steps 1..={until})"));
     }
     let _ = writeln!(
-        o,
+        *o,
         "zero++    {}",
         if tech.is_empty() {
             "none (plain ZeRO-3)".to_string()
@@ -490,32 +489,40 @@ pub fn human(r: &Report) -> String {
             tech.join(" + ")
         }
     );
+}
 
+/// The memory table.
+fn human_memory(o: &mut String, r: &Report) {
+    let (t, z) = (&r.train, &r.zero);
+    let pname = precision_name(t.precision);
     let mem = &r.memory;
     let pct = |x: u64| 100.0 * x as f64 / mem.total.max(1) as f64;
     let _ = writeln!(
-        o,
+        *o,
         "\n{:<32}{:>18}{:>12}{:>8}",
         "memory per rank", "bytes", "", "share"
     );
     let mut row = |label: String, x: u64| {
         let _ = writeln!(
-            o,
+            *o,
             "  {label:<30}{:>18}{:>12}{:>7.1}%",
             grouped(x),
-            human_bytes(x as f64),
+            units::bytes(x),
             pct(x)
         );
     };
-    row(format!("parameters shard ({pname})"), mem.param_shard);
-    row("gradient shard (fp32)".into(), mem.grad_shard);
     row(
-        if mem.optimizer_includes_master {
+        format!("parameters shard ({pname})"),
+        mem.states.param_shard,
+    );
+    row("gradient shard (fp32)".into(), mem.states.grad_shard);
+    row(
+        if mem.states.optimizer_includes_master {
             "optimizer (master + m + v)".into()
         } else {
             "Adam m + v (params are master)".into()
         },
-        mem.optimizer_states,
+        mem.states.optimizer_states,
     );
     row(
         match (z.hpz, z.qwz) {
@@ -523,13 +530,16 @@ pub fn human(r: &Report) -> String {
             (true, true) => format!("hpZ secondary (INT8, 1/{})", r.topology.gpus_per_node),
             (true, false) => format!("hpZ secondary ({pname}, 1/{})", r.topology.gpus_per_node),
         },
-        mem.hpz_secondary,
+        mem.states.hpz_secondary,
     );
     row(
         "gathered units (largest two)".into(),
-        mem.gathered_working_set,
+        mem.states.gathered_working_set,
     );
-    row("reducing gradients (fp32)".into(), mem.reductions_in_flight);
+    row(
+        "reducing gradients (fp32)".into(),
+        mem.states.reductions_in_flight,
+    );
     row(
         format!(
             "activations{}",
@@ -554,28 +564,31 @@ pub fn human(r: &Report) -> String {
         mem.activations_logits_chunk,
     );
     row("total".into(), mem.total);
+}
 
+/// The communication table.
+fn human_comm(o: &mut String, r: &Report) {
     let c = &r.comm;
     let _ = writeln!(
-        o,
+        *o,
         "\ncomm per rank, step {} ({} micro-batch{}), logical bytes",
         c.step,
         c.micro_batches,
         if c.micro_batches == 1 { "" } else { "es" },
     );
     let _ = writeln!(
-        o,
+        *o,
         "  {:<30}{:>30}{:>30}{:>9}",
         "", "intra-node", "inter-node", "/ZeRO-3"
     );
     let mut crow = |label: &str, b: &Bytes, ratio: f64| {
         let _ = writeln!(
-            o,
+            *o,
             "  {label:<30}{:>18}{:>12}{:>18}{:>12}{:>9.3}",
             grouped(b.intra),
-            human_bytes(b.intra as f64),
+            units::bytes(b.intra),
             grouped(b.inter),
-            human_bytes(b.inter as f64),
+            units::bytes(b.inter),
             ratio
         );
     };
@@ -588,19 +601,22 @@ pub fn human(r: &Report) -> String {
             a.inter_ratio,
         );
     }
+}
 
+/// The paper's accounting.
+fn human_paper(o: &mut String, r: &Report) {
     let p = &r.paper;
     let _ = writeln!(
-        o,
+        *o,
         "\n{:<32}{:>18}{:>12}{:>8}",
         "paper, cross-node per step", "bytes", "", "x M"
     );
     let mut prow = |label: &str, x: f64| {
         let _ = writeln!(
-            o,
+            *o,
             "  {label:<30}{:>18}{:>12}{:>8.3}",
             grouped(x.round() as u64),
-            human_bytes(x),
+            units::bytes_f64(x),
             x / p.model_bytes
         );
     };
@@ -612,8 +628,72 @@ pub fn human(r: &Report) -> String {
         &format!("hpZ memory per rank (M/{})", r.topology.gpus_per_node),
         p.hpz_memory,
     );
-    for n in &r.notes {
-        let _ = writeln!(o, "note: {n}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::engine_options;
+
+    /// Rank 0's engine and the plan count the same memory for the states, row by row, and the
+    /// plan's shard is what the engine allocates: plain ZeRO-3 at W = 1; bf16 with hpZ on a
+    /// shape whose blocks outgrow the embedding; qwZ + hpZ + qgZ over 2 nodes x 4.
+    #[test]
+    fn the_engine_and_the_plan_count_memory_alike() {
+        let tiny = "[model]\npreset = \"tiny\"\n";
+        let wide =
+            "[model]\nn_layer = 3\nn_embd = 96\nn_head = 4\nseq_len = 32\nvocab_size = 1000\n";
+        let shapes = [
+            (tiny, "", "", 1, 1),
+            (
+                wide,
+                "precision = \"bf16\"\n",
+                "hpz_partition_size = 2\n",
+                4,
+                2,
+            ),
+            (
+                tiny,
+                "",
+                "quantized_weights = true\nhpz_partition_size = 4\nquantized_gradients = true\n",
+                8,
+                4,
+            ),
+        ];
+        for (model, train, zero, w, d) in shapes {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("run.toml");
+            let text = format!(
+                "{model}[train]\nmicro_batch = 1\nglobal_batch = 8\n{train}[zero]\n{zero}\
+                 [dist]\nworld_size = {w}\ngpus_per_node = {d}\n\
+                 [data]\ntrain = [\"x.jsonl\"]\nvalid_fraction = 0.1\n"
+            );
+            std::fs::write(&path, text).unwrap();
+            let overrides = Overrides::default();
+            let report = build(&PlanArgs {
+                config: Some(&path),
+                set: &overrides,
+                world_size: None,
+                gpus_per_node: None,
+                json: true,
+            })
+            .unwrap();
+
+            let config = RunConfig::load(&path, &overrides).unwrap();
+            let topology = Topology::new(w, d).unwrap();
+            let comm = comm::local_world(topology).into_iter().next().unwrap();
+            let options = engine_options(&config, &candle_core::Device::Cpu);
+            let engine =
+                zero::Engine::new(config.model_config().unwrap(), options, Box::new(comm)).unwrap();
+            let shape = format!("W = {w}, D = {d}: {zero}");
+            assert_eq!(engine.memory_estimate(), report.memory.states, "{shape}");
+            let allocated: usize = (0..engine.num_units())
+                .map(|u| engine.grad_shard(u).unwrap().len())
+                .sum();
+            assert_eq!(
+                report.memory.states.shard_elems, allocated as u64,
+                "{shape}"
+            );
+        }
     }
-    o
 }

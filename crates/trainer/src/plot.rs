@@ -6,6 +6,7 @@ use anyhow::{bail, Context, Result};
 use plotters::prelude::*;
 
 use crate::metrics;
+use crate::units;
 
 /// DejaVu Sans Mono (Bitstream Vera licence, data/fonts/LICENSE.DejaVu), embedded so plots
 /// render the same on a cluster node without fonts.
@@ -29,7 +30,17 @@ fn label_of(path: &Path) -> String {
         .unwrap_or_else(|| path.display().to_string())
 }
 
-pub fn plot(inputs: &[PathBuf], output: &Path) -> Result<()> {
+/// What a plot shows, for the line that says it was written.
+pub struct Drawn {
+    pub runs: usize,
+    /// The right end of the token axis: the most tokens of any run.
+    pub tokens: f64,
+    pub loss_min: f64,
+    pub loss_max: f64,
+}
+
+/// Draws every run of `inputs` into the PNG `output`; the token axis reads 20K, 1.5M, 2.1B.
+pub fn plot(inputs: &[PathBuf], output: &Path) -> Result<Drawn> {
     if inputs.is_empty() {
         bail!("plot: name at least one metrics.jsonl");
     }
@@ -75,7 +86,7 @@ pub fn plot(inputs: &[PathBuf], output: &Path) -> Result<()> {
         .configure_mesh()
         .x_desc("tokens")
         .y_desc("loss (nats)")
-        .x_label_formatter(&|x| format!("{:.2e}", x))
+        .x_label_formatter(&|x| units::count(*x))
         .draw()
         .map_err(draw)?;
     for (i, run) in runs.iter().enumerate() {
@@ -112,5 +123,10 @@ pub fn plot(inputs: &[PathBuf], output: &Path) -> Result<()> {
         .map_err(draw)?;
     root.present()
         .with_context(|| format!("cannot write {}", output.display()))?;
-    Ok(())
+    Ok(Drawn {
+        runs: runs.len(),
+        tokens: x_max,
+        loss_min: y_min,
+        loss_max: y_max,
+    })
 }

@@ -5,7 +5,8 @@
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use data::{Sampler, TokenCorpus, Tokenizer};
@@ -13,13 +14,11 @@ use zero::{AdamW, Engine, EngineOptions};
 
 use crate::checkpoint;
 use crate::config::{Backend, RunConfig};
+use crate::hooks::TestHooks;
 use crate::launch;
 use crate::metrics::{self, EvalLine, MetricsWriter, StepLine};
 use crate::schedule::learning_rate;
-
-/// Test hook: after completing (and checkpointing) this step, the process kills itself with
-/// SIGKILL, as a crash or a preempted job would. Used by the kill-and-resume tests.
-pub const KILL_AT_STEP_ENV: &str = "ZEROPP_KILL_AT_STEP";
+use crate::units;
 
 /// Training and validation tokens.
 struct Corpora {
@@ -147,15 +146,6 @@ impl Reporter {
     }
 }
 
-pub fn human_bytes(b: u64) -> String {
-    let b = b as f64;
-    match b {
-        _ if b >= 1e9 => format!("{:.2} GB", b / 1e9),
-        _ if b >= 1e6 => format!("{:.1} MB", b / 1e6),
-        _ => format!("{:.1} kB", b / 1e3),
-    }
-}
-
 /// What every rank reads and nobody changes.
 struct Shared<'a> {
     config: &'a RunConfig,
@@ -167,27 +157,40 @@ struct Shared<'a> {
     /// One device for every rank: the local backend's ranks share it (and its stream), so their
     /// collectives are device-to-device copies.
     device: candle_core::Device,
+    hooks: TestHooks,
+    /// Set once a rank of this process has failed: a hung rank ([`HANG_RANK_ENV`]) of the
+    /// local backend then returns, so that the process can end.
+    ///
+    /// [`HANG_RANK_ENV`]: crate::hooks::HANG_RANK_ENV
+    given_up: AtomicBool,
 }
 
 /// Trains as `config` says: with the `local` backend one thread per simulated rank; with
 /// `nccl` or `mpi` this process is one rank of the world its launcher started.
 pub fn run(config: &RunConfig) -> Result<()> {
     config.check_supported()?;
+    let hooks = TestHooks::from_env()?;
     if config.dist.backend == Backend::Local {
         let world = config.dist.world_size;
         let topology = comm::Topology::new(world, config.dist.gpus_per_node.unwrap_or(world))?;
-        let shared = prepare(config, topology, config.device()?)?;
+        let shared = prepare(config, topology, config.device()?, hooks)?;
         if world == 1 {
             return rank_main(&shared, Box::new(comm::Solo));
         }
-        comm::run_local(topology, |c| {
-            rank_main(&shared, Box::new(c)).map_err(into_boxed)
+        // A collective waits `dist.timeout_s` for its peers, as with the launched backends.
+        let timeout = Duration::from_secs(config.dist.timeout_s);
+        comm::run_local_with_timeout(topology, timeout, |c| {
+            let result = rank_main(&shared, Box::new(c));
+            if result.is_err() {
+                shared.given_up.store(true, Ordering::SeqCst);
+            }
+            result.map_err(into_boxed)
         })?;
         return Ok(());
     }
     let rank = launch::join(config)?;
     let comm = rank.comm.clone();
-    let result = prepare(config, comm.topology(), rank.device)
+    let result = prepare(config, comm.topology(), rank.device, hooks)
         .and_then(|shared| rank_main(&shared, Box::new(rank.comm)));
     if let Err(e) = &result {
         // Peers blocked in a collective would wait for this rank until their timeout.
@@ -202,6 +205,7 @@ fn prepare(
     config: &RunConfig,
     topology: comm::Topology,
     device: candle_core::Device,
+    hooks: TestHooks,
 ) -> Result<Shared<'_>> {
     let model_cfg = config.model_config()?;
     let t = &config.train;
@@ -237,39 +241,13 @@ fn prepare(
         sampler,
         resume,
         device,
+        hooks,
+        given_up: AtomicBool::new(false),
     })
-}
-
-/// Rank 0 holds the metrics writer; the other ranks write nothing.
-fn log_line<T: serde::Serialize>(metrics: &mut Option<MetricsWriter>, line: &T) -> Result<()> {
-    match metrics.as_mut() {
-        Some(m) => m.write(line),
-        None => Ok(()),
-    }
 }
 
 fn into_boxed(e: anyhow::Error) -> Box<dyn std::error::Error + Send + Sync> {
     format!("{e:#}").into()
-}
-
-/// Test hook: `ZEROPP_FAIL_RANK=R@S` makes rank R fail with an error at step S, to check that
-/// one rank's failure ends the whole run promptly with that rank's error.
-pub const FAIL_RANK_ENV: &str = "ZEROPP_FAIL_RANK";
-
-/// Test hook: `ZEROPP_KILL_RANK=R@S` makes rank R's process SIGKILL itself at the start of step
-/// S, as a crashed node would (multi-process backends).
-pub const KILL_RANK_ENV: &str = "ZEROPP_KILL_RANK";
-
-/// Test hook: `ZEROPP_HANG_RANK=R@S` makes rank R stop at the start of step S and never come
-/// back, as a hung process would: its peers must give up after `dist.timeout_s`.
-pub const HANG_RANK_ENV: &str = "ZEROPP_HANG_RANK";
-
-/// The step at which the hook `var` (`R@S`) acts on `rank`, if it names this rank.
-fn injected_at(var: &str, rank: usize) -> Option<u64> {
-    let v = std::env::var(var).ok()?;
-    let (r, s) = v.split_once('@')?;
-    (r.parse::<usize>().ok()? == rank).then_some(())?;
-    s.parse().ok()
 }
 
 /// The engine options a run config asks for, on `device`.
@@ -295,220 +273,262 @@ pub fn engine_options(config: &RunConfig, device: &candle_core::Device) -> Engin
 /// One rank's training loop. Rank 0 alone writes metrics, the config copy and the manifest;
 /// every rank writes its own checkpoint file.
 fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<()> {
-    let Shared {
-        config,
-        model_cfg,
-        topology,
-        corpora,
-        sampler,
-        resume,
-        device,
-    } = shared;
-    let t = &config.train;
-    let seq_len = model_cfg.seq_len;
-    let rank = comm.rank();
-    let world = topology.world();
-    let lead = rank == 0;
-    let options = engine_options(config, device);
-    let mut engine = Engine::new(model_cfg.clone(), options, comm)?;
-    let start = match resume {
-        Some(r) => {
-            let state = checkpoint::read_rank(&r.path, &r.manifest, rank)?;
-            engine
-                .restore(r.manifest.step, &|name| state.tensors.get(name).cloned())
-                .with_context(|| format!("checkpoint {} rank {rank}", r.path.display()))?;
-            r.manifest.step
-        }
-        None => 0,
-    };
-    // Every rank has read its checkpoint file: only now is anything written.
-    engine.comm().barrier(comm::Group::World).wait()?;
-
-    let run_dir = &config.log.dir;
-    let mut metrics = None;
-    if lead {
-        std::fs::create_dir_all(run_dir)
-            .with_context(|| format!("cannot create {}", run_dir.display()))?;
-        let metrics_path = run_dir.join("metrics.jsonl");
-        metrics::truncate_after(&metrics_path, start)?;
-        std::fs::write(run_dir.join("config.toml"), config.to_toml()?)?;
-        metrics = Some(MetricsWriter::append(&metrics_path)?);
+    let mut run = RankRun::start(shared, comm)?;
+    run.open_run_dir()?;
+    run.announce();
+    if run.start == 0 {
+        run.evaluate(0)?;
     }
+    for step in run.start + 1..=shared.config.train.steps {
+        shared.hooks.before_step(run.rank, step, &shared.given_up)?;
+        run.train_step(step)?;
+        let last = step == shared.config.train.steps;
+        let eval_interval = shared.config.log.eval_interval;
+        if last || (eval_interval > 0 && step % eval_interval == 0) {
+            run.evaluate(step)?;
+        }
+        let ckpt_interval = shared.config.checkpoint.interval;
+        if last || (ckpt_interval > 0 && step % ckpt_interval == 0) {
+            save(shared, &run.engine, step)?;
+        }
+        shared.hooks.after_step(step, run.lead);
+    }
+    run.finish();
+    Ok(())
+}
 
-    let accumulation = config.accumulation();
-    let memory = engine.memory_estimate();
-    let reporter = Reporter::new(
-        if lead {
+/// What the training steps since the last metrics line add up to.
+#[derive(Default)]
+struct SinceLog {
+    /// Seconds in training steps (not evaluation or checkpoints).
+    seconds: f64,
+    /// Bytes those steps sent.
+    bytes: comm::ByteCounters,
+    steps: u64,
+}
+
+/// One rank's run in progress: its engine, where it started, and (rank 0) its outputs.
+struct RankRun<'a> {
+    shared: &'a Shared<'a>,
+    engine: Engine,
+    rank: usize,
+    /// Rank 0: writes the metrics and the progress.
+    lead: bool,
+    /// The step the run resumed after (0: a new run).
+    start: u64,
+    metrics: Option<MetricsWriter>,
+    reporter: Reporter,
+    since_log: SinceLog,
+}
+
+impl<'a> RankRun<'a> {
+    /// Builds the engine and restores this rank's checkpoint, if the run resumes.
+    fn start(shared: &'a Shared<'a>, comm: Box<dyn comm::Communicator>) -> Result<Self> {
+        let config = shared.config;
+        let rank = comm.rank();
+        let options = engine_options(config, &shared.device);
+        let mut engine = Engine::new(shared.model_cfg.clone(), options, comm)?;
+        let start = match &shared.resume {
+            Some(r) => {
+                let state = checkpoint::read_rank(&r.path, &r.manifest, rank)?;
+                engine
+                    .restore(r.manifest.step, &|name| state.tensors.get(name).cloned())
+                    .with_context(|| format!("checkpoint {} rank {rank}", r.path.display()))?;
+                r.manifest.step
+            }
+            None => 0,
+        };
+        let lead = rank == 0;
+        let progress = if lead {
             config.log.progress
         } else {
             Some(false)
-        },
-        t.steps,
-        start,
-    );
-    let say = |line: &str| {
-        if lead {
-            reporter.println(line)
+        };
+        Ok(RankRun {
+            shared,
+            engine,
+            rank,
+            lead,
+            start,
+            metrics: None,
+            reporter: Reporter::new(progress, config.train.steps, start),
+            since_log: SinceLog::default(),
+        })
+    }
+
+    /// Once every rank has read its checkpoint file, rank 0 writes: the run folder, the config
+    /// copy, and the metrics file (cut after the step resumed from).
+    fn open_run_dir(&mut self) -> Result<()> {
+        self.engine.comm().barrier(comm::Group::World).wait()?;
+        if !self.lead {
+            return Ok(());
         }
-    };
-    say(&format!(
-        "model {} params ({} layers, {} wide, {} heads, seq {}) | world {} ({} nodes x {}) | \
-         batch {} = {} micro x {} accum x {} ranks | memory per rank: {} sharded states + {} working set + {} hpZ secondary | \
-         {} train tokens, {} samples",
-        model_cfg.num_params(),
-        model_cfg.n_layer,
-        model_cfg.n_embd,
-        model_cfg.n_head,
-        seq_len,
-        world,
-        topology.nodes,
-        topology.ranks_per_node,
-        t.global_batch,
-        t.micro_batch,
-        accumulation,
-        world,
-        human_bytes(memory.sharded_bytes),
-        human_bytes(memory.working_bytes),
-        human_bytes(memory.secondary_bytes),
-        corpora.train.tokens.len(),
-        sampler.num_samples(),
-    ));
-    if engine.plan().qgz.is_some() && topology.nodes == 1 {
-        say("note: qgZ on one node runs its intra-node hop only (the inter-node hop has one member)");
+        let config = self.shared.config;
+        let run_dir = &config.log.dir;
+        std::fs::create_dir_all(run_dir)
+            .with_context(|| format!("cannot create {}", run_dir.display()))?;
+        let metrics_path = run_dir.join("metrics.jsonl");
+        metrics::truncate_after(&metrics_path, self.start)?;
+        std::fs::write(run_dir.join("config.toml"), config.to_toml()?)?;
+        self.metrics = Some(MetricsWriter::append(&metrics_path)?);
+        Ok(())
     }
-    if let Some(r) = resume {
-        say(&format!(
-            "resumed from {} at step {start}",
-            r.path.display()
-        ));
-    }
-    if start == 0 && config.log.eval_samples > 0 {
-        if let Some(valid) = &corpora.valid {
-            let val_loss = evaluate(&engine, valid, seq_len, config)?;
-            log_line(
-                &mut metrics,
-                &EvalLine {
-                    step: 0,
-                    tokens: 0,
-                    val_loss,
-                },
-            )?;
-            say(&format!("step 0 | val_loss {val_loss:.4}"));
+
+    /// Rank 0's progress line (nothing on the other ranks).
+    fn say(&self, line: &str) {
+        if self.lead {
+            self.reporter.println(line)
         }
     }
 
-    let kill_at: Option<u64> = std::env::var(KILL_AT_STEP_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok());
-    let fail_at = injected_at(FAIL_RANK_ENV, rank);
-    let kill_rank_at = injected_at(KILL_RANK_ENV, rank);
-    let hang_at = injected_at(HANG_RANK_ENV, rank);
-    let tokens_per_step = (t.global_batch * seq_len) as u64;
-    // Since the last metrics line: seconds in training steps (not evaluation or checkpoints),
-    // comm bytes of those steps, and their number.
-    let mut since_log = (0.0f64, comm::ByteCounters::default(), 0u64);
-    for step in start + 1..=t.steps {
-        if fail_at == Some(step) {
-            bail!("injected failure at step {step} ({FAIL_RANK_ENV})");
+    /// Writes a metrics line (rank 0; the other ranks write nothing).
+    fn log_line<T: serde::Serialize>(&mut self, line: &T) -> Result<()> {
+        match self.metrics.as_mut() {
+            Some(m) => m.write(line),
+            None => Ok(()),
         }
-        if kill_rank_at == Some(step) {
-            kill_self();
+    }
+
+    /// The run's first lines: the model, the world, the batch and the memory per rank.
+    fn announce(&self) {
+        let shared = self.shared;
+        let (config, model_cfg, topology) = (shared.config, &shared.model_cfg, &shared.topology);
+        let t = &config.train;
+        let world = topology.world();
+        let memory = self.engine.memory_estimate();
+        self.say(&format!(
+            "model {} params ({} layers, {} wide, {} heads, seq {}) | world {} ({} nodes x {}) | \
+             batch {} = {} micro x {} accum x {} ranks | memory per rank: {} sharded states + {} working set + {} hpZ secondary | \
+             {} train tokens, {} samples",
+            model_cfg.num_params(),
+            model_cfg.n_layer,
+            model_cfg.n_embd,
+            model_cfg.n_head,
+            model_cfg.seq_len,
+            world,
+            topology.nodes,
+            topology.ranks_per_node,
+            t.global_batch,
+            t.micro_batch,
+            config.accumulation(),
+            world,
+            units::bytes(memory.sharded_bytes()),
+            units::bytes(memory.working_bytes()),
+            units::bytes(memory.hpz_secondary),
+            shared.corpora.train.tokens.len(),
+            shared.sampler.num_samples(),
+        ));
+        if self.engine.plan().qgz.is_some() && topology.nodes == 1 {
+            self.say("note: qgZ on one node runs its intra-node hop only (the inter-node hop has one member)");
         }
-        if hang_at == Some(step) {
-            loop {
-                std::thread::park();
-            }
+        if let Some(r) = &shared.resume {
+            self.say(&format!(
+                "resumed from {} at step {}",
+                r.path.display(),
+                self.start
+            ));
         }
-        let counters_before = engine.comm().counters();
-        let techniques = engine.techniques(step);
+    }
+
+    /// Tokens of one optimizer step over all ranks.
+    fn tokens_per_step(&self) -> u64 {
+        let t = &self.shared.config.train;
+        (t.global_batch * self.shared.model_cfg.seq_len) as u64
+    }
+
+    /// One optimizer step over this rank's micro-batches, and its metrics line when one is due.
+    fn train_step(&mut self, step: u64) -> Result<()> {
+        let shared = self.shared;
+        let (config, sampler) = (shared.config, &shared.sampler);
+        let t = &config.train;
+        let accumulation = config.accumulation();
+        let counters_before = self.engine.comm().counters();
+        let techniques = self.engine.techniques(step);
         let step_start = Instant::now();
         let mut loss_sum = 0.0;
         for micro in 0..accumulation {
             let ids = sampler.micro_batch_ids(
                 step - 1,
                 t.global_batch,
-                world,
-                rank,
+                shared.topology.world(),
+                self.rank,
                 micro,
                 t.micro_batch,
             );
-            let (inputs, targets) = sampler.gather(&corpora.train.tokens, &ids);
-            loss_sum += engine.forward_backward(&inputs, &targets, 1.0 / accumulation as f32)?;
+            let (inputs, targets) = sampler.gather(&shared.corpora.train.tokens, &ids);
+            loss_sum +=
+                self.engine
+                    .forward_backward(&inputs, &targets, 1.0 / accumulation as f32)?;
         }
-        let loss = engine.mean_over_world(loss_sum / accumulation as f64)?;
+        let loss = self
+            .engine
+            .mean_over_world(loss_sum / accumulation as f64)?;
         let lr = learning_rate(t, step);
-        let stats = engine.step(lr)?;
-        since_log.0 += step_start.elapsed().as_secs_f64();
-        since_log.1 = since_log.1 + (engine.comm().counters() - counters_before);
-        since_log.2 += 1;
+        let stats = self.engine.step(lr)?;
+        let since = &mut self.since_log;
+        since.seconds += step_start.elapsed().as_secs_f64();
+        since.bytes = since.bytes + (self.engine.comm().counters() - counters_before);
+        since.steps += 1;
 
-        let last = step == t.steps;
-        let log_due = step % config.log.interval == 0 || last;
-        if log_due {
-            let (seconds, bytes, n) = since_log;
-            let line = StepLine {
-                step,
-                tokens: step * tokens_per_step,
-                loss,
-                lr,
-                grad_norm: stats.grad_norm,
-                tokens_per_s: (n * tokens_per_step) as f64 / seconds,
-                comm_intra_bytes: bytes.intra / n,
-                comm_inter_bytes: bytes.inter / n,
-                qwz: techniques.qwz,
-                hpz: techniques.hpz,
-                qgz: techniques.qgz,
-            };
-            log_line(&mut metrics, &line)?;
-            if lead {
-                reporter.step(&line, t.steps);
-            }
+        if step % config.log.interval != 0 && step != t.steps {
+            return Ok(());
         }
-        let eval_due = config.log.eval_interval > 0 && step % config.log.eval_interval == 0;
-        if let Some(valid) = corpora
-            .valid
-            .as_ref()
-            .filter(|_| (eval_due || last) && config.log.eval_samples > 0)
-        {
-            let val_loss = evaluate(&engine, valid, seq_len, config)?;
-            log_line(
-                &mut metrics,
-                &EvalLine {
-                    step,
-                    tokens: step * tokens_per_step,
-                    val_loss,
-                },
-            )?;
-            say(&format!("step {step} | val_loss {val_loss:.4}"));
+        let since = std::mem::take(&mut self.since_log);
+        let tokens_per_step = self.tokens_per_step();
+        let line = StepLine {
+            step,
+            tokens: step * tokens_per_step,
+            loss,
+            lr,
+            grad_norm: stats.grad_norm,
+            tokens_per_s: (since.steps * tokens_per_step) as f64 / since.seconds,
+            comm_intra_bytes: since.bytes.intra / since.steps,
+            comm_inter_bytes: since.bytes.inter / since.steps,
+            qwz: techniques.qwz,
+            hpz: techniques.hpz,
+            qgz: techniques.qgz,
+        };
+        self.log_line(&line)?;
+        if self.lead {
+            self.reporter.step(&line, t.steps);
         }
-        let ckpt_due = config.checkpoint.interval > 0 && step % config.checkpoint.interval == 0;
-        if ckpt_due || last {
-            save(
-                config,
-                &engine,
-                model_cfg,
-                *topology,
-                step,
-                step * tokens_per_step,
-            )?;
-        }
-        if lead && kill_at == Some(step) {
-            kill_self();
-        }
-        if log_due {
-            since_log = (0.0, comm::ByteCounters::default(), 0);
-        }
+        Ok(())
     }
-    if lead {
-        reporter.finish();
-        if start >= t.steps {
-            reporter.println(&format!(
-                "already trained to step {start} of {}; nothing to do",
-                t.steps
+
+    /// The validation loss after `step` (0: before the first), when there is validation data.
+    fn evaluate(&mut self, step: u64) -> Result<()> {
+        let config = self.shared.config;
+        let Some(valid) = self.shared.corpora.valid.as_ref() else {
+            return Ok(());
+        };
+        if config.log.eval_samples == 0 {
+            return Ok(());
+        }
+        let val_loss = evaluate(&self.engine, valid, self.shared.model_cfg.seq_len, config)?;
+        let tokens = step * self.tokens_per_step();
+        self.log_line(&EvalLine {
+            step,
+            tokens,
+            val_loss,
+        })?;
+        self.say(&format!("step {step} | val_loss {val_loss:.4}"));
+        Ok(())
+    }
+
+    /// Ends the progress display; says so when there was nothing to train.
+    fn finish(&self) {
+        if !self.lead {
+            return;
+        }
+        let steps = self.shared.config.train.steps;
+        self.reporter.finish();
+        if self.start >= steps {
+            self.reporter.println(&format!(
+                "already trained to step {} of {steps}; nothing to do",
+                self.start
             ));
         }
     }
-    Ok(())
 }
 
 /// Mean loss over the first `log.eval_samples` validation sequences, in order, rounded down
@@ -535,15 +555,8 @@ fn evaluate(
 }
 
 /// All ranks write their files into the temporary folder rank 0 made; rank 0 then commits it.
-fn save(
-    config: &RunConfig,
-    engine: &Engine,
-    model_cfg: &model::GptConfig,
-    topology: comm::Topology,
-    step: u64,
-    tokens: u64,
-) -> Result<()> {
-    let dir = config.checkpoint_dir();
+fn save(shared: &Shared<'_>, engine: &Engine, step: u64) -> Result<()> {
+    let dir = shared.config.checkpoint_dir();
     let lead = engine.comm().rank() == 0;
     let world = comm::Group::World;
     if lead {
@@ -554,20 +567,9 @@ fn save(
     checkpoint::write_rank(&tmp, engine.comm().rank(), step, &engine.state()?)?;
     engine.comm().barrier(world).wait()?;
     if lead {
-        checkpoint::commit(
-            &dir,
-            &tmp,
-            &checkpoint::manifest(step, tokens, topology, model_cfg),
-        )?;
+        let tokens = step * (shared.config.train.global_batch * shared.model_cfg.seq_len) as u64;
+        let manifest = checkpoint::manifest(step, tokens, shared.topology, &shared.model_cfg);
+        checkpoint::commit(&dir, &tmp, &manifest)?;
     }
     Ok(())
-}
-
-/// The SIGKILL of [`KILL_AT_STEP_ENV`]: no destructor, no flush beyond what was written.
-fn kill_self() -> ! {
-    let pid = std::process::id().to_string();
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &pid])
-        .status();
-    std::process::abort();
 }

@@ -15,6 +15,7 @@ use kernels::profile::{scope, Family};
 use model::{GptConfig, ModelLayout, UnitLayout};
 
 use crate::gather::{self, GatherQueue, Secondary};
+use crate::memory::{rank_memory, RankMemory};
 use crate::reduce::{self, Reduction};
 use crate::{AdamW, DecayRanges, Partition, Result, Techniques, ZeroConfig, ZeroError, ZeroPlan};
 
@@ -70,18 +71,6 @@ pub struct StepStats {
 pub struct NamedShard {
     pub name: String,
     pub data: Vec<f32>,
-}
-
-/// Bytes per rank: the sharded states, and the largest transient full-unit buffers.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct MemoryEstimate {
-    /// fp32 master + Adam moments + fp32 gradient shard (16 bytes per owned element).
-    pub sharded_bytes: u64,
-    /// Two gathered units at a time (the embedding held through backward plus the largest other)
-    /// and the full fp32 gradients of the [`REDUCTIONS_IN_FLIGHT`] largest units.
-    pub working_bytes: u64,
-    /// hpZ's secondary partitions (padded / ranks per node of every unit), 0 without hpZ.
-    pub secondary_bytes: u64,
 }
 
 /// One rank's shard of one unit; every state is a 1-D f32 tensor on the compute device.
@@ -194,33 +183,11 @@ impl Engine {
         }
     }
 
-    pub fn memory_estimate(&self) -> MemoryEstimate {
-        let owned: usize = self.units.iter().map(|u| u.master.elem_count()).sum();
-        let mut sizes: Vec<usize> = self.units.iter().map(|u| u.partition.padded).collect();
-        let embedding = sizes[0];
-        sizes.sort_unstable();
-        let largest = *sizes.last().unwrap_or(&0);
-        let in_reduction: usize = sizes.iter().rev().take(REDUCTIONS_IN_FLIGHT).sum();
-        let d = self.plan.topology.ranks_per_node;
-        let secondary: usize = if self.plan.hpz {
-            let per_element = match self.plan.qwz {
-                Some(_) => 1,
-                None => self.opts.compute_dtype.size_in_bytes(),
-            };
-            self.units
-                .iter()
-                .map(|u| u.partition.padded / d * per_element)
-                .sum()
-        } else {
-            0
-        };
-        MemoryEstimate {
-            sharded_bytes: 16 * owned as u64,
-            // Gathered units in the compute dtype, the gradients in reduction in f32.
-            working_bytes: (self.opts.compute_dtype.size_in_bytes() * (embedding + largest)
-                + 4 * in_reduction) as u64,
-            secondary_bytes: secondary as u64,
-        }
+    /// This rank's memory for the model's states, as `trainer plan` counts it
+    /// ([`crate::memory::rank_memory`] of this engine's plan and units, in the compute dtype).
+    pub fn memory_estimate(&self) -> RankMemory {
+        let numels: Vec<usize> = self.units.iter().map(|u| u.layout.numel).collect();
+        rank_memory(&self.plan, &numels, self.opts.compute_dtype.size_in_bytes())
     }
 
     /// Issues the next gather of `queue`. In training (`hpz`), a unit with a valid secondary
@@ -377,7 +344,7 @@ impl Engine {
         let qgz = self.plan.qgz_active(self.step + 1);
 
         let embedding = self.next_gather(&mut gathers, 0, hpz)?;
-        let mut x = model::embedding_forward(&cfg, &embedding, &tokens)?;
+        let mut x = model::embedding_unit_forward(&cfg, &embedding, &tokens)?;
         drop(embedding);
         let mut saved = Vec::with_capacity(n_layer);
         for l in 0..n_layer {
@@ -411,7 +378,7 @@ impl Engine {
             self.start_reduce(&mut reductions, 1 + l, &dparams, qgz, grad_scale)?;
             dx = d;
         }
-        let lookup_grad = model::embedding_backward(&cfg, &tokens, &dx)?;
+        let lookup_grad = model::embedding_unit_backward(&cfg, &tokens, &dx)?;
         drop(embedding);
         self.start_reduce(
             &mut reductions,
@@ -434,7 +401,7 @@ impl Engine {
         let order: Vec<usize> = (0..cfg.n_layer + 2).collect();
         let mut gathers = GatherQueue::new(order, self.plan.overlap);
         let embedding = self.next_gather(&mut gathers, 0, false)?;
-        let mut x = model::embedding_forward(cfg, &embedding, &tokens)?;
+        let mut x = model::embedding_unit_forward(cfg, &embedding, &tokens)?;
         for l in 0..cfg.n_layer {
             let params = self.next_gather(&mut gathers, 1 + l, false)?;
             x = model::block_forward(cfg, &params, &x, true)?.0;

@@ -11,6 +11,7 @@ mod copies;
 mod engine;
 mod error;
 mod gather;
+pub mod memory;
 mod optimizer;
 #[cfg(feature = "cuda")]
 mod optimizer_cuda;
@@ -21,10 +22,9 @@ mod squares;
 pub mod volume;
 
 pub use config::ZeroConfig;
-pub use engine::{
-    Engine, EngineOptions, MemoryEstimate, NamedShard, StepStats, REDUCTIONS_IN_FLIGHT,
-};
+pub use engine::{Engine, EngineOptions, NamedShard, StepStats, REDUCTIONS_IN_FLIGHT};
 pub use error::{Result, ZeroError};
+pub use memory::{rank_memory, RankMemory};
 pub use optimizer::{AdamW, DecayRanges};
 pub use partition::Partition;
 pub use plan::{Qgz, Qwz, Techniques, ZeroPlan};

@@ -11,8 +11,8 @@ use comm::{ByteCounters, Topology};
 
 use crate::ZeroPlan;
 
-/// Bytes of `numel` INT8 codes plus their f32 scales.
-fn int8_bytes(numel: usize, block: usize) -> u64 {
+/// Bytes of `numel` INT8 codes plus their f32 scales (one a block of `block`).
+pub(crate) fn int8_bytes(numel: usize, block: usize) -> u64 {
     (numel + numel / block * 4) as u64
 }
 

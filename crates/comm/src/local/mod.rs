@@ -23,7 +23,7 @@ use crate::op::Op;
 use crate::{ByteCounters, CommError, Communicator, Group, Pending, Result, Topology};
 use rendezvous::{Payload, Seat, Shared};
 
-pub use run::{run_local, LocalRunError};
+pub use run::{run_local, run_local_with_timeout, LocalRunError};
 
 /// How long a collective waits for its peers before failing with [`CommError::Timeout`]: a last
 /// resort, generous enough for any step; failures of a rank are reported at once by abort.
@@ -148,10 +148,7 @@ impl Worker {
         };
         let (len, size) = (payload.len(), payload.elem_size());
         let payloads = self.shared.meet(&seat, op, payload)?;
-        let result = finish(&payloads, me).map_err(|e| CommError::Tensor {
-            op: op.name(),
-            message: e.to_string(),
-        })?;
+        let result = finish(&payloads, me).map_err(|e| CommError::tensor(op.name(), e))?;
         let bytes = op.bytes_per_peer(len, size, n, me);
         self.counters
             .count(&topology, self.rank, &members, |_| bytes);

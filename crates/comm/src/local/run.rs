@@ -5,7 +5,9 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Mutex, PoisonError};
 use std::thread;
 
-use super::{local_world, LocalComm};
+use std::time::Duration;
+
+use super::{local_world_with_timeout, LocalComm, DEFAULT_TIMEOUT};
 use crate::Topology;
 
 /// The first failure of a [`run_local`] world: the failing rank's own error, not the
@@ -48,9 +50,27 @@ where
     E: Into<Box<dyn Error + Send + Sync>>,
     F: Fn(LocalComm) -> Result<T, E> + Sync,
 {
+    run_local_with_timeout(topology, DEFAULT_TIMEOUT, f)
+}
+
+/// [`run_local`] with collectives that fail with [`CommError::Timeout`](crate::CommError::Timeout)
+/// after waiting `timeout` for their peers (a rank that hangs without failing).
+///
+/// # Panics
+/// If the operating system cannot start a thread.
+pub fn run_local_with_timeout<T, E, F>(
+    topology: Topology,
+    timeout: Duration,
+    f: F,
+) -> Result<Vec<T>, LocalRunError>
+where
+    T: Send,
+    E: Into<Box<dyn Error + Send + Sync>>,
+    F: Fn(LocalComm) -> Result<T, E> + Sync,
+{
     let first: Mutex<Option<LocalRunError>> = Mutex::new(None);
     let results: Vec<Option<T>> = thread::scope(|scope| {
-        let threads: Vec<_> = local_world(topology)
+        let threads: Vec<_> = local_world_with_timeout(topology, timeout)
             .into_iter()
             .map(|comm| {
                 let (f, first) = (&f, &first);

@@ -25,9 +25,10 @@
 //! # Failures
 //! The requests are polled (`MPI_Test`), so the communication thread keeps control while it
 //! waits: if a collective has not completed within the timeout ([`MpiComm::set_timeout`],
-//! default [`DEFAULT_TIMEOUT`]), or [`Communicator::abort`] was called, it prints one line to
-//! stderr and calls `MPI_Abort` on the world, and OpenMPI ends every process of the job with a
-//! non-zero exit. MPI cannot tell a rank that issued a different *number* of collectives on a
+//! default [`DEFAULT_TIMEOUT`]), or [`Communicator::abort`] was called, it hands a
+//! [`FailureReport`] to the program's handler ([`MpiComm::set_failure_handler`]; the library
+//! prints nothing) and calls `MPI_Abort` on the world, and OpenMPI ends every process of the job
+//! with a non-zero exit. `MPI_Abort` is the only way out: MPI cannot cancel a collective. MPI cannot tell a rank that issued a different *number* of collectives on a
 //! group, or collectives on different groups in an inconsistent order, from a slow one: such a
 //! program hangs until the watchdog fires. A rank that dies (a crash, `kill -9`, `exit`
 //! without finalising) is seen by `mpirun`, which kills the rest of the job at once.
@@ -39,7 +40,11 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
+mod wire;
+
+use std::sync::{Mutex, PoisonError};
+
+use candle_core::{DType, Tensor};
 use mpi::request::{LocalScope, Request};
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Root as _};
@@ -48,14 +53,16 @@ use mpi::Threading;
 use crate::counters::AtomicCounters;
 use crate::op::Op;
 use crate::{
-    ByteCounters, CommError, Communicator, Group, Pending, Result, Topology, DEFAULT_TIMEOUT,
+    ByteCounters, CommError, Communicator, FailureHandler, FailureReport, Group, Pending, Result,
+    Topology, DEFAULT_TIMEOUT,
 };
+use wire::{describe, encode, tensor_bytes, Exchanged, DTYPES, DTYPE_NAMES, HEADER};
 
 /// The exit code of the job when a rank aborts it or its watchdog fires.
 const ABORT_CODE: i32 = 1;
 
-/// How long [`Communicator::abort`] waits for the communication thread to call `MPI_Abort`
-/// before ending the process itself.
+/// How long [`Communicator::abort`] waits for the communication thread's `MPI_Abort` to end the
+/// process before it returns, for the program to exit by itself.
 const ABORT_GRACE: Duration = Duration::from_secs(10);
 
 /// One rank of an MPI job; implements [`Communicator`] with CPU buffers (tensors on another
@@ -78,6 +85,22 @@ pub struct MpiComm {
 struct Control {
     timeout_ms: AtomicU64,
     aborting: AtomicBool,
+    /// The program's handler of [`FailureReport`]s.
+    handler: Mutex<Option<FailureHandler>>,
+}
+
+impl Control {
+    /// Hands `report` to the program's handler, if it set one.
+    fn report(&self, report: FailureReport) {
+        let handler = self
+            .handler
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(handler) = handler {
+            handler(&report);
+        }
+    }
 }
 
 enum Msg {
@@ -101,52 +124,6 @@ struct Worker {
     seq: [u64; 3],
 }
 
-/// The op as a header's first two words: a code and the root.
-fn encode(op: Op) -> [u64; 2] {
-    match op {
-        Op::AllGather => [0, 0],
-        Op::AllToAll => [1, 0],
-        Op::ReduceScatter => [2, 0],
-        Op::AllReduce => [3, 0],
-        Op::Broadcast { root } => [4, root as u64],
-        Op::Barrier => [5, 0],
-    }
-}
-
-/// A header as the local backend words its call in [`CommError::Mismatch`].
-fn describe(header: &[u64]) -> String {
-    let (len, dtype) = (header[2] as usize, DTYPES.get(header[3] as usize).copied());
-    let op = match header[0] {
-        0 => Op::AllGather,
-        1 => Op::AllToAll,
-        2 => Op::ReduceScatter,
-        3 => Op::AllReduce,
-        4 => Op::Broadcast {
-            root: header[1] as usize,
-        },
-        5 => Op::Barrier,
-        _ => return format!("an unknown collective of {len} elements"),
-    };
-    op.describe(len, dtype)
-}
-
-/// The dtypes a buffer may have; a header names one by its index (none: a barrier).
-const DTYPES: [DType; 10] = [
-    DType::U8,
-    DType::U32,
-    DType::I16,
-    DType::I32,
-    DType::I64,
-    DType::BF16,
-    DType::F16,
-    DType::F32,
-    DType::F64,
-    DType::F8E4M3,
-];
-
-/// Words of a header: op code, root, length in elements, dtype index.
-const HEADER: usize = 4;
-
 impl MpiComm {
     /// Initialises MPI on a new communication thread and reads this process's rank and the
     /// world size from `MPI_COMM_WORLD`.
@@ -156,12 +133,15 @@ impl MpiComm {
     /// shared), which must be the same on every host, with each host's ranks consecutive
     /// (OpenMPI fills one host after another unless told otherwise; `--map-by node` is an
     /// error). Every rank reaches the same verdict, so a bad topology fails on all of them with
-    /// [`CommError::BadTopology`]; so does a second `init` in one process ([`CommError::Mpi`]).
+    /// [`CommError::BadTopology`] (or [`CommError::UnevenHosts`],
+    /// [`CommError::HostNotConsecutive`]); a second `init` in one process fails with
+    /// [`CommError::MpiInitialised`].
     pub fn init(ranks_per_node: Option<usize>) -> Result<MpiComm> {
         let counters = Arc::new(AtomicCounters::default());
         let control = Arc::new(Control {
             timeout_ms: AtomicU64::new(DEFAULT_TIMEOUT.as_millis() as u64),
             aborting: AtomicBool::new(false),
+            handler: Mutex::new(None),
         });
         let (ready_tx, ready_rx) = mpsc::channel();
         let (jobs, rx) = mpsc::channel::<Msg>();
@@ -169,7 +149,7 @@ impl MpiComm {
         let thread = std::thread::Builder::new()
             .name("comm-mpi".into())
             .spawn(move || communication_thread(ranks_per_node, c, k, ready_tx, rx))
-            .map_err(|e| mpi_error("spawn the communication thread", e))?;
+            .map_err(|e| CommError::spawn("MPI communication", e))?;
         match ready_rx.recv() {
             Ok(Ok((rank, topology))) => Ok(MpiComm {
                 rank,
@@ -194,6 +174,16 @@ impl MpiComm {
         self.control
             .timeout_ms
             .store(timeout.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Where the communication thread reports a timeout or an abort before it calls `MPI_Abort`
+    /// (see the module doc); `None` (the default): nowhere.
+    pub fn set_failure_handler(&self, handler: Option<FailureHandler>) {
+        *self
+            .control
+            .handler
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = handler;
     }
 
     /// Queues a collective on the communication thread; `finish` computes my result from what
@@ -226,19 +216,11 @@ fn communication_thread(
     rx: mpsc::Receiver<Msg>,
 ) {
     let Some((universe, provided)) = mpi::initialize_with_threading(Threading::Funneled) else {
-        let _ = ready.send(Err(CommError::Mpi {
-            op: "MPI_Init_thread",
-            message: "MPI is already initialised in this process".into(),
-        }));
+        let _ = ready.send(Err(CommError::MpiInitialised));
         return;
     };
     if provided == Threading::Single {
-        let _ = ready.send(Err(CommError::Mpi {
-            op: "MPI_Init_thread",
-            message: "the MPI library offers no thread support (MPI_THREAD_SINGLE); \
-                      the backend needs MPI_THREAD_FUNNELED"
-                .into(),
-        }));
+        let _ = ready.send(Err(CommError::MpiNoThreads));
         return;
     }
     let mut worker = match Worker::new(universe.world(), ranks_per_node, counters, control) {
@@ -279,10 +261,7 @@ impl Worker {
         let split = |color: usize| {
             world
                 .split_by_color_with_key(Color::with_value(color as i32), rank as i32)
-                .ok_or_else(|| CommError::Mpi {
-                    op: "MPI_Comm_split",
-                    message: "no communicator came back".into(),
-                })
+                .ok_or(CommError::MpiSplit)
         };
         let intra = split(topology.node_of(rank))?;
         let inter = split(topology.local_rank(rank))?;
@@ -322,16 +301,14 @@ impl Worker {
             rank: self.rank,
             op: op.name(),
             group,
+            seq,
             start: Instant::now(),
             control: &self.control,
             world: &self.world,
         };
         let members = self.topology.members(group, self.rank);
         let (n, me) = (members.len(), self.topology.group_rank(group, self.rank));
-        let tensor_error = |e: candle_core::Error| CommError::Tensor {
-            op: op.name(),
-            message: e.to_string(),
-        };
+        let tensor_error = |e| CommError::tensor(op.name(), e);
         // Bytes of my buffer, and its length and dtype.
         let (bytes, len, dtype) = match &send {
             Some(t) => (
@@ -346,9 +323,10 @@ impl Worker {
             Some(d) => match DTYPES.iter().position(|&x| x == d) {
                 Some(i) => i as u64,
                 None => {
-                    return Err(CommError::Tensor {
+                    return Err(CommError::UnsupportedDType {
                         op: op.name(),
-                        message: format!("the MPI backend does not move {d:?} buffers"),
+                        dtype: d,
+                        takes: DTYPE_NAMES,
                     })
                 }
             },
@@ -390,11 +368,10 @@ impl Worker {
             _ => bytes.len(),
         };
         if largest > i32::MAX as usize {
-            return Err(CommError::Mpi {
+            return Err(CommError::TooLarge {
                 op: op.name(),
-                message: format!(
-                    "a buffer of {largest} bytes is over MPI's count limit of 2^31 - 1"
-                ),
+                bytes: largest,
+                limit: i32::MAX as usize,
             });
         }
 
@@ -472,17 +449,18 @@ fn host_ranks_per_node(world: &SimpleCommunicator) -> Result<usize> {
     world.all_gather_into(&mine[..], &mut all[..]);
     for (r, pair) in all.chunks_exact(2).enumerate() {
         if pair[0] != d {
-            return Err(CommError::BadTopology(format!(
-                "hosts run different numbers of ranks: rank {rank}'s host runs {d}, rank {r}'s \
-                 runs {}; give ranks per node explicitly",
-                pair[0]
-            )));
+            return Err(CommError::UnevenHosts {
+                rank: rank as usize,
+                ranks: d as usize,
+                other: r,
+                other_ranks: pair[0] as usize,
+            });
         }
         if pair[1] == 0 {
-            return Err(CommError::BadTopology(format!(
-                "rank {r}'s host does not run consecutive ranks (rank = node x {d} + local \
-                 rank); launch with mpirun --map-by slot"
-            )));
+            return Err(CommError::HostNotConsecutive {
+                rank: r,
+                per_host: d as usize,
+            });
         }
     }
     Ok(d as usize)
@@ -493,6 +471,7 @@ struct Watch<'a> {
     rank: usize,
     op: &'static str,
     group: Group,
+    seq: u64,
     start: Instant,
     control: &'a Control,
     world: &'a SimpleCommunicator,
@@ -514,13 +493,14 @@ impl Watch<'_> {
             let waited = self.start.elapsed();
             let timeout = Duration::from_millis(self.control.timeout_ms.load(Ordering::Relaxed));
             if waited >= timeout {
-                eprintln!(
-                    "error: rank {}: {} on {:?} waited {} s for its peers; aborting",
-                    self.rank,
-                    self.op,
-                    self.group,
-                    waited.as_secs()
-                );
+                self.control.report(FailureReport::TimedOut {
+                    backend: "MPI",
+                    rank: self.rank,
+                    op: self.op,
+                    group: self.group,
+                    seq: self.seq,
+                    waited,
+                });
                 self.world.abort(ABORT_CODE);
             }
             tries += 1;
@@ -530,81 +510,6 @@ impl Watch<'_> {
                 std::thread::sleep(Duration::from_micros((tries - 100).min(1000)));
             }
         }
-    }
-}
-
-/// What a collective's exchange gave this member, for its `finish`.
-struct Exchanged {
-    /// My input.
-    mine: Option<Tensor>,
-    /// The bytes received: every member's contribution (or the slice for me), in group-rank
-    /// order; for a broadcast, the root's buffer (empty at the root itself).
-    received: Vec<u8>,
-    dtype: DType,
-    parts: usize,
-    me: usize,
-}
-
-impl Exchanged {
-    /// The received bytes as one CPU tensor.
-    fn tensor(&self) -> candle_core::Result<Tensor> {
-        let len = self.received.len() / self.dtype.size_in_bytes();
-        Tensor::from_raw_buffer(&self.received, self.dtype, &[len], &Device::Cpu)
-    }
-
-    /// The received bytes split into one tensor per member, summed in group-rank order as the
-    /// local backend does (`p0 + p1 + ...`, candle's add in the buffer's dtype).
-    fn sum_in_order(&self) -> candle_core::Result<Tensor> {
-        let all = self.tensor()?;
-        let chunk = all.elem_count() / self.parts;
-        let mut out = all.narrow(0, 0, chunk)?;
-        for j in 1..self.parts {
-            out = (out + all.narrow(0, j * chunk, chunk)?)?;
-        }
-        Ok(out)
-    }
-
-    /// `result`, moved back to the device my input was on.
-    fn on_my_device(&self, result: Tensor) -> candle_core::Result<Tensor> {
-        match &self.mine {
-            Some(t) if !t.device().is_cpu() => result.to_device(t.device()),
-            _ => Ok(result),
-        }
-    }
-}
-
-/// A tensor's elements as bytes (native order), copied to the CPU first if need be.
-fn tensor_bytes(t: &Tensor) -> candle_core::Result<Vec<u8>> {
-    let t = t.flatten_all()?.to_device(&Device::Cpu)?.contiguous()?;
-    let (storage, layout) = t.storage_and_layout();
-    let range = layout.start_offset()..layout.start_offset() + t.elem_count();
-    fn raw<T>(v: &[T]) -> Vec<u8> {
-        // SAFETY: plain numbers without padding, read as the bytes they are made of.
-        unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-            .to_vec()
-    }
-    let Storage::Cpu(cpu) = &*storage else {
-        candle_core::bail!("the tensor was copied to the CPU")
-    };
-    Ok(match cpu {
-        CpuStorage::U8(v) => raw(&v[range]),
-        CpuStorage::U32(v) => raw(&v[range]),
-        CpuStorage::I16(v) => raw(&v[range]),
-        CpuStorage::I32(v) => raw(&v[range]),
-        CpuStorage::I64(v) => raw(&v[range]),
-        CpuStorage::BF16(v) => raw(&v[range]),
-        CpuStorage::F16(v) => raw(&v[range]),
-        CpuStorage::F32(v) => raw(&v[range]),
-        CpuStorage::F64(v) => raw(&v[range]),
-        CpuStorage::F8E4M3(v) => raw(&v[range]),
-        _ => candle_core::bail!("the MPI backend does not move {:?} buffers", t.dtype()),
-    })
-}
-
-fn mpi_error(op: &'static str, e: impl std::fmt::Display) -> CommError {
-    CommError::Mpi {
-        op,
-        message: e.to_string(),
     }
 }
 
@@ -659,13 +564,19 @@ impl Communicator for MpiComm {
         self.counters.snapshot()
     }
 
-    /// Ends the whole job: prints `error: rank R aborts the MPI job: REASON` to stderr, and the
-    /// communication thread calls `MPI_Abort` on the world (at once, even while it waits in a
-    /// collective). Does not return in practice: OpenMPI kills this process and every other one
-    /// of the job, and `mpirun` exits non-zero. Only the first abort prints.
+    /// Ends the whole job: reports [`FailureReport::AbortingJob`] to the program's handler
+    /// (the first abort only), and the communication thread calls `MPI_Abort` on the world (at
+    /// once, even while it waits in a collective). Does not return in practice: OpenMPI kills
+    /// this process and every other one of the job, and `mpirun` exits non-zero. Should
+    /// `MPI_Abort` not have ended the process after [`ABORT_GRACE`] (the communication thread is
+    /// gone or stuck outside MPI), it returns, for the program to exit: an exit without
+    /// finalising makes mpirun end the job all the same.
     fn abort(&self, reason: String) {
         if !self.control.aborting.swap(true, Ordering::SeqCst) {
-            eprintln!("error: rank {} aborts the MPI job: {reason}", self.rank);
+            self.control.report(FailureReport::AbortingJob {
+                rank: self.rank,
+                reason,
+            });
         }
         let woken = self
             .jobs
@@ -674,20 +585,15 @@ impl Communicator for MpiComm {
         if woken {
             std::thread::sleep(ABORT_GRACE);
         }
-        // The communication thread is gone or stuck outside MPI: an exit without finalising
-        // makes mpirun end the job all the same.
-        eprintln!(
-            "error: rank {}: MPI_Abort did not end the process; exiting",
-            self.rank
-        );
-        std::process::exit(ABORT_CODE);
     }
 }
 
 impl Drop for MpiComm {
     fn drop(&mut self) {
         drop(self.jobs.take());
-        if let Some(thread) = self.thread.take() {
+        // After an abort that did not end the process, the thread may be stuck: not joined.
+        let aborting = self.control.aborting.load(Ordering::SeqCst);
+        if let Some(thread) = self.thread.take().filter(|_| !aborting) {
             // The thread finalises MPI once the queue is drained.
             let _ = thread.join();
         }

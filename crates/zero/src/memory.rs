@@ -1,0 +1,143 @@
+//! What one rank holds in memory for the model's states, in bytes, from the plan and the unit
+//! sizes alone: the one estimate that the engine reports ([`Engine::memory_estimate`]) and
+//! `trainer plan` prints (docs/plan.md gives every row's formula), so the two always agree.
+//! Activations depend on the batch and are the plan's to add.
+//!
+//! [`Engine::memory_estimate`]: crate::Engine::memory_estimate
+
+use serde::Serialize;
+
+use crate::volume::int8_bytes;
+use crate::{ZeroPlan, REDUCTIONS_IN_FLIGHT};
+
+/// Bytes one rank holds for the model's states (see [`rank_memory`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct RankMemory {
+    /// Elements of every unit this rank owns: the sum over units of padded / W.
+    pub shard_elems: u64,
+    /// The parameter shard at `param_bytes` an element.
+    pub param_shard: u64,
+    /// The fp32 gradient shard.
+    pub grad_shard: u64,
+    /// Adam m + v, and the fp32 master where the parameters are not fp32.
+    pub optimizer_states: u64,
+    /// Whether `optimizer_states` holds the fp32 master (parameters in 16 bits).
+    pub optimizer_includes_master: bool,
+    /// hpZ's secondary partition: padded / D elements of every unit, as INT8 codes plus their
+    /// f32 scales with qwZ, else at `param_bytes`; 0 without hpZ.
+    pub hpz_secondary: u64,
+    /// The two largest units' full (padded) buffers at `param_bytes`: the unit computing and
+    /// the one prefetched.
+    pub gathered_working_set: u64,
+    /// The full fp32 gradients of the [`REDUCTIONS_IN_FLIGHT`] largest units, held until their
+    /// reduce-scatter completes.
+    pub reductions_in_flight: u64,
+}
+
+impl RankMemory {
+    /// The sharded states: parameters, gradient and optimizer.
+    pub fn sharded_bytes(&self) -> u64 {
+        self.param_shard + self.grad_shard + self.optimizer_states
+    }
+
+    /// The transient full-unit buffers: gathered units and gradients in reduction.
+    pub fn working_bytes(&self) -> u64 {
+        self.gathered_working_set + self.reductions_in_flight
+    }
+
+    /// Every row.
+    pub fn total(&self) -> u64 {
+        self.sharded_bytes() + self.hpz_secondary + self.working_bytes()
+    }
+}
+
+/// The memory of one rank of `plan` for units of `unit_numels` elements whose parameters are
+/// gathered and computed at `param_bytes` bytes an element (4: fp32, which is then its own
+/// master; 2: bf16 or fp16 beside an fp32 master).
+///
+/// ```
+/// use comm::Topology;
+/// use zero::{memory::rank_memory, ZeroConfig, ZeroPlan};
+///
+/// // Two units of 1024 and 4096 elements on 2 ranks, fp32, plain ZeRO-3.
+/// let plan = ZeroPlan::resolve(&ZeroConfig::default(), Topology::new(2, 2)?, 10)?;
+/// let m = rank_memory(&plan, &[1024, 4096], 4);
+/// assert_eq!(m.shard_elems, 2560);
+/// assert_eq!(m.sharded_bytes(), 16 * 2560); // master + m + v + gradient
+/// assert_eq!(m.gathered_working_set, 4 * (1024 + 4096));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn rank_memory(plan: &ZeroPlan, unit_numels: &[usize], param_bytes: usize) -> RankMemory {
+    let w = plan.topology.world();
+    let d = plan.topology.ranks_per_node;
+    let padded: Vec<usize> = unit_numels
+        .iter()
+        .map(|&n| plan.partition(n).padded)
+        .collect();
+    let shard: u64 = padded.iter().map(|&p| (p / w) as u64).sum();
+    let pb = param_bytes as u64;
+    let fp32 = param_bytes == 4;
+    let hpz_secondary = if plan.hpz {
+        padded
+            .iter()
+            .map(|&p| match plan.qwz {
+                Some(q) => int8_bytes(p / d, q.block),
+                None => (p / d) as u64 * pb,
+            })
+            .sum()
+    } else {
+        0
+    };
+    let mut largest = padded;
+    largest.sort_unstable_by(|a, b| b.cmp(a));
+    let sum_of =
+        |n: usize, bytes: u64| -> u64 { largest.iter().take(n).map(|&p| p as u64 * bytes).sum() };
+    RankMemory {
+        shard_elems: shard,
+        param_shard: pb * shard,
+        grad_shard: 4 * shard,
+        optimizer_states: if fp32 { 8 * shard } else { 12 * shard },
+        optimizer_includes_master: !fp32,
+        hpz_secondary,
+        gathered_working_set: sum_of(2, pb),
+        reductions_in_flight: sum_of(REDUCTIONS_IN_FLIGHT, 4),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ZeroConfig;
+    use comm::Topology;
+
+    fn plan(zero: ZeroConfig, w: usize, d: usize) -> ZeroPlan {
+        ZeroPlan::resolve(&zero, Topology::new(w, d).unwrap(), 100).unwrap()
+    }
+
+    #[test]
+    fn the_largest_unit_is_counted_once() {
+        // The embedding (first) is the largest unit: the working set is it plus the next.
+        let m = rank_memory(&plan(ZeroConfig::default(), 1, 1), &[900, 300, 200], 2);
+        assert_eq!(m.gathered_working_set, 2 * (900 + 300));
+        assert_eq!(m.reductions_in_flight, 4 * (900 + 300));
+        assert_eq!(m.sharded_bytes(), (2 + 4 + 12) * 1400);
+    }
+
+    #[test]
+    fn hpz_secondary_counts_the_int8_scales() {
+        let zero = ZeroConfig {
+            quantized_weights: true,
+            hpz_partition_size: 2,
+            ..Default::default()
+        };
+        let p = plan(zero, 4, 2);
+        let q = p.qwz.expect("qwZ is on");
+        let units = [8 * q.block * 4, 2 * q.block * 4];
+        let m = rank_memory(&p, &units, 4);
+        let secondary: usize = units.iter().map(|&u| p.partition(u).padded / 2).sum();
+        assert_eq!(
+            m.hpz_secondary,
+            (secondary + secondary / q.block * 4) as u64
+        );
+    }
+}
