@@ -365,6 +365,25 @@ mod cuda {
         Ok(Some((y, saved)))
     }
 
+    /// Whether `dy`, `y (B, T, C)` bf16 and `lse (B, NH, T)` f32 are what both backwards take
+    /// (contiguous, of the forward's shape `(B, T, C, NH)`).
+    fn backward_takes(
+        dy: &Tensor,
+        y: &Tensor,
+        lse: &Tensor,
+        (b, t, c, n_head): (usize, usize, usize, usize),
+    ) -> bool {
+        dy.dtype() == DType::BF16
+            && y.dtype() == DType::BF16
+            && lse.dtype() == DType::F32
+            && dy.dims() == [b, t, c]
+            && y.dims() == [b, t, c]
+            && lse.dims() == [b, n_head, t]
+            && dy.is_contiguous()
+            && y.is_contiguous()
+            && lse.is_contiguous()
+    }
+
     /// The backward through cuDNN's fused SDPA, or `None` where cuDNN does not take the input.
     pub(crate) fn cudnn_backward(dy: &Tensor, saved: &AttSaved) -> Result<Option<Tensor>> {
         let AttSaved {
@@ -378,16 +397,7 @@ mod cuda {
         };
         let (b, t) = (shape.batch, shape.seq);
         let c = n_head * shape.head_size;
-        if dy.dtype() != DType::BF16
-            || y.dtype() != DType::BF16
-            || lse.dtype() != DType::F32
-            || dy.dims() != [b, t, c]
-            || y.dims() != [b, t, c]
-            || lse.dims() != [b, *n_head, t]
-            || !dy.is_contiguous()
-            || !y.is_contiguous()
-            || !lse.is_contiguous()
-        {
+        if !backward_takes(dy, y, lse, (b, t, c, *n_head)) {
             return Ok(None);
         }
         let (p_dy, p_y) = (gpu::ptr(dy)?, gpu::ptr(y)?);
@@ -507,16 +517,7 @@ mod cuda {
         let Some((b, t, c, hs)) = shape(qkv, n_head)? else {
             return Ok(None);
         };
-        if dy.dtype() != DType::BF16
-            || y.dtype() != DType::BF16
-            || lse.dtype() != DType::F32
-            || dy.dims() != [b, t, c]
-            || y.dims() != [b, t, c]
-            || lse.dims() != [b, n_head, t]
-            || !dy.is_contiguous()
-            || !y.is_contiguous()
-            || !lse.is_contiguous()
-        {
+        if !backward_takes(dy, y, lse, (b, t, c, n_head)) {
             return Ok(None);
         }
         let (p_qkv, p_dy, p_y, p_lse) =
