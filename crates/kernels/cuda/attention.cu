@@ -148,12 +148,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], u32 b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Fragment loads from a padded shared tile (base address `s`, row stride SROW or SDS elements).
 // ---------------------------------------------------------------------------------------------

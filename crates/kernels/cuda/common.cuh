@@ -33,6 +33,32 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
 __device__ __forceinline__ float bf16x2_lo(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16x2_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
 
+// 16-byte vectors of 8 bf16: load, store, and their values as floats in memory order.
+__device__ __forceinline__ uint4 ld16(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ void st16(bf16* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
+__device__ __forceinline__ void unpack8(uint4 v, float f[8]) {
+    f[0] = bf16x2_lo(v.x); f[1] = bf16x2_hi(v.x);
+    f[2] = bf16x2_lo(v.y); f[3] = bf16x2_hi(v.y);
+    f[4] = bf16x2_lo(v.z); f[5] = bf16x2_hi(v.z);
+    f[6] = bf16x2_lo(v.w); f[7] = bf16x2_hi(v.w);
+}
+__device__ __forceinline__ uint4 pack8(const float f[8]) {
+    uint4 v;
+    v.x = pack_bf16x2(f[0], f[1]);
+    v.y = pack_bf16x2(f[2], f[3]);
+    v.z = pack_bf16x2(f[4], f[5]);
+    v.w = pack_bf16x2(f[6], f[7]);
+    return v;
+}
+
+// 2^x on the SFU, results below 2^-126 flushed to zero; exp2f without fast-math adds denormal
+// handling around the same instruction.
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Sum and max over a warp (every lane gets the result).
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

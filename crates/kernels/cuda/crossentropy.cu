@@ -16,26 +16,6 @@
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
-// 2^x on the SFU, results below 2^-126 flushed to zero (probabilities that small do not matter);
-// exp2f without fast-math adds denormal handling around the same instruction.
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// The 8 bf16 of v as floats.
-__device__ __forceinline__ void unpack8(uint4 v, float* f) {
-    f[0] = bf16x2_lo(v.x);
-    f[1] = bf16x2_hi(v.x);
-    f[2] = bf16x2_lo(v.y);
-    f[3] = bf16x2_hi(v.y);
-    f[4] = bf16x2_lo(v.z);
-    f[5] = bf16x2_hi(v.z);
-    f[6] = bf16x2_lo(v.w);
-    f[7] = bf16x2_hi(v.w);
-}
-
 // Online soft-max statistics: (m, s) = (max, sum of exp(x - m)). Folds 8 values in, one rescale.
 // A NaN logit makes s NaN (fmaxf drops it from m, ex2 keeps it in s), so the loss shows it.
 __device__ __forceinline__ void fold8(float& m, float& s, uint4 v) {

@@ -25,29 +25,6 @@
 
 #include "common.cuh"
 
-__device__ __forceinline__ uint4 ld16(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
-__device__ __forceinline__ void st16(bf16* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
-
-__device__ __forceinline__ void unpack8(uint4 v, float f[8]) {
-    f[0] = bf16x2_lo(v.x); f[1] = bf16x2_hi(v.x);
-    f[2] = bf16x2_lo(v.y); f[3] = bf16x2_hi(v.y);
-    f[4] = bf16x2_lo(v.z); f[5] = bf16x2_hi(v.z);
-    f[6] = bf16x2_lo(v.w); f[7] = bf16x2_hi(v.w);
-}
-__device__ __forceinline__ uint4 pack8(const float f[8]) {
-    uint4 v;
-    v.x = pack_bf16x2(f[0], f[1]);
-    v.y = pack_bf16x2(f[2], f[3]);
-    v.z = pack_bf16x2(f[4], f[5]);
-    v.w = pack_bf16x2(f[6], f[7]);
-    return v;
-}
-
-__device__ __forceinline__ float ex2_approx(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 // rcp.approx: 1 ulp; rcp(+inf) = +0.
 __device__ __forceinline__ float rcp_approx(float x) {
     float y;
@@ -58,7 +35,7 @@ __device__ __forceinline__ float rcp_approx(float x) {
 // g = sigmoid(2 s (h + a h^3)) = 0.5 (1 + tanh(s (h + a h^3))).
 __device__ __forceinline__ float gelu_gate(float h, float a, float s) {
     const float u = s * fmaf(a * h, h * h, h);
-    return rcp_approx(1.f + ex2_approx(-2.8853900817779268f * u));  // 2 log2(e)
+    return rcp_approx(1.f + ex2(-2.8853900817779268f * u));  // 2 log2(e)
 }
 __device__ __forceinline__ float gelu_f(float h, float a, float s) { return h * gelu_gate(h, a, s); }
 __device__ __forceinline__ float gelu_grad(float h, float a, float s) {

@@ -38,25 +38,6 @@ constexpr bool FULL = NV % 32 == 0;      // every lane has VPL vectors (no guard
 constexpr int FWD_REG_V = 16;            // forward keeps rows of C <= 4096 in registers
 constexpr int BWD_REG_V = 8;             // backward keeps rows of C <= 2048 in registers
 
-__device__ __forceinline__ uint4 ld16(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
-__device__ __forceinline__ void st16(bf16* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
-
-// The 8 values of a 16-byte vector of bf16, in memory order.
-__device__ __forceinline__ void unpack8(uint4 v, float f[8]) {
-    f[0] = bf16x2_lo(v.x); f[1] = bf16x2_hi(v.x);
-    f[2] = bf16x2_lo(v.y); f[3] = bf16x2_hi(v.y);
-    f[4] = bf16x2_lo(v.z); f[5] = bf16x2_hi(v.z);
-    f[6] = bf16x2_lo(v.w); f[7] = bf16x2_hi(v.w);
-}
-__device__ __forceinline__ uint4 pack8(const float f[8]) {
-    uint4 v;
-    v.x = pack_bf16x2(f[0], f[1]);
-    v.y = pack_bf16x2(f[2], f[3]);
-    v.z = pack_bf16x2(f[4], f[5]);
-    v.w = pack_bf16x2(f[6], f[7]);
-    return v;
-}
-
 // out = (x - mean) * rstd * w + b for one 16-byte vector.
 __device__ __forceinline__ uint4 ln_out8(uint4 xv, uint4 wv, uint4 bv, float mean, float rstd) {
     float xf[8], wf[8], bf[8], o[8];
