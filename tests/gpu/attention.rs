@@ -10,7 +10,7 @@
 //! bf16 before P V as in FlashAttention-2: a few bf16 ulps), lse 1e-3 (f32 throughout; exp2
 //! approximation), gradients 3e-2 (bf16 P and dS feed sums over up to T rows).
 
-use crate::common::{gpu, uniform};
+use crate::common::{gpu, seconds_per_call, uniform};
 use candle_core::{DType, Device, Tensor};
 use model::layers::{
     attention_backward, attention_backward_with, attention_cudnn_support, attention_forward,
@@ -236,17 +236,7 @@ fn attention_timing_h200_shape() {
         .and_then(|x| x.to_dtype(DType::BF16))
         .expect("dy");
     let flops = 2.0 * (b * nh * t * t * hs) as f64;
-    let time = |f: &dyn Fn()| {
-        f();
-        dev.synchronize().expect("sync");
-        let n = 20;
-        let start = std::time::Instant::now();
-        for _ in 0..n {
-            f();
-        }
-        dev.synchronize().expect("sync");
-        start.elapsed().as_secs_f64() / n as f64
-    };
+    let time = |f: &dyn Fn()| seconds_per_call(&dev, f);
     // cuDNN's fused SDPA (what the model runs), then ours with its tunings.
     for hs in [64usize, 128] {
         let nh = c / hs;

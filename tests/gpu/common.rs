@@ -45,3 +45,24 @@ pub fn rel_err(gpu: &Tensor, cpu: &Tensor) -> f32 {
         .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     diff / scale
 }
+
+/// Seconds a call of `f` takes on `dev`: one warm-up call, then the mean of 20, timed on the host
+/// between two synchronisations (the calls queue back to back).
+pub fn seconds_per_call(dev: &Device, f: &dyn Fn()) -> f64 {
+    const RUNS: usize = 20;
+    f();
+    dev.synchronize().expect("sync");
+    let start = std::time::Instant::now();
+    for _ in 0..RUNS {
+        f();
+    }
+    dev.synchronize().expect("sync");
+    start.elapsed().as_secs_f64() / RUNS as f64
+}
+
+/// A bf16 tensor of `shape` on `dev`, normal with standard deviation `scale`.
+pub fn randn_bf16(dev: &Device, shape: &[usize], scale: f32) -> Tensor {
+    Tensor::randn(0f32, scale, shape, dev)
+        .and_then(|t| t.to_dtype(DType::BF16))
+        .expect("random bf16 tensor")
+}

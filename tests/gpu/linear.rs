@@ -3,6 +3,7 @@
 //! the same bf16 values. Tolerance: max|gpu - cpu| / max|cpu| below 1e-2 for bf16 outputs of
 //! sums over up to 16K products in f32.
 
+use crate::common::{randn_bf16, seconds_per_call};
 use candle_core::{DType, Device, Tensor};
 use model::layers::{
     matmul_backward, matmul_backward_no_bias, matmul_forward, matmul_gelu_backward,
@@ -151,12 +152,7 @@ fn epilogue_variants_match_the_plain_ones() {
 fn gelu_epilogue_timing() {
     let (n, c) = (16384, 1024);
     let dev = Device::new_cuda(0).expect("a CUDA device");
-    let r = |shape: &[usize], s: f32| {
-        Tensor::randn(0f32, s, shape, &dev)
-            .unwrap()
-            .to_dtype(DType::BF16)
-            .unwrap()
-    };
+    let r = |shape: &[usize], s: f32| randn_bf16(&dev, shape, s);
     let (x, w, b, w2, dout) = (
         r(&[n, c], 1.0),
         r(&[c, 4 * c], 0.02),
@@ -164,16 +160,7 @@ fn gelu_epilogue_timing() {
         r(&[4 * c, c], 0.02),
         r(&[n, c], 1.0),
     );
-    let time = |f: &dyn Fn()| {
-        f();
-        dev.synchronize().unwrap();
-        let start = std::time::Instant::now();
-        for _ in 0..20 {
-            f();
-        }
-        dev.synchronize().unwrap();
-        start.elapsed().as_secs_f64() / 20.0 * 1e3
-    };
+    let time = |f: &dyn Fn()| seconds_per_call(&dev, f) * 1e3;
     let (h, g) = matmul_gelu_forward(&x, &w, &b).unwrap();
     let fwd_epi = time(&|| {
         matmul_gelu_forward(&x, &w, &b).unwrap();
@@ -200,22 +187,8 @@ fn gelu_epilogue_timing() {
 fn gemm_timing_gpt350m_layers() {
     let (n, c) = (16384usize, 1024usize);
     let dev = Device::new_cuda(0).expect("a CUDA device");
-    let r = |shape: &[usize], s: f32| {
-        Tensor::randn(0f32, s, shape, &dev)
-            .unwrap()
-            .to_dtype(DType::BF16)
-            .unwrap()
-    };
-    let time = |f: &dyn Fn()| {
-        f();
-        dev.synchronize().unwrap();
-        let start = std::time::Instant::now();
-        for _ in 0..20 {
-            f();
-        }
-        dev.synchronize().unwrap();
-        start.elapsed().as_secs_f64() / 20.0
-    };
+    let r = |shape: &[usize], s: f32| randn_bf16(&dev, shape, s);
+    let time = |f: &dyn Fn()| seconds_per_call(&dev, f);
     let mut total = 0.0;
     for (name, inp, out) in [
         ("qkv", c, 3 * c),
