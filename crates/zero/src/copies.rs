@@ -73,7 +73,7 @@ mod cuda {
             return Ok(None);
         };
         let o = layout.start_offset();
-        if (o * std::mem::size_of::<T>()) % 16 != 0 {
+        if !(o * std::mem::size_of::<T>()).is_multiple_of(16) {
             return Ok(None);
         }
         let n = t.elem_count();
@@ -118,7 +118,7 @@ mod cuda {
 
     pub(super) fn cast_f32_bf16(master: &Tensor) -> Result<Option<Tensor>> {
         let n = master.elem_count();
-        if n % 8 != 0 || n == 0 {
+        if !n.is_multiple_of(8) || n == 0 {
             return Ok(None);
         }
         with_view::<f32, _>(master, DType::F32, |dev, x| {
@@ -136,7 +136,7 @@ mod cuda {
 
     pub(super) fn cast_pad_bf16_f32(grad: &Tensor, padded: usize) -> Result<Option<Tensor>> {
         let n = grad.elem_count();
-        if n % 8 != 0 || padded % 8 != 0 || padded < n || n == 0 {
+        if !n.is_multiple_of(8) || !padded.is_multiple_of(8) || padded < n || n == 0 {
             return Ok(None);
         }
         with_view::<half::bf16, _>(grad, DType::BF16, |dev, x| {
@@ -154,7 +154,7 @@ mod cuda {
 
     pub(super) fn accumulate_f32(acc: &Tensor, x: &Tensor, coef: f32) -> Result<Option<Tensor>> {
         let n = acc.elem_count();
-        if n % 4 != 0 || n == 0 || x.elem_count() != n {
+        if !n.is_multiple_of(4) || n == 0 || x.elem_count() != n {
             return Ok(None);
         }
         let r = with_view::<f32, _>(acc, DType::F32, |dev, a| {
