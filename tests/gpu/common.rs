@@ -66,3 +66,41 @@ pub fn randn_bf16(dev: &Device, shape: &[usize], scale: f32) -> Tensor {
         .and_then(|t| t.to_dtype(DType::BF16))
         .expect("random bf16 tensor")
 }
+
+/// Asserts max|gpu - reference| / max|reference| below `tol` (NaN counts as infinite), naming
+/// the worst element by row and column of the last dimension on failure. Both read as f32.
+pub fn assert_close(what: &str, gpu: &Tensor, reference: &Tensor, tol: f32) {
+    assert_eq!(gpu.dims(), reference.dims(), "{what}: shape");
+    let cols = *reference.dims().last().unwrap_or(&1);
+    let (g, c) = (f32_values(gpu), f32_values(reference));
+    let scale = c.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let (mut worst, mut at) = (0f32, 0usize);
+    for (i, (a, b)) in g.iter().zip(&c).enumerate() {
+        let d = (a - b).abs();
+        if d > worst || d.is_nan() {
+            (worst, at) = (if d.is_nan() { f32::INFINITY } else { d }, i);
+        }
+    }
+    let rel = worst / scale.max(f32::MIN_POSITIVE);
+    assert!(
+        rel < tol,
+        "{what}: max|gpu - ref| / max|ref| = {rel:.3e} (tol {tol:e}) at row {} col {}: gpu {} ref {}",
+        at / cols,
+        at % cols,
+        g[at],
+        c[at]
+    );
+}
+
+/// Every value of `t`, widened to f32 (exactly, from bf16), flattened, on the host.
+pub fn f32_values(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1::<f32>())
+        .expect("readable tensor")
+}
+
+/// The bit patterns of [`f32_values`]: equal for tensors equal bit for bit (bf16 or f32).
+pub fn f32_bits(t: &Tensor) -> Vec<u32> {
+    f32_values(t).iter().map(|v| v.to_bits()).collect()
+}

@@ -8,7 +8,7 @@
 //! random sign, the mean averages that down); dx and dwte 1e-2 of max|cpu| (dlogits in bf16,
 //! gradient GEMMs with bf16 outputs, dwte accumulated over chunks in bf16).
 
-use crate::common::uniform;
+use crate::common::{assert_close, uniform};
 use candle_core::{DType, Device, Tensor};
 use model::layers::{crossentropy_chunked, crossentropy_forward_backward, CE_CHUNK_ELEMS};
 
@@ -23,38 +23,6 @@ fn pair(dims: &[usize], seed: u64, scale: f32, f32_dev: &Device, gpu: &Device) -
         t.to_dtype(DType::F32).unwrap().to_device(f32_dev).unwrap(),
         t.to_device(gpu).unwrap(),
     )
-}
-
-/// max|gpu - ref| / max|ref| below `tol`; on failure names the worst element.
-fn compare(what: &str, gpu: &Tensor, reference: &Tensor, tol: f32) {
-    assert_eq!(gpu.dims(), reference.dims(), "{what}: shape");
-    let cols = *reference.dims().last().unwrap_or(&1);
-    let flat = |t: &Tensor| {
-        t.to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-    };
-    let (g, c) = (flat(gpu), flat(reference));
-    let scale = c.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let (mut worst, mut at) = (0f32, 0usize);
-    for (i, (a, b)) in g.iter().zip(&c).enumerate() {
-        let d = (a - b).abs();
-        if d > worst || d.is_nan() {
-            (worst, at) = (if d.is_nan() { f32::INFINITY } else { d }, i);
-        }
-    }
-    let rel = worst / scale.max(f32::MIN_POSITIVE);
-    assert!(
-        rel < tol,
-        "{what}: max|gpu - ref| / max|ref| = {rel:.3e} (tol {tol:e}) at row {} col {}: gpu {} ref {}",
-        at / cols,
-        at % cols,
-        g[at],
-        c[at]
-    );
 }
 
 fn check(n: usize, c: usize, v: usize, reference_on_gpu: bool) {
@@ -93,8 +61,8 @@ fn check(n: usize, c: usize, v: usize, reference_on_gpu: bool) {
         rel < 2e-3,
         "loss {shape}: gpu {loss_g} ref {loss_r} (rel {rel:.3e})"
     );
-    compare(&format!("dx {shape}"), &dx_g, &dx_r, 1e-2);
-    compare(&format!("dwte {shape}"), &dw_g, &dw_r, 1e-2);
+    assert_close(&format!("dx {shape}"), &dx_g, &dx_r, 1e-2);
+    assert_close(&format!("dwte {shape}"), &dw_g, &dw_r, 1e-2);
 
     // Without gradients: the same loss, no gradients.
     let (loss_ng, none) = crossentropy_forward_backward(&x_g, &w_g, &t_g, false).unwrap();

@@ -5,7 +5,7 @@
 //! gradient of
 //! `matmul_backward` (column sums, deterministic) against `dout.to_dtype(F32).sum(0)`.
 
-use crate::common::{gpu, rel_err, uniform};
+use crate::common::{f32_bits, gpu, rel_err, uniform};
 use candle_core::{DType, Device, Tensor};
 use model::layers::{gelu_backward, gelu_backward_bias_grad, gelu_forward, matmul_backward};
 
@@ -68,19 +68,8 @@ fn check_gelu(dims: &[usize], seed: u64, skip: usize) {
         // column sums of the CPU's dh in f32 (bf16 result of a sum over N rows: 1e-2).
         let (dh_f, db_f) = gelu_backward_bias_grad(&d_g, &h_g).unwrap();
         let (dh_c, db_c) = gelu_backward_bias_grad(&d_c, &h_c).unwrap();
-        let bits = |t: &Tensor| -> Vec<u32> {
-            t.flatten_all()
-                .unwrap()
-                .to_dtype(DType::F32)
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect()
-        };
         assert!(
-            bits(&dh_f) == bits(&dh_g),
+            f32_bits(&dh_f) == f32_bits(&dh_g),
             "fused gelu backward {dims:?} skip {skip}: dh differs from the plain kernel's"
         );
         assert_eq!(db_f.dims(), &[dims[1]]);
@@ -131,18 +120,9 @@ fn check_bias_grad(n: usize, out: usize, seed: u64) {
     assert!(e < 1e-2, "bias grad ({n}, {out}): max rel err {e:e}");
     // Deterministic: the same bits again.
     let (_, _, db2) = matmul_backward(&dout_g, &x_g, &w_g).unwrap();
-    let bits = |t: &Tensor| -> Vec<u32> {
-        t.to_dtype(DType::F32)
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-            .iter()
-            .map(|f| f.to_bits())
-            .collect()
-    };
     assert_eq!(
-        bits(&db),
-        bits(&db2),
+        f32_bits(&db),
+        f32_bits(&db2),
         "bias grad ({n}, {out}) differs between runs"
     );
 }

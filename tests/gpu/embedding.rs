@@ -5,7 +5,7 @@
 //! element, ~2e-3), the backward sums in f32 and rounds once, the reference sums in f32 too
 //! (order differences are ~2^-24 of the sum), so only one bf16 rounding separates them.
 
-use crate::common::uniform;
+use crate::common::{assert_close, f32_bits, uniform};
 use candle_core::{DType, Device, Tensor};
 use model::layers::{embedding_backward, embedding_forward};
 
@@ -39,50 +39,6 @@ fn tokens(b: usize, t: usize, v: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// max|gpu - cpu| / max|cpu| below `tol`; on failure names the worst element.
-fn compare(what: &str, gpu: &Tensor, cpu: &Tensor, tol: f32) {
-    assert_eq!(gpu.dims(), cpu.dims(), "{what}: shape");
-    let cols = *cpu.dims().last().unwrap_or(&1);
-    let g = gpu
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
-    let c = cpu.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let scale = c.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let (mut worst, mut at) = (0f32, 0usize);
-    for (i, (a, b)) in g.iter().zip(&c).enumerate() {
-        let d = (a - b).abs();
-        if d > worst || d.is_nan() {
-            (worst, at) = (if d.is_nan() { f32::INFINITY } else { d }, i);
-        }
-    }
-    let rel = worst / scale.max(f32::MIN_POSITIVE);
-    assert!(
-        rel < tol,
-        "{what}: max|gpu - cpu| / max|cpu| = {rel:.3e} (tol {tol:e}) at row {} col {}: gpu {} cpu {}",
-        at / cols,
-        at % cols,
-        g[at],
-        c[at]
-    );
-}
-
-/// Bit patterns of a bf16 tensor (widened to f32 exactly).
-fn bits(t: &Tensor) -> Vec<u32> {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-        .iter()
-        .map(|f| f.to_bits())
-        .collect()
-}
-
 fn check(b: usize, t: usize, c: usize, v: usize, max_t: usize) {
     let gpu = Device::new_cuda(0).expect("a CUDA device");
     let (wte_c, wte_g) = pair(&[v, c], 1, 1.0, &gpu);
@@ -95,23 +51,23 @@ fn check(b: usize, t: usize, c: usize, v: usize, max_t: usize) {
     let out_g = embedding_forward(&tok_g, &wte_g, &wpe_g).unwrap();
     assert_eq!(out_g.dtype(), DType::BF16);
     let out_c = embedding_forward(&tok_c, &wte_c, &wpe_c).unwrap();
-    compare(&format!("forward {shape}"), &out_g, &out_c, 4e-3);
+    assert_close(&format!("forward {shape}"), &out_g, &out_c, 4e-3);
 
     let (dout_c, dout_g) = pair(&[b, t, c], 4, 1.0, &gpu);
     let (dwte_g, dwpe_g) = embedding_backward(&dout_g, &tok_g, v, max_t).unwrap();
     assert_eq!(dwte_g.dtype(), DType::BF16);
     let (dwte_c, dwpe_c) = embedding_backward(&dout_c, &tok_c, v, max_t).unwrap();
-    compare(&format!("dwte {shape}"), &dwte_g, &dwte_c, 4e-3);
-    compare(&format!("dwpe {shape}"), &dwpe_g, &dwpe_c, 4e-3);
+    assert_close(&format!("dwte {shape}"), &dwte_g, &dwte_c, 4e-3);
+    assert_close(&format!("dwpe {shape}"), &dwpe_g, &dwpe_c, 4e-3);
 
     // Deterministic: a second run gives the same bits.
     let (dwte_2, dwpe_2) = embedding_backward(&dout_g, &tok_g, v, max_t).unwrap();
     assert!(
-        bits(&dwte_g) == bits(&dwte_2),
+        f32_bits(&dwte_g) == f32_bits(&dwte_2),
         "dwte differs between runs {shape}"
     );
     assert!(
-        bits(&dwpe_g) == bits(&dwpe_2),
+        f32_bits(&dwpe_g) == f32_bits(&dwpe_2),
         "dwpe differs between runs {shape}"
     );
 }

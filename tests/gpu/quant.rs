@@ -2,6 +2,7 @@
 //! codes, scales and dequantised values, on mixed magnitudes, zero blocks, short last blocks,
 //! several swizzle topologies and piece counts.
 
+use crate::common::f32_bits;
 use candle_core::{DType, Device, Tensor};
 use quant::tensor;
 
@@ -67,16 +68,6 @@ fn mixed(n: usize, seed: u64, zero_block: usize) -> Vec<f32> {
     x
 }
 
-fn bits(t: &Tensor) -> Vec<u32> {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_bits())
-        .collect()
-}
-
 fn bytes(t: &Tensor) -> Vec<u8> {
     t.to_vec1::<u8>().unwrap()
 }
@@ -107,14 +98,14 @@ fn int8_quantise_and_dequantise_equal_the_reference() {
         let (cq, cs) = tensor::quantize_int8(&cx, block).unwrap();
         let (gq, gs) = tensor::quantize_int8(&gx, block).unwrap();
         assert_eq!(bytes(&gq), bytes(&cq), "codes n={n} block={block}");
-        assert_eq!(bits(&gs), bits(&cs), "scales n={n} block={block}");
+        assert_eq!(f32_bits(&gs), f32_bits(&cs), "scales n={n} block={block}");
         for dtype in [DType::F32, DType::BF16] {
             let cy = tensor::dequantize_int8(&cq, &cs, block, dtype).unwrap();
             let gy = tensor::dequantize_int8(&gq, &gs, block, dtype).unwrap();
             assert_eq!(gy.dtype(), dtype);
             assert_eq!(
-                bits(&gy),
-                bits(&cy),
+                f32_bits(&gy),
+                f32_bits(&cy),
                 "dequant {dtype:?} n={n} block={block}"
             );
         }
@@ -133,7 +124,7 @@ fn int8_on_an_unaligned_view_equals_the_reference() {
     let (cq, cs) = tensor::quantize_int8(&cx, 2048).unwrap();
     let (gq, gs) = tensor::quantize_int8(&gx, 2048).unwrap();
     assert_eq!(bytes(&gq), bytes(&cq));
-    assert_eq!(bits(&gs), bits(&cs));
+    assert_eq!(f32_bits(&gs), f32_bits(&cs));
     let (cq1, gq1) = (
         cq.narrow(0, 5, 4096).unwrap(),
         gq.narrow(0, 5, 4096).unwrap(),
@@ -142,7 +133,7 @@ fn int8_on_an_unaligned_view_equals_the_reference() {
     // Codes 5.. are not block-aligned for the reference either: equal all the same.
     let cy = tensor::dequantize_int8(&cq1, &cs1, 2048, DType::F32).unwrap();
     let gy = tensor::dequantize_int8(&gq1, &gs1, 2048, DType::F32).unwrap();
-    assert_eq!(bits(&gy), bits(&cy));
+    assert_eq!(f32_bits(&gy), f32_bits(&cy));
 }
 
 #[test]
@@ -163,7 +154,7 @@ fn int4_swizzled_quantise_equals_the_reference() {
         let (gp, gs) = tensor::quantize_int4_swizzled(&gx, nodes, rpn, block).unwrap();
         let at = format!("{nodes}x{rpn} S={s} block={block}");
         assert_eq!(bytes(&gp), bytes(&cp), "packed {at}");
-        assert_eq!(bits(&gs), bits(&cs), "scales {at}");
+        assert_eq!(f32_bits(&gs), f32_bits(&cs), "scales {at}");
     }
 }
 
@@ -227,10 +218,10 @@ fn fused_int4_sums_equal_the_reference() {
         let (cq, cqs) = tensor::dequantize_sum_requantize_int4(&cp, &cs, k, block).unwrap();
         let (gq, gqs) = tensor::dequantize_sum_requantize_int4(&gp, &gs, k, block).unwrap();
         assert_eq!(bytes(&gq), bytes(&cq), "requantised packed {at}");
-        assert_eq!(bits(&gqs), bits(&cqs), "requantised scales {at}");
+        assert_eq!(f32_bits(&gqs), f32_bits(&cqs), "requantised scales {at}");
         let cy = tensor::dequantize_sum_int4(&cp, &cs, k, block).unwrap();
         let gy = tensor::dequantize_sum_int4(&gp, &gs, k, block).unwrap();
-        assert_eq!(bits(&gy), bits(&cy), "sum {at}");
+        assert_eq!(f32_bits(&gy), f32_bits(&cy), "sum {at}");
     }
 }
 
@@ -294,15 +285,15 @@ fn fused_int4_sums_at_extreme_scales_equal_the_reference() {
         let (gp, gs) = (cp.to_device(&gpu).unwrap(), cs.to_device(&gpu).unwrap());
         let cy = tensor::dequantize_sum_int4(&cp, &cs, k, block).unwrap();
         let gy = tensor::dequantize_sum_int4(&gp, &gs, k, block).unwrap();
-        assert_eq!(bits(&gy), bits(&cy), "sum {at}");
+        assert_eq!(f32_bits(&gy), f32_bits(&cy), "sum {at}");
         let (gq, gqs) = tensor::dequantize_sum_requantize_int4(&gp, &gs, k, block).unwrap();
         match tensor::dequantize_sum_requantize_int4(&cp, &cs, k, block) {
             Ok((cq, cqs)) => {
                 assert_eq!(bytes(&gq), bytes(&cq), "requantised packed {at}");
-                assert_eq!(bits(&gqs), bits(&cqs), "requantised scales {at}");
+                assert_eq!(f32_bits(&gqs), f32_bits(&cqs), "requantised scales {at}");
             }
             Err(_) => assert!(
-                bits(&gqs).iter().any(|&b| f32::from_bits(b).is_nan()),
+                f32_bits(&gqs).iter().any(|&b| f32::from_bits(b).is_nan()),
                 "{at}: an overflowing sum gives a NaN scale"
             ),
         }
@@ -363,8 +354,8 @@ fn fused_int4_requantise_persistent_rounds_equal_the_reference() {
         let (cq, cqs) = tensor::dequantize_sum_requantize_int4(&cp, &cs, k, block).unwrap();
         let (gq, gqs) = tensor::dequantize_sum_requantize_int4(&gp, &gs, k, block).unwrap();
         same(
-            &bits(&gqs),
-            &bits(&cqs),
+            &f32_bits(&gqs),
+            &f32_bits(&cqs),
             &format!("requantised scales {at}"),
         );
         same(
@@ -421,11 +412,11 @@ fn fused_int4_requantise_fallbacks_equal_the_reference() {
             let at = format!("block {block} big {big} small {small}");
             let cy = tensor::dequantize_sum_int4(&cp, &cs, 2, block).unwrap();
             let gy = tensor::dequantize_sum_int4(&gp, &gs, 2, block).unwrap();
-            assert_eq!(bits(&gy), bits(&cy), "sum {at}");
+            assert_eq!(f32_bits(&gy), f32_bits(&cy), "sum {at}");
             let (cq, cqs) = tensor::dequantize_sum_requantize_int4(&cp, &cs, 2, block).unwrap();
             let (gq, gqs) = tensor::dequantize_sum_requantize_int4(&gp, &gs, 2, block).unwrap();
             assert_eq!(bytes(&gq), bytes(&cq), "requantised packed {at}");
-            assert_eq!(bits(&gqs), bits(&cqs), "requantised scales {at}");
+            assert_eq!(f32_bits(&gqs), f32_bits(&cqs), "requantised scales {at}");
         }
     }
 }
