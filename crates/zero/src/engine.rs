@@ -67,6 +67,10 @@ pub struct StepStats {
     pub grad_norm: f64,
 }
 
+/// The states each unit keeps per element, in checkpoint order: a checkpoint names them
+/// `<unit>.<state>`, and each is laid out as the unit's flat buffer is partitioned.
+pub const SHARD_STATES: [&str; 3] = ["master", "exp_avg", "exp_avg_sq"];
+
 /// One named fp32 shard of engine state, as saved in a checkpoint (read back to the host).
 pub struct NamedShard {
     pub name: String,
@@ -148,6 +152,14 @@ impl Engine {
 
     pub fn config(&self) -> &GptConfig {
         &self.cfg
+    }
+
+    /// Each unit's name and partition, in state order: how a checkpoint's shards are cut, so
+    /// that one written under another partition can be re-sliced ([`crate::reslice`]).
+    pub fn unit_partitions(&self) -> impl Iterator<Item = (&str, &Partition)> {
+        self.units
+            .iter()
+            .map(|u| (u.layout.name.as_str(), &u.partition))
     }
 
     /// The resolved ZeRO / ZeRO++ plan.
@@ -419,6 +431,11 @@ impl Engine {
         Ok(sum.to_vec1::<f32>()?[0])
     }
 
+    /// Whether `flag` is set on any rank (every rank gets the same answer).
+    pub fn any_over_world(&self, flag: bool) -> Result<bool> {
+        Ok(self.sum_over_world(if flag { 1.0 } else { 0.0 })? > 0.0)
+    }
+
     /// The mean of `value` over the world (for losses logged by rank 0).
     pub fn mean_over_world(&self, value: f64) -> Result<f64> {
         let sum = self.sum_over_world(value as f32)?;
@@ -481,11 +498,11 @@ impl Engine {
     pub fn state(&self) -> Result<Vec<NamedShard>> {
         let mut out = Vec::with_capacity(3 * self.units.len());
         for u in &self.units {
-            for (state, data) in [
-                ("master", &u.master),
-                ("exp_avg", &u.exp_avg),
-                ("exp_avg_sq", &u.exp_avg_sq),
-            ] {
+            for (state, data) in
+                SHARD_STATES
+                    .into_iter()
+                    .zip([&u.master, &u.exp_avg, &u.exp_avg_sq])
+            {
                 out.push(NamedShard {
                     name: format!("{}.{state}", u.layout.name),
                     data: data.to_vec1::<f32>()?,
@@ -500,11 +517,8 @@ impl Engine {
     pub fn restore(&mut self, step: u64, lookup: &dyn Fn(&str) -> Option<Vec<f32>>) -> Result<()> {
         let dev = self.opts.device.clone();
         for u in &mut self.units {
-            for (state, data) in [
-                ("master", &mut u.master),
-                ("exp_avg", &mut u.exp_avg),
-                ("exp_avg_sq", &mut u.exp_avg_sq),
-            ] {
+            let states = [&mut u.master, &mut u.exp_avg, &mut u.exp_avg_sq];
+            for (state, data) in SHARD_STATES.into_iter().zip(states) {
                 let name = format!("{}.{state}", u.layout.name);
                 let saved = lookup(&name).ok_or_else(|| ZeroError::BadState {
                     name: name.clone(),

@@ -22,10 +22,12 @@ mod squares;
 pub mod volume;
 
 pub use config::ZeroConfig;
-pub use engine::{Engine, EngineOptions, NamedShard, StepStats, REDUCTIONS_IN_FLIGHT};
+pub use engine::{
+    Engine, EngineOptions, NamedShard, StepStats, REDUCTIONS_IN_FLIGHT, SHARD_STATES,
+};
 pub use error::{Result, ZeroError};
 pub use memory::{rank_memory, RankMemory};
 pub use optimizer::{AdamW, DecayRanges};
-pub use partition::Partition;
+pub use partition::{reslice, Partition, Piece};
 pub use plan::{Qgz, Qwz, Techniques, ZeroPlan};
 pub use squares::sum_of_squares;
