@@ -92,8 +92,9 @@ impl std::fmt::Debug for Tokenizer {
 impl Tokenizer {
     /// Loads `dir/vocab.json` and `dir/merges.txt`.
     ///
-    /// Errors name the folder and the file: a missing folder or file, invalid JSON, a merge line
-    /// that is not two tokens or names a token outside the vocabulary, a vocabulary without
+    /// Errors name the folder and the file: a missing folder or file, invalid JSON, no merges, a
+    /// merge line that is not two tokens or names a token (or a merged pair) outside the
+    /// vocabulary, a vocabulary without
     /// `<|endoftext|>` or without one of the 256 byte tokens.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let err = |msg: String| DataError::Tokenizer {
@@ -143,12 +144,17 @@ impl Tokenizer {
             }
             let mut parts = line.split(' ');
             match (parts.next(), parts.next(), parts.next()) {
-                (Some(a), Some(b), None) if vocab.contains_key(a) && vocab.contains_key(b) => {
+                (Some(a), Some(b), None)
+                    if vocab.contains_key(a)
+                        && vocab.contains_key(b)
+                        && vocab.contains_key(&format!("{a}{b}")) =>
+                {
                     merges.push((a.to_string(), b.to_string()))
                 }
                 _ => {
                     return Err(err(format!(
-                        "{}: line {}: expected two vocabulary tokens separated by a space, found {line:?}",
+                        "{}: line {}: expected two vocabulary tokens separated by a space, whose \
+                         concatenation is in the vocabulary too; found {line:?}",
                         merges_path.display(),
                         i + 1
                     )))
@@ -156,6 +162,12 @@ impl Tokenizer {
             }
         }
 
+        if merges.is_empty() {
+            return Err(err(format!(
+                "{}: no merges (an empty or truncated file; GPT-2's has 50,000)",
+                merges_path.display()
+            )));
+        }
         let vocab: Vocab = vocab.into_iter().collect();
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)

@@ -132,6 +132,20 @@ fn tokenizer_errors_name_dir_and_file() {
     let err = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
     assert!(err.contains("merges.txt: line 3"), "{err}");
 
+    // Empty, only a header, or a pair whose merge the vocabulary lacks ("q" + "j").
+    for (text, want) in [
+        ("", "no merges"),
+        ("#version: 0.2\n", "no merges"),
+        ("#version: 0.2\nĠ t\nq j\n", "line 3"),
+    ] {
+        std::fs::write(dir.path().join("merges.txt"), text).unwrap();
+        let err = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("merges.txt") && err.contains(want),
+            "{text:?}: {err}"
+        );
+    }
+
     std::fs::write(dir.path().join("vocab.json"), "{\"a\": 0,").unwrap();
     let err = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
     assert!(
