@@ -5,7 +5,7 @@
 //! leaves a half-written checkpoint under a final name. The data position is the step itself
 //! (the sampler is stateless), and the model has no other random state.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -46,6 +46,15 @@ pub struct Manifest {
     pub model: ModelShape,
     /// One file per rank, in rank order.
     pub files: Vec<String>,
+    /// Every shard is a whole number of this many elements: with `world_size`, how each unit's
+    /// flat buffer was partitioned, so another partition can re-slice it (`None`: written
+    /// before it was recorded).
+    #[serde(default)]
+    pub partition_align: Option<usize>,
+    /// The settings that fix the trajectory (`resume::trajectory`), checked on resume (empty:
+    /// written before they were recorded).
+    #[serde(default)]
+    pub settings: BTreeMap<String, String>,
 }
 
 pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
@@ -186,12 +195,15 @@ pub fn read_rank(ckpt: &Path, manifest: &Manifest, rank: usize) -> Result<RankSt
     Ok(RankState { tensors })
 }
 
-/// The manifest of a new checkpoint.
+/// The manifest of a new checkpoint of a run with these trajectory `settings`, its shards
+/// aligned to `partition_align` elements.
 pub fn manifest(
     step: u64,
     tokens: u64,
     topology: comm::Topology,
     model: &model::GptConfig,
+    partition_align: usize,
+    settings: &BTreeMap<String, String>,
 ) -> Manifest {
     Manifest {
         format: FORMAT_VERSION,
@@ -201,5 +213,7 @@ pub fn manifest(
         ranks_per_node: topology.ranks_per_node,
         model: model.into(),
         files: (0..topology.world()).map(rank_file).collect(),
+        partition_align: Some(partition_align),
+        settings: settings.clone(),
     }
 }

@@ -209,6 +209,9 @@ pub struct CheckpointSection {
     pub interval: u64,
     /// Continue from the newest checkpoint in `dir`, if there is one.
     pub resume: bool,
+    /// Trajectory settings (resume::TRAJECTORY_KEYS, e.g. "train.lr") that may differ from the
+    /// checkpoint's on resume; any other difference is refused.
+    pub allow_changes: Vec<String>,
 }
 
 /// The command line's `--set section.key=VALUE` overrides (VALUE in TOML syntax), parsed once,
@@ -252,6 +255,16 @@ impl Overrides {
             .any(|(_, parts, _)| parts.iter().map(String::as_str).eq(key.split('.')))
     }
 
+    /// The `--set` argument to blame for an error about `message`: the last one whose dotted
+    /// key the message names (an error caused by the command line names it, not the file).
+    fn blamed(&self, message: &str) -> Option<&str> {
+        self.entries
+            .iter()
+            .rev()
+            .find(|(_, parts, _)| message.contains(&parts.join(".")))
+            .map(|(spec, _, _)| spec.as_str())
+    }
+
     /// Merges every override into `table`, in order.
     fn apply(&self, table: &mut toml::Table) -> Result<()> {
         for (spec, parts, value) in &self.entries {
@@ -285,11 +298,18 @@ impl RunConfig {
         overrides.apply(&mut table)?;
         let config: RunConfig = serde_path_to_error::deserialize(table).map_err(|e| {
             let key = e.path().to_string();
-            anyhow::anyhow!("{}: {key}: {}", path.display(), e.inner().message())
+            match overrides.blamed(&key) {
+                Some(spec) => anyhow::anyhow!("--set {spec}: {key}: {}", e.inner().message()),
+                None => anyhow::anyhow!("{}: {key}: {}", path.display(), e.inner().message()),
+            }
         })?;
-        config
-            .validate()
-            .with_context(|| format!("{}", path.display()))?;
+        if let Err(e) = config.validate() {
+            let message = format!("{e:#}");
+            return Err(match overrides.blamed(&message) {
+                Some(spec) => anyhow::anyhow!("--set {spec}: {message}"),
+                None => anyhow::anyhow!("{}: {message}", path.display()),
+            });
+        }
         Ok(config)
     }
 
@@ -349,6 +369,14 @@ impl RunConfig {
             }
             if self.dist.backend != Backend::Nccl {
                 bail!("dist.emulated_link_gbps emulates a slow network for dist.backend = \"nccl\" only");
+            }
+        }
+        for key in &self.checkpoint.allow_changes {
+            if !crate::resume::may_change(key) {
+                bail!(
+                    "checkpoint.allow_changes: {key:?} is not a setting that may change on resume \
+                     (docs/operations.md lists them)"
+                );
             }
         }
         self.zero.validate()?;
@@ -525,6 +553,31 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("train.nope"), "{e}");
+    }
+
+    #[test]
+    fn an_error_from_the_command_line_names_the_set_argument() {
+        let (_d, path) = write(BASE);
+        for (set, want) in [
+            (
+                "train.steps=0",
+                "--set train.steps=0: train.steps must be positive",
+            ),
+            (
+                "train.steps=\"many\"",
+                "--set train.steps=\"many\": train.steps: invalid type",
+            ),
+        ] {
+            let e = format!("{:#}", RunConfig::load(&path, &sets(&[set])).unwrap_err());
+            assert!(e.starts_with(want) && !e.contains("run.toml"), "{e}");
+        }
+        // The same mistake in the file names the file.
+        let (_d, path) = write(&format!("{BASE}[train]\nsteps = 0\n"));
+        let e = format!(
+            "{:#}",
+            RunConfig::load(&path, &Overrides::default()).unwrap_err()
+        );
+        assert!(e.contains("run.toml: train.steps must be positive"), "{e}");
     }
 
     #[test]

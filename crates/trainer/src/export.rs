@@ -173,7 +173,7 @@ mod tests {
                 checkpoint::commit(
                     &ckpt_dir,
                     &checkpoint::tmp_dir(&ckpt_dir, 2),
-                    &checkpoint::manifest(2, 0, topology, &cfg),
+                    &checkpoint::manifest(2, 0, topology, &cfg, 1, &Default::default()),
                 )?;
             }
             Ok(e.gathered_parameters()?)

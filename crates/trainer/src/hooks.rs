@@ -25,6 +25,10 @@ pub const KILL_RANK_ENV: &str = "ZEROPP_KILL_RANK";
 /// back with an error once another rank has failed.
 pub const HANG_RANK_ENV: &str = "ZEROPP_HANG_RANK";
 
+/// Milliseconds every rank sleeps before each step: a run slow enough for a test to signal it,
+/// or launch a second run into its directory, while it is in progress.
+pub const STEP_DELAY_ENV: &str = "ZEROPP_STEP_DELAY_MS";
+
 /// Where a hook of the form `R@S` acts: rank R, at step S.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct RankStep {
@@ -43,6 +47,8 @@ pub struct TestHooks {
     kill_rank: Option<RankStep>,
     /// [`HANG_RANK_ENV`].
     hang: Option<RankStep>,
+    /// [`STEP_DELAY_ENV`].
+    step_delay: Option<Duration>,
 }
 
 impl TestHooks {
@@ -64,24 +70,32 @@ impl TestHooks {
                 None => bail!("{name}={value:?}: expected RANK@STEP, e.g. 2@3"),
             }
         };
-        let kill_at_step =
-            match var(KILL_AT_STEP_ENV) {
-                None => None,
-                Some(v) => Some(v.trim().parse().with_context(|| {
-                    format!("{KILL_AT_STEP_ENV}={v:?}: expected a step number")
-                })?),
-            };
+        let number = |name: &str| -> Result<Option<u64>> {
+            match var(name) {
+                None => Ok(None),
+                Some(v) => {
+                    Ok(Some(v.trim().parse().with_context(|| {
+                        format!("{name}={v:?}: expected a whole number")
+                    })?))
+                }
+            }
+        };
+        let kill_at_step = number(KILL_AT_STEP_ENV)?;
         Ok(TestHooks {
             kill_at_step,
             fail: rank_step(FAIL_RANK_ENV)?,
             kill_rank: rank_step(KILL_RANK_ENV)?,
             hang: rank_step(HANG_RANK_ENV)?,
+            step_delay: number(STEP_DELAY_ENV)?.map(Duration::from_millis),
         })
     }
 
     /// At the start of step `step` on `rank`: fails, dies or hangs as the hooks say. A hang
     /// ends (with an error) only once `given_up` is set.
     pub fn before_step(&self, rank: usize, step: u64, given_up: &AtomicBool) -> Result<()> {
+        if let Some(delay) = self.step_delay {
+            std::thread::sleep(delay);
+        }
         let here = |hook: Option<RankStep>| hook == Some(RankStep { rank, step });
         if here(self.fail) {
             bail!("injected failure at step {step} ({FAIL_RANK_ENV})");

@@ -10,7 +10,11 @@ mod launch;
 mod metrics;
 mod plan;
 mod plot;
+mod reshard;
+mod resume;
+mod run_lock;
 mod schedule;
+mod stop;
 mod train;
 mod units;
 
@@ -122,7 +126,8 @@ enum Command {
 
 fn main() -> ExitCode {
     match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(train::Outcome::Finished) => ExitCode::SUCCESS,
+        Ok(train::Outcome::Stopped) => ExitCode::from(stop::EXIT_STOPPED),
         Err(e) => {
             // One line: the whole cause chain.
             eprintln!("error: {e:#}");
@@ -131,7 +136,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
+fn run(cli: Cli) -> Result<train::Outcome> {
     let overrides = config::Overrides::parse(&cli.set)?;
     match cli.command {
         None => {
@@ -141,17 +146,29 @@ fn run(cli: Cli) -> Result<()> {
             let config = config::RunConfig::load(&path, &overrides)?;
             if cli.print_config {
                 print!("{}", config.to_toml()?);
-                return Ok(());
+                return Ok(train::Outcome::Finished);
             }
             train::run(&config)
         }
-        Some(Command::PrepareData {
+        Some(command) => run_command(command, cli.config.as_deref(), &overrides)
+            .map(|()| train::Outcome::Finished),
+    }
+}
+
+/// The subcommands other than training.
+fn run_command(
+    command: Command,
+    config: Option<&Path>,
+    overrides: &config::Overrides,
+) -> Result<()> {
+    match command {
+        Command::PrepareData {
             input,
             output,
             tokenizer,
             valid_fraction,
             quiet,
-        }) => {
+        } => {
             create_parent(&output)?;
             let opts = data::PrepareOptions {
                 inputs: input,
@@ -175,18 +192,18 @@ fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Some(Command::Plan {
+        Command::Plan {
             world_size,
             gpus_per_node,
             json,
-        }) => plan::run(&plan::PlanArgs {
-            config: cli.config.as_deref(),
-            set: &overrides,
+        } => plan::run(&plan::PlanArgs {
+            config,
+            set: overrides,
             world_size,
             gpus_per_node,
             json,
         }),
-        Some(Command::Bench {
+        Command::Bench {
             steps,
             warmup,
             json,
@@ -194,9 +211,9 @@ fn run(cli: Cli) -> Result<()> {
             kernels,
             collectives,
             mib,
-        }) => bench::run(&bench::BenchArgs {
-            config: cli.config.as_deref(),
-            set: &overrides,
+        } => bench::run(&bench::BenchArgs {
+            config,
+            set: overrides,
             steps,
             warmup,
             json,
@@ -205,11 +222,11 @@ fn run(cli: Cli) -> Result<()> {
             kernel_mib: mib,
             collectives,
         }),
-        Some(Command::Export { checkpoint, output }) => {
+        Command::Export { checkpoint, output } => {
             create_parent(&output)?;
             export::export(&checkpoint, &output)
         }
-        Some(Command::Plot { metrics, output }) => {
+        Command::Plot { metrics, output } => {
             let files: Vec<PathBuf> = metrics
                 .into_iter()
                 .map(|p| {

@@ -24,6 +24,10 @@ pub struct StepLine {
     pub qwz: bool,
     pub hpz: bool,
     pub qgz: bool,
+    /// On the first line after a resume that changed trajectory settings (allowed by
+    /// `checkpoint.allow_changes`): each as `key: old -> new`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changed: Vec<String>,
 }
 
 /// An evaluation line.
@@ -51,6 +55,13 @@ impl MetricsWriter {
             file,
             path: path.to_path_buf(),
         })
+    }
+
+    /// Forces the lines written so far to disk (before the process ends on a signal).
+    pub fn sync(&mut self) -> Result<()> {
+        self.file
+            .sync_all()
+            .with_context(|| format!("cannot write {}", self.path.display()))
     }
 
     pub fn write<T: Serialize>(&mut self, line: &T) -> Result<()> {

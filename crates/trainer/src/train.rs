@@ -3,6 +3,7 @@
 //! Everything the run reads (tokenizer, data, checkpoint) is opened and checked before anything
 //! is written, so bad input leaves the run directory as it was.
 
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,8 +18,10 @@ use crate::config::{Backend, RunConfig};
 use crate::hooks::TestHooks;
 use crate::launch;
 use crate::metrics::{self, EvalLine, MetricsWriter, StepLine};
+use crate::resume::{self, DataSize, Resume};
+use crate::run_lock::RunLock;
 use crate::schedule::learning_rate;
-use crate::units;
+use crate::{reshard, stop, units};
 
 /// Training and validation tokens.
 struct Corpora {
@@ -61,39 +64,6 @@ fn load_data(config: &RunConfig, vocab_size: usize) -> Result<Corpora> {
         }
     }
     Ok(Corpora { train, valid })
-}
-
-/// A checkpoint to resume from: its manifest, checked against this run; each rank reads its
-/// own file.
-struct Resume {
-    path: PathBuf,
-    manifest: checkpoint::Manifest,
-}
-
-fn find_resume(config: &RunConfig, model_cfg: &model::GptConfig) -> Result<Option<Resume>> {
-    if !config.checkpoint.resume {
-        return Ok(None);
-    }
-    let Some(path) = checkpoint::newest(&config.checkpoint_dir())? else {
-        return Ok(None);
-    };
-    let manifest = checkpoint::read_manifest(&path)?;
-    if manifest.model != model_cfg.into() {
-        bail!(
-            "checkpoint {} is of another model shape: {:?}",
-            path.display(),
-            manifest.model
-        );
-    }
-    if manifest.world_size != config.dist.world_size {
-        bail!(
-            "checkpoint {} was written by {} ranks; this run has {}",
-            path.display(),
-            manifest.world_size,
-            config.dist.world_size
-        );
-    }
-    Ok(Some(Resume { path, manifest }))
 }
 
 /// Progress on stderr: a bar on a terminal, plain lines otherwise (slurm logs, CI).
@@ -153,7 +123,11 @@ struct Shared<'a> {
     topology: comm::Topology,
     corpora: Corpora,
     sampler: Sampler,
+    /// The settings that fix the trajectory, recorded in every checkpoint.
+    settings: BTreeMap<String, String>,
     resume: Option<Resume>,
+    /// The run directory's lock, held by the process of rank 0.
+    lock: Option<RunLock>,
     /// One device for every rank: the local backend's ranks share it (and its stream), so their
     /// collectives are device-to-device copies.
     device: candle_core::Device,
@@ -165,32 +139,44 @@ struct Shared<'a> {
     given_up: AtomicBool,
 }
 
+/// How a run ended, when it did not fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Trained to `train.steps` (or had nothing left to do).
+    Finished,
+    /// Stopped by a signal after a step and its checkpoint; the same command resumes it.
+    Stopped,
+}
+
 /// Trains as `config` says: with the `local` backend one thread per simulated rank; with
 /// `nccl` or `mpi` this process is one rank of the world its launcher started.
-pub fn run(config: &RunConfig) -> Result<()> {
+pub fn run(config: &RunConfig) -> Result<Outcome> {
     config.check_supported()?;
     let hooks = TestHooks::from_env()?;
+    stop::install()?;
     if config.dist.backend == Backend::Local {
         let world = config.dist.world_size;
         let topology = comm::Topology::new(world, config.dist.gpus_per_node.unwrap_or(world))?;
-        let shared = prepare(config, topology, config.device()?, hooks)?;
+        let shared = prepare(config, topology, config.device()?, hooks, true)?;
         if world == 1 {
             return rank_main(&shared, Box::new(comm::Solo));
         }
         // A collective waits `dist.timeout_s` for its peers, as with the launched backends.
         let timeout = Duration::from_secs(config.dist.timeout_s);
-        comm::run_local_with_timeout(topology, timeout, |c| {
+        let outcomes = comm::run_local_with_timeout(topology, timeout, |c| {
             let result = rank_main(&shared, Box::new(c));
             if result.is_err() {
                 shared.given_up.store(true, Ordering::SeqCst);
             }
             result.map_err(into_boxed)
         })?;
-        return Ok(());
+        // The ranks agree on when to stop, so rank 0's outcome is everyone's.
+        return Ok(outcomes.first().copied().unwrap_or(Outcome::Finished));
     }
     let rank = launch::join(config)?;
     let comm = rank.comm.clone();
-    let result = prepare(config, comm.topology(), rank.device, hooks)
+    let lead = comm.rank() == 0;
+    let result = prepare(config, comm.topology(), rank.device, hooks, lead)
         .and_then(|shared| rank_main(&shared, Box::new(rank.comm)));
     if let Err(e) = &result {
         // Peers blocked in a collective would wait for this rank until their timeout.
@@ -200,13 +186,19 @@ pub fn run(config: &RunConfig) -> Result<()> {
 }
 
 /// Reads and checks every input (data, batch shape, checkpoint to resume) before anything is
-/// written.
+/// written; then the process of rank 0 (`lead`) takes the run directory's lock.
 fn prepare(
     config: &RunConfig,
     topology: comm::Topology,
     device: candle_core::Device,
     hooks: TestHooks,
+    lead: bool,
 ) -> Result<Shared<'_>> {
+    // First, so that a second launch into this run directory reads nothing of the first's.
+    let lock = match lead {
+        true => Some(RunLock::acquire(&config.log.dir)?),
+        false => None,
+    };
     let model_cfg = config.model_config()?;
     let t = &config.train;
     let world = topology.world();
@@ -225,7 +217,12 @@ fn prepare(
             );
         }
     }
-    let resume = find_resume(config, &model_cfg)?;
+    let data_size = DataSize {
+        train_tokens: corpora.train.tokens.len(),
+        valid_tokens: corpora.valid.as_ref().map(|v| v.tokens.len()),
+    };
+    let settings = resume::trajectory(config, data_size)?;
+    let resume = resume::find(config, &settings)?;
     let metrics_path = config.log.dir.join("metrics.jsonl");
     if resume.is_none() && metrics_path.exists() && !config.checkpoint.resume {
         bail!(
@@ -239,7 +236,9 @@ fn prepare(
         topology,
         corpora,
         sampler,
+        settings,
         resume,
+        lock,
         device,
         hooks,
         given_up: AtomicBool::new(false),
@@ -272,29 +271,49 @@ pub fn engine_options(config: &RunConfig, device: &candle_core::Device) -> Engin
 
 /// One rank's training loop. Rank 0 alone writes metrics, the config copy and the manifest;
 /// every rank writes its own checkpoint file.
-fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<()> {
+fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<Outcome> {
     let mut run = RankRun::start(shared, comm)?;
+    let steps = shared.config.train.steps;
+    if run.start >= steps {
+        // Nothing to do: nothing is written, not even the config copy.
+        run.say(&format!(
+            "already trained to step {} of {steps}; nothing to do",
+            run.start
+        ));
+        return Ok(Outcome::Finished);
+    }
     run.open_run_dir()?;
     run.announce();
     if run.start == 0 {
         run.evaluate(0)?;
     }
-    for step in run.start + 1..=shared.config.train.steps {
+    for step in run.start + 1..=steps {
         shared.hooks.before_step(run.rank, step, &shared.given_up)?;
         run.train_step(step)?;
-        let last = step == shared.config.train.steps;
+        let last = step == steps;
         let eval_interval = shared.config.log.eval_interval;
         if last || (eval_interval > 0 && step % eval_interval == 0) {
             run.evaluate(step)?;
         }
         let ckpt_interval = shared.config.checkpoint.interval;
+        let mut saved = None;
         if last || (ckpt_interval > 0 && step % ckpt_interval == 0) {
-            save(shared, &run.engine, step)?;
+            saved = Some(run.save(step)?);
         }
         shared.hooks.after_step(step, run.lead);
+        // Every rank asks every step, so all agree on the step to stop after.
+        let signal = stop::requested();
+        if !last && run.engine.any_over_world(signal.is_some())? {
+            let checkpoint = match saved {
+                Some(path) => path,
+                None => run.save(step)?,
+            };
+            run.stopped(step, signal, &checkpoint)?;
+            return Ok(Outcome::Stopped);
+        }
     }
     run.finish();
-    Ok(())
+    Ok(Outcome::Finished)
 }
 
 /// What the training steps since the last metrics line add up to.
@@ -316,6 +335,10 @@ struct RankRun<'a> {
     lead: bool,
     /// The step the run resumed after (0: a new run).
     start: u64,
+    /// Tokens trained on up to `start` (the batch may have changed since, if allowed).
+    start_tokens: u64,
+    /// The allowed setting changes of this resume, for the first metrics line.
+    unlogged_changes: Vec<String>,
     metrics: Option<MetricsWriter>,
     reporter: Reporter,
     since_log: SinceLog,
@@ -328,15 +351,15 @@ impl<'a> RankRun<'a> {
         let rank = comm.rank();
         let options = engine_options(config, &shared.device);
         let mut engine = Engine::new(shared.model_cfg.clone(), options, comm)?;
-        let start = match &shared.resume {
+        let (start, start_tokens) = match &shared.resume {
             Some(r) => {
-                let state = checkpoint::read_rank(&r.path, &r.manifest, rank)?;
+                let state = reshard::load(&r.path, &r.manifest, &engine)?;
                 engine
-                    .restore(r.manifest.step, &|name| state.tensors.get(name).cloned())
+                    .restore(r.manifest.step, &|name| state.get(name).cloned())
                     .with_context(|| format!("checkpoint {} rank {rank}", r.path.display()))?;
-                r.manifest.step
+                (r.manifest.step, r.manifest.tokens)
             }
-            None => 0,
+            None => (0, 0),
         };
         let lead = rank == 0;
         let progress = if lead {
@@ -350,6 +373,12 @@ impl<'a> RankRun<'a> {
             rank,
             lead,
             start,
+            start_tokens,
+            unlogged_changes: shared
+                .resume
+                .as_ref()
+                .map(|r| r.changes.clone())
+                .unwrap_or_default(),
             metrics: None,
             reporter: Reporter::new(progress, config.train.steps, start),
             since_log: SinceLog::default(),
@@ -368,8 +397,15 @@ impl<'a> RankRun<'a> {
         std::fs::create_dir_all(run_dir)
             .with_context(|| format!("cannot create {}", run_dir.display()))?;
         let metrics_path = run_dir.join("metrics.jsonl");
+        if self.start == 0 && metrics_path.exists() {
+            // A restart with no checkpoint yet: the curve starts again at step 0.
+            std::fs::remove_file(&metrics_path)
+                .with_context(|| format!("cannot replace {}", metrics_path.display()))?;
+        }
         metrics::truncate_after(&metrics_path, self.start)?;
-        std::fs::write(run_dir.join("config.toml"), config.to_toml()?)?;
+        let config_path = run_dir.join("config.toml");
+        std::fs::write(&config_path, config.to_toml()?)
+            .with_context(|| format!("cannot write {}", config_path.display()))?;
         self.metrics = Some(MetricsWriter::append(&metrics_path)?);
         Ok(())
     }
@@ -421,12 +457,31 @@ impl<'a> RankRun<'a> {
         if self.engine.plan().qgz.is_some() && topology.nodes == 1 {
             self.say("note: qgZ on one node runs its intra-node hop only (the inter-node hop has one member)");
         }
-        if let Some(r) = &shared.resume {
+        if let Some(stale) = shared.lock.as_ref().and_then(|l| l.stale.as_ref()) {
             self.say(&format!(
-                "resumed from {} at step {}",
+                "took over {} from a run that ended without releasing it ({stale})",
+                shared
+                    .lock
+                    .as_ref()
+                    .map_or("the lock".into(), |l| l.path.display().to_string())
+            ));
+        }
+        if let Some(r) = &shared.resume {
+            let saved_world = r.manifest.world_size;
+            let resliced = match saved_world == world {
+                true => String::new(),
+                false => format!(", its {saved_world} ranks' shards re-sliced for {world}"),
+            };
+            self.say(&format!(
+                "resumed from {} at step {}{resliced}",
                 r.path.display(),
                 self.start
             ));
+            for change in &r.changes {
+                self.say(&format!(
+                    "allowed change (checkpoint.allow_changes): {change}"
+                ));
+            }
         }
     }
 
@@ -434,6 +489,41 @@ impl<'a> RankRun<'a> {
     fn tokens_per_step(&self) -> u64 {
         let t = &self.shared.config.train;
         (t.global_batch * self.shared.model_cfg.seq_len) as u64
+    }
+
+    /// Tokens trained on after `step`.
+    fn tokens_at(&self, step: u64) -> u64 {
+        self.start_tokens + (step - self.start) * self.tokens_per_step()
+    }
+
+    /// Writes the checkpoint of `step`, every rank its part; returns its folder.
+    fn save(&mut self, step: u64) -> Result<PathBuf> {
+        save(self.shared, &self.engine, step, self.tokens_at(step))
+    }
+
+    /// After the checkpoint of `step`, when a signal asked the run to stop: flushes the
+    /// metrics and says where the run stopped and how to go on.
+    fn stopped(
+        &mut self,
+        step: u64,
+        signal: Option<i32>,
+        checkpoint: &std::path::Path,
+    ) -> Result<()> {
+        if let Some(m) = self.metrics.as_mut() {
+            m.sync()?;
+        }
+        let steps = self.shared.config.train.steps;
+        let by = match signal {
+            Some(s) => stop::name(s),
+            None => "a signal to another rank",
+        };
+        self.reporter.finish();
+        self.say(&format!(
+            "stopped by {by} after step {step} of {steps}: checkpoint {}; run the same command \
+             to resume",
+            checkpoint.display()
+        ));
+        Ok(())
     }
 
     /// One optimizer step over this rank's micro-batches, and its metrics line when one is due.
@@ -477,7 +567,7 @@ impl<'a> RankRun<'a> {
         let tokens_per_step = self.tokens_per_step();
         let line = StepLine {
             step,
-            tokens: step * tokens_per_step,
+            tokens: self.tokens_at(step),
             loss,
             lr,
             grad_norm: stats.grad_norm,
@@ -487,6 +577,7 @@ impl<'a> RankRun<'a> {
             qwz: techniques.qwz,
             hpz: techniques.hpz,
             qgz: techniques.qgz,
+            changed: std::mem::take(&mut self.unlogged_changes),
         };
         self.log_line(&line)?;
         if self.lead {
@@ -505,7 +596,7 @@ impl<'a> RankRun<'a> {
             return Ok(());
         }
         let val_loss = evaluate(&self.engine, valid, self.shared.model_cfg.seq_len, config)?;
-        let tokens = step * self.tokens_per_step();
+        let tokens = self.tokens_at(step);
         self.log_line(&EvalLine {
             step,
             tokens,
@@ -515,18 +606,10 @@ impl<'a> RankRun<'a> {
         Ok(())
     }
 
-    /// Ends the progress display; says so when there was nothing to train.
+    /// Ends the progress display.
     fn finish(&self) {
-        if !self.lead {
-            return;
-        }
-        let steps = self.shared.config.train.steps;
-        self.reporter.finish();
-        if self.start >= steps {
-            self.reporter.println(&format!(
-                "already trained to step {} of {steps}; nothing to do",
-                self.start
-            ));
+        if self.lead {
+            self.reporter.finish();
         }
     }
 }
@@ -555,7 +638,8 @@ fn evaluate(
 }
 
 /// All ranks write their files into the temporary folder rank 0 made; rank 0 then commits it.
-fn save(shared: &Shared<'_>, engine: &Engine, step: u64) -> Result<()> {
+/// Returns the checkpoint's folder.
+fn save(shared: &Shared<'_>, engine: &Engine, step: u64, tokens: u64) -> Result<PathBuf> {
     let dir = shared.config.checkpoint_dir();
     let lead = engine.comm().rank() == 0;
     let world = comm::Group::World;
@@ -567,9 +651,17 @@ fn save(shared: &Shared<'_>, engine: &Engine, step: u64) -> Result<()> {
     checkpoint::write_rank(&tmp, engine.comm().rank(), step, &engine.state()?)?;
     engine.comm().barrier(world).wait()?;
     if lead {
-        let tokens = step * (shared.config.train.global_batch * shared.model_cfg.seq_len) as u64;
-        let manifest = checkpoint::manifest(step, tokens, shared.topology, &shared.model_cfg);
+        let manifest = checkpoint::manifest(
+            step,
+            tokens,
+            shared.topology,
+            &shared.model_cfg,
+            engine.plan().align,
+            &shared.settings,
+        );
         checkpoint::commit(&dir, &tmp, &manifest)?;
     }
-    Ok(())
+    // Every rank returns once the checkpoint is committed: a stop after it is safe.
+    engine.comm().barrier(world).wait()?;
+    Ok(checkpoint::step_dir(&dir, step))
 }
