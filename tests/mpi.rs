@@ -153,3 +153,66 @@ fn a_dead_or_hung_process_ends_the_job() {
         }
     }
 }
+
+/// SIGUSR1 to mpirun (slurm's `--signal=USR1@120` reaches every task the same way): OpenMPI
+/// forwards it to the 4 processes, which agree on a step, write its checkpoint and exit 75;
+/// `mpirun` again resumes, and the curve is the local backend's.
+#[test]
+fn sigusr1_stops_every_process_after_one_step_and_the_resume_is_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (straight, run) = (tmp.path().join("local"), tmp.path().join("mpi"));
+    let mut s = sets(&run, false);
+    s.push("train.steps=12".into());
+    s.push("checkpoint.resume=true".into());
+    let mut local_sets = sets(&straight, false);
+    local_sets.push("train.steps=12".into());
+    assert_ok(&local(&local_sets), "local backend");
+
+    let mut c = Command::new("mpirun");
+    c.current_dir(repo())
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
+        .env("ZEROPP_STEP_DELAY_MS", "200")
+        .args(["-x", "ZEROPP_STEP_DELAY_MS"])
+        .arg(env!("CARGO_BIN_EXE_trainer"))
+        .args(trainer_args(&s))
+        .args(["--set", "dist.backend=\"mpi\""])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("mpirun (OpenMPI) on the PATH");
+    let start = Instant::now();
+    while losses_if_any(&run).len() < 3 {
+        assert!(child.try_wait().unwrap().is_none(), "mpirun ended early");
+        assert!(start.elapsed() < Duration::from_secs(120), "no step 3");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let kill = Command::new("kill")
+        .args(["-USR1", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{stderr}");
+    assert!(stderr.contains("stopped by SIGUSR1 after step"), "{stderr}");
+    let stopped_at = losses(&run).len();
+    assert!((3..12).contains(&stopped_at), "{stderr}");
+
+    assert_ok(&mpirun(&s, &[]), "mpirun resume");
+    let (la, lb) = (losses(&straight), losses(&run));
+    assert_eq!(la.len(), lb.len());
+    for (step, (x, y)) in la.iter().zip(&lb).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-5 * x.abs(),
+            "step {}: local {x} mpi {y}",
+            step + 1
+        );
+    }
+}
+
+/// The losses logged so far (none while the file does not exist yet).
+fn losses_if_any(dir: &Path) -> Vec<f64> {
+    match dir.join("metrics.jsonl").exists() {
+        true => losses(dir),
+        false => Vec::new(),
+    }
+}
