@@ -289,7 +289,7 @@ fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<(
         }
         let ckpt_interval = shared.config.checkpoint.interval;
         if last || (ckpt_interval > 0 && step % ckpt_interval == 0) {
-            save(shared, &run.engine, step)?;
+            save(shared, &run.engine, run.metrics.as_ref(), step)?;
         }
         shared.hooks.after_step(step, run.lead);
     }
@@ -554,22 +554,51 @@ fn evaluate(
     Ok(mean)
 }
 
-/// All ranks write their files into the temporary folder rank 0 made; rank 0 then commits it.
-fn save(shared: &Shared<'_>, engine: &Engine, step: u64) -> Result<()> {
+/// All ranks write their files into the temporary folder rank 0 made and hand rank 0 their
+/// checksums; rank 0 syncs the metrics and commits the checkpoint. If any rank fails, rank 0
+/// removes the temporary folder (the failing rank has removed its own partial file), so a full
+/// disk keeps room for the checkpoints it has.
+fn save(
+    shared: &Shared<'_>,
+    engine: &Engine,
+    metrics: Option<&MetricsWriter>,
+    step: u64,
+) -> Result<()> {
     let dir = shared.config.checkpoint_dir();
     let lead = engine.comm().rank() == 0;
-    let world = comm::Group::World;
     if lead {
         checkpoint::begin(&dir, step)?;
     }
-    engine.comm().barrier(world).wait()?;
+    engine.comm().barrier(comm::Group::World).wait()?;
     let tmp = checkpoint::tmp_dir(&dir, step);
-    checkpoint::write_rank(&tmp, engine.comm().rank(), step, &engine.state()?)?;
-    engine.comm().barrier(world).wait()?;
-    if lead {
-        let tokens = step * (shared.config.train.global_batch * shared.model_cfg.seq_len) as u64;
-        let manifest = checkpoint::manifest(step, tokens, shared.topology, &shared.model_cfg);
-        checkpoint::commit(&dir, &tmp, &manifest)?;
+    let committed = write_and_commit(shared, engine, metrics, &tmp, step);
+    if committed.is_err() && lead {
+        checkpoint::abandon(&tmp);
     }
+    committed
+}
+
+/// [`save`]'s writes: this rank's file into `tmp`, then (rank 0) the metrics synced and the
+/// manifest, which commits the checkpoint.
+fn write_and_commit(
+    shared: &Shared<'_>,
+    engine: &Engine,
+    metrics: Option<&MetricsWriter>,
+    tmp: &std::path::Path,
+    step: u64,
+) -> Result<()> {
+    let crc = checkpoint::write_rank(tmp, engine.comm().rank(), step, &engine.state()?)?;
+    let checksums = checkpoint::exchange_checksums(engine.comm(), crc)?;
+    if engine.comm().rank() != 0 {
+        return Ok(());
+    }
+    // The metrics reach this step on disk before the checkpoint does.
+    if let Some(m) = metrics {
+        m.sync()?;
+    }
+    let tokens = step * (shared.config.train.global_batch * shared.model_cfg.seq_len) as u64;
+    let manifest =
+        checkpoint::manifest(step, tokens, shared.topology, &shared.model_cfg, &checksums);
+    checkpoint::commit(&shared.config.checkpoint_dir(), tmp, &manifest)?;
     Ok(())
 }
