@@ -188,9 +188,28 @@ pub fn commit(dir: &Path, tmp: &Path, manifest: &Manifest) -> Result<PathBuf> {
 }
 
 /// Removes the temporary folder of a checkpoint that failed, as far as it can: the run is
-/// failing already with the error that matters, and [`begin`] clears what is left.
+/// failing already with the error that matters, and [`begin`] or [`prune`] clears what is left.
 pub fn abandon(tmp: &Path) {
     let _ = std::fs::remove_dir_all(tmp);
+}
+
+/// The checkpoints (by step) to delete once `just_written` has committed: those older than it,
+/// except the newest `keep_last` of all (0: keep everything) and the milestones, multiples of
+/// `keep_every` (0: none).
+pub fn to_delete(steps: &[u64], just_written: u64, keep_last: usize, keep_every: u64) -> Vec<u64> {
+    if keep_last == 0 {
+        return Vec::new();
+    }
+    let mut newest_first = steps.to_vec();
+    newest_first.sort_unstable_by(|a, b| b.cmp(a));
+    newest_first.dedup();
+    let mut out: Vec<u64> = newest_first
+        .into_iter()
+        .skip(keep_last)
+        .filter(|&s| s < just_written && !(keep_every > 0 && s.is_multiple_of(keep_every)))
+        .collect();
+    out.sort_unstable();
+    out
 }
 
 /// Every entry of `dir` (none if it does not exist).
@@ -219,6 +238,36 @@ fn step_folders(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
             Some((step, path))
         })
         .collect())
+}
+
+/// Applies `[checkpoint]` retention once checkpoint `just_written` has committed (see
+/// [`to_delete`]) and removes the `step_<N>.tmp` folders that failed writes left behind; rank 0
+/// calls it while no checkpoint is being written. A checkpoint's manifest is removed first, so
+/// one deleted halfway is never taken for complete. Returns the steps deleted.
+pub fn prune(dir: &Path, just_written: u64, keep_last: usize, keep_every: u64) -> Result<Vec<u64>> {
+    let folders = step_folders(dir)?;
+    let steps: Vec<u64> = folders.iter().map(|(s, _)| *s).collect();
+    let doomed = to_delete(&steps, just_written, keep_last, keep_every);
+    for (step, path) in &folders {
+        if !doomed.contains(step) {
+            continue;
+        }
+        let manifest = path.join("manifest.json");
+        if manifest.exists() {
+            std::fs::remove_file(&manifest)
+                .with_context(|| format!("cannot delete old checkpoint {}", path.display()))?;
+        }
+        std::fs::remove_dir_all(path)
+            .with_context(|| format!("cannot delete old checkpoint {}", path.display()))?;
+    }
+    for path in entries(dir)? {
+        let name = name_of(&path);
+        if name.starts_with("step_") && name.ends_with(".tmp") {
+            std::fs::remove_dir_all(&path)
+                .with_context(|| format!("cannot delete {}", path.display()))?;
+        }
+    }
+    Ok(doomed)
 }
 
 /// The newest complete checkpoint in `dir` (a `step_<N>` folder with a manifest), if any.
@@ -381,5 +430,35 @@ mod tests {
         let old = read_manifest(&ckpt).unwrap();
         assert!(old.checksums.is_empty());
         assert!(read_rank(&ckpt, &old, 0).is_ok());
+    }
+
+    #[test]
+    fn retention_keeps_the_newest_and_the_milestones() {
+        let steps = [2, 4, 6, 8, 10, 12];
+        assert_eq!(to_delete(&steps, 12, 2, 4), [2, 6]);
+        assert_eq!(to_delete(&steps, 12, 2, 0), [2, 4, 6, 8]);
+        assert_eq!(to_delete(&steps, 12, 0, 0), [] as [u64; 0], "0 keeps all");
+        assert_eq!(to_delete(&steps, 12, 10, 0), [] as [u64; 0]);
+        assert_eq!(to_delete(&[12], 12, 1, 0), [] as [u64; 0]);
+        // Never the one just written, nor one newer than it (another run's).
+        assert_eq!(to_delete(&steps, 6, 1, 0), [2, 4]);
+    }
+
+    #[test]
+    fn prune_deletes_old_checkpoints_and_stale_tmp_folders() {
+        let dir = tempfile::tempdir().unwrap();
+        for step in [1, 2, 3] {
+            save_one(dir.path(), step, &[step as f32]);
+        }
+        std::fs::create_dir(tmp_dir(dir.path(), 7)).unwrap();
+        assert_eq!(prune(dir.path(), 3, 2, 0).unwrap(), [1]);
+        let mut left: Vec<String> = entries(dir.path())
+            .unwrap()
+            .iter()
+            .map(|p| name_of(p).to_string())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["step_00000002", "step_00000003"]);
+        assert_eq!(newest(dir.path()).unwrap(), Some(step_dir(dir.path(), 3)));
     }
 }

@@ -555,9 +555,9 @@ fn evaluate(
 }
 
 /// All ranks write their files into the temporary folder rank 0 made and hand rank 0 their
-/// checksums; rank 0 syncs the metrics and commits the checkpoint. If any rank fails, rank 0
-/// removes the temporary folder (the failing rank has removed its own partial file), so a full
-/// disk keeps room for the checkpoints it has.
+/// checksums; rank 0 syncs the metrics, commits the checkpoint and deletes old ones as
+/// `[checkpoint]` says. If any rank fails, rank 0 removes the temporary folder (the failing
+/// rank has removed its own partial file), so a full disk keeps room for the checkpoints it has.
 fn save(
     shared: &Shared<'_>,
     engine: &Engine,
@@ -575,7 +575,12 @@ fn save(
     if committed.is_err() && lead {
         checkpoint::abandon(&tmp);
     }
-    committed
+    committed?;
+    if lead {
+        let c = &shared.config.checkpoint;
+        checkpoint::prune(&dir, step, c.keep_last, c.keep_every)?;
+    }
+    Ok(())
 }
 
 /// [`save`]'s writes: this rank's file into `tmp`, then (rank 0) the metrics synced and the
