@@ -1,15 +1,22 @@
 //! Checkpoints: `<dir>/step_<N>/` holds one safetensors file per rank (its fp32 master shard and
-//! Adam moments, named `<unit>.<state>`) and `manifest.json` (step, tokens, world, model shape).
+//! Adam moments, named `<unit>.<state>`) and `manifest.json` (step, tokens, world, model shape,
+//! and a CRC-32 of each rank file).
 //!
 //! A checkpoint is written into `step_<N>.tmp/` and renamed when complete, so a killed run never
-//! leaves a half-written checkpoint under a final name. The data position is the step itself
-//! (the sampler is stateless), and the model has no other random state.
+//! leaves a half-written checkpoint under a final name. Every file is fsynced before the rename
+//! and the parent folder after it, so a committed checkpoint survives a power loss too. The data
+//! position is the step itself (the sampler is stateless), and the model has no other random
+//! state.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use comm::HostCollectives;
+use safetensors::tensor::{Dtype, SafeTensors, View};
 use serde::{Deserialize, Serialize};
 
 pub const FORMAT_VERSION: u32 = 1;
@@ -55,6 +62,10 @@ pub struct Manifest {
     /// written before they were recorded).
     #[serde(default)]
     pub settings: BTreeMap<String, String>,
+    /// The CRC-32 of each file (8 hex digits), in rank order, checked on load. Empty in the
+    /// checkpoints of older versions, which load unchecked.
+    #[serde(default)]
+    pub checksums: Vec<String>,
 }
 
 pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
@@ -80,67 +91,201 @@ pub fn begin(dir: &Path, step: u64) -> Result<PathBuf> {
     Ok(tmp)
 }
 
-/// Writes one rank's state into the temporary folder of [`begin`].
-pub fn write_rank(tmp: &Path, rank: usize, step: u64, state: &[zero::NamedShard]) -> Result<()> {
-    let bytes: Vec<(String, Vec<u8>, usize)> = state
-        .iter()
-        .map(|s| {
-            (
-                s.name.clone(),
-                s.data.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                s.data.len(),
-            )
-        })
-        .collect();
-    let mut views = Vec::with_capacity(bytes.len());
-    for (name, data, len) in &bytes {
-        views.push((name.clone(), TensorView::new(Dtype::F32, vec![*len], data)?));
+/// One f32 shard as a safetensors tensor: its little-endian bytes are made while serialising,
+/// one tensor at a time, so the file's bytes are the only whole copy of the state.
+struct F32View<'a> {
+    data: &'a [f32],
+    shape: [usize; 1],
+}
+
+impl View for F32View<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
     }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Owned(self.data.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+    fn data_len(&self) -> usize {
+        self.data.len() * 4
+    }
+}
+
+/// The text of a CRC-32 in the manifest.
+fn checksum_text(crc: u32) -> String {
+    format!("{crc:08x}")
+}
+
+/// Writes one rank's state into the temporary folder of [`begin`], fsynced, and returns its
+/// CRC-32. The checksum is computed over the bytes in memory, just before they are written
+/// (crc32fast runs at several GB/s): no second read of a file of several GB. On failure the
+/// partial file is removed, and the error names the file and says the cause once.
+pub fn write_rank(tmp: &Path, rank: usize, step: u64, state: &[zero::NamedShard]) -> Result<u32> {
+    let views = state.iter().map(|s| {
+        let view = F32View {
+            data: &s.data,
+            shape: [s.data.len()],
+        };
+        (s.name.as_str(), view)
+    });
     let meta = HashMap::from([
         ("step".to_string(), step.to_string()),
         ("rank".to_string(), rank.to_string()),
     ]);
     let path = tmp.join(rank_file(rank));
-    safetensors::serialize_to_file(views, Some(meta), &path)
-        .with_context(|| format!("cannot write {}", path.display()))
+    let bytes = safetensors::serialize(views, Some(meta))
+        .with_context(|| format!("cannot serialise checkpoint {}", path.display()))?;
+    let crc = crc32fast::hash(&bytes);
+    write_synced(&path, &bytes)
+        .with_context(|| format!("cannot write checkpoint {}", path.display()))?;
+    Ok(crc)
 }
 
-/// Writes the manifest and renames the temporary folder to its final name.
+/// Hands every rank's checksum of [`write_rank`] to every rank (an all-gather, which is also
+/// the barrier after the writes): rank 0 records them in the manifest. A rank whose write failed
+/// does not come here; it fails, and its peers' gather fails with it.
+pub fn exchange_checksums(comm: &dyn comm::Communicator, crc: u32) -> Result<Vec<u32>> {
+    let bytes = comm
+        .all_gather_bytes(comm::Group::World, crc.to_le_bytes().to_vec())
+        .wait()?;
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// Creates `path` holding `bytes`, fsynced; on failure removes what was written, which on a
+/// full disk frees the space for the checkpoints already there.
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let written = File::create(path).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    written
+}
+
+/// Fsyncs a folder: its entries (files created or renamed in it) become durable.
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("cannot sync the folder {}", dir.display()))
+}
+
+/// Writes the manifest and renames the temporary folder to its final name. The manifest and the
+/// folder are fsynced before the rename, the parent folder after it: once this returns, the
+/// checkpoint is on disk in full, under its final name.
 pub fn commit(dir: &Path, tmp: &Path, manifest: &Manifest) -> Result<PathBuf> {
     let text = serde_json::to_string_pretty(manifest)?;
-    std::fs::write(tmp.join("manifest.json"), text)?;
+    let path = tmp.join("manifest.json");
+    write_synced(&path, text.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    sync_dir(tmp)?;
     let final_dir = step_dir(dir, manifest.step);
     if final_dir.exists() {
-        std::fs::remove_dir_all(&final_dir)?;
+        std::fs::remove_dir_all(&final_dir)
+            .with_context(|| format!("cannot replace {}", final_dir.display()))?;
     }
     std::fs::rename(tmp, &final_dir)
         .with_context(|| format!("cannot rename {} to {}", tmp.display(), final_dir.display()))?;
+    sync_dir(dir)?;
     Ok(final_dir)
+}
+
+/// Removes the temporary folder of a checkpoint that failed, as far as it can: the run is
+/// failing already with the error that matters, and [`begin`] or [`prune`] clears what is left.
+pub fn abandon(tmp: &Path) {
+    let _ = std::fs::remove_dir_all(tmp);
+}
+
+/// The checkpoints (by step) to delete once `just_written` has committed: those older than it,
+/// except the newest `keep_last` of all (0: keep everything) and the milestones, multiples of
+/// `keep_every` (0: none).
+pub fn to_delete(steps: &[u64], just_written: u64, keep_last: usize, keep_every: u64) -> Vec<u64> {
+    if keep_last == 0 {
+        return Vec::new();
+    }
+    let mut newest_first = steps.to_vec();
+    newest_first.sort_unstable_by(|a, b| b.cmp(a));
+    newest_first.dedup();
+    let mut out: Vec<u64> = newest_first
+        .into_iter()
+        .skip(keep_last)
+        .filter(|&s| s < just_written && !(keep_every > 0 && s.is_multiple_of(keep_every)))
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// Every entry of `dir` (none if it does not exist).
+fn entries(dir: &Path) -> Result<Vec<PathBuf>> {
+    if !dir.exists() {
+        return Ok(Vec::new());
+    }
+    let listed: std::io::Result<Vec<PathBuf>> =
+        std::fs::read_dir(dir).and_then(|list| list.map(|e| e.map(|e| e.path())).collect());
+    listed.with_context(|| format!("cannot list {}", dir.display()))
+}
+
+/// The folder name of `path`, or "" if it has none or it is not UTF-8.
+fn name_of(path: &Path) -> &str {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+}
+
+/// The `step_<N>` folders of `dir` (complete or not), by step; `.tmp` folders are not listed.
+fn step_folders(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    Ok(entries(dir)?
+        .into_iter()
+        .filter_map(|path| {
+            let step = name_of(&path).strip_prefix("step_")?.parse::<u64>().ok()?;
+            Some((step, path))
+        })
+        .collect())
+}
+
+/// Applies `[checkpoint]` retention once checkpoint `just_written` has committed (see
+/// [`to_delete`]) and removes the `step_<N>.tmp` folders that failed writes left behind; rank 0
+/// calls it while no checkpoint is being written. A checkpoint's manifest is removed first, so
+/// one deleted halfway is never taken for complete. Returns the steps deleted.
+pub fn prune(dir: &Path, just_written: u64, keep_last: usize, keep_every: u64) -> Result<Vec<u64>> {
+    let folders = step_folders(dir)?;
+    let steps: Vec<u64> = folders.iter().map(|(s, _)| *s).collect();
+    let doomed = to_delete(&steps, just_written, keep_last, keep_every);
+    for (step, path) in &folders {
+        if !doomed.contains(step) {
+            continue;
+        }
+        let manifest = path.join("manifest.json");
+        if manifest.exists() {
+            std::fs::remove_file(&manifest)
+                .with_context(|| format!("cannot delete old checkpoint {}", path.display()))?;
+        }
+        std::fs::remove_dir_all(path)
+            .with_context(|| format!("cannot delete old checkpoint {}", path.display()))?;
+    }
+    for path in entries(dir)? {
+        let name = name_of(&path);
+        if name.starts_with("step_") && name.ends_with(".tmp") {
+            std::fs::remove_dir_all(&path)
+                .with_context(|| format!("cannot delete {}", path.display()))?;
+        }
+    }
+    Ok(doomed)
 }
 
 /// The newest complete checkpoint in `dir` (a `step_<N>` folder with a manifest), if any.
 pub fn newest(dir: &Path) -> Result<Option<PathBuf>> {
-    if !dir.exists() {
-        return Ok(None);
-    }
-    let mut best: Option<(u64, PathBuf)> = None;
-    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
-        let path = entry?.path();
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
-        let Some(step) = name
-            .strip_prefix("step_")
-            .and_then(|s| s.parse::<u64>().ok())
-        else {
-            continue;
-        };
-        if path.join("manifest.json").exists() && best.as_ref().is_none_or(|(b, _)| step > *b) {
-            best = Some((step, path));
-        }
-    }
-    Ok(best.map(|(_, p)| p))
+    Ok(step_folders(dir)?
+        .into_iter()
+        .filter(|(_, path)| path.join("manifest.json").exists())
+        .max_by_key(|(step, _)| *step)
+        .map(|(_, path)| path))
 }
 
 pub fn read_manifest(ckpt: &Path) -> Result<Manifest> {
@@ -156,6 +301,14 @@ pub fn read_manifest(ckpt: &Path) -> Result<Manifest> {
             m.format
         );
     }
+    if !m.checksums.is_empty() && m.checksums.len() != m.files.len() {
+        bail!(
+            "{}: {} checksums for {} files",
+            path.display(),
+            m.checksums.len(),
+            m.files.len()
+        );
+    }
     Ok(m)
 }
 
@@ -164,7 +317,8 @@ pub struct RankState {
     pub tensors: HashMap<String, Vec<f32>>,
 }
 
-/// Reads rank `rank`'s file of checkpoint `ckpt`.
+/// Reads rank `rank`'s file of checkpoint `ckpt`, checked against the manifest's checksum (when
+/// it has one): a file changed on disk is refused, naming it.
 pub fn read_rank(ckpt: &Path, manifest: &Manifest, rank: usize) -> Result<RankState> {
     let name = manifest
         .files
@@ -176,6 +330,15 @@ pub fn read_rank(ckpt: &Path, manifest: &Manifest, rank: usize) -> Result<RankSt
     let st = SafeTensors::deserialize(&bytes).map_err(|e| {
         anyhow::anyhow!("checkpoint {} is corrupt or truncated: {e}", path.display())
     })?;
+    if let Some(recorded) = manifest.checksums.get(rank) {
+        let actual = checksum_text(crc32fast::hash(&bytes));
+        if actual != *recorded {
+            bail!(
+                "checkpoint {} is corrupt: checksum {actual} != {recorded} recorded in the manifest",
+                path.display()
+            );
+        }
+    }
     let mut tensors = HashMap::new();
     for (name, view) in st.tensors() {
         if view.dtype() != Dtype::F32 {
@@ -196,7 +359,7 @@ pub fn read_rank(ckpt: &Path, manifest: &Manifest, rank: usize) -> Result<RankSt
 }
 
 /// The manifest of a new checkpoint of a run with these trajectory `settings`, its shards
-/// aligned to `partition_align` elements.
+/// aligned to `partition_align` elements; `checksums` are [`write_rank`]'s, in rank order.
 pub fn manifest(
     step: u64,
     tokens: u64,
@@ -204,6 +367,7 @@ pub fn manifest(
     model: &model::GptConfig,
     partition_align: usize,
     settings: &BTreeMap<String, String>,
+    checksums: &[u32],
 ) -> Manifest {
     Manifest {
         format: FORMAT_VERSION,
@@ -215,5 +379,105 @@ pub fn manifest(
         files: (0..topology.world()).map(rank_file).collect(),
         partition_align: Some(partition_align),
         settings: settings.clone(),
+        checksums: checksums.iter().copied().map(checksum_text).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model() -> model::GptConfig {
+        model::GptConfig {
+            n_layer: 1,
+            n_embd: 8,
+            n_head: 2,
+            seq_len: 4,
+            vocab_size: 11,
+        }
+    }
+
+    /// Checkpoint `step` of a one-rank world whose state is `values`, committed in `dir`.
+    fn save_one(dir: &Path, step: u64, values: &[f32]) -> PathBuf {
+        let state = [zero::NamedShard {
+            name: "wte.param".into(),
+            data: values.to_vec(),
+        }];
+        let tmp = begin(dir, step).unwrap();
+        let crc = write_rank(&tmp, 0, step, &state).unwrap();
+        let topology = comm::Topology::new(1, 1).unwrap();
+        commit(
+            dir,
+            &tmp,
+            &manifest(step, 0, topology, &model(), 1, &Default::default(), &[crc]),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn checksums_round_trip_and_catch_a_changed_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let values: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5).collect();
+        let ckpt = save_one(dir.path(), 4, &values);
+        let m = read_manifest(&ckpt).unwrap();
+        assert_eq!(m.checksums.len(), 1);
+        assert_eq!(
+            read_rank(&ckpt, &m, 0).unwrap().tensors["wte.param"],
+            values
+        );
+        assert!(!tmp_dir(dir.path(), 4).exists());
+
+        // One changed byte in the data: still a valid safetensors file, refused by its checksum.
+        let file = ckpt.join(rank_file(0));
+        let mut bytes = std::fs::read(&file).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x40;
+        std::fs::write(&file, &bytes).unwrap();
+        let e = format!("{:#}", read_rank(&ckpt, &m, 0).err().unwrap());
+        assert!(
+            e.contains("rank_00000.safetensors is corrupt: checksum")
+                && e.contains(&format!("!= {} recorded in the manifest", m.checksums[0])),
+            "{e}"
+        );
+
+        // A manifest of an older version, without checksums, loads unchecked.
+        let path = ckpt.join("manifest.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        json.as_object_mut().unwrap().remove("checksums");
+        std::fs::write(&path, json.to_string()).unwrap();
+        let old = read_manifest(&ckpt).unwrap();
+        assert!(old.checksums.is_empty());
+        assert!(read_rank(&ckpt, &old, 0).is_ok());
+    }
+
+    #[test]
+    fn retention_keeps_the_newest_and_the_milestones() {
+        let steps = [2, 4, 6, 8, 10, 12];
+        assert_eq!(to_delete(&steps, 12, 2, 4), [2, 6]);
+        assert_eq!(to_delete(&steps, 12, 2, 0), [2, 4, 6, 8]);
+        assert_eq!(to_delete(&steps, 12, 0, 0), [] as [u64; 0], "0 keeps all");
+        assert_eq!(to_delete(&steps, 12, 10, 0), [] as [u64; 0]);
+        assert_eq!(to_delete(&[12], 12, 1, 0), [] as [u64; 0]);
+        // Never the one just written, nor one newer than it (another run's).
+        assert_eq!(to_delete(&steps, 6, 1, 0), [2, 4]);
+    }
+
+    #[test]
+    fn prune_deletes_old_checkpoints_and_stale_tmp_folders() {
+        let dir = tempfile::tempdir().unwrap();
+        for step in [1, 2, 3] {
+            save_one(dir.path(), step, &[step as f32]);
+        }
+        std::fs::create_dir(tmp_dir(dir.path(), 7)).unwrap();
+        assert_eq!(prune(dir.path(), 3, 2, 0).unwrap(), [1]);
+        let mut left: Vec<String> = entries(dir.path())
+            .unwrap()
+            .iter()
+            .map(|p| name_of(p).to_string())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["step_00000002", "step_00000003"]);
+        assert_eq!(newest(dir.path()).unwrap(), Some(step_dir(dir.path(), 3)));
     }
 }

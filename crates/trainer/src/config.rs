@@ -200,7 +200,7 @@ impl Default for LogSection {
 }
 
 /// `[checkpoint]`.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointSection {
     /// Default: `<log.dir>/checkpoints`.
@@ -212,6 +212,25 @@ pub struct CheckpointSection {
     /// Trajectory settings (resume::TRAJECTORY_KEYS, e.g. "train.lr") that may differ from the
     /// checkpoint's on resume; any other difference is refused.
     pub allow_changes: Vec<String>,
+    /// After each checkpoint, delete older ones beyond the newest `keep_last` (0 = keep all),
+    /// so that a long run does not fill its disk.
+    pub keep_last: usize,
+    /// Checkpoints at steps that are multiples of this are milestones, never deleted (0 =
+    /// none): a few points to go back to, however long the run.
+    pub keep_every: u64,
+}
+
+impl Default for CheckpointSection {
+    fn default() -> Self {
+        CheckpointSection {
+            dir: None,
+            interval: 0,
+            resume: false,
+            keep_last: 3,
+            keep_every: 0,
+            allow_changes: Vec::new(),
+        }
+    }
 }
 
 /// The command line's `--set section.key=VALUE` overrides (VALUE in TOML syntax), parsed once,
@@ -362,6 +381,15 @@ impl RunConfig {
         }
         if self.log.interval == 0 {
             bail!("log.interval must be at least 1");
+        }
+        let c = &self.checkpoint;
+        if c.keep_every > 0 && c.interval > 0 && !c.keep_every.is_multiple_of(c.interval) {
+            bail!(
+                "checkpoint.keep_every = {} is not a multiple of checkpoint.interval = {}: \
+                 milestones must fall on checkpoints",
+                c.keep_every,
+                c.interval
+            );
         }
         if let Some(gbps) = self.dist.emulated_link_gbps {
             if !(gbps.is_finite() && gbps > 0.0) {
@@ -615,6 +643,18 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn retention_defaults_and_milestones_on_checkpoints() {
+        let (_d, path) = write(BASE);
+        let c = RunConfig::load(&path, &Overrides::default()).unwrap();
+        assert_eq!((c.checkpoint.keep_last, c.checkpoint.keep_every), (3, 0));
+        let ok = sets(&["checkpoint.interval=2", "checkpoint.keep_every=4"]);
+        assert!(RunConfig::load(&path, &ok).is_ok());
+        let bad = sets(&["checkpoint.interval=4", "checkpoint.keep_every=6"]);
+        let e = format!("{:#}", RunConfig::load(&path, &bad).unwrap_err());
+        assert!(e.contains("checkpoint.keep_every = 6"), "{e}");
     }
 
     #[test]

@@ -167,13 +167,14 @@ mod tests {
                 checkpoint::begin(&ckpt_dir, 2)?;
             }
             e.comm().barrier(comm::Group::World).wait()?;
-            checkpoint::write_rank(&checkpoint::tmp_dir(&ckpt_dir, 2), rank, 2, &e.state()?)?;
-            e.comm().barrier(comm::Group::World).wait()?;
+            let crc =
+                checkpoint::write_rank(&checkpoint::tmp_dir(&ckpt_dir, 2), rank, 2, &e.state()?)?;
+            let checksums = checkpoint::exchange_checksums(e.comm(), crc)?;
             if rank == 0 {
                 checkpoint::commit(
                     &ckpt_dir,
                     &checkpoint::tmp_dir(&ckpt_dir, 2),
-                    &checkpoint::manifest(2, 0, topology, &cfg, 1, &Default::default()),
+                    &checkpoint::manifest(2, 0, topology, &cfg, 1, &Default::default(), &checksums),
                 )?;
             }
             Ok(e.gathered_parameters()?)

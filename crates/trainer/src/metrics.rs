@@ -2,7 +2,7 @@
 //! plot` read these names; keep them stable.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -38,43 +38,75 @@ pub struct EvalLine {
     pub val_loss: f64,
 }
 
-/// Appends lines to `<run>/metrics.jsonl`, flushing each one (a killed run keeps every line).
+/// Appends lines to `<run>/metrics.jsonl`, each with one write (a killed run keeps every line it
+/// wrote, and a failed write leaves no half line).
 pub struct MetricsWriter {
     file: File,
     path: PathBuf,
+    /// The file's length after the last whole line.
+    len: u64,
 }
 
 impl MetricsWriter {
     pub fn append(path: &Path) -> Result<Self> {
-        let file = OpenOptions::new()
+        let opened = OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
-            .with_context(|| format!("cannot open {}", path.display()))?;
+            .and_then(|file| Ok((file.metadata()?.len(), file)));
+        let (len, file) = opened.with_context(|| format!("cannot open {}", path.display()))?;
         Ok(MetricsWriter {
             file,
             path: path.to_path_buf(),
+            len,
         })
     }
 
-    /// Forces the lines written so far to disk (before the process ends on a signal).
-    pub fn sync(&mut self) -> Result<()> {
-        self.file
-            .sync_all()
-            .with_context(|| format!("cannot write {}", self.path.display()))
-    }
-
+    /// Appends `line`, whole or not at all; an error names the file.
     pub fn write<T: Serialize>(&mut self, line: &T) -> Result<()> {
         let mut text = serde_json::to_string(line)?;
         text.push('\n');
+        self.len = append_whole(&mut self.file, self.len, text.as_bytes())
+            .with_context(|| format!("cannot write {}", self.path.display()))?;
+        Ok(())
+    }
+
+    /// Fsyncs the lines written so far: before a checkpoint commits, so that after a crash the
+    /// metrics reach at least the newest checkpoint's step.
+    pub fn sync(&self) -> Result<()> {
         self.file
-            .write_all(text.as_bytes())
-            .with_context(|| format!("cannot write {}", self.path.display()))
+            .sync_data()
+            .with_context(|| format!("cannot sync {}", self.path.display()))
+    }
+}
+
+/// A file that can be cut back to a length, as [`append_whole`] needs.
+trait Truncate: Write {
+    fn truncate_to(&mut self, len: u64) -> io::Result<()>;
+}
+
+impl Truncate for File {
+    fn truncate_to(&mut self, len: u64) -> io::Result<()> {
+        self.set_len(len)
+    }
+}
+
+/// Appends `text` to `sink`, which holds `len` bytes, with one `write_all`; if that fails
+/// (a full disk), cuts `sink` back to `len`, so that no half line stays. Returns the new length.
+fn append_whole(sink: &mut impl Truncate, len: u64, text: &[u8]) -> io::Result<u64> {
+    match sink.write_all(text) {
+        Ok(()) => Ok(len + text.len() as u64),
+        Err(e) => {
+            // Best effort: the write's error is the one to report.
+            let _ = sink.truncate_to(len);
+            Err(e)
+        }
     }
 }
 
 /// Keeps only the lines of `path` with `step <= last_step` (written to a temporary file, then
-/// renamed): on resume, the curve continues from the checkpoint without duplicate steps.
+/// renamed): on resume, the curve continues from the checkpoint without duplicate steps. A line
+/// that does not parse (half a line, left by a crash of an older version) is dropped too.
 pub fn truncate_after(path: &Path, last_step: u64) -> Result<()> {
     if !path.exists() {
         return Ok(());
@@ -84,7 +116,7 @@ pub fn truncate_after(path: &Path, last_step: u64) -> Result<()> {
     );
     let mut kept = String::new();
     for line in reader.lines() {
-        let line = line?;
+        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
         let step = serde_json::from_str::<serde_json::Value>(&line)
             .ok()
             .and_then(|v| v.get("step").and_then(|s| s.as_u64()));
@@ -94,8 +126,13 @@ pub fn truncate_after(path: &Path, last_step: u64) -> Result<()> {
         }
     }
     let tmp = path.with_extension("jsonl.tmp");
-    std::fs::write(&tmp, kept)?;
-    std::fs::rename(&tmp, path)?;
+    let written = File::create(&tmp).and_then(|mut f| {
+        f.write_all(kept.as_bytes())?;
+        f.sync_all()
+    });
+    written.with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
     Ok(())
 }
 
@@ -124,4 +161,92 @@ pub fn read(path: &Path) -> Result<Vec<AnyLine>> {
         );
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A disk with room for `room` bytes: a write beyond it writes what fits, then fails.
+    struct SmallDisk {
+        bytes: Vec<u8>,
+        room: usize,
+    }
+
+    impl Write for SmallDisk {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let n = buf.len().min(self.room - self.bytes.len());
+            if n == 0 {
+                return Err(io::Error::from_raw_os_error(28));
+            }
+            self.bytes.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Truncate for SmallDisk {
+        fn truncate_to(&mut self, len: u64) -> io::Result<()> {
+            self.bytes.truncate(len as usize);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_half_line() {
+        let mut disk = SmallDisk {
+            bytes: Vec::new(),
+            room: 30,
+        };
+        let first = b"{\"step\":1,\"loss\":2.5}\n";
+        let len = append_whole(&mut disk, 0, first).unwrap();
+        assert_eq!(len, first.len() as u64);
+        let e = append_whole(&mut disk, len, b"{\"step\":2,\"loss\":2.4}\n").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(28));
+        assert_eq!(disk.bytes, first);
+    }
+
+    #[test]
+    fn resume_drops_a_half_last_line_and_later_steps() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let whole = [
+            r#"{"step":1,"tokens":8,"loss":3.0}"#,
+            r#"{"step":2,"tokens":16,"loss":2.9}"#,
+            r#"{"step":2,"tokens":16,"val_loss":3.1}"#,
+            r#"{"step":3,"tokens":24,"loss":2.8}"#,
+        ];
+        std::fs::write(&path, whole.join("\n") + "\n" + r#"{"step":4,"tok"#).unwrap();
+        assert!(read(&path).is_err(), "plot stays strict about a half line");
+        truncate_after(&path, 10).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            whole.join("\n") + "\n"
+        );
+        assert_eq!(read(&path).unwrap().len(), 4);
+        truncate_after(&path, 2).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            whole[..3].join("\n") + "\n"
+        );
+    }
+
+    #[test]
+    fn writer_appends_whole_lines_after_what_is_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        std::fs::write(&path, "{\"step\":0,\"tokens\":0,\"val_loss\":3.5}\n").unwrap();
+        let mut w = MetricsWriter::append(&path).unwrap();
+        w.write(&EvalLine {
+            step: 1,
+            tokens: 8,
+            val_loss: 3.25,
+        })
+        .unwrap();
+        w.sync().unwrap();
+        assert_eq!(w.len, std::fs::metadata(&path).unwrap().len());
+        assert_eq!(read(&path).unwrap().len(), 2);
+    }
 }

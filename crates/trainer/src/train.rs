@@ -498,7 +498,14 @@ impl<'a> RankRun<'a> {
 
     /// Writes the checkpoint of `step`, every rank its part; returns its folder.
     fn save(&mut self, step: u64) -> Result<PathBuf> {
-        save(self.shared, &self.engine, step, self.tokens_at(step))
+        let tokens = self.tokens_at(step);
+        save(
+            self.shared,
+            &self.engine,
+            self.metrics.as_ref(),
+            step,
+            tokens,
+        )
     }
 
     /// After the checkpoint of `step`, when a signal asked the run to stop: flushes the
@@ -637,31 +644,67 @@ fn evaluate(
     Ok(mean)
 }
 
-/// All ranks write their files into the temporary folder rank 0 made; rank 0 then commits it.
-/// Returns the checkpoint's folder.
-fn save(shared: &Shared<'_>, engine: &Engine, step: u64, tokens: u64) -> Result<PathBuf> {
+/// All ranks write their files into the temporary folder rank 0 made and hand rank 0 their
+/// checksums; rank 0 syncs the metrics, commits the checkpoint and deletes old ones as
+/// `[checkpoint]` says. If any rank fails, rank 0 removes the temporary folder (the failing
+/// rank has removed its own partial file), so a full disk keeps room for the checkpoints it has.
+/// Returns the checkpoint's folder, once every rank knows it is committed.
+fn save(
+    shared: &Shared<'_>,
+    engine: &Engine,
+    metrics: Option<&MetricsWriter>,
+    step: u64,
+    tokens: u64,
+) -> Result<PathBuf> {
     let dir = shared.config.checkpoint_dir();
     let lead = engine.comm().rank() == 0;
-    let world = comm::Group::World;
     if lead {
         checkpoint::begin(&dir, step)?;
     }
-    engine.comm().barrier(world).wait()?;
+    engine.comm().barrier(comm::Group::World).wait()?;
     let tmp = checkpoint::tmp_dir(&dir, step);
-    checkpoint::write_rank(&tmp, engine.comm().rank(), step, &engine.state()?)?;
-    engine.comm().barrier(world).wait()?;
+    let committed = write_and_commit(shared, engine, metrics, &tmp, step, tokens);
+    if committed.is_err() && lead {
+        checkpoint::abandon(&tmp);
+    }
+    committed?;
     if lead {
-        let manifest = checkpoint::manifest(
-            step,
-            tokens,
-            shared.topology,
-            &shared.model_cfg,
-            engine.plan().align,
-            &shared.settings,
-        );
-        checkpoint::commit(&dir, &tmp, &manifest)?;
+        let c = &shared.config.checkpoint;
+        checkpoint::prune(&dir, step, c.keep_last, c.keep_every)?;
     }
     // Every rank returns once the checkpoint is committed: a stop after it is safe.
-    engine.comm().barrier(world).wait()?;
+    engine.comm().barrier(comm::Group::World).wait()?;
     Ok(checkpoint::step_dir(&dir, step))
+}
+
+/// [`save`]'s writes: this rank's file into `tmp`, then (rank 0) the metrics synced and the
+/// manifest, which commits the checkpoint.
+fn write_and_commit(
+    shared: &Shared<'_>,
+    engine: &Engine,
+    metrics: Option<&MetricsWriter>,
+    tmp: &std::path::Path,
+    step: u64,
+    tokens: u64,
+) -> Result<()> {
+    let crc = checkpoint::write_rank(tmp, engine.comm().rank(), step, &engine.state()?)?;
+    let checksums = checkpoint::exchange_checksums(engine.comm(), crc)?;
+    if engine.comm().rank() != 0 {
+        return Ok(());
+    }
+    // The metrics reach this step on disk before the checkpoint does.
+    if let Some(m) = metrics {
+        m.sync()?;
+    }
+    let manifest = checkpoint::manifest(
+        step,
+        tokens,
+        shared.topology,
+        &shared.model_cfg,
+        engine.plan().align,
+        &shared.settings,
+        &checksums,
+    );
+    checkpoint::commit(&shared.config.checkpoint_dir(), tmp, &manifest)?;
+    Ok(())
 }

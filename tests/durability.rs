@@ -1,0 +1,294 @@
+//! What a run does when the disk fails it: retention of old checkpoints, a checkpoint changed on
+//! disk, and a disk that fills up in the middle of a run (on a small tmpfs).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+fn trainer() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_trainer"));
+    c.current_dir(repo()).env_remove("ZEROPP_KILL_AT_STEP");
+    c
+}
+
+/// The first `docs` addresses of the bundled corpus as a plain .jsonl file in `dir`.
+fn small_corpus(dir: &Path, docs: usize) -> PathBuf {
+    let file = std::fs::File::open(repo().join("data/corpus/sotu.jsonl.zst")).unwrap();
+    let text = String::from_utf8(zstd::decode_all(file).unwrap()).unwrap();
+    let lines: Vec<&str> = text.lines().take(docs).collect();
+    let path = dir.join("small.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+/// A small model (about 20 MB of checkpoint) over `world` ranks, its run folder `run_dir`.
+fn small_run(run_dir: &Path, train: &Path, steps: u64, world: usize) -> Vec<String> {
+    vec![
+        "model.n_layer=2".into(),
+        "model.n_embd=32".into(),
+        "model.n_head=2".into(),
+        "model.seq_len=32".into(),
+        "train.micro_batch=4".into(),
+        "train.global_batch=8".into(),
+        format!("dist.world_size={world}"),
+        format!("dist.gpus_per_node={world}"),
+        format!("train.steps={steps}"),
+        "train.lr=1e-3".into(),
+        "train.warmup_steps=5".into(),
+        format!("data.train=[{:?}]", train.to_str().unwrap()),
+        "data.valid_fraction=0.2".into(),
+        "log.interval=1".into(),
+        "log.eval_interval=4".into(),
+        "log.eval_samples=8".into(),
+        "log.progress=false".into(),
+        "checkpoint.resume=true".into(),
+        format!("log.dir={:?}", run_dir.to_str().unwrap()),
+    ]
+}
+
+fn run_with(sets: &[String], extra: &[&str]) -> Output {
+    let mut c = trainer();
+    c.args(["--config", "configs/tiny.toml"]);
+    for s in sets.iter().map(String::as_str).chain(extra.iter().copied()) {
+        c.args(["--set", s]);
+    }
+    c.output().unwrap()
+}
+
+fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "trainer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The one `error:` line of a failed run.
+fn error_line(out: &Output) -> String {
+    assert!(!out.status.success(), "the run should have failed");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "one error line expected: {err}");
+    lines[0].to_string()
+}
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Every line of `run_dir`'s metrics, parsed (a half line fails the test).
+fn metrics(run_dir: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    assert!(text.is_empty() || text.ends_with('\n'), "a half last line");
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+/// (step, loss or val_loss as written) of every metrics line: equal strings are equal bits.
+fn curve(run_dir: &Path) -> Vec<(u64, String)> {
+    metrics(run_dir)
+        .iter()
+        .map(|v| {
+            let loss = v.get("loss").or_else(|| v.get("val_loss")).unwrap();
+            (v["step"].as_u64().unwrap(), loss.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn old_checkpoints_are_deleted_except_the_last_and_the_milestones() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 4);
+    let run = dir.path().join("run");
+    assert_ok(&run_with(
+        &small_run(&run, &corpus, 12, 1),
+        &[
+            "checkpoint.interval=2",
+            "checkpoint.keep_last=2",
+            "checkpoint.keep_every=4",
+        ],
+    ));
+    assert_eq!(
+        names(&run.join("checkpoints")),
+        [
+            "step_00000004",
+            "step_00000008",
+            "step_00000010",
+            "step_00000012"
+        ]
+    );
+}
+
+#[test]
+fn a_changed_checkpoint_file_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 4);
+    let run = dir.path().join("run");
+    assert_ok(&run_with(&small_run(&run, &corpus, 4, 2), &[]));
+    let file = run.join("checkpoints/step_00000004/rank_00001.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let middle = bytes.len() / 2;
+    for b in &mut bytes[middle..middle + 400] {
+        *b = !*b;
+    }
+    std::fs::write(&file, &bytes).unwrap();
+    let before = std::fs::read(run.join("metrics.jsonl")).unwrap();
+
+    let line = error_line(&run_with(&small_run(&run, &corpus, 6, 2), &[]));
+    assert!(
+        line.contains(&format!("{} is corrupt: checksum", file.display())),
+        "{line}"
+    );
+    assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), before);
+}
+
+/// A tmpfs mounted for a test, unmounted when dropped (also when the test fails).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (as `mount -o size=` takes it) on `dir`; the error says why not.
+    fn mount(dir: &Path, size: &str) -> Result<Tmpfs, String> {
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+        }
+        Ok(Tmpfs(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Set in the copy of the full-disk test that runs in a user namespace of its own.
+const IN_NAMESPACE_ENV: &str = "ZEROPP_TEST_IN_NAMESPACE";
+
+/// Runs the test `name` again as root of a user and mount namespace of its own (`unshare -rm`),
+/// where it can mount a tmpfs; says so and returns if that is not possible here (a skip).
+fn rerun_in_namespace(name: &str) {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("unshare")
+        .arg("-rm")
+        .arg(exe)
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(IN_NAMESPACE_ENV, "1")
+        .output();
+    let out = match out {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("skipped: cannot run unshare: {e}");
+            return;
+        }
+    };
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if !text.contains("test result:") {
+        eprintln!("skipped: unshare -rm failed: {}", text.trim());
+        return;
+    }
+    assert!(out.status.success(), "in the namespace: {text}");
+    eprintln!("ran in a user namespace: {}", text.trim());
+}
+
+/// The total size of the files in `dir`.
+fn size_of(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum()
+}
+
+/// A file of `bytes` zeros (written, so that a tmpfs holds them).
+fn filler(path: &Path, bytes: u64) {
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk = vec![0u8; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        f.write_all(&chunk[..n]).unwrap();
+        left -= n as u64;
+    }
+    f.sync_all().unwrap();
+}
+
+#[test]
+fn a_full_disk_fails_the_run_cleanly_and_it_resumes_once_freed() {
+    const NAME: &str = "a_full_disk_fails_the_run_cleanly_and_it_resumes_once_freed";
+    const DISK: u64 = 100 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 6);
+    let checkpoints = ["checkpoint.interval=2"];
+
+    let disk = dir.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let _mounted = match Tmpfs::mount(&disk, "100m") {
+        Ok(m) => m,
+        Err(why) if std::env::var_os(IN_NAMESPACE_ENV).is_none() => {
+            eprintln!("cannot mount a tmpfs ({why}); trying in a user namespace");
+            rerun_in_namespace(NAME);
+            return;
+        }
+        Err(why) => {
+            eprintln!("skipped: cannot mount a tmpfs, even in a user namespace: {why}");
+            return;
+        }
+    };
+    // The control: the same run on a disk with room, which also tells a checkpoint's size.
+    let straight = dir.path().join("straight");
+    assert_ok(&run_with(
+        &small_run(&straight, &corpus, 8, 2),
+        &checkpoints,
+    ));
+    let ckpt_bytes = size_of(&straight.join("checkpoints/step_00000008"));
+    assert!(3 * ckpt_bytes < DISK, "{ckpt_bytes} bytes a checkpoint");
+
+    // Room for two checkpoints and a half: the one at step 6 does not fit.
+    let fill = disk.join("filler");
+    filler(&fill, DISK - 2 * ckpt_bytes - ckpt_bytes / 2);
+    let run = disk.join("run");
+    let sets = small_run(&run, &corpus, 8, 2);
+
+    let line = error_line(&run_with(&sets, &checkpoints));
+    let enospc = "No space left on device";
+    assert_eq!(line.matches(enospc).count(), 1, "{line}");
+    let tmp = run.join("checkpoints/step_00000006.tmp");
+    assert!(
+        line.contains(&format!(
+            "cannot write checkpoint {}/rank_0000",
+            tmp.display()
+        )),
+        "{line}"
+    );
+    assert_eq!(
+        names(&run.join("checkpoints")),
+        ["step_00000002", "step_00000004"],
+        "no .tmp is left"
+    );
+    metrics(&run);
+
+    std::fs::remove_file(&fill).unwrap();
+    let out = run_with(&sets, &checkpoints);
+    assert_ok(&out);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("resumed from"));
+    assert_eq!(curve(&run), curve(&straight));
+}
