@@ -40,6 +40,8 @@ fn small_run(run_dir: &Path, train: &Path, steps: u64, world: usize) -> Vec<Stri
         format!("dist.world_size={world}"),
         format!("dist.gpus_per_node={world}"),
         format!("train.steps={steps}"),
+        // One schedule whatever `steps`, so a run may be resumed with more steps.
+        "train.decay_steps=12".into(),
         "train.lr=1e-3".into(),
         "train.warmup_steps=5".into(),
         format!("data.train=[{:?}]", train.to_str().unwrap()),
