@@ -14,6 +14,7 @@ use zero::{AdamW, Engine, EngineOptions};
 
 use crate::checkpoint;
 use crate::config::{Backend, RunConfig};
+use crate::divergence::{self, SkipCounter};
 use crate::hooks::TestHooks;
 use crate::launch;
 use crate::metrics::{self, EvalLine, MetricsWriter, StepLine};
@@ -319,6 +320,8 @@ struct RankRun<'a> {
     metrics: Option<MetricsWriter>,
     reporter: Reporter,
     since_log: SinceLog,
+    /// Steps skipped in a row for a non-finite gradient norm.
+    skips: SkipCounter,
 }
 
 impl<'a> RankRun<'a> {
@@ -353,6 +356,7 @@ impl<'a> RankRun<'a> {
             metrics: None,
             reporter: Reporter::new(progress, config.train.steps, start),
             since_log: SinceLog::default(),
+            skips: SkipCounter::new(config.train.max_skipped_steps),
         })
     }
 
@@ -465,12 +469,14 @@ impl<'a> RankRun<'a> {
             .mean_over_world(loss_sum / accumulation as f64)?;
         let lr = learning_rate(t, step);
         let stats = self.engine.step(lr)?;
+        let skip_note = self.skips.record(step, stats.skipped, stats.grad_norm);
         let since = &mut self.since_log;
         since.seconds += step_start.elapsed().as_secs_f64();
         since.bytes = since.bytes + (self.engine.comm().counters() - counters_before);
         since.steps += 1;
 
-        if step % config.log.interval != 0 && step != t.steps {
+        // A skipped step always gets its line.
+        if !stats.skipped && !step.is_multiple_of(config.log.interval) && step != t.steps {
             return Ok(());
         }
         let since = std::mem::take(&mut self.since_log);
@@ -487,10 +493,15 @@ impl<'a> RankRun<'a> {
             qwz: techniques.qwz,
             hpz: techniques.hpz,
             qgz: techniques.qgz,
+            skipped: stats.skipped,
         };
         self.log_line(&line)?;
         if self.lead {
             self.reporter.step(&line, t.steps);
+        }
+        if let Some(note) = skip_note {
+            self.say(&note);
+            self.skips.check(step, &config.checkpoint_dir())?;
         }
         Ok(())
     }
@@ -505,6 +516,7 @@ impl<'a> RankRun<'a> {
             return Ok(());
         }
         let val_loss = evaluate(&self.engine, valid, self.shared.model_cfg.seq_len, config)?;
+        divergence::check_val_loss(step, val_loss, &config.checkpoint_dir())?;
         let tokens = step * self.tokens_per_step();
         self.log_line(&EvalLine {
             step,
@@ -559,12 +571,15 @@ fn save(shared: &Shared<'_>, engine: &Engine, step: u64) -> Result<()> {
     let dir = shared.config.checkpoint_dir();
     let lead = engine.comm().rank() == 0;
     let world = comm::Group::World;
+    // Every rank agrees that the state is finite before anything is written.
+    let state = engine.state()?;
+    divergence::check_state(engine, &state, step, &dir)?;
     if lead {
         checkpoint::begin(&dir, step)?;
     }
     engine.comm().barrier(world).wait()?;
     let tmp = checkpoint::tmp_dir(&dir, step);
-    checkpoint::write_rank(&tmp, engine.comm().rank(), step, &engine.state()?)?;
+    checkpoint::write_rank(&tmp, engine.comm().rank(), step, &state)?;
     engine.comm().barrier(world).wait()?;
     if lead {
         let tokens = step * (shared.config.train.global_batch * shared.model_cfg.seq_len) as u64;
