@@ -124,3 +124,68 @@ fn zeropp_engine_on_the_gpu_follows_the_cpu() {
     }
     assert!(cpu[4] < cpu[0], "training lowers the loss: {cpu:?}");
 }
+
+/// Divergence on the GPU: rank 5's master shard of block 0 holds a NaN. With qwZ its INT8 block
+/// gets a NaN scale, every rank computes a NaN loss, qgZ carries the NaN gradient through both
+/// hops, the device sum of squares is NaN, and every rank skips the step with its state bitwise
+/// unchanged; the state is then refused for a checkpoint on every rank, naming the tensor.
+#[test]
+fn a_nan_weight_on_one_rank_skips_the_step_on_every_rank_on_the_gpu() {
+    let topology = Topology::new(8, 4).unwrap();
+    let device = gpu();
+    let opts = EngineOptions {
+        zero: ZeroConfig {
+            quantized_weights: true,
+            hpz_partition_size: 4,
+            quantized_gradients: true,
+            weight_quant_block: 64,
+            grad_quant_block: 32,
+            ..Default::default()
+        },
+        total_steps: 5,
+        seed: 3,
+        device,
+        ..Default::default()
+    };
+    let out = run_local(topology, |c| -> zero::Result<_> {
+        let rank = c.rank();
+        let mut e = Engine::new(tiny(), opts.clone(), Box::new(c))?;
+        let mut state = e.state()?;
+        let bad = state
+            .iter()
+            .position(|s| s.name.ends_with(".master") && s.name != state[0].name)
+            .expect("a block's master");
+        if rank == 5 {
+            state[bad].data[7] = f32::NAN;
+        }
+        let saved: std::collections::HashMap<String, Vec<f32>> =
+            state.into_iter().map(|s| (s.name, s.data)).collect();
+        e.restore(0, &|n| saved.get(n).cloned())?;
+        let bits = |e: &Engine| -> zero::Result<Vec<Vec<u32>>> {
+            Ok(e.state()?
+                .into_iter()
+                .map(|s| s.data.iter().map(|v| v.to_bits()).collect())
+                .collect())
+        };
+        let before = bits(&e)?;
+        let (x, y) = batch(rank, 0);
+        let loss = e.forward_backward(&x, &y, 1.0)?;
+        let stats = e.step(1e-2)?;
+        assert_eq!(bits(&e)?, before, "rank {rank}: state changed");
+        let refused = e.check_finite_state(&e.state()?).map_err(|e| e.to_string());
+        Ok((loss, stats, refused))
+    })
+    .unwrap();
+    for (rank, (loss, stats, refused)) in out.iter().enumerate() {
+        assert!(loss.is_nan(), "rank {rank}: loss {loss}");
+        assert!(
+            stats.skipped && stats.grad_norm.is_nan(),
+            "rank {rank}: {stats:?}"
+        );
+        let e = refused.as_ref().unwrap_err();
+        assert!(
+            e.contains(".master holds a non-finite value on rank 5"),
+            "{e}"
+        );
+    }
+}

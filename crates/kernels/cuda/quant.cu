@@ -47,7 +47,8 @@ __device__ __forceinline__ u32 group_max(u32 m, u32* red) {
     return m;
 }
 
-// block/mod.rs scale_of; a non-finite absmax gives a NaN scale (the CPU path errors instead).
+// block/mod.rs scale_of; a non-finite absmax gives block/mod.rs NAN_SCALE (0x7fc00000), and
+// block_codes then gives codes 0: the block dequantises to NaN, as on the CPU.
 __device__ __forceinline__ float scale_of(u32 m, float qmax) {
     if (m >= NON_FINITE) return __uint_as_float(0x7fc00000u);
     float s = __fdiv_rn(__uint_as_float(m), qmax);

@@ -32,8 +32,11 @@
 //! bf16 output is the f32 value rounded to nearest even (the `half` crate's rule).
 //!
 //! Non-finite input: no host synchronisation is made to look for it. A block holding an inf or
-//! NaN gets a NaN scale and codes 0, so it dequantises to NaN; the engine's loss / gradient-norm
-//! finiteness checks catch it. (The CPU path refuses it with `QuantError::NonFinite`.)
+//! NaN gets a NaN scale (bits 0x7fc00000) and codes 0, as in the CPU reference, so it
+//! dequantises to NaN; the engine's gradient-norm check then skips the step. The absmax is an
+//! integer max of |v|'s bits (or a NaN-propagating float max), never `fmaxf`, which would drop
+//! the NaN. (A dequantised NaN's payload may differ from the CPU's: `__fmul_rn` gives the
+//! canonical NaN.)
 //!
 //! Requirements on the GPU path: block % 32 == 0 (checked by `tensor.rs`); inputs 16-byte
 //! aligned (`with_input` copies a view that is not). Block sizes whose float4 count has a

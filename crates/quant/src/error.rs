@@ -2,15 +2,10 @@
 
 use std::sync::Arc;
 
-/// Errors of a quantiser. Checked in this order: block size, lengths, then the values.
+/// Errors of a quantiser. Checked in this order: block size, then lengths. Values are never
+/// refused: a block holding an inf or NaN gets a NaN scale (see `block/mod.rs`).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum QuantError {
-    /// A non-finite input would be silently turned into finite numbers; refuse it.
-    /// `index` is the first non-finite element of the input, in the caller's indexing.
-    /// (CPU only: the GPU path does not synchronise to look; there a non-finite block gets a
-    /// NaN scale, so the non-finite value survives dequantisation.)
-    #[error("non-finite value {value} at element {index}")]
-    NonFinite { index: usize, value: f32 },
     /// Block size zero.
     #[error("block size must be positive")]
     ZeroBlock,

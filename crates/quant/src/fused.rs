@@ -72,8 +72,7 @@ pub(crate) fn check_swizzle(
 ///
 /// x: [W * S], W = nodes * ranks_per_node. Errors: `ZeroBlock`, `OddBlock`; `BadLength` if
 /// W is 0, x.len() is not a multiple of W, or S is not a multiple of `block` (so no block
-/// straddles two slices); `NonFinite` with the first inf/NaN *in x's own order* (not the
-/// swizzled one).
+/// straddles two slices). A block holding an inf or NaN gets a NaN scale and codes 0.
 pub fn quantize_int4_swizzled(
     x: &[f32],
     nodes: usize,
@@ -96,16 +95,7 @@ pub fn quantize_int4_swizzled(
             .zip(dst.chunks_exact_mut(block / 2))
             .zip(dst_scales)
         {
-            match block::int4_block(xc, pc) {
-                Ok(v) => *sc = v,
-                Err(_) => {
-                    let index = block::first_non_finite(x).expect("a block saw a non-finite");
-                    return Err(QuantError::NonFinite {
-                        index,
-                        value: x[index],
-                    });
-                }
-            }
+            *sc = block::int4_block(xc, pc);
         }
     }
     Ok((packed, scales))
@@ -193,8 +183,10 @@ pub fn dequantize_sum_int4(
 /// whose sum holds a subnormal value that rounded, and only where that changes a code (which
 /// needs the block's absmax below about 2^-120: otherwise |t r| < 1/2 for every subnormal t).
 ///
-/// Errors: those of [`dequantize_sum_int4`], and `NonFinite` (index into the sum) if a sum
-/// overflows or a scale is non-finite.
+/// A block whose sum holds an inf or NaN (a piece's NaN scale, or a sum that overflows) gets
+/// a NaN scale and codes 0, as `quantize_int4` gives it, so it stays NaN through the next hop.
+///
+/// Errors: those of [`dequantize_sum_int4`].
 pub fn dequantize_sum_requantize_int4(
     pieces: &[(&[u8], &[f32])],
     block: usize,
@@ -211,11 +203,9 @@ pub fn dequantize_sum_requantize_int4(
         to_true(acc, k, t);
         let m = block::absmax_bits(t);
         if m >= block::NON_FINITE {
-            let i = block::first_non_finite(t).expect("absmax_bits saw a non-finite");
-            return Err(QuantError::NonFinite {
-                index: b * block + i,
-                value: t[i],
-            });
+            pc.fill(0);
+            scales.push(block::NAN_SCALE);
+            continue;
         }
         let scale = block::scale_of(m, 7.0);
         let r = 1.0 / scale;
@@ -237,7 +227,7 @@ pub fn dequantize_sum_requantize_int4(
             }
             scales.push(scale);
         } else {
-            let s = block::int4_block(t, pc).expect("checked finite");
+            let s = block::int4_block(t, pc);
             debug_assert_eq!(s.to_bits(), scale.to_bits());
             scales.push(s);
         }

@@ -5,7 +5,8 @@
 //! scale would overflow); codes q = the integer nearest x * fl(1 / scale) (exact product, ties
 //! to even), in [-7, 7] with ±absmax at ±7 (a subnormal scale whose reciprocal overflows:
 //! round(x / scale) clamped, half away from zero; see block/mod.rs); all-zero block: scale 0,
-//! codes 0. Two codes a byte, [L / 2] u8: element 2i in the low nibble, element 2i+1
+//! codes 0; a block holding an inf or NaN: scale NaN, codes 0 (it dequantises to NaN). Two
+//! codes a byte, [L / 2] u8: element 2i in the low nibble, element 2i+1
 //! in the high nibble, each as 4-bit two's complement. Dequantised: q * scale.
 //!
 //! ```
@@ -32,8 +33,9 @@ pub(crate) fn check_int4_block(block: usize) -> Result<(), QuantError> {
 
 /// Symmetric INT4 block quantisation of `x`: returns (packed [L / 2], scales [ceil(L / block)]).
 ///
-/// Errors: `ZeroBlock`, `OddBlock`, `BadLength` if L is odd, `NonFinite` with the first inf/NaN.
-/// Each element's reconstruction error is at most [`int4_bound`] of its block's scale.
+/// Errors: `ZeroBlock`, `OddBlock`, `BadLength` if L is odd. Each element's reconstruction
+/// error is at most [`int4_bound`] of its block's scale; a block holding an inf or NaN gets a
+/// NaN scale (block/mod.rs), so it dequantises to NaN and the other blocks are unaffected.
 pub fn quantize_int4(x: &[f32], block: usize) -> Result<(Vec<u8>, Vec<f32>), QuantError> {
     check_int4_block(block)?;
     if !x.len().is_multiple_of(2) {
@@ -44,7 +46,7 @@ pub fn quantize_int4(x: &[f32], block: usize) -> Result<(Vec<u8>, Vec<f32>), Qua
         });
     }
     let mut packed = vec![0u8; x.len() / 2];
-    let scales = block::quantize_blocks(x, block, &mut packed, block / 2, block::int4_block)?;
+    let scales = block::quantize_blocks(x, block, &mut packed, block / 2, block::int4_block);
     Ok((packed, scales))
 }
 

@@ -4,8 +4,8 @@
 //! one f32 scale = absmax / 127 (one ulp lower where 127 * scale would overflow) and codes
 //! q = the integer nearest x * fl(1 / scale) (exact product, ties to even), in [-127, 127]
 //! with ±absmax at ±127 (a subnormal scale whose reciprocal overflows: round(x / scale)
-//! clamped, half away from zero; see block/mod.rs). An all-zero block has scale 0 and codes 0.
-//! Dequantised: q * scale.
+//! clamped, half away from zero; see block/mod.rs). An all-zero block has scale 0 and codes 0;
+//! a block holding an inf or NaN has scale NaN and codes 0. Dequantised: q * scale.
 //!
 //! ```
 //! let (q, s) = quant::quantize_int8(&[1.0, -0.5, 0.25, 0.0], 2).unwrap();
@@ -19,14 +19,15 @@ use crate::QuantError;
 
 /// Symmetric INT8 block quantisation of `x`: returns (codes [L], scales [ceil(L / block)]).
 ///
-/// Each element's reconstruction error is at most [`int8_bound`] of its block's scale.
-/// Errors: `ZeroBlock`; `NonFinite` with the first inf/NaN.
+/// Each element's reconstruction error is at most [`int8_bound`] of its block's scale; a block
+/// holding an inf or NaN gets a NaN scale (block/mod.rs), so it dequantises to NaN and the
+/// other blocks are unaffected. Errors: `ZeroBlock`.
 pub fn quantize_int8(x: &[f32], block: usize) -> Result<(Vec<i8>, Vec<f32>), QuantError> {
     if block == 0 {
         return Err(QuantError::ZeroBlock);
     }
     let mut codes = vec![0i8; x.len()];
-    let scales = block::quantize_blocks(x, block, &mut codes, block, block::int8_block)?;
+    let scales = block::quantize_blocks(x, block, &mut codes, block, block::int8_block);
     Ok((codes, scales))
 }
 

@@ -7,7 +7,9 @@
 //! round(x / scale) clamped, half away from zero); dequantised value q * scale. The arithmetic
 //! is defined in one place (`block/`), which the GPU kernels follow bitwise. INT8 (qmax 127)
 //! carries weights for qwZ; INT4 (qmax 7, two values a byte) carries gradients for qgZ, with
-//! its swizzle and fused kernels. Non-finite inputs are refused with [`QuantError::NonFinite`], never made finite.
+//! its swizzle and fused kernels. A block holding an inf or NaN is never made finite: its
+//! scale is NaN and its codes 0, so it dequantises to NaN (on the CPU and the GPU alike), a
+//! NaN gradient survives qgZ's two hops, and the engine skips the step.
 //!
 //! [`tensor`] runs the same quantisers on candle tensors, on the CPU through this reference
 //! code and, with feature `cuda`, on the GPU through the kernels of `cuda` (bitwise equal to

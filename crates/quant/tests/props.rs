@@ -287,50 +287,105 @@ fn qgz_constant_gradient_reduces_within_two_ulps() {
     println!("constant gradients: worst {worst} ulps, exact {exact}/{total}");
 }
 
+/// The scale of a block holding an inf or NaN: the GPU kernels' quiet NaN.
+const NAN_SCALE_BITS: u32 = 0x7fc0_0000;
+
+/// `x` with the blocks of `block` elements that hold an inf or NaN zeroed, and which blocks those
+/// were.
+fn without_bad_blocks(x: &[f32], block: usize) -> (Vec<f32>, Vec<bool>) {
+    let bad: Vec<bool> = x
+        .chunks(block)
+        .map(|c| c.iter().any(|v| !v.is_finite()))
+        .collect();
+    let mut clean = x.to_vec();
+    for (c, &b) in clean.chunks_mut(block).zip(&bad) {
+        if b {
+            c.fill(0.0);
+        }
+    }
+    (clean, bad)
+}
+
+/// Before issue 15 the CPU reference refused a non-finite input with an error (and the GPU gave
+/// it a NaN scale), so a NaN gradient failed a qgZ run on the CPU instead of skipping the step.
+/// Now both give a non-finite block scale NaN and codes 0: it dequantises to NaN, and every
+/// other block is quantised exactly as if the bad one were zeros.
 #[test]
-fn non_finite_is_refused_with_its_index() {
+fn non_finite_blocks_dequantise_to_nan_and_leave_the_others_alone() {
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-        let mut x = vec![0.5f32; 64];
+        let mut x: Vec<f32> = (0..64).map(|i| (i as f32 - 31.5) * 0.03125).collect();
         x[37] = bad;
-        x[50] = bad;
-        let is =
-            |r: Result<_, QuantError>| matches!(r, Err(QuantError::NonFinite { index: 37, .. }));
-        assert!(is(quantize_int8(&x, 8).map(|_| ())));
-        assert!(is(quantize_int8(&x, 64).map(|_| ())));
-        assert!(is(quantize_int8(&x, 5).map(|_| ())));
-        assert!(is(quantize_int4(&x, 8).map(|_| ())));
-        // Swizzled: index in x's own order, although slice 4 (holding 50) is not first ...
-        // with N = 2, D = 4, S = 8: slice 4 (index 37) goes to position 1, slice 6 (index 50)
-        // to position 2, slice 1 to position 4.
-        assert!(is(quantize_int4_swizzled(&x, 2, 4, 8).map(|_| ())));
-        let mut y = vec![0.5f32; 64];
-        y[50] = bad;
-        y[9] = bad; // slice 1, swizzled after slice 6
-        assert!(matches!(
-            quantize_int4_swizzled(&y, 2, 4, 4),
-            Err(QuantError::NonFinite { index: 9, .. })
-        ));
+        x[50] = f32::INFINITY;
+        for block in [8, 64, 5] {
+            let (clean, is_bad) = without_bad_blocks(&x, block);
+            let (q, s) = quantize_int8(&x, block).unwrap();
+            let (cq, cs) = quantize_int8(&clean, block).unwrap();
+            let y = dequantize_int8(&q, &s, block);
+            for (b, &nonfinite) in is_bad.iter().enumerate() {
+                let r = b * block..((b + 1) * block).min(x.len());
+                if nonfinite {
+                    assert_eq!(s[b].to_bits(), NAN_SCALE_BITS, "{bad} block {block}");
+                    assert!(q[r.clone()].iter().all(|&c| c == 0));
+                    assert!(y[r].iter().all(|v| v.is_nan()), "{bad} block {block}");
+                } else {
+                    assert_eq!(s[b].to_bits(), cs[b].to_bits(), "{bad} block {block}");
+                    assert_eq!(q[r.clone()], cq[r.clone()]);
+                    assert!(y[r].iter().all(|v| v.is_finite()));
+                }
+            }
+        }
+        for block in [8, 64, 6] {
+            let (clean, is_bad) = without_bad_blocks(&x, block);
+            let (p, s) = quantize_int4(&x, block).unwrap();
+            let (cp, cs) = quantize_int4(&clean, block).unwrap();
+            let y = dequantize_int4(&p, &s, block);
+            for (b, &nonfinite) in is_bad.iter().enumerate() {
+                let r = b * block..((b + 1) * block).min(x.len());
+                let pr = r.start / 2..r.end / 2;
+                if nonfinite {
+                    assert_eq!(s[b].to_bits(), NAN_SCALE_BITS);
+                    assert!(p[pr].iter().all(|&c| c == 0));
+                    assert!(y[r].iter().all(|v| v.is_nan()), "{bad} block {block}");
+                } else {
+                    assert_eq!((s[b].to_bits(), &p[pr.clone()]), (cs[b].to_bits(), &cp[pr]));
+                }
+            }
+        }
+        // Swizzled (N = 2, D = 4, S = 8): the NaN scales move with their slices.
+        let (clean, _) = without_bad_blocks(&x, 4);
+        let (p, s) = quantize_int4_swizzled(&x, 2, 4, 4).unwrap();
+        let (ep, es) = quantize_int4(&swizzle(&x, 2, 4), 4).unwrap();
+        assert_eq!((bits(&s), &p), (bits(&es), &ep));
+        let (cp, cs) = quantize_int4_swizzled(&clean, 2, 4, 4).unwrap();
+        let nan_blocks: Vec<usize> = (0..s.len()).filter(|&b| s[b].is_nan()).collect();
+        // Elements 37 and 50: slices 4 and 6 (offsets 5 and 2), at positions 1 and 5, so
+        // swizzled blocks 2 x 1 + 1 and 2 x 5 + 0.
+        assert_eq!(nan_blocks, vec![3, 10]);
+        for b in (0..s.len()).filter(|b| !nan_blocks.contains(b)) {
+            assert_eq!(s[b].to_bits(), cs[b].to_bits());
+            assert_eq!(p[2 * b..2 * b + 2], cp[2 * b..2 * b + 2]);
+        }
     }
-    // The value is reported too.
-    match quantize_int8(&[1.0, f32::INFINITY], 2) {
-        Err(QuantError::NonFinite { index: 1, value }) => assert_eq!(value, f32::INFINITY),
-        other => panic!("{other:?}"),
-    }
-    // A sum that overflows, or a non-finite scale, is refused by the requantiser.
+    // The requantiser: a NaN piece scale, or a sum that overflows, gives that block a NaN scale
+    // and codes 0; the other blocks are as without it.
+    let (p, s) = quantize_int4(&[1.0, 1.0, 1.0, 1.0, 0.5, -0.5], 2).unwrap();
+    let nan_scale = [1.0 / 7.0, f32::NAN, s[2]];
+    let pieces = [(&p[..], &s[..]), (&p[..], &nan_scale[..])];
+    let sum = dequantize_sum_int4(&pieces, 2).unwrap();
+    assert!(sum[2].is_nan() && sum[3].is_nan(), "{sum:?}");
+    assert!(sum[..2].iter().chain(&sum[4..]).all(|v| v.is_finite()));
+    let (q, qs) = dequantize_sum_requantize_int4(&pieces, 2).unwrap();
+    assert_eq!(qs[1].to_bits(), NAN_SCALE_BITS);
+    assert_eq!(q[1], 0);
+    assert!(qs[0].is_finite() && qs[2].is_finite());
+    assert_eq!(dequantize_int4(&q, &qs, 2)[..2], sum[..2]);
     let big = quantize_int4(&[f32::MAX, 0.0, 0.0, f32::MAX], 2).unwrap();
     let pieces = [(&big.0[..], &big.1[..]), (&big.0[..], &big.1[..])];
     let sum = dequantize_sum_int4(&pieces, 2).unwrap();
     assert!(sum[0].is_infinite());
-    assert!(matches!(
-        dequantize_sum_requantize_int4(&pieces, 2),
-        Err(QuantError::NonFinite { index: 0, .. })
-    ));
-    let (p, _) = quantize_int4(&[1.0, 1.0, 1.0, 1.0], 2).unwrap();
-    let s = [1.0, f32::NAN];
-    assert!(matches!(
-        dequantize_sum_requantize_int4(&[(&p[..], &s[..])], 2),
-        Err(QuantError::NonFinite { index: 2, .. })
-    ));
+    let (q, qs) = dequantize_sum_requantize_int4(&pieces, 2).unwrap();
+    assert_eq!(bits(&qs), vec![NAN_SCALE_BITS; 2]);
+    assert_eq!(q, vec![0, 0]);
 }
 
 #[test]

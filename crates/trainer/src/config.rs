@@ -104,6 +104,9 @@ pub struct TrainSection {
     pub eps: f64,
     /// Clip the global gradient norm to this (0 = off).
     pub grad_clip: f64,
+    /// Stop the run after this many steps in a row skipped for a non-finite gradient norm
+    /// (docs/operations.md, "Divergence"); at least 1.
+    pub max_skipped_steps: u64,
     /// Seeds the initialisation and the data order.
     pub seed: u64,
     pub precision: Precision,
@@ -125,6 +128,7 @@ impl Default for TrainSection {
             beta2: 0.95,
             eps: 1e-8,
             grad_clip: 1.0,
+            max_skipped_steps: 10,
             seed: 1234,
             precision: Precision::Fp32,
             device: DeviceKind::Cpu,
@@ -361,6 +365,9 @@ impl RunConfig {
         }
         if t.weight_decay < 0.0 || t.grad_clip < 0.0 {
             bail!("train.weight_decay and train.grad_clip must not be negative");
+        }
+        if t.max_skipped_steps == 0 {
+            bail!("train.max_skipped_steps must be at least 1");
         }
         if let Some(d) = self.dist.gpus_per_node {
             if d == 0 || !world.is_multiple_of(d) {

@@ -4,6 +4,7 @@ mod bench;
 mod checkpoint;
 mod config;
 mod device_memory;
+mod divergence;
 mod export;
 mod hooks;
 mod launch;

@@ -28,6 +28,15 @@ pub struct StepLine {
     /// `checkpoint.allow_changes`): each as `key: old -> new`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub changed: Vec<String>,
+    /// The step was skipped for a non-finite gradient norm (its `loss` / `grad_norm` may then
+    /// be `null`, JSON's NaN). Written only when true, so the lines of a healthy run are as
+    /// they always were and readers that do not know the field are unaffected.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub skipped: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// An evaluation line.

@@ -15,6 +15,7 @@ use zero::{AdamW, Engine, EngineOptions};
 
 use crate::checkpoint;
 use crate::config::{Backend, RunConfig};
+use crate::divergence::{self, SkipCounter};
 use crate::hooks::TestHooks;
 use crate::launch;
 use crate::metrics::{self, EvalLine, MetricsWriter, StepLine};
@@ -342,6 +343,8 @@ struct RankRun<'a> {
     metrics: Option<MetricsWriter>,
     reporter: Reporter,
     since_log: SinceLog,
+    /// Steps skipped in a row for a non-finite gradient norm.
+    skips: SkipCounter,
 }
 
 impl<'a> RankRun<'a> {
@@ -382,6 +385,7 @@ impl<'a> RankRun<'a> {
             metrics: None,
             reporter: Reporter::new(progress, config.train.steps, start),
             since_log: SinceLog::default(),
+            skips: SkipCounter::new(config.train.max_skipped_steps),
         })
     }
 
@@ -562,12 +566,14 @@ impl<'a> RankRun<'a> {
             .mean_over_world(loss_sum / accumulation as f64)?;
         let lr = learning_rate(t, step);
         let stats = self.engine.step(lr)?;
+        let skip_note = self.skips.record(step, stats.skipped, stats.grad_norm);
         let since = &mut self.since_log;
         since.seconds += step_start.elapsed().as_secs_f64();
         since.bytes = since.bytes + (self.engine.comm().counters() - counters_before);
         since.steps += 1;
 
-        if step % config.log.interval != 0 && step != t.steps {
+        // A skipped step always gets its line.
+        if !stats.skipped && !step.is_multiple_of(config.log.interval) && step != t.steps {
             return Ok(());
         }
         let since = std::mem::take(&mut self.since_log);
@@ -585,10 +591,15 @@ impl<'a> RankRun<'a> {
             hpz: techniques.hpz,
             qgz: techniques.qgz,
             changed: std::mem::take(&mut self.unlogged_changes),
+            skipped: stats.skipped,
         };
         self.log_line(&line)?;
         if self.lead {
             self.reporter.step(&line, t.steps);
+        }
+        if let Some(note) = skip_note {
+            self.say(&note);
+            self.skips.check(step, &config.checkpoint_dir())?;
         }
         Ok(())
     }
@@ -603,6 +614,7 @@ impl<'a> RankRun<'a> {
             return Ok(());
         }
         let val_loss = evaluate(&self.engine, valid, self.shared.model_cfg.seq_len, config)?;
+        divergence::check_val_loss(step, val_loss, &config.checkpoint_dir())?;
         let tokens = self.tokens_at(step);
         self.log_line(&EvalLine {
             step,
@@ -658,12 +670,15 @@ fn save(
 ) -> Result<PathBuf> {
     let dir = shared.config.checkpoint_dir();
     let lead = engine.comm().rank() == 0;
+    // Every rank agrees that the state is finite before anything is written.
+    let state = engine.state()?;
+    divergence::check_state(engine, &state, step, &dir)?;
     if lead {
         checkpoint::begin(&dir, step)?;
     }
     engine.comm().barrier(comm::Group::World).wait()?;
     let tmp = checkpoint::tmp_dir(&dir, step);
-    let committed = write_and_commit(shared, engine, metrics, &tmp, step, tokens);
+    let committed = write_and_commit(shared, engine, metrics, &tmp, step, tokens, &state);
     if committed.is_err() && lead {
         checkpoint::abandon(&tmp);
     }
@@ -686,8 +701,9 @@ fn write_and_commit(
     tmp: &std::path::Path,
     step: u64,
     tokens: u64,
+    state: &[zero::NamedShard],
 ) -> Result<()> {
-    let crc = checkpoint::write_rank(tmp, engine.comm().rank(), step, &engine.state()?)?;
+    let crc = checkpoint::write_rank(tmp, engine.comm().rank(), step, state)?;
     let checksums = checkpoint::exchange_checksums(engine.comm(), crc)?;
     if engine.comm().rank() != 0 {
         return Ok(());

@@ -63,8 +63,12 @@ impl Default for EngineOptions {
 /// What one optimizer step measured.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepStats {
-    /// Global L2 norm of the (averaged) gradient, before clipping.
+    /// Global L2 norm of the (averaged) gradient, before clipping; NaN or inf when the step
+    /// was skipped.
     pub grad_norm: f64,
+    /// The gradient norm was not finite (or some rank's loss was not), so [`Engine::step`]
+    /// changed no weight or moment: identical on every rank, since the norm is all-reduced.
+    pub skipped: bool,
 }
 
 /// The states each unit keeps per element, in checkpoint order: a checkpoint names them
@@ -101,8 +105,11 @@ pub struct Engine {
     plan: ZeroPlan,
     comm: Box<dyn Communicator>,
     units: Vec<UnitShard>,
-    /// Optimizer steps taken so far.
+    /// Optimizer steps taken so far, skipped ones included (the training step).
     step: u64,
+    /// A micro-batch since the last step had a non-finite loss on this rank: the step then
+    /// makes the global gradient norm NaN, so that every rank skips it.
+    non_finite_loss: bool,
 }
 
 impl Engine {
@@ -147,6 +154,7 @@ impl Engine {
             comm,
             units,
             step: 0,
+            non_finite_loss: false,
         })
     }
 
@@ -176,7 +184,7 @@ impl Engine {
         self.comm.as_ref()
     }
 
-    /// Optimizer steps taken (restored from a checkpoint on resume).
+    /// Optimizer steps taken, skipped ones included (restored from a checkpoint on resume).
     pub fn step_count(&self) -> u64 {
         self.step
     }
@@ -340,7 +348,8 @@ impl Engine {
 
     /// Forward and backward of one micro-batch (`inputs`, `targets`: B x T tokens, row-major).
     /// Adds `grad_scale` x (world mean of the gradient) into the gradient shards; returns this
-    /// rank's mean loss over the micro-batch.
+    /// rank's mean loss over the micro-batch. A non-finite loss is not an error: the backward
+    /// runs (every rank must make the same collectives) and the next [`Engine::step`] skips.
     pub fn forward_backward(
         &mut self,
         inputs: &[u32],
@@ -372,12 +381,7 @@ impl Engine {
         // Backward. The embedding unit's backward gather serves the tied head and the lookup.
         let embedding = self.next_gather(&mut gathers, 0, hpz)?;
         let (loss, dxf, head_grad) = model::lm_head_loss_backward(&cfg, &embedding, &xf, &targets)?;
-        if !loss.is_finite() {
-            return Err(ZeroError::NonFinite {
-                what: "loss",
-                step: self.step + 1,
-            });
-        }
+        self.non_finite_loss |= !loss.is_finite();
         let mut reductions = VecDeque::with_capacity(REDUCTIONS_IN_FLIGHT + 1);
         let norm = self.next_gather(&mut gathers, last, hpz)?;
         let (mut dx, dnorm) = model::final_norm_backward(&cfg, &norm, &norm_saved, &dxf)?;
@@ -444,6 +448,16 @@ impl Engine {
 
     /// Clips by the global gradient norm, applies AdamW with learning rate `lr` to my shards,
     /// and clears the gradient shards.
+    ///
+    /// Divergence: where the global gradient norm is NaN or infinite (a rank's gradient held a
+    /// NaN or inf, or a rank's loss did; the squares are all-reduced in f32, so a norm above
+    /// about 1.8e19 counts as infinite too), the step is skipped before either optimizer path
+    /// (CPU or CUDA) runs: master weights and moments stay bitwise as they were, the gradients
+    /// are dropped, the hpZ secondaries are invalidated as after any step, and the stats say
+    /// `skipped`. The norm is all-reduced, so every rank decides alike. The step count still
+    /// advances: it is the training step, the one number a checkpoint saves of it, so a resumed
+    /// run needs no new checkpoint field to continue bitwise as the straight run did (AdamW's
+    /// bias correction of the next update counts the skipped step too).
     pub fn step(&mut self, lr: f64) -> Result<StepStats> {
         let _span = scope(&self.opts.device, Family::Optimizer);
         // Squares summed in f64 on the device, one read-back for all units.
@@ -457,11 +471,23 @@ impl Engine {
             true => 0.0,
             false => Tensor::stack(&squares, 0)?.sum_all()?.to_scalar::<f64>()?,
         };
+        // A non-finite loss on this rank poisons the norm: its gradient may look finite (logits
+        // far apart give an infinite loss and a finite softmax gradient) but is meaningless.
+        let local = if std::mem::take(&mut self.non_finite_loss) {
+            f64::NAN
+        } else {
+            local
+        };
         let grad_norm = (self.sum_over_world(local as f32)? as f64).sqrt();
+        self.step += 1;
         if !grad_norm.is_finite() {
-            return Err(ZeroError::NonFinite {
-                what: "gradient norm",
-                step: self.step + 1,
+            for u in &mut self.units {
+                u.grad = None;
+                u.secondary.replace(None);
+            }
+            return Ok(StepStats {
+                grad_norm,
+                skipped: true,
             });
         }
         let clip = self.opts.grad_clip;
@@ -470,7 +496,6 @@ impl Engine {
         } else {
             1.0
         };
-        self.step += 1;
         for u in &mut self.units {
             let u = &mut *u;
             let grad = match u.grad.take() {
@@ -490,7 +515,10 @@ impl Engine {
             // hpZ: the secondary partition copies weights this step just changed.
             u.secondary.replace(None);
         }
-        Ok(StepStats { grad_norm })
+        Ok(StepStats {
+            grad_norm,
+            skipped: false,
+        })
     }
 
     /// My shards of the master weights and Adam moments, named `<unit>.<state>`, read back to
@@ -537,7 +565,42 @@ impl Engine {
             u.secondary.replace(None);
         }
         self.step = step;
+        self.non_finite_loss = false;
         Ok(())
+    }
+
+    /// Checks that `state` (this rank's [`Engine::state`]) holds only finite values, and that
+    /// every other rank's does, so that no rank writes a checkpoint that could not be resumed
+    /// from: one all-gather of a float a rank. The error names the first non-finite tensor in
+    /// state order (the lowest rank holding it) and the step, identically on every rank.
+    pub fn check_finite_state(&self, state: &[NamedShard]) -> Result<()> {
+        let first = state
+            .iter()
+            .position(|s| s.data.iter().any(|v| !v.is_finite()));
+        // 0: all finite; i + 1: tensor i first (exact in f32 for any state count we hold).
+        let mine = first.map_or(0.0, |i| (i + 1) as f32);
+        let one = Tensor::from_vec(vec![mine], 1, &self.opts.device)?;
+        let all = self
+            .comm
+            .all_gather(Group::World, one)
+            .wait()?
+            .to_vec1::<f32>()?;
+        let worst = all
+            .iter()
+            .enumerate()
+            .filter(|(_, &v)| v > 0.0)
+            .min_by_key(|&(rank, &v)| (v as usize, rank));
+        match worst {
+            None => Ok(()),
+            Some((rank, &v)) => Err(ZeroError::NonFiniteState {
+                name: state.get(v as usize - 1).map_or_else(
+                    || format!("state tensor {}", v as usize - 1),
+                    |s| s.name.clone(),
+                ),
+                rank,
+                step: self.step,
+            }),
+        }
     }
 
     /// Gathers every unit's fp32 master parameters, unpadded, with their layouts (for export
@@ -573,3 +636,6 @@ fn training_gather_order(n_layer: usize) -> Vec<usize> {
     order.extend((1..=n_layer).rev());
     order
 }
+
+#[cfg(test)]
+mod tests;

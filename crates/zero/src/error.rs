@@ -15,9 +15,13 @@ pub enum ZeroError {
     /// A saved state that does not fit this run.
     #[error("state tensor {name}: {reason}")]
     BadState { name: String, reason: String },
-    /// The loss or the gradients became NaN or infinite.
-    #[error("non-finite {what} at step {step}")]
-    NonFinite { what: &'static str, step: u64 },
+    /// A state tensor to be checkpointed holds a NaN or inf (`Engine::check_finite_state`).
+    #[error("state tensor {name} holds a non-finite value on rank {rank} after step {step}")]
+    NonFiniteState {
+        name: String,
+        rank: usize,
+        step: u64,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, ZeroError>;

@@ -142,3 +142,27 @@ fn initialisation_does_not_depend_on_the_engine() {
         b.iter().map(|(_, p)| p.clone()).collect::<Vec<_>>()
     );
 }
+
+/// A NaN weight is not an error: the loss is NaN, the backward runs, the step is skipped (the
+/// step count still advances), and the state is refused for a checkpoint, naming the tensor.
+#[test]
+fn a_nan_weight_gives_a_nan_loss_a_skipped_step_and_no_checkpoint() {
+    let mut e = engine(false);
+    let (x, y) = batch(2, 3);
+    let mut state = e.state().unwrap();
+    state[0].data[5] = f32::NAN;
+    let name = state[0].name.clone();
+    let saved: std::collections::HashMap<String, Vec<f32>> =
+        state.into_iter().map(|s| (s.name, s.data)).collect();
+    e.restore(4, &|n| saved.get(n).cloned()).unwrap();
+    let loss = e.forward_backward(&x, &y, 1.0).unwrap();
+    assert!(loss.is_nan(), "{loss}");
+    let stats = e.step(1e-2).unwrap();
+    assert!(stats.skipped && stats.grad_norm.is_nan(), "{stats:?}");
+    assert_eq!(e.step_count(), 5);
+    let err = e.check_finite_state(&e.state().unwrap()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("state tensor {name} holds a non-finite value on rank 0 after step 5")
+    );
+}

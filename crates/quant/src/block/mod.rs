@@ -16,6 +16,9 @@
 //!   round-half-away after a rounded quotient needs a test.
 //! - scale == 0 (an all-zero block, or absmax so small that absmax/qmax underflows to 0):
 //!   every code is 0.
+//! - a block holding an inf or NaN: scale [`NAN_SCALE`] and every code 0, so the whole block
+//!   dequantises to NaN (0 x NaN): a diverged value is never rounded into a finite one, and
+//!   the other blocks are quantised as if it were not there. The GPU kernels do the same.
 //! - dequantised value = q as f32 * scale.
 //! - a sum of dequantised INT4 pieces (the fused kernels) is taken in each block's *scale
 //!   domain*: every piece's scale shifted by one power of two k, nibbles decoded exactly as
@@ -27,8 +30,6 @@
 mod domain;
 
 pub(crate) use domain::*;
-
-use crate::QuantError;
 
 pub(crate) const ABS: u32 = 0x7fff_ffff;
 /// `bits & ABS` is at least this for, and only for, inf and NaN.
@@ -59,10 +60,9 @@ pub(crate) fn absmax_bits(x: &[f32]) -> u32 {
     m
 }
 
-/// Index of the first inf or NaN, if any (error path only).
-pub(crate) fn first_non_finite(x: &[f32]) -> Option<usize> {
-    x.iter().position(|v| !v.is_finite())
-}
+/// The scale of a block that holds an inf or NaN: the quiet NaN the GPU's `scale_of` returns
+/// too (bits 0x7fc00000), so that scales compare bitwise across the two.
+pub(crate) const NAN_SCALE: f32 = f32::from_bits(0x7fc0_0000);
 
 /// Round half away from zero, equal to `y.round() as i32` for |y| <= 2^22, but vectorisable
 /// (no libm call on targets without SSE4.1): truncate, then look at the exact fraction.
@@ -140,12 +140,14 @@ pub(crate) fn scale_of(absmax_bits: u32, qmax: f32) -> f32 {
     }
 }
 
-/// INT8-quantise one block into `out` (same length). Err(local index of the first non-finite).
+/// INT8-quantise one block into `out` (same length); returns its scale ([`NAN_SCALE`] for a
+/// block holding an inf or NaN, whose codes are then 0).
 #[inline]
-pub(crate) fn int8_block(x: &[f32], out: &mut [i8]) -> Result<f32, usize> {
+pub(crate) fn int8_block(x: &[f32], out: &mut [i8]) -> f32 {
     let m = absmax_bits(x);
     if m >= NON_FINITE {
-        return Err(first_non_finite(x).expect("absmax_bits saw a non-finite"));
+        out.fill(0);
+        return NAN_SCALE;
     }
     let scale = scale_of(m, 127.0);
     if scale == 0.0 {
@@ -159,7 +161,7 @@ pub(crate) fn int8_block(x: &[f32], out: &mut [i8]) -> Result<f32, usize> {
             *o = code_div(v, scale, 127.0) as i8;
         }
     }
-    Ok(scale)
+    scale
 }
 
 /// Two INT4 codes in one byte: `lo` (element 2i) in bits 0..4, `hi` (element 2i+1) in bits
@@ -175,14 +177,15 @@ pub(crate) fn unpack(b: u8) -> (i8, i8) {
     (((b << 4) as i8) >> 4, (b as i8) >> 4)
 }
 
-/// INT4-quantise one block of even length into `out` (half its length).
-/// Err(local index of the first non-finite).
+/// INT4-quantise one block of even length into `out` (half its length); returns its scale
+/// ([`NAN_SCALE`] for a block holding an inf or NaN, whose codes are then 0).
 #[inline]
-pub(crate) fn int4_block(x: &[f32], out: &mut [u8]) -> Result<f32, usize> {
+pub(crate) fn int4_block(x: &[f32], out: &mut [u8]) -> f32 {
     debug_assert_eq!(x.len(), 2 * out.len());
     let m = absmax_bits(x);
     if m >= NON_FINITE {
-        return Err(first_non_finite(x).expect("absmax_bits saw a non-finite"));
+        out.fill(0);
+        return NAN_SCALE;
     }
     let scale = scale_of(m, 7.0);
     if scale == 0.0 {
@@ -196,34 +199,23 @@ pub(crate) fn int4_block(x: &[f32], out: &mut [u8]) -> Result<f32, usize> {
             *o = pack(code_div(p[0], scale, 7.0), code_div(p[1], scale, 7.0));
         }
     }
-    Ok(scale)
+    scale
 }
 
 /// Quantises `x` block by block with `quantise_block` (one of [`int8_block`], [`int4_block`])
-/// into `out`, `out_block` codes a block, and returns the scales; the first inf or NaN fails
-/// it with [`QuantError::NonFinite`] at its index in `x`.
+/// into `out`, `out_block` codes a block, and returns the scales.
 #[inline]
 pub(crate) fn quantize_blocks<T>(
     x: &[f32],
     block: usize,
     out: &mut [T],
     out_block: usize,
-    quantise_block: impl Fn(&[f32], &mut [T]) -> Result<f32, usize>,
-) -> Result<Vec<f32>, QuantError> {
-    let mut scales = Vec::with_capacity(x.len().div_ceil(block));
-    for (b, (xc, oc)) in x.chunks(block).zip(out.chunks_mut(out_block)).enumerate() {
-        match quantise_block(xc, oc) {
-            Ok(s) => scales.push(s),
-            Err(i) => {
-                let index = b * block + i;
-                return Err(QuantError::NonFinite {
-                    index,
-                    value: x[index],
-                });
-            }
-        }
-    }
-    Ok(scales)
+    quantise_block: impl Fn(&[f32], &mut [T]) -> f32,
+) -> Vec<f32> {
+    x.chunks(block)
+        .zip(out.chunks_mut(out_block))
+        .map(|(xc, oc)| quantise_block(xc, oc))
+        .collect()
 }
 
 /// Dequantise one INT4 block: `out` has twice the length of `packed`.
