@@ -599,7 +599,12 @@ impl<'a> RankRun<'a> {
         }
         if let Some(note) = skip_note {
             self.say(&note);
-            self.skips.check(step, &config.checkpoint_dir())?;
+            if let Err(stop) = self.skips.check(step, &config.checkpoint_dir()) {
+                // Every rank stops at this step (the norm is global). Wait until all are here,
+                // so that no rank's stop aborts rank 0 before its line is written.
+                self.engine.comm().barrier(comm::Group::World).wait()?;
+                return Err(stop);
+            }
         }
         Ok(())
     }
