@@ -85,12 +85,10 @@ pub fn trajectory(config: &RunConfig, data: DataSize) -> Result<BTreeMap<String,
     put("train.lr", t.lr.to_string());
     put("train.min_lr", t.min_lr.to_string());
     put("train.warmup_steps", t.warmup_steps.to_string());
+    // Unset, the decay follows train.steps: lengthening such a run changes its schedule.
     put(
         "train.decay_steps",
-        match t.decay_steps {
-            Some(d) => d.to_string(),
-            None => format!("{} (train.steps)", t.steps),
-        },
+        t.decay_steps.unwrap_or(t.steps).to_string(),
     );
     put("train.weight_decay", t.weight_decay.to_string());
     put("train.beta1", t.beta1.to_string());
@@ -243,6 +241,26 @@ mod tests {
         ]);
         let e = changes(&on, &with_other_block, &[]).unwrap_err();
         assert_eq!(e, vec!["zero.grad_quant_block: 512 -> 256".to_string()]);
+    }
+
+    #[test]
+    fn the_decay_is_compared_as_resolved() {
+        let data = DataSize {
+            train_tokens: 100,
+            valid_tokens: None,
+        };
+        let mut config = RunConfig::default();
+        config.model.preset = Some("tiny".into());
+        config.train.steps = 2000;
+        let unset = trajectory(&config, data).unwrap();
+        config.train.decay_steps = Some(2000);
+        let set = trajectory(&config, data).unwrap();
+        assert_eq!(changes(&unset, &set, &[]), Ok(vec![]));
+        config.train.steps = 2050;
+        assert_eq!(
+            changes(&set, &trajectory(&config, data).unwrap(), &[]),
+            Ok(vec![])
+        );
     }
 
     #[test]
