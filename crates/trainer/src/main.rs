@@ -11,6 +11,7 @@ mod launch;
 mod metrics;
 mod plan;
 mod plot;
+mod progress;
 mod reshard;
 mod resume;
 mod run_lock;

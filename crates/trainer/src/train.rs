@@ -4,7 +4,6 @@
 //! is written, so bad input leaves the run directory as it was.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -19,6 +18,7 @@ use crate::divergence::{self, SkipCounter};
 use crate::hooks::TestHooks;
 use crate::launch;
 use crate::metrics::{self, EvalLine, MetricsWriter, StepLine};
+use crate::progress::Reporter;
 use crate::resume::{self, DataSize, Resume};
 use crate::run_lock::RunLock;
 use crate::schedule::learning_rate;
@@ -65,56 +65,6 @@ fn load_data(config: &RunConfig, vocab_size: usize) -> Result<Corpora> {
         }
     }
     Ok(Corpora { train, valid })
-}
-
-/// Progress on stderr: a bar on a terminal, plain lines otherwise (slurm logs, CI).
-struct Reporter {
-    bar: Option<indicatif::ProgressBar>,
-}
-
-impl Reporter {
-    fn new(enabled: Option<bool>, steps: u64, start: u64) -> Self {
-        let enabled = enabled.unwrap_or_else(|| std::io::stderr().is_terminal());
-        let bar = enabled.then(|| {
-            let bar = indicatif::ProgressBar::new(steps).with_position(start);
-            let style = indicatif::ProgressStyle::with_template(
-                "{bar:30.cyan/blue} step {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-            bar.set_style(style);
-            bar
-        });
-        Reporter { bar }
-    }
-
-    fn println(&self, line: &str) {
-        match &self.bar {
-            Some(bar) => bar.println(line),
-            None => eprintln!("{line}"),
-        }
-    }
-
-    fn step(&self, line: &StepLine, steps: u64) {
-        match &self.bar {
-            Some(bar) => {
-                bar.set_position(line.step);
-                bar.set_message(format!(
-                    "loss {:.4} | {:.0} tok/s",
-                    line.loss, line.tokens_per_s
-                ));
-            }
-            None => eprintln!(
-                "step {}/{steps} | loss {:.4} | lr {:.3e} | grad_norm {:.3} | {:.0} tok/s",
-                line.step, line.loss, line.lr, line.grad_norm, line.tokens_per_s
-            ),
-        }
-    }
-
-    fn finish(&self) {
-        if let Some(bar) = &self.bar {
-            bar.finish();
-        }
-    }
 }
 
 /// What every rank reads and nobody changes.
