@@ -20,6 +20,7 @@
 mod error;
 #[cfg(feature = "cuda")]
 pub mod loader;
+pub mod place;
 pub mod profile;
 
 pub use error::{KernelError, Result};
@@ -70,6 +71,9 @@ sources! {
     ADAMW = "adamw.cu";
     /// A one-thread kernel that holds a stream for a given time (`comm`'s emulated slow link).
     HOLD = "hold.cu";
+    /// The local backend's f32 reduction over the ranks sharing a GPU, on the communication
+    /// stream, in group-rank order (`comm`'s jobs; `Flavour::Exact`).
+    COLLECTIVES = "collectives.cu";
 }
 
 impl Source {

@@ -39,15 +39,19 @@
 //! canonical NaN.)
 //!
 //! Requirements on the GPU path: block % 32 == 0 (checked by `tensor.rs`); inputs 16-byte
-//! aligned (`with_input` copies a view that is not). Block sizes whose float4 count has a
+//! aligned (`input` copies a view that is not). Block sizes whose float4 count has a
 //! small power-of-two part (e.g. 32 * odd above 1024) give many units a thread (spills).
 
+use std::sync::Arc;
+
 use candle_core::cuda_backend::cudarc::driver::{
-    sys, CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+    sys, CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtr, DeviceRepr, LaunchConfig,
+    PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorageSlice, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaStorage, DType, Storage, Tensor};
+use kernels::place::Place;
 
 use crate::QuantError;
 
@@ -91,7 +95,7 @@ fn defines(block: usize) -> [kernels::Define; 6] {
 }
 
 /// The kernel `name` of the module for `block` (`kernels::QUANT`, exact flavour), loaded on
-/// `dev` (launch it on `dev`'s stream).
+/// `dev` (launch it on any stream of `dev`'s context).
 fn func(dev: &CudaDevice, name: &str, block: usize) -> Result<CudaFunction> {
     Ok(kernels::loader::function(
         dev,
@@ -116,50 +120,220 @@ fn block_grid(nb: usize, tpb: usize) -> LaunchConfig {
     grid(nb.div_ceil(NT / tpb))
 }
 
-/// Runs `f` on the device view of the 1-D contiguous CUDA tensor `t`. A view whose start is not
-/// 16-byte aligned (a narrowed tensor) is first copied to a fresh buffer, so that the kernels'
-/// vector loads are aligned.
-fn with_input<T: CudaDType + DeviceRepr, R>(
-    t: &Tensor,
-    f: impl FnOnce(&CudaView<'_, T>) -> Result<R>,
-) -> Result<R> {
-    let (st, layout) = t.storage_and_layout();
-    let Storage::Cuda(cs) = &*st else {
-        unreachable!("with_input called on a non-CUDA tensor")
-    };
-    let s = cs.as_cuda_slice::<T>()?;
-    let (o, n) = (layout.start_offset(), t.elem_count());
-    let v = s.slice(o..o + n);
-    if (o * std::mem::size_of::<T>()).is_multiple_of(16) {
-        return f(&v);
-    }
-    // SAFETY: fully written by the copy below before any read (n > 0: 0 is 16-aligned).
-    let mut c = unsafe { cs.device.alloc::<T>(n)? };
-    cs.device.cuda_stream().memcpy_dtod(&v, &mut c).w()?;
-    f(&c.slice(..))
-}
-
-fn tensor(slice: CudaStorageSlice, dev: &CudaDevice, n: usize) -> Tensor {
-    let st = CudaStorage {
-        slice,
-        device: dev.clone(),
-    };
-    Tensor::from_storage(Storage::Cuda(st), n, BackpropOp::none(), false)
-}
-
-/// Fresh device buffer of `n` elements (contents undefined; the kernels write every element).
-fn alloc<T: DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
-    // SAFETY: every caller launches a kernel that writes all n elements before any read.
-    // (At least one element: a zero-byte allocation is an error of the driver.)
-    Ok(unsafe { dev.alloc::<T>(n.max(1))? })
-}
-
 fn i64_of(n: usize) -> i64 {
     n as i64
 }
 
+/// Where a launch goes: `dev`'s modules, queued on `stream` (the device's own, or a second
+/// stream of its context: [`Place`]).
+#[derive(Clone)]
+pub struct Launch<'a> {
+    pub dev: &'a CudaDevice,
+    pub stream: Arc<CudaStream>,
+}
+
+impl<'a> Launch<'a> {
+    /// On `dev`'s own stream.
+    pub fn own(dev: &'a CudaDevice) -> Self {
+        Launch {
+            dev,
+            stream: dev.cuda_stream(),
+        }
+    }
+
+    /// Where `place` puts work on `dev`.
+    pub fn on(dev: &'a CudaDevice, place: &Place) -> Self {
+        Launch {
+            dev,
+            stream: place.stream(dev),
+        }
+    }
+
+    /// A fresh buffer of `n` elements (at least one) on this launch's stream; contents
+    /// undefined: the kernels write every element.
+    fn alloc<T: DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
+        // SAFETY: every caller launches a kernel that writes all n elements before any read.
+        Ok(unsafe { self.stream.alloc::<T>(n.max(1)) }.w()?)
+    }
+
+    /// The address of `v` (a slice or view of this context).
+    fn addr<T, V: DevicePtr<T>>(&self, v: &V) -> u64 {
+        v.device_ptr(&self.stream).0
+    }
+}
+
+/// `quantize_int8` on `x` [n] (address 16-byte aligned) into `codes` [n] and `scales`
+/// [ceil(n / block)] (block % 32 == 0), by address.
+fn launch_quantize_int8(
+    l: &Launch<'_>,
+    x: u64,
+    codes: u64,
+    scales: u64,
+    n: usize,
+    block: usize,
+) -> Result<()> {
+    let nb = n.div_ceil(block);
+    if nb == 0 {
+        return Ok(());
+    }
+    let f = func(l.dev, "quantize_int8", block)?;
+    let (n64, nb64) = (i64_of(n), i64_of(nb));
+    let mut b = l.stream.launch_builder(&f);
+    b.arg(&x).arg(&codes).arg(&scales).arg(&n64).arg(&nb64);
+    // SAFETY: (const float*, u8*, float*, i64, i64) as in the source; the caller vouches for
+    // the addresses and lengths.
+    unsafe { b.launch(block_grid(nb, tpb_of(block / 4))) }.w()?;
+    Ok(())
+}
+
+/// `dequantize_int8_f32` (`bf16` false) or `dequantize_int8_bf16` on `codes` [n] (16-byte
+/// aligned) and `scales` into `out` [n], by address.
+fn launch_dequantize_int8(
+    l: &Launch<'_>,
+    codes: u64,
+    scales: u64,
+    out: u64,
+    n: usize,
+    block: usize,
+    bf16: bool,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let (name, per_unit, unroll) = match bf16 {
+        true => ("dequantize_int8_bf16", 8, BF16_UNROLL),
+        false => ("dequantize_int8_f32", 4, DEQ_UNROLL),
+    };
+    let f = func(l.dev, name, block)?;
+    let n64 = i64_of(n);
+    let mut b = l.stream.launch_builder(&f);
+    b.arg(&codes).arg(&scales).arg(&out).arg(&n64);
+    // One unit past the full ones, for the tail.
+    let units = n / per_unit + 1;
+    // SAFETY: (const u8*, const float*, float* or u16*, i64) as in the source.
+    unsafe { b.launch(grid(units.div_ceil(NT * unroll))) }.w()?;
+    Ok(())
+}
+
+/// `quantize_int4_swizzled` on `x` [n = W * S] (16-byte aligned, S % block == 0) into `packed`
+/// [n / 2] and `scales` [n / block], by address.
+#[allow(clippy::too_many_arguments)]
+fn launch_quantize_int4_swizzled(
+    l: &Launch<'_>,
+    x: u64,
+    packed: u64,
+    scales: u64,
+    n: usize,
+    nodes: usize,
+    ranks_per_node: usize,
+    block: usize,
+) -> Result<()> {
+    let nb = n / block;
+    if nb == 0 {
+        return Ok(());
+    }
+    let bps = nb / (nodes * ranks_per_node);
+    let f = func(l.dev, "quantize_int4_swizzled", block)?;
+    let a = [n, nb, bps, nodes, ranks_per_node].map(i64_of);
+    let mut b = l.stream.launch_builder(&f);
+    b.arg(&x).arg(&packed).arg(&scales);
+    for v in &a {
+        b.arg(v);
+    }
+    // SAFETY: (const float*, u8*, float*, i64 x 5) as in the source.
+    unsafe { b.launch(block_grid(nb, tpb_of(block / 4))) }.w()?;
+    Ok(())
+}
+
+/// Output of the fused INT4 kernels, by address.
+#[derive(Clone, Copy)]
+enum RawOut {
+    /// The f32 sum [2P].
+    Sum(u64),
+    /// The INT4 of the sum: packed [P], scales [ceil(2P / block)].
+    Requantized(u64, u64),
+}
+
+/// The fused INT4 kernel `out` names on `pieces` pieces concatenated: `packed` [pieces * p]
+/// (16-byte aligned), `scales` [pieces * nb], nb = ceil(2p / block), by address.
+fn launch_fused(
+    l: &Launch<'_>,
+    packed: u64,
+    scales: u64,
+    pieces: usize,
+    p: usize,
+    block: usize,
+    out: RawOut,
+) -> Result<()> {
+    if pieces == 0 {
+        return Ok(());
+    }
+    let nb = (2 * p).div_ceil(block);
+    if nb == 0 {
+        return Ok(());
+    }
+    let pieces32 = i32::try_from(pieces).map_err(|_| QuantError::BadLength {
+        what: "piece count",
+        got: pieces,
+        expected: i32::MAX as usize,
+    })?;
+    let (p64, nb64) = (i64_of(p), i64_of(nb));
+    let tpb = fused_tpb(block / 32);
+    let (qout, qscales) = match out {
+        RawOut::Sum(o) => {
+            let f = func(l.dev, "dequantize_sum_int4", block)?;
+            let mut b = l.stream.launch_builder(&f);
+            b.arg(&packed)
+                .arg(&scales)
+                .arg(&o)
+                .arg(&pieces32)
+                .arg(&p64)
+                .arg(&nb64);
+            // SAFETY: (const u8*, const float*, float*, int, i64, i64) as in the source.
+            unsafe { b.launch(block_grid(nb, tpb)) }.w()?;
+            return Ok(());
+        }
+        RawOut::Requantized(q, s) => (q, s),
+    };
+    // Rounds of full blocks for a persistent fast kernel, then the rest, from block b0, for the
+    // general one (F_BPC blocks a CTA).
+    let fast = fast_requantizer(block, pieces, p);
+    if let Some(FastRequantizer { name, rounds, .. }) = fast {
+        let f = func(l.dev, name, block)?;
+        let sms = l
+            .stream
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .w()?;
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(NT as u32, 0, None)
+            .w()?;
+        let resident = sms.max(1) as usize * per_sm.max(1) as usize;
+        // In range: p < 2^32, so nb <= 2^33 / 32 and rounds < nb.
+        let (p32, nb32, rounds32) = (p as u32, nb as u32, rounds as u32);
+        let mut b = l.stream.launch_builder(&f);
+        b.arg(&packed).arg(&scales).arg(&qout).arg(&qscales);
+        b.arg(&pieces32).arg(&p32).arg(&nb32).arg(&rounds32);
+        // SAFETY: (const u8*, const float*, u8*, float*, int, u32, u32, u32) as in the source.
+        unsafe { b.launch(grid(rounds.min(resident))) }.w()?;
+    }
+    let b0 = fast.map_or(0, |q| q.rounds * (NT / q.tpb));
+    if b0 < nb {
+        let f = func(l.dev, "dequantize_sum_requantize_int4", block)?;
+        let b064 = i64_of(b0);
+        let mut b = l.stream.launch_builder(&f);
+        b.arg(&packed).arg(&scales).arg(&qout).arg(&qscales);
+        b.arg(&pieces32).arg(&p64).arg(&nb64).arg(&b064);
+        // SAFETY: (const u8*, const float*, u8*, float*, int, i64, i64, i64) as in the source.
+        unsafe { b.launch(block_grid(nb - b0, tpb)) }.w()?;
+    }
+    Ok(())
+}
+
+// ---- the launchers on cudarc buffers, on the device's own stream (the benchmark) ----
+
 /// Launches `quantize_int8` on `x` (16-byte aligned) into preallocated `codes` [n] and
-/// `scales` [ceil(n / block)] (block % 32 == 0). Used by the tensor API and the benchmark.
+/// `scales` [ceil(n / block)] (block % 32 == 0), on `dev`'s stream.
 pub fn quantize_int8_into(
     dev: &CudaDevice,
     x: &CudaView<'_, f32>,
@@ -167,43 +341,14 @@ pub fn quantize_int8_into(
     scales: &mut CudaSlice<f32>,
     block: usize,
 ) -> Result<()> {
-    let n = x.len();
-    let nb = n.div_ceil(block);
-    if nb == 0 {
-        return Ok(());
-    }
-    let f = func(dev, "quantize_int8", block)?;
-    let (n64, nb64) = (i64_of(n), i64_of(nb));
-    let stream = dev.cuda_stream();
-    let mut b = stream.launch_builder(&f);
-    b.arg(x).arg(codes).arg(scales).arg(&n64).arg(&nb64);
-    // SAFETY: argument types and lengths match the kernel's signature.
-    unsafe { b.launch(block_grid(nb, tpb_of(block / 4))) }.w()?;
-    Ok(())
-}
-
-/// GPU `quant::tensor::quantize_int8` (arguments already checked).
-pub(crate) fn quantize_int8(
-    dev: &CudaDevice,
-    x: &Tensor,
-    block: usize,
-) -> Result<(Tensor, Tensor)> {
-    let n = x.elem_count();
-    let nb = n.div_ceil(block);
-    let mut codes = alloc::<u8>(dev, n)?;
-    let mut scales = alloc::<f32>(dev, nb)?;
-    with_input::<f32, _>(x, |xv| {
-        quantize_int8_into(dev, xv, &mut codes, &mut scales, block)
-    })?;
-    Ok((
-        tensor(CudaStorageSlice::U8(codes), dev, n),
-        tensor(CudaStorageSlice::F32(scales), dev, nb),
-    ))
+    let l = Launch::own(dev);
+    let (xa, ca, sa) = (l.addr(x), l.addr(codes), l.addr(scales));
+    launch_quantize_int8(&l, xa, ca, sa, x.len(), block)
 }
 
 /// Launches `dequantize_int8_f32` (`out` f32) or `dequantize_int8_bf16` (`out` bf16 bits as
 /// u16) on `codes` [n] (16-byte aligned) and `scales` [ceil(n / block)] into a preallocated
-/// `out` [n]. Used by the tensor API and the benchmark.
+/// `out` [n], on `dev`'s stream.
 pub fn dequantize_int8_into<T: DeviceRepr>(
     dev: &CudaDevice,
     codes: &CudaView<'_, u8>,
@@ -211,71 +356,14 @@ pub fn dequantize_int8_into<T: DeviceRepr>(
     out: &mut CudaSlice<T>,
     block: usize,
 ) -> Result<()> {
-    let n = codes.len();
-    if n == 0 {
-        return Ok(());
-    }
-    let (name, per_unit, unroll) = match std::mem::size_of::<T>() {
-        2 => ("dequantize_int8_bf16", 8, BF16_UNROLL),
-        _ => ("dequantize_int8_f32", 4, DEQ_UNROLL),
-    };
-    let f = func(dev, name, block)?;
-    let n64 = i64_of(n);
-    let stream = dev.cuda_stream();
-    let mut b = stream.launch_builder(&f);
-    b.arg(codes).arg(scales).arg(out).arg(&n64);
-    // One unit past the full ones, for the tail.
-    let units = n / per_unit + 1;
-    // SAFETY: argument types and lengths match the kernel's signature.
-    unsafe { b.launch(grid(units.div_ceil(NT * unroll))) }.w()?;
-    Ok(())
-}
-
-/// Allocates the output through its storage variant's constructor (which names the element
-/// type, so that the bf16 case needs no `half` dependency) and launches `launch` on it.
-fn with_output<T: DeviceRepr>(
-    dev: &CudaDevice,
-    n: usize,
-    wrap: fn(CudaSlice<T>) -> CudaStorageSlice,
-    launch: impl FnOnce(&mut CudaSlice<T>) -> Result<()>,
-) -> Result<Tensor> {
-    let mut out = alloc::<T>(dev, n)?;
-    if n > 0 {
-        launch(&mut out)?;
-    }
-    Ok(tensor(wrap(out), dev, n))
-}
-
-/// GPU `quant::tensor::dequantize_int8` (arguments already checked; dtype F32 or BF16).
-pub(crate) fn dequantize_int8(
-    dev: &CudaDevice,
-    codes: &Tensor,
-    scales: &Tensor,
-    block: usize,
-    dtype: DType,
-) -> Result<Tensor> {
-    fn run<T: DeviceRepr>(
-        dev: &CudaDevice,
-        codes: &Tensor,
-        scales: &Tensor,
-        block: usize,
-        wrap: fn(CudaSlice<T>) -> CudaStorageSlice,
-    ) -> Result<Tensor> {
-        with_output(dev, codes.elem_count(), wrap, |out| {
-            with_input::<u8, _>(codes, |cv| {
-                with_input::<f32, _>(scales, |sv| dequantize_int8_into(dev, cv, sv, out, block))
-            })
-        })
-    }
-    match dtype {
-        DType::BF16 => run(dev, codes, scales, block, CudaStorageSlice::BF16),
-        _ => run(dev, codes, scales, block, CudaStorageSlice::F32),
-    }
+    let l = Launch::own(dev);
+    let (ca, sa, oa) = (l.addr(codes), l.addr(scales), l.addr(out));
+    let bf16 = std::mem::size_of::<T>() == 2;
+    launch_dequantize_int8(&l, ca, sa, oa, codes.len(), block, bf16)
 }
 
 /// Launches `quantize_int4_swizzled` on `x` [W * S] (16-byte aligned, S % block == 0) into
-/// preallocated `packed` [W * S / 2] and `scales` [W * S / block]. Used by the tensor API and
-/// the benchmark.
+/// preallocated `packed` [W * S / 2] and `scales` [W * S / block], on `dev`'s stream.
 pub fn quantize_int4_swizzled_into(
     dev: &CudaDevice,
     x: &CudaView<'_, f32>,
@@ -285,53 +373,9 @@ pub fn quantize_int4_swizzled_into(
     ranks_per_node: usize,
     block: usize,
 ) -> Result<()> {
-    let n = x.len();
-    let nb = n / block;
-    if nb == 0 {
-        return Ok(());
-    }
-    let bps = nb / (nodes * ranks_per_node);
-    let f = func(dev, "quantize_int4_swizzled", block)?;
-    let a = [n, nb, bps, nodes, ranks_per_node].map(i64_of);
-    let stream = dev.cuda_stream();
-    let mut b = stream.launch_builder(&f);
-    b.arg(x).arg(packed).arg(scales);
-    for v in &a {
-        b.arg(v);
-    }
-    // SAFETY: argument types and lengths match the kernel's signature.
-    unsafe { b.launch(block_grid(nb, tpb_of(block / 4))) }.w()?;
-    Ok(())
-}
-
-/// GPU `quant::tensor::quantize_int4_swizzled` (arguments already checked: x.len() = W * S,
-/// S % block == 0).
-pub(crate) fn quantize_int4_swizzled(
-    dev: &CudaDevice,
-    x: &Tensor,
-    nodes: usize,
-    ranks_per_node: usize,
-    block: usize,
-) -> Result<(Tensor, Tensor)> {
-    let n = x.elem_count();
-    let nb = n / block;
-    let mut packed = alloc::<u8>(dev, n / 2)?;
-    let mut scales = alloc::<f32>(dev, nb)?;
-    with_input::<f32, _>(x, |xv| {
-        quantize_int4_swizzled_into(
-            dev,
-            xv,
-            &mut packed,
-            &mut scales,
-            nodes,
-            ranks_per_node,
-            block,
-        )
-    })?;
-    Ok((
-        tensor(CudaStorageSlice::U8(packed), dev, n / 2),
-        tensor(CudaStorageSlice::F32(scales), dev, nb),
-    ))
+    let l = Launch::own(dev);
+    let (xa, pa, sa) = (l.addr(x), l.addr(packed), l.addr(scales));
+    launch_quantize_int4_swizzled(&l, xa, pa, sa, x.len(), nodes, ranks_per_node, block)
 }
 
 /// Output buffers of the fused INT4 kernels.
@@ -345,7 +389,7 @@ pub enum Out<'a> {
 
 /// Launches the fused INT4 kernel that `out` names on `pieces` pieces concatenated:
 /// packed [pieces * P] (16-byte aligned), scales [pieces * nb], nb = ceil(2P / block), into
-/// preallocated outputs. Used by the tensor API and the benchmark.
+/// preallocated outputs, on `dev`'s stream.
 pub fn dequantize_sum_int4_into(
     dev: &CudaDevice,
     packed: &CudaView<'_, u8>,
@@ -354,70 +398,155 @@ pub fn dequantize_sum_int4_into(
     block: usize,
     out: Out<'_>,
 ) -> Result<()> {
-    if pieces == 0 {
-        return Ok(());
-    }
-    let p = packed.len() / pieces;
-    let nb = (2 * p).div_ceil(block);
-    if nb == 0 {
-        return Ok(());
-    }
-    let pieces32 = i32::try_from(pieces).map_err(|_| QuantError::BadLength {
-        what: "piece count",
-        got: pieces,
-        expected: i32::MAX as usize,
-    })?;
-    let stream = dev.cuda_stream();
-    let (p64, nb64) = (i64_of(p), i64_of(nb));
-    let tpb = fused_tpb(block / 32);
-    let (qout, qscales) = match out {
-        Out::Sum(o) => {
-            let f = func(dev, "dequantize_sum_int4", block)?;
-            let mut b = stream.launch_builder(&f);
-            b.arg(packed)
-                .arg(scales)
-                .arg(o)
-                .arg(&pieces32)
-                .arg(&p64)
-                .arg(&nb64);
-            // SAFETY: argument types and lengths match the kernel's signature.
-            unsafe { b.launch(block_grid(nb, tpb)) }.w()?;
-            return Ok(());
-        }
-        Out::Requantized(q, s) => (q, s),
+    let l = Launch::own(dev);
+    let out = match out {
+        Out::Sum(o) => RawOut::Sum(l.addr(o)),
+        Out::Requantized(q, s) => RawOut::Requantized(l.addr(q), l.addr(s)),
     };
-    // Rounds of full blocks for a persistent fast kernel, then the rest, from block b0, for the
-    // general one (F_BPC blocks a CTA).
-    let fast = fast_requantizer(block, pieces, p);
-    if let Some(FastRequantizer { name, rounds, .. }) = fast {
-        let f = func(dev, name, block)?;
-        let sms = stream
-            .context()
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .w()?;
-        let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(NT as u32, 0, None)
-            .w()?;
-        let resident = sms.max(1) as usize * per_sm.max(1) as usize;
-        // In range: p < 2^32, so nb <= 2^33 / 32 and rounds < nb.
-        let (p32, nb32, rounds32) = (p as u32, nb as u32, rounds as u32);
-        let mut b = stream.launch_builder(&f);
-        b.arg(packed).arg(scales).arg(&mut *qout).arg(&mut *qscales);
-        b.arg(&pieces32).arg(&p32).arg(&nb32).arg(&rounds32);
-        // SAFETY: argument types and lengths match the kernel's signature.
-        unsafe { b.launch(grid(rounds.min(resident))) }.w()?;
+    let p = if pieces == 0 {
+        0
+    } else {
+        packed.len() / pieces
+    };
+    launch_fused(&l, l.addr(packed), l.addr(scales), pieces, p, block, out)
+}
+
+// ---- the tensor API's GPU half (arguments checked by tensor.rs) ----
+
+fn tensor(slice: CudaStorageSlice, dev: &CudaDevice, n: usize) -> Tensor {
+    let st = CudaStorage {
+        slice,
+        device: dev.clone(),
+    };
+    Tensor::from_storage(Storage::Cuda(st), n, BackpropOp::none(), false)
+}
+
+/// The address of the 1-D contiguous CUDA tensor `t`; one that is not 16-byte aligned (a
+/// narrowed tensor) is first copied on `l`'s stream to a fresh buffer, kept alive in `keep` until
+/// the caller's launches are queued, so that the kernels' vector loads are aligned.
+fn input<T: CudaDType + DeviceRepr>(
+    l: &Launch<'_>,
+    t: &Tensor,
+    keep: &mut Vec<CudaSlice<T>>,
+) -> Result<u64> {
+    let a = kernels::place::address(t)?;
+    if a.is_multiple_of(16) {
+        return Ok(a);
     }
-    let b0 = fast.map_or(0, |q| q.rounds * (NT / q.tpb));
-    if b0 < nb {
-        let f = func(dev, "dequantize_sum_requantize_int4", block)?;
-        let b064 = i64_of(b0);
-        let mut b = stream.launch_builder(&f);
-        b.arg(packed).arg(scales).arg(qout).arg(qscales);
-        b.arg(&pieces32).arg(&p64).arg(&nb64).arg(&b064);
-        // SAFETY: argument types and lengths match the kernel's signature.
-        unsafe { b.launch(block_grid(nb - b0, tpb)) }.w()?;
-    }
-    Ok(())
+    let (st, layout) = t.storage_and_layout();
+    let Storage::Cuda(cs) = &*st else {
+        unreachable!("the tensor API checked the device")
+    };
+    let (o, n) = (layout.start_offset(), t.elem_count());
+    let v = cs.as_cuda_slice::<T>()?.slice(o..o + n);
+    let mut c = l.alloc::<T>(n)?;
+    l.stream.memcpy_dtod(&v, &mut c).w()?;
+    let a = l.addr(&c);
+    keep.push(c);
+    Ok(a)
+}
+
+/// The address of `out`, a contiguous CUDA tensor the caller allocated, plus `at` elements.
+fn output(out: &Tensor, at: usize) -> Result<u64> {
+    Ok(kernels::place::address(out)? + (at * out.dtype().size_in_bytes()) as u64)
+}
+
+/// GPU `quant::tensor::quantize_int8` (arguments already checked).
+pub(crate) fn quantize_int8(
+    dev: &CudaDevice,
+    x: &Tensor,
+    block: usize,
+) -> Result<(Tensor, Tensor)> {
+    let l = Launch::own(dev);
+    let n = x.elem_count();
+    let nb = n.div_ceil(block);
+    let codes = l.alloc::<u8>(n)?;
+    let scales = l.alloc::<f32>(nb)?;
+    let mut keep = Vec::new();
+    let xa = input::<f32>(&l, x, &mut keep)?;
+    launch_quantize_int8(&l, xa, l.addr(&codes), l.addr(&scales), n, block)?;
+    Ok((
+        tensor(CudaStorageSlice::U8(codes), dev, n),
+        tensor(CudaStorageSlice::F32(scales), dev, nb),
+    ))
+}
+
+/// GPU `quant::tensor::quantize_int8_into`: codes into `codes[at..]`, scales into
+/// `scales[at / block..]` (checked: `at % block == 0`, in range, `codes` 16-byte aligned there).
+pub(crate) fn quantize_int8_at(
+    dev: &CudaDevice,
+    place: &Place,
+    x: &Tensor,
+    block: usize,
+    codes: &Tensor,
+    scales: &Tensor,
+    at: usize,
+) -> Result<()> {
+    let l = Launch::on(dev, place);
+    let mut keep = Vec::new();
+    let xa = input::<f32>(&l, x, &mut keep)?;
+    let (ca, sa) = (output(codes, at)?, output(scales, at / block)?);
+    launch_quantize_int8(&l, xa, ca, sa, x.elem_count(), block)
+}
+
+/// GPU `quant::tensor::dequantize_int8` (arguments already checked; dtype F32 or BF16).
+pub(crate) fn dequantize_int8(
+    dev: &CudaDevice,
+    codes: &Tensor,
+    scales: &Tensor,
+    block: usize,
+    dtype: DType,
+) -> Result<Tensor> {
+    let l = Launch::own(dev);
+    let n = codes.elem_count();
+    let out = match dtype {
+        DType::BF16 => tensor(CudaStorageSlice::BF16(l.alloc(n)?), dev, n),
+        _ => tensor(CudaStorageSlice::F32(l.alloc(n)?), dev, n),
+    };
+    dequantize_int8_at(dev, &Place::Own, codes, scales, block, &out)?;
+    Ok(out)
+}
+
+/// GPU `quant::tensor::dequantize_int8_into`: into `out` (F32 or BF16, checked).
+pub(crate) fn dequantize_int8_at(
+    dev: &CudaDevice,
+    place: &Place,
+    codes: &Tensor,
+    scales: &Tensor,
+    block: usize,
+    out: &Tensor,
+) -> Result<()> {
+    let l = Launch::on(dev, place);
+    let (mut k8, mut k32) = (Vec::new(), Vec::new());
+    let ca = input::<u8>(&l, codes, &mut k8)?;
+    let sa = input::<f32>(&l, scales, &mut k32)?;
+    let bf16 = out.dtype() == DType::BF16;
+    launch_dequantize_int8(&l, ca, sa, output(out, 0)?, codes.elem_count(), block, bf16)
+}
+
+/// GPU `quant::tensor::quantize_int4_swizzled_on` (arguments already checked: x.len() = W * S,
+/// S % block == 0): fresh outputs from `place`'s stream.
+pub(crate) fn quantize_int4_swizzled(
+    dev: &CudaDevice,
+    place: &Place,
+    x: &Tensor,
+    nodes: usize,
+    ranks_per_node: usize,
+    block: usize,
+) -> Result<(Tensor, Tensor)> {
+    let l = Launch::on(dev, place);
+    let n = x.elem_count();
+    let nb = n / block;
+    let packed = l.alloc::<u8>(n / 2)?;
+    let scales = l.alloc::<f32>(nb)?;
+    let mut keep = Vec::new();
+    let xa = input::<f32>(&l, x, &mut keep)?;
+    let (pa, sa) = (l.addr(&packed), l.addr(&scales));
+    launch_quantize_int4_swizzled(&l, xa, pa, sa, n, nodes, ranks_per_node, block)?;
+    Ok((
+        tensor(CudaStorageSlice::U8(packed), dev, n / 2),
+        tensor(CudaStorageSlice::F32(scales), dev, nb),
+    ))
 }
 
 /// A persistent requantiser and the part of the blocks it takes.
@@ -458,38 +587,62 @@ fn fast_requantizer(block: usize, pieces: usize, p: usize) -> Option<FastRequant
 }
 
 /// GPU fused INT4 piece sums (arguments already checked: packed [pieces * P],
-/// scales [pieces * nb], nb = ceil(2P / block)). `requantize` picks the output: the INT4 of the
-/// sum (packed [P], scales [nb]) or the f32 sum [2P] (second tensor None).
+/// scales [pieces * nb], nb = ceil(2P / block)): the INT4 of the sum (packed [P], scales [nb]),
+/// fresh from `place`'s stream.
+pub(crate) fn dequantize_sum_requantize_int4(
+    dev: &CudaDevice,
+    place: &Place,
+    packed: &Tensor,
+    scales: &Tensor,
+    pieces: usize,
+    block: usize,
+) -> Result<(Tensor, Tensor)> {
+    let l = Launch::on(dev, place);
+    let p = packed.elem_count() / pieces;
+    let nb = (2 * p).div_ceil(block);
+    let (mut k8, mut k32) = (Vec::new(), Vec::new());
+    let pa = input::<u8>(&l, packed, &mut k8)?;
+    let sa = input::<f32>(&l, scales, &mut k32)?;
+    let q = l.alloc::<u8>(p)?;
+    let s = l.alloc::<f32>(nb)?;
+    let out = RawOut::Requantized(l.addr(&q), l.addr(&s));
+    launch_fused(&l, pa, sa, pieces, p, block, out)?;
+    Ok((
+        tensor(CudaStorageSlice::U8(q), dev, p),
+        tensor(CudaStorageSlice::F32(s), dev, nb),
+    ))
+}
+
+/// GPU fused INT4 piece sum into `out` (f32 [2P], checked).
+pub(crate) fn dequantize_sum_int4_at(
+    dev: &CudaDevice,
+    place: &Place,
+    packed: &Tensor,
+    scales: &Tensor,
+    pieces: usize,
+    block: usize,
+    out: &Tensor,
+) -> Result<()> {
+    let l = Launch::on(dev, place);
+    let p = packed.elem_count() / pieces;
+    let (mut k8, mut k32) = (Vec::new(), Vec::new());
+    let pa = input::<u8>(&l, packed, &mut k8)?;
+    let sa = input::<f32>(&l, scales, &mut k32)?;
+    launch_fused(&l, pa, sa, pieces, p, block, RawOut::Sum(output(out, 0)?))
+}
+
+/// GPU fused INT4 piece sum, a fresh f32 [2P] on the device's stream.
 pub(crate) fn dequantize_sum_int4(
     dev: &CudaDevice,
     packed: &Tensor,
     scales: &Tensor,
     pieces: usize,
     block: usize,
-    requantize: bool,
-) -> Result<(Tensor, Option<Tensor>)> {
-    let p = packed.elem_count() / pieces;
-    let nb = (2 * p).div_ceil(block);
-    let run = |out: Out<'_>| -> Result<()> {
-        with_input::<u8, _>(packed, |pv| {
-            with_input::<f32, _>(scales, |sv| {
-                dequantize_sum_int4_into(dev, pv, sv, pieces, block, out)
-            })
-        })
-    };
-    if requantize {
-        let mut q = alloc::<u8>(dev, p)?;
-        let mut s = alloc::<f32>(dev, nb)?;
-        run(Out::Requantized(&mut q, &mut s))?;
-        Ok((
-            tensor(CudaStorageSlice::U8(q), dev, p),
-            Some(tensor(CudaStorageSlice::F32(s), dev, nb)),
-        ))
-    } else {
-        let mut out = alloc::<f32>(dev, 2 * p)?;
-        run(Out::Sum(&mut out))?;
-        Ok((tensor(CudaStorageSlice::F32(out), dev, 2 * p), None))
-    }
+) -> Result<Tensor> {
+    let n = 2 * (packed.elem_count() / pieces);
+    let out = tensor(CudaStorageSlice::F32(Launch::own(dev).alloc(n)?), dev, n);
+    dequantize_sum_int4_at(dev, &Place::Own, packed, scales, pieces, block, &out)?;
+    Ok(out)
 }
 
 #[cfg(test)]

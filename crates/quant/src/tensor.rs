@@ -22,6 +22,7 @@
 //! ```
 
 use candle_core::{DType, Device, Tensor};
+use kernels::place::Place;
 
 use crate::int4::check_int4_block;
 use crate::QuantError;
@@ -159,6 +160,118 @@ pub fn dequantize_int8(
     }
 }
 
+/// [`quantize_int8`] of `x` [L] written into a slot of preallocated buffers: the codes into
+/// `codes[at..at + L]` (U8) and the scales into `scales[at / block..]` (F32), its kernel on
+/// `place` (a gather's job fills its rank's slot, then gathers the rest in place). `at` must be
+/// a multiple of `block` (and, on the GPU, of 16).
+pub fn quantize_int8_into(
+    x: &Tensor,
+    block: usize,
+    codes: &Tensor,
+    scales: &Tensor,
+    at: usize,
+    place: &Place,
+) -> Result<()> {
+    vector("x", x, DType::F32)?;
+    vector("codes", codes, DType::U8)?;
+    vector("scales", scales, DType::F32)?;
+    same_device("codes", codes, x.device())?;
+    same_device("scales", scales, x.device())?;
+    if block == 0 {
+        return Err(QuantError::ZeroBlock);
+    }
+    let n = x.elem_count();
+    if !at.is_multiple_of(block) || at + n > codes.elem_count() {
+        return Err(QuantError::BadLength {
+            what: "codes slot (a whole number of blocks, in range)",
+            got: at,
+            expected: at.next_multiple_of(block),
+        });
+    }
+    if at / block + n.div_ceil(block) > scales.elem_count() {
+        return Err(QuantError::BadLength {
+            what: "scales slot",
+            got: scales.elem_count(),
+            expected: at / block + n.div_ceil(block),
+        });
+    }
+    match x.device() {
+        Device::Cpu => {
+            let _ = place;
+            let (q, s) = quantize_int8(x, block)?;
+            codes.slice_set(&q, 0, at)?;
+            scales.slice_set(&s, 0, at / block)?;
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(dev) => {
+            gpu_block(block)?;
+            if !at.is_multiple_of(16) {
+                return Err(QuantError::BadLength {
+                    what: "codes slot (16-byte aligned on the GPU)",
+                    got: at,
+                    expected: at.next_multiple_of(16),
+                });
+            }
+            crate::cuda::quantize_int8_at(dev, place, x, block, codes, scales, at)
+        }
+        #[allow(unreachable_patterns)]
+        d => Err(unsupported("x", d)),
+    }
+}
+
+/// [`dequantize_int8`] written into `out` (F32 or BF16, as long as the codes), its kernel on
+/// `place`; returns `out` (written in place on the CPU too).
+pub fn dequantize_int8_into(
+    codes: &Tensor,
+    scales: &Tensor,
+    block: usize,
+    out: &Tensor,
+    place: &Place,
+) -> Result<Tensor> {
+    let dtype = out.dtype();
+    if dtype != DType::F32 && dtype != DType::BF16 {
+        return Err(QuantError::DType {
+            what: "dequantised output",
+            got: dtype,
+            expected: DType::F32,
+        });
+    }
+    output(
+        "dequantised output",
+        out,
+        dtype,
+        codes.elem_count(),
+        codes.device(),
+    )?;
+    match codes.device() {
+        Device::Cpu => {
+            let _ = place;
+            let y = dequantize_int8(codes, scales, block, dtype)?;
+            out.slice_set(&y, 0, 0)?;
+            Ok(out.clone())
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(dev) => {
+            vector("codes", codes, DType::U8)?;
+            vector("scales", scales, DType::F32)?;
+            same_device("scales", scales, codes.device())?;
+            gpu_block(block)?;
+            if scales.elem_count() != codes.elem_count().div_ceil(block) {
+                return Err(QuantError::BadLength {
+                    what: "scale count",
+                    got: scales.elem_count(),
+                    expected: codes.elem_count().div_ceil(block),
+                });
+            }
+            crate::cuda::dequantize_int8_at(dev, place, codes, scales, block, out)?;
+            Ok(out.clone())
+        }
+        #[allow(unreachable_patterns)]
+        d => Err(unsupported("codes", d)),
+    }
+}
+
 /// [`crate::quantize_int4_swizzled`] on a tensor: x [W * S] F32 -> (packed [W * S / 2] U8,
 /// scales [W * S / block] F32), W = nodes * ranks_per_node, S a multiple of `block`.
 pub fn quantize_int4_swizzled(
@@ -167,9 +280,21 @@ pub fn quantize_int4_swizzled(
     ranks_per_node: usize,
     block: usize,
 ) -> Result<(Tensor, Tensor)> {
+    quantize_int4_swizzled_on(x, nodes, ranks_per_node, block, &Place::Own)
+}
+
+/// [`quantize_int4_swizzled`] with its kernel and outputs on `place` (a job's).
+pub fn quantize_int4_swizzled_on(
+    x: &Tensor,
+    nodes: usize,
+    ranks_per_node: usize,
+    block: usize,
+    place: &Place,
+) -> Result<(Tensor, Tensor)> {
     vector("x", x, DType::F32)?;
     match x.device() {
         Device::Cpu => {
+            let _ = place;
             let (p, s) =
                 crate::quantize_int4_swizzled(&x.to_vec1::<f32>()?, nodes, ranks_per_node, block)?;
             Ok((u8_tensor(p, &Device::Cpu)?, f32_tensor(s, &Device::Cpu)?))
@@ -178,7 +303,7 @@ pub fn quantize_int4_swizzled(
         Device::Cuda(dev) => {
             crate::fused::check_swizzle(x.elem_count(), nodes, ranks_per_node, block)?;
             gpu_block(block)?;
-            crate::cuda::quantize_int4_swizzled(dev, x, nodes, ranks_per_node, block)
+            crate::cuda::quantize_int4_swizzled(dev, place, x, nodes, ranks_per_node, block)
         }
         #[allow(unreachable_patterns)]
         d => Err(unsupported("x", d)),
@@ -254,9 +379,21 @@ pub fn dequantize_sum_requantize_int4(
     pieces: usize,
     block: usize,
 ) -> Result<(Tensor, Tensor)> {
+    dequantize_sum_requantize_int4_on(packed, scales, pieces, block, &Place::Own)
+}
+
+/// [`dequantize_sum_requantize_int4`] with its kernels and outputs on `place` (a job's).
+pub fn dequantize_sum_requantize_int4_on(
+    packed: &Tensor,
+    scales: &Tensor,
+    pieces: usize,
+    block: usize,
+    place: &Place,
+) -> Result<(Tensor, Tensor)> {
     let (p, nb) = check_pieces(packed, scales, pieces, block)?;
     match packed.device() {
         Device::Cpu => {
+            let _ = place;
             let (hp, hs, p, nb) = host_pieces(packed, scales, p, nb)?;
             let (q, s) =
                 crate::dequantize_sum_requantize_int4(&split(&hp, &hs, pieces, p, nb), block)?;
@@ -265,9 +402,7 @@ pub fn dequantize_sum_requantize_int4(
         #[cfg(feature = "cuda")]
         Device::Cuda(dev) => {
             gpu_block(block)?;
-            let (q, s) =
-                crate::cuda::dequantize_sum_int4(dev, packed, scales, pieces, block, true)?;
-            Ok((q, s.expect("requantised scales")))
+            crate::cuda::dequantize_sum_requantize_int4(dev, place, packed, scales, pieces, block)
         }
         #[allow(unreachable_patterns)]
         d => Err(unsupported("packed", d)),
@@ -293,11 +428,55 @@ pub fn dequantize_sum_int4(
         #[cfg(feature = "cuda")]
         Device::Cuda(dev) => {
             gpu_block(block)?;
-            Ok(crate::cuda::dequantize_sum_int4(dev, packed, scales, pieces, block, false)?.0)
+            crate::cuda::dequantize_sum_int4(dev, packed, scales, pieces, block)
         }
         #[allow(unreachable_patterns)]
         d => Err(unsupported("packed", d)),
     }
+}
+
+/// [`dequantize_sum_int4`] written into `out` (F32 [2P] on the pieces' device), its kernel on
+/// `place`; returns the sum (`out` itself: written in place on the CPU too).
+pub fn dequantize_sum_int4_into(
+    packed: &Tensor,
+    scales: &Tensor,
+    pieces: usize,
+    block: usize,
+    out: &Tensor,
+    place: &Place,
+) -> Result<Tensor> {
+    let (p, _) = check_pieces(packed, scales, pieces, block)?;
+    output("sum", out, DType::F32, 2 * p, packed.device())?;
+    match packed.device() {
+        Device::Cpu => {
+            let _ = place;
+            let sum = dequantize_sum_int4(packed, scales, pieces, block)?;
+            out.slice_set(&sum, 0, 0)?;
+            Ok(out.clone())
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(dev) => {
+            gpu_block(block)?;
+            crate::cuda::dequantize_sum_int4_at(dev, place, packed, scales, pieces, block, out)?;
+            Ok(out.clone())
+        }
+        #[allow(unreachable_patterns)]
+        d => Err(unsupported("packed", d)),
+    }
+}
+
+/// Checks that `out` is a 1-D contiguous `dtype` tensor of `len` elements on `dev`.
+fn output(what: &'static str, out: &Tensor, dtype: DType, len: usize, dev: &Device) -> Result<()> {
+    vector(what, out, dtype)?;
+    same_device(what, out, dev)?;
+    if out.elem_count() != len {
+        return Err(QuantError::BadLength {
+            what,
+            got: out.elem_count(),
+            expected: len,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
