@@ -104,6 +104,15 @@ pub enum CommError {
         source: Arc<std::io::Error>,
     },
 
+    /// The caller's own work inside a job ([`crate::Job`] `label`) failed: a kernel, a tensor
+    /// operation.
+    #[error("job {label}")]
+    Job {
+        label: &'static str,
+        #[source]
+        source: SharedSource,
+    },
+
     // ---- the layers underneath ----
     /// A tensor operation of a collective (`op`) failed: a copy, an add, a device error.
     #[error("{op}: tensor operation failed")]

@@ -33,6 +33,9 @@ pub mod bootstrap;
 mod counters;
 mod error;
 mod failure;
+#[cfg(feature = "cuda")]
+mod gpu;
+pub mod job;
 pub mod launch;
 pub mod link;
 mod local;
@@ -50,6 +53,7 @@ mod topology;
 pub use counters::ByteCounters;
 pub use error::{CommError, Result, SharedSource};
 pub use failure::{FailureHandler, FailureReport};
+pub use job::{Job, JobClock, JobTime, Lane};
 pub use local::{
     local_world, local_world_with_timeout, run_local, run_local_with_timeout, LocalComm,
     LocalRunError, DEFAULT_TIMEOUT,
@@ -118,6 +122,17 @@ pub trait Communicator: Send + Sync {
     /// The `nccl` backend's `wait` only makes the compute stream wait, so its exposed
     /// communication is visible on the device alone.
     fn device_wait_clock(&self) -> Option<DeviceWaitClock> {
+        None
+    }
+    /// Queues `job` (collectives and the caller's kernels between them, see [`job`]) on this
+    /// rank's communication side, after every collective and job issued before it; `wait` gives
+    /// its results once the caller's compute may read them. Backends without a communication
+    /// side of their own run it at once with [`job::run_direct`].
+    fn submit(&self, job: Job) -> Pending<Vec<Tensor>>;
+    /// Starts timing this communicator's jobs by label (from now on) and returns the clock that
+    /// reads it: how long the communication side was busy with each label and how long compute
+    /// waited for it; `None` where jobs are not timed (they run at once, [`job::run_direct`]).
+    fn job_clock(&self) -> Option<JobClock> {
         None
     }
 }

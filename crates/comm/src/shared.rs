@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
-use crate::{ByteCounters, Communicator, DeviceWaitClock, Group, Pending, Topology};
+use crate::{ByteCounters, Communicator, DeviceWaitClock, Group, Job, JobClock, Pending, Topology};
 
 impl<C: Communicator + ?Sized> Communicator for Arc<C> {
     fn rank(&self) -> usize {
@@ -40,5 +40,11 @@ impl<C: Communicator + ?Sized> Communicator for Arc<C> {
     }
     fn device_wait_clock(&self) -> Option<DeviceWaitClock> {
         (**self).device_wait_clock()
+    }
+    fn submit(&self, job: Job) -> Pending<Vec<Tensor>> {
+        (**self).submit(job)
+    }
+    fn job_clock(&self) -> Option<JobClock> {
+        (**self).job_clock()
     }
 }

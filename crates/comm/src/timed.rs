@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 
-use crate::{ByteCounters, Communicator, Group, Pending, Topology};
+use crate::{ByteCounters, Communicator, Group, Job, JobClock, Pending, Topology};
 
 /// Wraps a communicator and adds up the wall time spent inside [`Pending::wait`] of its
 /// collectives. On the CPU that is the exposed communication; on a GPU it is the time the host
@@ -110,6 +110,12 @@ impl Communicator for Timed {
     fn abort(&self, reason: String) {
         self.inner.abort(reason)
     }
+    fn submit(&self, job: Job) -> Pending<Vec<Tensor>> {
+        self.timed(self.inner.submit(job))
+    }
+    fn job_clock(&self) -> Option<JobClock> {
+        self.inner.job_clock()
+    }
 }
 
 #[cfg(test)]
@@ -157,6 +163,9 @@ mod tests {
         }
         fn device_wait_clock(&self) -> Option<DeviceWaitClock> {
             Some(DeviceWaitClock::new(|| Ok(1.5)))
+        }
+        fn submit(&self, job: crate::Job) -> Pending<Vec<Tensor>> {
+            crate::job::run_direct(self, job)
         }
     }
 

@@ -419,3 +419,136 @@ fn timed_counts_the_time_spent_waiting_for_a_late_peer() {
     assert!(clock.seconds() >= 0.15, "waited {} s", clock.seconds());
     assert_eq!(timed.rank(), 0);
 }
+
+/// A job ([`comm::Job`]) that gathers `mine` in place, exchanges `send` all-to-all and reduces
+/// `reduce` into an output, over `group`: what the engine's gathers and reductions do.
+fn collectives_job(
+    group: Group,
+    mine: Tensor,
+    send: Tensor,
+    reduce: Tensor,
+    n: usize,
+    me: usize,
+) -> comm::Job {
+    let (len, chunk) = (mine.elem_count(), reduce.elem_count() / n);
+    comm::Job {
+        label: "collectives",
+        device: Device::Cpu,
+        inputs: vec![mine, send, reduce],
+        outputs: vec![(DType::U8, len * n), (DType::F32, chunk)],
+        run: Box::new(move |lane, inputs, outputs| {
+            let (buf, out) = (&outputs[0], &outputs[1]);
+            buf.slice_set(&inputs[0], 0, me * len)
+                .map_err(|e| CommError::in_job("collectives", e))?;
+            Ok(vec![
+                lane.all_gather_in_place(group, buf)?,
+                lane.all_to_all(group, &inputs[1])?,
+                lane.reduce_scatter_into(group, &inputs[2], out)?,
+            ])
+        }),
+    }
+}
+
+/// Jobs on the local backend's communication thread give the plain collectives' exact results,
+/// on every group, interleaved with plain collectives in issue order.
+#[test]
+fn jobs_equal_the_plain_collectives_on_every_group() {
+    run_local(topo(8, 4), |c| -> Result<(), CommError> {
+        let (t, r) = (c.topology(), c.rank());
+        for g in GROUPS {
+            let (n, me) = (t.group_size(g), t.group_rank(g, r));
+            let mine =
+                Tensor::from_vec((0..5).map(|i| gather_byte(r, i)).collect(), 5, &Device::Cpu)
+                    .unwrap();
+            let send: Vec<u8> = (0..n)
+                .flat_map(|j| (0..3).map(move |k| a2a_byte(r, j, k)))
+                .collect();
+            let send = Tensor::from_vec(send, 3 * n, &Device::Cpu).unwrap();
+            let reduce: Vec<f32> = (0..4 * n).map(|i| value(r, i)).collect();
+            let reduce = Tensor::from_vec(reduce, 4 * n, &Device::Cpu).unwrap();
+            // A plain collective before and after the job: the order holds.
+            let before = c.all_gather(g, mine.clone());
+            let job = c.submit(collectives_job(
+                g,
+                mine.clone(),
+                send.clone(),
+                reduce.clone(),
+                n,
+                me,
+            ));
+            let after = c.reduce_scatter(g, reduce.clone());
+            let got = job.wait()?;
+            let to_f32 = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(to_f32(&got[0]), to_f32(&before.wait()?), "gather {g:?}");
+            assert_eq!(
+                to_f32(&got[1]),
+                to_f32(&c.all_to_all(g, send).wait()?),
+                "a2a {g:?}"
+            );
+            assert_eq!(to_f32(&got[2]), to_f32(&after.wait()?), "reduce {g:?}");
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// A job's own error comes back from `wait` naming the job, and the rank's later collectives
+/// still run; the job clock counts each label's jobs and their time.
+#[test]
+fn a_failing_job_names_itself_and_the_clock_counts_jobs() {
+    run_local(topo(2, 1), |c| -> Result<(), CommError> {
+        let clock = c.job_clock().expect("the local backend times its jobs");
+        let failing = comm::Job {
+            label: "failing",
+            device: Device::Cpu,
+            inputs: vec![],
+            outputs: vec![(DType::F32, 4)],
+            run: Box::new(|_, _, _| {
+                Err(CommError::in_job(
+                    "failing",
+                    std::io::Error::other("no such buffer"),
+                ))
+            }),
+        };
+        match c.submit(failing).wait() {
+            Err(CommError::Job {
+                label: "failing",
+                source,
+            }) => {
+                assert_eq!(source.to_string(), "no such buffer")
+            }
+            other => panic!("expected the job's error, got {other:?}"),
+        }
+        let sum = c.all_reduce_f32(Group::World, vec![1.0]).wait()?;
+        assert_eq!(sum, vec![2.0]);
+        let x = Tensor::from_vec(vec![c.rank() as u8; 3], 3, &Device::Cpu).unwrap();
+        for _ in 0..3 {
+            c.submit(collectives_job(
+                Group::World,
+                x.clone(),
+                Tensor::zeros(2, DType::U8, &Device::Cpu).unwrap(),
+                Tensor::zeros(2, DType::F32, &Device::Cpu).unwrap(),
+                2,
+                c.rank(),
+            ))
+            .wait()?;
+        }
+        let times = clock.read()?;
+        let of = |label| {
+            times
+                .iter()
+                .find(|t| t.label == label)
+                .cloned()
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            (of("failing").jobs, of("collectives").jobs),
+            (1, 3),
+            "{times:?}"
+        );
+        assert!(of("collectives").busy_s > 0.0);
+        assert!((0.0..=1.0).contains(&of("collectives").hidden()));
+        Ok(())
+    })
+    .unwrap();
+}

@@ -10,6 +10,7 @@
 //! Reductions add the members' contributions in group-rank order, so results are bitwise
 //! identical whatever the thread timing.
 
+mod job;
 mod rendezvous;
 mod run;
 
@@ -19,6 +20,7 @@ use std::time::Duration;
 use candle_core::Tensor;
 
 use crate::counters::AtomicCounters;
+use crate::job::{Job, JobClock};
 use crate::op::Op;
 use crate::{ByteCounters, CommError, Communicator, Group, Pending, Result, Topology};
 use rendezvous::{Payload, Seat, Shared};
@@ -43,10 +45,13 @@ struct Handle {
     rank: usize,
     shared: Arc<Shared>,
     counters: Arc<AtomicCounters>,
-    jobs: mpsc::Sender<Job>,
+    tasks: mpsc::Sender<Task>,
+    /// This rank's job timing, once started.
+    timing: job::SharedTiming,
 }
 
-type Job = Box<dyn FnOnce(&mut Worker) + Send>;
+/// What the communication thread runs: a collective, or a [`Job`].
+type Task = Box<dyn FnOnce(&mut Worker) + Send>;
 
 /// The communication thread's state: its rank and its sequence number on each group.
 struct Worker {
@@ -71,7 +76,7 @@ pub fn local_world_with_timeout(topology: Topology, timeout: Duration) -> Vec<Lo
     (0..topology.world())
         .map(|rank| {
             let counters = Arc::new(AtomicCounters::default());
-            let (jobs, rx) = mpsc::channel::<Job>();
+            let (tasks, rx) = mpsc::channel::<Task>();
             let mut worker = Worker {
                 rank,
                 shared: shared.clone(),
@@ -82,8 +87,8 @@ pub fn local_world_with_timeout(topology: Topology, timeout: Duration) -> Vec<Lo
             std::thread::Builder::new()
                 .name(format!("comm-local-{rank}"))
                 .spawn(move || {
-                    while let Ok(job) = rx.recv() {
-                        job(&mut worker);
+                    while let Ok(task) = rx.recv() {
+                        task(&mut worker);
                     }
                     worker.shared.mark_gone(rank);
                 })
@@ -93,7 +98,8 @@ pub fn local_world_with_timeout(topology: Topology, timeout: Duration) -> Vec<Lo
                     rank,
                     shared: shared.clone(),
                     counters,
-                    jobs,
+                    tasks,
+                    timing: Default::default(),
                 }),
             }
         })
@@ -109,15 +115,52 @@ impl LocalComm {
         F: FnOnce(&[Arc<Payload>], usize) -> candle_core::Result<T> + Send + 'static,
     {
         let (done, pending) = Pending::channel(self.handle.rank);
-        let job: Job = Box::new(move |worker: &mut Worker| {
+        let task: Task = Box::new(move |worker: &mut Worker| {
             done.complete(worker.run(group, op, payload, finish));
         });
-        match self.handle.jobs.send(job) {
+        match self.handle.tasks.send(task) {
             Ok(()) => pending,
             Err(_) => Pending::failed(CommError::WorkerGone {
                 rank: self.handle.rank,
             }),
         }
+    }
+
+    /// A plain collective of a GPU tensor: on the world's communication stream (`job.rs`),
+    /// since the ranks' tensors may live on streams and candle devices of their own.
+    #[cfg(feature = "cuda")]
+    fn submit_gpu(&self, group: Group, op: Op, send: Tensor) -> Pending<Tensor> {
+        let plain = match job::PlainOnGpu::prepare(op, group, send, self.handle.shared.topology) {
+            Ok(p) => p,
+            Err(e) => return Pending::failed(e),
+        };
+        let (done, pending) = Pending::channel(self.handle.rank);
+        let task: Task = Box::new(move |worker: &mut Worker| {
+            done.complete(worker.run_plain_gpu(plain));
+        });
+        if self.handle.tasks.send(task).is_err() {
+            return Pending::failed(CommError::WorkerGone {
+                rank: self.handle.rank,
+            });
+        }
+        Pending::deferred(move || {
+            let finished: job::Finished = pending.wait()?;
+            let mut results = finished.results.into_iter();
+            if let Some(fence) = finished.fence {
+                fence.release()?;
+            }
+            Ok(results.next().expect("one result"))
+        })
+    }
+
+    /// Routes `op` on a GPU tensor to [`LocalComm::submit_gpu`]: `Some` of its result there.
+    fn on_gpu(&self, group: Group, op: Op, send: &Tensor) -> Option<Pending<Tensor>> {
+        #[cfg(feature = "cuda")]
+        if send.device().is_cuda() {
+            return Some(self.submit_gpu(group, op, send.clone()));
+        }
+        let _ = (group, op, send);
+        None
     }
 
     /// A second handle on the same rank, keeping its communication thread alive.
@@ -127,13 +170,9 @@ impl LocalComm {
 }
 
 impl Worker {
-    fn run<T>(
-        &mut self,
-        group: Group,
-        op: Op,
-        payload: Payload,
-        finish: impl FnOnce(&[Arc<Payload>], usize) -> candle_core::Result<T>,
-    ) -> Result<T> {
+    /// Meets the group for my next collective on it: deposits my payload, waits for every
+    /// member's, checks that they agree, counts my bytes; the payloads in group-rank order.
+    fn meet(&mut self, group: Group, op: Op, payload: Payload) -> Result<Vec<Arc<Payload>>> {
         let topology = self.shared.topology;
         let members = topology.members(group, self.rank);
         let me = topology.group_rank(group, self.rank);
@@ -148,11 +187,24 @@ impl Worker {
         };
         let (len, size) = (payload.len(), payload.elem_size());
         let payloads = self.shared.meet(&seat, op, payload)?;
-        let result = finish(&payloads, me).map_err(|e| CommError::tensor(op.name(), e))?;
         let bytes = op.bytes_per_peer(len, size, n, me);
         self.counters
             .count(&topology, self.rank, &members, |_| bytes);
-        Ok(result)
+        Ok(payloads)
+    }
+
+    /// One collective: [`Worker::meet`], then `finish` computes my result from every member's
+    /// payload (in group-rank order) and my group rank.
+    fn run<T>(
+        &mut self,
+        group: Group,
+        op: Op,
+        payload: Payload,
+        finish: impl FnOnce(&[Arc<Payload>], usize) -> candle_core::Result<T>,
+    ) -> Result<T> {
+        let me = self.shared.topology.group_rank(group, self.rank);
+        let payloads = self.meet(group, op, payload)?;
+        finish(&payloads, me).map_err(|e| CommError::tensor(op.name(), e))
     }
 }
 
@@ -179,6 +231,9 @@ impl Communicator for LocalComm {
     }
 
     fn all_gather(&self, group: Group, send: Tensor) -> Pending<Tensor> {
+        if let Some(p) = self.on_gpu(group, Op::AllGather, &send) {
+            return p;
+        }
         self.submit(group, Op::AllGather, Payload::Tensor(send), |ps, _| {
             let parts: Vec<&Tensor> = ps.iter().map(|p| p.tensor()).collect();
             Tensor::cat(&parts, 0)
@@ -186,6 +241,9 @@ impl Communicator for LocalComm {
     }
 
     fn all_to_all(&self, group: Group, send: Tensor) -> Pending<Tensor> {
+        if let Some(p) = self.on_gpu(group, Op::AllToAll, &send) {
+            return p;
+        }
         self.submit(group, Op::AllToAll, Payload::Tensor(send), |ps, me| {
             let chunk = ps[0].len() / ps.len();
             let parts = ps
@@ -197,6 +255,9 @@ impl Communicator for LocalComm {
     }
 
     fn reduce_scatter(&self, group: Group, send: Tensor) -> Pending<Tensor> {
+        if let Some(p) = self.on_gpu(group, Op::ReduceScatter, &send) {
+            return p;
+        }
         self.submit(group, Op::ReduceScatter, Payload::Tensor(send), |ps, me| {
             let chunk = ps[0].len() / ps.len();
             sum_in_order(ps, me * chunk, chunk)
@@ -204,12 +265,18 @@ impl Communicator for LocalComm {
     }
 
     fn all_reduce(&self, group: Group, buf: Tensor) -> Pending<Tensor> {
+        if let Some(p) = self.on_gpu(group, Op::AllReduce, &buf) {
+            return p;
+        }
         self.submit(group, Op::AllReduce, Payload::Tensor(buf), |ps, _| {
             sum_in_order(ps, 0, ps[0].len())
         })
     }
 
     fn broadcast(&self, group: Group, root: usize, buf: Tensor) -> Pending<Tensor> {
+        if let Some(p) = self.on_gpu(group, Op::Broadcast { root }, &buf) {
+            return p;
+        }
         self.submit(
             group,
             Op::Broadcast { root },
@@ -228,6 +295,43 @@ impl Communicator for LocalComm {
 
     fn abort(&self, reason: String) {
         self.handle.shared.abort(self.handle.rank, reason);
+    }
+
+    /// Runs `job` on this rank's communication thread (see `job.rs` here): the rank's thread
+    /// only allocates the outputs (and on a GPU records the event the job waits for).
+    fn submit(&self, job: Job) -> Pending<Vec<Tensor>> {
+        let label = job.label;
+        let queued = match job::prepare(job, self.handle.timing.clone()) {
+            Ok(q) => q,
+            Err(e) => return Pending::failed(e),
+        };
+        let (done, pending) = Pending::channel(self.handle.rank);
+        let task: Task = Box::new(move |worker: &mut Worker| {
+            done.complete(worker.run_job(queued));
+        });
+        if self.handle.tasks.send(task).is_err() {
+            return Pending::failed(CommError::WorkerGone {
+                rank: self.handle.rank,
+            });
+        }
+        let timing = self.handle.timing.clone();
+        Pending::deferred(move || {
+            let start = std::time::Instant::now();
+            let finished = pending.wait()?;
+            #[cfg(feature = "cuda")]
+            if let Some(fence) = finished.fence {
+                // On a GPU the host waited only for the job to be queued: the exposed time is
+                // the compute stream's, timed by the fence.
+                fence.release()?;
+                return Ok(finished.results);
+            }
+            job::host_waited(&timing, label, start.elapsed().as_secs_f64());
+            Ok(finished.results)
+        })
+    }
+
+    fn job_clock(&self) -> Option<JobClock> {
+        Some(job::clock(&self.handle.timing))
     }
 }
 

@@ -76,6 +76,10 @@ pub(super) struct Shared {
     table: Mutex<Table>,
     changed: Condvar,
     timeout: Duration,
+    /// The communication stream of the world's GPU jobs (`job.rs`), made by the first one.
+    #[cfg(feature = "cuda")]
+    comm_stream:
+        std::sync::OnceLock<std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>>,
 }
 
 /// A member's own view of a collective: who it is and who its peers are.
@@ -97,7 +101,41 @@ impl Shared {
             }),
             changed: Condvar::new(),
             timeout,
+            #[cfg(feature = "cuda")]
+            comm_stream: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The world's communication stream on `dev`'s GPU (made at the first call); an error for a
+    /// job on another GPU: a local world shares one.
+    #[cfg(feature = "cuda")]
+    pub(super) fn comm_stream(
+        &self,
+        dev: &candle_core::cuda_backend::CudaDevice,
+    ) -> Result<std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>> {
+        let compute = dev.cuda_stream();
+        let stream = match self.comm_stream.get() {
+            Some(s) => s.clone(),
+            None => {
+                let made = compute
+                    .context()
+                    .new_stream()
+                    .map_err(|e| crate::gpu::cuda_error("creating the communication stream", e))?;
+                self.comm_stream.get_or_init(|| made).clone()
+            }
+        };
+        if stream.context().ordinal() != compute.context().ordinal() {
+            return Err(CommError::WrongDevice {
+                op: "job",
+                buffer: candle_core::DeviceLocation::Cuda {
+                    gpu_id: compute.context().ordinal(),
+                },
+                comm: candle_core::DeviceLocation::Cuda {
+                    gpu_id: stream.context().ordinal(),
+                },
+            });
+        }
+        Ok(stream)
     }
 
     // The table is consistent between statements (no code that can panic holds the lock

@@ -18,7 +18,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{CudaStorage, DType, Device, Storage, Tensor};
 
 use super::hold::hold_stream;
-use super::{cuda_error, nccl_error, tensor_error, NcclComm, State};
+use super::{cuda_error, nccl_error, tensor_error, NcclComm};
 use crate::op::Op;
 use crate::{ByteCounters, CommError, Group, Pending, Result};
 
@@ -227,20 +227,7 @@ impl NcclComm {
         let send = self.on_device(send, op)?;
 
         let state = self.shared.lock();
-        let comms = match &*state {
-            State::Live(comms) => comms,
-            State::Aborted { rank, reason } => {
-                return Err(CommError::Aborted {
-                    rank: *rank,
-                    reason: reason.clone(),
-                })
-            }
-        };
-        let comm = match group {
-            Group::World => &comms.world,
-            Group::IntraNode => &comms.intra,
-            Group::InterNode => &comms.inter,
-        };
+        let comm = state.comm(group)?;
         let members = self.topology.members(group, self.rank);
         let bytes = call.bytes_per_peer(len, n, elem, me);
         let sent = ByteCounters::sent(&self.topology, self.rank, &members, |_| bytes);

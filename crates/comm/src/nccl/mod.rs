@@ -88,6 +88,7 @@
 mod collective;
 mod hold;
 mod ids;
+mod job;
 mod watchdog;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -133,6 +134,8 @@ pub struct NcclComm {
     /// The compute stream's waits for collectives, once [`Communicator::device_wait_clock`]
     /// has started timing them.
     waits: Arc<Mutex<Option<WaitLog>>>,
+    /// The timed events of jobs, once [`Communicator::job_clock`] has started timing them.
+    jobs: Mutex<Option<Arc<Mutex<crate::gpu::EventLog>>>>,
 }
 
 /// The communicators, or why they are gone; also shared with in-flight collectives so `wait`
@@ -160,6 +163,23 @@ struct Comms {
 // overlap; every use goes through `Shared::state`'s mutex. (cudarc's `Comm` is not `Send` only
 // because it holds a raw pointer.)
 unsafe impl Send for Comms {}
+
+impl State {
+    /// `group`'s communicator, or `Err(Aborted)` once the communicators were aborted.
+    fn comm(&self, group: Group) -> Result<&Comm> {
+        match self {
+            State::Live(comms) => Ok(match group {
+                Group::World => &comms.world,
+                Group::IntraNode => &comms.intra,
+                Group::InterNode => &comms.inter,
+            }),
+            State::Aborted { rank, reason } => Err(CommError::Aborted {
+                rank: *rank,
+                reason: reason.clone(),
+            }),
+        }
+    }
+}
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -289,6 +309,7 @@ impl NcclComm {
             watchdog: Some(watchdog),
             link: Mutex::new(None),
             waits: Arc::new(Mutex::new(None)),
+            jobs: Mutex::new(None),
         })
     }
 
@@ -411,6 +432,25 @@ impl Communicator for NcclComm {
     /// pending and later collectives; peers are not told (see the module doc).
     fn abort(&self, reason: String) {
         drop(self.shared.abort(self.rank, reason));
+    }
+
+    /// Queues the job on the communication stream now (`job.rs` here).
+    fn submit(&self, job: crate::Job) -> Pending<Vec<Tensor>> {
+        self.submit_job(job)
+    }
+
+    /// Times each job's span on the communication stream and each wait of the compute stream
+    /// for one, from now on, with CUDA events.
+    fn job_clock(&self) -> Option<crate::JobClock> {
+        let log = self
+            .jobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert_with(Default::default)
+            .clone();
+        Some(crate::JobClock::new(move || {
+            crate::gpu::lock_log(&log).read()
+        }))
     }
 }
 
