@@ -471,3 +471,44 @@ fn a_checkpoint_of_4_ranks_resumes_on_2_and_8_and_with_zeropp_turned_on() {
         assert!((first - want).abs() / want < tolerance, "{first} vs {want}");
     }
 }
+
+/// qgZ with error feedback (all of ZeRO++ on 2 nodes x 2): a run stopped by a signal after a
+/// step and launched again continues the straight run's curve bit for bit, because each rank's
+/// error buffers are in its checkpoint file.
+#[test]
+fn a_run_with_qgz_error_feedback_resumes_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 6);
+    let feedback = [
+        "zero.quantized_weights=true",
+        "zero.quantized_gradients=true",
+        "zero.qgz_error_feedback=true",
+        "zero.hpz_partition_size=2",
+        "zero.weight_quant_block=64",
+        "zero.grad_quant_block=64",
+    ];
+    let straight = dir.path().join("straight");
+    assert_ok(&run_with(&on_ranks(&straight, &corpus, 8, 4, 2), &feedback));
+    let run = dir.path().join("resumed");
+    let sets = on_ranks(&run, &corpus, 8, 4, 2);
+    let mut child = spawn_slow(&sets, &feedback, 100);
+    wait_for_step(&mut child, &run, 3);
+    signal(&child, "TERM");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    let ckpt = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("manifest.json").exists())
+        .expect("the stop's checkpoint");
+    let bytes = std::fs::read(ckpt.join("rank_00000.safetensors")).unwrap();
+    let saved = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let names = saved.names();
+    assert!(
+        names.iter().any(|n| n.ends_with("qgz_error.hop1"))
+            && names.iter().any(|n| n.ends_with("qgz_error.hop2")),
+        "no error buffers in {names:?}"
+    );
+    assert_ok(&run_with(&sets, &feedback));
+    assert_eq!(losses(&run), losses(&straight));
+}

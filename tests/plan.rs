@@ -95,6 +95,7 @@ fn gpt18b_on_384_gpus_matches_both_accountings() {
         "hpz_secondary",
         "gathered_working_set",
         "reductions_in_flight",
+        "qgz_error_feedback",
         "activations",
     ]
     .iter()

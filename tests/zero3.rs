@@ -87,7 +87,7 @@ fn zero3_bytes(world: usize, per_node: usize, micro_batches: u64) -> (u64, u64) 
     let shard: u64 = layout
         .units
         .iter()
-        .map(|u| zero::Partition::new(u.numel, world, 1).shard_len() as u64)
+        .map(|u| zero::Partition::new(u.numel, world, zero::MIN_ALIGN).shard_len() as u64)
         .sum();
     let (intra_peers, inter_peers) = ((per_node - 1) as u64, (world - per_node) as u64);
     let per_peer = 3 * 4 * shard * micro_batches + 2 * 4;

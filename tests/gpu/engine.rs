@@ -60,6 +60,32 @@ fn local_backend_on_one_gpu_equals_the_cpu() {
     assert_eq!(run(gpu()), run(Device::Cpu));
 }
 
+/// A GPU device as the trainer opens it: its own stream, CUDA event tracking off (the trainer's
+/// `config::cuda_device`; the jobs' ordering must not lean on cudarc's events).
+fn trainer_gpu() -> Device {
+    let dev = candle_core::cuda_backend::CudaDevice::new_with_stream(0).expect("GPU 0");
+    // SAFETY: the tests order work across streams with the backends' own events, as the trainer.
+    unsafe { dev.disable_event_tracking() };
+    Device::Cuda(dev)
+}
+
+/// Jobs on the local backend's communication stream, W = 8 (2 x 4) ranks and a world of 20 (a
+/// reduction of more pieces than one kernel launch sums) sharing one GPU: every collective and
+/// kernel of a job gives the exact values of the CPU, and the same as the CPU backend's jobs.
+#[test]
+fn local_backend_jobs_on_one_gpu_equal_the_cpu() {
+    for (w, d) in [(8, 4), (20, 10)] {
+        let topology = Topology::new(w, d).unwrap();
+        let run = |device: Device| {
+            run_local(topology, move |c| {
+                crate::nccl::multi::exercise_jobs(&c, &device)
+            })
+            .unwrap()
+        };
+        assert_eq!(run(trainer_gpu()), run(Device::Cpu), "W = {w}");
+    }
+}
+
 fn tiny() -> GptConfig {
     GptConfig {
         n_layer: 2,

@@ -14,3 +14,4 @@ mod linear;
 mod model;
 mod nccl;
 mod quant;
+mod shards;

@@ -4,7 +4,7 @@
 //! between ranks is checked by `multi` on a machine with several GPUs.
 
 #[path = "nccl_multi.rs"]
-mod multi;
+pub(crate) mod multi;
 
 use candle_core::{DType, Device, Tensor};
 use comm::{

@@ -100,6 +100,121 @@ pub fn exercise(comm: &dyn Communicator, device: &Device) -> Result<Vec<Vec<f32>
         }
         comm.barrier(g).wait()?;
     }
+    out.extend(exercise_jobs(comm, device)?);
+    Ok(out)
+}
+
+/// One job per group on `comm`'s communication side ([`comm::Job`]): my contribution copied into
+/// my slot of an output buffer and gathered in place (U8, BF16, F32), an all-to-all, a
+/// reduce-scatter into a second output, and qwZ's chain (quantise into my slot on the lane's
+/// place, gather codes and scales in place, dequantise into a third output); asserts each
+/// result exactly and returns them as f32 vectors. The values are those of [`exercise`]; the
+/// qwZ chain's expected values come from the CPU reference.
+pub fn exercise_jobs(comm: &dyn Communicator, device: &Device) -> Result<Vec<Vec<f32>>, TestError> {
+    const BLOCK: usize = 32;
+    let t = comm.topology();
+    let r = comm.rank();
+    let mut out = Vec::new();
+    for g in GROUPS {
+        let members = t.members(g, r);
+        let n = members.len();
+        let me = t.group_rank(g, r);
+        for dtype in [DType::U8, DType::BF16, DType::F32] {
+            let mine = tensor((0..C).map(|i| gather_value(r, i)).collect(), dtype, device)?;
+            let send = (0..n)
+                .flat_map(|j| (0..C).map(move |k| a2a_value(r, j, k)))
+                .collect();
+            let reduce: Vec<f32> = (0..C * n).map(|i| reduce_value(r, i)).collect();
+            // qwZ's chain: BLOCK f32 values a member, quantised and dequantised.
+            let weights: Vec<f32> = (0..BLOCK)
+                .map(|i| (i as f32 - 13.5) * 0.37 + r as f32)
+                .collect();
+            let inputs = vec![
+                mine,
+                tensor(send, dtype, device)?,
+                tensor(reduce, DType::F32, device)?,
+                tensor(weights, DType::F32, device)?,
+            ];
+            let outputs = vec![(dtype, C * n), (DType::F32, C), (DType::F32, BLOCK * n)];
+            let job = comm::Job {
+                label: "exercise",
+                device: device.clone(),
+                inputs,
+                outputs,
+                run: Box::new(move |lane, inputs, outputs| {
+                    let e = |e: zero::ZeroError| comm::CommError::in_job("exercise", e);
+                    let q = |e: quant::QuantError| comm::CommError::in_job("exercise", e);
+                    let place = lane.place().clone();
+                    let [buf, rs_out, deq]: [Tensor; 3] = outputs.try_into().expect("3 outputs");
+                    zero::copies::copy_into(&place, &inputs[0], 0, C, &buf, me * C).map_err(e)?;
+                    let gathered = lane.all_gather_in_place(g, &buf)?;
+                    let a2a = lane.all_to_all(g, &inputs[1])?;
+                    let reduced = lane.reduce_scatter_into(g, &inputs[2], &rs_out)?;
+                    let codes = lane.alloc(DType::U8, BLOCK * n)?;
+                    let scales = lane.alloc(DType::F32, n)?;
+                    quant::tensor::quantize_int8_into(
+                        &inputs[3],
+                        BLOCK,
+                        &codes,
+                        &scales,
+                        me * BLOCK,
+                        &place,
+                    )
+                    .map_err(q)?;
+                    let codes = lane.all_gather_in_place(g, &codes)?;
+                    let scales = lane.all_gather_in_place(g, &scales)?;
+                    let deq =
+                        quant::tensor::dequantize_int8_into(&codes, &scales, BLOCK, &deq, &place)
+                            .map_err(q)?;
+                    Ok(vec![gathered, a2a, reduced, deq])
+                }),
+            };
+            let got = comm.submit(job).wait()?;
+            let [gathered, a2a, reduced, deq]: [Tensor; 4] =
+                got.try_into().map_err(|_| "a job returns 4 tensors")?;
+            let want: Vec<f32> = members
+                .iter()
+                .flat_map(|&m| (0..C).map(move |i| gather_value(m, i)))
+                .collect();
+            assert_eq!(gathered.dtype(), dtype);
+            assert_eq!(
+                values(&gathered)?,
+                want,
+                "job all_gather {g:?} {dtype:?} (rank {r})"
+            );
+            let want: Vec<f32> = members
+                .iter()
+                .flat_map(|&m| (0..C).map(move |k| a2a_value(m, me, k)))
+                .collect();
+            assert_eq!(
+                values(&a2a)?,
+                want,
+                "job all_to_all {g:?} {dtype:?} (rank {r})"
+            );
+            let want: Vec<f32> = (0..C)
+                .map(|k| members.iter().map(|&m| reduce_value(m, me * C + k)).sum())
+                .collect();
+            assert_eq!(
+                values(&reduced)?,
+                want,
+                "job reduce_scatter {g:?} (rank {r})"
+            );
+            let want: Vec<f32> = members
+                .iter()
+                .flat_map(|&m| {
+                    let w: Vec<f32> = (0..BLOCK)
+                        .map(|i| (i as f32 - 13.5) * 0.37 + m as f32)
+                        .collect();
+                    let (c, s) = quant::quantize_int8(&w, BLOCK).expect("CPU reference");
+                    quant::dequantize_int8(&c, &s, BLOCK)
+                })
+                .collect();
+            assert_eq!(values(&deq)?, want, "job qwZ chain {g:?} (rank {r})");
+            for t in [gathered, a2a, reduced, deq] {
+                out.push(values(&t)?);
+            }
+        }
+    }
     Ok(out)
 }
 

@@ -1,15 +1,19 @@
-// shards.cu: the ZeRO engine's own passes over a unit (zero::copies): casting the fp32 master
-// shard to the compute dtype for a gather, casting a unit's bf16 gradient to fp32 with the
-// partition's zero padding for the reduction, and accumulating a reduced slice into the fp32
-// gradient shard. Memory-bound; each thread moves 8 elements (16-byte bf16 / 2 x 16-byte f32
-// accesses), grid-stride; launch: 256-thread CTAs, at most GRID of them.
+// shards.cu: the ZeRO engine's own passes over a unit (zero::copies), queued on the compute
+// stream or on the communication stream inside a job: the fp32 master shard cast to bf16 into
+// its slot of the gathered buffer, a unit's gradient cast to fp32, scaled and zero-padded for
+// the reduction, a reduced slice added into the fp32 gradient shard, and qgZ's error (a
+// difference) for its error feedback.
+// Memory-bound (a copy's bytes: 6 or 8 an element read + written); each thread moves 8
+// elements (16-byte bf16 / 2 x 16-byte f32 accesses) or 4 (f32), grid-stride; launch:
+// 256-thread CTAs, at most GRID of them. Compiled fast; the arithmetic is one IEEE multiply and
+// one add, so the results equal the CPU's (candle) bitwise.
 #include "common.cuh"
 
 #ifndef GRID
 #define GRID 2048
 #endif
 
-// out[i] = bf16(x[i]), i < n (n % 8 == 0, 16-byte aligned).
+// out[i] = bf16(x[i]), i < n (n % 8 == 0, both 16-byte aligned).
 extern "C" __global__ void __launch_bounds__(256) cast_f32_bf16(
     const float* __restrict__ x, bf16* __restrict__ out, long long n) {
     const long long n8 = n / 8;
@@ -25,36 +29,81 @@ extern "C" __global__ void __launch_bounds__(256) cast_f32_bf16(
     }
 }
 
-// out[i] = f32(x[i]) for i < n, 0 for n <= i < padded (n % 8 == 0, padded % 8 == 0, aligned).
-extern "C" __global__ void __launch_bounds__(256) cast_pad_bf16_f32(
-    const bf16* __restrict__ x, long long n, float* __restrict__ out, long long padded) {
+// out[i] = coef * f32(x[i]) for i < n, 0 for n <= i < padded (any n; padded % 8 == 0; both
+// 16-byte aligned). Groups of 8 that straddle n are done element by element.
+extern "C" __global__ void __launch_bounds__(256) scale_pad_bf16_f32(
+    const bf16* __restrict__ x, long long n, float coef, float* __restrict__ out,
+    long long padded) {
     const long long n8 = n / 8, p8 = padded / 8;
     for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < p8; i += (long long)GRID * 256) {
-        float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+        float f[8];
         if (i < n8) {
-            const uint4 v = reinterpret_cast<const uint4*>(x)[i];
-            a = make_float4(bf16x2_lo(v.x), bf16x2_hi(v.x), bf16x2_lo(v.y), bf16x2_hi(v.y));
-            b = make_float4(bf16x2_lo(v.z), bf16x2_hi(v.z), bf16x2_lo(v.w), bf16x2_hi(v.w));
+            unpack8(ld16(x + 8 * i), f);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) f[k] = __fmul_rn(coef, f[k]);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const long long e = 8 * i + k;
+                f[k] = e < n ? __fmul_rn(coef, bf16_to_f32(x[e])) : 0.f;
+            }
         }
-        reinterpret_cast<float4*>(out)[2 * i] = a;
-        reinterpret_cast<float4*>(out)[2 * i + 1] = b;
+        reinterpret_cast<float4*>(out)[2 * i] = make_float4(f[0], f[1], f[2], f[3]);
+        reinterpret_cast<float4*>(out)[2 * i + 1] = make_float4(f[4], f[5], f[6], f[7]);
     }
 }
 
-// out[i] = acc[i] + coef * x[i] (n % 8 == 0, aligned); one rounding for coef == 1 (x + acc),
-// as the reference's add.
-extern "C" __global__ void __launch_bounds__(256) accumulate_f32(
-    const float* __restrict__ acc, const float* __restrict__ x, float coef,
-    float* __restrict__ out, long long n) {
+// The same for an f32 gradient: out[i] = coef * x[i], i < n; 0 up to padded (padded % 4 == 0).
+extern "C" __global__ void __launch_bounds__(256) scale_pad_f32_f32(
+    const float* __restrict__ x, long long n, float coef, float* __restrict__ out,
+    long long padded) {
+    const long long n4 = n / 4, p4 = padded / 4;
+    for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < p4; i += (long long)GRID * 256) {
+        float f[4];
+        if (i < n4) {
+            const float4 v = reinterpret_cast<const float4*>(x)[i];
+            f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) f[k] = __fmul_rn(coef, f[k]);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const long long e = 4 * i + k;
+                f[k] = e < n ? __fmul_rn(coef, x[e]) : 0.f;
+            }
+        }
+        reinterpret_cast<float4*>(out)[i] = make_float4(f[0], f[1], f[2], f[3]);
+    }
+}
+
+// acc[i] += x[i] (n % 4 == 0, both 16-byte aligned), in place.
+extern "C" __global__ void __launch_bounds__(256) add_f32(
+    float* __restrict__ acc, const float* __restrict__ x, long long n) {
     const long long n4 = n / 4;
     for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < n4; i += (long long)GRID * 256) {
-        const float4 a = reinterpret_cast<const float4*>(acc)[i];
+        float4 a = reinterpret_cast<float4*>(acc)[i];
         const float4 v = reinterpret_cast<const float4*>(x)[i];
+        a.x = __fadd_rn(a.x, v.x);
+        a.y = __fadd_rn(a.y, v.y);
+        a.z = __fadd_rn(a.z, v.z);
+        a.w = __fadd_rn(a.w, v.w);
+        reinterpret_cast<float4*>(acc)[i] = a;
+    }
+}
+
+// out[i] = x[i] - y[i] (n % 4 == 0, all 16-byte aligned): what a quantiser dropped (qgZ's error
+// feedback: the compensated gradient less its dequantised INT4). out may alias x or y.
+extern "C" __global__ void __launch_bounds__(256) sub_f32(
+    const float* x, const float* y, float* out, long long n) {
+    const long long n4 = n / 4;
+    for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < n4; i += (long long)GRID * 256) {
+        const float4 a = reinterpret_cast<const float4*>(x)[i];
+        const float4 b = reinterpret_cast<const float4*>(y)[i];
         float4 o;
-        o.x = a.x + __fmul_rn(coef, v.x);
-        o.y = a.y + __fmul_rn(coef, v.y);
-        o.z = a.z + __fmul_rn(coef, v.z);
-        o.w = a.w + __fmul_rn(coef, v.w);
+        o.x = __fsub_rn(a.x, b.x);
+        o.y = __fsub_rn(a.y, b.y);
+        o.z = __fsub_rn(a.z, b.z);
+        o.w = __fsub_rn(a.w, b.w);
         reinterpret_cast<float4*>(out)[i] = o;
     }
 }

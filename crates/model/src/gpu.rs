@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    CudaFunction, CudaStream, DeviceRepr, LaunchConfig,
 };
 use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice};
 use candle_core::op::BackpropOp;
@@ -27,27 +27,7 @@ pub(crate) fn device(t: &Tensor) -> Result<CudaDevice> {
 
 /// Device address of the first element of `t`, which must be contiguous (any offset).
 pub(crate) fn ptr(t: &Tensor) -> Result<u64> {
-    if !t.is_contiguous() {
-        return Err(candle_core::Error::Msg("kernel input must be contiguous".into()).into());
-    }
-    let (st, layout) = t.storage_and_layout();
-    let Storage::Cuda(cs) = &*st else {
-        return Err(candle_core::Error::Msg("expected a CUDA tensor".into()).into());
-    };
-    let stream = cs.device.cuda_stream();
-    let offset = (layout.start_offset() * t.dtype().size_in_bytes()) as u64;
-    let base = match &cs.slice {
-        CudaStorageSlice::BF16(s) => s.device_ptr(&stream).0,
-        CudaStorageSlice::F32(s) => s.device_ptr(&stream).0,
-        CudaStorageSlice::U32(s) => s.device_ptr(&stream).0,
-        CudaStorageSlice::F16(s) => s.device_ptr(&stream).0,
-        CudaStorageSlice::I64(s) => s.device_ptr(&stream).0,
-        CudaStorageSlice::U8(s) => s.device_ptr(&stream).0,
-        _ => {
-            return Err(candle_core::Error::UnsupportedDTypeForOp(t.dtype(), "kernel").into());
-        }
-    };
-    Ok(base + offset)
+    Ok(kernels::place::address(t)?)
 }
 
 /// A fresh tensor whose contents are undefined: the caller's kernel writes every element

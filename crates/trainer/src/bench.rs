@@ -43,6 +43,14 @@ pub struct StepReport {
     pub device: String,
     pub precision: String,
     pub techniques: String,
+    /// The backend (`local`, `nccl`, `mpi`).
+    pub backend: String,
+    /// How the ranks' bytes travel: `one device` (local), `emulated link` (of
+    /// `emulated_link_gbps`), `nccl sockets` (NCCL_P2P_DISABLE=1 and NCCL_SHM_DISABLE=1 in the
+    /// environment), `nccl` (NCCL's own choice: NVLink between the GPUs of one host), `mpi`.
+    pub network: String,
+    /// `dist.emulated_link_gbps`, the emulated link between nodes a node's ranks share.
+    pub emulated_link_gbps: Option<f64>,
     pub tokens_per_step: usize,
     pub steps: u64,
     /// Mean seconds per optimizer step over the timed steps (rank 0, device synchronised).
@@ -61,10 +69,15 @@ pub struct StepReport {
     /// Seconds per step rank 0's host spent blocked waiting for collectives: the exposed
     /// communication on the CPU and with the local backend.
     pub comm_wait_seconds: f64,
-    /// Seconds per step rank 0's compute stream stood waiting for collectives, timed on the
-    /// device with CUDA events: the exposed communication under `nccl`, whose waits do not block
-    /// the host (`None` on other backends).
+    /// Seconds per step rank 0's compute stream stood waiting for collectives and jobs, timed
+    /// on the device with CUDA events: the exposed communication on a GPU, where waits do not
+    /// block the host (`nccl`, and the `local` backend's jobs on its communication stream);
+    /// `None` on the CPU.
     pub comm_device_wait_seconds: Option<f64>,
+    /// Rank 0's communication jobs per step, by label (gathers forward and backward, gradient
+    /// reductions): how long the communication side was busy with them and how much of that the
+    /// compute waited for.
+    pub jobs: Vec<JobReport>,
     pub comm_intra_bytes: u64,
     pub comm_inter_bytes: u64,
     /// World-mean training loss of the first and the last step (warm-up included), a check that
@@ -74,6 +87,19 @@ pub struct StepReport {
     /// With `--profile`: rank 0's GPU time per step by kernel family (exclusive of the families
     /// nested inside), from CUDA events around each family's launches.
     pub profile: Option<Vec<FamilyTime>>,
+}
+
+/// One label's jobs per step (rank 0), from [`comm::JobClock`].
+#[derive(Debug, Serialize)]
+pub struct JobReport {
+    pub label: &'static str,
+    pub jobs: f64,
+    /// Seconds the communication side (its stream on a GPU, its thread on the CPU) spent on them.
+    pub busy_seconds: f64,
+    /// Seconds the compute waited for them (the compute stream on a GPU, the host on the CPU).
+    pub exposed_seconds: f64,
+    /// 1 - exposed / busy: the share of their time hidden behind compute.
+    pub hidden: f64,
 }
 
 /// One row of the `--profile` table.
@@ -143,6 +169,8 @@ struct RankTimes {
     seconds: f64,
     waited: f64,
     device_waited: Option<f64>,
+    /// Job times summed over the timed steps, by label.
+    jobs: Vec<comm::JobTime>,
     bytes: comm::ByteCounters,
     peak: Option<u64>,
     used: Option<u64>,
@@ -181,21 +209,43 @@ fn bench_steps(
     let micro_tokens = t.micro_batch * model_cfg.seq_len;
 
     let rank_main = |inner: Box<dyn comm::Communicator>| -> Result<RankTimes> {
+        // The local backend's ranks on a GPU each compute on a stream of their own (see train.rs).
+        let device = match (config.dist.backend, world) {
+            (Backend::Local, w) if w > 1 => config.device()?,
+            _ => device.clone(),
+        };
+        let mut options = options.clone();
+        options.device = device.clone();
         let timed = comm::Timed::new(inner);
         let clock = timed.clock();
         let device_clock = comm::Communicator::device_wait_clock(&timed);
-        let device_seconds = || -> Result<Option<f64>> {
-            Ok(match &device_clock {
-                Some(c) => Some(c.seconds()?),
-                None => None,
+        let job_clock = comm::Communicator::job_clock(&timed);
+        let on_gpu = device.is_cuda();
+        let job_times = || -> Result<Vec<comm::JobTime>> {
+            Ok(match &job_clock {
+                Some(c) => c.read()?,
+                None => Vec::new(),
             })
         };
-        let mut engine = Engine::new(model_cfg.clone(), options.clone(), Box::new(timed))?;
+        // The compute stream's waits: for plain collectives (nccl's clock) and for jobs.
+        let device_seconds = || -> Result<Option<f64>> {
+            let plain = match &device_clock {
+                Some(c) => Some(c.seconds()?),
+                None => None,
+            };
+            let jobs: f64 = job_times()?.iter().map(|t| t.exposed_s).sum();
+            Ok(match (on_gpu, plain) {
+                (true, p) => Some(p.unwrap_or(0.0) + jobs),
+                (false, p) => p,
+            })
+        };
+        let mut engine = Engine::new(model_cfg.clone(), options, Box::new(timed))?;
         let rank = engine.comm().rank();
         let mut measured = RankTimes {
             seconds: 0.0,
             waited: 0.0,
-            device_waited: device_clock.as_ref().map(|_| 0.0),
+            device_waited: (on_gpu || device_clock.is_some()).then_some(0.0),
+            jobs: Vec::new(),
             bytes: comm::ByteCounters::default(),
             peak: None,
             used: None,
@@ -211,12 +261,9 @@ fn bench_steps(
                 device_memory::reset_peak(&device);
             }
             kernels::profile::enable(profiling && timed_step);
-            let (start, waited, device_waited, bytes) = (
-                Instant::now(),
-                clock.seconds(),
-                device_seconds()?,
-                engine.comm().counters(),
-            );
+            let (jobs_before, device_waited) = (job_times()?, device_seconds()?);
+            let (start, waited, bytes) =
+                (Instant::now(), clock.seconds(), engine.comm().counters());
             let mut loss = 0.0;
             for micro in 0..accumulation {
                 let (inputs, targets) = synthetic_batch(
@@ -244,6 +291,7 @@ fn bench_steps(
                     *sum += now - then;
                 }
                 measured.bytes = measured.bytes + (engine.comm().counters() - bytes);
+                add_job_times(&mut measured.jobs, &job_times()?, &jobs_before);
                 if profiling {
                     let now = kernels::profile::take();
                     let sums = measured
@@ -305,7 +353,21 @@ fn bench_steps(
     .map(|(name, _)| *name)
     .collect::<Vec<_>>()
     .join("+");
+    let backend = format!("{:?}", config.dist.backend).to_lowercase();
+    let env_on = |k: &str| std::env::var(k).is_ok_and(|v| v == "1");
+    let network = match (config.dist.backend, config.dist.emulated_link_gbps) {
+        (Backend::Local, _) => "one device",
+        (Backend::Nccl, Some(_)) => "emulated link",
+        (Backend::Nccl, None) if env_on("NCCL_P2P_DISABLE") && env_on("NCCL_SHM_DISABLE") => {
+            "nccl sockets"
+        }
+        (Backend::Nccl, None) => "nccl",
+        (Backend::Mpi, _) => "mpi",
+    };
     Ok(Some(StepReport {
+        backend,
+        network: network.into(),
+        emulated_link_gbps: config.dist.emulated_link_gbps,
         model: config
             .model
             .preset
@@ -333,6 +395,17 @@ fn bench_steps(
         device_used_bytes: times.used,
         comm_wait_seconds: times.waited / n,
         comm_device_wait_seconds: times.device_waited.map(|w| w / n),
+        jobs: times
+            .jobs
+            .iter()
+            .map(|t| JobReport {
+                label: t.label,
+                jobs: t.jobs as f64 / n,
+                busy_seconds: t.busy_s / n,
+                exposed_seconds: t.exposed_s / n,
+                hidden: t.hidden(),
+            })
+            .collect(),
         comm_intra_bytes: (times.bytes.intra as f64 / n) as u64,
         comm_inter_bytes: (times.bytes.inter as f64 / n) as u64,
         loss_first: times.losses.first().copied().unwrap_or(f64::NAN),
@@ -346,6 +419,34 @@ fn bench_steps(
                 .collect()
         }),
     }))
+}
+
+/// `sum += now - then`, label by label (labels first seen are appended).
+fn add_job_times(sum: &mut Vec<comm::JobTime>, now: &[comm::JobTime], then: &[comm::JobTime]) {
+    for t in now {
+        let before = then.iter().find(|b| b.label == t.label);
+        let (jobs, busy, exposed) = match before {
+            Some(b) => (
+                t.jobs - b.jobs,
+                t.busy_s - b.busy_s,
+                t.exposed_s - b.exposed_s,
+            ),
+            None => (t.jobs, t.busy_s, t.exposed_s),
+        };
+        let entry = match sum.iter().position(|s| s.label == t.label) {
+            Some(i) => &mut sum[i],
+            None => {
+                sum.push(comm::JobTime {
+                    label: t.label,
+                    ..Default::default()
+                });
+                sum.last_mut().expect("just pushed")
+            }
+        };
+        entry.jobs += jobs;
+        entry.busy_s += busy;
+        entry.exposed_s += exposed;
+    }
 }
 
 fn print_report(r: &StepReport) {
@@ -401,6 +502,26 @@ fn print_report(r: &StepReport) {
             w,
             100.0 * w / r.step_seconds,
         );
+    }
+    if !r.jobs.is_empty() {
+        println!(
+            "communication jobs (rank 0, per step; busy on the {} side, exposed to compute):",
+            if r.device == "cuda" {
+                "stream's"
+            } else {
+                "thread's"
+            }
+        );
+        for j in &r.jobs {
+            println!(
+                "  {:<20} {:>6.1} jobs {:>9.2} ms busy {:>9.2} ms exposed {:>6.1}% hidden",
+                j.label,
+                j.jobs,
+                j.busy_seconds * 1e3,
+                j.exposed_seconds * 1e3,
+                100.0 * j.hidden
+            );
+        }
     }
     // The exposed communication: the device's stalls where the host does not wait (nccl).
     let exposed = r.comm_device_wait_seconds.unwrap_or(r.comm_wait_seconds);

@@ -82,6 +82,9 @@ pub struct ZeroInfo {
     pub grad_quant_block: Option<usize>,
     /// qgZ is on for optimizer steps 1..=qgz_until_step.
     pub qgz_until_step: Option<u64>,
+    pub qgz_error_feedback: bool,
+    /// Gathers in flight ahead of the unit computing.
+    pub prefetch_depth: usize,
     /// Every shard is a whole number of this many elements.
     pub align: usize,
 }
@@ -90,7 +93,7 @@ pub struct ZeroInfo {
 pub struct Memory {
     /// The states, as the engine counts them: `shard_elems`, `param_shard`, `grad_shard`,
     /// `optimizer_states`, `optimizer_includes_master`, `hpz_secondary`,
-    /// `gathered_working_set`, `reductions_in_flight` (docs/plan.md).
+    /// `gathered_working_set`, `reductions_in_flight`, `qgz_error_feedback` (docs/plan.md).
     #[serde(flatten)]
     pub states: RankMemory,
     pub activations_saved_inputs: u64,
@@ -304,6 +307,8 @@ fn zero_info(config: &RunConfig, plan: &ZeroPlan) -> ZeroInfo {
         qgz: plan.qgz.is_some(),
         grad_quant_block: plan.qgz.map(|q| q.block),
         qgz_until_step: plan.qgz.map(|q| q.until_step),
+        qgz_error_feedback: plan.qgz.is_some_and(|q| q.error_feedback),
+        prefetch_depth: plan.prefetch_depth,
         align: plan.align,
     }
 }
@@ -358,6 +363,7 @@ fn comm_per_step(
         quantized_weights: false,
         hpz_partition_size: 1,
         quantized_gradients: false,
+        qgz_error_feedback: false,
         ..config.zero.clone()
     };
     let plain = ZeroPlan::resolve(&plain_cfg, plan.topology, steps)?;
@@ -532,14 +538,19 @@ fn human_memory(o: &mut String, r: &Report) {
         },
         mem.states.hpz_secondary,
     );
-    row(
-        "gathered units (largest two)".into(),
-        mem.states.gathered_working_set,
-    );
+    let ahead = z.prefetch_depth;
+    let gathered = format!("gathered (1 + {ahead} prefetched)");
+    row(gathered, mem.states.gathered_working_set);
     row(
         "reducing gradients (fp32)".into(),
         mem.states.reductions_in_flight,
     );
+    if mem.states.qgz_error_feedback > 0 {
+        row(
+            "qgZ error feedback (fp32)".into(),
+            mem.states.qgz_error_feedback,
+        );
+    }
     row(
         format!(
             "activations{}",

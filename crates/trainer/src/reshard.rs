@@ -21,8 +21,9 @@ pub fn load(
     let world = manifest.world_size;
     let align = match manifest.partition_align {
         Some(align) => align,
-        // Written before re-slicing was supported: only the same partition can read it.
-        None if world == engine.comm().topology().world() => engine.plan().align,
+        // Written before re-slicing was supported: only the same world can read it, padded to its
+        // quantisation blocks alone (as before `zero::MIN_ALIGN`).
+        None if world == engine.comm().topology().world() => engine.plan().legacy_align(),
         None => bail!(
             "checkpoint {} was written by {world} ranks by a trainer that did not record its \
              partition: resume it on {world} ranks",
@@ -67,6 +68,20 @@ pub fn load(
                     .get_mut(&name)
                     .expect("inserted for every unit above");
                 shard[piece.new.clone()].copy_from_slice(&saved[piece.old.clone()]);
+            }
+        }
+    }
+    // qgZ's error-feedback buffers are each rank's own, not shards: a checkpoint of this very
+    // layout gives them back from this rank's file; on another world they start at zero.
+    let topology = engine.comm().topology();
+    if engine.plan().qgz.is_some_and(|q| q.error_feedback)
+        && (world, manifest.ranks_per_node) == (topology.world(), topology.ranks_per_node)
+        && align == engine.plan().align
+    {
+        let file = checkpoint::read_rank(ckpt, manifest, rank)?;
+        for (name, data) in file.tensors {
+            if zero::QGZ_ERROR_STATES.iter().any(|s| name.ends_with(s)) {
+                shards.insert(name, data);
             }
         }
     }

@@ -41,8 +41,9 @@ pub const TRAJECTORY_KEYS: [&str; 21] = [
 ];
 
 /// Keys of the quantisation that only matter while it is on, checked beside [`TRAJECTORY_KEYS`].
-const QUANT_KEYS: [&str; 3] = [
+const QUANT_KEYS: [&str; 4] = [
     "zero.qgz_until",
+    "zero.qgz_error_feedback",
     "zero.weight_quant_block",
     "zero.grad_quant_block",
 ];
@@ -114,6 +115,7 @@ pub fn trajectory(config: &RunConfig, data: DataSize) -> Result<BTreeMap<String,
             "zero.qgz_until",
             format!("{} (through step {until})", z.qgz_until),
         );
+        put("zero.qgz_error_feedback", z.qgz_error_feedback.to_string());
     }
     Ok(s)
 }

@@ -79,8 +79,8 @@ struct Shared<'a> {
     resume: Option<Resume>,
     /// The run directory's lock, held by the process of rank 0.
     lock: Option<RunLock>,
-    /// One device for every rank: the local backend's ranks share it (and its stream), so their
-    /// collectives are device-to-device copies.
+    /// The device of a world of one rank, or of this process's rank; the local backend's ranks
+    /// open one each on the same GPU (`RankRun::start`).
     device: candle_core::Device,
     hooks: TestHooks,
     /// Set once a rank of this process has failed: a hung rank ([`HANG_RANK_ENV`]) of the
@@ -302,7 +302,14 @@ impl<'a> RankRun<'a> {
     fn start(shared: &'a Shared<'a>, comm: Box<dyn comm::Communicator>) -> Result<Self> {
         let config = shared.config;
         let rank = comm.rank();
-        let options = engine_options(config, &shared.device);
+        // The local backend's ranks on a GPU each compute on a stream (and candle device) of their
+        // own, so that their kernels overlap on the GPU; their collectives meet on the world's
+        // communication stream (comm's local backend).
+        let device = match (config.dist.backend, comm.topology().world()) {
+            (Backend::Local, w) if w > 1 => config.device()?,
+            _ => shared.device.clone(),
+        };
+        let options = engine_options(config, &device);
         let mut engine = Engine::new(shared.model_cfg.clone(), options, comm)?;
         let (start, start_tokens) = match &shared.resume {
             Some(r) => {

@@ -16,13 +16,24 @@ pub struct ZeroConfig {
     pub quantized_gradients: bool,
     /// Fraction of the training steps during which qgZ is on (1.0 = always).
     pub qgz_until: f64,
+    /// qgZ with error feedback: each rank keeps what its quantisers dropped at each hop and adds
+    /// it back before the next quantisation of the same unit (1-bit Adam's compensation, LoCo).
+    pub qgz_error_feedback: bool,
     /// Elements per INT8 scale block for qwZ.
     pub weight_quant_block: usize,
     /// Elements per INT4 scale block for qgZ.
     pub grad_quant_block: usize,
-    /// Prefetch the next unit's gather while the current one computes.
-    pub overlap: bool,
+    /// Gathers kept in flight ahead of the unit computing (0: none, each unit is gathered when
+    /// it is needed). Each holds one more unit's full parameters.
+    pub prefetch_depth: usize,
+    /// Replaced by `prefetch_depth`; refused with a message that says so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<bool>,
 }
+
+/// The deepest prefetch `zero.prefetch_depth` takes: more units in flight than this only hold
+/// memory (a gather is a fraction of a unit's compute).
+pub const MAX_PREFETCH_DEPTH: usize = 8;
 
 impl Default for ZeroConfig {
     fn default() -> Self {
@@ -32,9 +43,11 @@ impl Default for ZeroConfig {
             hpz_partition_size: 1,
             quantized_gradients: false,
             qgz_until: 1.0,
+            qgz_error_feedback: false,
             weight_quant_block: 2048,
             grad_quant_block: 512,
-            overlap: true,
+            prefetch_depth: 2,
+            overlap: None,
         }
     }
 }
@@ -64,6 +77,46 @@ impl ZeroConfig {
         if self.grad_quant_block == 0 {
             return bad("grad_quant_block", "must be positive");
         }
+        if self.overlap.is_some() {
+            return bad(
+                "overlap",
+                "was replaced by zero.prefetch_depth (gathers in flight ahead of compute; 0 = none, default 2)",
+            );
+        }
+        if self.qgz_error_feedback && !self.quantized_gradients {
+            return bad(
+                "qgz_error_feedback",
+                "feeds back qgZ's quantisation error: it needs quantized_gradients = true",
+            );
+        }
+        if self.prefetch_depth > MAX_PREFETCH_DEPTH {
+            return bad(
+                "prefetch_depth",
+                &format!("must be at most {MAX_PREFETCH_DEPTH}"),
+            );
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_old_overlap_key_and_too_deep_a_prefetch_are_refused() {
+        let old = ZeroConfig {
+            overlap: Some(true),
+            ..Default::default()
+        };
+        let e = old.validate().unwrap_err().to_string();
+        assert!(e.contains("overlap") && e.contains("prefetch_depth"), "{e}");
+        let deep = ZeroConfig {
+            prefetch_depth: MAX_PREFETCH_DEPTH + 1,
+            ..Default::default()
+        };
+        let e = deep.validate().unwrap_err().to_string();
+        assert!(e.contains("prefetch_depth"), "{e}");
+        assert!(ZeroConfig::default().validate().is_ok());
     }
 }

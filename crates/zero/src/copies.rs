@@ -1,85 +1,132 @@
-//! The engine's own passes over a unit, as single kernels on the GPU
-//! (`crates/kernels/cuda/shards.cu`): the fp32 master shard cast for a gather, a unit's
-//! gradient cast to fp32 with the partition's zero padding, and a reduced slice accumulated
-//! into the fp32 gradient shard. On the CPU (and for sizes or alignments the kernels do not
-//! take) the same values come from candle ops; the GPU results are bitwise the same.
+//! The engine's own passes over a unit, on the compute stream or (inside a job) on the
+//! communication stream, as `place` says: the fp32 master shard cast into its slot of the
+//! gathered buffer, a unit's gradient cast to fp32, scaled and zero-padded for the reduction, a
+//! reduced slice added into the fp32 gradient shard, and plain copies of a slice. On the GPU
+//! each is one kernel of `crates/kernels/cuda/shards.cu` or a device copy; on the CPU the same
+//! values come from candle ops, written in place with `slice_set`. Both give the same values.
 
 use candle_core::{DType, Tensor};
+use kernels::place::Place;
 
-use crate::Result;
+use crate::{Result, ZeroError};
 
-/// `master` (f32) in `dtype`, for an all-gather.
-pub(crate) fn cast_for_gather(master: &Tensor, dtype: DType) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if dtype == DType::BF16 {
-        if let Some(t) = cuda::cast_f32_bf16(master)? {
-            return Ok(t);
-        }
+fn check(what: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<()> {
+    match ok {
+        true => Ok(()),
+        false => Err(ZeroError::BadState {
+            name: what.into(),
+            reason: detail(),
+        }),
     }
-    Ok(master.to_dtype(dtype)?)
 }
 
-/// `grad` (1-D, any float dtype) as f32, zero-padded to `padded` elements.
-pub(crate) fn grad_to_f32_padded(grad: &Tensor, padded: usize) -> Result<Tensor> {
+/// `master` (f32 [n]) cast to `out`'s dtype into `out[at..at + n]`.
+pub fn cast_into(place: &Place, master: &Tensor, out: &Tensor, at: usize) -> Result<()> {
+    let n = master.elem_count();
+    check("gather slot", at + n <= out.elem_count(), || {
+        format!("{n} elements at {at} in a buffer of {}", out.elem_count())
+    })?;
     #[cfg(feature = "cuda")]
-    if let Some(t) = cuda::cast_pad_bf16_f32(grad, padded)? {
-        return Ok(t);
+    if let candle_core::Device::Cuda(dev) = out.device() {
+        return cuda::cast_into(dev, place, master, out, at);
     }
-    let numel = grad.elem_count();
-    Ok(grad
-        .to_dtype(DType::F32)?
-        .pad_with_zeros(0, 0, padded - numel)?)
+    let _ = place;
+    Ok(out.slice_set(&master.to_dtype(out.dtype())?, 0, at)?)
 }
 
-/// `acc + coef * x` (f32, same length); with `coef == 1`, `acc + x`.
-pub(crate) fn accumulate(acc: &Tensor, x: &Tensor, coef: f32) -> Result<Tensor> {
+/// `out` (f32 [padded]) = `coef` x `grad` (any float dtype, [n <= padded]) as f32, then zeros.
+pub fn scale_pad_into(place: &Place, grad: &Tensor, coef: f32, out: &Tensor) -> Result<()> {
+    let (n, padded) = (grad.elem_count(), out.elem_count());
+    check("gradient", n <= padded && out.dtype() == DType::F32, || {
+        format!("{n} elements into {padded} of {:?}", out.dtype())
+    })?;
     #[cfg(feature = "cuda")]
-    if let Some(t) = cuda::accumulate_f32(acc, x, coef)? {
-        return Ok(t);
+    if let candle_core::Device::Cuda(dev) = out.device() {
+        return cuda::scale_pad(dev, place, grad, coef, out);
     }
-    let x = if coef == 1.0 {
-        x.clone()
+    let _ = place;
+    let g = grad.to_dtype(DType::F32)?;
+    let g = if coef == 1.0 {
+        g
     } else {
-        x.affine(coef as f64, 0.0)?
+        g.affine(coef as f64, 0.0)?
     };
-    Ok((acc + x)?)
+    Ok(out.slice_set(&g.pad_with_zeros(0, 0, padded - n)?, 0, 0)?)
+}
+
+/// `acc += x` (f32, same length), in place.
+pub fn add_into(place: &Place, acc: &Tensor, x: &Tensor) -> Result<()> {
+    check("gradient shard", acc.elem_count() == x.elem_count(), || {
+        format!("{} elements plus {}", acc.elem_count(), x.elem_count())
+    })?;
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(dev) = acc.device() {
+        return cuda::add_into(dev, place, acc, x);
+    }
+    let _ = place;
+    Ok(acc.slice_set(&(acc + x)?, 0, 0)?)
+}
+
+/// `out = x - y` (f32, same length; `out` may be `x` or `y`).
+pub fn sub_into(place: &Place, x: &Tensor, y: &Tensor, out: &Tensor) -> Result<()> {
+    let n = out.elem_count();
+    check(
+        "difference",
+        x.elem_count() == n && y.elem_count() == n,
+        || format!("{} less {} into {n}", x.elem_count(), y.elem_count()),
+    )?;
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(dev) = out.device() {
+        return cuda::sub_into(dev, place, x, y, out);
+    }
+    let _ = place;
+    Ok(out.slice_set(&(x - y)?, 0, 0)?)
+}
+
+/// `out[at..at + len] = src[from..from + len]` (same dtype).
+pub fn copy_into(
+    place: &Place,
+    src: &Tensor,
+    from: usize,
+    len: usize,
+    out: &Tensor,
+    at: usize,
+) -> Result<()> {
+    check(
+        "copy",
+        from + len <= src.elem_count()
+            && at + len <= out.elem_count()
+            && src.dtype() == out.dtype(),
+        || {
+            format!(
+                "{len} elements from {from} of {} to {at} of {}",
+                src.elem_count(),
+                out.elem_count()
+            )
+        },
+    )?;
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(dev) = out.device() {
+        return cuda::copy(dev, place, src, from, len, out, at);
+    }
+    let _ = place;
+    Ok(out.slice_set(&src.narrow(0, from, len)?.copy()?, 0, at)?)
 }
 
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{
-        CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+        result as driver, LaunchConfig, PushKernelArg,
     };
-    use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorageSlice, WrapErr};
-    use candle_core::op::BackpropOp;
-    use candle_core::{CudaStorage, DType, Result, Storage, Tensor};
+    use candle_core::cuda_backend::{CudaDevice, WrapErr};
+    use candle_core::{DType, Tensor};
+    use kernels::place::{address, Place};
 
-    /// CTAs at most (`GRID` in the source): grid-stride beyond that.
+    use crate::{Result, ZeroError};
+
+    /// CTAs at most (`GRID` in the source).
     const GRID: usize = 2048;
     const DEFINES: [kernels::Define; 1] = [("GRID", GRID as i64)];
-
-    /// Runs `f` with the CUDA view of `t` when it is a contiguous CUDA tensor of `T` whose start
-    /// is 16-byte aligned; `None` otherwise.
-    fn with_view<T: CudaDType + DeviceRepr, R>(
-        t: &Tensor,
-        dtype: DType,
-        f: impl FnOnce(&CudaDevice, &CudaView<'_, T>) -> Result<R>,
-    ) -> Result<Option<R>> {
-        if !t.is_contiguous() || t.dtype() != dtype {
-            return Ok(None);
-        }
-        let (st, layout) = t.storage_and_layout();
-        let Storage::Cuda(cs) = &*st else {
-            return Ok(None);
-        };
-        let o = layout.start_offset();
-        if !(o * std::mem::size_of::<T>()).is_multiple_of(16) {
-            return Ok(None);
-        }
-        let n = t.elem_count();
-        let view = cs.as_cuda_slice::<T>()?.slice(o..o + n);
-        Ok(Some(f(&cs.device, &view)?))
-    }
 
     fn grid(units: usize) -> LaunchConfig {
         LaunchConfig {
@@ -89,87 +136,177 @@ mod cuda {
         }
     }
 
-    fn wrap(slice: CudaStorageSlice, dev: &CudaDevice, n: usize) -> Tensor {
-        let st = CudaStorage {
-            slice,
-            device: dev.clone(),
-        };
-        Tensor::from_storage(Storage::Cuda(st), n, BackpropOp::none(), false)
-    }
-
     fn func(
         dev: &CudaDevice,
         name: &str,
     ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaFunction> {
-        kernels::loader::function(
+        Ok(kernels::loader::function(
             dev,
             &kernels::SHARDS,
             &DEFINES,
             kernels::Flavour::Fast,
             name,
         )
-        .map_err(candle_core::Error::wrap)
+        .map_err(candle_core::Error::wrap)?)
     }
 
-    fn alloc<T: DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
-        // SAFETY: every caller's kernel writes all n elements before anything reads them.
-        Ok(unsafe { dev.alloc::<T>(n.max(1))? })
+    /// The address of `t` plus `at` elements, which must be 16-byte aligned (the kernels' vector
+    /// accesses; the engine's partition keeps every slot so).
+    fn aligned(t: &Tensor, at: usize, what: &'static str) -> Result<u64> {
+        let a = address(t)? + (at * t.dtype().size_in_bytes()) as u64;
+        if !a.is_multiple_of(16) {
+            return Err(ZeroError::BadState {
+                name: what.into(),
+                reason: format!("address {a:#x} is not 16-byte aligned"),
+            });
+        }
+        Ok(a)
     }
 
-    pub(super) fn cast_f32_bf16(master: &Tensor) -> Result<Option<Tensor>> {
+    pub(super) fn cast_into(
+        dev: &CudaDevice,
+        place: &Place,
+        master: &Tensor,
+        out: &Tensor,
+        at: usize,
+    ) -> Result<()> {
         let n = master.elem_count();
-        if !n.is_multiple_of(8) || n == 0 {
-            return Ok(None);
-        }
-        with_view::<f32, _>(master, DType::F32, |dev, x| {
-            let mut out = alloc::<half::bf16>(dev, n)?;
-            let f = func(dev, "cast_f32_bf16")?;
-            let stream = dev.cuda_stream();
-            let n64 = n as i64;
-            let mut b = stream.launch_builder(&f);
-            b.arg(x).arg(&mut out).arg(&n64);
-            // SAFETY: (const float*, bf16*, long long) as in the source; n elements each.
-            unsafe { b.launch(grid(n / 8)) }.w()?;
-            Ok(wrap(CudaStorageSlice::BF16(out), dev, n))
-        })
-    }
-
-    pub(super) fn cast_pad_bf16_f32(grad: &Tensor, padded: usize) -> Result<Option<Tensor>> {
-        let n = grad.elem_count();
-        if !n.is_multiple_of(8) || !padded.is_multiple_of(8) || padded < n || n == 0 {
-            return Ok(None);
-        }
-        with_view::<half::bf16, _>(grad, DType::BF16, |dev, x| {
-            let mut out = alloc::<f32>(dev, padded)?;
-            let f = func(dev, "cast_pad_bf16_f32")?;
-            let stream = dev.cuda_stream();
-            let (n64, p64) = (n as i64, padded as i64);
-            let mut b = stream.launch_builder(&f);
-            b.arg(x).arg(&n64).arg(&mut out).arg(&p64);
-            // SAFETY: (const bf16*, long long, float*, long long); n read, padded written.
-            unsafe { b.launch(grid(padded / 8)) }.w()?;
-            Ok(wrap(CudaStorageSlice::F32(out), dev, padded))
-        })
-    }
-
-    pub(super) fn accumulate_f32(acc: &Tensor, x: &Tensor, coef: f32) -> Result<Option<Tensor>> {
-        let n = acc.elem_count();
-        if !n.is_multiple_of(4) || n == 0 || x.elem_count() != n {
-            return Ok(None);
-        }
-        let r = with_view::<f32, _>(acc, DType::F32, |dev, a| {
-            with_view::<f32, _>(x, DType::F32, |_, v| {
-                let mut out = alloc::<f32>(dev, n)?;
-                let f = func(dev, "accumulate_f32")?;
-                let stream = dev.cuda_stream();
+        match out.dtype() {
+            DType::F32 => copy(dev, place, master, 0, n, out, at),
+            DType::BF16 => {
+                if !n.is_multiple_of(8) {
+                    return Err(ZeroError::BadState {
+                        name: "master shard".into(),
+                        reason: format!("{n} elements: the cast takes multiples of 8"),
+                    });
+                }
+                let (x, o) = (
+                    aligned(master, 0, "master shard")?,
+                    aligned(out, at, "gather slot")?,
+                );
+                let f = func(dev, "cast_f32_bf16")?;
+                let stream = place.stream(dev);
                 let n64 = n as i64;
                 let mut b = stream.launch_builder(&f);
-                b.arg(a).arg(v).arg(&coef).arg(&mut out).arg(&n64);
-                // SAFETY: (const float*, const float*, float, float*, long long); n each.
-                unsafe { b.launch(grid(n / 4)) }.w()?;
-                Ok(wrap(CudaStorageSlice::F32(out), dev, n))
-            })
-        })?;
-        Ok(r.flatten())
+                b.arg(&x).arg(&o).arg(&n64);
+                // SAFETY: (const float*, bf16*, long long); n elements each, in range (checked).
+                unsafe { b.launch(grid(n / 8)) }.w()?;
+                Ok(())
+            }
+            d => Err(candle_core::Error::UnsupportedDTypeForOp(d, "cast into a gather").into()),
+        }
+    }
+
+    pub(super) fn scale_pad(
+        dev: &CudaDevice,
+        place: &Place,
+        grad: &Tensor,
+        coef: f32,
+        out: &Tensor,
+    ) -> Result<()> {
+        let (n, padded) = (grad.elem_count() as i64, out.elem_count() as i64);
+        let (name, per) = match grad.dtype() {
+            DType::BF16 => ("scale_pad_bf16_f32", 8),
+            DType::F32 => ("scale_pad_f32_f32", 4),
+            d => return Err(candle_core::Error::UnsupportedDTypeForOp(d, "gradient cast").into()),
+        };
+        if padded % per != 0 {
+            return Err(ZeroError::BadState {
+                name: "padded gradient".into(),
+                reason: format!("{padded} elements: not a multiple of {per}"),
+            });
+        }
+        let (x, o) = (
+            aligned(grad, 0, "gradient")?,
+            aligned(out, 0, "padded gradient")?,
+        );
+        let f = func(dev, name)?;
+        let stream = place.stream(dev);
+        let mut b = stream.launch_builder(&f);
+        b.arg(&x).arg(&n).arg(&coef).arg(&o).arg(&padded);
+        // SAFETY: (const T*, long long, float, float*, long long); n read, padded written.
+        unsafe { b.launch(grid(padded as usize / per as usize)) }.w()?;
+        Ok(())
+    }
+
+    pub(super) fn add_into(
+        dev: &CudaDevice,
+        place: &Place,
+        acc: &Tensor,
+        x: &Tensor,
+    ) -> Result<()> {
+        let n = acc.elem_count();
+        if acc.dtype() != DType::F32 || x.dtype() != DType::F32 || !n.is_multiple_of(4) {
+            return Err(ZeroError::BadState {
+                name: "gradient shard".into(),
+                reason: format!(
+                    "{n} elements of {:?}: the add takes f32, multiples of 4",
+                    acc.dtype()
+                ),
+            });
+        }
+        let (a, v) = (
+            aligned(acc, 0, "gradient shard")?,
+            aligned(x, 0, "reduced slice")?,
+        );
+        let f = func(dev, "add_f32")?;
+        let stream = place.stream(dev);
+        let n64 = n as i64;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&a).arg(&v).arg(&n64);
+        // SAFETY: (float*, const float*, long long); n elements each.
+        unsafe { b.launch(grid(n / 4)) }.w()?;
+        Ok(())
+    }
+
+    pub(super) fn sub_into(
+        dev: &CudaDevice,
+        place: &Place,
+        x: &Tensor,
+        y: &Tensor,
+        out: &Tensor,
+    ) -> Result<()> {
+        let n = out.elem_count();
+        if [x, y, out].iter().any(|t| t.dtype() != DType::F32) || !n.is_multiple_of(4) {
+            return Err(ZeroError::BadState {
+                name: "difference".into(),
+                reason: format!("{n} elements: the difference takes f32, multiples of 4"),
+            });
+        }
+        let (a, b, o) = (
+            aligned(x, 0, "minuend")?,
+            aligned(y, 0, "subtrahend")?,
+            aligned(out, 0, "difference")?,
+        );
+        let f = func(dev, "sub_f32")?;
+        let stream = place.stream(dev);
+        let n64 = n as i64;
+        let mut l = stream.launch_builder(&f);
+        l.arg(&a).arg(&b).arg(&o).arg(&n64);
+        // SAFETY: (const float*, const float*, float*, long long); n elements each.
+        unsafe { l.launch(grid(n / 4)) }.w()?;
+        Ok(())
+    }
+
+    pub(super) fn copy(
+        dev: &CudaDevice,
+        place: &Place,
+        src: &Tensor,
+        from: usize,
+        len: usize,
+        out: &Tensor,
+        at: usize,
+    ) -> Result<()> {
+        let elem = src.dtype().size_in_bytes();
+        let s = address(src)? + (from * elem) as u64;
+        let d = address(out)? + (at * elem) as u64;
+        let stream = place.stream(dev);
+        stream.context().bind_to_thread().w()?;
+        if len > 0 {
+            // SAFETY: both ranges are in bounds of live buffers of this context (checked by the
+            // caller), on the stream whose order the caller keeps.
+            unsafe { driver::memcpy_dtod_async(d, s, len * elem, stream.cu_stream()) }.w()?;
+        }
+        Ok(())
     }
 }

@@ -16,7 +16,7 @@ use model::{GptConfig, ModelLayout, UnitLayout};
 
 use crate::gather::{self, GatherQueue, Secondary};
 use crate::memory::{rank_memory, RankMemory};
-use crate::reduce::{self, Reduction};
+use crate::reduce;
 use crate::{AdamW, DecayRanges, Partition, Result, Techniques, ZeroConfig, ZeroError, ZeroPlan};
 
 /// Gradient reductions left in flight during the backward pass: starting another finishes the
@@ -75,6 +75,10 @@ pub struct StepStats {
 /// `<unit>.<state>`, and each is laid out as the unit's flat buffer is partitioned.
 pub const SHARD_STATES: [&str; 3] = ["master", "exp_avg", "exp_avg_sq"];
 
+/// qgZ's error-feedback buffers of a unit, in checkpoint order (`<unit>.<state>`): the first
+/// hop's (the padded unit, swizzled) and the second's (the node sum, with several ranks a node).
+pub const QGZ_ERROR_STATES: [&str; 2] = ["qgz_error.hop1", "qgz_error.hop2"];
+
 /// One named fp32 shard of engine state, as saved in a checkpoint (read back to the host).
 pub struct NamedShard {
     pub name: String,
@@ -96,6 +100,8 @@ struct UnitShard {
     decay: DecayRanges,
     /// hpZ: my node-local slice of the gathered unit, valid until the next optimizer step.
     secondary: RefCell<Option<Secondary>>,
+    /// qgZ's error feedback: what my quantisers of this unit dropped the last time.
+    qgz_error: Option<reduce::QgzError>,
 }
 
 /// A ZeRO-3 engine for one rank. See the module doc for the step's schedule.
@@ -144,6 +150,7 @@ impl Engine {
                     exp_avg_sq: Tensor::zeros(n, DType::F32, dev)?,
                     grad: None,
                     secondary: RefCell::new(None),
+                    qgz_error: None,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -212,53 +219,59 @@ impl Engine {
 
     /// Issues the next gather of `queue`. In training (`hpz`), a unit with a valid secondary
     /// partition is gathered from it over my node.
-    fn issue_gather(&self, queue: &mut GatherQueue, hpz: bool) -> Result<()> {
-        if let Some(u) = queue.next_to_issue() {
+    fn issue_gather(&self, queue: &mut GatherQueue, hpz: bool) {
+        if let Some((u, label)) = queue.next_to_issue() {
             let unit = &self.units[u];
-            let _span = scope(&self.opts.device, Family::ZeroCopies);
+            let topology = self.plan.topology;
+            let rank = self.comm.rank();
             let secondary = unit.secondary.borrow();
             let source = if hpz { secondary.as_ref() } else { None };
-            queue.push(gather::start(
+            let spec = gather::Spec {
+                unit: u,
+                partition: unit.partition.clone(),
+                qwz: self.plan.qwz,
+                dtype: self.opts.compute_dtype,
+                device: self.opts.device.clone(),
+                rank,
+                local: topology.local_rank(rank),
+                ranks_per_node: topology.ranks_per_node,
+                keep: hpz,
+                label,
+            };
+            queue.push(gather::submit(
                 self.comm.as_ref(),
-                u,
+                spec,
                 &unit.master,
-                self.opts.compute_dtype,
-                self.plan.qwz,
                 source,
-            )?);
+            ));
         }
-        Ok(())
     }
 
-    /// The gathered unit `expected` (the next in the queue's order), issuing the one after it.
+    /// The gathered unit `expected` (the next in the queue's order); then tops the gathers in
+    /// flight up to the queue's depth.
     fn next_gather(&self, queue: &mut GatherQueue, expected: usize, hpz: bool) -> Result<Tensor> {
-        if queue.is_empty() {
-            self.issue_gather(queue, hpz)?;
+        if queue.in_flight() == 0 {
+            self.issue_gather(queue, hpz);
         }
         let flight = queue.pop().expect("a gather was just issued");
         assert_eq!(
             flight.unit, expected,
             "units must be taken in the gather order"
         );
-        if queue.overlap() {
-            self.issue_gather(queue, hpz)?;
-        }
         let unit = &self.units[expected];
-        let _span = scope(&self.opts.device, Family::ZeroCopies);
-        let topology = self.plan.topology;
-        let local = topology.local_rank(self.comm.rank());
-        let (full, secondary) = gather::finish(
-            flight,
-            &unit.partition,
-            self.plan.qwz,
-            topology,
-            local,
-            hpz,
-            self.opts.compute_dtype,
-            &self.opts.device,
-        )?;
+        let (full, secondary) = {
+            let _span = scope(&self.opts.device, Family::Communication);
+            gather::finish(flight, unit.partition.padded)?
+        };
         if let Some(s) = secondary {
             *unit.secondary.borrow_mut() = Some(s);
+        }
+        while queue.in_flight() < queue.depth() {
+            let before = queue.in_flight();
+            self.issue_gather(queue, hpz);
+            if queue.in_flight() == before {
+                break;
+            }
         }
         Ok(full)
     }
@@ -266,7 +279,7 @@ impl Engine {
     /// Unit `u`'s full padded parameters exactly as the forward computes with them (with qwZ,
     /// dequantised INT8), gathered from the world now.
     pub fn gather_for_compute(&self, u: usize) -> Result<Vec<f32>> {
-        let mut queue = GatherQueue::new(vec![u], false);
+        let mut queue = GatherQueue::new(vec![u], 0, 1);
         Ok(self
             .next_gather(&mut queue, u, false)?
             .to_dtype(DType::F32)?
@@ -282,57 +295,54 @@ impl Engine {
         Ok(full.to_vec1::<f32>()?)
     }
 
-    /// Starts reducing unit `u`'s full gradient, first advancing every qgZ reduction still in
-    /// its first hop (so hop 1 of this unit overlaps hop 2 of the previous); then finishes the
-    /// oldest reductions beyond [`REDUCTIONS_IN_FLIGHT`], adding `scale` x their mean into the
-    /// shards.
+    /// Submits the reduction of unit `u`'s full gradient, weighted by `scale` / W into its
+    /// shard; then finishes the oldest reductions beyond [`REDUCTIONS_IN_FLIGHT`].
     fn start_reduce(
         &mut self,
-        pending: &mut VecDeque<Reduction>,
+        pending: &mut VecDeque<reduce::InFlight>,
         u: usize,
         grad: &Tensor,
         qgz: bool,
         scale: f32,
     ) -> Result<()> {
         let qgz = self.plan.qgz.filter(|_| qgz);
-        if let Some(q) = qgz {
-            let earlier = std::mem::take(pending);
-            for r in earlier {
-                pending.push_back(reduce::advance(
-                    self.comm.as_ref(),
-                    r,
-                    q,
-                    &self.opts.device,
-                )?);
-            }
-        }
-        let copies = scope(&self.opts.device, Family::ZeroCopies);
-        let full = crate::copies::grad_to_f32_padded(grad, self.units[u].partition.padded)?;
-        drop(copies);
-        pending.push_back(reduce::start(self.comm.as_ref(), u, full, qgz)?);
+        let unit = &mut self.units[u];
+        let coef = scale / unit.partition.world as f32;
+        let acc = unit.grad.take();
+        let error = match qgz {
+            Some(q) if q.error_feedback => unit.qgz_error.take(),
+            _ => None,
+        };
+        pending.push_back(reduce::submit(
+            self.comm.as_ref(),
+            u,
+            &unit.partition,
+            grad,
+            acc,
+            coef,
+            qgz,
+            error,
+        ));
         while pending.len() > REDUCTIONS_IN_FLIGHT {
             let oldest = pending
                 .pop_front()
                 .expect("more than the bound are pending");
-            self.finish_reduce(oldest, scale)?;
+            self.finish_reduce(oldest)?;
         }
         Ok(())
     }
 
-    /// Waits for reduction `r` and adds `scale` x (my slice of the world mean) into its unit's
-    /// fp32 gradient shard.
-    fn finish_reduce(&mut self, r: Reduction, scale: f32) -> Result<()> {
-        let (u, sum) = reduce::finish(self.comm.as_ref(), r, self.plan.qgz, &self.opts.device)?;
-        let _span = scope(&self.opts.device, Family::ZeroCopies);
+    /// Waits for a reduction and keeps its new gradient shard.
+    fn finish_reduce(&mut self, r: reduce::InFlight) -> Result<()> {
+        let (u, shard, error) = {
+            let _span = scope(&self.opts.device, Family::Communication);
+            reduce::finish(r)?
+        };
         let unit = &mut self.units[u];
-        let coef = scale / unit.partition.world as f32;
-        // grad + coef * sum in one pass (`coef` is 1 with one micro-batch and one rank); the
-        // first micro-batch after a step takes coef * sum as it is.
-        unit.grad = Some(match unit.grad.take() {
-            Some(grad) => crate::copies::accumulate(&grad, &sum, coef)?,
-            None if coef == 1.0 => sum,
-            None => sum.affine(coef as f64, 0.0)?,
-        });
+        unit.grad = Some(shard);
+        if error.is_some() {
+            unit.qgz_error = error;
+        }
         Ok(())
     }
 
@@ -360,7 +370,12 @@ impl Engine {
         let cfg = self.cfg.clone();
         let n_layer = cfg.n_layer;
         let last = n_layer + 1;
-        let mut gathers = GatherQueue::new(training_gather_order(n_layer), self.plan.overlap);
+        // The first n_layer + 2 gathers are the forward's.
+        let mut gathers = GatherQueue::new(
+            training_gather_order(n_layer),
+            self.plan.prefetch_depth,
+            n_layer + 2,
+        );
         let hpz = self.plan.hpz;
         let qgz = self.plan.qgz_active(self.step + 1);
 
@@ -387,10 +402,12 @@ impl Engine {
         let (mut dx, dnorm) = model::final_norm_backward(&cfg, &norm, &norm_saved, &dxf)?;
         drop(norm);
         self.start_reduce(&mut reductions, last, &dnorm, qgz, grad_scale)?;
+        drop(dnorm);
         for l in (0..n_layer).rev() {
             let params = self.next_gather(&mut gathers, 1 + l, hpz)?;
             let s = saved.pop().expect("one saved state per block");
             let (d, dparams) = model::block_backward(&cfg, &params, &s, &dx)?;
+            drop(params);
             self.start_reduce(&mut reductions, 1 + l, &dparams, qgz, grad_scale)?;
             dx = d;
         }
@@ -404,7 +421,7 @@ impl Engine {
             grad_scale,
         )?;
         for r in reductions {
-            self.finish_reduce(r, grad_scale)?;
+            self.finish_reduce(r)?;
         }
         Ok(loss)
     }
@@ -415,7 +432,7 @@ impl Engine {
         let (tokens, targets) = self.batch_tensors(inputs, targets)?;
         let cfg = &self.cfg;
         let order: Vec<usize> = (0..cfg.n_layer + 2).collect();
-        let mut gathers = GatherQueue::new(order, self.plan.overlap);
+        let mut gathers = GatherQueue::new(order, self.plan.prefetch_depth, cfg.n_layer + 2);
         let embedding = self.next_gather(&mut gathers, 0, false)?;
         let mut x = model::embedding_unit_forward(cfg, &embedding, &tokens)?;
         for l in 0..cfg.n_layer {
@@ -484,6 +501,8 @@ impl Engine {
             for u in &mut self.units {
                 u.grad = None;
                 u.secondary.replace(None);
+                // What the quantisers dropped from a non-finite gradient is no error to feed back.
+                u.qgz_error = None;
             }
             return Ok(StepStats {
                 grad_norm,
@@ -522,7 +541,8 @@ impl Engine {
     }
 
     /// My shards of the master weights and Adam moments, named `<unit>.<state>`, read back to
-    /// the host.
+    /// the host; then, with qgZ's error feedback, my error buffers of each unit, named
+    /// `<unit>.<error state>` ([`QGZ_ERROR_STATES`]): this rank's own, not shards of a partition.
     pub fn state(&self) -> Result<Vec<NamedShard>> {
         let mut out = Vec::with_capacity(3 * self.units.len());
         for u in &self.units {
@@ -535,6 +555,20 @@ impl Engine {
                     name: format!("{}.{state}", u.layout.name),
                     data: data.to_vec1::<f32>()?,
                 });
+            }
+        }
+        for u in &self.units {
+            let Some(e) = &u.qgz_error else { continue };
+            for (state, data) in QGZ_ERROR_STATES
+                .into_iter()
+                .zip([Some(&e.hop1), e.hop2.as_ref()])
+            {
+                if let Some(data) = data {
+                    out.push(NamedShard {
+                        name: format!("{}.{state}", u.layout.name),
+                        data: data.to_vec1::<f32>()?,
+                    });
+                }
             }
         }
         Ok(out)
@@ -563,6 +597,32 @@ impl Engine {
             }
             u.grad = None;
             u.secondary.replace(None);
+            u.qgz_error = None;
+        }
+        // qgZ's error feedback: the rank's own buffers, where the checkpoint has them (it was
+        // written with feedback on, by the same layout); otherwise the feedback starts at zero.
+        let d = self.plan.topology.ranks_per_node;
+        if self.plan.qgz.is_some_and(|q| q.error_feedback) {
+            for u in &mut self.units {
+                let padded = u.partition.padded;
+                let read = |state: &str, n: usize| -> Result<Option<Tensor>> {
+                    let name = format!("{}.{state}", u.layout.name);
+                    match lookup(&name) {
+                        None => Ok(None),
+                        Some(v) if v.len() == n => Ok(Some(Tensor::from_vec(v, n, &dev)?)),
+                        Some(v) => Err(ZeroError::BadState {
+                            name,
+                            reason: format!("{} elements, this rank's buffer has {n}", v.len()),
+                        }),
+                    }
+                };
+                let hop1 = read(QGZ_ERROR_STATES[0], padded)?;
+                let hop2 = match d > 1 {
+                    true => read(QGZ_ERROR_STATES[1], padded / d)?,
+                    false => None,
+                };
+                u.qgz_error = hop1.map(|hop1| reduce::QgzError { hop1, hop2 });
+            }
         }
         self.step = step;
         self.non_finite_loss = false;

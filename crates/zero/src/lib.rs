@@ -7,7 +7,7 @@
 //! to [`Engine`]; the world size and the ZeRO++ options are resolved once into a [`ZeroConfig`].
 
 mod config;
-mod copies;
+pub mod copies;
 mod engine;
 mod error;
 mod gather;
@@ -21,13 +21,16 @@ mod reduce;
 mod squares;
 pub mod volume;
 
-pub use config::ZeroConfig;
+pub use config::{ZeroConfig, MAX_PREFETCH_DEPTH};
 pub use engine::{
-    Engine, EngineOptions, NamedShard, StepStats, REDUCTIONS_IN_FLIGHT, SHARD_STATES,
+    Engine, EngineOptions, NamedShard, StepStats, QGZ_ERROR_STATES, REDUCTIONS_IN_FLIGHT,
+    SHARD_STATES,
 };
 pub use error::{Result, ZeroError};
+pub use gather::{BACKWARD_GATHER, FORWARD_GATHER};
 pub use memory::{rank_memory, RankMemory};
 pub use optimizer::{AdamW, DecayRanges};
 pub use partition::{reslice, Partition, Piece};
-pub use plan::{Qgz, Qwz, Techniques, ZeroPlan};
+pub use plan::{Qgz, Qwz, Techniques, ZeroPlan, MIN_ALIGN};
+pub use reduce::GRADIENT_REDUCTION;
 pub use squares::sum_of_squares;

@@ -26,12 +26,16 @@ pub struct RankMemory {
     /// hpZ's secondary partition: padded / D elements of every unit, as INT8 codes plus their
     /// f32 scales with qwZ, else at `param_bytes`; 0 without hpZ.
     pub hpz_secondary: u64,
-    /// The two largest units' full (padded) buffers at `param_bytes`: the unit computing and
-    /// the one prefetched.
+    /// The 1 + `prefetch_depth` largest units' full (padded) buffers at `param_bytes`: the unit
+    /// computing and those prefetched.
     pub gathered_working_set: u64,
     /// The full fp32 gradients of the [`REDUCTIONS_IN_FLIGHT`] largest units, held until their
     /// reduce-scatter completes.
     pub reductions_in_flight: u64,
+    /// qgZ's error feedback: f32 of every unit's padded buffer (the first hop's error) and of its
+    /// node sum (padded / D, the second's, with D > 1); 0 without it. This rank's own state, kept
+    /// for the whole run and in its checkpoint file.
+    pub qgz_error_feedback: u64,
 }
 
 impl RankMemory {
@@ -47,7 +51,7 @@ impl RankMemory {
 
     /// Every row.
     pub fn total(&self) -> u64 {
-        self.sharded_bytes() + self.hpz_secondary + self.working_bytes()
+        self.sharded_bytes() + self.hpz_secondary + self.working_bytes() + self.qgz_error_feedback
     }
 }
 
@@ -88,6 +92,13 @@ pub fn rank_memory(plan: &ZeroPlan, unit_numels: &[usize], param_bytes: usize) -
     } else {
         0
     };
+    let qgz_error_feedback = match plan.qgz {
+        Some(q) if q.error_feedback && w > 1 => padded
+            .iter()
+            .map(|&p| 4 * (p + if d > 1 { p / d } else { 0 }) as u64)
+            .sum(),
+        _ => 0,
+    };
     let mut largest = padded;
     largest.sort_unstable_by(|a, b| b.cmp(a));
     let sum_of =
@@ -99,8 +110,9 @@ pub fn rank_memory(plan: &ZeroPlan, unit_numels: &[usize], param_bytes: usize) -
         optimizer_states: if fp32 { 8 * shard } else { 12 * shard },
         optimizer_includes_master: !fp32,
         hpz_secondary,
-        gathered_working_set: sum_of(2, pb),
+        gathered_working_set: sum_of(1 + plan.prefetch_depth, pb),
         reductions_in_flight: sum_of(REDUCTIONS_IN_FLIGHT, 4),
+        qgz_error_feedback,
     }
 }
 
@@ -116,11 +128,19 @@ mod tests {
 
     #[test]
     fn the_largest_unit_is_counted_once() {
-        // The embedding (first) is the largest unit: the working set is it plus the next.
-        let m = rank_memory(&plan(ZeroConfig::default(), 1, 1), &[900, 300, 200], 2);
-        assert_eq!(m.gathered_working_set, 2 * (900 + 300));
-        assert_eq!(m.reductions_in_flight, 4 * (900 + 300));
-        assert_eq!(m.sharded_bytes(), (2 + 4 + 12) * 1400);
+        // The embedding (first) is the largest unit: the working set is it plus the next, with
+        // one gather prefetched. (Units are padded to MIN_ALIGN: 960, 320, 256.)
+        let zero = ZeroConfig {
+            prefetch_depth: 1,
+            ..Default::default()
+        };
+        let m = rank_memory(&plan(zero, 1, 1), &[960, 320, 256], 2);
+        assert_eq!(m.gathered_working_set, 2 * (960 + 320));
+        assert_eq!(m.reductions_in_flight, 4 * (960 + 320));
+        assert_eq!(m.sharded_bytes(), (2 + 4 + 12) * 1536);
+        // Two prefetched: every unit.
+        let m = rank_memory(&plan(ZeroConfig::default(), 1, 1), &[960, 320, 256], 2);
+        assert_eq!(m.gathered_working_set, 2 * 1536);
     }
 
     #[test]

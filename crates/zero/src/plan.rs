@@ -11,11 +11,13 @@ pub struct Qwz {
     pub block: usize,
 }
 
-/// qgZ: gradients reduced by the 2-hop INT4 all-to-all, for optimizer steps `1..=until_step`.
+/// qgZ: gradients reduced by the 2-hop INT4 all-to-all, for optimizer steps `1..=until_step`,
+/// with error feedback if `error_feedback`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Qgz {
     pub block: usize,
     pub until_step: u64,
+    pub error_feedback: bool,
 }
 
 /// Which ZeRO++ techniques a step uses, as logged in metrics.jsonl.
@@ -33,10 +35,17 @@ pub struct ZeroPlan {
     /// hpZ: a secondary partition over the ranks of each node (its size is ranks per node).
     pub hpz: bool,
     pub qgz: Option<Qgz>,
-    /// Every shard is a whole number of this many elements (the quantisation blocks in use).
+    /// Every shard is a whole number of this many elements: the quantisation blocks in use and
+    /// [`MIN_ALIGN`].
     pub align: usize,
-    pub overlap: bool,
+    /// Gathers kept in flight ahead of the unit computing (`zero.prefetch_depth`).
+    pub prefetch_depth: usize,
 }
+
+/// Every shard is a multiple of this many elements, so that every rank's slot of a gathered
+/// buffer starts 16-byte aligned in any dtype (the vector loads of the GPU kernels that write
+/// it) and on a 256-byte boundary in f32.
+pub const MIN_ALIGN: usize = 64;
 
 fn gcd(a: usize, b: usize) -> usize {
     if b == 0 {
@@ -44,6 +53,18 @@ fn gcd(a: usize, b: usize) -> usize {
     } else {
         gcd(b, a % b)
     }
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    a / gcd(a, b) * b
+}
+
+/// The least common multiple of the quantisation blocks in use (1 with none).
+fn blocks_lcm(qwz: Option<Qwz>, qgz: Option<Qgz>) -> usize {
+    [qwz.map(|q| q.block), qgz.map(|q| q.block)]
+        .into_iter()
+        .flatten()
+        .fold(1, lcm)
 }
 
 impl ZeroPlan {
@@ -77,22 +98,23 @@ impl ZeroPlan {
         let qgz = cfg.quantized_gradients.then(|| Qgz {
             block: cfg.grad_quant_block,
             until_step: (cfg.qgz_until * total_steps as f64).round() as u64,
+            error_feedback: cfg.qgz_error_feedback,
         });
-        let mut align = 1;
-        for block in [qwz.map(|q| q.block), qgz.map(|q| q.block)]
-            .into_iter()
-            .flatten()
-        {
-            align = align / gcd(align, block) * block;
-        }
+        let align = lcm(MIN_ALIGN, blocks_lcm(qwz, qgz));
         Ok(ZeroPlan {
             topology,
             qwz,
             hpz,
             qgz,
             align,
-            overlap: cfg.overlap,
+            prefetch_depth: cfg.prefetch_depth,
         })
+    }
+
+    /// The alignment trainers before [`MIN_ALIGN`] padded with (the quantisation blocks alone):
+    /// how a checkpoint that does not record its alignment was partitioned.
+    pub fn legacy_align(&self) -> usize {
+        blocks_lcm(self.qwz, self.qgz)
     }
 
     /// How a unit of `numel` elements is padded and split over the world.
@@ -161,5 +183,9 @@ mod tests {
         let plan = ZeroPlan::resolve(&cfg, topo(), 1).unwrap();
         assert_eq!(plan.align, 192);
         assert_eq!(plan.partition(1000).shard_len() % 192, 0);
+        // Without quantisation, slots still start 16-byte aligned in every dtype.
+        let plain = ZeroPlan::resolve(&ZeroConfig::default(), topo(), 1).unwrap();
+        assert_eq!((plain.align, plain.legacy_align()), (MIN_ALIGN, 1));
+        assert_eq!(plain.partition(1000).shard_len() % MIN_ALIGN, 0);
     }
 }

@@ -95,7 +95,7 @@ fn counters_equal_the_zero3_volume_exactly() {
     let shard: u64 = layout
         .units
         .iter()
-        .map(|u| Partition::new(u.numel, w, 1).shard_len() as u64)
+        .map(|u| Partition::new(u.numel, w, zero::MIN_ALIGN).shard_len() as u64)
         .sum();
     // Per micro-batch each unit is gathered twice and reduce-scattered once, each sending my
     // shard (fp32) to every peer; per step one f32 all-reduce (the gradient norm).
@@ -107,8 +107,8 @@ fn counters_equal_the_zero3_volume_exactly() {
     }
 }
 
-/// A communicator that counts the reduce-scatters issued and not yet waited, and the most
-/// there ever were.
+/// A communicator that counts the gradient reductions submitted and not yet waited, and the
+/// most there ever were.
 struct CountsReductions<C> {
     inner: C,
     outstanding: std::sync::Arc<std::sync::atomic::AtomicUsize>,
@@ -141,11 +141,17 @@ impl<C: Communicator> Communicator for CountsReductions<C> {
         g: comm::Group,
         send: candle_core::Tensor,
     ) -> comm::Pending<candle_core::Tensor> {
+        self.inner.reduce_scatter(g, send)
+    }
+    fn submit(&self, job: comm::Job) -> comm::Pending<Vec<candle_core::Tensor>> {
         use std::sync::atomic::Ordering::SeqCst;
+        if job.label != zero::GRADIENT_REDUCTION {
+            return self.inner.submit(job);
+        }
         let now = self.outstanding.fetch_add(1, SeqCst) + 1;
         self.most.fetch_max(now, SeqCst);
         let outstanding = self.outstanding.clone();
-        self.inner.reduce_scatter(g, send).map(move |t| {
+        self.inner.submit(job).map(move |t| {
             outstanding.fetch_sub(1, SeqCst);
             Ok(t)
         })
@@ -177,8 +183,8 @@ impl<C: Communicator> Communicator for CountsReductions<C> {
 }
 
 /// Backward keeps at most `REDUCTIONS_IN_FLIGHT` gradient reductions in flight (one more while
-/// the next is issued), not one per unit: a reduce-scatter holds its full fp32 gradient until
-/// it is waited, so unbounded, a step held the whole model's gradient at once.
+/// the next is issued), not one per unit: a reduction holds its unit's full gradient until it
+/// is waited, so unbounded, a step held the whole model's gradient at once.
 #[test]
 fn backward_bounds_the_reductions_in_flight() {
     let cfg = GptConfig {

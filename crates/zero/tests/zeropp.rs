@@ -200,3 +200,91 @@ fn qwz_and_qgz_train_close_to_zero3() {
         "mean relative gap of ZeRO++ to ZeRO-3 over 30 steps: {gap}"
     );
 }
+
+/// How deep the gathers are prefetched changes no number, with every technique on: each unit is
+/// gathered from the same shards (or secondary partitions) and reduced in the same order, at
+/// depth 0 (each gather issued when needed) as at 1, 2 and 8 (a backward gather of the final
+/// norm issued before its forward gather was waited then comes from the world). Depth 2 (the
+/// default) moves exactly the bytes of depth 0.
+#[test]
+fn prefetch_depth_changes_no_number() {
+    let at = |depth| {
+        let z = ZeroConfig {
+            prefetch_depth: depth,
+            ..zero(true, true, true)
+        };
+        train(z, 3)
+    };
+    let none = at(0);
+    for depth in [1, 2, 8] {
+        let other = at(depth);
+        assert_eq!(none.losses, other.losses, "depth {depth}");
+        assert_eq!(none.params, other.params, "depth {depth}");
+        if depth <= 2 {
+            assert_eq!(none.bytes, other.bytes, "depth {depth}");
+        }
+    }
+}
+
+/// qgZ with error feedback (all three techniques on): a run resumed from its state after 2 steps
+/// takes exactly the straight run's next steps, because each rank's error buffers travel in its
+/// state; resumed without them, it leaves that curve. Feedback on keeps the training close to
+/// ZeRO-3's, as qgZ alone does.
+#[test]
+fn error_feedback_resumes_exactly_from_the_state() {
+    type State = std::collections::HashMap<String, Vec<f32>>;
+    let z = ZeroConfig {
+        qgz_error_feedback: true,
+        ..zero(true, true, true)
+    };
+    // Losses of steps 3 and 4, resumed from the state after 2 steps through `keep`.
+    let resumed = |keep: &(dyn Fn(&str) -> bool + Sync)| -> Vec<f64> {
+        let out = comm::run_local(
+            Topology::new(8, 4).unwrap(),
+            |c| -> Result<_, zero::ZeroError> {
+                let rank = c.rank();
+                let mut e = Engine::new(cfg(), options(z.clone()), Box::new(c))?;
+                let mut losses = Vec::new();
+                let step = |e: &mut Engine| -> Result<f64, zero::ZeroError> {
+                    let mut loss = 0.0;
+                    for m in 0..2 {
+                        let s = sequence(rank * 2 + m);
+                        loss += e.forward_backward(&s, &s, 0.5)?;
+                    }
+                    let loss = e.mean_over_world(loss / 2.0)?;
+                    e.step(1e-2)?;
+                    Ok(loss)
+                };
+                for _ in 0..2 {
+                    step(&mut e)?;
+                }
+                let state: State = e
+                    .state()?
+                    .into_iter()
+                    .filter(|s| keep(&s.name))
+                    .map(|s| (s.name, s.data))
+                    .collect();
+                // Restoring replaces every state of the engine, its error buffers included.
+                let steps = e.step_count();
+                e.restore(steps, &|n| state.get(n).cloned())?;
+                for _ in 0..2 {
+                    losses.push(step(&mut e)?);
+                }
+                Ok(losses)
+            },
+        )
+        .unwrap();
+        out[0].clone()
+    };
+    let straight = train(z.clone(), 4).losses[2..].to_vec();
+    assert_eq!(resumed(&|_| true), straight);
+    let without = resumed(&|name| !name.contains("qgz_error"));
+    assert_ne!(without, straight, "the error buffers change the next steps");
+    let zero3 = train(zero(false, false, false), 4).losses;
+    for (a, b) in straight.iter().zip(&zero3[2..]) {
+        assert!((a - b).abs() < 0.05 * b, "{a} vs ZeRO-3 {b}");
+    }
+    assert!(zero::QGZ_ERROR_STATES
+        .iter()
+        .all(|s| s.starts_with("qgz_error")));
+}

@@ -160,7 +160,7 @@ fn a_nan_gradient_on_one_rank_survives_qgz_and_every_rank_skips() {
         let mut pending = VecDeque::new();
         e.start_reduce(&mut pending, u, &g, true, 1.0)?;
         for r in pending {
-            e.finish_reduce(r, 1.0)?;
+            e.finish_reduce(r)?;
         }
         let reduced = e.grad_shard(u)?;
         let stats = e.step(1e-2)?;
