@@ -15,13 +15,24 @@
 #   large    LARGE (default gpt6.7b), ZeRO-3 vs ZeRO++, at LARGE_TOKENS (default "1024 2048")
 #            tokens per GPU with recomputation, over LARGE_PATHS (default fast)
 #   comm     all-gather, reduce-scatter, all-to-all bus bandwidth through our communicator
+#   sweep    gpt350m at seq 1024, 16 sequences a GPU, no recomputation, ZeRO-3 vs ZeRO++ over
+#            each SWEEP_PATHS entry (default "fast socket link"), link at each SWEEP_GBPS rate
+#            (default "400 200 100 50 25 12.5" Gb/s a node); every `bench --json` line goes to
+#            $OUT/sweep.json (started afresh unless SWEEP_APPEND=1), then `trainer plot --bench`
+#            draws $OUT/sweep.png and prints the table (also in $OUT/sweep.md; docs/bench.md)
+#   fsdp     PyTorch FSDP2, the anchor our tokens/s is a ratio to, in the sweep's shape, over
+#            NVLink and sockets: .gpu/torch_fsdp.py (a copy of the shared tools' script; extra
+#            arguments in FSDP_ARGS, e.g. --compile). Run it in the same call as what it anchors:
+#            scripts/gpu-multi.sh fsdp sweep
 # BENCH_STEPS timed steps (default 5) after one warm-up. Logs under $OUT (default gpu-out/).
 set -euo pipefail -f  # -f: no globbing (the --set values hold brackets)
 OUT=${OUT:-gpu-out}
 STAGES=${*:-parity bench comm}
 V=$(python3 -c 'import site; print(site.getsitepackages()[0])')
 export LD_LIBRARY_PATH=$V/nvidia/cu13/lib:$V/nvidia/nccl/lib:$V/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}
-for b in trainer gpu-tests; do [[ -x .gpu/$b ]] || gunzip -kf .gpu/$b.gz; done
+# NVLink multicast (NVLS) stays off on the H200 machines, for every torchrun below.
+export NCCL_NVLS_ENABLE=0
+for b in trainer gpu-tests; do [[ -x .gpu/$b || ! -f .gpu/$b.gz ]] || gunzip -kf .gpu/$b.gz; done
 T=$PWD/.gpu/trainer
 N=${NGPU:-$(nvidia-smi -L | wc -l)}
 GPN=${GPN:-1}
@@ -94,6 +105,42 @@ for stage in $STAGES; do
     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 launch bench --collectives --config configs/tiny.toml "${gpu[@]}" "${nccl[@]}" \
       --mib 16,256 2>&1 | tee "$OUT/collectives-socket.txt"
     ;;
-  *) echo "unknown stage $stage (parity, bench, large, comm)" >&2; exit 2 ;;
+  sweep)
+    # Throughput against the link: the same gpt350m bench at 16 x 1024 tokens a GPU everywhere.
+    [[ ${SWEEP_APPEND:-0} == 1 ]] || : > "$OUT/sweep.json"
+    for path in ${SWEEP_PATHS:-fast socket link}; do
+      rates=(none); [[ $path == link ]] && read -r -a rates <<< "${SWEEP_GBPS:-400 200 100 50 25 12.5}"
+      for gbps in "${rates[@]}"; do
+        for mode in zero3 zeropp; do
+          if [[ $mode == zeropp ]]; then extra=("${zeropp[@]}"); else extra=("${zero3[@]}"); fi
+          env_=(); slow=(); name=sweep-$mode-$path
+          [[ $path == socket ]] && env_=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)
+          [[ $path == link ]] && { slow=(--set "dist.emulated_link_gbps=$gbps"); name=$name-$gbps; }
+          env "${env_[@]}" torchrun --nproc-per-node="$N" --master-port="${PORT:-29501}" --no-python "$T" \
+            bench --config configs/gpt350m.toml "${gpu[@]}" "${nccl[@]}" "${extra[@]}" "${slow[@]}" \
+            --set model.seq_len=1024 --set model.recompute=false --set train.micro_batch=16 \
+            --set "train.global_batch=$((16 * N))" --steps "${BENCH_STEPS:-5}" --json > "$OUT/$name.json" 2> "$OUT/$name.log" || { echo "$name FAILED"; tail -3 "$OUT/$name.log"; }
+          cat "$OUT/$name.json" >> "$OUT/sweep.json"
+          echo "$name $(cat "$OUT/$name.json")"
+        done
+      done
+    done
+    "$T" plot --bench "$OUT/sweep.json" --output "$OUT/sweep.png" > "$OUT/sweep.md" || echo "sweep plot FAILED"
+    cat "$OUT/sweep.md"
+    ;;
+  fsdp)
+    # PyTorch FSDP2 in the sweep's shape (gpt350m: 24 x 1024, 16 heads; seq 1024, 16 a GPU).
+    if [[ ! -f .gpu/torch_fsdp.py ]]; then
+      echo "fsdp: no .gpu/torch_fsdp.py (copy /work/shared/tools/torch_fsdp.py there)"
+    else
+      for path in fast socket; do
+        env_=(); [[ $path == socket ]] && env_=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)
+        env "${env_[@]}" torchrun --nproc-per-node="$N" --master-port="${PORT:-29501}" .gpu/torch_fsdp.py \
+          --seq 1024 --batch 16 ${FSDP_ARGS:-} > "$OUT/fsdp-$path.txt" 2> "$OUT/fsdp-$path.log" || { echo "fsdp-$path FAILED"; tail -3 "$OUT/fsdp-$path.log"; }
+        echo "fsdp-$path $(cat "$OUT/fsdp-$path.txt")"
+      done
+    fi
+    ;;
+  *) echo "unknown stage $stage (parity, bench, large, comm, sweep, fsdp)" >&2; exit 2 ;;
   esac
 done

@@ -76,13 +76,31 @@ enum Command {
         #[arg(long)]
         output: PathBuf,
     },
-    /// Draw loss and val_loss against tokens from metrics.jsonl files, one line per run.
+    /// Draw val_loss and loss against tokens, one colour per run; or, with --bench, tokens/s
+    /// per GPU against the link bandwidth.
+    ///
+    /// Loss curves come from metrics.jsonl files, each run named by the ZeRO settings of its
+    /// config.toml. --bench reads `trainer bench --json` lines and also prints the figure's
+    /// numbers as a Markdown table (docs/bench.md, "trainer plot").
     Plot {
-        /// metrics.jsonl files (or run folders holding one).
-        #[arg(required = true)]
+        /// metrics.jsonl files (or run folders holding one and their config.toml).
         metrics: Vec<PathBuf>,
+        /// Instead: files of `trainer bench --json` lines, one JSON object a line.
+        #[arg(long, num_args = 1.., value_name = "FILE.json")]
+        bench: Vec<PathBuf>,
         #[arg(long)]
         output: PathBuf,
+        /// The legend's name of a run, once per input in order (default: from the runs'
+        /// config.toml, else the folder's name).
+        #[arg(long = "label", value_name = "NAME")]
+        label: Vec<String>,
+        /// Average the training loss over the last N steps (default 20; 1 = as logged).
+        #[arg(long, value_name = "N")]
+        smooth: Option<u64>,
+        /// Add a panel on the last FRACTION of the tokens (0.3 = the last 30%), its y range
+        /// fitted to the validation losses there.
+        #[arg(long, value_name = "FRACTION")]
+        zoom: Option<f64>,
     },
     /// Time whole training steps of the config on synthetic tokens: tokens/s, TFLOP/s, MFU,
     /// peak GPU memory, time waiting on communication (docs/bench.md).
@@ -228,28 +246,23 @@ fn run_command(
             create_parent(&output)?;
             export::export(&checkpoint, &output)
         }
-        Command::Plot { metrics, output } => {
-            let files: Vec<PathBuf> = metrics
-                .into_iter()
-                .map(|p| {
-                    if p.is_dir() {
-                        p.join("metrics.jsonl")
-                    } else {
-                        p
-                    }
-                })
-                .collect();
+        Command::Plot {
+            metrics,
+            bench,
+            output,
+            label,
+            smooth,
+            zoom,
+        } => {
             create_parent(&output)?;
-            let drawn = plot::plot(&files, &output)?;
-            eprintln!(
-                "wrote {}: {} run(s) over {} tokens, loss {:.2} to {:.2}",
-                output.display(),
-                drawn.runs,
-                units::count(drawn.tokens),
-                drawn.loss_min,
-                drawn.loss_max
-            );
-            Ok(())
+            plot::run(&plot::PlotArgs {
+                metrics,
+                bench,
+                output,
+                labels: label,
+                smooth,
+                zoom,
+            })
         }
     }
 }

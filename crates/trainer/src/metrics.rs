@@ -148,6 +148,8 @@ pub fn truncate_after(path: &Path, last_step: u64) -> Result<()> {
 /// One parsed line of a metrics file, either kind.
 #[derive(Debug, Deserialize)]
 pub struct AnyLine {
+    /// The optimizer step (`trainer plot --smooth` averages over a window of steps).
+    pub step: u64,
     pub tokens: u64,
     pub loss: Option<f64>,
     pub val_loss: Option<f64>,

@@ -1,0 +1,125 @@
+//! `trainer plot`: the trainer's figures, as PNGs drawn with the embedded font.
+//!
+//! - Loss curves ([`loss`]): validation and training loss of one or more runs against tokens,
+//!   one colour a run, each named by its ZeRO settings ([`label`]), with an optional zoom on the
+//!   end of training where ablation runs differ by tenths of a percent.
+//! - Throughput against link bandwidth ([`bench`]): tokens/s per GPU of `trainer bench --json`
+//!   lines against the emulated link between nodes, one line a set of techniques, with the
+//!   NVLink and sockets measurements as horizontal lines (the ZeRO++ paper's figure of
+//!   throughput over bandwidth), and its numbers as a Markdown table on stdout.
+
+mod bench;
+mod label;
+mod loss;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+use plotters::prelude::*;
+
+use crate::units;
+
+/// DejaVu Sans Mono (Bitstream Vera licence, data/fonts/LICENSE.DejaVu), embedded so plots
+/// render the same on a cluster node without fonts.
+const FONT: &[u8] = include_bytes!("../../../../data/fonts/DejaVuSansMono.ttf");
+
+/// One colour a run or technique: the first eight of matplotlib's `tab10`, whose neighbours
+/// differ in hue and lightness (a legend of five runs stays readable in grey too).
+const COLOURS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+];
+
+/// The colour of series `i`.
+fn colour(i: usize) -> RGBColor {
+    COLOURS[i % COLOURS.len()]
+}
+
+/// Makes the embedded font the one plotters draws "sans-serif" with.
+fn register_font() -> Result<()> {
+    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
+        .map_err(|_| anyhow::anyhow!("plot: the embedded font is invalid"))
+}
+
+/// A drawing error of plotters, naming the output.
+fn draw_error<E: std::fmt::Debug>(output: &Path) -> impl Fn(E) -> anyhow::Error + '_ {
+    move |e| anyhow::anyhow!("plot {}: {e:?}", output.display())
+}
+
+/// What `trainer plot` was asked to draw (its command line).
+pub struct PlotArgs {
+    /// metrics.jsonl files or run folders holding one.
+    pub metrics: Vec<PathBuf>,
+    /// `trainer bench --json` files (`--bench`).
+    pub bench: Vec<PathBuf>,
+    pub output: PathBuf,
+    /// `--label`, one per metrics input.
+    pub labels: Vec<String>,
+    /// `--smooth N`: training loss averaged over N steps (default [`loss::DEFAULT_SMOOTH`]).
+    pub smooth: Option<u64>,
+    /// `--zoom F`: a second panel on the last F of the token axis.
+    pub zoom: Option<f64>,
+}
+
+/// Draws the figure `args` asks for and says what it drew on stderr; with `--bench`, prints the
+/// figure's numbers as a Markdown table on stdout.
+pub fn run(args: &PlotArgs) -> Result<()> {
+    if !args.bench.is_empty() {
+        if let Some(first) = args.metrics.first() {
+            bail!(
+                "plot: {} is a metrics input, and --bench draws `trainer bench --json` files: \
+                 plot loss curves and bench lines in separate calls",
+                first.display()
+            );
+        }
+        if !args.labels.is_empty() || args.smooth.is_some() || args.zoom.is_some() {
+            bail!("plot --bench: --label, --smooth and --zoom are options of loss plots");
+        }
+        let drawn = bench::plot(&args.bench, &args.output)?;
+        print!("{}", drawn.table);
+        eprintln!(
+            "wrote {}: {} technique set(s) from {} bench line(s)",
+            args.output.display(),
+            drawn.techniques,
+            drawn.lines
+        );
+        return Ok(());
+    }
+    if args.metrics.is_empty() {
+        bail!("plot: name at least one metrics.jsonl or run folder, or --bench FILE.json");
+    }
+    let inputs: Vec<PathBuf> = args
+        .metrics
+        .iter()
+        .map(|p| {
+            if p.is_dir() {
+                p.join("metrics.jsonl")
+            } else {
+                p.clone()
+            }
+        })
+        .collect();
+    let options = loss::LossOptions {
+        smooth: args.smooth.unwrap_or(loss::DEFAULT_SMOOTH),
+        zoom: args.zoom,
+    };
+    options.check()?;
+    let labels = label::for_inputs(&inputs, &args.labels)?;
+    let drawn = loss::plot(&inputs, &labels, &args.output, &options)?;
+    eprintln!(
+        "wrote {}: {} run(s) over {} tokens, loss {:.2} to {:.2}; legend: {}",
+        args.output.display(),
+        drawn.runs,
+        units::count(drawn.tokens),
+        drawn.loss_min,
+        drawn.loss_max,
+        labels.join(", ")
+    );
+    Ok(())
+}
