@@ -10,6 +10,9 @@
 #   speed-2k, speed-1.3b, speed-6.7b  issue 13's other shapes, each beside PyTorch in the same
 #           call: gpt350m at seq 2048 and GPT-1.3B at seq 2048 (eager and torch.compile), gpt6.7b
 #           with recomputation (eager with checkpointing); speed-large: all three
+#   local-speed  gpt350m on this one GPU: W = 1 beside PyTorch eager, and the local backend's
+#           2 x 1 and 2 x 4 worlds (ZeRO-3 and ZeRO++), with the communication jobs' report
+#   ablation  the convergence ablation of configs/ablation/ on the open corpus (docs/convergence.md)
 # Each run's log and metrics go under $OUT (default gpu-out/).
 set -euo pipefail
 OUT=${OUT:-gpu-out}
@@ -17,7 +20,7 @@ STEPS=${STEPS:-200}
 STAGES=${*:-tests parity}
 V=$(python3 -c 'import site; print(site.getsitepackages()[0])')
 export LD_LIBRARY_PATH=$V/nvidia/cu13/lib:$V/nvidia/nccl/lib:$V/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}
-for b in trainer gpu-tests; do [[ -x .gpu/$b ]] || gunzip -kf .gpu/$b.gz; done
+for b in trainer gpu-tests; do [[ -x .gpu/$b || ! -f .gpu/$b.gz ]] || gunzip -kf .gpu/$b.gz; done
 T=.gpu/trainer
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
@@ -100,6 +103,46 @@ for stage in $STAGES; do
         --batch 4 --ckpt | tee "$OUT/speed-torch-6.7b.txt"
     fi
     ;;
-  *) echo "unknown stage $stage (tests, parity, bench, speed, speed-2k, speed-1.3b, speed-6.7b, speed-large)" >&2; exit 2 ;;
+  local-speed)
+    # Issue 16: gpt350m at seq 1024 on one GPU, W = 1 (with --profile) beside PyTorch eager from
+    # the same call, then the local backend's worlds on the same GPU: 2 x 1 (ZeRO-3, ZeRO++ =
+    # qwZ + qgZ) and 2 x 4 (ZeRO-3, all of ZeRO++) at 16 sequences a step, and 2 x 4 ZeRO++ at 64.
+    lb=(bench --config configs/gpt350m.toml --set 'dist.backend="local"' --set model.seq_len=1024
+        --set model.recompute=false --steps "${BENCH_STEPS:-5}")
+    z3=(--set zero.hpz_partition_size=1 --set zero.quantized_weights=false --set zero.quantized_gradients=false)
+    zq=(--set zero.quantized_weights=true --set zero.quantized_gradients=true)
+    one() { local name=$1; shift; echo "== $name"; "$T" "${lb[@]}" "$@" | tee "$OUT/local-$name.txt"; }
+    one w1 --set dist.world_size=1 --set dist.gpus_per_node=1 --set train.global_batch=16 \
+      --set train.micro_batch=16 "${z3[@]}" --profile
+    [[ -f .gpu/torch_gpt.py ]] && python3 .gpu/torch_gpt.py --steps 30 | tee "$OUT/local-torch-eager.txt"
+    w2=(--set dist.world_size=2 --set dist.gpus_per_node=1 --set train.global_batch=16 --set train.micro_batch=8)
+    w8=(--set dist.world_size=8 --set dist.gpus_per_node=4 --set train.micro_batch=2 --set train.global_batch=16)
+    one w2-zero3 "${w2[@]}" "${z3[@]}"
+    one w2-zeropp "${w2[@]}" "${zq[@]}" --set zero.hpz_partition_size=1
+    one w8-zero3 "${w8[@]}" "${z3[@]}"
+    one w8-zeropp "${w8[@]}" "${zq[@]}" --set zero.hpz_partition_size=4 --profile
+    one w8-zeropp-64 "${w8[@]}" "${zq[@]}" --set zero.hpz_partition_size=4 --set train.global_batch=64 \
+      --set train.micro_batch=8
+    ;;
+  ablation)
+    # Issue 17: the convergence ablation of configs/ablation/ (GPT-125M, 2 x 4 ranks on this GPU)
+    # on the open corpus. CORPUS: its .jsonl.zst files (default data/openpile/train/*), tokenised
+    # here into data/openpile/ unless that is there already. ABLATION: which configs (default
+    # all five, in the paper's order). Each run's metrics.jsonl and config.toml go to
+    # $OUT/abl-NAME/; no checkpoints. Draw the figure where they come back: trainer plot $OUT/abl-*.
+    if [[ ! -f data/openpile/openpile.bin ]]; then
+      corpus=(${CORPUS:-data/openpile/train/*.jsonl.zst})
+      "$T" prepare-data --input "${corpus[@]}" --output data/openpile/openpile --valid-fraction 0.01
+    fi
+    for name in ${ABLATION:-zero3 hpz_qwz zeropp_qgz_half zeropp zeropp_ef}; do
+      start=$SECONDS
+      "$T" --config "configs/ablation/$name.toml" --set "log.dir=\"$OUT/abl-$name\"" \
+        --set checkpoint.interval=0 --set checkpoint.resume=false > "$OUT/abl-$name.log" 2>&1 \
+        || { echo "$name FAILED"; tail -5 "$OUT/abl-$name.log"; continue; }
+      echo "$name: $((SECONDS - start)) s; $(grep -o '"val_loss":[0-9.]*' "$OUT/abl-$name/metrics.jsonl" | tail -1); $(grep -o '"tokens_per_s":[0-9.]*' "$OUT/abl-$name/metrics.jsonl" | tail -1)"
+      rm -f "$OUT/abl-$name.log"
+    done
+    ;;
+  *) echo "unknown stage $stage (tests, parity, bench, speed, speed-2k, speed-1.3b, speed-6.7b, speed-large, local-speed, ablation)" >&2; exit 2 ;;
   esac
 done
