@@ -11,6 +11,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
 # points that cudarc binds stands in, as the toolchain's stub does for the driver.
 stub=$CARGO_TARGET_DIR/cudnn-stub
 if [[ ! -f $stub/libcudnn.so ]]; then
+  cargo fetch --locked  # unpacks cudarc's sources on a fresh machine
   v=$(grep -A1 '^name = "cudarc"' Cargo.lock | sed -n 's/^version = "\(.*\)"/\1/p')
   sys=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-"$v" | head -1)/src/cudnn/sys/mod.rs
   mkdir -p "$stub"
