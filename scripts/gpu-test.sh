@@ -128,19 +128,24 @@ for stage in $STAGES; do
     # Issue 17: the convergence ablation of configs/ablation/ (GPT-125M, 2 x 4 ranks on this GPU)
     # on the open corpus. CORPUS: its .jsonl.zst files (default data/openpile/train/*), tokenised
     # here into data/openpile/ unless that is there already. ABLATION: which configs (default
-    # all five, in the paper's order). Each run's metrics.jsonl and config.toml go to
-    # $OUT/abl-NAME/; no checkpoints. Draw the figure where they come back: trainer plot $OUT/abl-*.
+    # all five, in the paper's order). ABL_SET: more section.key=VALUE settings for every run
+    # (e.g. "train.seed=1235"), ABL_TAG: a suffix of the runs' names for them. Each run's
+    # metrics.jsonl and config.toml go to $OUT/abl-NAME[-TAG]/; no checkpoints. Draw the figure
+    # where they come back: trainer plot $OUT/abl-*.
     if [[ ! -f data/openpile/openpile.bin ]]; then
       corpus=(${CORPUS:-data/openpile/train/*.jsonl.zst})
       "$T" prepare-data --input "${corpus[@]}" --output data/openpile/openpile --valid-fraction 0.01
     fi
+    extra=()
+    for kv in ${ABL_SET:-}; do extra+=(--set "$kv"); done
     for name in ${ABLATION:-zero3 hpz_qwz zeropp_qgz_half zeropp zeropp_ef}; do
       start=$SECONDS
-      "$T" --config "configs/ablation/$name.toml" --set "log.dir=\"$OUT/abl-$name\"" \
-        --set checkpoint.interval=0 --set checkpoint.resume=false > "$OUT/abl-$name.log" 2>&1 \
-        || { echo "$name FAILED"; tail -5 "$OUT/abl-$name.log"; continue; }
-      echo "$name: $((SECONDS - start)) s; $(grep -o '"val_loss":[0-9.]*' "$OUT/abl-$name/metrics.jsonl" | tail -1); $(grep -o '"tokens_per_s":[0-9.]*' "$OUT/abl-$name/metrics.jsonl" | tail -1)"
-      rm -f "$OUT/abl-$name.log"
+      run=abl-$name${ABL_TAG:+-$ABL_TAG}
+      "$T" --config "configs/ablation/$name.toml" --set "log.dir=\"$OUT/$run\"" \
+        --set checkpoint.interval=0 --set checkpoint.resume=false "${extra[@]}" > "$OUT/$run.log" 2>&1 \
+        || { echo "$run FAILED"; tail -5 "$OUT/$run.log"; continue; }
+      echo "$run: $((SECONDS - start)) s; $(grep -o '"val_loss":[0-9.]*' "$OUT/$run/metrics.jsonl" | tail -1); $(grep -o '"tokens_per_s":[0-9.]*' "$OUT/$run/metrics.jsonl" | tail -1)"
+      rm -rf "$OUT/$run.log" "$OUT/$run/checkpoints" "$OUT/$run/trainer.lock"
     done
     ;;
   *) echo "unknown stage $stage (tests, parity, bench, speed, speed-2k, speed-1.3b, speed-6.7b, speed-large, local-speed, ablation)" >&2; exit 2 ;;
