@@ -130,7 +130,7 @@ for stage in $STAGES; do
     # here into data/openpile/ unless that is there already. ABLATION: which configs (default
     # all five, in the paper's order). ABL_SET: more section.key=VALUE settings for every run
     # (e.g. "train.seed=1235"), ABL_TAG: a suffix of the runs' names for them. Each run's
-    # metrics.jsonl and config.toml go to $OUT/abl-NAME[-TAG]/; no checkpoints. Draw the figure
+    # metrics.jsonl and config.toml stay in $OUT/abl-NAME[-TAG]/ (its final checkpoint is removed). Draw the figure
     # where they come back: trainer plot $OUT/abl-*.
     if [[ ! -f data/openpile/openpile.bin ]]; then
       corpus=(${CORPUS:-data/openpile/train/*.jsonl.zst})
