@@ -1,0 +1,133 @@
+//! The engine's checkpoint state: each rank's shards of the master weights and Adam moments,
+//! and its own qgZ error buffers, read out, checked finite on every rank, and restored.
+
+use candle_core::Tensor;
+use comm::Group;
+
+use super::{Engine, NamedShard, QGZ_ERROR_STATES, SHARD_STATES};
+use crate::{reduce, Result, ZeroError};
+
+impl Engine {
+    /// My shards of the master weights and Adam moments, named `<unit>.<state>`, read back to
+    /// the host; then, with qgZ's error feedback, my error buffers of each unit, named
+    /// `<unit>.<error state>` ([`QGZ_ERROR_STATES`]): this rank's own, not shards of a partition.
+    pub fn state(&self) -> Result<Vec<NamedShard>> {
+        let mut out = Vec::with_capacity(3 * self.units.len());
+        for u in &self.units {
+            for (state, data) in
+                SHARD_STATES
+                    .into_iter()
+                    .zip([&u.master, &u.exp_avg, &u.exp_avg_sq])
+            {
+                out.push(NamedShard {
+                    name: format!("{}.{state}", u.layout.name),
+                    data: data.to_vec1::<f32>()?,
+                });
+            }
+        }
+        for u in &self.units {
+            let Some(e) = &u.qgz_error else { continue };
+            for (state, data) in QGZ_ERROR_STATES
+                .into_iter()
+                .zip([Some(&e.hop1), e.hop2.as_ref()])
+            {
+                if let Some(data) = data {
+                    out.push(NamedShard {
+                        name: format!("{}.{state}", u.layout.name),
+                        data: data.to_vec1::<f32>()?,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Restores the shards named as by [`Engine::state`] and the optimizer step count.
+    /// `lookup` returns a saved tensor by name; every name must be present with my shard's length.
+    pub fn restore(&mut self, step: u64, lookup: &dyn Fn(&str) -> Option<Vec<f32>>) -> Result<()> {
+        let dev = self.opts.device.clone();
+        for u in &mut self.units {
+            let states = [&mut u.master, &mut u.exp_avg, &mut u.exp_avg_sq];
+            for (state, data) in SHARD_STATES.into_iter().zip(states) {
+                let name = format!("{}.{state}", u.layout.name);
+                let saved = lookup(&name).ok_or_else(|| ZeroError::BadState {
+                    name: name.clone(),
+                    reason: "missing".into(),
+                })?;
+                let n = data.elem_count();
+                if saved.len() != n {
+                    return Err(ZeroError::BadState {
+                        name,
+                        reason: format!("{} elements, this rank's shard has {n}", saved.len()),
+                    });
+                }
+                *data = Tensor::from_vec(saved, n, &dev)?;
+            }
+            u.grad = None;
+            u.secondary.replace(None);
+            u.qgz_error = None;
+        }
+        // qgZ's error feedback: the rank's own buffers, where the checkpoint has them (it was
+        // written with feedback on, by the same layout); otherwise the feedback starts at zero.
+        let d = self.plan.topology.ranks_per_node;
+        if self.plan.qgz.is_some_and(|q| q.error_feedback) {
+            for u in &mut self.units {
+                let padded = u.partition.padded;
+                let read = |state: &str, n: usize| -> Result<Option<Tensor>> {
+                    let name = format!("{}.{state}", u.layout.name);
+                    match lookup(&name) {
+                        None => Ok(None),
+                        Some(v) if v.len() == n => Ok(Some(Tensor::from_vec(v, n, &dev)?)),
+                        Some(v) => Err(ZeroError::BadState {
+                            name,
+                            reason: format!("{} elements, this rank's buffer has {n}", v.len()),
+                        }),
+                    }
+                };
+                let hop1 = read(QGZ_ERROR_STATES[0], padded)?;
+                let hop2 = match d > 1 {
+                    true => read(QGZ_ERROR_STATES[1], padded / d)?,
+                    false => None,
+                };
+                u.qgz_error = hop1.map(|hop1| reduce::QgzError { hop1, hop2 });
+            }
+        }
+        self.step = step;
+        self.non_finite_loss = false;
+        Ok(())
+    }
+
+    /// Checks that `state` (this rank's [`Engine::state`]) holds only finite values, and that
+    /// every other rank's does, so that no rank writes a checkpoint that could not be resumed
+    /// from: one all-gather of a float a rank. The error names the first non-finite tensor in
+    /// state order (the lowest rank holding it) and the step, identically on every rank.
+    pub fn check_finite_state(&self, state: &[NamedShard]) -> Result<()> {
+        let first = state
+            .iter()
+            .position(|s| s.data.iter().any(|v| !v.is_finite()));
+        // 0: all finite; i + 1: tensor i first (exact in f32 for any state count we hold).
+        let mine = first.map_or(0.0, |i| (i + 1) as f32);
+        let one = Tensor::from_vec(vec![mine], 1, &self.opts.device)?;
+        let all = self
+            .comm
+            .all_gather(Group::World, one)
+            .wait()?
+            .to_vec1::<f32>()?;
+        let worst = all
+            .iter()
+            .enumerate()
+            .filter(|(_, &v)| v > 0.0)
+            .min_by_key(|&(rank, &v)| (v as usize, rank));
+        match worst {
+            None => Ok(()),
+            Some((rank, &v)) => Err(ZeroError::NonFiniteState {
+                name: state.get(v as usize - 1).map_or_else(
+                    || format!("state tensor {}", v as usize - 1),
+                    |s| s.name.clone(),
+                ),
+                rank,
+                step: self.step,
+            }),
+        }
+    }
+}
