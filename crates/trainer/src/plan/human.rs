@@ -1,0 +1,243 @@
+//! `trainer plan`'s table for people: the run, memory per rank, communication per step and the
+//! paper's accounting, aligned, then the notes (the JSON is the [`Report`] itself).
+
+use std::fmt::Write;
+
+use super::{Bytes, Report};
+use crate::config::Precision;
+use crate::units;
+
+/// `1234567` -> `"1,234,567"`.
+fn grouped(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+fn precision_name(p: Precision) -> &'static str {
+    match p {
+        Precision::Fp32 => "fp32",
+        Precision::Bf16 => "bf16",
+        Precision::Fp16 => "fp16",
+    }
+}
+
+/// The report as a compact aligned table: the run, then memory, communication and the paper's
+/// accounting, then the notes.
+pub fn human(r: &Report) -> String {
+    let mut o = String::new();
+    human_run(&mut o, r);
+    human_memory(&mut o, r);
+    human_comm(&mut o, r);
+    human_paper(&mut o, r);
+    for n in &r.notes {
+        let _ = writeln!(o, "note: {n}");
+    }
+    o
+}
+
+/// The model, ranks and ZeRO++ lines.
+fn human_run(o: &mut String, r: &Report) {
+    let m = &r.model;
+    let t = &r.train;
+    let z = &r.zero;
+    let pname = precision_name(t.precision);
+    let _ = writeln!(
+        *o,
+        "model     {}: {} layers x {} wide, {} heads, seq {}, vocab {}",
+        m.preset.as_deref().unwrap_or("custom"),
+        m.n_layer,
+        m.n_embd,
+        m.n_head,
+        m.seq_len,
+        m.vocab_size
+    );
+    let _ = writeln!(
+        *o,
+        "          {} parameters ({:.2} B), M = 2 x params = {} ({})",
+        grouped(m.num_params),
+        m.num_params as f64 / 1e9,
+        grouped(m.model_bytes),
+        units::bytes(m.model_bytes)
+    );
+    let _ = writeln!(
+        *o,
+        "ranks     {} = {} nodes x {}; {pname} ({} bytes a parameter); micro-batch {} x {} accumulation; {} steps",
+        r.topology.world_size,
+        r.topology.nodes,
+        r.topology.gpus_per_node,
+        t.param_bytes,
+        t.micro_batch,
+        t.accumulation,
+        t.steps
+    );
+    let mut tech = Vec::new();
+    if let Some(bk) = z.weight_quant_block {
+        tech.push(format!("qwZ (INT8, block {bk})"));
+    }
+    if z.hpz {
+        tech.push(format!("hpZ (groups of {})", z.hpz_partition_size));
+    }
+    if let (Some(bk), Some(until)) = (z.grad_quant_block, z.qgz_until_step) {
+        tech.push(format!("qgZ (INT4, block {bk}, steps 1..={until})"));
+    }
+    let _ = writeln!(
+        *o,
+        "zero++    {}",
+        if tech.is_empty() {
+            "none (plain ZeRO-3)".to_string()
+        } else {
+            tech.join(" + ")
+        }
+    );
+}
+
+/// The memory table.
+fn human_memory(o: &mut String, r: &Report) {
+    let (t, z) = (&r.train, &r.zero);
+    let pname = precision_name(t.precision);
+    let mem = &r.memory;
+    let pct = |x: u64| 100.0 * x as f64 / mem.total.max(1) as f64;
+    let _ = writeln!(
+        *o,
+        "\n{:<32}{:>18}{:>12}{:>8}",
+        "memory per rank", "bytes", "", "share"
+    );
+    let mut row = |label: String, x: u64| {
+        let _ = writeln!(
+            *o,
+            "  {label:<30}{:>18}{:>12}{:>7.1}%",
+            grouped(x),
+            units::bytes(x),
+            pct(x)
+        );
+    };
+    row(
+        format!("parameters shard ({pname})"),
+        mem.states.param_shard,
+    );
+    row("gradient shard (fp32)".into(), mem.states.grad_shard);
+    row(
+        if mem.states.optimizer_includes_master {
+            "optimizer (master + m + v)".into()
+        } else {
+            "Adam m + v (params are master)".into()
+        },
+        mem.states.optimizer_states,
+    );
+    row(
+        match (z.hpz, z.qwz) {
+            (false, _) => "hpZ secondary (off)".into(),
+            (true, true) => format!("hpZ secondary (INT8, 1/{})", r.topology.gpus_per_node),
+            (true, false) => format!("hpZ secondary ({pname}, 1/{})", r.topology.gpus_per_node),
+        },
+        mem.states.hpz_secondary,
+    );
+    let ahead = z.prefetch_depth;
+    let gathered = format!("gathered (1 + {ahead} prefetched)");
+    row(gathered, mem.states.gathered_working_set);
+    row(
+        "reducing gradients (fp32)".into(),
+        mem.states.reductions_in_flight,
+    );
+    if mem.states.qgz_error_feedback > 0 {
+        row(
+            "qgZ error feedback (fp32)".into(),
+            mem.states.qgz_error_feedback,
+        );
+    }
+    row(
+        format!(
+            "activations{}",
+            if t.recompute { " (recompute)" } else { "" }
+        ),
+        mem.activations,
+    );
+    if t.recompute {
+        row("  saved block inputs".into(), mem.activations_saved_inputs);
+        row(
+            "  one block's working set".into(),
+            mem.activations_block_working,
+        );
+    } else {
+        row(
+            "  all blocks' working sets".into(),
+            mem.activations_block_working,
+        );
+    }
+    row(
+        "  loss logits chunk (fp32)".into(),
+        mem.activations_logits_chunk,
+    );
+    row("total".into(), mem.total);
+}
+
+/// The communication table.
+fn human_comm(o: &mut String, r: &Report) {
+    let c = &r.comm;
+    let _ = writeln!(
+        *o,
+        "\ncomm per rank, step {} ({} micro-batch{}), logical bytes",
+        c.step,
+        c.micro_batches,
+        if c.micro_batches == 1 { "" } else { "es" },
+    );
+    let _ = writeln!(
+        *o,
+        "  {:<30}{:>30}{:>30}{:>9}",
+        "", "intra-node", "inter-node", "/ZeRO-3"
+    );
+    let mut crow = |label: &str, b: &Bytes, ratio: f64| {
+        let _ = writeln!(
+            *o,
+            "  {label:<30}{:>18}{:>12}{:>18}{:>12}{:>9.3}",
+            grouped(b.intra),
+            units::bytes(b.intra),
+            grouped(b.inter),
+            units::bytes(b.inter),
+            ratio
+        );
+    };
+    crow("ZeRO-3", &c.zero3, 1.0);
+    crow("ZeRO++", &c.zeropp, c.inter_ratio);
+    if let Some(a) = &c.after_qgz {
+        crow(
+            &format!("ZeRO++ step {}+ (no qgZ)", a.step),
+            &a.zeropp,
+            a.inter_ratio,
+        );
+    }
+}
+
+/// The paper's accounting.
+fn human_paper(o: &mut String, r: &Report) {
+    let p = &r.paper;
+    let _ = writeln!(
+        *o,
+        "\n{:<32}{:>18}{:>12}{:>8}",
+        "paper, cross-node per step", "bytes", "", "x M"
+    );
+    let mut prow = |label: &str, x: f64| {
+        let _ = writeln!(
+            *o,
+            "  {label:<30}{:>18}{:>12}{:>8.3}",
+            grouped(x.round() as u64),
+            units::bytes_f64(x),
+            x / p.model_bytes
+        );
+    };
+    prow("M (bf16 parameters)", p.model_bytes);
+    prow("ZeRO-3 (3M)", p.zero3);
+    prow("ZeRO++ (without scales)", p.zeropp);
+    prow("ZeRO++ quantisation scales", p.scales);
+    prow(
+        &format!("hpZ memory per rank (M/{})", r.topology.gpus_per_node),
+        p.hpz_memory,
+    );
+}
