@@ -432,15 +432,12 @@ impl Lane for LocalLane<'_> {
             self.worker.meet(group, Op::Barrier, Payload::Empty)?;
             return Ok(out);
         }
-        self.worker
-            .run(group, op, Payload::Tensor(send.clone()), |ps, me| {
-                let chunk = ps[0].len() / ps.len();
-                let parts = ps
-                    .iter()
-                    .map(|p| p.tensor().narrow(0, me * chunk, chunk))
-                    .collect::<candle_core::Result<Vec<_>>>()?;
-                Tensor::cat(&parts, 0)
-            })
+        self.worker.run(
+            group,
+            op,
+            Payload::Tensor(send.clone()),
+            super::all_to_all_result,
+        )
     }
 
     fn reduce_scatter_into(&mut self, group: Group, send: &Tensor, out: &Tensor) -> Result<Tensor> {

@@ -106,6 +106,17 @@ pub fn local_world_with_timeout(topology: Topology, timeout: Duration) -> Vec<Lo
         .collect()
 }
 
+/// An all-to-all's result on the host from every member's payload (in group-rank order): the
+/// `me`-th of each one's equal chunks, concatenated.
+fn all_to_all_result(ps: &[Arc<Payload>], me: usize) -> candle_core::Result<Tensor> {
+    let chunk = ps[0].len() / ps.len();
+    let parts = ps
+        .iter()
+        .map(|p| p.tensor().narrow(0, me * chunk, chunk))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Tensor::cat(&parts, 0)
+}
+
 impl LocalComm {
     /// Queues a collective on this rank's communication thread; `finish` computes my result from
     /// every member's payload (in group-rank order) and my group rank.
@@ -244,14 +255,12 @@ impl Communicator for LocalComm {
         if let Some(p) = self.on_gpu(group, Op::AllToAll, &send) {
             return p;
         }
-        self.submit(group, Op::AllToAll, Payload::Tensor(send), |ps, me| {
-            let chunk = ps[0].len() / ps.len();
-            let parts = ps
-                .iter()
-                .map(|p| p.tensor().narrow(0, me * chunk, chunk))
-                .collect::<candle_core::Result<Vec<_>>>()?;
-            Tensor::cat(&parts, 0)
-        })
+        self.submit(
+            group,
+            Op::AllToAll,
+            Payload::Tensor(send),
+            all_to_all_result,
+        )
     }
 
     fn reduce_scatter(&self, group: Group, send: Tensor) -> Pending<Tensor> {
