@@ -2,30 +2,10 @@
 //! preparation and plots, on a small slice of the bundled corpus with a small model.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-fn trainer() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_trainer"));
-    c.current_dir(repo()).env_remove("ZEROPP_KILL_AT_STEP");
-    c
-}
-
-/// The first `docs` addresses of the bundled corpus as a plain .jsonl file in `dir`.
-fn small_corpus(dir: &Path, docs: usize) -> PathBuf {
-    let file = std::fs::File::open(repo().join("data/corpus/sotu.jsonl.zst")).unwrap();
-    let text = String::from_utf8(zstd::decode_all(file).unwrap()).unwrap();
-    let lines: Vec<&str> = text.lines().take(docs).collect();
-    let path = dir.join("small.jsonl");
-    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-    path
-}
+mod common;
+use common::{small_corpus, trainer};
 
 /// A small model and batch, with every path inside `dir`.
 fn small_run(dir: &Path, train: &Path, steps: u64) -> Vec<String> {

@@ -8,22 +8,8 @@ use std::process::{Command, Output};
 
 use safetensors::tensor::{Dtype, SafeTensors};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-/// The first `docs` addresses of the bundled corpus as a plain .jsonl file in `dir`.
-fn small_corpus(dir: &Path, docs: usize) -> PathBuf {
-    let file = std::fs::File::open(repo().join("data/corpus/sotu.jsonl.zst")).unwrap();
-    let text = String::from_utf8(zstd::decode_all(file).unwrap()).unwrap();
-    let lines: Vec<&str> = text.lines().take(docs).collect();
-    let path = dir.join("small.jsonl");
-    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-    path
-}
+mod common;
+use common::{repo, small_corpus};
 
 /// A small model at learning rate `lr` over 2 ranks on 2 nodes, every path inside `dir`, a
 /// checkpoint every step; `extra` overrides on top.

@@ -5,28 +5,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-fn trainer() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_trainer"));
-    c.current_dir(repo()).env_remove("ZEROPP_KILL_AT_STEP");
-    c
-}
-
-/// The first `docs` addresses of the bundled corpus as a plain .jsonl file in `dir`.
-fn small_corpus(dir: &Path, docs: usize) -> PathBuf {
-    let file = std::fs::File::open(repo().join("data/corpus/sotu.jsonl.zst")).unwrap();
-    let text = String::from_utf8(zstd::decode_all(file).unwrap()).unwrap();
-    let lines: Vec<&str> = text.lines().take(docs).collect();
-    let path = dir.join("small.jsonl");
-    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-    path
-}
+mod common;
+use common::{small_corpus, trainer};
 
 /// A small model (about 20 MB of checkpoint) over `world` ranks, its run folder `run_dir`.
 fn small_run(run_dir: &Path, train: &Path, steps: u64, world: usize) -> Vec<String> {

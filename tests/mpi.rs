@@ -2,16 +2,12 @@
 //! `local` backend's threads, and a dead or hung process ending the job. Needs OpenMPI's
 //! `mpirun` and the `mpi` feature: `cargo test --release -p trainer --features mpi --test mpi`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
+mod common;
+use common::repo;
 
 /// A small model on the bundled corpus, 4 ranks as 2 nodes x 2, logging every step.
 fn sets(dir: &Path, zeropp: bool) -> Vec<String> {

@@ -2,35 +2,12 @@
 //! launch into a running run's directory, resuming with changed settings or on another world
 //! size, and restarts before the first checkpoint.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-fn trainer() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_trainer"));
-    c.current_dir(repo())
-        .env_remove("ZEROPP_KILL_AT_STEP")
-        .env_remove("ZEROPP_STEP_DELAY_MS")
-        .env_remove("ZEROPP_HANG_RANK");
-    c
-}
-
-/// The first `docs` addresses of the bundled corpus as a plain .jsonl file in `dir`.
-fn small_corpus(dir: &Path, docs: usize) -> PathBuf {
-    let file = std::fs::File::open(repo().join("data/corpus/sotu.jsonl.zst")).unwrap();
-    let text = String::from_utf8(zstd::decode_all(file).unwrap()).unwrap();
-    let lines: Vec<&str> = text.lines().take(docs).collect();
-    let path = dir.join("small.jsonl");
-    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-    path
-}
+mod common;
+use common::{small_corpus, trainer};
 
 /// A small model on one rank, with its run folder `run`.
 fn small_run(run: &Path, train: &Path, steps: u64) -> Vec<String> {

@@ -3,20 +3,10 @@
 //! the runs' configs, `--zoom`, the `--bench` table, and one-line errors that name the file.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-fn trainer() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_trainer"));
-    c.current_dir(repo());
-    c
-}
+mod common;
+use common::trainer;
 
 /// `trainer plot ARGS...`.
 fn plot<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {

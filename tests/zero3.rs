@@ -1,16 +1,12 @@
 //! ZeRO-3 over simulated ranks, end to end through the CLI: the same curve at every world size,
 //! the analytic communication volume, kill and resume at W = 4, and a failing rank.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
+mod common;
+use common::repo;
 
 /// `tiny` with a short context and a global batch of 8 sequences, on the first addresses of
 /// the bundled corpus, logging every step.
