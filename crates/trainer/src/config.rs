@@ -346,7 +346,13 @@ impl RunConfig {
         if t.micro_batch == 0 || t.global_batch == 0 {
             bail!("train.micro_batch and train.global_batch must be positive");
         }
-        if !t.global_batch.is_multiple_of(t.micro_batch * world) {
+        let Some(per_pass) = t.micro_batch.checked_mul(world) else {
+            bail!(
+                "train.micro_batch x dist.world_size = {} x {world} does not fit in 64 bits",
+                t.micro_batch
+            );
+        };
+        if !t.global_batch.is_multiple_of(per_pass) {
             bail!(
                 "train.global_batch = {} is not divisible by micro_batch x world_size = {} x {}",
                 t.global_batch,
@@ -492,7 +498,7 @@ impl RunConfig {
                 base.as_ref().map(|b| b.vocab_size),
             )?,
         };
-        cfg.validate().map_err(|e| anyhow::anyhow!("[model] {e}"))?;
+        cfg.validate().map_err(model_error)?;
         Ok(cfg)
     }
 
@@ -511,6 +517,18 @@ impl RunConfig {
     /// The resolved config as TOML, as written to the run directory.
     pub fn to_toml(&self) -> Result<String> {
         Ok(toml::to_string_pretty(self)?)
+    }
+}
+
+/// A model shape error with the config keys it is about (`model.n_embd`), so that
+/// [`RunConfig::load`] blames the `--set` that gave the value rather than the file.
+fn model_error(e: model::ModelError) -> anyhow::Error {
+    match e {
+        model::ModelError::ZeroSize { field } => anyhow::anyhow!("model.{field} must be positive"),
+        model::ModelError::HeadsDoNotDivide { n_embd, n_head } => {
+            anyhow::anyhow!("model.n_embd = {n_embd} is not a multiple of model.n_head = {n_head}")
+        }
+        other => anyhow::anyhow!("[model] {other}"),
     }
 }
 

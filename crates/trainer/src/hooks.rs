@@ -90,6 +90,26 @@ impl TestHooks {
         })
     }
 
+    /// Refuses a hook aimed at a rank outside a world of `world` ranks: it would never act, and a
+    /// fault test relying on it would pass without its fault.
+    pub fn check_world(&self, world: usize) -> Result<()> {
+        for (name, hook) in [
+            (FAIL_RANK_ENV, self.fail),
+            (KILL_RANK_ENV, self.kill_rank),
+            (HANG_RANK_ENV, self.hang),
+        ] {
+            if let Some(RankStep { rank, step }) = hook {
+                if rank >= world {
+                    bail!(
+                        "{name}={rank}@{step}: rank {rank} is outside the world of {world} (ranks 0 to {})",
+                        world - 1
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// At the start of step `step` on `rank`: fails, dies or hangs as the hooks say. A hang
     /// ends (with an error) only once `given_up` is set.
     pub fn before_step(&self, rank: usize, step: u64, given_up: &AtomicBool) -> Result<()> {
@@ -154,6 +174,13 @@ mod tests {
         assert!(hooks.before_step(0, 3, &never).is_ok());
         let e = hooks.before_step(1, 3, &never).unwrap_err().to_string();
         assert!(e.contains("injected failure at step 3"), "{e}");
+
+        hooks.check_world(2).unwrap();
+        let e = hooks.check_world(1).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "ZEROPP_FAIL_RANK=1@3: rank 1 is outside the world of 1 (ranks 0 to 0)"
+        );
 
         let e = TestHooks::from_vars(vars(&[(HANG_RANK_ENV, "two@3")])).unwrap_err();
         assert!(e.to_string().contains("ZEROPP_HANG_RANK=\"two@3\""), "{e}");

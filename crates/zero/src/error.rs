@@ -9,8 +9,9 @@ pub enum ZeroError {
     Comm(#[from] comm::CommError),
     #[error(transparent)]
     Quant(#[from] quant::QuantError),
-    /// A configuration the engine cannot run, named by its key.
-    #[error("[zero] {key}: {reason}")]
+    /// A configuration the engine cannot run, named by its dotted config key (`zero.<key>`), so
+    /// that the trainer can blame the `--set` or the file line that gave it.
+    #[error("zero.{key}: {reason}")]
     Config { key: &'static str, reason: String },
     /// A saved state that does not fit this run.
     #[error("state tensor {name}: {reason}")]
