@@ -51,6 +51,17 @@ pub fn device_used_bytes(device: &Device) -> Option<u64> {
     None
 }
 
+/// Bytes of device memory free now, `None` on the CPU (or when the driver cannot say).
+pub fn device_free_bytes(device: &Device) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        let (free, _total) = dev.cuda_stream().context().mem_get_info().ok()?;
+        return Some(free as u64);
+    }
+    let _ = device;
+    None
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{sys, DriverError};

@@ -16,6 +16,7 @@ mod reshard;
 mod resume;
 mod run_lock;
 mod schedule;
+mod startup;
 mod stop;
 mod train;
 mod units;

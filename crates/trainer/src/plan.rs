@@ -178,7 +178,7 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
     let mut config = RunConfig::load(path, args.set)?;
     let mut notes = Vec::new();
     let topology = fit_topology(&mut config, args, &mut notes)?;
-    let (accumulation, global_batch) = fit_batch(&config, topology.world(), &mut notes);
+    let (accumulation, global_batch) = fit_batch(&config, topology.world(), &mut notes)?;
 
     let t = &config.train;
     let cfg = config.model_config()?;
@@ -256,10 +256,15 @@ fn fit_topology(
 
 /// Micro-batches per step at `world` ranks, at least one (a note says when the global batch
 /// had to change), and the global batch they make.
-fn fit_batch(config: &RunConfig, world: usize, notes: &mut Vec<String>) -> (usize, usize) {
+fn fit_batch(config: &RunConfig, world: usize, notes: &mut Vec<String>) -> Result<(usize, usize)> {
     let t = &config.train;
-    let per_pass = t.micro_batch * world;
-    let mut accumulation = config.accumulation();
+    let per_pass = t.micro_batch.checked_mul(world).with_context(|| {
+        format!(
+            "a world of {world} ranks x train.micro_batch = {} sequences does not fit in 64 bits",
+            t.micro_batch
+        )
+    })?;
+    let mut accumulation = t.global_batch / per_pass;
     if accumulation == 0 || !t.global_batch.is_multiple_of(per_pass) {
         accumulation = accumulation.max(1);
         notes.push(format!(
@@ -270,7 +275,10 @@ fn fit_batch(config: &RunConfig, world: usize, notes: &mut Vec<String>) -> (usiz
             per_pass * accumulation
         ));
     }
-    (accumulation, per_pass * accumulation)
+    let global_batch = per_pass
+        .checked_mul(accumulation)
+        .context("the planned global batch does not fit in 64 bits")?;
+    Ok((accumulation, global_batch))
 }
 
 /// The `model` section: the shape and its sizes.
@@ -312,6 +320,21 @@ fn zero_info(config: &RunConfig, plan: &ZeroPlan) -> ZeroInfo {
         prefetch_depth: plan.prefetch_depth,
         align: plan.align,
     }
+}
+
+/// The memory one rank of `config` holds at `topology`, as the report's `memory` section
+/// counts it: what a run compares with the memory at hand before it starts
+/// ([`crate::startup::check_memory`]).
+pub fn rank_memory(config: &RunConfig, topology: Topology) -> Result<Memory> {
+    let cfg = config.model_config()?;
+    let plan = ZeroPlan::resolve(&config.zero, topology, config.train.steps)?;
+    let numels: Vec<usize> = model::ModelLayout::new(&cfg)
+        .units
+        .iter()
+        .map(|u| u.numel)
+        .collect();
+    let pb = param_bytes(config.train.precision);
+    Ok(memory(config, &cfg, &plan, &numels, pb))
 }
 
 /// The `memory` section: the states as the engine counts them ([`zero::rank_memory`]) plus

@@ -22,7 +22,7 @@ use crate::progress::Reporter;
 use crate::resume::{self, DataSize, Resume};
 use crate::run_lock::RunLock;
 use crate::schedule::learning_rate;
-use crate::{reshard, stop, units};
+use crate::{reshard, startup, stop, units};
 
 /// Training and validation tokens.
 struct Corpora {
@@ -153,21 +153,16 @@ fn prepare(
     let model_cfg = config.model_config()?;
     let t = &config.train;
     let world = topology.world();
+    hooks.check_world(world)?;
     let corpora = load_data(config, model_cfg.vocab_size)?;
+    startup::check_data(
+        config,
+        world,
+        corpora.train.tokens.len(),
+        corpora.valid.as_ref().map(|v| v.tokens.len()),
+    )?;
     let sampler = Sampler::new(corpora.train.tokens.len(), model_cfg.seq_len, t.seed)
         .context("data.train")?;
-    Sampler::check_batch(t.global_batch, world, t.micro_batch).context("train.global_batch")?;
-    if let Some(valid) = &corpora.valid {
-        let n = Sampler::new(valid.tokens.len(), model_cfg.seq_len, 0)
-            .context("validation data")?
-            .num_samples();
-        if config.log.eval_samples > 0 && n.min(config.log.eval_samples) < world {
-            bail!(
-                "validation data holds {n} sequences of {} tokens: fewer than the {world} ranks",
-                model_cfg.seq_len
-            );
-        }
-    }
     let data_size = DataSize {
         train_tokens: corpora.train.tokens.len(),
         valid_tokens: corpora.valid.as_ref().map(|v| v.tokens.len()),
@@ -181,6 +176,13 @@ fn prepare(
             config.log.dir.display()
         );
     }
+    // The local backend's ranks are this process's threads; a launched process is one rank.
+    let ranks_here = match config.dist.backend {
+        Backend::Local => world,
+        _ => 1,
+    };
+    startup::check_memory(config, topology, ranks_here, &device)?;
+    startup::check_writable(config, lead)?;
     Ok(Shared {
         config,
         model_cfg,
@@ -481,7 +483,9 @@ impl<'a> RankRun<'a> {
             m.sync()?;
         }
         let steps = self.shared.config.train.steps;
-        let by = match signal {
+        // Read again: with the local backend, another rank of this process may have seen the
+        // signal at its poll, after this rank's poll of the same step.
+        let by = match signal.or_else(stop::requested) {
             Some(s) => stop::name(s),
             None => "a signal to another rank",
         };
@@ -595,9 +599,11 @@ impl<'a> RankRun<'a> {
     }
 }
 
-/// Mean loss over the first `log.eval_samples` validation sequences, in order, rounded down
-/// to a multiple of the world size so every rank evaluates as many (and makes the same
-/// collectives).
+/// Mean loss over the first `log.eval_samples` validation sequences (or all the data holds),
+/// in order. Rank r evaluates the r-th of `world` contiguous slices of them, so with fewer
+/// sequences than ranks some ranks evaluate none; every rank still runs as many forward
+/// passes (each gathers every unit, a collective), a rank short of sequences running padding
+/// passes whose loss is not counted. The mean is over the sequences, not the ranks.
 fn evaluate(
     engine: &Engine,
     valid: &TokenCorpus,
@@ -607,15 +613,28 @@ fn evaluate(
     let world = engine.comm().topology().world();
     let rank = engine.comm().rank();
     let sampler = Sampler::new(valid.tokens.len(), seq_len, 0).context("validation data")?;
-    let per_rank = config.log.eval_samples.min(sampler.num_samples()) / world;
-    let ids: Vec<usize> = (rank * per_rank..(rank + 1) * per_rank).collect();
+    let samples = config.log.eval_samples.min(sampler.num_samples());
+    let slice = |r: usize| r * samples / world..(r + 1) * samples / world;
+    let micro = config.train.micro_batch;
+    // The passes of the rank with the most sequences: ceil(samples / world) of them, in micro-batches.
+    let passes = samples.div_ceil(world).div_ceil(micro);
+    let ids: Vec<usize> = slice(rank).collect();
     let mut total = 0.0;
-    for chunk in ids.chunks(config.train.micro_batch) {
-        let (inputs, targets) = sampler.gather(&valid.tokens, chunk);
-        total += engine.eval_loss(&inputs, &targets)? * chunk.len() as f64;
+    for pass in 0..passes {
+        match ids.chunks(micro).nth(pass) {
+            Some(chunk) => {
+                let (inputs, targets) = sampler.gather(&valid.tokens, chunk);
+                total += engine.eval_loss(&inputs, &targets)? * chunk.len() as f64;
+            }
+            None => {
+                // Padding: the first sequence, so that this rank takes part in the gathers.
+                let (inputs, targets) = sampler.gather(&valid.tokens, &[0]);
+                engine.eval_loss(&inputs, &targets)?;
+            }
+        }
     }
-    let mean = engine.mean_over_world(total / per_rank as f64)?;
-    Ok(mean)
+    let sum = engine.mean_over_world(total)? * world as f64;
+    Ok(sum / samples as f64)
 }
 
 /// All ranks write their files into the temporary folder rank 0 made and hand rank 0 their
