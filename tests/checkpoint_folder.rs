@@ -1,3 +1,187 @@
 //! The checkpoint folder as a run owns it (issue 24): one run per `checkpoint.dir`, a manifest
 //! checked against its folder and its rank files, retention that counts complete checkpoints
 //! only, and a diverging run that keeps its last good checkpoint.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+mod common;
+use common::{small_corpus, trainer};
+
+/// A small model over `world` ranks (one a node), its run folder `log`, every path in a
+/// tempdir; the tests add `train.steps`, the checkpoint keys and whatever else they need.
+fn small_run(log: &Path, corpus: &Path, world: usize) -> Vec<String> {
+    vec![
+        "model.n_layer=2".into(),
+        "model.n_embd=32".into(),
+        "model.n_head=2".into(),
+        "model.seq_len=32".into(),
+        "train.micro_batch=2".into(),
+        "train.global_batch=4".into(),
+        format!("dist.world_size={world}"),
+        "dist.gpus_per_node=1".into(),
+        "train.lr=1e-3".into(),
+        "train.warmup_steps=2".into(),
+        format!("data.train=[{:?}]", corpus.to_str().unwrap()),
+        "data.valid_fraction=0.2".into(),
+        "log.interval=1".into(),
+        "log.eval_interval=0".into(),
+        "log.eval_samples=8".into(),
+        "log.progress=false".into(),
+        format!("log.dir={:?}", log.to_str().unwrap()),
+    ]
+}
+
+/// `trainer --config configs/tiny.toml` with `sets` and then `extra` as `--set`s.
+fn command(sets: &[String], extra: &[&str]) -> Command {
+    let mut c = trainer();
+    c.args(["--config", "configs/tiny.toml"]);
+    for s in sets.iter().map(String::as_str).chain(extra.iter().copied()) {
+        c.args(["--set", s]);
+    }
+    c
+}
+
+fn run_with(sets: &[String], extra: &[&str]) -> Output {
+    command(sets, extra).output().unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn assert_ok(out: &Output) {
+    assert!(out.status.success(), "trainer failed: {}", stderr(out));
+}
+
+/// The one `error:` line of a failed run.
+fn error_line(out: &Output) -> String {
+    let err = stderr(out);
+    assert!(!out.status.success(), "the run should have failed: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "one error line expected: {err}");
+    lines[0].to_string()
+}
+
+/// The `step_*` names in `dir`, sorted.
+fn step_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step_"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Item 3: a manifest is checked against its folder's step, its file list against rank order,
+/// and each rank file's own step and rank against the manifest; each disagreement refuses the
+/// resume (and `trainer export`) in one line naming the file, before anything is written.
+#[test]
+fn a_manifest_that_disagrees_with_its_folder_or_its_files_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 6);
+    let log = dir.path().join("run");
+    let sets = small_run(&log, &corpus, 2);
+    assert_ok(&run_with(
+        &sets,
+        &[
+            "train.steps=4",
+            "checkpoint.interval=2",
+            "train.decay_steps=6",
+        ],
+    ));
+    let step4 = log.join("checkpoints/step_00000004");
+    let manifest_path = step4.join("manifest.json");
+    let original = std::fs::read_to_string(&manifest_path).unwrap();
+    let metrics = std::fs::read(log.join("metrics.jsonl")).unwrap();
+    let edit = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut json: serde_json::Value = serde_json::from_str(&original).unwrap();
+        f(&mut json);
+        std::fs::write(&manifest_path, json.to_string()).unwrap();
+    };
+    let resume = || {
+        run_with(
+            &sets,
+            &[
+                "train.steps=6",
+                "checkpoint.interval=2",
+                "train.decay_steps=6",
+            ],
+        )
+    };
+    let export = |from: &Path| {
+        trainer()
+            .args(["export", "--checkpoint"])
+            .arg(from)
+            .arg("--output")
+            .arg(dir.path().join("model.safetensors"))
+            .output()
+            .unwrap()
+    };
+
+    // The folder of step 4 with a manifest saying step 3.
+    edit(&|m| m["step"] = 3.into());
+    let line = error_line(&resume());
+    assert!(
+        line.contains(&format!(
+            "{} says step 3, its folder is step 4",
+            manifest_path.display()
+        )) && line.ends_with("move the folder aside to resume from the checkpoint before it"),
+        "{line}"
+    );
+    assert!(error_line(&export(&step4)).contains("says step 3, its folder is step 4"));
+
+    // The file list reordered, checksums with it: each rank would load the other's shard.
+    edit(&|m| {
+        m["files"].as_array_mut().unwrap().reverse();
+        m["checksums"].as_array_mut().unwrap().reverse();
+    });
+    let line = error_line(&resume());
+    assert!(
+        line.contains(
+            "lists rank_00001.safetensors as rank 0's file, which is rank_00000.safetensors"
+        ),
+        "{line}"
+    );
+    assert!(error_line(&export(&step4)).contains("as rank 0's file"));
+
+    // The rank files swapped on disk, checksums with them: the names are in rank order, the
+    // files' own ranks are not.
+    edit(&|m| m["checksums"].as_array_mut().unwrap().reverse());
+    let (a, b) = (
+        step4.join("rank_00000.safetensors"),
+        step4.join("rank_00001.safetensors"),
+    );
+    let aside = dir.path().join("aside.safetensors");
+    std::fs::rename(&a, &aside).unwrap();
+    std::fs::rename(&b, &a).unwrap();
+    std::fs::rename(&aside, &b).unwrap();
+    // Both ranks refuse their file; the first to fail is the one reported.
+    let line = error_line(&resume());
+    let refused = |file: &Path, own: usize, read_as: usize| {
+        format!(
+            "{} is step 4's file of rank {own}, the manifest reads it as step 4's of rank {read_as}",
+            file.display()
+        )
+    };
+    assert!(
+        line.contains(&refused(&a, 1, 0)) || line.contains(&refused(&b, 0, 1)),
+        "{line}"
+    );
+    assert!(error_line(&export(&step4)).contains("is step 4's file of rank 1"));
+
+    // Nothing was written by the refused resumes; put right, the checkpoint resumes.
+    assert_eq!(std::fs::read(log.join("metrics.jsonl")).unwrap(), metrics);
+    assert_eq!(
+        step_names(&log.join("checkpoints")),
+        ["step_00000002", "step_00000004"]
+    );
+    std::fs::rename(&a, &aside).unwrap();
+    std::fs::rename(&b, &a).unwrap();
+    std::fs::rename(&aside, &b).unwrap();
+    std::fs::write(&manifest_path, &original).unwrap();
+    let out = resume();
+    assert_ok(&out);
+    assert!(stderr(&out).contains("resumed from"), "{}", stderr(&out));
+}

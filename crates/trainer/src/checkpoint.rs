@@ -7,6 +7,12 @@
 //! and the parent folder after it, so a committed checkpoint survives a power loss too. The data
 //! position is the step itself (the sampler is stateless), and the model has no other random
 //! state.
+//!
+//! A checkpoint is checked, not trusted, when it is read: the manifest's step must be its
+//! folder's, its files must be `rank_00000.safetensors`, `rank_00001.safetensors`, ... in rank
+//! order, one a rank, and each rank file's own `step` and `rank` (safetensors metadata) must be
+//! the manifest's step and the rank it is read for. A folder that fails one is refused in one
+//! line naming it, before any rank restores anything.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -80,6 +86,10 @@ pub fn tmp_dir(dir: &Path, step: u64) -> PathBuf {
 fn rank_file(rank: usize) -> String {
     format!("rank_{rank:05}.safetensors")
 }
+
+/// What a refused checkpoint's user does, the end of each refusal of [`read_manifest`] and
+/// [`read_rank`].
+const MOVE_ASIDE: &str = "move the folder aside to resume from the checkpoint before it";
 
 /// Starts checkpoint `step`: an empty temporary folder (an old one from a killed run is removed).
 pub fn begin(dir: &Path, step: u64) -> Result<PathBuf> {
@@ -288,6 +298,9 @@ pub fn newest(dir: &Path) -> Result<Option<PathBuf>> {
         .map(|(_, path)| path))
 }
 
+/// Reads checkpoint `ckpt`'s manifest and checks it against the folder: the step in its name
+/// (`step_<N>`; a folder named otherwise, e.g. one given to `trainer export`, has none to
+/// compare), one file a rank, named in rank order. Refuses a disagreement in one line.
 pub fn read_manifest(ckpt: &Path) -> Result<Manifest> {
     let path = ckpt.join("manifest.json");
     let text = std::fs::read_to_string(&path)
@@ -309,7 +322,50 @@ pub fn read_manifest(ckpt: &Path) -> Result<Manifest> {
             m.files.len()
         );
     }
+    if let Some(folder_step) = name_of(ckpt)
+        .strip_prefix("step_")
+        .and_then(|n| n.parse::<u64>().ok())
+    {
+        if folder_step != m.step {
+            bail!(
+                "{} says step {}, its folder is step {folder_step}: the manifest is not this \
+                 checkpoint's; {MOVE_ASIDE}",
+                path.display(),
+                m.step
+            );
+        }
+    }
+    if m.files.len() != m.world_size {
+        bail!(
+            "{} lists {} files for {} ranks; {MOVE_ASIDE}",
+            path.display(),
+            m.files.len(),
+            m.world_size
+        );
+    }
+    if let Some((rank, name)) = m
+        .files
+        .iter()
+        .enumerate()
+        .find(|(rank, name)| **name != rank_file(*rank))
+    {
+        bail!(
+            "{} lists {name} as rank {rank}'s file, which is {}: the files are named in rank \
+             order; {MOVE_ASIDE}",
+            path.display(),
+            rank_file(rank)
+        );
+    }
     Ok(m)
+}
+
+/// The `step` and `rank` a rank file records of itself ([`write_rank`]'s metadata).
+fn recorded_step_and_rank(bytes: &[u8]) -> Option<(u64, usize)> {
+    let (_, header) = SafeTensors::read_metadata(bytes).ok()?;
+    let meta = header.metadata().as_ref()?;
+    let step = meta.get("step")?.parse().ok()?;
+    let rank = meta.get("rank")?.parse().ok()?;
+    Some((step, rank))
 }
 
 /// One rank's saved tensors, fully read and checked.
@@ -318,7 +374,9 @@ pub struct RankState {
 }
 
 /// Reads rank `rank`'s file of checkpoint `ckpt`, checked against the manifest's checksum (when
-/// it has one): a file changed on disk is refused, naming it.
+/// it has one): a file changed on disk is refused, naming it. The step and rank the file
+/// records must be the manifest's step and `rank`: a file of another checkpoint or another rank
+/// (files swapped or copied in with their checksums) is refused too.
 pub fn read_rank(ckpt: &Path, manifest: &Manifest, rank: usize) -> Result<RankState> {
     let name = manifest
         .files
@@ -338,6 +396,19 @@ pub fn read_rank(ckpt: &Path, manifest: &Manifest, rank: usize) -> Result<RankSt
                 path.display()
             );
         }
+    }
+    match recorded_step_and_rank(&bytes) {
+        Some(own) if own == (manifest.step, rank) => {}
+        Some((step, own_rank)) => bail!(
+            "checkpoint {} is step {step}'s file of rank {own_rank}, the manifest reads it as \
+             step {}'s of rank {rank}; {MOVE_ASIDE}",
+            path.display(),
+            manifest.step
+        ),
+        None => bail!(
+            "checkpoint {} records no step and rank: not a file this trainer wrote; {MOVE_ASIDE}",
+            path.display()
+        ),
     }
     let mut tensors = HashMap::new();
     for (name, view) in st.tensors() {
@@ -397,21 +468,42 @@ mod tests {
         }
     }
 
-    /// Checkpoint `step` of a one-rank world whose state is `values`, committed in `dir`.
+    /// Checkpoint `step` in a world of `ranks.len()` ranks, rank `r`'s state `ranks[r]`,
+    /// committed in `dir`.
+    fn save_ranks(dir: &Path, step: u64, ranks: &[&[f32]]) -> Result<PathBuf> {
+        let tmp = begin(dir, step)?;
+        let mut crcs = Vec::new();
+        for (rank, values) in ranks.iter().enumerate() {
+            let state = [zero::NamedShard {
+                name: "wte.param".into(),
+                data: values.to_vec(),
+            }];
+            crcs.push(write_rank(&tmp, rank, step, &state)?);
+        }
+        let topology = comm::Topology::new(ranks.len(), ranks.len())?;
+        let m = manifest(step, 0, topology, &model(), 1, &Default::default(), &crcs);
+        commit(dir, &tmp, &m)
+    }
+
+    /// Checkpoint `step` of a one-rank world whose state is `values`.
     fn save_one(dir: &Path, step: u64, values: &[f32]) -> PathBuf {
-        let state = [zero::NamedShard {
-            name: "wte.param".into(),
-            data: values.to_vec(),
-        }];
-        let tmp = begin(dir, step).unwrap();
-        let crc = write_rank(&tmp, 0, step, &state).unwrap();
-        let topology = comm::Topology::new(1, 1).unwrap();
-        commit(
-            dir,
-            &tmp,
-            &manifest(step, 0, topology, &model(), 1, &Default::default(), &[crc]),
-        )
-        .unwrap()
+        save_ranks(dir, step, &[values]).unwrap()
+    }
+    /// Rewrites `ckpt`'s manifest.json through `edit`.
+    fn edit_manifest(ckpt: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+        let path = ckpt.join("manifest.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        edit(&mut json);
+        std::fs::write(&path, json.to_string()).unwrap();
+    }
+
+    /// The error of `r`, as one line.
+    fn error<T>(r: Result<T>) -> String {
+        match r {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => format!("{e:#}"),
+        }
     }
 
     #[test]
@@ -441,14 +533,81 @@ mod tests {
         );
 
         // A manifest of an older version, without checksums, loads unchecked.
-        let path = ckpt.join("manifest.json");
-        let mut json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        json.as_object_mut().unwrap().remove("checksums");
-        std::fs::write(&path, json.to_string()).unwrap();
+        edit_manifest(&ckpt, |json| {
+            json.as_object_mut().unwrap().remove("checksums");
+        });
         let old = read_manifest(&ckpt).unwrap();
         assert!(old.checksums.is_empty());
         assert!(read_rank(&ckpt, &old, 0).is_ok());
+    }
+
+    #[test]
+    fn a_manifest_of_another_step_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ckpt = save_one(dir.path(), 10, &[1.0, 2.0]);
+        edit_manifest(&ckpt, |json| json["step"] = 7.into());
+        let e = error(read_manifest(&ckpt));
+        assert!(
+            e.contains("step_00000010/manifest.json says step 7, its folder is step 10")
+                && e.ends_with("move the folder aside to resume from the checkpoint before it"),
+            "{e}"
+        );
+        // Outside a `step_<N>` folder (a copy given to export) there is no folder step; the
+        // rank file's own step still disagrees.
+        let copy = dir.path().join("copy");
+        std::fs::rename(&ckpt, &copy).unwrap();
+        let m = read_manifest(&copy).unwrap();
+        let e = error(read_rank(&copy, &m, 0));
+        assert!(
+            e.contains("rank_00000.safetensors is step 10's file of rank 0, the manifest reads it as step 7's of rank 0"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn files_out_of_rank_order_or_swapped_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ckpt = save_ranks(dir.path(), 4, &[&[0.0; 3], &[1.0; 3]]).unwrap();
+        let good = read_manifest(&ckpt).unwrap();
+        assert_eq!(
+            read_rank(&ckpt, &good, 1).unwrap().tensors["wte.param"],
+            [1.0; 3]
+        );
+
+        // The file list reordered with its checksums: each rank would load the other's shard.
+        edit_manifest(&ckpt, |json| {
+            json["files"].as_array_mut().unwrap().reverse();
+            json["checksums"].as_array_mut().unwrap().reverse();
+        });
+        let e = error(read_manifest(&ckpt));
+        assert!(
+            e.contains(
+                "lists rank_00001.safetensors as rank 0's file, which is rank_00000.safetensors"
+            ),
+            "{e}"
+        );
+
+        // The files themselves swapped, checksums too: the names are in order, the files'
+        // own ranks are not.
+        let (a, b) = (ckpt.join(rank_file(0)), ckpt.join(rank_file(1)));
+        let swap = dir.path().join("swap");
+        std::fs::rename(&a, &swap).unwrap();
+        std::fs::rename(&b, &a).unwrap();
+        std::fs::rename(&swap, &b).unwrap();
+        edit_manifest(&ckpt, |json| {
+            json["files"].as_array_mut().unwrap().reverse();
+        });
+        let m = read_manifest(&ckpt).unwrap();
+        let e = error(read_rank(&ckpt, &m, 0));
+        assert!(
+            e.contains("rank_00000.safetensors is step 4's file of rank 1, the manifest reads it as step 4's of rank 0"),
+            "{e}"
+        );
+
+        // More files than ranks.
+        edit_manifest(&ckpt, |json| json["world_size"] = 1.into());
+        let e = error(read_manifest(&ckpt));
+        assert!(e.contains("lists 2 files for 1 ranks"), "{e}");
     }
 
     #[test]
