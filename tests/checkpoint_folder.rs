@@ -3,7 +3,8 @@
 //! only, and a diverging run that keeps its last good checkpoint.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 mod common;
 use common::{small_corpus, trainer};
@@ -46,6 +47,16 @@ fn run_with(sets: &[String], extra: &[&str]) -> Output {
     command(sets, extra).output().unwrap()
 }
 
+/// Starts a run whose every step takes at least `delay_ms`, stderr captured.
+fn spawn_slow(sets: &[String], extra: &[&str], delay_ms: u64) -> Child {
+    command(sets, extra)
+        .env("ZEROPP_STEP_DELAY_MS", delay_ms.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -63,7 +74,7 @@ fn error_line(out: &Output) -> String {
     lines[0].to_string()
 }
 
-/// The `step_*` names in `dir`, sorted.
+/// The `step_*` names in `dir`, sorted (the lock file left out).
 fn step_names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
@@ -72,6 +83,77 @@ fn step_names(dir: &Path) -> Vec<String> {
         .collect();
     names.sort();
     names
+}
+
+/// Waits until `log`'s metrics show training step `step` (a run that ends first fails).
+fn wait_for_step(child: &mut Child, log: &Path, step: u64) {
+    let start = Instant::now();
+    loop {
+        let reached = std::fs::read_to_string(log.join("metrics.jsonl"))
+            .map(|t| {
+                t.lines()
+                    .any(|l| l.contains(&format!("\"step\":{step},\"tokens\"")))
+            })
+            .unwrap_or(false);
+        if reached {
+            return;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before step {step}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(300), "no step {step}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// Item 2: a second run with another `log.dir` and the first's `checkpoint.dir` is refused at
+/// once, in one line naming the folder, the holder and the key to change; the first run goes
+/// on and ends with the checkpoints it would have had alone.
+#[test]
+fn a_second_run_into_the_same_checkpoint_dir_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 6);
+    let shared = dir.path().join("shared-checkpoints");
+    let ckpt = format!("checkpoint.dir={:?}", shared.to_str().unwrap());
+    let extra = [
+        "train.steps=8",
+        "checkpoint.interval=2",
+        "checkpoint.keep_last=2",
+        &ckpt,
+    ];
+    let first_log = dir.path().join("first");
+    let mut first = spawn_slow(&small_run(&first_log, &corpus, 1), &extra, 150);
+    wait_for_step(&mut first, &first_log, 3);
+
+    let second_log = dir.path().join("second");
+    let second = run_with(&small_run(&second_log, &corpus, 1), &extra);
+    let err = stderr(&second);
+    assert!(
+        err.contains(&format!("{} is in use by another run", shared.display()))
+            && err.contains(&format!("pid {}", first.id()))
+            && err.trim_end().ends_with("or choose another checkpoint.dir")
+            && err.lines().count() == 1,
+        "{err}"
+    );
+    assert!(!second_log.join("metrics.jsonl").exists());
+
+    let out = first.wait_with_output().unwrap();
+    assert_ok(&out);
+    assert_eq!(step_names(&shared), ["step_00000006", "step_00000008"]);
 }
 
 /// Item 3: a manifest is checked against its folder's step, its file list against rank order,
@@ -184,4 +266,99 @@ fn a_manifest_that_disagrees_with_its_folder_or_its_files_is_refused() {
     let out = resume();
     assert_ok(&out);
     assert!(stderr(&out).contains("resumed from"), "{}", stderr(&out));
+}
+
+/// Item 6: an empty `step_<N>` folder newer than the run takes no place among the newest
+/// `keep_last`, is not deleted, and is reported once.
+#[test]
+fn retention_counts_complete_checkpoints_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 6);
+    let log = dir.path().join("run");
+    let checkpoints = log.join("checkpoints");
+    let stray = checkpoints.join("step_00000100");
+    std::fs::create_dir_all(&stray).unwrap();
+    let out = run_with(
+        &small_run(&log, &corpus, 1),
+        &[
+            "train.steps=5",
+            "checkpoint.interval=1",
+            "checkpoint.keep_last=2",
+        ],
+    );
+    assert_ok(&out);
+    assert_eq!(
+        step_names(&checkpoints),
+        ["step_00000004", "step_00000005", "step_00000100"]
+    );
+    let err = stderr(&out);
+    let reports: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains(&stray.display().to_string()))
+        .collect();
+    assert_eq!(reports.len(), 1, "reported once: {err}");
+    assert!(
+        reports[0].contains("does not count it in checkpoint.keep_last")
+            && reports[0].contains("not a checkpoint (no manifest.json)"),
+        "{}",
+        reports[0]
+    );
+}
+
+/// Item 2, the second line of defence: checkpoints of another run copied into a folder (no
+/// lock can see that) are neither deleted by this run's retention nor replaced by its commit.
+#[test]
+fn a_checkpoint_this_run_did_not_write_is_never_deleted_nor_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 6);
+    let other = dir.path().join("other");
+    assert_ok(&run_with(
+        &small_run(&other, &corpus, 1),
+        &[
+            "train.steps=4",
+            "checkpoint.interval=1",
+            "checkpoint.keep_last=0",
+        ],
+    ));
+    let shared = dir.path().join("shared");
+    for step in ["step_00000001", "step_00000004"] {
+        copy_dir(&other.join("checkpoints").join(step), &shared.join(step));
+    }
+    let foreign = std::fs::read(shared.join("step_00000004/rank_00000.safetensors")).unwrap();
+
+    let log = dir.path().join("run");
+    let out = run_with(
+        &small_run(&log, &corpus, 1),
+        &[
+            "train.steps=6",
+            "checkpoint.interval=2",
+            "checkpoint.keep_last=1",
+            "checkpoint.resume=false",
+            &format!("checkpoint.dir={:?}", shared.to_str().unwrap()),
+        ],
+    );
+    let line = error_line(&out);
+    let step4 = shared.join("step_00000004");
+    assert!(
+        line.contains(&format!(
+            "cannot write checkpoint {}: the folder exists and is a checkpoint of another run (run id ",
+            step4.display()
+        )) && line.ends_with("move it aside, or choose another checkpoint.dir"),
+        "{line}"
+    );
+    let err = stderr(&out);
+    let step1 = shared.join("step_00000001").display().to_string();
+    assert_eq!(
+        err.lines().filter(|l| l.contains(&step1)).count(),
+        1,
+        "the other run's step 1 is reported once: {err}"
+    );
+    assert_eq!(
+        step_names(&shared),
+        ["step_00000001", "step_00000002", "step_00000004"]
+    );
+    assert_eq!(
+        std::fs::read(step4.join("rank_00000.safetensors")).unwrap(),
+        foreign
+    );
 }

@@ -167,7 +167,7 @@ mod tests {
                 e.step(1e-2)?;
             }
             if rank == 0 {
-                checkpoint::begin(&ckpt_dir, 2)?;
+                checkpoint::begin(&ckpt_dir, 2, "export-test")?;
             }
             e.comm().barrier(comm::Group::World).wait()?;
             let crc =
@@ -177,7 +177,16 @@ mod tests {
                 checkpoint::commit(
                     &ckpt_dir,
                     &checkpoint::tmp_dir(&ckpt_dir, 2),
-                    &checkpoint::manifest(2, 0, topology, &cfg, 1, &Default::default(), &checksums),
+                    &checkpoint::manifest(
+                        2,
+                        0,
+                        topology,
+                        &cfg,
+                        1,
+                        &Default::default(),
+                        &checksums,
+                        "export-test",
+                    ),
                 )?;
             }
             Ok(e.gathered_parameters()?)
