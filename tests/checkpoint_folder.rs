@@ -2,7 +2,7 @@
 //! checked against its folder and its rank files, retention that counts complete checkpoints
 //! only, and a diverging run that keeps its last good checkpoint.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -361,4 +361,79 @@ fn a_checkpoint_this_run_did_not_write_is_never_deleted_nor_replaced() {
         std::fs::read(step4.join("rank_00000.safetensors")).unwrap(),
         foreign
     );
+}
+
+/// Item 8, the issue's command on the small model: step 1's update takes the weights to about
+/// 1e28 with a finite norm, every later step is skipped. Only step 1 is checkpointed; the
+/// checkpoints due after a skipped step are withheld, each said on stderr, and the stop line of
+/// the NaN validation loss names step 1. Without validation the run ends with no
+/// checkpoint of its last step, and a signal in the streak stops it naming step 1.
+#[test]
+fn a_diverging_run_keeps_its_last_good_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 6);
+    let diverge = [
+        "train.steps=8",
+        "checkpoint.interval=1",
+        "train.lr=1e30",
+        "train.min_lr=1e29",
+        "train.warmup_steps=0",
+        "train.grad_clip=0.0",
+    ];
+    let log = dir.path().join("run");
+    let out = run_with(&small_run(&log, &corpus, 2), &diverge);
+    let line = error_line(&out);
+    let checkpoints = log.join("checkpoints");
+    let step1 = checkpoints.join("step_00000001");
+    assert!(
+        line.contains("stopping: the validation loss at step 8 is NaN")
+            && line.contains(&format!("the last checkpoint is {} — ", step1.display())),
+        "{line}"
+    );
+    assert_eq!(step_names(&checkpoints), ["step_00000001"]);
+    let err = stderr(&out);
+    for step in 2..=7 {
+        let withheld = format!(
+            "step {step}: no checkpoint, its loss or gradient norm was not finite; the last \
+             checkpoint is {}",
+            step1.display()
+        );
+        assert!(err.contains(&withheld), "{withheld} in {err}");
+    }
+
+    // No validation: the run ends, its last step not checkpointed.
+    let log = dir.path().join("no-valid");
+    let out = run_with(
+        &small_run(&log, &corpus, 2),
+        &[&diverge[..], &["log.eval_samples=0"]].concat(),
+    );
+    assert_ok(&out);
+    assert!(
+        stderr(&out).contains("step 8: no checkpoint"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(step_names(&log.join("checkpoints")), ["step_00000001"]);
+
+    // A signal in the streak: no checkpoint of the step it stops after; the line names step 1.
+    let log = dir.path().join("signal");
+    let mut child = spawn_slow(&small_run(&log, &corpus, 2), &diverge, 300);
+    wait_for_step(&mut child, &log, 3);
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(75), "{err}");
+    let step1: PathBuf = log.join("checkpoints/step_00000001");
+    assert!(
+        err.contains(&format!(
+            "checkpoint {}; run the same command",
+            step1.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(step_names(&log.join("checkpoints")), ["step_00000001"]);
 }

@@ -279,18 +279,23 @@ fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<O
             run.evaluate(step)?;
         }
         let ckpt_interval = shared.config.checkpoint.interval;
-        let mut saved = None;
-        if last || (ckpt_interval > 0 && step % ckpt_interval == 0) {
-            saved = Some(run.save(step)?);
+        let due = last || (ckpt_interval > 0 && step % ckpt_interval == 0);
+        if due {
+            run.save_if_good(step)?;
         }
         shared.hooks.after_step(step, run.lead);
         // Every rank asks every step, so all agree on the step to stop after.
         let signal = stop::requested();
         if !last && run.engine.any_over_world(signal.is_some())? {
-            let checkpoint = match saved {
-                Some(path) => path,
-                None => run.save(step)?,
-            };
+            if !due {
+                run.save_if_good(step)?;
+            }
+            // This step's checkpoint, or the last good one if this step's was withheld (its
+            // line said so); with none at all, the folder a resume would look in.
+            let checkpoint = run
+                .last_checkpoint
+                .clone()
+                .unwrap_or_else(|| shared.config.checkpoint_dir());
             run.stopped(step, signal, &checkpoint)?;
             return Ok(Outcome::Stopped);
         }
@@ -327,6 +332,12 @@ struct RankRun<'a> {
     since_log: SinceLog,
     /// Steps skipped in a row for a non-finite gradient norm.
     skips: SkipCounter,
+    /// Whether the last step's loss and gradient norm were finite (true before the first): a
+    /// checkpoint is written only then ([`RankRun::save_if_good`]).
+    last_finite: bool,
+    /// The run's last good checkpoint: the newest it wrote, or the one it resumed from. The
+    /// divergence stop lines name it, and retention never deletes it (it is the newest).
+    last_checkpoint: Option<PathBuf>,
     /// Rank 0: the folders of `checkpoint.dir` that retention left alone and has reported, each
     /// reported once.
     reported: BTreeSet<PathBuf>,
@@ -378,6 +389,8 @@ impl<'a> RankRun<'a> {
             reporter: Reporter::new(progress, config.train.steps, start),
             since_log: SinceLog::default(),
             skips: SkipCounter::new(config.train.max_skipped_steps),
+            last_finite: true,
+            last_checkpoint: shared.resume.as_ref().map(|r| r.path.clone()),
             reported: BTreeSet::new(),
         })
     }
@@ -492,9 +505,21 @@ impl<'a> RankRun<'a> {
         self.start_tokens + (step - self.start) * self.tokens_per_step()
     }
 
-    /// Writes the checkpoint of `step`, every rank its part; returns its folder. Rank 0
-    /// reports, once each, the folders retention left alone.
-    fn save(&mut self, step: u64) -> Result<PathBuf> {
+    /// Writes the checkpoint of `step`, every rank its part, if the step's loss and gradient
+    /// norm were finite; otherwise writes nothing (the state is the one before a skipped step,
+    /// or worse) and says so: the last good checkpoint stays the run's newest, which retention
+    /// never deletes and the stop lines name. Returns the checkpoint written. Rank 0 reports,
+    /// once each, the folders retention left alone.
+    fn save_if_good(&mut self, step: u64) -> Result<Option<PathBuf>> {
+        let dir = self.shared.config.checkpoint_dir();
+        if !self.last_finite {
+            self.say(&divergence::withheld(
+                step,
+                self.last_checkpoint.as_deref(),
+                &dir,
+            ));
+            return Ok(None);
+        }
         let tokens = self.tokens_at(step);
         let (path, pruned) = save(
             self.shared,
@@ -502,6 +527,7 @@ impl<'a> RankRun<'a> {
             self.metrics.as_ref(),
             step,
             tokens,
+            self.last_checkpoint.as_deref(),
         )?;
         for (folder, why) in pruned.map(|p| p.left).unwrap_or_default() {
             if self.reported.insert(folder.clone()) {
@@ -512,7 +538,8 @@ impl<'a> RankRun<'a> {
                 ));
             }
         }
-        Ok(path)
+        self.last_checkpoint = Some(path.clone());
+        Ok(Some(path))
     }
 
     /// After the checkpoint of `step`, when a signal asked the run to stop: flushes the
@@ -569,6 +596,7 @@ impl<'a> RankRun<'a> {
             .mean_over_world(loss_sum / accumulation as f64)?;
         let lr = learning_rate(t, step);
         let stats = self.engine.step(lr)?;
+        self.last_finite = !stats.skipped && loss.is_finite() && stats.grad_norm.is_finite();
         let skip_note = self.skips.record(step, stats.skipped, stats.grad_norm);
         let since = &mut self.since_log;
         since.seconds += step_start.elapsed().as_secs_f64();
@@ -602,7 +630,8 @@ impl<'a> RankRun<'a> {
         }
         if let Some(note) = skip_note {
             self.say(&note);
-            if let Err(stop) = self.skips.check(step, &config.checkpoint_dir()) {
+            let last = self.last_checkpoint.as_deref();
+            if let Err(stop) = self.skips.check(step, last, &config.checkpoint_dir()) {
                 // Every rank stops at this step (the norm is global). Wait until all are here,
                 // so that no rank's stop aborts rank 0 before its line is written.
                 self.engine.comm().barrier(comm::Group::World).wait()?;
@@ -669,19 +698,21 @@ fn evaluate(
 /// `[checkpoint]` says. If any rank fails, rank 0 removes the temporary folder (the failing
 /// rank has removed its own partial file), so a full disk keeps room for the checkpoints it has.
 /// Returns the checkpoint's folder, once every rank knows it is committed, and (rank 0) what
-/// retention did.
+/// retention did. `last` is the run's last good checkpoint, for the stop line of a state that
+/// is not finite.
 fn save(
     shared: &Shared<'_>,
     engine: &Engine,
     metrics: Option<&MetricsWriter>,
     step: u64,
     tokens: u64,
+    last: Option<&Path>,
 ) -> Result<(PathBuf, Option<checkpoint::Pruned>)> {
     let dir = shared.config.checkpoint_dir();
     let lead = engine.comm().rank() == 0;
     // Every rank agrees that the state is finite before anything is written.
     let state = engine.state()?;
-    divergence::check_state(engine, &state, step, &dir)?;
+    divergence::check_state(engine, &state, step, last, &dir)?;
     if lead {
         checkpoint::begin(&dir, step, &shared.run_id)?;
     }
