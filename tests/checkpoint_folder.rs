@@ -129,14 +129,15 @@ fn a_second_run_into_the_same_checkpoint_dir_is_refused() {
     let corpus = small_corpus(dir.path(), 6);
     let shared = dir.path().join("shared-checkpoints");
     let ckpt = format!("checkpoint.dir={:?}", shared.to_str().unwrap());
+    // 9 steps of at least 250 ms left once the second starts: it meets a running first run.
     let extra = [
-        "train.steps=8",
+        "train.steps=12",
         "checkpoint.interval=2",
         "checkpoint.keep_last=2",
         &ckpt,
     ];
     let first_log = dir.path().join("first");
-    let mut first = spawn_slow(&small_run(&first_log, &corpus, 1), &extra, 150);
+    let mut first = spawn_slow(&small_run(&first_log, &corpus, 1), &extra, 250);
     wait_for_step(&mut first, &first_log, 3);
 
     let second_log = dir.path().join("second");
@@ -153,7 +154,7 @@ fn a_second_run_into_the_same_checkpoint_dir_is_refused() {
 
     let out = first.wait_with_output().unwrap();
     assert_ok(&out);
-    assert_eq!(step_names(&shared), ["step_00000006", "step_00000008"]);
+    assert_eq!(step_names(&shared), ["step_00000010", "step_00000012"]);
 }
 
 /// Item 3: a manifest is checked against its folder's step, its file list against rank order,
