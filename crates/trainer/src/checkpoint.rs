@@ -135,7 +135,7 @@ fn ownership(path: &Path, run_id: &str) -> std::result::Result<(), String> {
             Some(id) => Err(format!("a checkpoint of another run (run id {id})")),
             None => Err("a checkpoint of an older trainer, which named no run".into()),
         },
-        Err(e) => Err(format!("{e:#}")),
+        Err(e) => Err(format!("a checkpoint whose manifest is refused ({e:#})")),
     }
 }
 
