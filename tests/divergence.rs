@@ -76,6 +76,10 @@ fn assert_checkpoints_finite(dir: &Path) -> Vec<PathBuf> {
     let mut steps = Vec::new();
     for entry in std::fs::read_dir(&ckpts).into_iter().flatten() {
         let step_dir = entry.unwrap().path();
+        if !step_dir.is_dir() {
+            // The folder's lock file.
+            continue;
+        }
         for file in std::fs::read_dir(&step_dir).unwrap() {
             let path = file.unwrap().path();
             if path.extension().is_none_or(|e| e != "safetensors") {

@@ -61,11 +61,13 @@ fn error_line(out: &Output) -> String {
     lines[0].to_string()
 }
 
-/// The names in `dir`, sorted.
+/// The `step_*` names in checkpoint folder `dir` (complete, `.tmp` or other), sorted: its lock
+/// file left out.
 fn names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step_"))
         .collect();
     names.sort();
     names

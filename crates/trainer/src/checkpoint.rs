@@ -7,6 +7,15 @@
 //! and the parent folder after it, so a committed checkpoint survives a power loss too. The data
 //! position is the step itself (the sampler is stateless), and the model has no other random
 //! state.
+//!
+//! A checkpoint is checked, not trusted, when it is read: the manifest's step must be its
+//! folder's, its files must be `rank_00000.safetensors`, `rank_00001.safetensors`, ... in rank
+//! order, one a rank, and each rank file's own `step` and `rank` (safetensors metadata) must be
+//! the manifest's step and the rank it is read for. A folder that fails one is refused in one
+//! line naming it, before any rank restores anything.
+//!
+//! Each manifest names the run that wrote it ([`Manifest::run_id`]), so that a run deletes
+//! (retention) and replaces (commit) only checkpoints of its own.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -66,6 +75,29 @@ pub struct Manifest {
     /// checkpoints of older versions, which load unchecked.
     #[serde(default)]
     pub checksums: Vec<String>,
+    /// The run that wrote this checkpoint ([`new_run_id`]): made when a run starts from step 0
+    /// and handed on by every resume, so all the checkpoints of one training run carry one id,
+    /// whatever its launches, log folders or copies. [`prune`] deletes and [`commit`] replaces
+    /// only checkpoints of the writing run's id: the lock on `checkpoint.dir` keeps a second run
+    /// out, and this keeps a run from destroying a checkpoint it did not write even when one
+    /// got into its folder another way (copied in by hand, an older trainer's). An id rather
+    /// than a list of the steps written, because it survives resumes with no state beside the
+    /// manifests. `None`: written before runs were named; such a checkpoint is never deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+}
+
+/// A new run's id: the host, the process and the time in nanoseconds, unique without a random
+/// number generator and readable in a manifest (`gpu-node-17-48213-187c4e2a9d1f3b00`).
+pub fn new_run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{}-{}-{nanos:x}",
+        crate::run_lock::hostname(),
+        std::process::id()
+    )
 }
 
 pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
@@ -81,8 +113,55 @@ fn rank_file(rank: usize) -> String {
     format!("rank_{rank:05}.safetensors")
 }
 
-/// Starts checkpoint `step`: an empty temporary folder (an old one from a killed run is removed).
-pub fn begin(dir: &Path, step: u64) -> Result<PathBuf> {
+/// What a refused checkpoint's user does, the end of each refusal of [`read_manifest`] and
+/// [`read_rank`].
+const MOVE_ASIDE: &str = "move the folder aside to resume from the checkpoint before it";
+
+/// Where a `step_<N>` folder is deleted from, renamed there first by [`prune`] so that one left
+/// half-deleted is never taken for a checkpoint, nor for a stray folder.
+fn deleting_dir(dir: &Path, step: u64) -> PathBuf {
+    dir.join(format!("step_{step:08}.deleting"))
+}
+
+/// Whether `path` holds a complete checkpoint of run `run_id` (readable, checked manifest
+/// carrying that id); otherwise why not, as [`prune`] reports it.
+fn ownership(path: &Path, run_id: &str) -> std::result::Result<(), String> {
+    if !path.join("manifest.json").exists() {
+        return Err("not a checkpoint (no manifest.json)".into());
+    }
+    match read_manifest(path) {
+        Ok(m) => match m.run_id {
+            Some(id) if id == run_id => Ok(()),
+            Some(id) => Err(format!("a checkpoint of another run (run id {id})")),
+            None => Err("a checkpoint of an older trainer, which named no run".into()),
+        },
+        Err(e) => Err(format!("a checkpoint whose manifest is refused ({e:#})")),
+    }
+}
+
+/// Fails unless checkpoint `step` of run `run_id` may take its final name: free, or held by a
+/// checkpoint of the same run. Anything else there (another run's checkpoint, a stray folder)
+/// is not this run's to replace.
+fn check_replaceable(dir: &Path, step: u64, run_id: &str) -> Result<()> {
+    let final_dir = step_dir(dir, step);
+    if !final_dir.exists() {
+        return Ok(());
+    }
+    if let Err(why) = ownership(&final_dir, run_id) {
+        bail!(
+            "cannot write checkpoint {}: the folder exists and is {why}; this run replaces only \
+             its own checkpoints: move it aside, or choose another checkpoint.dir",
+            final_dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Starts checkpoint `step` of run `run_id`: an empty temporary folder (an old one from a killed
+/// run is removed). Fails, writing nothing, if the final folder holds something this run may not
+/// replace ([`commit`] checks again).
+pub fn begin(dir: &Path, step: u64, run_id: &str) -> Result<PathBuf> {
+    check_replaceable(dir, step, run_id)?;
     let tmp = tmp_dir(dir, step);
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).with_context(|| format!("cannot clear {}", tmp.display()))?;
@@ -178,8 +257,15 @@ fn sync_dir(dir: &Path) -> Result<()> {
 
 /// Writes the manifest and renames the temporary folder to its final name. The manifest and the
 /// folder are fsynced before the rename, the parent folder after it: once this returns, the
-/// checkpoint is on disk in full, under its final name.
+/// checkpoint is on disk in full, under its final name. A folder of that name is replaced only
+/// if it is a checkpoint of the manifest's run; anything else there is refused, and the
+/// temporary folder is left for the caller to abandon.
 pub fn commit(dir: &Path, tmp: &Path, manifest: &Manifest) -> Result<PathBuf> {
+    let run_id = manifest
+        .run_id
+        .as_deref()
+        .context("a new checkpoint's manifest names its run")?;
+    check_replaceable(dir, manifest.step, run_id)?;
     let text = serde_json::to_string_pretty(manifest)?;
     let path = tmp.join("manifest.json");
     write_synced(&path, text.as_bytes())
@@ -204,7 +290,8 @@ pub fn abandon(tmp: &Path) {
 
 /// The checkpoints (by step) to delete once `just_written` has committed: those older than it,
 /// except the newest `keep_last` of all (0: keep everything) and the milestones, multiples of
-/// `keep_every` (0: none).
+/// `keep_every` (0: none). `steps` are the run's complete checkpoints only ([`prune`]): a folder
+/// that is not one must not take a place among the newest.
 pub fn to_delete(steps: &[u64], just_written: u64, keep_last: usize, keep_every: u64) -> Vec<u64> {
     if keep_last == 0 {
         return Vec::new();
@@ -249,34 +336,54 @@ fn step_folders(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
         .collect())
 }
 
-/// Applies `[checkpoint]` retention once checkpoint `just_written` has committed (see
-/// [`to_delete`]) and removes the `step_<N>.tmp` folders that failed writes left behind; rank 0
-/// calls it while no checkpoint is being written. A checkpoint's manifest is removed first, so
-/// one deleted halfway is never taken for complete. Returns the steps deleted.
-pub fn prune(dir: &Path, just_written: u64, keep_last: usize, keep_every: u64) -> Result<Vec<u64>> {
-    let folders = step_folders(dir)?;
-    let steps: Vec<u64> = folders.iter().map(|(s, _)| *s).collect();
-    let doomed = to_delete(&steps, just_written, keep_last, keep_every);
-    for (step, path) in &folders {
-        if !doomed.contains(step) {
-            continue;
-        }
-        let manifest = path.join("manifest.json");
-        if manifest.exists() {
-            std::fs::remove_file(&manifest)
-                .with_context(|| format!("cannot delete old checkpoint {}", path.display()))?;
-        }
-        std::fs::remove_dir_all(path)
-            .with_context(|| format!("cannot delete old checkpoint {}", path.display()))?;
-    }
+/// What [`prune`] did.
+#[derive(Debug, Default, PartialEq)]
+pub struct Pruned {
+    /// The steps of the checkpoints deleted.
+    pub deleted: Vec<u64>,
+    /// The `step_<N>` folders left alone and not counted, each with why: not a checkpoint, or
+    /// not one of this run's.
+    pub left: Vec<(PathBuf, String)>,
+}
+
+/// Applies `[checkpoint]` retention to run `run_id`'s checkpoints once checkpoint
+/// `just_written` has committed (see [`to_delete`]), and removes what failed writes and
+/// deletions left behind (`step_<N>.tmp`, `step_<N>.deleting`); rank 0 calls it while no
+/// checkpoint is being written. Only complete checkpoints of this run count and are deleted;
+/// every other `step_<N>` folder is left as it is and returned in [`Pruned::left`], for the
+/// caller to report. A checkpoint is renamed to `step_<N>.deleting` before it is deleted, so one
+/// deleted halfway (a run killed in the middle) is never taken for complete.
+pub fn prune(
+    dir: &Path,
+    just_written: u64,
+    keep_last: usize,
+    keep_every: u64,
+    run_id: &str,
+) -> Result<Pruned> {
     for path in entries(dir)? {
         let name = name_of(&path);
-        if name.starts_with("step_") && name.ends_with(".tmp") {
+        if name.starts_with("step_") && (name.ends_with(".tmp") || name.ends_with(".deleting")) {
             std::fs::remove_dir_all(&path)
                 .with_context(|| format!("cannot delete {}", path.display()))?;
         }
     }
-    Ok(doomed)
+    let mut ours = Vec::new();
+    let mut left = Vec::new();
+    for (step, path) in step_folders(dir)? {
+        match ownership(&path, run_id) {
+            Ok(()) => ours.push(step),
+            Err(why) => left.push((path, why)),
+        }
+    }
+    left.sort();
+    let deleted = to_delete(&ours, just_written, keep_last, keep_every);
+    for &step in &deleted {
+        let (path, doomed) = (step_dir(dir, step), deleting_dir(dir, step));
+        std::fs::rename(&path, &doomed)
+            .and_then(|()| std::fs::remove_dir_all(&doomed))
+            .with_context(|| format!("cannot delete old checkpoint {}", path.display()))?;
+    }
+    Ok(Pruned { deleted, left })
 }
 
 /// The newest complete checkpoint in `dir` (a `step_<N>` folder with a manifest), if any.
@@ -288,6 +395,9 @@ pub fn newest(dir: &Path) -> Result<Option<PathBuf>> {
         .map(|(_, path)| path))
 }
 
+/// Reads checkpoint `ckpt`'s manifest and checks it against the folder: the step in its name
+/// (`step_<N>`; a folder named otherwise, e.g. one given to `trainer export`, has none to
+/// compare), one file a rank, named in rank order. Refuses a disagreement in one line.
 pub fn read_manifest(ckpt: &Path) -> Result<Manifest> {
     let path = ckpt.join("manifest.json");
     let text = std::fs::read_to_string(&path)
@@ -309,7 +419,50 @@ pub fn read_manifest(ckpt: &Path) -> Result<Manifest> {
             m.files.len()
         );
     }
+    if let Some(folder_step) = name_of(ckpt)
+        .strip_prefix("step_")
+        .and_then(|n| n.parse::<u64>().ok())
+    {
+        if folder_step != m.step {
+            bail!(
+                "{} says step {}, its folder is step {folder_step}: the manifest is not this \
+                 checkpoint's; {MOVE_ASIDE}",
+                path.display(),
+                m.step
+            );
+        }
+    }
+    if m.files.len() != m.world_size {
+        bail!(
+            "{} lists {} files for {} ranks; {MOVE_ASIDE}",
+            path.display(),
+            m.files.len(),
+            m.world_size
+        );
+    }
+    if let Some((rank, name)) = m
+        .files
+        .iter()
+        .enumerate()
+        .find(|(rank, name)| **name != rank_file(*rank))
+    {
+        bail!(
+            "{} lists {name} as rank {rank}'s file, which is {}: the files are named in rank \
+             order; {MOVE_ASIDE}",
+            path.display(),
+            rank_file(rank)
+        );
+    }
     Ok(m)
+}
+
+/// The `step` and `rank` a rank file records of itself ([`write_rank`]'s metadata).
+fn recorded_step_and_rank(bytes: &[u8]) -> Option<(u64, usize)> {
+    let (_, header) = SafeTensors::read_metadata(bytes).ok()?;
+    let meta = header.metadata().as_ref()?;
+    let step = meta.get("step")?.parse().ok()?;
+    let rank = meta.get("rank")?.parse().ok()?;
+    Some((step, rank))
 }
 
 /// One rank's saved tensors, fully read and checked.
@@ -318,7 +471,9 @@ pub struct RankState {
 }
 
 /// Reads rank `rank`'s file of checkpoint `ckpt`, checked against the manifest's checksum (when
-/// it has one): a file changed on disk is refused, naming it.
+/// it has one): a file changed on disk is refused, naming it. The step and rank the file
+/// records must be the manifest's step and `rank`: a file of another checkpoint or another rank
+/// (files swapped or copied in with their checksums) is refused too.
 pub fn read_rank(ckpt: &Path, manifest: &Manifest, rank: usize) -> Result<RankState> {
     let name = manifest
         .files
@@ -339,6 +494,19 @@ pub fn read_rank(ckpt: &Path, manifest: &Manifest, rank: usize) -> Result<RankSt
             );
         }
     }
+    match recorded_step_and_rank(&bytes) {
+        Some(own) if own == (manifest.step, rank) => {}
+        Some((step, own_rank)) => bail!(
+            "checkpoint {} is step {step}'s file of rank {own_rank}, the manifest reads it as \
+             step {}'s of rank {rank}; {MOVE_ASIDE}",
+            path.display(),
+            manifest.step
+        ),
+        None => bail!(
+            "checkpoint {} records no step and rank: not a file this trainer wrote; {MOVE_ASIDE}",
+            path.display()
+        ),
+    }
     let mut tensors = HashMap::new();
     for (name, view) in st.tensors() {
         if view.dtype() != Dtype::F32 {
@@ -358,8 +526,10 @@ pub fn read_rank(ckpt: &Path, manifest: &Manifest, rank: usize) -> Result<RankSt
     Ok(RankState { tensors })
 }
 
-/// The manifest of a new checkpoint of a run with these trajectory `settings`, its shards
-/// aligned to `partition_align` elements; `checksums` are [`write_rank`]'s, in rank order.
+/// The manifest of a new checkpoint of run `run_id` with these trajectory `settings`, its
+/// shards aligned to `partition_align` elements; `checksums` are [`write_rank`]'s, in rank
+/// order.
+#[allow(clippy::too_many_arguments)]
 pub fn manifest(
     step: u64,
     tokens: u64,
@@ -368,6 +538,7 @@ pub fn manifest(
     partition_align: usize,
     settings: &BTreeMap<String, String>,
     checksums: &[u32],
+    run_id: &str,
 ) -> Manifest {
     Manifest {
         format: FORMAT_VERSION,
@@ -380,6 +551,7 @@ pub fn manifest(
         partition_align: Some(partition_align),
         settings: settings.clone(),
         checksums: checksums.iter().copied().map(checksum_text).collect(),
+        run_id: Some(run_id.to_string()),
     }
 }
 
@@ -397,21 +569,55 @@ mod tests {
         }
     }
 
-    /// Checkpoint `step` of a one-rank world whose state is `values`, committed in `dir`.
+    /// The run id of the tests' checkpoints.
+    const RUN: &str = "test-run";
+
+    /// Checkpoint `step` of run `run_id` in a world of `ranks.len()` ranks, rank `r`'s state
+    /// `ranks[r]`, committed in `dir`.
+    fn save_ranks(dir: &Path, step: u64, ranks: &[&[f32]], run_id: &str) -> Result<PathBuf> {
+        let tmp = begin(dir, step, run_id)?;
+        let mut crcs = Vec::new();
+        for (rank, values) in ranks.iter().enumerate() {
+            let state = [zero::NamedShard {
+                name: "wte.param".into(),
+                data: values.to_vec(),
+            }];
+            crcs.push(write_rank(&tmp, rank, step, &state)?);
+        }
+        let topology = comm::Topology::new(ranks.len(), ranks.len())?;
+        let m = manifest(
+            step,
+            0,
+            topology,
+            &model(),
+            1,
+            &Default::default(),
+            &crcs,
+            run_id,
+        );
+        commit(dir, &tmp, &m)
+    }
+
+    /// Checkpoint `step` of a one-rank world of run [`RUN`] whose state is `values`.
     fn save_one(dir: &Path, step: u64, values: &[f32]) -> PathBuf {
-        let state = [zero::NamedShard {
-            name: "wte.param".into(),
-            data: values.to_vec(),
-        }];
-        let tmp = begin(dir, step).unwrap();
-        let crc = write_rank(&tmp, 0, step, &state).unwrap();
-        let topology = comm::Topology::new(1, 1).unwrap();
-        commit(
-            dir,
-            &tmp,
-            &manifest(step, 0, topology, &model(), 1, &Default::default(), &[crc]),
-        )
-        .unwrap()
+        save_ranks(dir, step, &[values], RUN).unwrap()
+    }
+
+    /// Rewrites `ckpt`'s manifest.json through `edit`.
+    fn edit_manifest(ckpt: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+        let path = ckpt.join("manifest.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        edit(&mut json);
+        std::fs::write(&path, json.to_string()).unwrap();
+    }
+
+    /// The error of `r`, as one line.
+    fn error<T>(r: Result<T>) -> String {
+        match r {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => format!("{e:#}"),
+        }
     }
 
     #[test]
@@ -440,15 +646,113 @@ mod tests {
             "{e}"
         );
 
-        // A manifest of an older version, without checksums, loads unchecked.
-        let path = ckpt.join("manifest.json");
-        let mut json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        json.as_object_mut().unwrap().remove("checksums");
-        std::fs::write(&path, json.to_string()).unwrap();
+        // A manifest of an older version, without checksums nor run id, loads unchecked.
+        edit_manifest(&ckpt, |json| {
+            let json = json.as_object_mut().unwrap();
+            json.remove("checksums");
+            json.remove("run_id");
+        });
         let old = read_manifest(&ckpt).unwrap();
-        assert!(old.checksums.is_empty());
+        assert!(old.checksums.is_empty() && old.run_id.is_none());
         assert!(read_rank(&ckpt, &old, 0).is_ok());
+    }
+
+    #[test]
+    fn a_manifest_of_another_step_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ckpt = save_one(dir.path(), 10, &[1.0, 2.0]);
+        edit_manifest(&ckpt, |json| json["step"] = 7.into());
+        let e = error(read_manifest(&ckpt));
+        assert!(
+            e.contains("step_00000010/manifest.json says step 7, its folder is step 10")
+                && e.ends_with("move the folder aside to resume from the checkpoint before it"),
+            "{e}"
+        );
+        // Outside a `step_<N>` folder (a copy given to export) there is no folder step; the
+        // rank file's own step still disagrees.
+        let copy = dir.path().join("copy");
+        std::fs::rename(&ckpt, &copy).unwrap();
+        let m = read_manifest(&copy).unwrap();
+        let e = error(read_rank(&copy, &m, 0));
+        assert!(
+            e.contains("rank_00000.safetensors is step 10's file of rank 0, the manifest reads it as step 7's of rank 0"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn files_out_of_rank_order_or_swapped_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ckpt = save_ranks(dir.path(), 4, &[&[0.0; 3], &[1.0; 3]], RUN).unwrap();
+        let good = read_manifest(&ckpt).unwrap();
+        assert_eq!(
+            read_rank(&ckpt, &good, 1).unwrap().tensors["wte.param"],
+            [1.0; 3]
+        );
+
+        // The file list reordered with its checksums: each rank would load the other's shard.
+        edit_manifest(&ckpt, |json| {
+            json["files"].as_array_mut().unwrap().reverse();
+            json["checksums"].as_array_mut().unwrap().reverse();
+        });
+        let e = error(read_manifest(&ckpt));
+        assert!(
+            e.contains(
+                "lists rank_00001.safetensors as rank 0's file, which is rank_00000.safetensors"
+            ),
+            "{e}"
+        );
+
+        // The files themselves swapped, checksums too: the names are in order, the files'
+        // own ranks are not.
+        let (a, b) = (ckpt.join(rank_file(0)), ckpt.join(rank_file(1)));
+        let swap = dir.path().join("swap");
+        std::fs::rename(&a, &swap).unwrap();
+        std::fs::rename(&b, &a).unwrap();
+        std::fs::rename(&swap, &b).unwrap();
+        edit_manifest(&ckpt, |json| {
+            json["files"].as_array_mut().unwrap().reverse();
+        });
+        let m = read_manifest(&ckpt).unwrap();
+        let e = error(read_rank(&ckpt, &m, 0));
+        assert!(
+            e.contains("rank_00000.safetensors is step 4's file of rank 1, the manifest reads it as step 4's of rank 0"),
+            "{e}"
+        );
+
+        // More files than ranks.
+        edit_manifest(&ckpt, |json| json["world_size"] = 1.into());
+        let e = error(read_manifest(&ckpt));
+        assert!(e.contains("lists 2 files for 1 ranks"), "{e}");
+    }
+
+    #[test]
+    fn a_checkpoint_of_another_run_or_a_stray_folder_is_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        save_ranks(dir.path(), 4, &[&[1.0]], "other").unwrap();
+        let e = error(save_ranks(dir.path(), 4, &[&[2.0]], RUN));
+        assert!(
+            e.contains("step_00000004: the folder exists and is a checkpoint of another run (run id other)")
+                && e.ends_with("move it aside, or choose another checkpoint.dir"),
+            "{e}"
+        );
+        let kept = step_dir(dir.path(), 4);
+        let m = read_manifest(&kept).unwrap();
+        assert_eq!(m.run_id.as_deref(), Some("other"));
+        assert_eq!(read_rank(&kept, &m, 0).unwrap().tensors["wte.param"], [1.0]);
+
+        std::fs::create_dir(step_dir(dir.path(), 6)).unwrap();
+        let e = error(save_ranks(dir.path(), 6, &[&[2.0]], RUN));
+        assert!(e.contains("is not a checkpoint (no manifest.json)"), "{e}");
+
+        // A run's own checkpoint of a step is replaced.
+        save_one(dir.path(), 8, &[1.0]);
+        let again = save_one(dir.path(), 8, &[3.0]);
+        let m = read_manifest(&again).unwrap();
+        assert_eq!(
+            read_rank(&again, &m, 0).unwrap().tensors["wte.param"],
+            [3.0]
+        );
     }
 
     #[test]
@@ -470,7 +774,15 @@ mod tests {
             save_one(dir.path(), step, &[step as f32]);
         }
         std::fs::create_dir(tmp_dir(dir.path(), 7)).unwrap();
-        assert_eq!(prune(dir.path(), 3, 2, 0).unwrap(), [1]);
+        std::fs::create_dir(deleting_dir(dir.path(), 5)).unwrap();
+        let pruned = prune(dir.path(), 3, 2, 0, RUN).unwrap();
+        assert_eq!(
+            pruned,
+            Pruned {
+                deleted: vec![1],
+                left: vec![]
+            }
+        );
         let mut left: Vec<String> = entries(dir.path())
             .unwrap()
             .iter()
@@ -479,5 +791,60 @@ mod tests {
         left.sort();
         assert_eq!(left, ["step_00000002", "step_00000003"]);
         assert_eq!(newest(dir.path()).unwrap(), Some(step_dir(dir.path(), 3)));
+    }
+
+    /// Retention counts and deletes this run's complete checkpoints only: an empty `step_<N>`
+    /// folder newer than the run, another run's checkpoint and an older trainer's are left,
+    /// uncounted, and returned for the caller to report.
+    #[test]
+    fn retention_counts_this_runs_complete_checkpoints_only() {
+        let dir = tempfile::tempdir().unwrap();
+        save_ranks(dir.path(), 1, &[&[0.0]], "other").unwrap();
+        let legacy = save_one(dir.path(), 2, &[0.0]);
+        edit_manifest(&legacy, |json| {
+            json.as_object_mut().unwrap().remove("run_id");
+        });
+        for step in [3, 4, 5] {
+            save_one(dir.path(), step, &[step as f32]);
+        }
+        let stray = step_dir(dir.path(), 100);
+        std::fs::create_dir(&stray).unwrap();
+        let pruned = prune(dir.path(), 5, 2, 0, RUN).unwrap();
+        assert_eq!(pruned.deleted, [3], "steps 4 and 5 are the newest two");
+        let left: Vec<(&str, &str)> = pruned
+            .left
+            .iter()
+            .map(|(p, why)| (name_of(p), why.as_str()))
+            .collect();
+        assert_eq!(
+            left,
+            [
+                (
+                    "step_00000001",
+                    "a checkpoint of another run (run id other)"
+                ),
+                (
+                    "step_00000002",
+                    "a checkpoint of an older trainer, which named no run"
+                ),
+                ("step_00000100", "not a checkpoint (no manifest.json)"),
+            ]
+        );
+        let mut names: Vec<String> = entries(dir.path())
+            .unwrap()
+            .iter()
+            .map(|p| name_of(p).to_string())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "step_00000001",
+                "step_00000002",
+                "step_00000004",
+                "step_00000005",
+                "step_00000100"
+            ]
+        );
     }
 }

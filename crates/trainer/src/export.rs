@@ -15,7 +15,10 @@ use crate::checkpoint;
 /// Every unit's layout with its full, unpadded fp32 parameters, in model order.
 pub type UnitParameters = Vec<(model::UnitLayout, Vec<f32>)>;
 
-/// The full fp32 parameters of every unit, gathered from all ranks' shards.
+/// The full fp32 parameters of every unit, gathered from all ranks' shards. The manifest and
+/// each rank file are checked as a resume checks them ([`checkpoint::read_manifest`],
+/// [`checkpoint::read_rank`]): a folder whose manifest disagrees with its name or its files is
+/// refused, not exported with shards in the wrong places.
 pub fn consolidate(ckpt: &Path) -> Result<(model::GptConfig, UnitParameters)> {
     let manifest = checkpoint::read_manifest(ckpt)?;
     let m = &manifest.model;
@@ -164,7 +167,7 @@ mod tests {
                 e.step(1e-2)?;
             }
             if rank == 0 {
-                checkpoint::begin(&ckpt_dir, 2)?;
+                checkpoint::begin(&ckpt_dir, 2, "export-test")?;
             }
             e.comm().barrier(comm::Group::World).wait()?;
             let crc =
@@ -174,7 +177,16 @@ mod tests {
                 checkpoint::commit(
                     &ckpt_dir,
                     &checkpoint::tmp_dir(&ckpt_dir, 2),
-                    &checkpoint::manifest(2, 0, topology, &cfg, 1, &Default::default(), &checksums),
+                    &checkpoint::manifest(
+                        2,
+                        0,
+                        topology,
+                        &cfg,
+                        1,
+                        &Default::default(),
+                        &checksums,
+                        "export-test",
+                    ),
                 )?;
             }
             Ok(e.gathered_parameters()?)

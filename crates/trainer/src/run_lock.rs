@@ -1,6 +1,6 @@
-//! The run directory's lock: rank 0 holds `<log.dir>/trainer.lock` for the whole run, so a
-//! second launch into the same directory is refused before it reads or writes anything of the
-//! first's.
+//! The run's locks: rank 0 holds `<log.dir>/trainer.lock` and `<checkpoint.dir>/trainer.lock`
+//! for the whole run, so a second launch into the same run directory, or into another one with
+//! the same checkpoint folder, is refused before it reads or writes anything of the first's.
 //!
 //! The lock is an advisory `flock` on the file, which the kernel drops when its holder dies, so
 //! a lock left by a killed run is simply taken over. The file's text names the holder (host,
@@ -14,7 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 
-/// The lock file's name inside the run directory.
+/// The lock file's name inside the locked folder.
 pub const LOCK_FILE: &str = "trainer.lock";
 
 /// A held lock; dropping it (or the process ending) releases it.
@@ -28,11 +28,13 @@ pub struct RunLock {
 }
 
 impl RunLock {
-    /// Takes the lock of `run_dir` (created if missing), or fails naming the process holding it.
-    pub fn acquire(run_dir: &Path) -> Result<RunLock> {
-        std::fs::create_dir_all(run_dir)
-            .with_context(|| format!("cannot create the run folder {}", run_dir.display()))?;
-        let path = run_dir.join(LOCK_FILE);
+    /// Takes the lock of `dir` (created if missing), or fails naming the process holding it and
+    /// `key`, the config key that chose the folder (`log.dir`, `checkpoint.dir`), as the one to
+    /// change.
+    pub fn acquire(dir: &Path, key: &str) -> Result<RunLock> {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create {} ({key})", dir.display()))?;
+        let path = dir.join(LOCK_FILE);
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -47,8 +49,8 @@ impl RunLock {
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => bail!(
-                "{} is in use by another run ({}): wait for it to end, or choose another log.dir",
-                run_dir.display(),
+                "{} is in use by another run ({}): wait for it to end, or choose another {key}",
+                dir.display(),
                 if previous.is_empty() {
                     "holder unknown".to_string()
                 } else {
@@ -116,7 +118,7 @@ fn utc(seconds: u64) -> String {
 }
 
 /// This machine's name, as the kernel has it (Linux); "unknown host" elsewhere.
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .ok()
@@ -139,16 +141,19 @@ mod tests {
     fn a_second_holder_is_refused_and_a_released_lock_is_taken_over() {
         let dir = tempfile::tempdir().unwrap();
         let run = dir.path().join("run");
-        let first = RunLock::acquire(&run).unwrap();
+        let first = RunLock::acquire(&run, "log.dir").unwrap();
         assert_eq!(first.stale, None);
-        let e = RunLock::acquire(&run).unwrap_err().to_string();
+        let e = RunLock::acquire(&run, "checkpoint.dir")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("in use by another run")
-                && e.contains(&format!("pid {}", std::process::id())),
+                && e.contains(&format!("pid {}", std::process::id()))
+                && e.ends_with("or choose another checkpoint.dir"),
             "{e}"
         );
         drop(first);
-        let second = RunLock::acquire(&run).unwrap();
+        let second = RunLock::acquire(&run, "log.dir").unwrap();
         assert_eq!(
             second.stale, None,
             "a lock released in order leaves no name"
@@ -157,7 +162,7 @@ mod tests {
         // A holder that died leaves its text and no lock: the next run takes over and says so.
         let dead = "host elsewhere, pid 4242, since unix time 1";
         std::fs::write(run.join(LOCK_FILE), dead).unwrap();
-        let third = RunLock::acquire(&run).unwrap();
+        let third = RunLock::acquire(&run, "log.dir").unwrap();
         assert_eq!(third.stale.as_deref(), Some(dead));
     }
 }

@@ -3,8 +3,8 @@
 //! Everything the run reads (tokenizer, data, checkpoint) is opened and checked before anything
 //! is written, so bad input leaves the run directory as it was.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -77,8 +77,13 @@ struct Shared<'a> {
     /// The settings that fix the trajectory, recorded in every checkpoint.
     settings: BTreeMap<String, String>,
     resume: Option<Resume>,
-    /// The run directory's lock, held by the process of rank 0.
-    lock: Option<RunLock>,
+    /// The locks of the run directory and the checkpoint folder ([`take_locks`]), held by the
+    /// process of rank 0 (empty on the others).
+    locks: Vec<RunLock>,
+    /// The id of the training run this launch continues or starts, recorded in each manifest
+    /// ([`checkpoint::Manifest::run_id`]): the resumed checkpoint's, or a new one. Only rank 0's
+    /// is used (it alone writes manifests and prunes).
+    run_id: String,
     /// The device of a world of one rank, or of this process's rank; the local backend's ranks
     /// open one each on the same GPU (`RankRun::start`).
     device: candle_core::Device,
@@ -136,8 +141,29 @@ pub fn run(config: &RunConfig) -> Result<Outcome> {
     result
 }
 
+/// The locks the process of rank 0 holds for the whole run: `log.dir`'s, then
+/// `checkpoint.dir`'s, so that a second run is refused whether it shares the first's run
+/// directory or only its checkpoint folder (whose checkpoints it would replace and prune). The
+/// default checkpoint folder, `<log.dir>/checkpoints`, is locked too: another run may name it
+/// as its `checkpoint.dir`. A `checkpoint.dir` that is `log.dir` itself is locked once (a
+/// process cannot `flock` one file through two handles).
+fn take_locks(config: &RunConfig) -> Result<Vec<RunLock>> {
+    let run = RunLock::acquire(&config.log.dir, "log.dir")?;
+    let dir = config.checkpoint_dir();
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create {} (checkpoint.dir)", dir.display()))?;
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same(&dir, &config.log.dir) {
+        return Ok(vec![run]);
+    }
+    Ok(vec![run, RunLock::acquire(&dir, "checkpoint.dir")?])
+}
+
 /// Reads and checks every input (data, batch shape, checkpoint to resume) before anything is
-/// written; then the process of rank 0 (`lead`) takes the run directory's lock.
+/// written, once the process of rank 0 (`lead`) has taken the run's locks.
 fn prepare(
     config: &RunConfig,
     topology: comm::Topology,
@@ -145,10 +171,11 @@ fn prepare(
     hooks: TestHooks,
     lead: bool,
 ) -> Result<Shared<'_>> {
-    // First, so that a second launch into this run directory reads nothing of the first's.
-    let lock = match lead {
-        true => Some(RunLock::acquire(&config.log.dir)?),
-        false => None,
+    // First, so that a second launch into this run directory or checkpoint folder reads
+    // nothing of the first's.
+    let locks = match lead {
+        true => take_locks(config)?,
+        false => Vec::new(),
     };
     let model_cfg = config.model_config()?;
     let t = &config.train;
@@ -169,6 +196,10 @@ fn prepare(
     };
     let settings = resume::trajectory(config, data_size)?;
     let resume = resume::find(config, &settings)?;
+    let run_id = resume
+        .as_ref()
+        .and_then(|r| r.manifest.run_id.clone())
+        .unwrap_or_else(checkpoint::new_run_id);
     let metrics_path = config.log.dir.join("metrics.jsonl");
     if resume.is_none() && metrics_path.exists() && !config.checkpoint.resume {
         bail!(
@@ -191,7 +222,8 @@ fn prepare(
         sampler,
         settings,
         resume,
-        lock,
+        locks,
+        run_id,
         device,
         hooks,
         given_up: AtomicBool::new(false),
@@ -249,18 +281,23 @@ fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<O
             run.evaluate(step)?;
         }
         let ckpt_interval = shared.config.checkpoint.interval;
-        let mut saved = None;
-        if last || (ckpt_interval > 0 && step % ckpt_interval == 0) {
-            saved = Some(run.save(step)?);
+        let due = last || (ckpt_interval > 0 && step % ckpt_interval == 0);
+        if due {
+            run.save_if_good(step)?;
         }
         shared.hooks.after_step(step, run.lead);
         // Every rank asks every step, so all agree on the step to stop after.
         let signal = stop::requested();
         if !last && run.engine.any_over_world(signal.is_some())? {
-            let checkpoint = match saved {
-                Some(path) => path,
-                None => run.save(step)?,
-            };
+            if !due {
+                run.save_if_good(step)?;
+            }
+            // This step's checkpoint, or the last good one if this step's was withheld (its
+            // line said so); with none at all, the folder a resume would look in.
+            let checkpoint = run
+                .last_checkpoint
+                .clone()
+                .unwrap_or_else(|| shared.config.checkpoint_dir());
             run.stopped(step, signal, &checkpoint)?;
             return Ok(Outcome::Stopped);
         }
@@ -297,6 +334,15 @@ struct RankRun<'a> {
     since_log: SinceLog,
     /// Steps skipped in a row for a non-finite gradient norm.
     skips: SkipCounter,
+    /// Whether the last step's loss and gradient norm were finite (true before the first): a
+    /// checkpoint is written only then ([`RankRun::save_if_good`]).
+    last_finite: bool,
+    /// The run's last good checkpoint: the newest it wrote, or the one it resumed from. The
+    /// divergence stop lines name it, and retention never deletes it (it is the newest).
+    last_checkpoint: Option<PathBuf>,
+    /// Rank 0: the folders of `checkpoint.dir` that retention left alone and has reported, each
+    /// reported once.
+    reported: BTreeSet<PathBuf>,
 }
 
 impl<'a> RankRun<'a> {
@@ -345,6 +391,9 @@ impl<'a> RankRun<'a> {
             reporter: Reporter::new(progress, config.train.steps, start),
             since_log: SinceLog::default(),
             skips: SkipCounter::new(config.train.max_skipped_steps),
+            last_finite: true,
+            last_checkpoint: shared.resume.as_ref().map(|r| r.path.clone()),
+            reported: BTreeSet::new(),
         })
     }
 
@@ -420,14 +469,13 @@ impl<'a> RankRun<'a> {
         if self.engine.plan().qgz.is_some() && topology.nodes == 1 {
             self.say("note: qgZ on one node runs its intra-node hop only (the inter-node hop has one member)");
         }
-        if let Some(stale) = shared.lock.as_ref().and_then(|l| l.stale.as_ref()) {
-            self.say(&format!(
-                "took over {} from a run that ended without releasing it ({stale})",
-                shared
-                    .lock
-                    .as_ref()
-                    .map_or("the lock".into(), |l| l.path.display().to_string())
-            ));
+        for lock in &shared.locks {
+            if let Some(stale) = &lock.stale {
+                self.say(&format!(
+                    "took over {} from a run that ended without releasing it ({stale})",
+                    lock.path.display()
+                ));
+            }
         }
         if let Some(r) = &shared.resume {
             let saved_world = r.manifest.world_size;
@@ -459,16 +507,41 @@ impl<'a> RankRun<'a> {
         self.start_tokens + (step - self.start) * self.tokens_per_step()
     }
 
-    /// Writes the checkpoint of `step`, every rank its part; returns its folder.
-    fn save(&mut self, step: u64) -> Result<PathBuf> {
+    /// Writes the checkpoint of `step`, every rank its part, if the step's loss and gradient
+    /// norm were finite; otherwise writes nothing (the state is the one before a skipped step,
+    /// or worse) and says so: the last good checkpoint stays the run's newest, which retention
+    /// never deletes and the stop lines name. Returns the checkpoint written. Rank 0 reports,
+    /// once each, the folders retention left alone.
+    fn save_if_good(&mut self, step: u64) -> Result<Option<PathBuf>> {
+        let dir = self.shared.config.checkpoint_dir();
+        if !self.last_finite {
+            self.say(&divergence::withheld(
+                step,
+                self.last_checkpoint.as_deref(),
+                &dir,
+            ));
+            return Ok(None);
+        }
         let tokens = self.tokens_at(step);
-        save(
+        let (path, pruned) = save(
             self.shared,
             &self.engine,
             self.metrics.as_ref(),
             step,
             tokens,
-        )
+            self.last_checkpoint.as_deref(),
+        )?;
+        for (folder, why) in pruned.map(|p| p.left).unwrap_or_default() {
+            if self.reported.insert(folder.clone()) {
+                self.say(&format!(
+                    "retention leaves {} alone and does not count it in checkpoint.keep_last: \
+                     it is {why}",
+                    folder.display()
+                ));
+            }
+        }
+        self.last_checkpoint = Some(path.clone());
+        Ok(Some(path))
     }
 
     /// After the checkpoint of `step`, when a signal asked the run to stop: flushes the
@@ -527,6 +600,7 @@ impl<'a> RankRun<'a> {
             .mean_over_world(loss_sum / accumulation as f64)?;
         let lr = learning_rate(t, step);
         let stats = self.engine.step(lr)?;
+        self.last_finite = !stats.skipped && loss.is_finite() && stats.grad_norm.is_finite();
         let skip_note = self.skips.record(step, stats.skipped, stats.grad_norm);
         let since = &mut self.since_log;
         since.seconds += step_start.elapsed().as_secs_f64();
@@ -560,7 +634,8 @@ impl<'a> RankRun<'a> {
         }
         if let Some(note) = skip_note {
             self.say(&note);
-            if let Err(stop) = self.skips.check(step, &config.checkpoint_dir()) {
+            let last = self.last_checkpoint.as_deref();
+            if let Err(stop) = self.skips.check(step, last, &config.checkpoint_dir()) {
                 // Every rank stops at this step (the norm is global). Wait until all are here,
                 // so that no rank's stop aborts rank 0 before its line is written.
                 self.engine.comm().barrier(comm::Group::World).wait()?;
@@ -641,21 +716,24 @@ fn evaluate(
 /// checksums; rank 0 syncs the metrics, commits the checkpoint and deletes old ones as
 /// `[checkpoint]` says. If any rank fails, rank 0 removes the temporary folder (the failing
 /// rank has removed its own partial file), so a full disk keeps room for the checkpoints it has.
-/// Returns the checkpoint's folder, once every rank knows it is committed.
+/// Returns the checkpoint's folder, once every rank knows it is committed, and (rank 0) what
+/// retention did. `last` is the run's last good checkpoint, for the stop line of a state that
+/// is not finite.
 fn save(
     shared: &Shared<'_>,
     engine: &Engine,
     metrics: Option<&MetricsWriter>,
     step: u64,
     tokens: u64,
-) -> Result<PathBuf> {
+    last: Option<&Path>,
+) -> Result<(PathBuf, Option<checkpoint::Pruned>)> {
     let dir = shared.config.checkpoint_dir();
     let lead = engine.comm().rank() == 0;
     // Every rank agrees that the state is finite before anything is written.
     let state = engine.state()?;
-    divergence::check_state(engine, &state, step, &dir)?;
+    divergence::check_state(engine, &state, step, last, &dir)?;
     if lead {
-        checkpoint::begin(&dir, step)?;
+        checkpoint::begin(&dir, step, &shared.run_id)?;
     }
     engine.comm().barrier(comm::Group::World).wait()?;
     let tmp = checkpoint::tmp_dir(&dir, step);
@@ -664,13 +742,23 @@ fn save(
         checkpoint::abandon(&tmp);
     }
     committed?;
-    if lead {
-        let c = &shared.config.checkpoint;
-        checkpoint::prune(&dir, step, c.keep_last, c.keep_every)?;
-    }
+    let pruned = match lead {
+        true => {
+            let c = &shared.config.checkpoint;
+            let run_id = &shared.run_id;
+            Some(checkpoint::prune(
+                &dir,
+                step,
+                c.keep_last,
+                c.keep_every,
+                run_id,
+            )?)
+        }
+        false => None,
+    };
     // Every rank returns once the checkpoint is committed: a stop after it is safe.
     engine.comm().barrier(comm::Group::World).wait()?;
-    Ok(checkpoint::step_dir(&dir, step))
+    Ok((checkpoint::step_dir(&dir, step), pruned))
 }
 
 /// [`save`]'s writes: this rank's file into `tmp`, then (rank 0) the metrics synced and the
@@ -679,7 +767,7 @@ fn write_and_commit(
     shared: &Shared<'_>,
     engine: &Engine,
     metrics: Option<&MetricsWriter>,
-    tmp: &std::path::Path,
+    tmp: &Path,
     step: u64,
     tokens: u64,
     state: &[zero::NamedShard],
@@ -701,6 +789,7 @@ fn write_and_commit(
         engine.plan().align,
         &shared.settings,
         &checksums,
+        &shared.run_id,
     );
     checkpoint::commit(&shared.config.checkpoint_dir(), tmp, &manifest)?;
     Ok(())
