@@ -33,7 +33,7 @@ impl RunLock {
     /// change.
     pub fn acquire(dir: &Path, key: &str) -> Result<RunLock> {
         std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create {} ({key})", dir.display()))?;
+            .with_context(|| format!("{key}: cannot create {}", dir.display()))?;
         let path = dir.join(LOCK_FILE);
         let mut file = OpenOptions::new()
             .read(true)
@@ -41,7 +41,7 @@ impl RunLock {
             .create(true)
             .truncate(false)
             .open(&path)
-            .with_context(|| format!("cannot open the lock {}", path.display()))?;
+            .with_context(|| format!("{key}: cannot open the lock {}", path.display()))?;
         let mut previous = String::new();
         // The text is only for messages: an unreadable one is treated as empty.
         let _ = file.read_to_string(&mut previous);
@@ -58,7 +58,7 @@ impl RunLock {
                 }
             ),
             Err(TryLockError::Error(e)) => {
-                return Err(e).with_context(|| format!("cannot lock {}", path.display()))
+                return Err(e).with_context(|| format!("{key}: cannot lock {}", path.display()))
             }
         }
         let holder = holder_text();
@@ -66,7 +66,7 @@ impl RunLock {
             .and_then(|()| file.seek(SeekFrom::Start(0)))
             .and_then(|_| file.write_all(holder.as_bytes()))
             .and_then(|()| file.flush())
-            .with_context(|| format!("cannot write the lock {}", path.display()))?;
+            .with_context(|| format!("{key}: cannot write the lock {}", path.display()))?;
         Ok(RunLock {
             file,
             path,

@@ -151,7 +151,7 @@ fn take_locks(config: &RunConfig) -> Result<Vec<RunLock>> {
     let run = RunLock::acquire(&config.log.dir, "log.dir")?;
     let dir = config.checkpoint_dir();
     std::fs::create_dir_all(&dir)
-        .with_context(|| format!("cannot create {} (checkpoint.dir)", dir.display()))?;
+        .with_context(|| format!("checkpoint.dir: cannot create {}", dir.display()))?;
     let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => false,
