@@ -35,6 +35,7 @@ use tokenizers::utils::SysRegex;
 use tokenizers::Model;
 
 use crate::error::{DataError, Result};
+use crate::fingerprint::tokenizer_fingerprint;
 
 /// The end-of-text token that ends every document.
 pub const EOT_TOKEN: &str = "<|endoftext|>";
@@ -77,6 +78,7 @@ pub struct Tokenizer {
     dir: PathBuf,
     eot: u32,
     vocab_size: usize,
+    fingerprint: u32,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -168,7 +170,12 @@ impl Tokenizer {
                 merges_path.display()
             )));
         }
+        let mut by_id: Vec<(u32, &str)> = vocab.iter().map(|(t, &id)| (id, t.as_str())).collect();
+        by_id.sort_unstable();
+        let fingerprint =
+            tokenizer_fingerprint(by_id, merges.iter().map(|(a, b)| (a.as_str(), b.as_str())));
         let vocab: Vocab = vocab.into_iter().collect();
+
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)
             .build()
@@ -185,6 +192,7 @@ impl Tokenizer {
             dir: dir.to_path_buf(),
             eot,
             vocab_size,
+            fingerprint,
         })
     }
 
@@ -282,8 +290,63 @@ impl Tokenizer {
         self.vocab_size
     }
 
-    /// The folder the tokenizer was loaded from.
+    /// A CRC-32 of the vocabulary in id order and of the merges in rank order: what a
+    /// checkpoint records to notice a resume with another tokenizer, even one whose ids differ
+    /// only by two swapped entries. The files' formatting (whitespace, key order) is not part
+    /// of it.
+    pub fn fingerprint(&self) -> u32 {
+        self.fingerprint
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpt2() -> Tokenizer {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/gpt2");
+        Tokenizer::from_dir(&dir).unwrap()
+    }
+
+    #[test]
+    fn the_fingerprint_is_of_the_vocabulary_and_merges_not_of_the_files() {
+        let base = gpt2();
+        let dir = tempfile::tempdir().unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/gpt2");
+        let merges = std::fs::read_to_string(src.join("merges.txt")).unwrap();
+        let vocab: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(src.join("vocab.json")).unwrap())
+                .unwrap();
+        std::fs::write(dir.path().join("merges.txt"), &merges).unwrap();
+        // Pretty-printed with its keys sorted (the file has them in id order): the same
+        // tokenizer.
+        let pretty = serde_json::to_string_pretty(&vocab).unwrap();
+        std::fs::write(dir.path().join("vocab.json"), pretty).unwrap();
+        let same = Tokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(same.fingerprint(), base.fingerprint());
+        // Two entries swapped: the ids differ, the counts agree.
+        let mut swapped = vocab.clone();
+        let (the, and) = (vocab["Ġthe"].clone(), vocab["Ġand"].clone());
+        swapped.insert("Ġthe".into(), and);
+        swapped.insert("Ġand".into(), the);
+        let text = serde_json::to_string(&swapped).unwrap();
+        std::fs::write(dir.path().join("vocab.json"), text).unwrap();
+        let other = Tokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(other.vocab_size(), base.vocab_size());
+        assert_ne!(other.fingerprint(), base.fingerprint());
+        // One merge fewer.
+        std::fs::write(
+            dir.path().join("vocab.json"),
+            serde_json::to_string(&vocab).unwrap(),
+        )
+        .unwrap();
+        let fewer: Vec<&str> = merges.lines().filter(|l| *l != "Ġ t").collect();
+        std::fs::write(dir.path().join("merges.txt"), fewer.join("\n")).unwrap();
+        let pruned = Tokenizer::from_dir(dir.path()).unwrap();
+        assert_ne!(pruned.fingerprint(), base.fingerprint());
     }
 }
