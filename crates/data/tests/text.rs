@@ -450,3 +450,22 @@ fn bundled_corpus_prepares() {
     );
     println!("{stats:?}");
 }
+
+/// The documents of the bundled corpus longer than one pre-tokenisation window (64 KiB) are
+/// split by windows that restart at matches near their ends: the tokens must still be those of
+/// `tokenizers`' pipeline, which runs the split regex over the whole text.
+#[test]
+fn windowed_pre_tokenisation_matches_the_pipeline_on_long_bundled_documents() {
+    let t = tok();
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/corpus/sotu.jsonl.zst");
+    let long: Vec<String> = read_documents(&corpus)
+        .unwrap()
+        .map(Result::unwrap)
+        .filter(|d| d.len() > 64 << 10)
+        .take(6)
+        .collect();
+    assert_eq!(long.len(), 6);
+    for doc in &long {
+        assert_eq!(t.encode(doc), t.encode_with_pipeline(doc).unwrap());
+    }
+}
