@@ -24,10 +24,12 @@ use crate::run_lock::RunLock;
 use crate::schedule::learning_rate;
 use crate::{reshard, stop, units};
 
-/// Training and validation tokens.
+/// Training and validation tokens, and the fingerprint of the tokenizer that made them (when a
+/// `.jsonl` source needed one), which checkpoints record.
 struct Corpora {
     train: TokenCorpus,
     valid: Option<TokenCorpus>,
+    tokenizer: Option<u32>,
 }
 
 fn load_data(config: &RunConfig, vocab_size: usize) -> Result<Corpora> {
@@ -64,7 +66,11 @@ fn load_data(config: &RunConfig, vocab_size: usize) -> Result<Corpora> {
             }
         }
     }
-    Ok(Corpora { train, valid })
+    Ok(Corpora {
+        train,
+        valid,
+        tokenizer: tokenizer.as_ref().map(Tokenizer::fingerprint),
+    })
 }
 
 /// What every rank reads and nobody changes.
@@ -169,8 +175,9 @@ fn prepare(
         }
     }
     let data_size = DataSize {
-        train_tokens: corpora.train.tokens.len(),
-        valid_tokens: corpora.valid.as_ref().map(|v| v.tokens.len()),
+        train: resume::Tokens::of(&corpora.train),
+        valid: corpora.valid.as_ref().map(resume::Tokens::of),
+        tokenizer: corpora.tokenizer,
     };
     let settings = resume::trajectory(config, data_size)?;
     let resume = resume::find(config, &settings)?;
