@@ -214,6 +214,35 @@ fn a_resume_with_a_tokenizer_of_two_swapped_entries_is_refused_unless_allowed() 
 }
 
 #[test]
+fn a_damaged_metrics_line_is_reported_once_on_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path(), 6);
+    let run = dir.path().join("run");
+    assert_ok(&run_with(&small_run(&run, &corpus, 4), &[]));
+
+    // A line of text in the middle and half a line at the end.
+    let path = run.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut damaged: Vec<&str> = text.lines().collect();
+    damaged.insert(2, "garbage written by hand");
+    let half = "{\"step\":4,\"tok";
+    std::fs::write(&path, damaged.join("\n") + "\n" + half).unwrap();
+
+    let out = run_with(&small_run(&run, &corpus, 6), &[]);
+    assert_ok(&out);
+    let err = stderr(&out);
+    let said: Vec<&str> = err.lines().filter(|l| l.contains("damaged")).collect();
+    assert_eq!(said.len(), 1, "{err}");
+    assert!(
+        said[0].contains("metrics.jsonl: dropped 2 damaged lines")
+            && said[0].contains("line 3: \"garbage written by hand\""),
+        "{err}"
+    );
+    // The rest is kept, and the curve goes on.
+    assert_eq!(steps(&run), [1, 2, 3, 4, 5, 6]);
+}
+
+#[test]
 fn a_finished_run_asked_to_train_longer_is_told_how() {
     let dir = tempfile::tempdir().unwrap();
     let corpus = small_corpus(dir.path(), 6);

@@ -370,7 +370,9 @@ impl<'a> RankRun<'a> {
             std::fs::remove_file(&metrics_path)
                 .with_context(|| format!("cannot replace {}", metrics_path.display()))?;
         }
-        metrics::truncate_after(&metrics_path, self.start)?;
+        if let Some(damaged) = metrics::truncate_after(&metrics_path, self.start)? {
+            self.say(&format!("{}: {damaged}", metrics_path.display()));
+        }
         let config_path = run_dir.join("config.toml");
         std::fs::write(&config_path, config.to_toml()?)
             .with_context(|| format!("cannot write {}", config_path.display()))?;
