@@ -4,7 +4,7 @@
 //! is told how to do it on purpose (docs/operations.md, "Resuming with other settings").
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output, Stdio};
 
 mod common;
 use common::{repo, small_corpus, trainer};
@@ -240,6 +240,58 @@ fn a_damaged_metrics_line_is_reported_once_on_resume() {
     );
     // The rest is kept, and the curve goes on.
     assert_eq!(steps(&run), [1, 2, 3, 4, 5, 6]);
+}
+
+/// Runs `command` to its end and returns its output (stderr in `dir`) and its peak resident
+/// memory in bytes, from `wait4`: this one process, whatever other tests run beside it.
+fn peak_memory(mut command: Command, dir: &Path) -> (std::process::ExitStatus, String, u64) {
+    let log = dir.join("stderr.txt");
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid value; wait4 writes into the two out-parameters only.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as libc::pid_t, "wait4 failed");
+    use std::os::unix::process::ExitStatusExt;
+    let status = std::process::ExitStatus::from_raw(status);
+    // Linux reports ru_maxrss in KiB.
+    let peak = usage.ru_maxrss as u64 * 1024;
+    (status, std::fs::read_to_string(&log).unwrap(), peak)
+}
+
+#[test]
+fn prepare_data_on_a_50_mb_document_without_whitespace_stays_small() {
+    let dir = tempfile::tempdir().unwrap();
+    // 50 MB of letters (not periodic, as real junk is not): one pre-token.
+    let mut state = 7u64;
+    let letters: String = (0..50_000_000)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (b'a' + (state >> 59) as u8 % 26) as char
+        })
+        .collect();
+    let input = dir.path().join("long.jsonl");
+    std::fs::write(&input, format!("{{\"text\": \"{letters}\"}}\n")).unwrap();
+    drop(letters);
+
+    let mut command = trainer();
+    command
+        .args(["prepare-data", "--quiet", "--input"])
+        .arg(&input)
+        .arg("--output")
+        .arg(dir.path().join("long"));
+    let (status, err, peak) = peak_memory(command, dir.path());
+    assert!(status.success(), "{err}");
+    assert!(err.contains("1 documents"), "{err}");
+    // It took 4.0 GB: onig's match and BPE's merge of one 50 MB pre-token. Now the text, its
+    // tokens and the copies on their way to the file, about 7 bytes a byte of text.
+    assert!(peak < 1 << 30, "prepare-data peaked at {} MB", peak >> 20);
 }
 
 #[test]
