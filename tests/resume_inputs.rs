@@ -319,7 +319,7 @@ fn a_finished_run_asked_to_train_longer_is_told_how() {
         &[
             "train.decay_steps: 4 -> 8",
             "zero.qgz_until: 1 (through step 4) -> 1 (through step 8)",
-            "to train longer on the schedule it had, add --set train.decay_steps=4 --set \
+            "to train to step 8 on the schedule it had, add --set train.decay_steps=4 --set \
              zero.qgz_until=0.5",
             "list train.decay_steps and zero.qgz_until in checkpoint.allow_changes",
         ],
@@ -348,7 +348,7 @@ fn a_finished_run_asked_to_train_longer_is_told_how() {
         );
     }
 
-    // The other way: stretch the schedule, as the line says.
+    // The other way: fit the schedule to the new length, as the line says.
     let allow = "checkpoint.allow_changes=[\"train.decay_steps\", \"zero.qgz_until\"]";
     let mut stretched = sets.clone();
     stretched.retain(|s| !s.starts_with("log.dir"));

@@ -251,15 +251,7 @@ fn agree(key: &str, old: &str, new: &str) -> bool {
     }
     match key {
         "data.train" | "data.valid" => {
-            let facts = |v: &'_ str| -> (String, Option<String>) {
-                match v.split_once(", fingerprint ") {
-                    Some((count, fingerprint)) => {
-                        (count.to_string(), Some(fingerprint.to_string()))
-                    }
-                    None => (v.to_string(), None),
-                }
-            };
-            let ((old_count, old_fp), (new_count, new_fp)) = (facts(old), facts(new));
+            let ((old_count, old_fp), (new_count, new_fp)) = (data_facts(old), data_facts(new));
             old_count == new_count && (old_fp.is_none() || new_fp.is_none() || old_fp == new_fp)
         }
         "zero.qgz_until" => matches!(
@@ -270,6 +262,15 @@ fn agree(key: &str, old: &str, new: &str) -> bool {
     }
 }
 
+/// A recorded `data.train` / `data.valid`, `"9344 tokens, fingerprint 1a2b3c4d"`, as its count
+/// and its fingerprint (`None` in the checkpoints of older versions, and for `"none"`).
+fn data_facts(value: &str) -> (&str, Option<&str>) {
+    match value.split_once(", fingerprint ") {
+        Some((count, fingerprint)) => (count, Some(fingerprint)),
+        None => (value, None),
+    }
+}
+
 /// A recorded `zero.qgz_until`, `"0.5 (through step 100)"`, as its fraction's text and step.
 fn qgz_until(value: &str) -> Option<(&str, u64)> {
     let (fraction, rest) = value.split_once(" (through step ")?;
@@ -277,58 +278,54 @@ fn qgz_until(value: &str) -> Option<(&str, u64)> {
     Some((fraction, step))
 }
 
-/// For a resume refused because a longer `train.steps` moved the schedule (`train.decay_steps`
-/// left unset follows `train.steps`, `zero.qgz_until` is a fraction of it): the `--set`s that
-/// keep the run's schedule, and the other way, as `"; to train longer ..."`. Empty when the
-/// refusal has another cause, or when the user asked for the new value.
+/// For a resume refused because another `train.steps` moved the schedule (`train.decay_steps`
+/// left unset follows `train.steps`, `zero.qgz_until` is a fraction of it), typically a
+/// finished run asked to train longer: the `--set`s that keep the run's schedule, and the keys
+/// to allow to fit it to the new length instead, as `"; to train to step N ..."`. Empty when
+/// the refusal has another cause, or when the user asked for the new value.
 fn how_to_extend(
     config: &RunConfig,
     saved: &BTreeMap<String, String>,
     now: &BTreeMap<String, String>,
 ) -> String {
+    let steps = config.train.steps;
     let allowed = |key: &str| config.checkpoint.allow_changes.iter().any(|a| a == key);
     let moved = |key: &str| match (saved.get(key), now.get(key)) {
         (Some(old), Some(new)) => !agree(key, old, new) && !allowed(key),
         _ => false,
     };
-    // (the --set that keeps the schedule, what it keeps, the key to allow otherwise)
-    let mut keep: Vec<(String, String, &str)> = Vec::new();
+    let (mut sets, mut kept, mut keys) = (Vec::new(), Vec::new(), Vec::new());
     if config.train.decay_steps.is_none() && moved("train.decay_steps") {
         let old = &saved["train.decay_steps"];
-        keep.push((
-            format!("train.decay_steps={old}"),
-            format!("the learning rate stays at train.min_lr after step {old}"),
-            "train.decay_steps",
+        sets.push(format!("--set train.decay_steps={old}"));
+        kept.push(format!(
+            "the learning rate stays at train.min_lr after step {old}"
         ));
+        keys.push("train.decay_steps");
     }
     if moved("zero.qgz_until") {
-        // The same fraction through another step: the new length moved it.
+        // The same fraction through another step: the new length moved it. A step past the
+        // new end has no fraction that keeps it.
         let old = qgz_until(&saved["zero.qgz_until"]);
         let new = qgz_until(&now["zero.qgz_until"]);
         if let (Some((old_fraction, step)), Some((new_fraction, _))) = (old, new) {
-            if old_fraction == new_fraction {
-                keep.push((
-                    format!(
-                        "zero.qgz_until={}",
-                        fraction_through(step, config.train.steps)
-                    ),
-                    format!("qgZ still ends after step {step}"),
-                    "zero.qgz_until",
-                ));
+            if old_fraction == new_fraction && step <= steps {
+                let fraction = fraction_through(step, steps);
+                sets.push(format!("--set zero.qgz_until={fraction}"));
+                kept.push(format!("qgZ still ends after step {step}"));
+                keys.push("zero.qgz_until");
             }
         }
     }
-    if keep.is_empty() {
+    if sets.is_empty() {
         return String::new();
     }
-    let join = |items: Vec<String>, sep: &str| items.join(sep);
     format!(
-        "; to train longer on the schedule it had, add {} ({}); to stretch the schedule over \
-         train.steps = {} instead, list {} in checkpoint.allow_changes",
-        join(keep.iter().map(|k| format!("--set {}", k.0)).collect(), " "),
-        join(keep.iter().map(|k| k.1.clone()).collect(), "; "),
-        config.train.steps,
-        join(keep.iter().map(|k| k.2.to_string()).collect(), " and "),
+        "; to train to step {steps} on the schedule it had, add {} ({}); to fit the schedule \
+         to train.steps = {steps} instead, list {} in checkpoint.allow_changes",
+        sets.join(" "),
+        kept.join("; "),
+        keys.join(" and "),
     )
 }
 
@@ -486,10 +483,10 @@ mod tests {
         let now = trajectory(&config, data).unwrap();
         assert_eq!(
             how_to_extend(&config, &saved, &now),
-            "; to train longer on the schedule it had, add --set train.decay_steps=200 \
+            "; to train to step 300 on the schedule it had, add --set train.decay_steps=200 \
              --set zero.qgz_until=0.333 (the learning rate stays at train.min_lr after step \
-             200; qgZ still ends after step 100); to stretch the schedule over train.steps = \
-             300 instead, list train.decay_steps and zero.qgz_until in checkpoint.allow_changes"
+             200; qgZ still ends after step 100); to fit the schedule to train.steps = 300 \
+             instead, list train.decay_steps and zero.qgz_until in checkpoint.allow_changes"
         );
         // Following the advice resumes.
         config.train.decay_steps = Some(200);
@@ -501,6 +498,19 @@ mod tests {
         config.train.decay_steps = Some(250);
         let asked = trajectory(&config, data).unwrap();
         assert_eq!(how_to_extend(&config, &saved, &asked), "");
+        // Shorter, with qgZ through step 200 of 200: no fraction keeps that end.
+        config.train.decay_steps = None;
+        config.train.steps = 200;
+        config.zero.qgz_until = 1.0;
+        let saved = trajectory(&config, data).unwrap();
+        config.train.steps = 150;
+        let shorter = trajectory(&config, data).unwrap();
+        let advice = how_to_extend(&config, &saved, &shorter);
+        assert!(
+            advice.contains("add --set train.decay_steps=200 (")
+                && !advice.contains("--set zero.qgz_until"),
+            "{advice}"
+        );
     }
 
     #[test]
