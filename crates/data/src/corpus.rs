@@ -121,6 +121,14 @@ fn load_with_ends(
 }
 
 impl TokenCorpus {
+    /// [`token_fingerprint`] of the tokens: what the trainer records to know, on resume, that
+    /// it reads the same stream, in the same order (whatever files or paths it came from).
+    ///
+    /// [`token_fingerprint`]: crate::token_fingerprint
+    pub fn fingerprint(&self) -> u32 {
+        crate::fingerprint::token_fingerprint(&self.tokens)
+    }
+
     /// Loads and concatenates `sources`. `tokenizer` is needed iff a source is JSON lines.
     /// Errors if a source cannot be resolved or read, or all together hold no tokens.
     pub fn load(sources: &[PathBuf], tokenizer: Option<&Tokenizer>) -> Result<Self> {

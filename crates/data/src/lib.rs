@@ -2,12 +2,14 @@
 //! GPT-2 byte-level BPE ([`Tokenizer`]), Megatron-LM-compatible indexed datasets
 //! ([`IndexedDatasetWriter`], [`IndexedDataset`]), the `prepare-data` pipeline ([`prepare`]),
 //! flat token streams from mixed sources ([`TokenCorpus`]) and a seeded, resumable sampler that
-//! slices each global batch by rank ([`Sampler`]).
+//! slices each global batch by rank ([`Sampler`]), and content fingerprints of token streams and
+//! tokenizers ([`token_fingerprint`], [`Tokenizer::fingerprint`]) that a resume checks.
 //!
 //! Nothing here knows about models, ranks' communication or ZeRO: the trainer asks for token ids.
 
 mod corpus;
 mod error;
+mod fingerprint;
 mod indexed;
 mod jsonl;
 mod prepare;
@@ -16,6 +18,7 @@ mod tokenizer;
 
 pub use corpus::TokenCorpus;
 pub use error::{DataError, Result};
+pub use fingerprint::token_fingerprint;
 pub use indexed::{
     IndexStats, IndexedDataset, IndexedDatasetWriter, TokenDType, HEADER_LEN, MAGIC, VERSION,
 };

@@ -13,6 +13,14 @@
 //! not yet in a shared word -> ids cache. The tests check it against the full pipeline
 //! ([`Tokenizer::encode_with_pipeline`]) token for token, on the whole bundled corpus too.
 //!
+//! Memory: onig's match of one pre-token holds about 32 bytes per byte of it (its backtrack
+//! stack), and BPE's merge of it about 80 (the symbols, the merge queue, the tokens with their
+//! strings), so a 50 MB document without whitespace, one pre-token, took 4 GB. The split regex
+//! therefore runs on windows of [`MAX_PRETOKEN_BYTES`], and a pre-token longer than that is
+//! cut, at a character boundary, into pieces of at most that length, each merged on its own.
+//! The tokens of ordinary text are unchanged (no word, number, or run of spaces or punctuation
+//! in prose or code is 64 KiB long), and a 50 MB word takes a few MB.
+//!
 //! ```
 //! # fn main() -> data::Result<()> {
 //! let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/gpt2");
@@ -35,6 +43,7 @@ use tokenizers::utils::SysRegex;
 use tokenizers::Model;
 
 use crate::error::{DataError, Result};
+use crate::fingerprint::tokenizer_fingerprint;
 
 /// The end-of-text token that ends every document.
 pub const EOT_TOKEN: &str = "<|endoftext|>";
@@ -43,6 +52,17 @@ pub const EOT_TOKEN: &str = "<|endoftext|>";
 /// `encoder.py`.
 const GPT2_SPLIT: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+
+/// Longest pre-token, in bytes (see the module doc): the split regex sees at most this much
+/// text at a time, and BPE merges at most this much at once. A longer pre-token is cut into
+/// pieces, and no token spans two of them; such a token could only be at a cut.
+pub const MAX_PRETOKEN_BYTES: usize = 64 << 10;
+
+/// Bytes past a match's end that the split regex may read to decide it (the character after a
+/// run of whitespace, one after that for `(?!\S)`; 4 bytes each at most), doubled for safety:
+/// a match that ends this close to its window's end may continue past it, so it is found again
+/// from a window that starts where it starts.
+const LOOKAHEAD_BYTES: usize = 16;
 
 /// Most words kept in the word -> ids cache (a few tens of MB when full; it is never evicted,
 /// like `tokenizers`' own cache). Words of `CACHE_MAX_WORD_BYTES` or more are not cached.
@@ -77,6 +97,7 @@ pub struct Tokenizer {
     dir: PathBuf,
     eot: u32,
     vocab_size: usize,
+    fingerprint: u32,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -168,6 +189,10 @@ impl Tokenizer {
                 merges_path.display()
             )));
         }
+        let mut by_id: Vec<(u32, &str)> = vocab.iter().map(|(t, &id)| (id, t.as_str())).collect();
+        by_id.sort_unstable();
+        let fingerprint =
+            tokenizer_fingerprint(by_id, merges.iter().map(|(a, b)| (a.as_str(), b.as_str())));
         let vocab: Vocab = vocab.into_iter().collect();
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)
@@ -185,6 +210,7 @@ impl Tokenizer {
             dir: dir.to_path_buf(),
             eot,
             vocab_size,
+            fingerprint,
         })
     }
 
@@ -192,19 +218,9 @@ impl Tokenizer {
     pub fn encode(&self, text: &str) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 4 + 1);
         let mut mapped = String::new();
-        let mut prev = 0;
-        for (start, end) in self.split.find_iter(text) {
-            // The pattern matches every character, so there are no gaps; were there one, it
-            // would be its own piece, as in `tokenizers` (`SplitDelimiterBehavior::Isolated`).
-            if start > prev {
-                self.encode_word(&text[prev..start], &mut mapped, &mut out);
-            }
-            self.encode_word(&text[start..end], &mut mapped, &mut out);
-            prev = end;
-        }
-        if prev < text.len() {
-            self.encode_word(&text[prev..], &mut mapped, &mut out);
-        }
+        pretokens(&self.split, text, MAX_PRETOKEN_BYTES, |word| {
+            self.encode_word(word, &mut mapped, &mut out)
+        });
         out
     }
 
@@ -245,7 +261,8 @@ impl Tokenizer {
     }
 
     /// Token ids of `text` through `tokenizers`' full pipeline (pre-tokenizer, model, no
-    /// special tokens). Same result as [`Tokenizer::encode`], several times slower; for tests.
+    /// special tokens). Same result as [`Tokenizer::encode`] on text whose pre-tokens are at
+    /// most [`MAX_PRETOKEN_BYTES`] long, several times slower, and unbounded in memory; for tests.
     pub fn encode_with_pipeline(&self, text: &str) -> Result<Vec<u32>> {
         self.inner
             .encode_fast(text, false)
@@ -282,8 +299,203 @@ impl Tokenizer {
         self.vocab_size
     }
 
+    /// A CRC-32 of the vocabulary in id order and of the merges in rank order: what a
+    /// checkpoint records to notice a resume with another tokenizer, even one whose ids differ
+    /// only by two swapped entries. The files' formatting (whitespace, key order) is not part
+    /// of it.
+    pub fn fingerprint(&self) -> u32 {
+        self.fingerprint
+    }
+
     /// The folder the tokenizer was loaded from.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+}
+
+/// Calls `f` on each pre-token of `text`, in order: each match of `split`, and any text
+/// between matches (there is none: the pattern matches every character; were there some, it
+/// would be its own piece, as in `tokenizers`' `SplitDelimiterBehavior::Isolated`).
+///
+/// `split` runs on windows of at most `window` bytes, which bounds its memory. A match that
+/// ends within [`LOOKAHEAD_BYTES`] of its window's end, in a window that is not the text's
+/// last, might run on past it: the next window starts where that match starts, so the
+/// pre-tokens are the whole text's. Only a match that starts its window and still reaches that
+/// margin, a pre-token longer than about `window` bytes, is cut there.
+fn pretokens(split: &SysRegex, text: &str, window: usize, mut f: impl FnMut(&str)) {
+    let mut pos = 0;
+    while pos < text.len() {
+        let end = window_end(text, pos, window);
+        let last = end == text.len();
+        let chunk = &text[pos..end];
+        // Bytes of `chunk` given to `f` so far.
+        let mut done = 0;
+        for (start, stop) in split.find_iter(chunk) {
+            if start > done {
+                f(&chunk[done..start]);
+                done = start;
+            }
+            if !last && stop + LOOKAHEAD_BYTES > chunk.len() {
+                if done == 0 {
+                    f(&chunk[..stop]);
+                    done = stop;
+                }
+                break;
+            }
+            f(&chunk[start..stop]);
+            done = stop;
+        }
+        if done < chunk.len() && (last || done == 0) {
+            f(&chunk[done..]);
+            done = chunk.len();
+        }
+        pos += done;
+    }
+}
+
+/// The end of the window of at most `window` bytes from `pos`: a character boundary, past at
+/// least one character.
+fn window_end(text: &str, pos: usize, window: usize) -> usize {
+    if pos + window >= text.len() {
+        return text.len();
+    }
+    let mut end = pos + window;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    if end > pos {
+        return end;
+    }
+    // A window narrower than the character at `pos` (only in tests): take that character.
+    text[pos..]
+        .chars()
+        .next()
+        .map_or(text.len(), |c| pos + c.len_utf8())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpt2() -> Tokenizer {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/gpt2");
+        Tokenizer::from_dir(&dir).unwrap()
+    }
+
+    /// The pre-tokens `pretokens` gives with windows of `window` bytes.
+    fn windowed(tok: &Tokenizer, text: &str, window: usize) -> Vec<String> {
+        let mut out = Vec::new();
+        pretokens(&tok.split, text, window, |w| out.push(w.to_string()));
+        out
+    }
+
+    #[test]
+    fn windows_end_at_character_boundaries() {
+        assert_eq!(window_end("abcdef", 0, 4), 4);
+        assert_eq!(window_end("abcdef", 3, 4), 6);
+        // "é" is 2 bytes: a window of 3 would split the second one.
+        assert_eq!(window_end("ééé", 0, 3), 2);
+        assert_eq!(window_end("€€€", 3, 4), 6);
+        assert_eq!(
+            window_end("€€€", 0, 2),
+            3,
+            "a window holds at least one character"
+        );
+    }
+
+    #[test]
+    fn small_windows_give_the_pre_tokens_of_the_whole_text() {
+        let tok = gpt2();
+        let mut text = String::new();
+        for i in 0..40 {
+            text.push_str(&format!(
+                "Hello world{i}!  It's 3.14 \t\n\n   tabs\t\tand      spaces, naïve café 東京 \
+                 ---- 's 'll <|endoftext|>{}",
+                " ".repeat(i % 7)
+            ));
+        }
+        let whole: Vec<String> = tok
+            .split
+            .find_iter(&text)
+            .map(|(a, b)| text[a..b].to_string())
+            .collect();
+        assert_eq!(whole.concat(), text, "the pattern matches every character");
+        let longest = whole.iter().map(String::len).max().unwrap();
+        for window in [longest + LOOKAHEAD_BYTES, 64, 100, 1000] {
+            assert_eq!(windowed(&tok, &text, window), whole, "window {window}");
+        }
+        // A pre-token longer than the window is cut into pieces of at most the window.
+        let long = format!("x {} y", "é".repeat(100));
+        let pieces = windowed(&tok, &long, 64);
+        assert_eq!(pieces.concat(), long);
+        assert!(
+            pieces.len() > 4 && pieces.iter().all(|p| p.len() <= 64),
+            "{pieces:?}"
+        );
+    }
+
+    #[test]
+    fn a_pre_token_longer_than_the_limit_is_encoded_piece_by_piece() {
+        let tok = gpt2();
+        // Letters only: one pre-token. Not periodic, so that pieces meet inside tokens.
+        let mut state = 1u64;
+        let word: String = (0..3 * MAX_PRETOKEN_BYTES + 1000)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (b'a' + (state >> 59) as u8 % 26) as char
+            })
+            .collect();
+        let ids = tok.encode(&word);
+        let pieces = windowed(&tok, &word, MAX_PRETOKEN_BYTES);
+        assert!(pieces.len() == 4 && pieces.iter().all(|p| p.len() <= MAX_PRETOKEN_BYTES));
+        let by_piece: Vec<u32> = pieces
+            .iter()
+            .flat_map(|p| tok.encode_with_pipeline(p).unwrap())
+            .collect();
+        assert_eq!(ids, by_piece);
+        assert_eq!(tok.decode(&ids).unwrap(), word, "nothing is lost at a cut");
+        // Up to the limit, a word is merged whole, as the full pipeline does.
+        let whole = &word[..MAX_PRETOKEN_BYTES - LOOKAHEAD_BYTES];
+        assert_eq!(tok.encode(whole), tok.encode_with_pipeline(whole).unwrap());
+    }
+
+    #[test]
+    fn the_fingerprint_is_of_the_vocabulary_and_merges_not_of_the_files() {
+        let base = gpt2();
+        let dir = tempfile::tempdir().unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/gpt2");
+        let merges = std::fs::read_to_string(src.join("merges.txt")).unwrap();
+        let vocab: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(src.join("vocab.json")).unwrap())
+                .unwrap();
+        std::fs::write(dir.path().join("merges.txt"), &merges).unwrap();
+        // Pretty-printed with its keys sorted (the file has them in id order): the same
+        // tokenizer.
+        let pretty = serde_json::to_string_pretty(&vocab).unwrap();
+        std::fs::write(dir.path().join("vocab.json"), pretty).unwrap();
+        let same = Tokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(same.fingerprint(), base.fingerprint());
+        // Two entries swapped: the ids differ, the counts agree.
+        let mut swapped = vocab.clone();
+        let (the, and) = (vocab["Ġthe"].clone(), vocab["Ġand"].clone());
+        swapped.insert("Ġthe".into(), and);
+        swapped.insert("Ġand".into(), the);
+        let text = serde_json::to_string(&swapped).unwrap();
+        std::fs::write(dir.path().join("vocab.json"), text).unwrap();
+        let other = Tokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(other.vocab_size(), base.vocab_size());
+        assert_ne!(other.fingerprint(), base.fingerprint());
+        // One merge fewer.
+        std::fs::write(
+            dir.path().join("vocab.json"),
+            serde_json::to_string(&vocab).unwrap(),
+        )
+        .unwrap();
+        let fewer: Vec<&str> = merges.lines().filter(|l| *l != "Ġ t").collect();
+        std::fs::write(dir.path().join("merges.txt"), fewer.join("\n")).unwrap();
+        let pruned = Tokenizer::from_dir(dir.path()).unwrap();
+        assert_ne!(pruned.fingerprint(), base.fingerprint());
     }
 }

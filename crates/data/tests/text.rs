@@ -365,6 +365,42 @@ fn corpus_mixes_jsonl_and_indexed_sources() {
     assert!(TokenCorpus::load(&[], Some(&t)).is_err());
 }
 
+/// What a resume compares: the same documents give one fingerprint whether read from a
+/// `.jsonl` file or from the dataset prepare-data made of it; other documents with the same
+/// token count, or the same documents in another order, give another.
+#[test]
+fn corpus_fingerprints_follow_the_tokens_not_the_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, texts) = make_corpus(dir.path(), 10);
+    let t = tok();
+    let prefix = dir.path().join("moved/ds");
+    std::fs::create_dir_all(prefix.parent().unwrap()).unwrap();
+    data::prepare(&options(&input, &prefix, 0.0)).unwrap();
+    let from_jsonl = TokenCorpus::load(std::slice::from_ref(&input), Some(&t)).unwrap();
+    let from_bin = TokenCorpus::load(std::slice::from_ref(&prefix), None).unwrap();
+    assert_eq!(from_jsonl.fingerprint(), from_bin.fingerprint());
+    assert_eq!(
+        from_jsonl.fingerprint(),
+        data::token_fingerprint(&from_jsonl.tokens)
+    );
+
+    // Documents 0 and 1 swapped: the same tokens, counted alike, in another order.
+    let mut swapped = texts.clone();
+    swapped.swap(0, 1);
+    let lines: Vec<String> = swapped.iter().map(|t| doc_line(t)).collect();
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let other = dir.path().join("swapped.jsonl");
+    write_jsonl(&other, &refs);
+    let reordered = TokenCorpus::load(std::slice::from_ref(&other), Some(&t)).unwrap();
+    assert_eq!(reordered.tokens.len(), from_jsonl.tokens.len());
+    assert_ne!(reordered.fingerprint(), from_jsonl.fingerprint());
+    // The same two sources in the other order.
+    let ab = TokenCorpus::load(&[input.clone(), other.clone()], Some(&t)).unwrap();
+    let ba = TokenCorpus::load(&[other, input], Some(&t)).unwrap();
+    assert_eq!(ab.tokens.len(), ba.tokens.len());
+    assert_ne!(ab.fingerprint(), ba.fingerprint());
+}
+
 #[test]
 fn corpus_split_takes_the_last_documents() {
     let dir = tempfile::tempdir().unwrap();
@@ -413,4 +449,23 @@ fn bundled_corpus_prepares() {
         "{stats:?}"
     );
     println!("{stats:?}");
+}
+
+/// The documents of the bundled corpus longer than one pre-tokenisation window (64 KiB) are
+/// split by windows that restart at matches near their ends: the tokens must still be those of
+/// `tokenizers`' pipeline, which runs the split regex over the whole text.
+#[test]
+fn windowed_pre_tokenisation_matches_the_pipeline_on_long_bundled_documents() {
+    let t = tok();
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/corpus/sotu.jsonl.zst");
+    let long: Vec<String> = read_documents(&corpus)
+        .unwrap()
+        .map(Result::unwrap)
+        .filter(|d| d.len() > 64 << 10)
+        .take(6)
+        .collect();
+    assert_eq!(long.len(), 6);
+    for doc in &long {
+        assert_eq!(t.encode(doc), t.encode_with_pipeline(doc).unwrap());
+    }
 }

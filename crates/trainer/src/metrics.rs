@@ -113,25 +113,76 @@ fn append_whole(sink: &mut impl Truncate, len: u64, text: &[u8]) -> io::Result<u
     }
 }
 
+/// The lines of a metrics file that [`truncate_after`] dropped because no step could be read
+/// from them (half a line left by a crash of an older version, or text a person or another
+/// program wrote into the file). Shown as one line, so a resume says what it threw away.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damaged {
+    /// How many lines were dropped.
+    pub lines: usize,
+    /// The first one's line number (from 1) in the file as it was.
+    pub first_line: usize,
+    /// The start of the first one, at most [`Damaged::SHOWN_CHARS`] characters.
+    pub first: String,
+}
+
+impl Damaged {
+    /// Characters of the first damaged line quoted in the message.
+    pub const SHOWN_CHARS: usize = 40;
+}
+
+impl std::fmt::Display for Damaged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = if self.lines == 1 { "" } else { "s" };
+        write!(
+            f,
+            "dropped {} damaged line{s} holding no step (the first is line {}: {:?}); \
+             the other lines are kept",
+            self.lines, self.first_line, self.first
+        )
+    }
+}
+
 /// Keeps only the lines of `path` with `step <= last_step` (written to a temporary file, then
-/// renamed): on resume, the curve continues from the checkpoint without duplicate steps. A line
-/// that does not parse (half a line, left by a crash of an older version) is dropped too.
-pub fn truncate_after(path: &Path, last_step: u64) -> Result<()> {
+/// renamed): on resume, the curve continues from the checkpoint without duplicate steps.
+/// A line that does not parse, or has no step, is dropped too, and returned as [`Damaged`] for
+/// the caller to report; blank lines are dropped without a word.
+pub fn truncate_after(path: &Path, last_step: u64) -> Result<Option<Damaged>> {
     if !path.exists() {
-        return Ok(());
+        return Ok(None);
     }
     let reader = BufReader::new(
         File::open(path).with_context(|| format!("cannot read {}", path.display()))?,
     );
     let mut kept = String::new();
-    for line in reader.lines() {
+    let mut damaged: Option<Damaged> = None;
+    for (i, line) in reader.split(b'\n').enumerate() {
         let line = line.with_context(|| format!("cannot read {}", path.display()))?;
+        // Bytes that are not UTF-8 make a line damaged, not the file unreadable.
+        let line = String::from_utf8_lossy(&line);
+        let line = line.strip_suffix('\r').unwrap_or(&line);
+        if line.trim().is_empty() {
+            continue;
+        }
         let step = serde_json::from_str::<serde_json::Value>(&line)
             .ok()
             .and_then(|v| v.get("step").and_then(|s| s.as_u64()));
-        if step.is_some_and(|s| s <= last_step) {
-            kept.push_str(&line);
-            kept.push('\n');
+        match step {
+            Some(s) if s <= last_step => {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+            Some(_) => {}
+            None => match &mut damaged {
+                Some(d) => d.lines += 1,
+                None => {
+                    damaged = Some(Damaged {
+                        lines: 1,
+                        first_line: i + 1,
+                        first: line.chars().take(Damaged::SHOWN_CHARS).collect(),
+                    })
+                }
+            },
         }
     }
     let tmp = path.with_extension("jsonl.tmp");
@@ -142,7 +193,7 @@ pub fn truncate_after(path: &Path, last_step: u64) -> Result<()> {
     written.with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, path)
         .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
-    Ok(())
+    Ok(damaged)
 }
 
 /// One parsed line of a metrics file, either kind.
@@ -231,17 +282,52 @@ mod tests {
         ];
         std::fs::write(&path, whole.join("\n") + "\n" + r#"{"step":4,"tok"#).unwrap();
         assert!(read(&path).is_err(), "plot stays strict about a half line");
-        truncate_after(&path, 10).unwrap();
+        let damaged = truncate_after(&path, 10).unwrap();
+        assert_eq!(
+            damaged,
+            Some(Damaged {
+                lines: 1,
+                first_line: 5,
+                first: r#"{"step":4,"tok"#.into()
+            })
+        );
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),
             whole.join("\n") + "\n"
         );
         assert_eq!(read(&path).unwrap().len(), 4);
-        truncate_after(&path, 2).unwrap();
+        assert_eq!(
+            truncate_after(&path, 2).unwrap(),
+            None,
+            "later steps are no damage"
+        );
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),
             whole[..3].join("\n") + "\n"
         );
+    }
+
+    #[test]
+    fn damaged_lines_are_counted_once_and_the_first_is_quoted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let mut bytes = b"{\"step\":1,\"tokens\":8,\"loss\":3.0}\n\n".to_vec();
+        bytes.extend_from_slice("x".repeat(100).as_bytes());
+        bytes.extend_from_slice(b"\n{\"no_step\":1}\n\xff\xfe\n");
+        bytes.extend_from_slice(b"{\"step\":2,\"tokens\":16,\"loss\":2.9}\n");
+        std::fs::write(&path, &bytes).unwrap();
+        let damaged = truncate_after(&path, 10).unwrap().unwrap();
+        assert_eq!((damaged.lines, damaged.first_line), (3, 3));
+        assert_eq!(damaged.first, "x".repeat(Damaged::SHOWN_CHARS));
+        assert_eq!(
+            damaged.to_string(),
+            format!(
+                "dropped 3 damaged lines holding no step (the first is line 3: \"{}\"); the \
+                 other lines are kept",
+                "x".repeat(40)
+            )
+        );
+        assert_eq!(read(&path).unwrap().len(), 2);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Resuming a run: the newest checkpoint, checked against this run's config.
 //!
 //! Each checkpoint records the settings that fix the run's trajectory ([`trajectory`]): the
-//! model, the data, the seed, the batch, the optimizer and its schedule, and the ZeRO++
-//! quantisation. A resume that changes one is refused with a line naming the key, unless
+//! model, the data (each token stream's count and fingerprint, and the tokenizer's), the seed,
+//! the batch, the optimizer and its schedule, and the ZeRO++ quantisation. A resume that
+//! changes one is refused with a line naming the key, unless
 //! `checkpoint.allow_changes` lists it; the world size may change freely (the shards are
 //! re-sliced, [`crate::reshard`]), as may anything that only moves float rounding.
 
@@ -11,12 +12,14 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 
+use data::TokenCorpus;
+
 use crate::checkpoint::{self, Manifest};
 use crate::config::RunConfig;
 
 /// The trajectory's keys, as config keys. `model.*` can never change on resume: the shards
 /// would not fit.
-pub const TRAJECTORY_KEYS: [&str; 21] = [
+pub const TRAJECTORY_KEYS: [&str; 22] = [
     "model.n_layer",
     "model.n_embd",
     "model.n_head",
@@ -24,6 +27,7 @@ pub const TRAJECTORY_KEYS: [&str; 21] = [
     "model.vocab_size",
     "data.train",
     "data.valid",
+    "data.tokenizer",
     "train.seed",
     "train.global_batch",
     "train.lr",
@@ -53,11 +57,44 @@ pub fn may_change(key: &str) -> bool {
     !key.starts_with("model.") && (TRAJECTORY_KEYS.contains(&key) || QUANT_KEYS.contains(&key))
 }
 
-/// What the data is, for [`trajectory`]: its token counts (paths may move between launches).
+/// What the data is, for [`trajectory`]: the token streams' counts and fingerprints, and the
+/// tokenizer's fingerprint. Paths are not recorded (data may move between launches); content
+/// is, so other documents of the same token count, or another tokenizer, are noticed.
 #[derive(Clone, Copy, Debug)]
 pub struct DataSize {
-    pub train_tokens: usize,
-    pub valid_tokens: Option<usize>,
+    pub train: Tokens,
+    /// `None` when the run has no validation data.
+    pub valid: Option<Tokens>,
+    /// [`data::Tokenizer::fingerprint`], when a `.jsonl` source needed the tokenizer (a run on
+    /// Megatron datasets only reads token ids and records none).
+    pub tokenizer: Option<u32>,
+}
+
+/// One token stream as a checkpoint records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tokens {
+    pub count: usize,
+    /// [`TokenCorpus::fingerprint`]: a CRC-32 of every token, in order.
+    pub fingerprint: u32,
+}
+
+impl Tokens {
+    /// The count and fingerprint of `corpus` (hashes every token, in parallel).
+    pub fn of(corpus: &TokenCorpus) -> Self {
+        Tokens {
+            count: corpus.tokens.len(),
+            fingerprint: corpus.fingerprint(),
+        }
+    }
+
+    /// The recorded text, `"9344 tokens, fingerprint 1a2b3c4d"`. Checkpoints of older versions
+    /// hold the count alone; [`agree`] compares only what both sides recorded.
+    fn value(self) -> String {
+        format!(
+            "{} tokens, fingerprint {:08x}",
+            self.count, self.fingerprint
+        )
+    }
 }
 
 /// The settings that fix this run's trajectory, each as a config key and its value's text.
@@ -73,14 +110,14 @@ pub fn trajectory(config: &RunConfig, data: DataSize) -> Result<BTreeMap<String,
     put("model.n_head", model.n_head.to_string());
     put("model.seq_len", model.seq_len.to_string());
     put("model.vocab_size", model.vocab_size.to_string());
-    put("data.train", format!("{} tokens", data.train_tokens));
+    put("data.train", data.train.value());
     put(
         "data.valid",
-        match data.valid_tokens {
-            Some(n) => format!("{n} tokens"),
-            None => "none".into(),
-        },
+        data.valid.map_or_else(|| "none".into(), Tokens::value),
     );
+    if let Some(fingerprint) = data.tokenizer {
+        put("data.tokenizer", format!("fingerprint {fingerprint:08x}"));
+    }
     put("train.seed", t.seed.to_string());
     put("train.global_batch", t.global_batch.to_string());
     put("train.lr", t.lr.to_string());
@@ -159,9 +196,10 @@ pub fn find(config: &RunConfig, settings: &BTreeMap<String, String>) -> Result<O
         .map_err(|refused| {
             anyhow::anyhow!(
                 "checkpoint {} was trained with other settings: {}; resuming would change \
-                     the run's trajectory (list the key in checkpoint.allow_changes to accept)",
+                     the run's trajectory (list the key in checkpoint.allow_changes to accept){}",
                 path.display(),
-                refused.join("; ")
+                refused.join("; "),
+                how_to_extend(config, &manifest.settings, settings)
             )
         })?
     };
@@ -186,7 +224,7 @@ fn changes(
         let Some(new) = now.get(key) else {
             continue;
         };
-        if old == new {
+        if agree(key, old, new) {
             continue;
         }
         let change = format!("{key}: {old} -> {new}");
@@ -200,6 +238,109 @@ fn changes(
         true => Ok(accepted),
         false => Err(refused),
     }
+}
+
+/// Whether a checkpoint's value of `key` and this run's agree. A `data.train` / `data.valid`
+/// value is a token count and, since checkpoints record it, a fingerprint: a checkpoint of an
+/// older version (`"9344 tokens"`) agrees with this run's value of the same count. A
+/// `zero.qgz_until` value is a fraction and the step it ends qgZ at; the step is what the
+/// engine follows, so `0.5 (through step 100)` agrees with `0.333 (through step 100)`.
+fn agree(key: &str, old: &str, new: &str) -> bool {
+    if old == new {
+        return true;
+    }
+    match key {
+        "data.train" | "data.valid" => {
+            let ((old_count, old_fp), (new_count, new_fp)) = (data_facts(old), data_facts(new));
+            old_count == new_count && (old_fp.is_none() || new_fp.is_none() || old_fp == new_fp)
+        }
+        "zero.qgz_until" => matches!(
+            (qgz_until(old), qgz_until(new)),
+            (Some((_, a)), Some((_, b))) if a == b
+        ),
+        _ => false,
+    }
+}
+
+/// A recorded `data.train` / `data.valid`, `"9344 tokens, fingerprint 1a2b3c4d"`, as its count
+/// and its fingerprint (`None` in the checkpoints of older versions, and for `"none"`).
+fn data_facts(value: &str) -> (&str, Option<&str>) {
+    match value.split_once(", fingerprint ") {
+        Some((count, fingerprint)) => (count, Some(fingerprint)),
+        None => (value, None),
+    }
+}
+
+/// A recorded `zero.qgz_until`, `"0.5 (through step 100)"`, as its fraction's text and step.
+fn qgz_until(value: &str) -> Option<(&str, u64)> {
+    let (fraction, rest) = value.split_once(" (through step ")?;
+    let step = rest.strip_suffix(')')?.parse().ok()?;
+    Some((fraction, step))
+}
+
+/// For a resume refused because another `train.steps` moved the schedule (`train.decay_steps`
+/// left unset follows `train.steps`, `zero.qgz_until` is a fraction of it), typically a
+/// finished run asked to train longer: the `--set`s that keep the run's schedule, and the keys
+/// to allow to fit it to the new length instead, as `"; to train to step N ..."`. Empty when
+/// the refusal has another cause, or when the user asked for the new value.
+fn how_to_extend(
+    config: &RunConfig,
+    saved: &BTreeMap<String, String>,
+    now: &BTreeMap<String, String>,
+) -> String {
+    let steps = config.train.steps;
+    let allowed = |key: &str| config.checkpoint.allow_changes.iter().any(|a| a == key);
+    let moved = |key: &str| match (saved.get(key), now.get(key)) {
+        (Some(old), Some(new)) => !agree(key, old, new) && !allowed(key),
+        _ => false,
+    };
+    let (mut sets, mut kept, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+    if config.train.decay_steps.is_none() && moved("train.decay_steps") {
+        let old = &saved["train.decay_steps"];
+        sets.push(format!("--set train.decay_steps={old}"));
+        kept.push(format!(
+            "the learning rate stays at train.min_lr after step {old}"
+        ));
+        keys.push("train.decay_steps");
+    }
+    if moved("zero.qgz_until") {
+        // The same fraction through another step: the new length moved it. A step past the
+        // new end has no fraction that keeps it.
+        let old = qgz_until(&saved["zero.qgz_until"]);
+        let new = qgz_until(&now["zero.qgz_until"]);
+        if let (Some((old_fraction, step)), Some((new_fraction, _))) = (old, new) {
+            if old_fraction == new_fraction && step <= steps {
+                let fraction = fraction_through(step, steps);
+                sets.push(format!("--set zero.qgz_until={fraction}"));
+                kept.push(format!("qgZ still ends after step {step}"));
+                keys.push("zero.qgz_until");
+            }
+        }
+    }
+    if sets.is_empty() {
+        return String::new();
+    }
+    format!(
+        "; to train to step {steps} on the schedule it had, add {} ({}); to fit the schedule \
+         to train.steps = {steps} instead, list {} in checkpoint.allow_changes",
+        sets.join(" "),
+        kept.join("; "),
+        keys.join(" and "),
+    )
+}
+
+/// The shortest decimal `f` with `round(f * steps) == step`: the `zero.qgz_until` that ends
+/// qgZ after `step` in a run of `steps`.
+fn fraction_through(step: u64, steps: u64) -> String {
+    let exact = step as f64 / steps.max(1) as f64;
+    (1..=17)
+        .map(|digits| format!("{exact:.digits$}"))
+        .map(|text| text.trim_end_matches('0').trim_end_matches('.').to_string())
+        .find(|text| {
+            text.parse::<f64>()
+                .is_ok_and(|f| (f * steps as f64).round() as u64 == step)
+        })
+        .unwrap_or_else(|| exact.to_string())
 }
 
 #[cfg(test)]
@@ -248,8 +389,12 @@ mod tests {
     #[test]
     fn the_decay_is_compared_as_resolved() {
         let data = DataSize {
-            train_tokens: 100,
-            valid_tokens: None,
+            train: Tokens {
+                count: 100,
+                fingerprint: 7,
+            },
+            valid: None,
+            tokenizer: None,
         };
         let mut config = RunConfig::default();
         config.model.preset = Some("tiny".into());
@@ -263,6 +408,119 @@ mod tests {
             changes(&set, &trajectory(&config, data).unwrap(), &[]),
             Ok(vec![])
         );
+    }
+
+    #[test]
+    fn data_is_compared_by_count_and_fingerprint_and_old_checkpoints_by_count() {
+        let recorded = |train: &str, tokenizer: Option<&str>| {
+            let mut s = settings(&[("data.train", train), ("data.valid", "none")]);
+            if let Some(t) = tokenizer {
+                s.insert("data.tokenizer".into(), t.into());
+            }
+            s
+        };
+        let now = recorded(
+            "9344 tokens, fingerprint 1a2b3c4d",
+            Some("fingerprint 00c0ffee"),
+        );
+        assert_eq!(changes(&now, &now, &[]), Ok(vec![]));
+        // A checkpoint of an older version: the count alone, and no tokenizer.
+        assert_eq!(
+            changes(&recorded("9344 tokens", None), &now, &[]),
+            Ok(vec![])
+        );
+        assert_eq!(
+            changes(&recorded("9345 tokens", None), &now, &[]),
+            Err(vec![
+                "data.train: 9345 tokens -> 9344 tokens, fingerprint 1a2b3c4d".to_string()
+            ])
+        );
+        let other_documents = recorded(
+            "9344 tokens, fingerprint 99999999",
+            Some("fingerprint 00c0ffee"),
+        );
+        assert_eq!(
+            changes(&other_documents, &now, &[]),
+            Err(vec![
+                "data.train: 9344 tokens, fingerprint 99999999 -> 9344 tokens, \
+                      fingerprint 1a2b3c4d"
+                    .to_string()
+            ])
+        );
+        let other_tokenizer = recorded(
+            "9344 tokens, fingerprint 1a2b3c4d",
+            Some("fingerprint 12345678"),
+        );
+        assert_eq!(
+            changes(&other_tokenizer, &now, &["data.tokenizer".into()]),
+            Ok(vec![
+                "data.tokenizer: fingerprint 12345678 -> fingerprint 00c0ffee".to_string()
+            ])
+        );
+        // The same tokens from a Megatron dataset: no tokenizer now, nothing to compare.
+        let indexed = recorded("9344 tokens, fingerprint 1a2b3c4d", None);
+        assert_eq!(changes(&now, &indexed, &[]), Ok(vec![]));
+        assert!(may_change("data.tokenizer"));
+    }
+
+    #[test]
+    fn a_longer_run_is_told_how_to_keep_or_stretch_its_schedule() {
+        let data = DataSize {
+            train: Tokens {
+                count: 100,
+                fingerprint: 7,
+            },
+            valid: None,
+            tokenizer: None,
+        };
+        let mut config = RunConfig::default();
+        config.model.preset = Some("tiny".into());
+        config.train.steps = 200;
+        config.zero.quantized_gradients = true;
+        config.zero.qgz_until = 0.5;
+        let saved = trajectory(&config, data).unwrap();
+        config.train.steps = 300;
+        let now = trajectory(&config, data).unwrap();
+        assert_eq!(
+            how_to_extend(&config, &saved, &now),
+            "; to train to step 300 on the schedule it had, add --set train.decay_steps=200 \
+             --set zero.qgz_until=0.333 (the learning rate stays at train.min_lr after step \
+             200; qgZ still ends after step 100); to fit the schedule to train.steps = 300 \
+             instead, list train.decay_steps and zero.qgz_until in checkpoint.allow_changes"
+        );
+        // Following the advice resumes.
+        config.train.decay_steps = Some(200);
+        config.zero.qgz_until = 0.333;
+        let kept = trajectory(&config, data).unwrap();
+        assert_eq!(changes(&saved, &kept, &[]), Ok(vec![]));
+        assert_eq!(how_to_extend(&config, &saved, &kept), "");
+        // A decay the user set to another value is a change asked for: no advice about it.
+        config.train.decay_steps = Some(250);
+        let asked = trajectory(&config, data).unwrap();
+        assert_eq!(how_to_extend(&config, &saved, &asked), "");
+        // Shorter, with qgZ through step 200 of 200: no fraction keeps that end.
+        config.train.decay_steps = None;
+        config.train.steps = 200;
+        config.zero.qgz_until = 1.0;
+        let saved = trajectory(&config, data).unwrap();
+        config.train.steps = 150;
+        let shorter = trajectory(&config, data).unwrap();
+        let advice = how_to_extend(&config, &saved, &shorter);
+        assert!(
+            advice.contains("add --set train.decay_steps=200 (")
+                && !advice.contains("--set zero.qgz_until"),
+            "{advice}"
+        );
+    }
+
+    #[test]
+    fn the_fraction_through_a_step_is_the_shortest_that_rounds_back() {
+        assert_eq!(fraction_through(100, 300), "0.333");
+        assert_eq!(fraction_through(100, 200), "0.5");
+        assert_eq!(fraction_through(0, 300), "0");
+        assert_eq!(fraction_through(300, 300), "1");
+        assert_eq!(fraction_through(1, 7), "0.1");
+        assert_eq!(fraction_through(3, 7), "0.4");
     }
 
     #[test]

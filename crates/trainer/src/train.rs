@@ -24,10 +24,12 @@ use crate::run_lock::RunLock;
 use crate::schedule::learning_rate;
 use crate::{reshard, startup, stop, units};
 
-/// Training and validation tokens.
+/// Training and validation tokens, and the fingerprint of the tokenizer that made them (when a
+/// `.jsonl` source needed one), which checkpoints record.
 struct Corpora {
     train: TokenCorpus,
     valid: Option<TokenCorpus>,
+    tokenizer: Option<u32>,
 }
 
 fn load_data(config: &RunConfig, vocab_size: usize) -> Result<Corpora> {
@@ -64,7 +66,11 @@ fn load_data(config: &RunConfig, vocab_size: usize) -> Result<Corpora> {
             }
         }
     }
-    Ok(Corpora { train, valid })
+    Ok(Corpora {
+        train,
+        valid,
+        tokenizer: tokenizer.as_ref().map(Tokenizer::fingerprint),
+    })
 }
 
 /// What every rank reads and nobody changes.
@@ -191,8 +197,9 @@ fn prepare(
     let sampler = Sampler::new(corpora.train.tokens.len(), model_cfg.seq_len, t.seed)
         .context("data.train")?;
     let data_size = DataSize {
-        train_tokens: corpora.train.tokens.len(),
-        valid_tokens: corpora.valid.as_ref().map(|v| v.tokens.len()),
+        train: resume::Tokens::of(&corpora.train),
+        valid: corpora.valid.as_ref().map(resume::Tokens::of),
+        tokenizer: corpora.tokenizer,
     };
     let settings = resume::trajectory(config, data_size)?;
     let resume = resume::find(config, &settings)?;
@@ -414,7 +421,9 @@ impl<'a> RankRun<'a> {
             std::fs::remove_file(&metrics_path)
                 .with_context(|| format!("cannot replace {}", metrics_path.display()))?;
         }
-        metrics::truncate_after(&metrics_path, self.start)?;
+        if let Some(damaged) = metrics::truncate_after(&metrics_path, self.start)? {
+            self.say(&format!("{}: {damaged}", metrics_path.display()));
+        }
         let config_path = run_dir.join("config.toml");
         std::fs::write(&config_path, config.to_toml()?)
             .with_context(|| format!("cannot write {}", config_path.display()))?;
