@@ -24,6 +24,11 @@ use crate::run_lock::RunLock;
 use crate::schedule::learning_rate;
 use crate::{reshard, startup, stop, units};
 
+mod evaluate;
+mod save;
+use evaluate::evaluate;
+use save::save;
+
 /// Training and validation tokens, and the fingerprint of the tokenizer that made them (when a
 /// `.jsonl` source needed one), which checkpoints record.
 struct Corpora {
@@ -681,125 +686,4 @@ impl<'a> RankRun<'a> {
             self.reporter.finish();
         }
     }
-}
-
-/// Mean loss over the first `log.eval_samples` validation sequences (or all the data holds),
-/// in order. Rank r evaluates the r-th of `world` contiguous slices of them, so with fewer
-/// sequences than ranks some ranks evaluate none; every rank still runs as many forward
-/// passes (each gathers every unit, a collective), a rank short of sequences running padding
-/// passes whose loss is not counted. The mean is over the sequences, not the ranks.
-fn evaluate(
-    engine: &Engine,
-    valid: &TokenCorpus,
-    seq_len: usize,
-    config: &RunConfig,
-) -> Result<f64> {
-    let world = engine.comm().topology().world();
-    let rank = engine.comm().rank();
-    let sampler = Sampler::new(valid.tokens.len(), seq_len, 0).context("validation data")?;
-    let samples = config.log.eval_samples.min(sampler.num_samples());
-    let slice = |r: usize| r * samples / world..(r + 1) * samples / world;
-    let micro = config.train.micro_batch;
-    // The passes of the rank with the most sequences: ceil(samples / world) of them, in micro-batches.
-    let passes = samples.div_ceil(world).div_ceil(micro);
-    let ids: Vec<usize> = slice(rank).collect();
-    let mut total = 0.0;
-    for pass in 0..passes {
-        match ids.chunks(micro).nth(pass) {
-            Some(chunk) => {
-                let (inputs, targets) = sampler.gather(&valid.tokens, chunk);
-                total += engine.eval_loss(&inputs, &targets)? * chunk.len() as f64;
-            }
-            None => {
-                // Padding: the first sequence, so that this rank takes part in the gathers.
-                let (inputs, targets) = sampler.gather(&valid.tokens, &[0]);
-                engine.eval_loss(&inputs, &targets)?;
-            }
-        }
-    }
-    let sum = engine.mean_over_world(total)? * world as f64;
-    Ok(sum / samples as f64)
-}
-
-/// All ranks write their files into the temporary folder rank 0 made and hand rank 0 their
-/// checksums; rank 0 syncs the metrics, commits the checkpoint and deletes old ones as
-/// `[checkpoint]` says. If any rank fails, rank 0 removes the temporary folder (the failing
-/// rank has removed its own partial file), so a full disk keeps room for the checkpoints it has.
-/// Returns the checkpoint's folder, once every rank knows it is committed, and (rank 0) what
-/// retention did. `last` is the run's last good checkpoint, for the stop line of a state that
-/// is not finite.
-fn save(
-    shared: &Shared<'_>,
-    engine: &Engine,
-    metrics: Option<&MetricsWriter>,
-    step: u64,
-    tokens: u64,
-    last: Option<&Path>,
-) -> Result<(PathBuf, Option<checkpoint::Pruned>)> {
-    let dir = shared.config.checkpoint_dir();
-    let lead = engine.comm().rank() == 0;
-    // Every rank agrees that the state is finite before anything is written.
-    let state = engine.state()?;
-    divergence::check_state(engine, &state, step, last, &dir)?;
-    if lead {
-        checkpoint::begin(&dir, step, &shared.run_id)?;
-    }
-    engine.comm().barrier(comm::Group::World).wait()?;
-    let tmp = checkpoint::tmp_dir(&dir, step);
-    let committed = write_and_commit(shared, engine, metrics, &tmp, step, tokens, &state);
-    if committed.is_err() && lead {
-        checkpoint::abandon(&tmp);
-    }
-    committed?;
-    let pruned = match lead {
-        true => {
-            let c = &shared.config.checkpoint;
-            let run_id = &shared.run_id;
-            Some(checkpoint::prune(
-                &dir,
-                step,
-                c.keep_last,
-                c.keep_every,
-                run_id,
-            )?)
-        }
-        false => None,
-    };
-    // Every rank returns once the checkpoint is committed: a stop after it is safe.
-    engine.comm().barrier(comm::Group::World).wait()?;
-    Ok((checkpoint::step_dir(&dir, step), pruned))
-}
-
-/// [`save`]'s writes: this rank's file into `tmp`, then (rank 0) the metrics synced and the
-/// manifest, which commits the checkpoint.
-fn write_and_commit(
-    shared: &Shared<'_>,
-    engine: &Engine,
-    metrics: Option<&MetricsWriter>,
-    tmp: &Path,
-    step: u64,
-    tokens: u64,
-    state: &[zero::NamedShard],
-) -> Result<()> {
-    let crc = checkpoint::write_rank(tmp, engine.comm().rank(), step, state)?;
-    let checksums = checkpoint::exchange_checksums(engine.comm(), crc)?;
-    if engine.comm().rank() != 0 {
-        return Ok(());
-    }
-    // The metrics reach this step on disk before the checkpoint does.
-    if let Some(m) = metrics {
-        m.sync()?;
-    }
-    let manifest = checkpoint::manifest(
-        step,
-        tokens,
-        shared.topology,
-        &shared.model_cfg,
-        engine.plan().align,
-        &shared.settings,
-        &checksums,
-        &shared.run_id,
-    );
-    checkpoint::commit(&shared.config.checkpoint_dir(), tmp, &manifest)?;
-    Ok(())
 }
