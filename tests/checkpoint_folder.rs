@@ -3,11 +3,11 @@
 //! only, and a diverging run that keeps its last good checkpoint.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{small_corpus, trainer};
+use common::{assert_ok, command, error_line, run_with, small_corpus, stderr, trainer};
 
 /// A small model over `world` ranks (one a node), its run folder `log`, every path in a
 /// tempdir; the tests add `train.steps`, the checkpoint keys and whatever else they need.
@@ -33,20 +33,6 @@ fn small_run(log: &Path, corpus: &Path, world: usize) -> Vec<String> {
     ]
 }
 
-/// `trainer --config configs/tiny.toml` with `sets` and then `extra` as `--set`s.
-fn command(sets: &[String], extra: &[&str]) -> Command {
-    let mut c = trainer();
-    c.args(["--config", "configs/tiny.toml"]);
-    for s in sets.iter().map(String::as_str).chain(extra.iter().copied()) {
-        c.args(["--set", s]);
-    }
-    c
-}
-
-fn run_with(sets: &[String], extra: &[&str]) -> Output {
-    command(sets, extra).output().unwrap()
-}
-
 /// Starts a run whose every step takes at least `delay_ms`, stderr captured.
 fn spawn_slow(sets: &[String], extra: &[&str], delay_ms: u64) -> Child {
     command(sets, extra)
@@ -55,23 +41,6 @@ fn spawn_slow(sets: &[String], extra: &[&str], delay_ms: u64) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn assert_ok(out: &Output) {
-    assert!(out.status.success(), "trainer failed: {}", stderr(out));
-}
-
-/// The one `error:` line of a failed run.
-fn error_line(out: &Output) -> String {
-    let err = stderr(out);
-    assert!(!out.status.success(), "the run should have failed: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(lines.len(), 1, "one error line expected: {err}");
-    lines[0].to_string()
 }
 
 /// The `step_*` names in `dir`, sorted (the lock file left out).

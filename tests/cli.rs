@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 mod common;
-use common::{small_corpus, trainer};
+use common::{assert_ok, run_with, small_corpus, trainer};
 
 /// A small model and batch, with every path inside `dir`.
 fn small_run(dir: &Path, train: &Path, steps: u64) -> Vec<String> {
@@ -31,15 +31,6 @@ fn small_run(dir: &Path, train: &Path, steps: u64) -> Vec<String> {
     ]
 }
 
-fn run_with(sets: &[String], extra: &[&str]) -> Output {
-    let mut c = trainer();
-    c.args(["--config", "configs/tiny.toml"]);
-    for s in sets.iter().map(String::as_str).chain(extra.iter().copied()) {
-        c.args(["--set", s]);
-    }
-    c.output().unwrap()
-}
-
 /// `trainer prepare-data --quiet --output OUTPUT --input INPUT` and `extra` arguments.
 fn prepare_data(output: &Path, input: &Path, extra: &[&str]) -> Output {
     trainer()
@@ -62,14 +53,6 @@ fn plot(input: &Path, png: &Path) -> Output {
         .arg(png)
         .output()
         .unwrap()
-}
-
-fn assert_ok(out: &Output) {
-    assert!(
-        out.status.success(),
-        "trainer failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// (step, loss) of every training line.

@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use safetensors::tensor::{Dtype, SafeTensors};
 
 mod common;
-use common::{repo, small_corpus};
+use common::{error_line, repo, small_corpus};
 
 /// A small model at learning rate `lr` over 2 ranks on 2 nodes, every path inside `dir`, a
 /// checkpoint every step; `extra` overrides on top.
@@ -42,15 +42,6 @@ fn run(dir: &Path, corpus: &Path, lr: &str, extra: &[&str]) -> Output {
         c.args(["--set", s]);
     }
     c.output().unwrap()
-}
-
-/// The run's one `error:` line (it must have failed with exactly one).
-fn error_line(out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "the run should have stopped: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(lines.len(), 1, "one error line expected: {err}");
-    lines[0].to_string()
 }
 
 /// Every metrics line of the run.

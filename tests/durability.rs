@@ -3,10 +3,10 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 mod common;
-use common::{small_corpus, trainer};
+use common::{assert_ok, error_line, run_with, small_corpus};
 
 /// A small model (about 20 MB of checkpoint) over `world` ranks, its run folder `run_dir`.
 fn small_run(run_dir: &Path, train: &Path, steps: u64, world: usize) -> Vec<String> {
@@ -33,32 +33,6 @@ fn small_run(run_dir: &Path, train: &Path, steps: u64, world: usize) -> Vec<Stri
         "checkpoint.resume=true".into(),
         format!("log.dir={:?}", run_dir.to_str().unwrap()),
     ]
-}
-
-fn run_with(sets: &[String], extra: &[&str]) -> Output {
-    let mut c = trainer();
-    c.args(["--config", "configs/tiny.toml"]);
-    for s in sets.iter().map(String::as_str).chain(extra.iter().copied()) {
-        c.args(["--set", s]);
-    }
-    c.output().unwrap()
-}
-
-fn assert_ok(out: &Output) {
-    assert!(
-        out.status.success(),
-        "trainer failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The one `error:` line of a failed run.
-fn error_line(out: &Output) -> String {
-    assert!(!out.status.success(), "the run should have failed");
-    let err = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(lines.len(), 1, "one error line expected: {err}");
-    lines[0].to_string()
 }
 
 /// The `step_*` names in checkpoint folder `dir` (complete, `.tmp` or other), sorted: its lock

@@ -3,11 +3,11 @@
 //! size, and restarts before the first checkpoint.
 
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{small_corpus, trainer};
+use common::{assert_ok, command, run_with, small_corpus, stderr};
 
 /// A small model on one rank, with its run folder `run`.
 fn small_run(run: &Path, train: &Path, steps: u64) -> Vec<String> {
@@ -34,19 +34,6 @@ fn small_run(run: &Path, train: &Path, steps: u64) -> Vec<String> {
     ]
 }
 
-fn command(sets: &[String], extra: &[&str]) -> Command {
-    let mut c = trainer();
-    c.args(["--config", "configs/tiny.toml"]);
-    for s in sets.iter().map(String::as_str).chain(extra.iter().copied()) {
-        c.args(["--set", s]);
-    }
-    c
-}
-
-fn run_with(sets: &[String], extra: &[&str]) -> Output {
-    command(sets, extra).output().unwrap()
-}
-
 /// Starts a run whose every step takes at least `delay_ms`, stderr captured.
 fn spawn_slow(sets: &[String], extra: &[&str], delay_ms: u64) -> Child {
     command(sets, extra)
@@ -55,14 +42,6 @@ fn spawn_slow(sets: &[String], extra: &[&str], delay_ms: u64) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn assert_ok(out: &Output) {
-    assert!(out.status.success(), "trainer failed: {}", stderr(out));
 }
 
 /// Every metrics line, parsed.

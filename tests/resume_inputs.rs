@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 mod common;
-use common::{repo, small_corpus, trainer};
+use common::{assert_ok, repo, run_with, small_corpus, stderr, trainer};
 
 /// A small model on one rank, trained on `train` into `run`, with a schedule that does not
 /// follow `train.steps` (so that only what a test changes is a change).
@@ -34,23 +34,6 @@ fn small_run(run: &Path, train: &Path, steps: u64) -> Vec<String> {
         "checkpoint.resume=true".into(),
         format!("log.dir={:?}", run.to_str().unwrap()),
     ]
-}
-
-fn run_with(sets: &[String], extra: &[&str]) -> Output {
-    let mut c = trainer();
-    c.args(["--config", "configs/tiny.toml"]);
-    for s in sets.iter().map(String::as_str).chain(extra.iter().copied()) {
-        c.args(["--set", s]);
-    }
-    c.output().unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn assert_ok(out: &Output) {
-    assert!(out.status.success(), "trainer failed: {}", stderr(out));
 }
 
 /// Asserts a refusal: a failed run whose error is one line holding every one of `needles`, and

@@ -7,7 +7,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{small_corpus, trainer};
+use common::{assert_ok, command, run_with, small_corpus, stderr, trainer};
 
 /// A small model over `world` ranks (one node), every output in `run`; `eval_samples`
 /// validation sequences.
@@ -29,27 +29,6 @@ fn small_run(run: &Path, train: &Path, world: usize, eval_samples: usize) -> Vec
         "log.progress=false".into(),
         format!("log.dir={:?}", run.to_str().unwrap()),
     ]
-}
-
-fn run_with(sets: &[String], extra: &[&str]) -> Output {
-    command(sets, extra).output().unwrap()
-}
-
-fn command(sets: &[String], extra: &[&str]) -> Command {
-    let mut c = trainer();
-    c.args(["--config", "configs/tiny.toml"]);
-    for s in sets.iter().map(String::as_str).chain(extra.iter().copied()) {
-        c.args(["--set", s]);
-    }
-    c
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn assert_ok(out: &Output) {
-    assert!(out.status.success(), "trainer failed: {}", stderr(out));
 }
 
 /// The one `error:` line of a run that failed with exit status 1 (not a panic or an abort).

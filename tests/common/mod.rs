@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 /// The repository's root, where configs/ and data/ are.
 pub fn repo() -> PathBuf {
@@ -32,4 +32,38 @@ pub fn small_corpus(dir: &Path, docs: usize) -> PathBuf {
     let path = dir.join("small.jsonl");
     std::fs::write(&path, lines.join("\n") + "\n").unwrap();
     path
+}
+
+/// `trainer --config configs/tiny.toml` with `--set` for each of `sets`, then of `extra`.
+pub fn command(sets: &[String], extra: &[&str]) -> Command {
+    let mut c = trainer();
+    c.args(["--config", "configs/tiny.toml"]);
+    for s in sets.iter().map(String::as_str).chain(extra.iter().copied()) {
+        c.args(["--set", s]);
+    }
+    c
+}
+
+/// [`command`], run to its end.
+pub fn run_with(sets: &[String], extra: &[&str]) -> Output {
+    command(sets, extra).output().unwrap()
+}
+
+/// What a run printed on stderr.
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Fails the test, with the run's stderr, unless the run succeeded.
+pub fn assert_ok(out: &Output) {
+    assert!(out.status.success(), "trainer failed: {}", stderr(out));
+}
+
+/// The one `error:` line of a run that failed (it must have failed, with exactly one).
+pub fn error_line(out: &Output) -> String {
+    let err = stderr(out);
+    assert!(!out.status.success(), "the run should have failed: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "one error line expected: {err}");
+    lines[0].to_string()
 }
