@@ -78,7 +78,7 @@ fn ok(out: &Output) {
 /// all-reduces (one f32 each, to every peer).
 fn zero3_bytes(world: usize, per_node: usize, micro_batches: u64) -> (u64, u64) {
     let cfg = model::preset("tiny").unwrap();
-    let cfg = model::GptConfig { seq_len: 32, ..cfg };
+    let cfg = model::ModelConfig { seq_len: 32, ..cfg };
     let layout = model::ModelLayout::new(&cfg);
     let shard: u64 = layout
         .units

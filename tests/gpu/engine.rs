@@ -2,7 +2,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use comm::{run_local, Communicator, Group, Topology};
-use model::GptConfig;
+use model::ModelConfig;
 use zero::{Engine, EngineOptions, ZeroConfig};
 
 /// GPU 0 on one stream of its own, as the trainer opens it for ranks that share the GPU.
@@ -86,14 +86,8 @@ fn local_backend_jobs_on_one_gpu_equal_the_cpu() {
     }
 }
 
-fn tiny() -> GptConfig {
-    GptConfig {
-        n_layer: 2,
-        n_embd: 64,
-        n_head: 4,
-        seq_len: 32,
-        vocab_size: 512,
-    }
+fn tiny() -> ModelConfig {
+    ModelConfig::gpt2(2, 64, 4, 32, 512)
 }
 
 fn batch(rank: usize, step: usize) -> (Vec<u32>, Vec<u32>) {

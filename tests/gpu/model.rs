@@ -4,7 +4,7 @@
 //! from one kernel to the next, saved state, the recomputation path).
 
 use candle_core::{DType, Device, Tensor};
-use model::{init_unit_range, model_loss_and_grads, GptConfig, ModelLayout};
+use model::{init_unit_range, model_loss_and_grads, ModelConfig, ModelLayout};
 
 fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut s = seed | 1;
@@ -27,7 +27,7 @@ fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
     (diff.to_scalar::<f64>().unwrap() / norm.to_scalar::<f64>().unwrap().max(1e-300)).sqrt()
 }
 
-fn check(cfg: GptConfig, b: usize, recompute: bool) {
+fn check(cfg: ModelConfig, b: usize, recompute: bool) {
     let gpu = Device::new_cuda(0).expect("a CUDA device");
     let layout = ModelLayout::new(&cfg);
     let cpu_params: Vec<Tensor> = layout
@@ -87,13 +87,7 @@ fn check(cfg: GptConfig, b: usize, recompute: bool) {
 #[test]
 fn model_on_the_gpu_follows_the_cpu_reference() {
     // hs = 64, T not a multiple of 64, V % 8 == 0.
-    let cfg = GptConfig {
-        n_layer: 2,
-        n_embd: 128,
-        n_head: 2,
-        seq_len: 96,
-        vocab_size: 320,
-    };
+    let cfg = ModelConfig::gpt2(2, 128, 2, 96, 320);
     check(cfg.clone(), 3, false);
     check(cfg, 2, true);
 }

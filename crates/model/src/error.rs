@@ -12,6 +12,9 @@ pub enum ModelError {
     /// `n_embd` is not a multiple of `n_head`.
     #[error("n_embd {n_embd} is not divisible by n_head {n_head}")]
     HeadsDoNotDivide { n_embd: usize, n_head: usize },
+    /// A size or setting the architecture does not take, named by its `model.` key.
+    #[error("model.{field}: {reason}")]
+    Shape { field: &'static str, reason: String },
 
     // ---- shapes and dtypes of arguments ----
     /// A unit's flat parameter buffer is shorter than its layout (or not 1-D).

@@ -18,7 +18,7 @@
 //! assert_eq!(whole[unit.numel], 0.0); // padding
 //! ```
 
-use crate::config::GptConfig;
+use crate::config::ModelConfig;
 use crate::layout::{ParamInit, ParamSpec, UnitLayout};
 
 /// Writes into `out` the values of elements `[start, start + out.len())` of `unit`'s flat buffer.
@@ -29,7 +29,7 @@ use crate::layout::{ParamInit, ParamSpec, UnitLayout};
 /// The rule per parameter comes from the layout table ([`ParamSpec::init`]); `cfg` is taken for
 /// symmetry with the rest of the API.
 pub fn init_unit_range(
-    _cfg: &GptConfig,
+    _cfg: &ModelConfig,
     unit: &UnitLayout,
     seed: u64,
     start: usize,
@@ -88,13 +88,7 @@ mod tests {
 
     #[test]
     fn chunked_fill_equals_whole_fill() {
-        let cfg = crate::GptConfig {
-            n_layer: 2,
-            n_embd: 8,
-            n_head: 2,
-            seq_len: 5,
-            vocab_size: 11,
-        };
+        let cfg = crate::ModelConfig::gpt2(2, 8, 2, 5, 11);
         let layout = ModelLayout::new(&cfg);
         for unit in &layout.units {
             let padded = unit.numel + 13;

@@ -22,7 +22,7 @@
 
 use candle_core::Tensor;
 
-use crate::config::GptConfig;
+use crate::config::ModelConfig;
 use crate::error::Result;
 
 /// Which part of the model a unit is.
@@ -95,7 +95,7 @@ impl UnitLayout {
     /// Builds the layout of one unit. `first_global_index` is the global index of its first parameter.
     ///
     /// This is the single table of the model's tensors.
-    pub fn new(cfg: &GptConfig, kind: UnitKind, first_global_index: usize) -> Self {
+    pub fn new(cfg: &ModelConfig, kind: UnitKind, first_global_index: usize) -> Self {
         let (c, v, t) = (cfg.n_embd, cfg.vocab_size, cfg.seq_len);
         let std = 0.02;
         // GPT-2 scales the init of the projections that write into the residual stream by
@@ -185,7 +185,7 @@ pub struct ModelLayout {
 
 impl ModelLayout {
     /// Lays out every unit of `cfg`, numbering parameters globally in order.
-    pub fn new(cfg: &GptConfig) -> Self {
+    pub fn new(cfg: &ModelConfig) -> Self {
         let kinds = std::iter::once(UnitKind::Embedding)
             .chain((0..cfg.n_layer).map(UnitKind::Block))
             .chain(std::iter::once(UnitKind::FinalNorm));

@@ -20,7 +20,10 @@ pub mod layers;
 mod layout;
 mod units;
 
-pub use config::{preset, GptConfig, PADDED_GPT2_VOCAB, PRESET_NAMES};
+pub use config::{
+    preset, Arch, ModelConfig, GPT2_NORM_EPS, LLAMA3_VOCAB, LLAMA_NORM_EPS, LLAMA_ROPE_THETA,
+    PADDED_GPT2_VOCAB, PRESET_NAMES,
+};
 pub use error::{ModelError, Result};
 pub use init::init_unit_range;
 pub use layout::{ModelLayout, ParamInit, ParamSpec, UnitKind, UnitLayout};

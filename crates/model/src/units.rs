@@ -15,7 +15,7 @@
 //! ```
 //! use candle_core::{Device, Tensor};
 //! use model::*;
-//! let cfg = GptConfig { n_layer: 1, n_embd: 8, n_head: 2, seq_len: 4, vocab_size: 10 };
+//! let cfg = ModelConfig::gpt2(1, 8, 2, 4, 10);
 //! let layout = ModelLayout::new(&cfg);
 //! let params: Vec<Tensor> = layout.units.iter().map(|u| {
 //!     let mut buf = vec![0f32; u.numel];
@@ -31,7 +31,7 @@
 
 use candle_core::{DType, Tensor};
 
-use crate::config::GptConfig;
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
     attention_backward, attention_forward, crossentropy_forward_backward, layernorm_backward,
@@ -56,7 +56,7 @@ fn check_params(params: &Tensor, unit: &UnitLayout, what: &'static str) -> Resul
 }
 
 /// Checks a `(B, T)` u32 token/target tensor against `cfg`; returns `(B, T)`.
-fn check_tokens(cfg: &GptConfig, tokens: &Tensor, what: &'static str) -> Result<(usize, usize)> {
+fn check_tokens(cfg: &ModelConfig, tokens: &Tensor, what: &'static str) -> Result<(usize, usize)> {
     if tokens.dtype() != DType::U32 {
         return Err(ModelError::TokenDType {
             what,
@@ -83,7 +83,7 @@ fn check_tokens(cfg: &GptConfig, tokens: &Tensor, what: &'static str) -> Result<
 }
 
 /// Checks that `x` is `(B, T, C)` (with `T <= seq_len`); returns `(B, T)`.
-fn check_acts(cfg: &GptConfig, x: &Tensor, what: &'static str) -> Result<(usize, usize)> {
+fn check_acts(cfg: &ModelConfig, x: &Tensor, what: &'static str) -> Result<(usize, usize)> {
     match x.dims() {
         [b, t, c] if *c == cfg.n_embd && *t <= cfg.seq_len => Ok((*b, *t)),
         d => Err(ModelError::ShapeMismatch {
@@ -122,7 +122,11 @@ fn flatten_grads(unit: &UnitLayout, grads: Vec<(&str, Tensor)>) -> Result<Tensor
 /// `out (B, T, C) = wte[tokens] + wpe[:T]` from the embedding unit's flat `params` and
 /// `tokens (B, T)` u32: the unit's forward around the layer's
 /// [`layers::embedding_forward`](crate::layers::embedding_forward).
-pub fn embedding_unit_forward(cfg: &GptConfig, params: &Tensor, tokens: &Tensor) -> Result<Tensor> {
+pub fn embedding_unit_forward(
+    cfg: &ModelConfig,
+    params: &Tensor,
+    tokens: &Tensor,
+) -> Result<Tensor> {
     let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
     check_params(params, &unit, "embedding")?;
     check_tokens(cfg, tokens, "tokens")?;
@@ -133,7 +137,11 @@ pub fn embedding_unit_forward(cfg: &GptConfig, params: &Tensor, tokens: &Tensor)
 
 /// Flat gradient of the embedding unit (`wte` rows scattered from `dout (B, T, C)`, `wpe` rows
 /// `0..T` summed over the batch, the rest zero). Dtype of `dout`. Returned, not accumulated.
-pub fn embedding_unit_backward(cfg: &GptConfig, tokens: &Tensor, dout: &Tensor) -> Result<Tensor> {
+pub fn embedding_unit_backward(
+    cfg: &ModelConfig,
+    tokens: &Tensor,
+    dout: &Tensor,
+) -> Result<Tensor> {
     let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
     let (b, t) = check_tokens(cfg, tokens, "tokens")?;
     if dout.dims() != [b, t, cfg.n_embd] {
@@ -195,7 +203,7 @@ impl BlockSaved {
 /// Backward's recomputation does not want it: the MLP's projection, a third of the block's
 /// forward FLOPs, feeds only the output, which backward never reads.
 fn block_forward_full(
-    cfg: &GptConfig,
+    cfg: &ModelConfig,
     params: &Tensor,
     x: &Tensor,
     want_out: bool,
@@ -242,7 +250,7 @@ fn block_forward_full(
 /// Without it, it holds `ln1, ln2, x2, y (N, C)`, `qkv (N, 3C)`, `h, gelu(h) (N, 4C)`, attention's
 /// row log-sum-exps `(B, NH, T)` and the LayerNorm statistics.
 pub fn block_forward(
-    cfg: &GptConfig,
+    cfg: &ModelConfig,
     params: &Tensor,
     x: &Tensor,
     recompute: bool,
@@ -260,7 +268,7 @@ pub fn block_forward(
 /// Gradients of [`block_forward`]: `dout (B, T, C)` -> `(dx (B, T, C), flat dparams)`.
 /// The flat gradient has length exactly the block's numel; it is returned, not accumulated.
 pub fn block_backward(
-    cfg: &GptConfig,
+    cfg: &ModelConfig,
     params: &Tensor,
     saved: &BlockSaved,
     dout: &Tensor,
@@ -340,7 +348,7 @@ pub struct NormSaved {
 
 /// `ln_f(x)`: `x (B, T, C)` -> `(B, T, C)`.
 pub fn final_norm_forward(
-    cfg: &GptConfig,
+    cfg: &ModelConfig,
     params: &Tensor,
     x: &Tensor,
 ) -> Result<(Tensor, NormSaved)> {
@@ -361,7 +369,7 @@ pub fn final_norm_forward(
 /// Gradients of [`final_norm_forward`]: `dout (B, T, C)` -> `(dx (B, T, C), flat dparams (2C))`.
 /// Returned, not accumulated.
 pub fn final_norm_backward(
-    cfg: &GptConfig,
+    cfg: &ModelConfig,
     params: &Tensor,
     saved: &NormSaved,
     dout: &Tensor,
@@ -388,7 +396,7 @@ pub fn final_norm_backward(
 // Tied LM head and loss
 
 fn lm_head_impl(
-    cfg: &GptConfig,
+    cfg: &ModelConfig,
     embedding_params: &Tensor,
     x: &Tensor,
     targets: &Tensor,
@@ -429,7 +437,7 @@ fn lm_head_impl(
 /// embedding unit's flat buffer (`wte` is its first `V*C` elements); `x (B, T, C)` is the output
 /// of the final norm; `targets (B, T)` u32. Logits `(N, V) = x @ wte^T`, one tensor at a time.
 pub fn lm_head_loss(
-    cfg: &GptConfig,
+    cfg: &ModelConfig,
     embedding_params: &Tensor,
     x: &Tensor,
     targets: &Tensor,
@@ -440,7 +448,7 @@ pub fn lm_head_loss(
 /// [`lm_head_loss`] plus gradients: `(loss, dx (B, T, C), flat d(embedding unit))`, the flat
 /// gradient having only its `wte` part nonzero. Returned, not accumulated.
 pub fn lm_head_loss_backward(
-    cfg: &GptConfig,
+    cfg: &ModelConfig,
     embedding_params: &Tensor,
     x: &Tensor,
     targets: &Tensor,
@@ -466,7 +474,7 @@ fn check_units(layout: &ModelLayout, unit_params: &[Tensor]) -> Result<()> {
 /// Mean loss of the whole model on one device; `unit_params` are the flat buffers of
 /// `layout.units` in order. For tests and evaluation.
 pub fn model_loss(
-    cfg: &GptConfig,
+    cfg: &ModelConfig,
     layout: &ModelLayout,
     unit_params: &[Tensor],
     tokens: &Tensor,
@@ -485,7 +493,7 @@ pub fn model_loss(
 /// Loss and the flat gradient of every unit (in `layout.units` order, each of length
 /// `unit.numel`), with optional activation recomputation in the blocks.
 pub fn model_loss_and_grads(
-    cfg: &GptConfig,
+    cfg: &ModelConfig,
     layout: &ModelLayout,
     unit_params: &[Tensor],
     tokens: &Tensor,

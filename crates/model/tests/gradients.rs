@@ -11,14 +11,8 @@ use model::*;
 const B: usize = 3;
 const T: usize = 5;
 
-fn cfg() -> GptConfig {
-    GptConfig {
-        n_layer: 2,
-        n_embd: 8,
-        n_head: 2,
-        seq_len: 7,
-        vocab_size: 11,
-    }
+fn cfg() -> ModelConfig {
+    ModelConfig::gpt2(2, 8, 2, 7, 11)
 }
 
 /// Deterministic pseudo-random numbers for test data.
@@ -203,7 +197,7 @@ mod reference {
         tok.broadcast_add(&wpe.narrow(0, 0, t).unwrap()).unwrap()
     }
 
-    pub fn block(cfg: &GptConfig, unit: &UnitLayout, params: &Tensor, x: &Tensor) -> Tensor {
+    pub fn block(cfg: &ModelConfig, unit: &UnitLayout, params: &Tensor, x: &Tensor) -> Tensor {
         let p = |n: &str| unit.param(n).view(params).unwrap();
         let a = layernorm(x, &p("ln_1.weight"), &p("ln_1.bias"));
         let a = linear(&a, &p("attn.c_attn.weight"), &p("attn.c_attn.bias"));
@@ -243,7 +237,7 @@ mod reference {
     }
 
     pub fn model(
-        cfg: &GptConfig,
+        cfg: &ModelConfig,
         layout: &ModelLayout,
         params: &[Tensor],
         tokens: &Tensor,
@@ -554,7 +548,7 @@ fn whole_model_gradients_match_fd_and_autograd() {
 }
 
 /// f32 parameters initialised the way training does.
-fn init_params(cfg: &GptConfig, layout: &ModelLayout, seed: u64) -> Vec<Tensor> {
+fn init_params(cfg: &ModelConfig, layout: &ModelLayout, seed: u64) -> Vec<Tensor> {
     layout
         .units
         .iter()

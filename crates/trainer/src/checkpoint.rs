@@ -40,8 +40,8 @@ pub struct ModelShape {
     pub vocab_size: usize,
 }
 
-impl From<&model::GptConfig> for ModelShape {
-    fn from(c: &model::GptConfig) -> Self {
+impl From<&model::ModelConfig> for ModelShape {
+    fn from(c: &model::ModelConfig) -> Self {
         ModelShape {
             n_layer: c.n_layer,
             n_embd: c.n_embd,
@@ -534,7 +534,7 @@ pub fn manifest(
     step: u64,
     tokens: u64,
     topology: comm::Topology,
-    model: &model::GptConfig,
+    model: &model::ModelConfig,
     partition_align: usize,
     settings: &BTreeMap<String, String>,
     checksums: &[u32],

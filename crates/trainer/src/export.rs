@@ -19,16 +19,10 @@ pub type UnitParameters = Vec<(model::UnitLayout, Vec<f32>)>;
 /// each rank file are checked as a resume checks them ([`checkpoint::read_manifest`],
 /// [`checkpoint::read_rank`]): a folder whose manifest disagrees with its name or its files is
 /// refused, not exported with shards in the wrong places.
-pub fn consolidate(ckpt: &Path) -> Result<(model::GptConfig, UnitParameters)> {
+pub fn consolidate(ckpt: &Path) -> Result<(model::ModelConfig, UnitParameters)> {
     let manifest = checkpoint::read_manifest(ckpt)?;
     let m = &manifest.model;
-    let cfg = model::GptConfig {
-        n_layer: m.n_layer,
-        n_embd: m.n_embd,
-        n_head: m.n_head,
-        seq_len: m.seq_len,
-        vocab_size: m.vocab_size,
-    };
+    let cfg = model::ModelConfig::gpt2(m.n_layer, m.n_embd, m.n_head, m.seq_len, m.vocab_size);
     let layout = model::ModelLayout::new(&cfg);
     let mut full: Vec<Vec<f32>> = vec![Vec::new(); layout.units.len()];
     for rank in 0..manifest.world_size {
@@ -61,7 +55,7 @@ pub fn consolidate(ckpt: &Path) -> Result<(model::GptConfig, UnitParameters)> {
 /// Writes `units` (full, unpadded) to `output` with Hugging Face GPT-2 names, and `config.json`
 /// beside it.
 pub fn write_hf(
-    cfg: &model::GptConfig,
+    cfg: &model::ModelConfig,
     units: &[(model::UnitLayout, Vec<f32>)],
     output: &Path,
 ) -> Result<()> {
@@ -143,13 +137,7 @@ mod tests {
     /// equal the parameters the engine gathers, under Hugging Face's names and shapes.
     #[test]
     fn export_equals_the_gathered_parameters() {
-        let cfg = model::GptConfig {
-            n_layer: 2,
-            n_embd: 16,
-            n_head: 2,
-            seq_len: 8,
-            vocab_size: 37,
-        };
+        let cfg = model::ModelConfig::gpt2(2, 16, 2, 8, 37);
         let dir = tempfile::tempdir().unwrap();
         let ckpt_dir = dir.path().join("ckpt");
         let topology = comm::Topology::new(4, 2).unwrap();

@@ -284,7 +284,7 @@ fn fit_batch(config: &RunConfig, world: usize, notes: &mut Vec<String>) -> Resul
 /// The `model` section: the shape and its sizes.
 fn model_info(
     config: &RunConfig,
-    cfg: &model::GptConfig,
+    cfg: &model::ModelConfig,
     plan: &ZeroPlan,
     numels: &[usize],
 ) -> ModelInfo {
@@ -341,7 +341,7 @@ pub fn rank_memory(config: &RunConfig, topology: Topology) -> Result<Memory> {
 /// one micro-batch's activations.
 fn memory(
     config: &RunConfig,
-    cfg: &model::GptConfig,
+    cfg: &model::ModelConfig,
     plan: &ZeroPlan,
     numels: &[usize],
     pb: usize,

@@ -81,7 +81,7 @@ fn load_data(config: &RunConfig, vocab_size: usize) -> Result<Corpora> {
 /// What every rank reads and nobody changes.
 struct Shared<'a> {
     config: &'a RunConfig,
-    model_cfg: model::GptConfig,
+    model_cfg: model::ModelConfig,
     topology: comm::Topology,
     corpora: Corpora,
     sampler: Sampler,

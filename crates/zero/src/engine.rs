@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 
 use comm::{Communicator, Group};
 use kernels::profile::{scope, Family};
-use model::{GptConfig, ModelLayout, UnitLayout};
+use model::{ModelConfig, ModelLayout, UnitLayout};
 
 use crate::gather::{self, GatherQueue, Secondary};
 use crate::memory::{rank_memory, RankMemory};
@@ -106,7 +106,7 @@ struct UnitShard {
 
 /// A ZeRO-3 engine for one rank. See the module doc for the step's schedule.
 pub struct Engine {
-    cfg: GptConfig,
+    cfg: ModelConfig,
     opts: EngineOptions,
     plan: ZeroPlan,
     comm: Box<dyn Communicator>,
@@ -120,7 +120,7 @@ pub struct Engine {
 
 impl Engine {
     /// Builds my shards and fills them from the seed, independently of the world size.
-    pub fn new(cfg: GptConfig, opts: EngineOptions, comm: Box<dyn Communicator>) -> Result<Self> {
+    pub fn new(cfg: ModelConfig, opts: EngineOptions, comm: Box<dyn Communicator>) -> Result<Self> {
         cfg.validate()?;
         let plan = ZeroPlan::resolve(&opts.zero, comm.topology(), opts.total_steps)?;
         let rank = comm.rank();
@@ -165,7 +165,7 @@ impl Engine {
         })
     }
 
-    pub fn config(&self) -> &GptConfig {
+    pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
 
@@ -555,7 +555,7 @@ impl Engine {
 
 /// [`model::init_unit_range`] over all cores: the initialisation is counter-based, so any split
 /// of the range gives the same values (a 6.7B model is 6.7e9 normal draws).
-fn init_parallel(cfg: &GptConfig, layout: &UnitLayout, seed: u64, start: usize, out: &mut [f32]) {
+fn init_parallel(cfg: &ModelConfig, layout: &UnitLayout, seed: u64, start: usize, out: &mut [f32]) {
     use rayon::prelude::*;
     const CHUNK: usize = 1 << 20;
     out.par_chunks_mut(CHUNK)

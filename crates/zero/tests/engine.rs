@@ -1,17 +1,11 @@
 //! The world-1 engine against the model's own loss and gradients.
 
 use candle_core::{Device, Tensor};
-use model::{GptConfig, ModelLayout};
+use model::{ModelConfig, ModelLayout};
 use zero::{Engine, EngineOptions};
 
-fn cfg() -> GptConfig {
-    GptConfig {
-        n_layer: 2,
-        n_embd: 16,
-        n_head: 2,
-        seq_len: 8,
-        vocab_size: 37,
-    }
+fn cfg() -> ModelConfig {
+    ModelConfig::gpt2(2, 16, 2, 8, 37)
 }
 
 fn options(recompute: bool) -> EngineOptions {

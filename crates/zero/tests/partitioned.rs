@@ -2,17 +2,11 @@
 //! gradients as one rank, and byte counters equal to the ZeRO-3 volume formula.
 
 use comm::{Communicator, Topology};
-use model::{GptConfig, ModelLayout};
+use model::{ModelConfig, ModelLayout};
 use zero::{Engine, EngineOptions, Partition};
 
-fn cfg() -> GptConfig {
-    GptConfig {
-        n_layer: 2,
-        n_embd: 16,
-        n_head: 2,
-        seq_len: 8,
-        vocab_size: 37,
-    }
+fn cfg() -> ModelConfig {
+    ModelConfig::gpt2(2, 16, 2, 8, 37)
 }
 
 fn options() -> EngineOptions {
@@ -187,7 +181,7 @@ impl<C: Communicator> Communicator for CountsReductions<C> {
 /// is waited, so unbounded, a step held the whole model's gradient at once.
 #[test]
 fn backward_bounds_the_reductions_in_flight() {
-    let cfg = GptConfig {
+    let cfg = ModelConfig {
         n_layer: 6,
         ..cfg()
     };

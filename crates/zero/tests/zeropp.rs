@@ -1,17 +1,11 @@
 //! ZeRO++ at W = 8 as 2 nodes x 4: each technique alone and all three against plain ZeRO-3.
 
 use comm::{Communicator, Topology};
-use model::{GptConfig, ModelLayout};
+use model::{ModelConfig, ModelLayout};
 use zero::{volume, Engine, EngineOptions, ZeroConfig};
 
-fn cfg() -> GptConfig {
-    GptConfig {
-        n_layer: 2,
-        n_embd: 16,
-        n_head: 2,
-        seq_len: 8,
-        vocab_size: 37,
-    }
+fn cfg() -> ModelConfig {
+    ModelConfig::gpt2(2, 16, 2, 8, 37)
 }
 
 fn zero(qwz: bool, hpz: bool, qgz: bool) -> ZeroConfig {

@@ -2,14 +2,8 @@
 
 use super::*;
 
-fn model() -> model::GptConfig {
-    model::GptConfig {
-        n_layer: 1,
-        n_embd: 8,
-        n_head: 2,
-        seq_len: 4,
-        vocab_size: 11,
-    }
+fn model() -> model::ModelConfig {
+    model::ModelConfig::gpt2(1, 8, 2, 4, 11)
 }
 
 /// The run id of the tests' checkpoints.

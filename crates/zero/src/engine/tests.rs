@@ -9,14 +9,8 @@ use comm::Topology;
 
 use super::*;
 
-fn cfg() -> GptConfig {
-    GptConfig {
-        n_layer: 2,
-        n_embd: 16,
-        n_head: 2,
-        seq_len: 8,
-        vocab_size: 37,
-    }
+fn cfg() -> ModelConfig {
+    ModelConfig::gpt2(2, 16, 2, 8, 37)
 }
 
 fn zero(zeropp: bool) -> ZeroConfig {
