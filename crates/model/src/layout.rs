@@ -1,12 +1,11 @@
 //! The parameter layout: one table of `(name, shape, init, decay)` rows per unit.
 //!
-//! A *unit* is what the ZeRO engine gathers and releases as one flat buffer: the embedding
-//! (`wte`, `wpe`), each transformer block `h.l`, and the final LayerNorm `ln_f`. Every
-//! parameter is a named view `[offset, offset + numel)` into its unit's buffer. Sizes, offsets,
-//! views, checkpoint keys, initialisation and weight-decay masks all derive from the tables in
-//! [`UnitLayout::new`], so adding a tensor takes one line there.
-//!
-//! Names follow HF GPT2 without the `transformer.` prefix; Conv1D weights are stored `(in, out)`.
+//! A *unit* is what the ZeRO engine gathers and releases as one flat buffer: the embedding,
+//! each transformer block, and the final norm (GPT-2: `embedding` with `wte`, `wpe`; `h.l`;
+//! `ln_f`. Llama: `embedding` with `embed_tokens`; `layers.l`; `norm`, with `lm_head` when the
+//! head is untied). Every parameter is a named view `[offset, offset + numel)` into its unit's
+//! buffer. Sizes, offsets, views, checkpoint keys, initialisation and weight-decay masks all
+//! derive from the tables of [`UnitLayout::new`], so adding a tensor takes one line there.
 //!
 //! ```
 //! use model::{preset, ModelLayout};
@@ -22,7 +21,7 @@
 
 use candle_core::Tensor;
 
-use crate::config::ModelConfig;
+use crate::config::{Arch, ModelConfig};
 use crate::error::Result;
 
 /// Which part of the model a unit is.
@@ -91,41 +90,94 @@ pub struct UnitLayout {
     pub numel: usize,
 }
 
+/// The unit's name, its parameters' name prefix and its table rows.
+type UnitTable = (String, String, Vec<TableRow>);
+
+/// Normal init std: 0.02, and for the projections that write into the residual stream
+/// 0.02 / sqrt(2L) (each block adds two of them), as GPT-2 does; Llama takes the same.
+fn init_stds(cfg: &ModelConfig) -> (f64, f64) {
+    (0.02, 0.02 / ((2 * cfg.n_layer) as f64).sqrt())
+}
+
+/// GPT-2's tables. Names follow HF GPT2 without the `transformer.` prefix; Conv1D weights are
+/// stored `(in, out)`.
+fn gpt2_rows(cfg: &ModelConfig, kind: UnitKind) -> UnitTable {
+    let (c, v, t) = (cfg.n_embd, cfg.vocab_size, cfg.seq_len);
+    let (std, resid_std) = init_stds(cfg);
+    use ParamInit::{Normal, Ones, Zeros};
+    #[rustfmt::skip]
+    let table = match kind {
+        UnitKind::Embedding => ("embedding".into(), String::new(), vec![
+            ("wte.weight", vec![v, c], Normal { std }, true),
+            ("wpe.weight", vec![t, c], Normal { std }, true),
+        ]),
+        UnitKind::Block(l) => (format!("h.{l}"), format!("h.{l}."), vec![
+            ("ln_1.weight",        vec![c],         Ones,                     false),
+            ("ln_1.bias",          vec![c],         Zeros,                    false),
+            ("attn.c_attn.weight", vec![c, 3 * c],  Normal { std },           true),
+            ("attn.c_attn.bias",   vec![3 * c],     Zeros,                    false),
+            ("attn.c_proj.weight", vec![c, c],      Normal { std: resid_std }, true),
+            ("attn.c_proj.bias",   vec![c],         Zeros,                    false),
+            ("ln_2.weight",        vec![c],         Ones,                     false),
+            ("ln_2.bias",          vec![c],         Zeros,                    false),
+            ("mlp.c_fc.weight",    vec![c, 4 * c],  Normal { std },           true),
+            ("mlp.c_fc.bias",      vec![4 * c],     Zeros,                    false),
+            ("mlp.c_proj.weight",  vec![4 * c, c],  Normal { std: resid_std }, true),
+            ("mlp.c_proj.bias",    vec![c],         Zeros,                    false),
+        ]),
+        UnitKind::FinalNorm => ("ln_f".into(), String::new(), vec![
+            ("ln_f.weight", vec![c], Ones,  false),
+            ("ln_f.bias",   vec![c], Zeros, false),
+        ]),
+    };
+    table
+}
+
+/// The Llama tables. Names follow HF `LlamaForCausalLM` without the `model.` prefix; linear
+/// weights are stored `(in, out)` as GPT-2's are (export transposes them to HF's `(out, in)`),
+/// the embedding and LM head `(V, C)`. Untied, `lm_head.weight` lives in the final norm's
+/// unit: the head reads that unit.
+fn llama_rows(cfg: &ModelConfig, kind: UnitKind) -> UnitTable {
+    let (c, v, f) = (cfg.n_embd, cfg.vocab_size, cfg.ffn_hidden);
+    let kv = cfg.n_kv_head * cfg.head_dim();
+    let (std, resid_std) = init_stds(cfg);
+    use ParamInit::{Normal, Ones};
+    #[rustfmt::skip]
+    let table = match kind {
+        UnitKind::Embedding => ("embedding".into(), String::new(), vec![
+            ("embed_tokens.weight", vec![v, c], Normal { std }, true),
+        ]),
+        UnitKind::Block(l) => (format!("layers.{l}"), format!("layers.{l}."), vec![
+            ("input_layernorm.weight",          vec![c],     Ones,                      false),
+            ("self_attn.q_proj.weight",         vec![c, c],  Normal { std },            true),
+            ("self_attn.k_proj.weight",         vec![c, kv], Normal { std },            true),
+            ("self_attn.v_proj.weight",         vec![c, kv], Normal { std },            true),
+            ("self_attn.o_proj.weight",         vec![c, c],  Normal { std: resid_std }, true),
+            ("post_attention_layernorm.weight", vec![c],     Ones,                      false),
+            ("mlp.gate_proj.weight",            vec![c, f],  Normal { std },            true),
+            ("mlp.up_proj.weight",              vec![c, f],  Normal { std },            true),
+            ("mlp.down_proj.weight",            vec![f, c],  Normal { std: resid_std }, true),
+        ]),
+        UnitKind::FinalNorm => {
+            let mut rows = vec![("norm.weight", vec![c], Ones, false)];
+            if !cfg.tie_embeddings {
+                rows.push(("lm_head.weight", vec![v, c], Normal { std }, true));
+            }
+            ("norm".into(), String::new(), rows)
+        }
+    };
+    table
+}
+
 impl UnitLayout {
     /// Builds the layout of one unit. `first_global_index` is the global index of its first parameter.
     ///
-    /// This is the single table of the model's tensors.
+    /// The tables of each arch (`gpt2_rows`, `llama_rows`) are the single list of the model's
+    /// tensors.
     pub fn new(cfg: &ModelConfig, kind: UnitKind, first_global_index: usize) -> Self {
-        let (c, v, t) = (cfg.n_embd, cfg.vocab_size, cfg.seq_len);
-        let std = 0.02;
-        // GPT-2 scales the init of the projections that write into the residual stream by
-        // 1/sqrt(2L): each block adds two of them.
-        let resid_std = 0.02 / ((2 * cfg.n_layer) as f64).sqrt();
-        use ParamInit::{Normal, Ones, Zeros};
-        #[rustfmt::skip]
-        let (name, prefix, rows): (String, String, Vec<TableRow>) = match kind {
-            UnitKind::Embedding => ("embedding".into(), String::new(), vec![
-                ("wte.weight", vec![v, c], Normal { std }, true),
-                ("wpe.weight", vec![t, c], Normal { std }, true),
-            ]),
-            UnitKind::Block(l) => (format!("h.{l}"), format!("h.{l}."), vec![
-                ("ln_1.weight",        vec![c],         Ones,                     false),
-                ("ln_1.bias",          vec![c],         Zeros,                    false),
-                ("attn.c_attn.weight", vec![c, 3 * c],  Normal { std },           true),
-                ("attn.c_attn.bias",   vec![3 * c],     Zeros,                    false),
-                ("attn.c_proj.weight", vec![c, c],      Normal { std: resid_std }, true),
-                ("attn.c_proj.bias",   vec![c],         Zeros,                    false),
-                ("ln_2.weight",        vec![c],         Ones,                     false),
-                ("ln_2.bias",          vec![c],         Zeros,                    false),
-                ("mlp.c_fc.weight",    vec![c, 4 * c],  Normal { std },           true),
-                ("mlp.c_fc.bias",      vec![4 * c],     Zeros,                    false),
-                ("mlp.c_proj.weight",  vec![4 * c, c],  Normal { std: resid_std }, true),
-                ("mlp.c_proj.bias",    vec![c],         Zeros,                    false),
-            ]),
-            UnitKind::FinalNorm => ("ln_f".into(), String::new(), vec![
-                ("ln_f.weight", vec![c], Ones,  false),
-                ("ln_f.bias",   vec![c], Zeros, false),
-            ]),
+        let (name, prefix, rows) = match cfg.arch {
+            Arch::Gpt2 => gpt2_rows(cfg, kind),
+            Arch::Llama => llama_rows(cfg, kind),
         };
         let mut offset = 0;
         let params = rows
@@ -261,6 +313,26 @@ mod tests {
         assert!(
             layout.block(3).try_param("c_proj.bias").is_none(),
             "ambiguous"
+        );
+    }
+
+    #[test]
+    fn llama_layouts_count_what_the_config_counts() {
+        for name in ["llama-tiny", "llama3.2-1b", "llama3-8b"] {
+            let cfg = crate::preset(name).unwrap();
+            let layout = ModelLayout::new(&cfg);
+            assert_eq!(layout.num_params(), cfg.num_params(), "{name}");
+            let head = layout.final_norm().try_param("lm_head.weight").is_some();
+            assert_eq!(head, !cfg.tie_embeddings, "{name}");
+        }
+        let cfg = crate::preset("llama-tiny").unwrap();
+        let k = ModelLayout::new(&cfg)
+            .block(1)
+            .param("self_attn.k_proj.weight")
+            .clone();
+        assert_eq!(
+            (k.name.as_str(), k.shape),
+            ("layers.1.self_attn.k_proj.weight", vec![64, 32])
         );
     }
 }
