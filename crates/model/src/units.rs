@@ -44,7 +44,7 @@ use crate::layout::{ModelLayout, UnitKind, UnitLayout};
 // Checks and flat-buffer helpers
 
 /// Checks that `params` is 1-D with at least `unit.numel` elements.
-fn check_params(params: &Tensor, unit: &UnitLayout, what: &'static str) -> Result<()> {
+pub(crate) fn check_params(params: &Tensor, unit: &UnitLayout, what: &'static str) -> Result<()> {
     match params.dims() {
         [n] if *n >= unit.numel => Ok(()),
         d => Err(ModelError::ParamsTooShort {
@@ -56,7 +56,7 @@ fn check_params(params: &Tensor, unit: &UnitLayout, what: &'static str) -> Resul
 }
 
 /// Checks a `(B, T)` u32 token/target tensor against `cfg`; returns `(B, T)`.
-fn check_tokens(cfg: &ModelConfig, tokens: &Tensor, what: &'static str) -> Result<(usize, usize)> {
+pub(crate) fn check_tokens(cfg: &ModelConfig, tokens: &Tensor, what: &'static str) -> Result<(usize, usize)> {
     if tokens.dtype() != DType::U32 {
         return Err(ModelError::TokenDType {
             what,
@@ -83,7 +83,7 @@ fn check_tokens(cfg: &ModelConfig, tokens: &Tensor, what: &'static str) -> Resul
 }
 
 /// Checks that `x` is `(B, T, C)` (with `T <= seq_len`); returns `(B, T)`.
-fn check_acts(cfg: &ModelConfig, x: &Tensor, what: &'static str) -> Result<(usize, usize)> {
+pub(crate) fn check_acts(cfg: &ModelConfig, x: &Tensor, what: &'static str) -> Result<(usize, usize)> {
     match x.dims() {
         [b, t, c] if *c == cfg.n_embd && *t <= cfg.seq_len => Ok((*b, *t)),
         d => Err(ModelError::ShapeMismatch {
@@ -96,7 +96,7 @@ fn check_acts(cfg: &ModelConfig, x: &Tensor, what: &'static str) -> Result<(usiz
 
 /// Concatenates named gradients into the unit's flat layout. Order and shapes come from the
 /// layout table; every parameter must be present exactly once.
-fn flatten_grads(unit: &UnitLayout, grads: Vec<(&str, Tensor)>) -> Result<Tensor> {
+pub(crate) fn flatten_grads(unit: &UnitLayout, grads: Vec<(&str, Tensor)>) -> Result<Tensor> {
     debug_assert_eq!(grads.len(), unit.params.len());
     let mut parts = Vec::with_capacity(unit.params.len());
     for spec in &unit.params {
