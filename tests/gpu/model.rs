@@ -4,7 +4,7 @@
 //! from one kernel to the next, saved state, the recomputation path).
 
 use candle_core::{DType, Device, Tensor};
-use model::{init_unit_range, model_loss_and_grads, ModelConfig, ModelLayout};
+use model::{init_unit_range, Model, ModelConfig, ModelLayout};
 
 fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut s = seed | 1;
@@ -64,11 +64,15 @@ fn check(cfg: ModelConfig, b: usize, recompute: bool) {
         )
     };
     let (ti, tt) = on(&Device::Cpu);
-    let (cpu_loss, cpu_grads) =
-        model_loss_and_grads(&cfg, &layout, &cpu_params, &ti, &tt, recompute).unwrap();
+    let (cpu_loss, cpu_grads) = Model::new(cfg.clone())
+        .unwrap()
+        .loss_and_grads(&cpu_params, &ti, &tt, recompute)
+        .unwrap();
     let (gi, gt) = on(&gpu);
-    let (gpu_loss, gpu_grads) =
-        model_loss_and_grads(&cfg, &layout, &gpu_params, &gi, &gt, recompute).unwrap();
+    let (gpu_loss, gpu_grads) = Model::new(cfg.clone())
+        .unwrap()
+        .loss_and_grads(&gpu_params, &gi, &gt, recompute)
+        .unwrap();
     assert!(
         (gpu_loss - cpu_loss).abs() / cpu_loss < 5e-3,
         "loss: gpu {gpu_loss} cpu {cpu_loss}"

@@ -40,6 +40,12 @@ pub enum ModelError {
     /// `model_loss*` got a different number of unit buffers than the layout has units.
     #[error("expected {expected} unit parameter buffers, got {got}")]
     UnitCount { expected: usize, got: usize },
+    /// A unit's backward reads its parameters, and was given none.
+    #[error("unit `{unit}`: its backward needs its parameters")]
+    NoParams { unit: String },
+    /// A unit's backward was given what another architecture's forward saved.
+    #[error("unit `{unit}`: the saved activations are not a {arch} unit's")]
+    SavedMismatch { unit: String, arch: &'static str },
 
     // ---- wrapped ----
     /// A CUDA kernel could not be compiled or loaded.

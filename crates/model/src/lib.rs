@@ -1,11 +1,13 @@
-//! GPT-2 for zeropp: sizes and presets, the flat parameter layout of each unit (embedding,
-//! each transformer block, final LayerNorm) with named views, partition-independent
-//! initialisation, and explicit forward and backward passes of every unit and of the tied
-//! LM head's cross-entropy, written with plain candle [`candle_core::Tensor`] ops.
+//! Decoder-only transformers for zeropp, GPT-2 and the Llama family: sizes and presets
+//! ([`ModelConfig`]), the flat parameter layout of each unit with named views ([`ModelLayout`]),
+//! partition-independent initialisation, each layer's forward and backward as plain functions
+//! written with candle [`candle_core::Tensor`] ops ([`layers`]), each architecture's units
+//! ([`gpt2`], [`llama`]), and the model as a schedule of units ([`Model`]) that the ZeRO engine
+//! and the one-device reference both walk.
 //!
 //! It computes one device's math and knows nothing of ranks or communication: the `zero`
-//! crate gathers a unit's flat buffer, calls its forward/backward here, and reduces the
-//! returned flat gradient.
+//! crate gathers a unit's flat buffer, hands it to [`Model`]'s walk, and reduces the returned
+//! flat gradient.
 
 mod config;
 #[cfg(feature = "cuda")]
@@ -13,11 +15,14 @@ mod cudnn;
 mod error;
 #[cfg(feature = "cuda")]
 mod gemm;
+pub mod gpt2;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod init;
 pub mod layers;
 mod layout;
+pub mod llama;
+mod schedule;
 mod units;
 
 pub use config::{
@@ -27,8 +32,4 @@ pub use config::{
 pub use error::{ModelError, Result};
 pub use init::init_unit_range;
 pub use layout::{ModelLayout, ParamInit, ParamSpec, UnitKind, UnitLayout};
-pub use units::{
-    block_backward, block_forward, embedding_unit_backward, embedding_unit_forward,
-    final_norm_backward, final_norm_forward, lm_head_loss, lm_head_loss_backward, model_loss,
-    model_loss_and_grads, BlockSaved, NormSaved,
-};
+pub use schedule::{HfTensor, Model, Pass, Saved, UnitSource};

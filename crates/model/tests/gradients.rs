@@ -6,6 +6,7 @@
 //! Sizes don't coincide: B=3, T=5, seq_len=7 (so wpe has unused rows), C=8, NH=2 (hs=4), V=11, L=2.
 
 use candle_core::{DType, Device, Tensor, Var, D};
+use model::gpt2::*;
 use model::*;
 
 const B: usize = 3;
@@ -499,11 +500,16 @@ fn whole_model_gradients_match_fd_and_autograd() {
     let targets = rng.tokens(cfg.vocab_size);
     let tensors: Vec<Tensor> = ps.iter().map(|p| t1(p)).collect();
 
-    let (loss, grads) =
-        model_loss_and_grads(&cfg, &layout, &tensors, &tokens, &targets, false).unwrap();
+    let (loss, grads) = Model::new(cfg.clone())
+        .unwrap()
+        .loss_and_grads(&tensors, &tokens, &targets, false)
+        .unwrap();
     assert_eq!(
         loss,
-        model_loss(&cfg, &layout, &tensors, &tokens, &targets).unwrap()
+        Model::new(cfg.clone())
+            .unwrap()
+            .loss(&tensors, &tokens, &targets)
+            .unwrap()
     );
     let ad = autograd(&tensors, |v| {
         reference::model(&cfg, &layout, v, &tokens, &targets)
@@ -529,7 +535,10 @@ fn whole_model_gradients_match_fd_and_autograd() {
                 let mut eval = |x: f64| {
                     p[u][i] = x;
                     let ts: Vec<Tensor> = p.iter().map(|q| t1(q)).collect();
-                    model_loss(&cfg, &layout, &ts, &tokens, &targets).unwrap()
+                    Model::new(cfg.clone())
+                        .unwrap()
+                        .loss(&ts, &tokens, &targets)
+                        .unwrap()
                 };
                 let d = (eval(x0 + h) - eval(x0 - h)) / (2.0 * h);
                 p[u][i] = x0;
@@ -571,8 +580,14 @@ fn recompute_gives_bitwise_identical_gradients() {
         .map(|u| t1(&rand_params(u, &mut rng)).to_dtype(DType::F32).unwrap())
         .collect();
     let (tokens, targets) = (rng.tokens(cfg.vocab_size), rng.tokens(cfg.vocab_size));
-    let (l0, g0) = model_loss_and_grads(&cfg, &layout, &params, &tokens, &targets, false).unwrap();
-    let (l1, g1) = model_loss_and_grads(&cfg, &layout, &params, &tokens, &targets, true).unwrap();
+    let (l0, g0) = Model::new(cfg.clone())
+        .unwrap()
+        .loss_and_grads(&params, &tokens, &targets, false)
+        .unwrap();
+    let (l1, g1) = Model::new(cfg.clone())
+        .unwrap()
+        .loss_and_grads(&params, &tokens, &targets, true)
+        .unwrap();
     assert_eq!(l0.to_bits(), l1.to_bits());
     for (a, b) in g0.iter().zip(&g1) {
         assert_eq!(a.dtype(), DType::F32);
@@ -600,7 +615,10 @@ fn loss_at_init_is_ln_vocab() {
         Tensor::from_vec(t, (2, 32), &Device::Cpu).unwrap()
     };
     let (tokens, targets) = (tok(&mut rng), tok(&mut rng));
-    let loss = model_loss(&cfg, &layout, &params, &tokens, &targets).unwrap();
+    let loss = Model::new(cfg.clone())
+        .unwrap()
+        .loss(&params, &tokens, &targets)
+        .unwrap();
     let ln_v = (cfg.vocab_size as f64).ln();
     assert!((loss - ln_v).abs() < 0.1, "loss {loss} vs ln V {ln_v}");
 }
@@ -672,7 +690,7 @@ fn bad_inputs_are_errors() {
         Err(ModelError::TokenDType { .. })
     ));
     assert!(matches!(
-        model_loss(&cfg, &layout, &[emb], &long, &long),
+        Model::new(cfg.clone()).unwrap().loss(&[emb], &long, &long),
         Err(ModelError::UnitCount {
             expected: 4,
             got: 1
@@ -698,14 +716,19 @@ fn time_tiny_b16() {
     let (tokens, targets) = (tok(&mut rng), tok(&mut rng));
     for recompute in [false, true, false] {
         let t0 = std::time::Instant::now();
-        let (loss, _) =
-            model_loss_and_grads(&cfg, &layout, &params, &tokens, &targets, recompute).unwrap();
+        let (loss, _) = Model::new(cfg.clone())
+            .unwrap()
+            .loss_and_grads(&params, &tokens, &targets, recompute)
+            .unwrap();
         println!(
             "tiny B=16 T=64 f32 recompute={recompute}: loss {loss:.4}, {:?}",
             t0.elapsed()
         );
     }
     let t0 = std::time::Instant::now();
-    model_loss(&cfg, &layout, &params, &tokens, &targets).unwrap();
+    Model::new(cfg.clone())
+        .unwrap()
+        .loss(&params, &tokens, &targets)
+        .unwrap();
     println!("forward only: {:?}", t0.elapsed());
 }

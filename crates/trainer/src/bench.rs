@@ -333,8 +333,7 @@ fn bench_steps(
     let tokens_per_step = t.global_batch * model_cfg.seq_len;
     let step_seconds = times.seconds / n;
     let tokens_per_s = tokens_per_step as f64 / step_seconds;
-    let flop_per_token = 6.0 * model_cfg.num_params() as f64
-        + 6.0 * (model_cfg.n_layer * model_cfg.n_embd * model_cfg.seq_len) as f64;
+    let flop_per_token = model::Model::new(model_cfg.clone())?.flops_per_token(model_cfg.seq_len);
     let on_gpu = device.is_cuda();
     // The local backend puts every rank on one device; nccl gives each its own.
     let gpus = match config.dist.backend {

@@ -52,6 +52,9 @@ pub struct ModelSection {
     pub tie_embeddings: Option<bool>,
     /// Activation checkpointing: blocks keep only their input and recompute in backward.
     pub recompute: bool,
+    /// Start from the weights of a Hugging Face GPT-2 or Llama safetensors folder (what
+    /// `trainer export` writes): continued pretraining or fine-tuning. A resume ignores it.
+    pub init_from: Option<PathBuf>,
 }
 
 /// `[data]`: where the tokens come from.

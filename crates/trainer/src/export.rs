@@ -1,8 +1,10 @@
 //! `trainer export`: one consolidated safetensors file from a sharded checkpoint, with the
-//! tensor names and shapes of Hugging Face's `GPT2LMHeadModel` (`transformer.wte.weight`,
-//! `transformer.h.0.attn.c_attn.weight`, ...), plus the `config.json` that transformers'
-//! `from_pretrained` reads from the same folder. The LM head is tied to `wte`, so, like
-//! `save_pretrained`, the file has no separate `lm_head.weight`.
+//! tensor names and shapes of Hugging Face's class for the architecture (`GPT2LMHeadModel`:
+//! `transformer.wte.weight`, `transformer.h.0.attn.c_attn.weight`, ...; `LlamaForCausalLM`:
+//! `model.embed_tokens.weight`, `model.layers.0.self_attn.q_proj.weight`, ..., `lm_head.weight`
+//! when untied), as the model names them ([`model::Model::hf_tensor`]), plus the `config.json`
+//! that transformers' `from_pretrained` reads from the same folder. A tied LM head is not
+//! written twice, as `save_pretrained` does not.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -21,8 +23,10 @@ pub type UnitParameters = Vec<(model::UnitLayout, Vec<f32>)>;
 /// refused, not exported with shards in the wrong places.
 pub fn consolidate(ckpt: &Path) -> Result<(model::ModelConfig, UnitParameters)> {
     let manifest = checkpoint::read_manifest(ckpt)?;
-    let m = &manifest.model;
-    let cfg = model::ModelConfig::gpt2(m.n_layer, m.n_embd, m.n_head, m.seq_len, m.vocab_size);
+    let cfg = manifest
+        .model
+        .config()
+        .with_context(|| format!("checkpoint {}", ckpt.display()))?;
     let layout = model::ModelLayout::new(&cfg);
     let mut full: Vec<Vec<f32>> = vec![Vec::new(); layout.units.len()];
     for rank in 0..manifest.world_size {
@@ -58,15 +62,22 @@ pub fn write_hf(
     cfg: &model::ModelConfig,
     units: &[(model::UnitLayout, Vec<f32>)],
     output: &Path,
+    eod: Option<u32>,
 ) -> Result<()> {
+    let model = model::Model::new(cfg.clone())?;
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for (unit, data) in units {
         for p in &unit.params {
-            let bytes = data[p.offset..p.offset + p.numel]
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect();
-            tensors.push((format!("transformer.{}", p.name), p.shape.clone(), bytes));
+            let values = &data[p.offset..p.offset + p.numel];
+            let hf = model.hf_tensor(p);
+            let (shape, bytes) = match (hf.transpose, p.shape.as_slice()) {
+                (true, &[rows, cols]) => (vec![cols, rows], transposed_bytes(values, rows, cols)),
+                _ => (
+                    p.shape.clone(),
+                    values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                ),
+            };
+            tensors.push((hf.name, shape, bytes));
         }
     }
     let mut views = Vec::with_capacity(tensors.len());
@@ -79,31 +90,74 @@ pub fn write_hf(
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
     safetensors::serialize_to_file(views, Some(meta), output)
         .with_context(|| format!("cannot write {}", output.display()))?;
-    let hf_config = serde_json::json!({
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "vocab_size": cfg.vocab_size,
-        "n_positions": cfg.seq_len,
-        "n_ctx": cfg.seq_len,
-        "n_embd": cfg.n_embd,
-        "n_layer": cfg.n_layer,
-        "n_head": cfg.n_head,
-        "n_inner": null,
-        "activation_function": "gelu_new",
-        "layer_norm_epsilon": 1e-5,
-        "resid_pdrop": 0.0,
-        "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0,
-        "initializer_range": 0.02,
-        "tie_word_embeddings": true,
-        "bos_token_id": 50256,
-        "eos_token_id": 50256,
-        "torch_dtype": "float32"
-    });
+    let hf_config = hf_config(cfg, eod);
     let config_path = output.with_file_name("config.json");
     std::fs::write(&config_path, serde_json::to_string_pretty(&hf_config)?)
         .with_context(|| format!("cannot write {}", config_path.display()))?;
     Ok(())
+}
+
+/// `values`, a row-major `rows x cols` matrix, as the little-endian bytes of its transpose.
+fn transposed_bytes(values: &[f32], rows: usize, cols: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 * values.len());
+    for c in 0..cols {
+        for r in 0..rows {
+            out.extend_from_slice(&values[r * cols + c].to_le_bytes());
+        }
+    }
+    out
+}
+
+/// The `config.json` of the architecture's Hugging Face class; `eod` the end-of-document token
+/// (written as its BOS and EOS).
+pub fn hf_config(cfg: &model::ModelConfig, eod: Option<u32>) -> serde_json::Value {
+    match cfg.arch {
+        model::Arch::Gpt2 => serde_json::json!({
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": cfg.vocab_size,
+            "n_positions": cfg.seq_len,
+            "n_ctx": cfg.seq_len,
+            "n_embd": cfg.n_embd,
+            "n_layer": cfg.n_layer,
+            "n_head": cfg.n_head,
+            "n_inner": null,
+            "activation_function": "gelu_new",
+            "layer_norm_epsilon": cfg.norm_eps,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "initializer_range": 0.02,
+            "tie_word_embeddings": true,
+            "bos_token_id": eod.unwrap_or(50256),
+            "eos_token_id": eod.unwrap_or(50256),
+            "torch_dtype": "float32"
+        }),
+        model::Arch::Llama => serde_json::json!({
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": cfg.vocab_size,
+            "hidden_size": cfg.n_embd,
+            "intermediate_size": cfg.ffn_hidden,
+            "num_hidden_layers": cfg.n_layer,
+            "num_attention_heads": cfg.n_head,
+            "num_key_value_heads": cfg.n_kv_head,
+            "head_dim": cfg.head_dim(),
+            "hidden_act": "silu",
+            "max_position_embeddings": cfg.seq_len,
+            "rms_norm_eps": cfg.norm_eps,
+            "rope_theta": cfg.rope_theta,
+            "rope_scaling": null,
+            "attention_bias": false,
+            "mlp_bias": false,
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
+            "tie_word_embeddings": cfg.tie_embeddings,
+            "bos_token_id": eod,
+            "eos_token_id": eod,
+            "torch_dtype": "float32"
+        }),
+    }
 }
 
 /// `trainer export --checkpoint DIR --output FILE`: DIR is a `step_<N>` folder, or a
@@ -116,7 +170,7 @@ pub fn export(checkpoint_dir: &Path, output: &Path) -> Result<()> {
             .with_context(|| format!("{} holds no checkpoint", checkpoint_dir.display()))?
     };
     let (cfg, units) = consolidate(&ckpt)?;
-    write_hf(&cfg, &units, output)?;
+    write_hf(&cfg, &units, output, None)?;
     eprintln!(
         "exported {} ({} parameters) to {}",
         ckpt.display(),

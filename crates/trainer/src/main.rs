@@ -7,6 +7,7 @@ mod device_memory;
 mod divergence;
 mod export;
 mod hooks;
+mod init_from;
 mod launch;
 mod metrics;
 mod plan;

@@ -347,15 +347,15 @@ fn memory(
     pb: usize,
 ) -> Memory {
     let states = zero::rank_memory(plan, numels, pb);
-    let (b, s, c, a, l) = (
+    let (b, s, c, l) = (
         config.train.micro_batch as u64,
         cfg.seq_len as u64,
         cfg.n_embd as u64,
-        cfg.n_head as u64,
         cfg.n_layer as u64,
     );
-    // Korthikanti et al. 2022: s*b*h*(34 + 5*a*s/h) bytes per layer at 16 bits.
-    let per_layer = b * s * (34 * c + 5 * a * s) * pb as u64 / 2;
+    let per_layer = model::Model::new(cfg.clone())
+        .map(|m| m.block_activation_bytes(config.train.micro_batch, cfg.seq_len, pb))
+        .unwrap_or(0);
     let (saved, working) = if config.model.recompute {
         (l * b * s * c * pb as u64, per_layer)
     } else {

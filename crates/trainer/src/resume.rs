@@ -19,12 +19,18 @@ use crate::config::RunConfig;
 
 /// The trajectory's keys, as config keys. `model.*` can never change on resume: the shards
 /// would not fit.
-pub const TRAJECTORY_KEYS: [&str; 22] = [
+pub const TRAJECTORY_KEYS: [&str; 28] = [
     "model.n_layer",
     "model.n_embd",
     "model.n_head",
     "model.seq_len",
     "model.vocab_size",
+    "model.arch",
+    "model.n_kv_head",
+    "model.ffn_hidden",
+    "model.norm_eps",
+    "model.rope_theta",
+    "model.tie_embeddings",
     "data.train",
     "data.valid",
     "data.tokenizer",
@@ -110,6 +116,15 @@ pub fn trajectory(config: &RunConfig, data: DataSize) -> Result<BTreeMap<String,
     put("model.n_head", model.n_head.to_string());
     put("model.seq_len", model.seq_len.to_string());
     put("model.vocab_size", model.vocab_size.to_string());
+    // GPT-2 records what trainers before the Llama family did, so its checkpoints agree.
+    if model.arch != model::Arch::Gpt2 {
+        put("model.arch", model.arch.name().to_string());
+        put("model.n_kv_head", model.n_kv_head.to_string());
+        put("model.ffn_hidden", model.ffn_hidden.to_string());
+        put("model.norm_eps", model.norm_eps.to_string());
+        put("model.rope_theta", model.rope_theta.to_string());
+        put("model.tie_embeddings", model.tie_embeddings.to_string());
+    }
     put("data.train", data.train.value());
     put(
         "data.valid",

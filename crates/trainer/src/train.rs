@@ -16,6 +16,7 @@ use crate::checkpoint;
 use crate::config::{Backend, RunConfig};
 use crate::divergence::{self, SkipCounter};
 use crate::hooks::TestHooks;
+use crate::init_from;
 use crate::launch;
 use crate::metrics::{self, EvalLine, MetricsWriter, StepLine};
 use crate::progress::Reporter;
@@ -88,6 +89,8 @@ struct Shared<'a> {
     /// The settings that fix the trajectory, recorded in every checkpoint.
     settings: BTreeMap<String, String>,
     resume: Option<Resume>,
+    /// `model.init_from`'s weights, each unit's in full, when the run starts afresh from them.
+    initial: Option<Vec<Vec<f32>>>,
     /// The locks of the run directory and the checkpoint folder ([`take_locks`]), held by the
     /// process of rank 0 (empty on the others).
     locks: Vec<RunLock>,
@@ -226,8 +229,14 @@ fn prepare(
     };
     startup::check_memory(config, topology, ranks_here, &device)?;
     startup::check_writable(config, lead)?;
+    // A resumed run continues from its checkpoint, whatever it started from.
+    let initial = match (&config.model.init_from, &resume) {
+        (Some(dir), None) => Some(init_from::read(dir, &model_cfg)?),
+        _ => None,
+    };
     Ok(Shared {
         config,
+        initial,
         model_cfg,
         topology,
         corpora,
@@ -379,7 +388,12 @@ impl<'a> RankRun<'a> {
                     .with_context(|| format!("checkpoint {} rank {rank}", r.path.display()))?;
                 (r.manifest.step, r.manifest.tokens)
             }
-            None => (0, 0),
+            None => {
+                if let Some(units) = &shared.initial {
+                    engine.load_parameters(units).context("model.init_from")?;
+                }
+                (0, 0)
+            }
         };
         let lead = rank == 0;
         let progress = if lead {

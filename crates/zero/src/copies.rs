@@ -13,9 +13,9 @@ use crate::{Result, ZeroError};
 fn check(what: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<()> {
     match ok {
         true => Ok(()),
-        false => Err(ZeroError::BadState {
-            name: what.into(),
-            reason: detail(),
+        false => Err(ZeroError::ShardBuffer {
+            what,
+            detail: detail(),
         }),
     }
 }
@@ -155,9 +155,9 @@ mod cuda {
     fn aligned(t: &Tensor, at: usize, what: &'static str) -> Result<u64> {
         let a = address(t)? + (at * t.dtype().size_in_bytes()) as u64;
         if !a.is_multiple_of(16) {
-            return Err(ZeroError::BadState {
-                name: what.into(),
-                reason: format!("address {a:#x} is not 16-byte aligned"),
+            return Err(ZeroError::ShardBuffer {
+                what: what,
+                detail: format!("address {a:#x} is not 16-byte aligned"),
             });
         }
         Ok(a)
@@ -175,9 +175,9 @@ mod cuda {
             DType::F32 => copy(dev, place, master, 0, n, out, at),
             DType::BF16 => {
                 if !n.is_multiple_of(8) {
-                    return Err(ZeroError::BadState {
-                        name: "master shard".into(),
-                        reason: format!("{n} elements: the cast takes multiples of 8"),
+                    return Err(ZeroError::ShardBuffer {
+                        what: "master shard",
+                        detail: format!("{n} elements: the cast takes multiples of 8"),
                     });
                 }
                 let (x, o) = (
@@ -211,9 +211,9 @@ mod cuda {
             d => return Err(candle_core::Error::UnsupportedDTypeForOp(d, "gradient cast").into()),
         };
         if padded % per != 0 {
-            return Err(ZeroError::BadState {
-                name: "padded gradient".into(),
-                reason: format!("{padded} elements: not a multiple of {per}"),
+            return Err(ZeroError::ShardBuffer {
+                what: "padded gradient",
+                detail: format!("{padded} elements: not a multiple of {per}"),
             });
         }
         let (x, o) = (
@@ -237,9 +237,9 @@ mod cuda {
     ) -> Result<()> {
         let n = acc.elem_count();
         if acc.dtype() != DType::F32 || x.dtype() != DType::F32 || !n.is_multiple_of(4) {
-            return Err(ZeroError::BadState {
-                name: "gradient shard".into(),
-                reason: format!(
+            return Err(ZeroError::ShardBuffer {
+                what: "gradient shard",
+                detail: format!(
                     "{n} elements of {:?}: the add takes f32, multiples of 4",
                     acc.dtype()
                 ),
@@ -268,9 +268,9 @@ mod cuda {
     ) -> Result<()> {
         let n = out.elem_count();
         if [x, y, out].iter().any(|t| t.dtype() != DType::F32) || !n.is_multiple_of(4) {
-            return Err(ZeroError::BadState {
-                name: "difference".into(),
-                reason: format!("{n} elements: the difference takes f32, multiples of 4"),
+            return Err(ZeroError::ShardBuffer {
+                what: "difference",
+                detail: format!("{n} elements: the difference takes f32, multiples of 4"),
             });
         }
         let (a, b, o) = (

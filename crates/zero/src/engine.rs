@@ -1,23 +1,27 @@
-//! The training step of DESIGN.md section 2, for ZeRO stage 3.
+//! The ZeRO-3 training step over any model's schedule of units ([`model::Model`]).
 //!
-//! Unit order is the model's: embedding, blocks 0..L, final norm. The LM head is tied to the
-//! token embedding, so the embedding unit is gathered once in forward (the lookup) and once for
-//! backward (the head and then the lookup's backward); every other unit is gathered once in
-//! forward and once in backward, and every unit's gradient is reduced once. That is exactly the
-//! 2 gathers + 1 reduce-scatter per unit of the paper's volume accounting.
+//! The engine knows units, not layers: it walks the model's schedule ([`Model::train_walk`],
+//! [`Model::eval_walk`]) as a [`UnitSource`] that answers each request for a unit's parameters
+//! with the next gather of [`Model::gather_order`] (prefetched up to `zero.prefetch_depth`
+//! ahead) and takes each unit's gradient into a reduction. What each gather and reduction is
+//! (exact or INT8, from the world or from hpZ's secondary partition, reduce-scatter or qgZ)
+//! comes from the step's [`StepPlan`]; nothing else decides. Each unit is gathered once in
+//! forward and at most once for backward, and its gradient reduced once: the 2 gathers + 1
+//! reduce-scatter per unit of the paper's volume accounting (a tied embedding's backward
+//! gather serves the head and its own backward).
 
 use candle_core::{DType, Device, Tensor};
-use std::cell::RefCell;
 use std::collections::VecDeque;
 
 use comm::{Communicator, Group};
 use kernels::profile::{scope, Family};
-use model::{ModelConfig, ModelLayout, UnitLayout};
+use model::{Model, ModelConfig, Pass, UnitLayout};
 
-use crate::gather::{self, GatherQueue, Secondary};
+use crate::gather::Secondary;
 use crate::memory::{rank_memory, RankMemory};
 use crate::reduce;
 use crate::{AdamW, DecayRanges, Partition, Result, Techniques, ZeroConfig, ZeroPlan};
+use source::{Parts, Shards, Source};
 
 /// Gradient reductions left in flight during the backward pass: starting another finishes the
 /// oldest, so the newest overlaps the next unit's backward while at most this many units' full
@@ -98,21 +102,25 @@ struct UnitShard {
     /// zeroing pass and no accumulation pass.
     grad: Option<Tensor>,
     decay: DecayRanges,
-    /// hpZ: my node-local slice of the gathered unit, valid until the next optimizer step.
-    secondary: RefCell<Option<Secondary>>,
+    /// hpZ: my node-local slice of the gathered unit, stamped with the weights it copies.
+    secondary: Option<Secondary>,
     /// qgZ's error feedback: what my quantisers of this unit dropped the last time.
     qgz_error: Option<reduce::QgzError>,
 }
 
 /// A ZeRO-3 engine for one rank. See the module doc for the step's schedule.
 pub struct Engine {
-    cfg: ModelConfig,
+    model: Model,
     opts: EngineOptions,
     plan: ZeroPlan,
     comm: Box<dyn Communicator>,
     units: Vec<UnitShard>,
     /// Optimizer steps taken so far, skipped ones included (the training step).
     step: u64,
+    /// The version of the master weights: a new one after every optimizer step (skipped ones too,
+    /// so that each step's first gathers come from the world) and every checkpoint load. hpZ's
+    /// secondary partitions are stamped with it and serve no other.
+    weights: u64,
     /// A micro-batch since the last step had a non-finite loss on this rank: the step then
     /// makes the global gradient norm NaN, so that every rank skips it.
     non_finite_loss: bool,
@@ -121,20 +129,21 @@ pub struct Engine {
 impl Engine {
     /// Builds my shards and fills them from the seed, independently of the world size.
     pub fn new(cfg: ModelConfig, opts: EngineOptions, comm: Box<dyn Communicator>) -> Result<Self> {
-        cfg.validate()?;
+        let model = Model::new(cfg)?;
+        let cfg = model.config();
         let plan = ZeroPlan::resolve(&opts.zero, comm.topology(), opts.total_steps)?;
         let rank = comm.rank();
-        let layout = ModelLayout::new(&cfg);
         let dev = &opts.device;
-        let units = layout
-            .units
-            .into_iter()
+        let units = model
+            .units()
+            .iter()
+            .cloned()
             .map(|layout| -> Result<UnitShard> {
                 let partition = plan.partition(layout.numel);
                 let range = partition.shard_range(rank);
                 let n = range.len();
                 let mut master = vec![0f32; n];
-                init_parallel(&cfg, &layout, opts.seed, range.start, &mut master);
+                init_parallel(cfg, &layout, opts.seed, range.start, &mut master);
                 let decayed: Vec<_> = layout
                     .params
                     .iter()
@@ -149,24 +158,30 @@ impl Engine {
                     exp_avg: Tensor::zeros(n, DType::F32, dev)?,
                     exp_avg_sq: Tensor::zeros(n, DType::F32, dev)?,
                     grad: None,
-                    secondary: RefCell::new(None),
+                    secondary: None,
                     qgz_error: None,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Engine {
-            cfg,
+            model,
             opts,
             plan,
             comm,
             units,
             step: 0,
+            weights: 0,
             non_finite_loss: false,
         })
     }
 
     pub fn config(&self) -> &ModelConfig {
-        &self.cfg
+        self.model.config()
+    }
+
+    /// The model's schedule of units.
+    pub fn model(&self) -> &Model {
+        &self.model
     }
 
     /// Each unit's name and partition, in state order: how a checkpoint's shards are cut, so
@@ -196,7 +211,7 @@ impl Engine {
         self.step
     }
 
-    /// Units in model order (embedding, blocks, final norm).
+    /// Units in the model's order.
     pub fn num_units(&self) -> usize {
         self.units.len()
     }
@@ -217,71 +232,14 @@ impl Engine {
         rank_memory(&self.plan, &numels, self.opts.compute_dtype.size_in_bytes())
     }
 
-    /// Issues the next gather of `queue`. In training (`hpz`), a unit with a valid secondary
-    /// partition is gathered from it over my node.
-    fn issue_gather(&self, queue: &mut GatherQueue, hpz: bool) {
-        if let Some((u, label)) = queue.next_to_issue() {
-            let unit = &self.units[u];
-            let topology = self.plan.topology;
-            let rank = self.comm.rank();
-            let secondary = unit.secondary.borrow();
-            let source = if hpz { secondary.as_ref() } else { None };
-            let spec = gather::Spec {
-                unit: u,
-                partition: unit.partition.clone(),
-                qwz: self.plan.qwz,
-                dtype: self.opts.compute_dtype,
-                device: self.opts.device.clone(),
-                rank,
-                local: topology.local_rank(rank),
-                ranks_per_node: topology.ranks_per_node,
-                keep: hpz,
-                label,
-            };
-            queue.push(gather::submit(
-                self.comm.as_ref(),
-                spec,
-                &unit.master,
-                source,
-            ));
-        }
-    }
-
-    /// The gathered unit `expected` (the next in the queue's order); then tops the gathers in
-    /// flight up to the queue's depth.
-    fn next_gather(&self, queue: &mut GatherQueue, expected: usize, hpz: bool) -> Result<Tensor> {
-        if queue.in_flight() == 0 {
-            self.issue_gather(queue, hpz);
-        }
-        let flight = queue.pop().expect("a gather was just issued");
-        assert_eq!(
-            flight.unit, expected,
-            "units must be taken in the gather order"
-        );
-        let unit = &self.units[expected];
-        let (full, secondary) = {
-            let _span = scope(&self.opts.device, Family::Communication);
-            gather::finish(flight, unit.partition.padded)?
-        };
-        if let Some(s) = secondary {
-            *unit.secondary.borrow_mut() = Some(s);
-        }
-        while queue.in_flight() < queue.depth() {
-            let before = queue.in_flight();
-            self.issue_gather(queue, hpz);
-            if queue.in_flight() == before {
-                break;
-            }
-        }
-        Ok(full)
-    }
-
     /// Unit `u`'s full padded parameters exactly as the forward computes with them (with qwZ,
     /// dequantised INT8), gathered from the world now.
     pub fn gather_for_compute(&self, u: usize) -> Result<Vec<f32>> {
-        let mut queue = GatherQueue::new(vec![u], 0, 1);
-        Ok(self
-            .next_gather(&mut queue, u, false)?
+        let step = self.plan.step_plan(self.step + 1, Pass::Eval);
+        let shards = Shards::Read(&self.units);
+        let mut source = Source::new(self.parts(), step, shards, vec![u], 0, 1);
+        Ok(source
+            .next_gather(u)?
             .to_dtype(DType::F32)?
             .to_vec1::<f32>()?)
     }
@@ -295,65 +253,24 @@ impl Engine {
         Ok(full.to_vec1::<f32>()?)
     }
 
-    /// Submits the reduction of unit `u`'s full gradient, weighted by `scale` / W into its
-    /// shard; then finishes the oldest reductions beyond [`REDUCTIONS_IN_FLIGHT`].
-    fn start_reduce(
-        &mut self,
-        pending: &mut VecDeque<reduce::InFlight>,
-        u: usize,
-        grad: &Tensor,
-        qgz: bool,
-        scale: f32,
-    ) -> Result<()> {
-        let qgz = self.plan.qgz.filter(|_| qgz);
-        let unit = &mut self.units[u];
-        let coef = scale / unit.partition.world as f32;
-        let acc = unit.grad.take();
-        let error = match qgz {
-            Some(q) if q.error_feedback => unit.qgz_error.take(),
-            _ => None,
-        };
-        pending.push_back(reduce::submit(
-            self.comm.as_ref(),
-            u,
-            &unit.partition,
-            grad,
-            acc,
-            coef,
-            qgz,
-            error,
-        ));
-        while pending.len() > REDUCTIONS_IN_FLIGHT {
-            let oldest = pending
-                .pop_front()
-                .expect("more than the bound are pending");
-            self.finish_reduce(oldest)?;
-        }
-        Ok(())
-    }
-
-    /// Waits for a reduction and keeps its new gradient shard.
-    fn finish_reduce(&mut self, r: reduce::InFlight) -> Result<()> {
-        let (u, shard, error) = {
-            let _span = scope(&self.opts.device, Family::Communication);
-            reduce::finish(r)?
-        };
-        let unit = &mut self.units[u];
-        unit.grad = Some(shard);
-        if error.is_some() {
-            unit.qgz_error = error;
-        }
-        Ok(())
-    }
-
     fn batch_tensors(&self, inputs: &[u32], targets: &[u32]) -> Result<(Tensor, Tensor)> {
-        let t = self.cfg.seq_len;
+        let t = self.model.config().seq_len;
         let b = inputs.len() / t;
         let dev = &self.opts.device;
         Ok((
             Tensor::from_slice(inputs, (b, t), dev)?,
             Tensor::from_slice(targets, (b, t), dev)?,
         ))
+    }
+
+    /// The engine's parts a walk of the schedule borrows (all but the model it walks).
+    fn parts(&self) -> Parts<'_> {
+        Parts {
+            comm: self.comm.as_ref(),
+            opts: &self.opts,
+            plan: &self.plan,
+            weights: self.weights,
+        }
     }
 
     /// Forward and backward of one micro-batch (`inputs`, `targets`: B x T tokens, row-major).
@@ -367,81 +284,40 @@ impl Engine {
         grad_scale: f32,
     ) -> Result<f64> {
         let (tokens, targets) = self.batch_tensors(inputs, targets)?;
-        let cfg = self.cfg.clone();
-        let n_layer = cfg.n_layer;
-        let last = n_layer + 1;
-        // The first n_layer + 2 gathers are the forward's.
-        let mut gathers = GatherQueue::new(
-            training_gather_order(n_layer),
-            self.plan.prefetch_depth,
-            n_layer + 2,
-        );
-        let hpz = self.plan.hpz;
-        let qgz = self.plan.qgz_active(self.step + 1);
-
-        let embedding = self.next_gather(&mut gathers, 0, hpz)?;
-        let mut x = model::embedding_unit_forward(&cfg, &embedding, &tokens)?;
-        drop(embedding);
-        let mut saved = Vec::with_capacity(n_layer);
-        for l in 0..n_layer {
-            let params = self.next_gather(&mut gathers, 1 + l, hpz)?;
-            let (y, s) = model::block_forward(&cfg, &params, &x, self.opts.recompute)?;
-            saved.push(s);
-            x = y;
-        }
-        let norm = self.next_gather(&mut gathers, last, hpz)?;
-        let (xf, norm_saved) = model::final_norm_forward(&cfg, &norm, &x)?;
-        drop(norm);
-
-        // Backward. The embedding unit's backward gather serves the tied head and the lookup.
-        let embedding = self.next_gather(&mut gathers, 0, hpz)?;
-        let (loss, dxf, head_grad) = model::lm_head_loss_backward(&cfg, &embedding, &xf, &targets)?;
-        self.non_finite_loss |= !loss.is_finite();
-        let mut reductions = VecDeque::with_capacity(REDUCTIONS_IN_FLIGHT + 1);
-        let norm = self.next_gather(&mut gathers, last, hpz)?;
-        let (mut dx, dnorm) = model::final_norm_backward(&cfg, &norm, &norm_saved, &dxf)?;
-        drop(norm);
-        self.start_reduce(&mut reductions, last, &dnorm, qgz, grad_scale)?;
-        drop(dnorm);
-        for l in (0..n_layer).rev() {
-            let params = self.next_gather(&mut gathers, 1 + l, hpz)?;
-            let s = saved.pop().expect("one saved state per block");
-            let (d, dparams) = model::block_backward(&cfg, &params, &s, &dx)?;
-            drop(params);
-            self.start_reduce(&mut reductions, 1 + l, &dparams, qgz, grad_scale)?;
-            dx = d;
-        }
-        let lookup_grad = model::embedding_unit_backward(&cfg, &tokens, &dx)?;
-        drop(embedding);
-        self.start_reduce(
-            &mut reductions,
-            0,
-            &(head_grad + lookup_grad)?,
-            qgz,
+        let step = self.plan.step_plan(self.step + 1, Pass::Train);
+        let order = self.model.gather_order(Pass::Train);
+        let forward = self.model.units().len();
+        let parts = Parts {
+            comm: self.comm.as_ref(),
+            opts: &self.opts,
+            plan: &self.plan,
+            weights: self.weights,
+        };
+        let shards = Shards::Train {
+            units: &mut self.units,
+            reductions: VecDeque::with_capacity(REDUCTIONS_IN_FLIGHT + 1),
             grad_scale,
-        )?;
-        for r in reductions {
-            self.finish_reduce(r)?;
-        }
+        };
+        let depth = self.plan.prefetch_depth;
+        let mut source = Source::new(parts, step, shards, order, depth, forward);
+        let loss = self
+            .model
+            .train_walk(&mut source, &tokens, &targets, self.opts.recompute)?;
+        source.finish_reductions()?;
+        self.non_finite_loss |= !loss.is_finite();
         Ok(loss)
     }
 
-    /// This rank's mean loss over one micro-batch, forward only. The embedding unit gathered for
-    /// the lookup is kept for the tied head.
+    /// This rank's mean loss over one micro-batch, forward only.
     pub fn eval_loss(&self, inputs: &[u32], targets: &[u32]) -> Result<f64> {
         let (tokens, targets) = self.batch_tensors(inputs, targets)?;
-        let cfg = &self.cfg;
-        let order: Vec<usize> = (0..cfg.n_layer + 2).collect();
-        let mut gathers = GatherQueue::new(order, self.plan.prefetch_depth, cfg.n_layer + 2);
-        let embedding = self.next_gather(&mut gathers, 0, false)?;
-        let mut x = model::embedding_unit_forward(cfg, &embedding, &tokens)?;
-        for l in 0..cfg.n_layer {
-            let params = self.next_gather(&mut gathers, 1 + l, false)?;
-            x = model::block_forward(cfg, &params, &x, true)?.0;
-        }
-        let norm = self.next_gather(&mut gathers, cfg.n_layer + 1, false)?;
-        let (xf, _) = model::final_norm_forward(cfg, &norm, &x)?;
-        Ok(model::lm_head_loss(cfg, &embedding, &xf, &targets)?)
+        let step = self.plan.step_plan(self.step + 1, Pass::Eval);
+        let order = self.model.gather_order(Pass::Eval);
+        let n = order.len();
+        let shards = Shards::Read(&self.units);
+        let depth = self.plan.prefetch_depth;
+        let mut source = Source::new(self.parts(), step, shards, order, depth, n);
+        self.model.eval_walk(&mut source, &tokens, &targets)
     }
 
     /// The sum of `value` over the world, through a one-element tensor on my device (NCCL
@@ -470,7 +346,7 @@ impl Engine {
     /// NaN or inf, or a rank's loss did; the squares are all-reduced in f32, so a norm above
     /// about 1.8e19 counts as infinite too), the step is skipped before either optimizer path
     /// (CPU or CUDA) runs: master weights and moments stay bitwise as they were, the gradients
-    /// are dropped, the hpZ secondaries are invalidated as after any step, and the stats say
+    /// are dropped, and the stats say
     /// `skipped`. The norm is all-reduced, so every rank decides alike. The step count still
     /// advances: it is the training step, the one number a checkpoint saves of it, so a resumed
     /// run needs no new checkpoint field to continue bitwise as the straight run did (AdamW's
@@ -500,10 +376,11 @@ impl Engine {
         if !grad_norm.is_finite() {
             for u in &mut self.units {
                 u.grad = None;
-                u.secondary.replace(None);
                 // What the quantisers dropped from a non-finite gradient is no error to feed back.
                 u.qgz_error = None;
             }
+            // A new step: its first gathers come from the world, as every step's do.
+            self.weights += 1;
             return Ok(StepStats {
                 grad_norm,
                 skipped: true,
@@ -531,9 +408,9 @@ impl Engine {
                 lr,
                 self.step,
             )?;
-            // hpZ: the secondary partition copies weights this step just changed.
-            u.secondary.replace(None);
         }
+        // hpZ's secondary partitions copy the weights this step just changed: they now refuse.
+        self.weights += 1;
         Ok(StepStats {
             grad_norm,
             skipped: false,
@@ -563,17 +440,7 @@ fn init_parallel(cfg: &ModelConfig, layout: &UnitLayout, seed: u64, start: usize
         .for_each(|(i, chunk)| model::init_unit_range(cfg, layout, seed, start + i * CHUNK, chunk));
 }
 
-/// The order in which a training step gathers units: forward (embedding, blocks, final norm),
-/// then backward (embedding for the tied head, final norm, blocks in reverse).
-fn training_gather_order(n_layer: usize) -> Vec<usize> {
-    let last = n_layer + 1;
-    let mut order: Vec<usize> = (0..=last).collect();
-    order.push(0);
-    order.push(last);
-    order.extend((1..=n_layer).rev());
-    order
-}
-
+mod source;
 mod state;
 #[cfg(test)]
 mod tests;

@@ -7,34 +7,56 @@
 //! hpZ: the first world gather of a unit in a training step leaves each rank holding its
 //! node-local slice of the gathered unit (its *secondary partition*: elements
 //! `[l x P/D, (l+1) x P/D)` of the padded buffer for local rank l), a buffer of the
-//! communication side. Every later gather of that unit in the step is an intra-node all-gather
-//! of the secondary partitions, which rebuilds exactly the buffer of the world gather (with qwZ,
-//! the same INT8 codes and scales), so hpZ changes no number. The optimizer step and a
-//! checkpoint load invalidate every secondary partition: it is a copy of weights that are about
-//! to change. A backward gather issued before its unit's forward gather was waited (a prefetch
-//! deeper than the distance between them) finds no secondary partition and gathers from the
-//! world: the same numbers, more bytes.
+//! communication side, stamped with the version of the weights it copies ([`Secondary`]). Every
+//! later gather of that unit while those weights hold is an intra-node all-gather of the
+//! secondary partitions, which rebuilds exactly the buffer of the world gather (with qwZ, the
+//! same INT8 codes and scales), so hpZ changes no number. A secondary partition of other
+//! weights (before an optimizer step or a checkpoint load) refuses to serve, so nothing has to
+//! invalidate it. A backward gather issued before its unit's forward gather was waited (a
+//! prefetch deeper than the distance between them) finds no secondary partition and gathers
+//! from the world: the same numbers, more bytes.
 
 use std::collections::VecDeque;
 
 use candle_core::{DType, Device, Tensor};
-use comm::{CommError, Communicator, Group, Job, Lane, Pending};
+use comm::{Communicator, Group, Lane};
 use kernels::profile::Family;
 
-use crate::{copies, Partition, Qwz, Result, ZeroError};
+use crate::typed_job::{self, TypedPending};
+use crate::{copies, Partition, Result, WeightGather};
 
 /// What a gather job is reported as ([`comm::JobTime`]).
 pub const FORWARD_GATHER: &str = "forward gather";
 pub const BACKWARD_GATHER: &str = "backward gather";
 
 /// A rank's slice of a unit's gathered weights, kept between the forward and the backward, in
-/// its own buffer of the communication side.
+/// its own buffer of the communication side, with the version of the weights it copies.
 #[derive(Clone, Debug)]
-pub(crate) enum Secondary {
+pub(crate) struct Secondary {
+    /// The engine's weights version when it was gathered (`Engine`'s counter: every optimizer
+    /// step and every checkpoint load makes a new one).
+    weights: u64,
+    data: SecondaryData,
+}
+
+impl Secondary {
+    /// The slice, if it copies weights of version `weights`; `None` (refused) otherwise.
+    pub(crate) fn serve(&self, weights: u64) -> Option<&SecondaryData> {
+        (self.weights == weights).then_some(&self.data)
+    }
+}
+
+/// The values of a secondary partition.
+#[derive(Clone, Debug)]
+pub(crate) enum SecondaryData {
     /// The gathered values themselves, in the compute dtype (hpZ without qwZ).
     Plain(Tensor),
-    /// The INT8 codes (`u8`) and f32 scales as gathered (hpZ with qwZ).
-    Quantized { codes: Tensor, scales: Tensor },
+    /// The INT8 codes (`u8`) and f32 scales of `block` elements as gathered (hpZ with qwZ).
+    Int8 {
+        codes: Tensor,
+        scales: Tensor,
+        block: usize,
+    },
 }
 
 /// Everything a gather of one unit needs to know besides its buffers.
@@ -42,24 +64,30 @@ pub(crate) enum Secondary {
 pub(crate) struct Spec {
     pub unit: usize,
     pub partition: Partition,
-    pub qwz: Option<Qwz>,
+    pub gather: WeightGather,
     pub dtype: DType,
     pub device: Device,
     /// My world rank and local rank, and the ranks per node.
     pub rank: usize,
     pub local: usize,
     pub ranks_per_node: usize,
-    /// hpZ in training: keep my secondary partition of a world gather.
-    pub keep: bool,
+    /// hpZ in training: keep my secondary partition of a world gather, stamped `weights`.
+    pub keep: Option<u64>,
     pub label: &'static str,
+}
+
+/// What a gather job returns: the unit's full padded buffer in the compute dtype and, for a
+/// world gather that keeps it, my secondary partition.
+pub(crate) struct Gathered {
+    pub full: Tensor,
+    pub secondary: Option<Secondary>,
 }
 
 /// A gather in flight.
 pub(crate) struct InFlight {
     pub unit: usize,
-    from_world: bool,
-    keep: bool,
-    pending: Pending<Vec<Tensor>>,
+    padded: usize,
+    pending: TypedPending<Gathered>,
 }
 
 /// Submits the gather of `spec.unit`: from my node's secondary partitions if `secondary` is
@@ -68,37 +96,41 @@ pub(crate) fn submit(
     comm: &dyn Communicator,
     spec: Spec,
     master: &Tensor,
-    secondary: Option<&Secondary>,
+    secondary: Option<&SecondaryData>,
 ) -> InFlight {
-    let (unit, keep, label, device) = (spec.unit, spec.keep, spec.label, spec.device.clone());
+    let (unit, padded, label, device) = (
+        spec.unit,
+        spec.partition.padded,
+        spec.label,
+        spec.device.clone(),
+    );
     let outputs = vec![(spec.dtype, spec.partition.padded)];
-    let (inputs, from_world) = match secondary {
-        None => (vec![master.clone()], true),
-        Some(Secondary::Plain(v)) => (vec![v.clone()], false),
-        Some(Secondary::Quantized { codes, scales }) => {
-            (vec![codes.clone(), scales.clone()], false)
+    let (inputs, source) = match secondary {
+        None => (vec![master.clone()], None),
+        Some(SecondaryData::Plain(v)) => (vec![v.clone()], secondary.cloned()),
+        Some(SecondaryData::Int8 { codes, scales, .. }) => {
+            (vec![codes.clone(), scales.clone()], secondary.cloned())
         }
     };
-    let run: comm::job::JobFn = Box::new(move |lane, inputs, outputs| {
-        let out = outputs.into_iter().next().expect("one output");
-        match from_world {
-            true => from_world_job(lane, &spec, &inputs[0], out),
-            false => from_node_job(lane, &spec, inputs, out),
-        }
-        .map_err(|e| CommError::in_job(label, e))
-    });
-    let job = Job {
+    let master = master.clone();
+    let pending = typed_job::submit(
+        comm,
         label,
         device,
         inputs,
         outputs,
-        run,
-    };
+        move |lane, outputs| {
+            let out = outputs.into_iter().next().expect("one output");
+            match source {
+                None => from_world_job(lane, &spec, &master, out),
+                Some(s) => from_node_job(lane, &spec, s, out),
+            }
+        },
+    );
     InFlight {
         unit,
-        from_world,
-        keep,
-        pending: comm.submit(job),
+        padded,
+        pending,
     }
 }
 
@@ -109,7 +141,7 @@ fn from_world_job(
     spec: &Spec,
     master: &Tensor,
     out: Tensor,
-) -> Result<Vec<Tensor>> {
+) -> Result<Gathered> {
     let place = lane.place().clone();
     let (padded, shard) = (spec.partition.padded, spec.partition.shard_len());
     let at = spec.rank * shard;
@@ -117,45 +149,59 @@ fn from_world_job(
     let from = spec.local * slice;
     // Profile spans time the compute stream: they record only where the job runs there (one rank).
     let span = |family| place.scope(&spec.device, family);
-    match spec.qwz {
-        None => {
+    let (full, data) = match spec.gather {
+        WeightGather::Exact => {
             {
                 let _span = span(Family::ZeroCopies);
                 copies::cast_into(&place, master, &out, at)?;
             }
             let full = lane.all_gather_in_place(Group::World, &out)?;
-            let mut results = vec![full];
-            if spec.keep {
-                let mine = lane.alloc(spec.dtype, slice)?;
-                copies::copy_into(&place, &results[0], from, slice, &mine, 0)?;
-                results.push(mine);
-            }
-            Ok(results)
+            let data = match spec.keep {
+                Some(_) => {
+                    let mine = lane.alloc(spec.dtype, slice)?;
+                    copies::copy_into(&place, &full, from, slice, &mine, 0)?;
+                    Some(SecondaryData::Plain(mine))
+                }
+                None => None,
+            };
+            (full, data)
         }
-        Some(q) => {
+        WeightGather::Int8 { block } => {
             let codes = lane.alloc(DType::U8, padded)?;
-            let scales = lane.alloc(DType::F32, padded / q.block)?;
+            let scales = lane.alloc(DType::F32, padded / block)?;
             {
                 let _span = span(Family::Quantisation);
-                quant::tensor::quantize_int8_into(master, q.block, &codes, &scales, at, &place)?;
+                quant::tensor::quantize_int8_into(master, block, &codes, &scales, at, &place)?;
             }
             let codes = lane.all_gather_in_place(Group::World, &codes)?;
             let scales = lane.all_gather_in_place(Group::World, &scales)?;
-            let _span = span(Family::Quantisation);
-            let full = quant::tensor::dequantize_int8_into(&codes, &scales, q.block, &out, &place)?;
-            let mut results = vec![full];
-            if spec.keep {
-                let blocks = slice / q.block;
-                let my_codes = lane.alloc(DType::U8, slice)?;
-                copies::copy_into(&place, &codes, from, slice, &my_codes, 0)?;
-                let my_scales = lane.alloc(DType::F32, blocks)?;
-                copies::copy_into(&place, &scales, from / q.block, blocks, &my_scales, 0)?;
-                results.push(my_codes);
-                results.push(my_scales);
-            }
-            Ok(results)
+            let full = {
+                let _span = span(Family::Quantisation);
+                quant::tensor::dequantize_int8_into(&codes, &scales, block, &out, &place)?
+            };
+            let data = match spec.keep {
+                Some(_) => {
+                    let blocks = slice / block;
+                    let my_codes = lane.alloc(DType::U8, slice)?;
+                    copies::copy_into(&place, &codes, from, slice, &my_codes, 0)?;
+                    let my_scales = lane.alloc(DType::F32, blocks)?;
+                    copies::copy_into(&place, &scales, from / block, blocks, &my_scales, 0)?;
+                    Some(SecondaryData::Int8 {
+                        codes: my_codes,
+                        scales: my_scales,
+                        block,
+                    })
+                }
+                None => None,
+            };
+            (full, data)
         }
-    }
+    };
+    let secondary = spec
+        .keep
+        .zip(data)
+        .map(|(weights, data)| Secondary { weights, data });
+    Ok(Gathered { full, secondary })
 }
 
 /// An hpZ gather: my secondary partition into my node slot of `out` (with qwZ, of the INT8
@@ -163,68 +209,50 @@ fn from_world_job(
 fn from_node_job(
     lane: &mut dyn Lane,
     spec: &Spec,
-    inputs: &[Tensor],
+    source: SecondaryData,
     out: Tensor,
-) -> Result<Vec<Tensor>> {
+) -> Result<Gathered> {
     let place = lane.place().clone();
     let padded = spec.partition.padded;
     let slice = padded / spec.ranks_per_node;
     let at = spec.local * slice;
-    let full = match (spec.qwz, inputs) {
-        (None, [values]) => {
-            copies::copy_into(&place, values, 0, slice, &out, at)?;
+    let full = match source {
+        SecondaryData::Plain(values) => {
+            copies::copy_into(&place, &values, 0, slice, &out, at)?;
             lane.all_gather_in_place(Group::IntraNode, &out)?
         }
-        (Some(q), [codes, scales]) => {
-            let blocks = slice / q.block;
+        SecondaryData::Int8 {
+            codes,
+            scales,
+            block,
+        } => {
+            let blocks = slice / block;
             let all_codes = lane.alloc(DType::U8, padded)?;
-            copies::copy_into(&place, codes, 0, slice, &all_codes, at)?;
-            let all_scales = lane.alloc(DType::F32, padded / q.block)?;
-            copies::copy_into(&place, scales, 0, blocks, &all_scales, at / q.block)?;
+            copies::copy_into(&place, &codes, 0, slice, &all_codes, at)?;
+            let all_scales = lane.alloc(DType::F32, padded / block)?;
+            copies::copy_into(&place, &scales, 0, blocks, &all_scales, at / block)?;
             let all_codes = lane.all_gather_in_place(Group::IntraNode, &all_codes)?;
             let all_scales = lane.all_gather_in_place(Group::IntraNode, &all_scales)?;
-            quant::tensor::dequantize_int8_into(&all_codes, &all_scales, q.block, &out, &place)?
-        }
-        _ => {
-            return Err(ZeroError::BadState {
-                name: format!("secondary partition of unit {}", spec.unit),
-                reason: "its kind does not match the qwZ plan".into(),
-            })
+            quant::tensor::dequantize_int8_into(&all_codes, &all_scales, block, &out, &place)?
         }
     };
-    Ok(vec![full])
+    Ok(Gathered {
+        full,
+        secondary: None,
+    })
 }
 
 /// Waits for a gather: the unit's full padded buffer in the compute dtype and, for a world
 /// gather that keeps it (hpZ in training), my secondary partition.
-pub(crate) fn finish(flight: InFlight, padded: usize) -> Result<(Tensor, Option<Secondary>)> {
-    let mut results = flight.pending.wait()?.into_iter();
-    let full = results.next().ok_or_else(|| ZeroError::BadState {
-        name: format!("gathered unit {}", flight.unit),
-        reason: "the gather returned nothing".into(),
-    })?;
-    if full.elem_count() != padded {
-        return Err(ZeroError::BadState {
-            name: format!("gathered unit {}", flight.unit),
-            reason: format!("{} elements, expected {padded}", full.elem_count()),
-        });
-    }
-    let kept: Vec<Tensor> = results.collect();
-    let secondary = match (flight.from_world && flight.keep, kept.as_slice()) {
-        (false, _) | (true, []) => None,
-        (true, [values]) => Some(Secondary::Plain(values.clone())),
-        (true, [codes, scales]) => Some(Secondary::Quantized {
-            codes: codes.clone(),
-            scales: scales.clone(),
-        }),
-        (true, _) => {
-            return Err(ZeroError::BadState {
-                name: format!("secondary partition of unit {}", flight.unit),
-                reason: format!("{} buffers", kept.len()),
-            })
-        }
-    };
-    Ok((full, secondary))
+pub(crate) fn finish(flight: InFlight) -> Result<Gathered> {
+    let gathered = flight.pending.wait()?;
+    debug_assert_eq!(
+        gathered.full.elem_count(),
+        flight.padded,
+        "unit {}",
+        flight.unit
+    );
+    Ok(gathered)
 }
 
 /// Gathers units in a fixed order, keeping up to `depth` gathers in flight ahead of the unit

@@ -19,6 +19,7 @@ mod partition;
 mod plan;
 mod reduce;
 mod squares;
+mod typed_job;
 pub mod volume;
 
 pub use config::{ZeroConfig, MAX_PREFETCH_DEPTH};
@@ -31,6 +32,9 @@ pub use gather::{BACKWARD_GATHER, FORWARD_GATHER};
 pub use memory::{rank_memory, RankMemory};
 pub use optimizer::{AdamW, DecayRanges};
 pub use partition::{reslice, Partition, Piece};
-pub use plan::{Qgz, Qwz, Techniques, ZeroPlan, MIN_ALIGN};
+pub use plan::{
+    GradReduction, Qgz, Qwz, SecondaryPartition, StepPlan, Techniques, WeightGather, ZeroPlan,
+    MIN_ALIGN,
+};
 pub use reduce::GRADIENT_REDUCTION;
 pub use squares::sum_of_squares;

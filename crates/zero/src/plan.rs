@@ -1,7 +1,10 @@
-//! The ZeRO++ options resolved once, against the topology and the run length, into a typed plan.
-//! The engine, the volume formulas and `trainer plan` all read this; nothing else decides modes.
+//! The ZeRO++ options resolved once, against the topology and the run length, into a typed plan
+//! ([`ZeroPlan`]), and for each step and pass into what that pass does ([`StepPlan`]): which
+//! weight gather, which secondary partition, which gradient reduction. The engine, the volume
+//! formulas and `trainer plan` all read these; nothing else decides modes.
 
 use comm::Topology;
+use model::Pass;
 
 use crate::{Partition, Result, ZeroConfig, ZeroError};
 
@@ -12,7 +15,8 @@ pub struct Qwz {
 }
 
 /// qgZ: gradients reduced by the 2-hop INT4 all-to-all, for optimizer steps `1..=until_step`,
-/// with error feedback if `error_feedback`.
+/// with error feedback if `error_feedback` (resolved: off with one rank, where nothing is
+/// quantised).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Qgz {
     pub block: usize,
@@ -98,7 +102,7 @@ impl ZeroPlan {
         let qgz = cfg.quantized_gradients.then(|| Qgz {
             block: cfg.grad_quant_block,
             until_step: (cfg.qgz_until * total_steps as f64).round() as u64,
-            error_feedback: cfg.qgz_error_feedback,
+            error_feedback: cfg.qgz_error_feedback && topology.world() > 1,
         });
         let align = lcm(MIN_ALIGN, blocks_lcm(qwz, qgz));
         Ok(ZeroPlan {
@@ -129,12 +133,84 @@ impl ZeroPlan {
 
     /// The techniques of optimizer step `step`.
     pub fn techniques(&self, step: u64) -> Techniques {
+        let train = self.step_plan(step, Pass::Train);
         Techniques {
-            qwz: self.qwz.is_some(),
-            hpz: self.hpz,
-            qgz: self.qgz_active(step),
+            qwz: train.gather != WeightGather::Exact,
+            hpz: train.secondary == SecondaryPartition::Node,
+            qgz: matches!(train.reduction, Some(GradReduction::Qgz { .. })),
         }
     }
+
+    /// What pass `pass` of optimizer step `step` (1-based) does: the one place that decides.
+    ///
+    /// Both passes gather weights alike (qwZ's INT8 or exact); only training keeps hpZ's
+    /// secondary partition (evaluation gathers each unit once) and reduces gradients.
+    pub fn step_plan(&self, step: u64, pass: Pass) -> StepPlan {
+        let gather = match self.qwz {
+            Some(q) => WeightGather::Int8 { block: q.block },
+            None => WeightGather::Exact,
+        };
+        let train = pass == Pass::Train;
+        let secondary = match self.hpz && train {
+            true => SecondaryPartition::Node,
+            false => SecondaryPartition::None,
+        };
+        let reduction = train.then(|| match self.qgz {
+            Some(q) if step <= q.until_step => GradReduction::Qgz {
+                block: q.block,
+                error_feedback: q.error_feedback,
+            },
+            _ => GradReduction::ReduceScatter,
+        });
+        StepPlan {
+            step,
+            pass,
+            gather,
+            secondary,
+            reduction,
+        }
+    }
+}
+
+/// How a unit's weights are gathered for compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightGather {
+    /// The master shards cast to the compute dtype, gathered as they are.
+    Exact,
+    /// qwZ: block-wise INT8 codes and one f32 scale per `block` elements, dequantised after.
+    Int8 { block: usize },
+}
+
+/// Where the gathers of a unit after its first in a step come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SecondaryPartition {
+    /// Every gather is a world gather.
+    None,
+    /// hpZ: the first world gather leaves each rank its node-local slice, and later gathers of
+    /// the step are intra-node gathers of those slices.
+    Node,
+}
+
+/// How a unit's gradient is reduced into the owners' shards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GradReduction {
+    /// A reduce-scatter over the world in f32.
+    ReduceScatter,
+    /// qgZ's 2-hop INT4 all-to-all, carrying each rank's quantisation error to the next step
+    /// when `error_feedback`.
+    Qgz { block: usize, error_feedback: bool },
+}
+
+/// What one pass of one step does ([`ZeroPlan::step_plan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepPlan {
+    /// The optimizer step (1-based) the pass belongs to.
+    pub step: u64,
+    pub pass: Pass,
+    pub gather: WeightGather,
+    pub secondary: SecondaryPartition,
+    /// `None` in evaluation.
+    pub reduction: Option<GradReduction>,
 }
 
 #[cfg(test)]
@@ -169,6 +245,47 @@ mod tests {
         let plan = ZeroPlan::resolve(&cfg, topo(), 100).unwrap();
         assert!(plan.qgz_active(1) && plan.qgz_active(50));
         assert!(!plan.qgz_active(51));
+        let qgz = GradReduction::Qgz {
+            block: 512,
+            error_feedback: false,
+        };
+        assert_eq!(plan.step_plan(50, Pass::Train).reduction, Some(qgz));
+        assert_eq!(
+            plan.step_plan(51, Pass::Train).reduction,
+            Some(GradReduction::ReduceScatter)
+        );
+        assert_eq!(plan.step_plan(50, Pass::Eval).reduction, None);
+    }
+
+    #[test]
+    fn error_feedback_is_resolved_off_at_one_rank() {
+        let cfg = ZeroConfig {
+            quantized_gradients: true,
+            qgz_error_feedback: true,
+            ..Default::default()
+        };
+        let one = ZeroPlan::resolve(&cfg, Topology::new(1, 1).unwrap(), 10).unwrap();
+        assert!(!one.qgz.unwrap().error_feedback);
+        let many = ZeroPlan::resolve(&cfg, topo(), 10).unwrap();
+        assert!(many.qgz.unwrap().error_feedback);
+    }
+
+    #[test]
+    fn only_training_keeps_a_secondary_partition() {
+        let cfg = ZeroConfig {
+            hpz_partition_size: 4,
+            quantized_weights: true,
+            ..Default::default()
+        };
+        let plan = ZeroPlan::resolve(&cfg, topo(), 10).unwrap();
+        let (train, eval) = (
+            plan.step_plan(1, Pass::Train),
+            plan.step_plan(1, Pass::Eval),
+        );
+        assert_eq!(train.secondary, SecondaryPartition::Node);
+        assert_eq!(eval.secondary, SecondaryPartition::None);
+        assert_eq!(train.gather, WeightGather::Int8 { block: 2048 });
+        assert_eq!(eval.gather, train.gather);
     }
 
     #[test]

@@ -28,10 +28,11 @@
 //! requantiser: with no error yet the first hop's codes are those of the fused swizzle.
 
 use candle_core::{DType, Tensor};
-use comm::{CommError, Communicator, Group, Job, Lane, Pending, Topology};
+use comm::{Communicator, Group, Lane, Topology};
 use kernels::profile::Family;
 
-use crate::{copies, Partition, Qgz, Result, ZeroError};
+use crate::typed_job::{self, TypedPending};
+use crate::{copies, GradReduction, Partition, Result};
 
 /// What a reduction job is reported as ([`comm::JobTime`]).
 pub const GRADIENT_REDUCTION: &str = "gradient reduction";
@@ -46,18 +47,23 @@ pub(crate) struct QgzError {
     pub hop2: Option<Tensor>,
 }
 
+/// What a reduction job returns: the unit's new fp32 gradient shard and, with qgZ's error
+/// feedback, what its quantisers dropped this time.
+pub(crate) struct Reduced {
+    pub shard: Tensor,
+    pub error: Option<QgzError>,
+}
+
 /// A reduction in flight.
 pub(crate) struct InFlight {
     pub unit: usize,
-    /// The job returns its error-feedback state (error feedback on).
-    feedback: bool,
-    pending: Pending<Vec<Tensor>>,
+    pending: TypedPending<Reduced>,
 }
 
 /// Submits the reduction of unit `unit`'s full gradient `grad` (its `numel` elements, in the
 /// compute dtype), weighted by `coef`, into `acc` (the unit's fp32 gradient shard so far, or
-/// `None`: a new shard). `qgz`: reduce with qgZ, feeding back `error` (what the last
-/// quantisation of this unit dropped; `None` before the first) if its plan says so.
+/// `None`: a new shard), as `how` says; with qgZ's error feedback, compensated by `error` (what
+/// the last quantisation of this unit dropped; `None` before the first).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn submit(
     comm: &dyn Communicator,
@@ -66,83 +72,56 @@ pub(crate) fn submit(
     grad: &Tensor,
     acc: Option<Tensor>,
     coef: f32,
-    qgz: Option<Qgz>,
+    how: GradReduction,
     error: Option<QgzError>,
 ) -> InFlight {
     let (padded, shard) = (partition.padded, partition.shard_len());
     let topology = comm.topology();
-    let feedback = qgz.is_some_and(|q| q.error_feedback) && topology.world() > 1;
     let outputs = match acc {
         Some(_) => vec![],
         None => vec![(DType::F32, shard)],
     };
-    let has_acc = acc.is_some();
     let mut inputs = vec![grad.clone()];
-    inputs.extend(acc);
-    let had_error = error.is_some();
-    if let Some(e) = error {
-        inputs.push(e.hop1);
-        inputs.extend(e.hop2);
-    }
-    let run: comm::job::JobFn = Box::new(move |lane, inputs, outputs| {
-        let grad = &inputs[0];
-        let acc = has_acc.then(|| &inputs[1]);
-        let kept = &inputs[1 + has_acc as usize..];
-        let error = match (feedback && had_error, kept) {
-            (true, [hop1]) => Some((hop1.clone(), None)),
-            (true, [hop1, hop2]) => Some((hop1.clone(), Some(hop2.clone()))),
-            _ => None,
-        };
-        let out = outputs.into_iter().next();
-        let job = Reduce {
-            coef,
-            padded,
-            qgz,
-            feedback,
-            topology,
-        };
-        job.run(lane, grad, acc, out, error)
-            .map_err(|e| CommError::in_job(GRADIENT_REDUCTION, e))
-    });
-    let job = Job {
-        label: GRADIENT_REDUCTION,
-        device: grad.device().clone(),
-        inputs,
-        outputs,
-        run,
-    };
-    InFlight {
-        unit,
-        feedback,
-        pending: comm.submit(job),
-    }
-}
-
-/// Waits for a reduction: its unit, the new fp32 gradient shard, and (error feedback) what its
-/// quantisers dropped this time.
-pub(crate) fn finish(r: InFlight) -> Result<(usize, Tensor, Option<QgzError>)> {
-    let mut results = r.pending.wait()?.into_iter();
-    let shard = results.next().ok_or_else(|| ZeroError::BadState {
-        name: format!("gradient of unit {}", r.unit),
-        reason: "the reduction returned nothing".into(),
-    })?;
-    let error = match (r.feedback, results.next()) {
-        (true, Some(hop1)) => Some(QgzError {
-            hop1,
-            hop2: results.next(),
-        }),
+    inputs.extend(acc.clone());
+    let error = match how {
+        GradReduction::Qgz {
+            error_feedback: true,
+            ..
+        } => error,
         _ => None,
     };
-    Ok((r.unit, shard, error))
+    if let Some(e) = &error {
+        inputs.push(e.hop1.clone());
+        inputs.extend(e.hop2.clone());
+    }
+    let grad = grad.clone();
+    let job = Reduce {
+        coef,
+        padded,
+        how,
+        topology,
+    };
+    let pending = typed_job::submit(
+        comm,
+        GRADIENT_REDUCTION,
+        grad.device().clone(),
+        inputs,
+        outputs,
+        move |lane, outputs| job.run(lane, &grad, acc.as_ref(), outputs.into_iter().next(), error),
+    );
+    InFlight { unit, pending }
+}
+
+/// Waits for a reduction: its unit and what it returned.
+pub(crate) fn finish(r: InFlight) -> Result<(usize, Reduced)> {
+    Ok((r.unit, r.pending.wait()?))
 }
 
 /// A reduction job's settings.
 struct Reduce {
     coef: f32,
     padded: usize,
-    qgz: Option<Qgz>,
-    /// Feed back the quantisation error (qgZ with error feedback, W > 1).
-    feedback: bool,
+    how: GradReduction,
     topology: Topology,
 }
 
@@ -154,8 +133,8 @@ impl Reduce {
         grad: &Tensor,
         acc: Option<&Tensor>,
         out: Option<Tensor>,
-        error: Option<(Tensor, Option<Tensor>)>,
-    ) -> Result<Vec<Tensor>> {
+        error: Option<QgzError>,
+    ) -> Result<Reduced> {
         let place = lane.place().clone();
         let world = self.topology.world();
         let (padded, shard) = (self.padded, self.padded / world);
@@ -167,7 +146,7 @@ impl Reduce {
                 _ => Ok(lane.alloc(DType::F32, shard)?),
             }
         };
-        let mut kept = Vec::new();
+        let mut kept = None;
         let sum = if world == 1 {
             // Nothing to reduce: the scaled, padded gradient is the shard.
             let t = target(lane)?;
@@ -177,14 +156,18 @@ impl Reduce {
         } else {
             let full = lane.alloc(DType::F32, padded)?;
             copies::scale_pad_into(&place, grad, self.coef, &full)?;
-            match self.qgz {
-                None => {
+            match self.how {
+                GradReduction::ReduceScatter => {
                     let t = target(lane)?;
                     lane.reduce_scatter_into(Group::World, &full, &t)?
                 }
-                Some(q) => {
+                GradReduction::Qgz {
+                    block,
+                    error_feedback,
+                } => {
                     let t = target(lane)?;
-                    let (sum, errors) = self.two_hops(lane, full, q, &t, error)?;
+                    let (sum, errors) =
+                        self.two_hops(lane, full, block, error_feedback, &t, error)?;
                     kept = errors;
                     sum
                 }
@@ -198,51 +181,51 @@ impl Reduce {
                 acc.clone()
             }
         };
-        let mut results = vec![shard];
-        results.extend(kept);
-        Ok(results)
+        Ok(Reduced { shard, error: kept })
     }
 
-    /// qgZ's two hops of the padded, scaled gradient `full` into `target`; with error feedback,
-    /// compensated by `error` (none before the first), whose new values come back.
+    /// qgZ's two hops of the padded, scaled gradient `full` into `target`, in INT4 blocks of
+    /// `block`; with `feedback`, compensated by `error` (none before the first), whose new
+    /// values come back.
     fn two_hops(
         &self,
         lane: &mut dyn Lane,
         full: Tensor,
-        q: Qgz,
+        block: usize,
+        feedback: bool,
         target: &Tensor,
-        error: Option<(Tensor, Option<Tensor>)>,
-    ) -> Result<(Tensor, Vec<Tensor>)> {
+        error: Option<QgzError>,
+    ) -> Result<(Tensor, Option<QgzError>)> {
         let place = lane.place().clone();
         let Topology {
             nodes,
             ranks_per_node: d,
         } = self.topology;
         let (hop1_error, hop2_error) = match error {
-            Some((h1, h2)) => (Some(h1), h2),
+            Some(e) => (Some(e.hop1), e.hop2),
             None => (None, None),
         };
-        let mut kept = Vec::new();
-        let (mut packed, mut scales) = if self.feedback {
+        let (mut kept_hop1, mut kept_hop2) = (None, None);
+        let (mut packed, mut scales) = if feedback {
             let swizzled = swizzle(lane, &full, nodes, d)?;
             drop(full);
-            let (p, s, e) = quantize_compensated(lane, &swizzled, hop1_error, q.block)?;
-            kept.push(e);
+            let (p, s, e) = quantize_compensated(lane, &swizzled, hop1_error, block)?;
+            kept_hop1 = Some(e);
             (p, s)
         } else {
-            quant::tensor::quantize_int4_swizzled_on(&full, nodes, d, q.block, &place)?
+            quant::tensor::quantize_int4_swizzled_on(&full, nodes, d, block, &place)?
         };
         if d > 1 {
             let p = lane.all_to_all(Group::IntraNode, &packed)?;
             let s = lane.all_to_all(Group::IntraNode, &scales)?;
-            (packed, scales) = if self.feedback {
+            (packed, scales) = if feedback {
                 let node_sum = lane.alloc(DType::F32, 2 * p.elem_count() / d)?;
-                quant::tensor::dequantize_sum_int4_into(&p, &s, d, q.block, &node_sum, &place)?;
-                let (p, s, e) = quantize_compensated(lane, &node_sum, hop2_error, q.block)?;
-                kept.push(e);
+                quant::tensor::dequantize_sum_int4_into(&p, &s, d, block, &node_sum, &place)?;
+                let (p, s, e) = quantize_compensated(lane, &node_sum, hop2_error, block)?;
+                kept_hop2 = Some(e);
                 (p, s)
             } else {
-                quant::tensor::dequantize_sum_requantize_int4_on(&p, &s, d, q.block, &place)?
+                quant::tensor::dequantize_sum_requantize_int4_on(&p, &s, d, block, &place)?
             };
         }
         if nodes > 1 {
@@ -250,8 +233,12 @@ impl Reduce {
             scales = lane.all_to_all(Group::InterNode, &scales)?;
         }
         let sum = quant::tensor::dequantize_sum_int4_into(
-            &packed, &scales, nodes, q.block, target, &place,
+            &packed, &scales, nodes, block, target, &place,
         )?;
+        let kept = kept_hop1.map(|hop1| QgzError {
+            hop1,
+            hop2: kept_hop2,
+        });
         Ok((sum, kept))
     }
 }
@@ -313,9 +300,8 @@ mod tests {
         topology: Topology,
         grad: impl Fn(usize) -> Vec<f32> + Sync,
     ) -> Vec<(Vec<f32>, Vec<f32>)> {
-        let q = Qgz {
+        let q = GradReduction::Qgz {
             block: BLOCK,
-            until_step: 1,
             error_feedback: false,
         };
         let w = topology.world();
@@ -324,8 +310,21 @@ mod tests {
         comm::run_local(topology, |c| -> crate::Result<_> {
             let g = grad(c.rank());
             let g = Tensor::from_vec(g.clone(), g.len(), &candle_core::Device::Cpu)?;
-            let quantised = finish(submit(&c, 0, &partition, &g, None, coef, Some(q), None))?.1;
-            let plain = finish(submit(&c, 0, &partition, &g, None, coef, None, None))?.1;
+            let quantised = finish(submit(&c, 0, &partition, &g, None, coef, q, None))?
+                .1
+                .shard;
+            let plain = finish(submit(
+                &c,
+                0,
+                &partition,
+                &g,
+                None,
+                coef,
+                GradReduction::ReduceScatter,
+                None,
+            ))?
+            .1
+            .shard;
             Ok((quantised.to_vec1::<f32>()?, plain.to_vec1::<f32>()?))
         })
         .unwrap()
@@ -390,9 +389,8 @@ mod tests {
         steps: usize,
         feedback: bool,
     ) -> Vec<(Vec<f32>, Vec<f32>, Option<(Vec<f32>, Option<Vec<f32>>)>)> {
-        let q = Qgz {
+        let q = GradReduction::Qgz {
             block: BLOCK,
-            until_step: u64::MAX,
             error_feedback: feedback,
         };
         let w = topology.world();
@@ -403,8 +401,8 @@ mod tests {
             let g = Tensor::from_vec(g.clone(), g.len(), &candle_core::Device::Cpu)?;
             let (mut error, mut last, mut total) = (None, vec![], vec![0.0f32; SHARD]);
             for _ in 0..steps {
-                let r = submit(&c, 0, &partition, &g, None, coef, Some(q), error.take());
-                let (_, shard, e) = finish(r)?;
+                let r = submit(&c, 0, &partition, &g, None, coef, q, error.take());
+                let (_, Reduced { shard, error: e }) = finish(r)?;
                 last = shard.to_vec1::<f32>()?;
                 total.iter_mut().zip(&last).for_each(|(t, v)| *t += v);
                 error = e;
@@ -513,7 +511,10 @@ mod tests {
         let out = comm::run_local(topology, |c| -> crate::Result<_> {
             let g = gradient(c.rank(), 4);
             let g = Tensor::from_vec(g.clone(), g.len(), &candle_core::Device::Cpu)?;
-            let first = finish(submit(&c, 0, &partition, &g, None, 0.125, None, None))?.1;
+            let plain = GradReduction::ReduceScatter;
+            let first = finish(submit(&c, 0, &partition, &g, None, 0.125, plain, None))?
+                .1
+                .shard;
             let once = first.to_vec1::<f32>()?;
             let twice = finish(submit(
                 &c,
@@ -522,10 +523,11 @@ mod tests {
                 &g,
                 Some(first),
                 0.125,
-                None,
+                plain,
                 None,
             ))?
-            .1;
+            .1
+            .shard;
             Ok((once, twice.to_vec1::<f32>()?))
         })
         .unwrap();

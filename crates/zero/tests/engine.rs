@@ -48,7 +48,6 @@ fn gradients_equal_the_models_own() {
     let (x, y) = batch(3, 1);
     let loss = e.forward_backward(&x, &y, 1.0).unwrap();
 
-    let layout = ModelLayout::new(&c);
     let params: Vec<Tensor> = e
         .gathered_parameters()
         .unwrap()
@@ -57,8 +56,10 @@ fn gradients_equal_the_models_own() {
         .collect();
     let tokens = Tensor::from_slice(&x, (3, c.seq_len), &Device::Cpu).unwrap();
     let targets = Tensor::from_slice(&y, (3, c.seq_len), &Device::Cpu).unwrap();
-    let (ref_loss, grads) =
-        model::model_loss_and_grads(&c, &layout, &params, &tokens, &targets, false).unwrap();
+    let (ref_loss, grads) = model::Model::new(c.clone())
+        .unwrap()
+        .loss_and_grads(&params, &tokens, &targets, false)
+        .unwrap();
     assert!((loss - ref_loss).abs() < 1e-6, "{loss} vs {ref_loss}");
     for (u, g) in grads.iter().enumerate() {
         let g = g.to_vec1::<f32>().unwrap();

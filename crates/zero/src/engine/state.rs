@@ -50,21 +50,20 @@ impl Engine {
             let states = [&mut u.master, &mut u.exp_avg, &mut u.exp_avg_sq];
             for (state, data) in SHARD_STATES.into_iter().zip(states) {
                 let name = format!("{}.{state}", u.layout.name);
-                let saved = lookup(&name).ok_or_else(|| ZeroError::BadState {
-                    name: name.clone(),
-                    reason: "missing".into(),
-                })?;
+                let saved =
+                    lookup(&name).ok_or_else(|| ZeroError::MissingState { name: name.clone() })?;
                 let n = data.elem_count();
                 if saved.len() != n {
-                    return Err(ZeroError::BadState {
+                    return Err(ZeroError::StateLength {
                         name,
-                        reason: format!("{} elements, this rank's shard has {n}", saved.len()),
+                        what: "shard",
+                        got: saved.len(),
+                        expected: n,
                     });
                 }
                 *data = Tensor::from_vec(saved, n, &dev)?;
             }
             u.grad = None;
-            u.secondary.replace(None);
             u.qgz_error = None;
         }
         // qgZ's error feedback: the rank's own buffers, where the checkpoint has them (it was
@@ -78,9 +77,11 @@ impl Engine {
                     match lookup(&name) {
                         None => Ok(None),
                         Some(v) if v.len() == n => Ok(Some(Tensor::from_vec(v, n, &dev)?)),
-                        Some(v) => Err(ZeroError::BadState {
+                        Some(v) => Err(ZeroError::StateLength {
                             name,
-                            reason: format!("{} elements, this rank's buffer has {n}", v.len()),
+                            what: "error buffer",
+                            got: v.len(),
+                            expected: n,
                         }),
                     }
                 };
@@ -93,7 +94,43 @@ impl Engine {
             }
         }
         self.step = step;
+        // New weights: the secondary partitions of the old ones refuse to serve.
+        self.weights += 1;
         self.non_finite_loss = false;
+        Ok(())
+    }
+
+    /// Replaces the master weights with `units` (each unit's full, unpadded parameters, in unit
+    /// order: a model read from elsewhere, `model.init_from`), keeping my shard of each. The
+    /// moments stay as they are (zero before the first step).
+    pub fn load_parameters(&mut self, units: &[Vec<f32>]) -> Result<()> {
+        if units.len() != self.units.len() {
+            return Err(ZeroError::Model(model::ModelError::UnitCount {
+                expected: self.units.len(),
+                got: units.len(),
+            }));
+        }
+        let rank = self.comm.rank();
+        let dev = self.opts.device.clone();
+        for (u, full) in self.units.iter_mut().zip(units) {
+            if full.len() != u.layout.numel {
+                return Err(ZeroError::StateLength {
+                    name: format!("{} parameters", u.layout.name),
+                    what: "unit",
+                    got: full.len(),
+                    expected: u.layout.numel,
+                });
+            }
+            let range = u.partition.shard_range(rank);
+            let mut mine = vec![0f32; range.len()];
+            let end = range.end.min(full.len());
+            if range.start < end {
+                mine[..end - range.start].copy_from_slice(&full[range.start..end]);
+            }
+            u.master = Tensor::from_vec(mine, range.len(), &dev)?;
+            u.grad = None;
+        }
+        self.weights += 1;
         Ok(())
     }
 

@@ -107,7 +107,14 @@ fn skip_over_two_nodes(z: ZeroConfig, bad: usize, u: usize, loss: bool) -> Vec<S
         }
         let stats = e.step(1e-2)?;
         assert_eq!(state_bits(&e)?, before, "rank {rank}");
-        assert!(e.units.iter().all(|u| u.secondary.borrow().is_none()));
+        let weights = e.weights;
+        assert!(
+            e.units.iter().all(|u| u
+                .secondary
+                .as_ref()
+                .is_none_or(|s| s.serve(weights).is_none())),
+            "no secondary partition serves the next step"
+        );
         Ok(stats)
     })
     .unwrap()
@@ -151,10 +158,22 @@ fn a_nan_gradient_on_one_rank_survives_qgz_and_every_rank_skips() {
         }
         let g = Tensor::from_vec(g, numel, &Device::Cpu)?;
         let before = state_bits(&e)?;
-        let mut pending = VecDeque::new();
-        e.start_reduce(&mut pending, u, &g, true, 1.0)?;
-        for r in pending {
-            e.finish_reduce(r)?;
+        {
+            let step = e.plan.step_plan(1, Pass::Train);
+            let parts = Parts {
+                comm: e.comm.as_ref(),
+                opts: &e.opts,
+                plan: &e.plan,
+                weights: e.weights,
+            };
+            let shards = Shards::Train {
+                units: &mut e.units,
+                reductions: VecDeque::new(),
+                grad_scale: 1.0,
+            };
+            let mut source = Source::new(parts, step, shards, vec![], 0, 0);
+            model::UnitSource::grad(&mut source, u, g)?;
+            source.finish_reductions()?;
         }
         let reduced = e.grad_shard(u)?;
         let stats = e.step(1e-2)?;

@@ -1,0 +1,369 @@
+//! GPT-2's units on one device: forward and backward of the embedding (`wte` and the learned
+//! positions `wpe`), one transformer block, the final LayerNorm, and the LM head tied to `wte`
+//! with its loss. [`crate::Model`] walks them; nothing outside the crate names them but tests.
+//!
+//! Size letters: `B` batch, `T` tokens per sequence (`<= cfg.seq_len`), `N = B*T`, `C` = `n_embd`,
+//! `NH` = `n_head`, `hs = C/NH`, `V` = `vocab_size`.
+//!
+//! Each unit's parameters arrive as its flat buffer: a 1-D tensor of length `>= unit.numel`
+//! (the ZeRO engine may pad the end), viewed by name through [`UnitLayout`]. Each backward
+//! *returns* the unit's flat gradient, 1-D of length exactly `unit.numel`, in the dtype of the
+//! parameters; it never accumulates. Accumulating over micro-batches is the engine's job.
+//!
+//! A block is pre-LayerNorm GPT-2:
+//! `x2 = x + c_proj(attn(c_attn(ln_1(x))))`, `out = x2 + mlp.c_proj(gelu(mlp.c_fc(ln_2(x2))))`.
+
+use candle_core::Tensor;
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::layers::{
+    attention_backward, attention_forward, crossentropy_forward_backward, layernorm_backward,
+    layernorm_forward, matmul_backward, matmul_backward_no_bias, matmul_forward,
+    matmul_gelu_backward, matmul_gelu_forward, residual_matmul_forward, AttSaved, LnSaved,
+};
+use crate::layout::{UnitKind, UnitLayout};
+use crate::units::{check_acts, check_params, check_tokens, flatten_grads};
+
+// ------------------------------------------------------------------------------------------
+// Embedding unit
+
+/// `out (B, T, C) = wte[tokens] + wpe[:T]` from the embedding unit's flat `params` and
+/// `tokens (B, T)` u32: the unit's forward around the layer's
+/// [`layers::embedding_forward`](crate::layers::embedding_forward).
+pub fn embedding_unit_forward(
+    cfg: &ModelConfig,
+    params: &Tensor,
+    tokens: &Tensor,
+) -> Result<Tensor> {
+    let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
+    check_params(params, &unit, "embedding")?;
+    check_tokens(cfg, tokens, "tokens")?;
+    let wte = unit.param("wte.weight").view(params)?;
+    let wpe = unit.param("wpe.weight").view(params)?;
+    crate::layers::embedding_forward(tokens, &wte, &wpe)
+}
+
+/// Flat gradient of the embedding unit (`wte` rows scattered from `dout (B, T, C)`, `wpe` rows
+/// `0..T` summed over the batch, the rest zero). Dtype of `dout`. Returned, not accumulated.
+pub fn embedding_unit_backward(
+    cfg: &ModelConfig,
+    tokens: &Tensor,
+    dout: &Tensor,
+) -> Result<Tensor> {
+    let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
+    let (b, t) = check_tokens(cfg, tokens, "tokens")?;
+    if dout.dims() != [b, t, cfg.n_embd] {
+        return Err(ModelError::ShapeMismatch {
+            what: "embedding dout",
+            expected: vec![b, t, cfg.n_embd],
+            got: dout.dims().to_vec(),
+        });
+    }
+    let (dwte, dwpe) =
+        crate::layers::embedding_backward(dout, tokens, cfg.vocab_size, cfg.seq_len)?;
+    flatten_grads(&unit, vec![("wte.weight", dwte), ("wpe.weight", dwpe)])
+}
+
+// ------------------------------------------------------------------------------------------
+// Transformer block
+
+/// Every activation a block's backward reads. `N = B*T`.
+#[derive(Clone, Debug)]
+struct BlockActs {
+    /// Block input `(B, T, C)`.
+    x: Tensor,
+    /// `ln_1(x)` `(N, C)` and its statistics.
+    ln1: Tensor,
+    ln1_saved: LnSaved,
+    /// Attention's input `qkv`, output `y (B, T, C)` (heads merged) and row log-sum-exps.
+    att: AttSaved,
+    /// Residual after attention, `(N, C)`.
+    x2: Tensor,
+    /// `ln_2(x2)` `(N, C)` and its statistics.
+    ln2: Tensor,
+    ln2_saved: LnSaved,
+    /// `c_fc` output (pre-GELU) `(N, 4C)`, and after GELU: both come out of one GEMM on the
+    /// GPU, and backward reads both (recomputing `gelu(h)` would cost a pass over `(N, 4C)`).
+    h: Tensor,
+    hg: Tensor,
+}
+
+/// What [`block_forward`] keeps for [`block_backward`].
+#[derive(Clone, Debug)]
+pub struct BlockSaved(BlockSavedInner);
+
+#[derive(Clone, Debug)]
+enum BlockSavedInner {
+    /// All activations (see `BlockActs`).
+    Full(Box<BlockActs>),
+    /// Only the block input `(B, T, C)`; backward recomputes the forward.
+    Input(Tensor),
+}
+
+impl BlockSaved {
+    /// Whether only the input was kept (activation checkpointing).
+    pub fn is_recompute(&self) -> bool {
+        matches!(self.0, BlockSavedInner::Input(_))
+    }
+}
+
+/// Forward of one block, keeping every activation: the block's output too when `want_out`.
+/// Backward's recomputation does not want it: the MLP's projection, a third of the block's
+/// forward FLOPs, feeds only the output, which backward never reads.
+fn block_forward_full(
+    cfg: &ModelConfig,
+    params: &Tensor,
+    x: &Tensor,
+    want_out: bool,
+) -> Result<(Option<Tensor>, BlockActs)> {
+    let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
+    check_params(params, &unit, "block")?;
+    let (b, t) = check_acts(cfg, x, "block input")?;
+    let c = cfg.n_embd;
+    let p = |name: &str| unit.param(name).view(params);
+    let xf = x.reshape((b * t, c))?;
+    let (ln1, ln1_saved) = layernorm_forward(&xf, &p("ln_1.weight")?, &p("ln_1.bias")?)?;
+    let qkv = matmul_forward(&ln1, &p("attn.c_attn.weight")?, &p("attn.c_attn.bias")?)?;
+    let (y, att) = attention_forward(&qkv.reshape((b, t, 3 * c))?, cfg.n_head)?;
+    let y = y.reshape((b * t, c))?;
+    let x2 = residual_matmul_forward(&xf, &y, &p("attn.c_proj.weight")?, &p("attn.c_proj.bias")?)?;
+    let (ln2, ln2_saved) = layernorm_forward(&x2, &p("ln_2.weight")?, &p("ln_2.bias")?)?;
+    let (h, hg) = matmul_gelu_forward(&ln2, &p("mlp.c_fc.weight")?, &p("mlp.c_fc.bias")?)?;
+    let out = if want_out {
+        let w = p("mlp.c_proj.weight")?;
+        let bias = p("mlp.c_proj.bias")?;
+        Some(residual_matmul_forward(&x2, &hg, &w, &bias)?.reshape((b, t, c))?)
+    } else {
+        None
+    };
+    let acts = BlockActs {
+        x: x.clone(),
+        ln1,
+        ln1_saved,
+        att,
+        x2,
+        ln2,
+        ln2_saved,
+        h,
+        hg,
+    };
+    Ok((out, acts))
+}
+
+/// One transformer block: `x (B, T, C)` -> `out (B, T, C)` from the block's flat `params`.
+///
+/// With `recompute`, [`BlockSaved`] holds only `x` (activation checkpointing) and
+/// [`block_backward`] reruns this forward (all of it but the MLP projection, whose output it does
+/// not read); gradients are bitwise the same either way.
+/// Without it, it holds `ln1, ln2, x2, y (N, C)`, `qkv (N, 3C)`, `h, gelu(h) (N, 4C)`, attention's
+/// row log-sum-exps `(B, NH, T)` and the LayerNorm statistics.
+pub fn block_forward(
+    cfg: &ModelConfig,
+    params: &Tensor,
+    x: &Tensor,
+    recompute: bool,
+) -> Result<(Tensor, BlockSaved)> {
+    let (out, acts) = block_forward_full(cfg, params, x, true)?;
+    let out = out.expect("asked for the output");
+    let saved = if recompute {
+        BlockSavedInner::Input(acts.x)
+    } else {
+        BlockSavedInner::Full(Box::new(acts))
+    };
+    Ok((out, BlockSaved(saved)))
+}
+
+/// Gradients of [`block_forward`]: `dout (B, T, C)` -> `(dx (B, T, C), flat dparams)`.
+/// The flat gradient has length exactly the block's numel; it is returned, not accumulated.
+pub fn block_backward(
+    cfg: &ModelConfig,
+    params: &Tensor,
+    saved: &BlockSaved,
+    dout: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let recomputed;
+    let a: &BlockActs = match &saved.0 {
+        BlockSavedInner::Full(a) => a,
+        BlockSavedInner::Input(x) => {
+            recomputed = block_forward_full(cfg, params, x, false)?.1;
+            &recomputed
+        }
+    };
+    let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
+    check_params(params, &unit, "block")?;
+    let (b, t) = check_acts(cfg, &a.x, "block input")?;
+    let c = cfg.n_embd;
+    if dout.dims() != [b, t, c] {
+        return Err(ModelError::ShapeMismatch {
+            what: "block dout",
+            expected: vec![b, t, c],
+            got: dout.dims().to_vec(),
+        });
+    }
+    let p = |name: &str| unit.param(name).view(params);
+    let dout = dout.reshape((b * t, c))?;
+
+    // out = x2 + hg @ mlp.c_proj + b, hg = gelu(h): dh, and c_fc's bias gradient sum(dh)
+    let (dh, dw_mproj, db_mproj, db_fc) =
+        matmul_gelu_backward(&dout, &a.hg, &p("mlp.c_proj.weight")?, &a.h)?;
+    // h = ln2 @ c_fc + b
+    let (dln2, dw_fc) = matmul_backward_no_bias(&dh, &a.ln2, &p("mlp.c_fc.weight")?)?;
+    // ln2 = ln_2(x2); x2 also feeds the residual, whose gradient is dout
+    let (dx2, dw_ln2, db_ln2) =
+        layernorm_backward(&dln2, &a.ln2_saved, &a.x2, &p("ln_2.weight")?, Some(&dout))?;
+    // x2 = x + y @ c_proj + b
+    let y = a.att.y.reshape((b * t, c))?;
+    let (dy, dw_aproj, db_aproj) = matmul_backward(&dx2, &y, &p("attn.c_proj.weight")?)?;
+    // y = attention(qkv)
+    let dqkv = attention_backward(&dy.reshape((b, t, c))?, &a.att)?.reshape((b * t, 3 * c))?;
+    // qkv = ln1 @ c_attn + b
+    let (dln1, dw_attn, db_attn) = matmul_backward(&dqkv, &a.ln1, &p("attn.c_attn.weight")?)?;
+    // ln1 = ln_1(x); x also feeds the residual, whose gradient is dx2
+    let xf = a.x.reshape((b * t, c))?;
+    let (dx, dw_ln1, db_ln1) =
+        layernorm_backward(&dln1, &a.ln1_saved, &xf, &p("ln_1.weight")?, Some(&dx2))?;
+    let dx = dx.reshape((b, t, c))?;
+
+    let flat = flatten_grads(
+        &unit,
+        vec![
+            ("ln_1.weight", dw_ln1),
+            ("ln_1.bias", db_ln1),
+            ("attn.c_attn.weight", dw_attn),
+            ("attn.c_attn.bias", db_attn),
+            ("attn.c_proj.weight", dw_aproj),
+            ("attn.c_proj.bias", db_aproj),
+            ("ln_2.weight", dw_ln2),
+            ("ln_2.bias", db_ln2),
+            ("mlp.c_fc.weight", dw_fc),
+            ("mlp.c_fc.bias", db_fc),
+            ("mlp.c_proj.weight", dw_mproj),
+            ("mlp.c_proj.bias", db_mproj),
+        ],
+    )?;
+    Ok((dx, flat))
+}
+
+// ------------------------------------------------------------------------------------------
+// Final LayerNorm unit
+
+/// What [`final_norm_forward`] keeps: the input `x (B, T, C)` and its row statistics.
+#[derive(Clone, Debug)]
+pub struct NormSaved {
+    x: Tensor,
+    ln: LnSaved,
+}
+
+/// `ln_f(x)`: `x (B, T, C)` -> `(B, T, C)`.
+pub fn final_norm_forward(
+    cfg: &ModelConfig,
+    params: &Tensor,
+    x: &Tensor,
+) -> Result<(Tensor, NormSaved)> {
+    let unit = UnitLayout::new(cfg, UnitKind::FinalNorm, 0);
+    check_params(params, &unit, "ln_f")?;
+    let (b, t) = check_acts(cfg, x, "final norm input")?;
+    let c = cfg.n_embd;
+    let p = |name: &str| unit.param(name).view(params);
+    let (out, ln) = layernorm_forward(
+        &x.reshape((b * t, c))?,
+        &p("ln_f.weight")?,
+        &p("ln_f.bias")?,
+    )?;
+    let saved = NormSaved { x: x.clone(), ln };
+    Ok((out.reshape((b, t, c))?, saved))
+}
+
+/// Gradients of [`final_norm_forward`]: `dout (B, T, C)` -> `(dx (B, T, C), flat dparams (2C))`.
+/// Returned, not accumulated.
+pub fn final_norm_backward(
+    cfg: &ModelConfig,
+    params: &Tensor,
+    saved: &NormSaved,
+    dout: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let unit = UnitLayout::new(cfg, UnitKind::FinalNorm, 0);
+    check_params(params, &unit, "ln_f")?;
+    let (b, t) = check_acts(cfg, &saved.x, "final norm input")?;
+    let c = cfg.n_embd;
+    if dout.dims() != [b, t, c] {
+        return Err(ModelError::ShapeMismatch {
+            what: "final norm dout",
+            expected: vec![b, t, c],
+            got: dout.dims().to_vec(),
+        });
+    }
+    let w = unit.param("ln_f.weight").view(params)?;
+    let xf = saved.x.reshape((b * t, c))?;
+    let (dx, dw, db) = layernorm_backward(&dout.reshape((b * t, c))?, &saved.ln, &xf, &w, None)?;
+    let flat = flatten_grads(&unit, vec![("ln_f.weight", dw), ("ln_f.bias", db)])?;
+    Ok((dx.reshape((b, t, c))?, flat))
+}
+
+// ------------------------------------------------------------------------------------------
+// Tied LM head and loss
+
+/// The tied head and loss: [`lm_head_loss`], with the gradients when `grad`.
+pub(crate) fn head_loss(
+    cfg: &ModelConfig,
+    embedding_params: &Tensor,
+    x: &Tensor,
+    targets: &Tensor,
+    grad: bool,
+) -> Result<(f64, Option<(Tensor, Tensor)>)> {
+    let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
+    check_params(embedding_params, &unit, "embedding")?;
+    let (b, t) = check_acts(cfg, x, "lm head input")?;
+    let (tb, tt) = check_tokens(cfg, targets, "targets")?;
+    if (tb, tt) != (b, t) {
+        return Err(ModelError::ShapeMismatch {
+            what: "targets",
+            expected: vec![b, t],
+            got: vec![tb, tt],
+        });
+    }
+    let c = cfg.n_embd;
+    let wte = unit.param("wte.weight").view(embedding_params)?;
+    let (loss, grads) = crossentropy_forward_backward(
+        &x.reshape((b * t, c))?,
+        &wte,
+        &targets.flatten_all()?,
+        grad,
+    )?;
+    let grads = match grads {
+        None => None,
+        Some((dx, dwte)) => {
+            let wpe = unit.param("wpe.weight");
+            let dwpe = Tensor::zeros(wpe.shape.as_slice(), dwte.dtype(), dwte.device())?;
+            let flat = flatten_grads(&unit, vec![("wte.weight", dwte), ("wpe.weight", dwpe)])?;
+            Some((dx.reshape((b, t, c))?, flat))
+        }
+    };
+    Ok((loss, grads))
+}
+
+/// Tied LM head + mean cross-entropy over all `B*T` positions. `embedding_params` is the
+/// embedding unit's flat buffer (`wte` is its first `V*C` elements); `x (B, T, C)` is the output
+/// of the final norm; `targets (B, T)` u32. Logits `(N, V) = x @ wte^T`, one tensor at a time.
+pub fn lm_head_loss(
+    cfg: &ModelConfig,
+    embedding_params: &Tensor,
+    x: &Tensor,
+    targets: &Tensor,
+) -> Result<f64> {
+    Ok(head_loss(cfg, embedding_params, x, targets, false)?.0)
+}
+
+/// [`lm_head_loss`] plus gradients: `(loss, dx (B, T, C), flat d(embedding unit))`, the flat
+/// gradient having only its `wte` part nonzero. Returned, not accumulated.
+pub fn lm_head_loss_backward(
+    cfg: &ModelConfig,
+    embedding_params: &Tensor,
+    x: &Tensor,
+    targets: &Tensor,
+) -> Result<(f64, Tensor, Tensor)> {
+    let (loss, grads) = head_loss(cfg, embedding_params, x, targets, true)?;
+    let (dx, flat) = grads.expect("requested gradients");
+    Ok((loss, dx, flat))
+}

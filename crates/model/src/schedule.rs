@@ -1,0 +1,449 @@
+//! The model as the ZeRO engine sees it: a schedule of units.
+//!
+//! A [`Model`] is its ordered units (each a flat parameter buffer of [`UnitLayout`], with a
+//! forward `(params, input) -> (output, saved)` and a backward `(params, saved, dout) ->
+//! (dinput, dparams)`), and the head-and-loss step, which reads the parameters of one of those
+//! units ([`Model::head_unit`]: the token embedding when the head is tied). The first unit's
+//! input is the `(B, T)` tokens, every other unit's the previous unit's output.
+//!
+//! One walk of the schedule serves every caller: [`Model::train_walk`] runs forward, the head
+//! and backward, asking a [`UnitSource`] for each unit's parameters in [`Model::gather_order`]
+//! and handing it each unit's gradient; [`Model::eval_walk`] runs forward and the head. The
+//! ZeRO engine's source gathers and reduces; [`Model::loss_and_grads`] (the unsharded
+//! reference) reads a slice of buffers. The engine and the reference are the same walk, so
+//! they cannot drift apart, and the engine names no layer.
+//!
+//! Training gather order: every unit in forward order; then the head's unit, unless it is the
+//! last unit, whose forward gather is kept for the head; then the units in reverse, skipping the
+//! head's (kept from the head) and any whose backward reads no parameters (an embedding: its
+//! gradient is a scatter of `dout`). GPT-2 (tied): `[0, 1, .., n-1, 0, n-1, .., 1]`. Llama
+//! untied: `[0, 1, .., n-1, n-2, .., 1]`.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use model::*;
+//! let model = Model::new(ModelConfig::gpt2(1, 8, 2, 4, 10)).unwrap();
+//! let params: Vec<Tensor> = model.units().iter().map(|u| {
+//!     let mut buf = vec![0f32; u.numel];
+//!     init_unit_range(model.config(), u, 0, 0, &mut buf);
+//!     Tensor::from_vec(buf, u.numel, &Device::Cpu).unwrap()
+//! }).collect();
+//! let tokens = Tensor::new(&[[1u32, 2, 3, 4], [5, 6, 7, 8]], &Device::Cpu).unwrap();
+//! let targets = Tensor::new(&[[2u32, 3, 4, 5], [6, 7, 8, 9]], &Device::Cpu).unwrap();
+//! let (loss, grads) = model.loss_and_grads(&params, &tokens, &targets, false).unwrap();
+//! assert!((loss - 10f64.ln()).abs() < 0.05); // near-uniform predictions at init
+//! assert_eq!(grads[1].dims1().unwrap(), model.units()[1].numel);
+//! assert_eq!(model.gather_order(Pass::Train), vec![0, 1, 2, 0, 2, 1]);
+//! ```
+
+use candle_core::Tensor;
+
+use crate::config::{Arch, ModelConfig};
+use crate::error::{ModelError, Result};
+use crate::layout::{ModelLayout, ParamSpec, UnitKind, UnitLayout};
+use crate::{gpt2, llama};
+
+/// Which walk of the schedule: training (forward, head, backward) or evaluation (forward, head).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pass {
+    Train,
+    Eval,
+}
+
+/// What a unit's forward keeps for its backward; only the model reads it.
+#[derive(Clone, Debug)]
+pub struct Saved(SavedInner);
+
+#[derive(Clone, Debug)]
+enum SavedInner {
+    /// An embedding's backward scatters `dout` by the tokens.
+    Tokens(Tensor),
+    Gpt2Block(gpt2::BlockSaved),
+    Gpt2Norm(gpt2::NormSaved),
+    LlamaBlock(llama::BlockSaved),
+    LlamaNorm(llama::NormSaved),
+}
+
+/// Where a walk of the schedule takes each unit's parameters and puts each unit's gradient: the
+/// ZeRO engine (gathers and reductions) or a slice of full buffers (the reference).
+pub trait UnitSource {
+    type Error: From<ModelError>;
+    /// Unit `u`'s full parameters, a 1-D buffer of at least its numel elements. A walk asks in
+    /// exactly the order of [`Model::gather_order`] of its pass.
+    fn params(&mut self, u: usize) -> std::result::Result<Tensor, Self::Error>;
+    /// Unit `u`'s flat gradient (its numel elements), once per unit in a training walk, in
+    /// backward order. Returned, not accumulated: accumulating is the source's business.
+    fn grad(&mut self, u: usize, grad: Tensor) -> std::result::Result<(), Self::Error>;
+}
+
+/// A decoder-only model as a schedule of units (see the module doc).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Model {
+    cfg: ModelConfig,
+    layout: ModelLayout,
+}
+
+impl Model {
+    /// The schedule of `cfg`, after [`ModelConfig::validate`].
+    pub fn new(cfg: ModelConfig) -> Result<Self> {
+        cfg.validate()?;
+        let layout = ModelLayout::new(&cfg);
+        Ok(Model { cfg, layout })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn layout(&self) -> &ModelLayout {
+        &self.layout
+    }
+
+    /// The units in forward order.
+    pub fn units(&self) -> &[UnitLayout] {
+        &self.layout.units
+    }
+
+    /// The unit whose parameters the head reads: the embedding when tied, else the last unit
+    /// (the final norm, which then holds `lm_head.weight`).
+    pub fn head_unit(&self) -> usize {
+        match self.cfg.tie_embeddings {
+            true => 0,
+            false => self.layout.units.len() - 1,
+        }
+    }
+
+    /// Whether unit `u`'s backward reads its parameters (an embedding's does not).
+    fn backward_reads_params(&self, u: usize) -> bool {
+        self.layout.units[u].kind != UnitKind::Embedding
+    }
+
+    /// The units a walk of `pass` asks its source for, in order (see the module doc).
+    pub fn gather_order(&self, pass: Pass) -> Vec<usize> {
+        let n = self.layout.units.len();
+        let head = self.head_unit();
+        let mut order: Vec<usize> = (0..n).collect();
+        if pass == Pass::Eval {
+            return order;
+        }
+        if head != n - 1 {
+            order.push(head);
+        }
+        order.extend(
+            (0..n)
+                .rev()
+                .filter(|&u| u != head && self.backward_reads_params(u)),
+        );
+        order
+    }
+
+    /// Unit `u`'s forward: `input` is the `(B, T)` u32 tokens for the first unit, else the
+    /// previous unit's `(B, T, C)` output. With `recompute`, a block keeps only its input and
+    /// its backward recomputes the forward (the same gradients, bitwise).
+    pub fn forward(
+        &self,
+        u: usize,
+        params: &Tensor,
+        input: &Tensor,
+        recompute: bool,
+    ) -> Result<(Tensor, Saved)> {
+        let cfg = &self.cfg;
+        let kind = self.layout.units[u].kind;
+        let (out, saved) = match (cfg.arch, kind) {
+            (Arch::Gpt2, UnitKind::Embedding) => (
+                gpt2::embedding_unit_forward(cfg, params, input)?,
+                SavedInner::Tokens(input.clone()),
+            ),
+            (Arch::Gpt2, UnitKind::Block(_)) => {
+                let (y, s) = gpt2::block_forward(cfg, params, input, recompute)?;
+                (y, SavedInner::Gpt2Block(s))
+            }
+            (Arch::Gpt2, UnitKind::FinalNorm) => {
+                let (y, s) = gpt2::final_norm_forward(cfg, params, input)?;
+                (y, SavedInner::Gpt2Norm(s))
+            }
+            (Arch::Llama, UnitKind::Embedding) => (
+                llama::embedding_forward(cfg, params, input)?,
+                SavedInner::Tokens(input.clone()),
+            ),
+            (Arch::Llama, UnitKind::Block(_)) => {
+                let (y, s) = llama::block_forward(cfg, params, input, recompute)?;
+                (y, SavedInner::LlamaBlock(s))
+            }
+            (Arch::Llama, UnitKind::FinalNorm) => {
+                let (y, s) = llama::final_norm_forward(cfg, params, input)?;
+                (y, SavedInner::LlamaNorm(s))
+            }
+        };
+        Ok((out, Saved(saved)))
+    }
+
+    /// Unit `u`'s backward: `(dinput, flat dparams)`, `dinput` `None` for the first unit (its
+    /// input is the tokens). `params` may be anything for a unit whose backward reads none.
+    pub fn backward(
+        &self,
+        u: usize,
+        params: Option<&Tensor>,
+        saved: &Saved,
+        dout: &Tensor,
+    ) -> Result<(Option<Tensor>, Tensor)> {
+        let cfg = &self.cfg;
+        let params = || {
+            params.ok_or(ModelError::NoParams {
+                unit: self.layout.units[u].name.clone(),
+            })
+        };
+        Ok(match (cfg.arch, &saved.0) {
+            (Arch::Gpt2, SavedInner::Tokens(tokens)) => {
+                (None, gpt2::embedding_unit_backward(cfg, tokens, dout)?)
+            }
+            (Arch::Gpt2, SavedInner::Gpt2Block(s)) => {
+                let (dx, g) = gpt2::block_backward(cfg, params()?, s, dout)?;
+                (Some(dx), g)
+            }
+            (Arch::Gpt2, SavedInner::Gpt2Norm(s)) => {
+                let (dx, g) = gpt2::final_norm_backward(cfg, params()?, s, dout)?;
+                (Some(dx), g)
+            }
+            (Arch::Llama, SavedInner::Tokens(tokens)) => {
+                (None, llama::embedding_backward(cfg, tokens, dout)?)
+            }
+            (Arch::Llama, SavedInner::LlamaBlock(s)) => {
+                let (dx, g) = llama::block_backward(cfg, params()?, s, dout)?;
+                (Some(dx), g)
+            }
+            (Arch::Llama, SavedInner::LlamaNorm(s)) => {
+                let (dx, g) = llama::final_norm_backward(cfg, params()?, s, dout)?;
+                (Some(dx), g)
+            }
+            (arch, _) => {
+                return Err(ModelError::SavedMismatch {
+                    unit: self.layout.units[u].name.clone(),
+                    arch: arch.name(),
+                })
+            }
+        })
+    }
+
+    /// The head and mean cross-entropy over all `B*T` positions of `x (B, T, C)` (the last unit's
+    /// output) against `targets (B, T)`, reading `head_params` (the buffer of
+    /// [`Model::head_unit`]); with `grad`, also `dx` and the head unit's flat gradient (only the
+    /// head's matrix nonzero).
+    pub fn head(
+        &self,
+        head_params: &Tensor,
+        x: &Tensor,
+        targets: &Tensor,
+        grad: bool,
+    ) -> Result<(f64, Option<(Tensor, Tensor)>)> {
+        match self.cfg.arch {
+            Arch::Gpt2 => gpt2::head_loss(&self.cfg, head_params, x, targets, grad),
+            Arch::Llama => llama::head_loss(&self.cfg, head_params, x, targets, grad),
+        }
+    }
+
+    /// Forward, head and backward of one micro-batch: the loss. Parameters come from `source` in
+    /// [`Model::gather_order`]`(Pass::Train)`, gradients go back to it.
+    pub fn train_walk<S: UnitSource>(
+        &self,
+        source: &mut S,
+        tokens: &Tensor,
+        targets: &Tensor,
+        recompute: bool,
+    ) -> std::result::Result<f64, S::Error> {
+        let n = self.layout.units.len();
+        let head = self.head_unit();
+        let mut saved = Vec::with_capacity(n);
+        let mut x = tokens.clone();
+        let mut last = None;
+        for u in 0..n {
+            let params = source.params(u)?;
+            let (y, s) = self.forward(u, &params, &x, recompute)?;
+            saved.push(s);
+            x = y;
+            if u == n - 1 && head == n - 1 {
+                last = Some(params);
+            }
+        }
+        let head_params = match last {
+            Some(p) => p,
+            None => source.params(head)?,
+        };
+        let (loss, grads) = self.head(&head_params, &x, targets, true)?;
+        drop(x);
+        let (mut dx, head_grad) = grads.expect("the head returns gradients when asked");
+        let mut head_params = Some(head_params);
+        let mut head_grad = Some(head_grad);
+        for u in (0..n).rev() {
+            let params = match (u == head, self.backward_reads_params(u)) {
+                (true, _) => head_params.take(),
+                (false, true) => Some(source.params(u)?),
+                (false, false) => None,
+            };
+            let s = saved.pop().expect("one saved state per unit");
+            let (d, g) = self.backward(u, params.as_ref(), &s, &dx)?;
+            drop((s, params));
+            let g = match u == head {
+                true => match head_grad.take() {
+                    Some(h) => (h + g).map_err(ModelError::from)?,
+                    None => g,
+                },
+                false => g,
+            };
+            source.grad(u, g)?;
+            if let Some(d) = d {
+                dx = d;
+            }
+        }
+        Ok(loss)
+    }
+
+    /// Forward and head of one micro-batch, every block recomputing (nothing is kept): the loss.
+    /// Parameters come from `source` in [`Model::gather_order`]`(Pass::Eval)`; the head's unit is
+    /// kept from its forward for the head.
+    pub fn eval_walk<S: UnitSource>(
+        &self,
+        source: &mut S,
+        tokens: &Tensor,
+        targets: &Tensor,
+    ) -> std::result::Result<f64, S::Error> {
+        let head = self.head_unit();
+        let mut x = tokens.clone();
+        let mut head_params = None;
+        for u in 0..self.layout.units.len() {
+            let params = source.params(u)?;
+            x = self.forward(u, &params, &x, true)?.0;
+            if u == head {
+                head_params = Some(params);
+            }
+        }
+        let head_params = head_params.expect("the head's unit is one of the units");
+        Ok(self.head(&head_params, &x, targets, false)?.0)
+    }
+
+    /// Mean loss of the whole model on one device; `unit_params` are the flat buffers of
+    /// [`Model::units`] in order. The evaluation walk over those buffers.
+    pub fn loss(&self, unit_params: &[Tensor], tokens: &Tensor, targets: &Tensor) -> Result<f64> {
+        self.check_units(unit_params)?;
+        self.eval_walk(&mut Buffers::new(unit_params), tokens, targets)
+    }
+
+    /// Loss and the flat gradient of every unit (in unit order, each of its numel elements): the
+    /// training walk over full buffers on one device, the reference of the ZeRO engine.
+    pub fn loss_and_grads(
+        &self,
+        unit_params: &[Tensor],
+        tokens: &Tensor,
+        targets: &Tensor,
+        recompute: bool,
+    ) -> Result<(f64, Vec<Tensor>)> {
+        self.check_units(unit_params)?;
+        let mut source = Buffers::new(unit_params);
+        let loss = self.train_walk(&mut source, tokens, targets, recompute)?;
+        let grads = source.grads.into_iter();
+        Ok((
+            loss,
+            grads
+                .map(|g| g.expect("a training walk reduces every unit"))
+                .collect(),
+        ))
+    }
+
+    fn check_units(&self, unit_params: &[Tensor]) -> Result<()> {
+        if unit_params.len() != self.layout.units.len() {
+            return Err(ModelError::UnitCount {
+                expected: self.layout.units.len(),
+                got: unit_params.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Training FLOPs per token at sequence length `seq_len`, in the llm.c / PaLM convention the
+    /// PyTorch anchors print: `6 N + 6 L C T` (every parameter's multiply-add forward and twice
+    /// backward, causal attention counted once).
+    pub fn flops_per_token(&self, seq_len: usize) -> f64 {
+        let c = &self.cfg;
+        6.0 * c.num_params() as f64 + 6.0 * (c.n_layer * c.n_embd * seq_len) as f64
+    }
+
+    /// Bytes of activations one block keeps for its backward for `batch` sequences of
+    /// `seq_len`, at `bytes` per element (2 for bf16): GPT-2 by Korthikanti et al. 2022
+    /// (`s b h (34 + 5 a s / h)` at 16 bits); Llama from what its block saves (inputs of the
+    /// two norms and their outputs, q, k, v, the attention output, the MLP's gate, up and
+    /// product: `s b (6 C + 2 KV hs + 3 F)`, plus the attention's row statistics).
+    pub fn block_activation_bytes(&self, batch: usize, seq_len: usize, bytes: usize) -> u64 {
+        let c = &self.cfg;
+        let (b, s, h, a) = (
+            batch as u64,
+            seq_len as u64,
+            c.n_embd as u64,
+            c.n_head as u64,
+        );
+        match c.arch {
+            Arch::Gpt2 => b * s * (34 * h + 5 * a * s) * bytes as u64 / 2,
+            Arch::Llama => {
+                let kv = (c.n_kv_head * c.head_dim()) as u64;
+                let f = c.ffn_hidden as u64;
+                b * s * (6 * h + 2 * kv + 3 * f) * bytes as u64 + 4 * b * a * s
+            }
+        }
+    }
+
+    /// The name and orientation of parameter `p` in the Hugging Face checkpoint of this
+    /// architecture (`GPT2LMHeadModel`, `LlamaForCausalLM`).
+    pub fn hf_tensor(&self, p: &ParamSpec) -> HfTensor {
+        match self.cfg.arch {
+            // Conv1D weights are stored (in, out), as HF GPT-2 keeps them.
+            Arch::Gpt2 => HfTensor {
+                name: format!("transformer.{}", p.name),
+                transpose: false,
+            },
+            // nn.Linear weights are (out, in) in HF; the embedding and LM head are (V, C) in both.
+            Arch::Llama => HfTensor {
+                name: match p.name.starts_with("lm_head.") {
+                    true => p.name.clone(),
+                    false => format!("model.{}", p.name),
+                },
+                transpose: p.shape.len() == 2
+                    && !p.name.starts_with("embed_tokens.")
+                    && !p.name.starts_with("lm_head."),
+            },
+        }
+    }
+}
+
+/// Where parameter `p` lives in a Hugging Face checkpoint ([`Model::hf_tensor`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HfTensor {
+    /// The tensor's name in `model.safetensors`.
+    pub name: String,
+    /// HF stores it transposed from ours (`(out, in)` where we keep `(in, out)`).
+    pub transpose: bool,
+}
+
+/// A [`UnitSource`] over full buffers on one device, collecting the gradients.
+struct Buffers<'a> {
+    params: &'a [Tensor],
+    grads: Vec<Option<Tensor>>,
+}
+
+impl<'a> Buffers<'a> {
+    fn new(params: &'a [Tensor]) -> Self {
+        Buffers {
+            params,
+            grads: vec![None; params.len()],
+        }
+    }
+}
+
+impl UnitSource for Buffers<'_> {
+    type Error = ModelError;
+    fn params(&mut self, u: usize) -> Result<Tensor> {
+        Ok(self.params[u].clone())
+    }
+    fn grad(&mut self, u: usize, grad: Tensor) -> Result<()> {
+        self.grads[u] = Some(grad);
+        Ok(())
+    }
+}

@@ -1,0 +1,180 @@
+//! The ZeRO properties the GPT-2 tests hold, held by the Llama family (tied and untied head):
+//! every world size (1, 3, 4, 2 x 4) on the same curve, hpZ bitwise equal to ZeRO-3, ZeRO++
+//! close to it, a resume bit for bit, and the engine equal to the one-device reference walk.
+
+use candle_core::{Device, Tensor};
+use comm::Topology;
+use model::{Model, ModelConfig};
+use zero::{Engine, EngineOptions, ZeroConfig};
+
+fn cfg(tied: bool) -> ModelConfig {
+    ModelConfig::llama(2, 16, 4, 2, 24, 8, 37, tied)
+}
+
+const BATCH: usize = 24;
+
+fn options(z: ZeroConfig) -> EngineOptions {
+    EngineOptions {
+        zero: z,
+        total_steps: 100,
+        seed: 5,
+        ..Default::default()
+    }
+}
+
+fn sequence(s: usize) -> Vec<u32> {
+    (0..8u32)
+        .map(|i| (i * 7 + s as u32 * 13 + 1) % 37)
+        .collect()
+}
+
+/// Rank 0's gathered parameters after `steps` steps of a global batch of 24 at `w` ranks (`d`
+/// a node), and rank 0's losses.
+fn train(tied: bool, z: ZeroConfig, w: usize, d: usize, steps: usize) -> (Vec<Vec<f32>>, Vec<f64>) {
+    let out = comm::run_local(Topology::new(w, d).unwrap(), |c| -> zero::Result<_> {
+        let rank = c.rank();
+        let mut e = Engine::new(cfg(tied), options(z.clone()), Box::new(c))?;
+        let per_rank = BATCH / w;
+        let mut losses = Vec::new();
+        for _ in 0..steps {
+            let mut loss = 0.0;
+            for m in 0..per_rank {
+                let s = sequence(rank * per_rank + m);
+                loss += e.forward_backward(&s, &s, 1.0 / per_rank as f32)?;
+            }
+            losses.push(e.mean_over_world(loss / per_rank as f64)?);
+            e.step(1e-2)?;
+        }
+        let params = e
+            .gathered_parameters()?
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect();
+        Ok((params, losses))
+    })
+    .unwrap();
+    out.into_iter().next().unwrap()
+}
+
+fn close(a: &[Vec<f32>], b: &[Vec<f32>], tol: f32) -> bool {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
+}
+
+#[test]
+fn every_world_size_trains_on_the_single_rank_curve() {
+    for tied in [true, false] {
+        let (one, _) = train(tied, ZeroConfig::default(), 1, 1, 3);
+        for (w, d) in [(3, 3), (4, 2), (8, 4)] {
+            let (p, _) = train(tied, ZeroConfig::default(), w, d, 3);
+            assert!(close(&p, &one, 1e-5), "tied {tied}, W={w}");
+        }
+    }
+}
+
+#[test]
+fn hpz_is_bitwise_zero3_and_zeropp_stays_close() {
+    for tied in [true, false] {
+        let (plain, plain_losses) = train(tied, ZeroConfig::default(), 4, 2, 3);
+        let hpz = ZeroConfig {
+            hpz_partition_size: 2,
+            ..Default::default()
+        };
+        assert_eq!(train(tied, hpz, 4, 2, 3).0, plain, "tied {tied}");
+        let zeropp = ZeroConfig {
+            quantized_weights: true,
+            hpz_partition_size: 2,
+            quantized_gradients: true,
+            weight_quant_block: 64,
+            grad_quant_block: 32,
+            ..Default::default()
+        };
+        let (_, losses) = train(tied, zeropp, 4, 2, 3);
+        for (a, b) in losses.iter().zip(&plain_losses) {
+            assert!((a - b).abs() < 0.02 * b, "tied {tied}: {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn the_engine_equals_the_reference_walk() {
+    for tied in [true, false] {
+        let s: Vec<u32> = (0..3).flat_map(sequence).collect();
+        let out = comm::run_local(Topology::new(4, 2).unwrap(), |c| -> zero::Result<_> {
+            let mut e = Engine::new(cfg(tied), options(ZeroConfig::default()), Box::new(c))?;
+            let params = e.gathered_parameters()?;
+            let loss = e.forward_backward(&s, &s, 1.0)?;
+            let grads = (0..e.num_units())
+                .map(|u| e.grad_shard(u))
+                .collect::<zero::Result<Vec<_>>>()?;
+            Ok((params, loss, grads))
+        })
+        .unwrap();
+        let (params, _, _) = &out[0];
+        let tensors: Vec<Tensor> = params
+            .iter()
+            .map(|(_, p)| Tensor::from_vec(p.clone(), p.len(), &Device::Cpu).unwrap())
+            .collect();
+        let tokens = Tensor::from_slice(&s, (3, 8), &Device::Cpu).unwrap();
+        let model = Model::new(cfg(tied)).unwrap();
+        let (loss, grads) = model
+            .loss_and_grads(&tensors, &tokens, &tokens, false)
+            .unwrap();
+        for (rank, (_, l, shards)) in out.iter().enumerate() {
+            assert!((l - loss).abs() < 1e-5, "tied {tied}: {l} vs {loss}");
+            for (u, g) in grads.iter().enumerate() {
+                let g = g.to_vec1::<f32>().unwrap();
+                let shard = &shards[u];
+                let start = rank * shard.len();
+                for (i, v) in shard.iter().enumerate() {
+                    // Each rank's shard is the world mean of the rank's gradients: every rank
+                    // computed the same batch here, so it is the reference's gradient.
+                    let r = g.get(start + i).copied().unwrap_or(0.0);
+                    assert!((v - r).abs() < 1e-5, "tied {tied}, unit {u}[{}]", start + i);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_resume_from_the_state_continues_bit_for_bit() {
+    for tied in [true, false] {
+        let z = ZeroConfig {
+            quantized_gradients: true,
+            qgz_error_feedback: true,
+            grad_quant_block: 32,
+            ..Default::default()
+        };
+        let out = comm::run_local(Topology::new(4, 2).unwrap(), |c| -> zero::Result<_> {
+            let rank = c.rank();
+            let s = sequence(rank);
+            let mut e = Engine::new(cfg(tied), options(z.clone()), Box::new(c))?;
+            for _ in 0..2 {
+                e.forward_backward(&s, &s, 1.0)?;
+                e.step(1e-2)?;
+            }
+            let saved: std::collections::HashMap<String, Vec<f32>> =
+                e.state()?.into_iter().map(|n| (n.name, n.data)).collect();
+            for _ in 0..2 {
+                e.forward_backward(&s, &s, 1.0)?;
+                e.step(1e-2)?;
+            }
+            let straight = e.state()?;
+            e.restore(2, &|name| saved.get(name).cloned())?;
+            for _ in 0..2 {
+                e.forward_backward(&s, &s, 1.0)?;
+                e.step(1e-2)?;
+            }
+            let resumed = e.state()?;
+            Ok(straight
+                .iter()
+                .zip(&resumed)
+                .all(|(a, b)| a.name == b.name && a.data == b.data))
+        })
+        .unwrap();
+        assert!(out.iter().all(|&same| same), "tied {tied}");
+    }
+}
