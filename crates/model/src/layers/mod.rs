@@ -21,6 +21,7 @@ mod embedding;
 mod gelu;
 mod layernorm;
 mod linear;
+mod rmsnorm;
 
 pub use attention::{attention_backward, attention_forward, causal_mask, AttSaved};
 #[cfg(feature = "cuda")]
@@ -37,6 +38,7 @@ pub use linear::{
     matmul_gelu_backward_epilogue, matmul_gelu_forward, matmul_gelu_forward_unfused,
     residual_matmul_forward,
 };
+pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RmsSaved};
 
 /// Whether `t` lives on a CUDA device (the `cuda` kernels are built in).
 #[cfg(feature = "cuda")]
