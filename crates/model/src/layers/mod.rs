@@ -22,6 +22,7 @@ mod gelu;
 mod layernorm;
 mod linear;
 mod rmsnorm;
+mod rope;
 
 pub use attention::{attention_backward, attention_forward, causal_mask, AttSaved};
 #[cfg(feature = "cuda")]
@@ -39,6 +40,7 @@ pub use linear::{
     residual_matmul_forward,
 };
 pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RmsSaved};
+pub use rope::{rope_backward, rope_forward, rope_tables, RopeTables};
 
 /// Whether `t` lives on a CUDA device (the `cuda` kernels are built in).
 #[cfg(feature = "cuda")]
