@@ -23,6 +23,7 @@ mod layernorm;
 mod linear;
 mod rmsnorm;
 mod rope;
+mod swiglu;
 
 pub use attention::{attention_backward, attention_forward, causal_mask, AttSaved};
 #[cfg(feature = "cuda")]
@@ -41,6 +42,7 @@ pub use linear::{
 };
 pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RmsSaved};
 pub use rope::{rope_backward, rope_forward, rope_tables, RopeTables};
+pub use swiglu::{swiglu_backward, swiglu_forward};
 
 /// Whether `t` lives on a CUDA device (the `cuda` kernels are built in).
 #[cfg(feature = "cuda")]
