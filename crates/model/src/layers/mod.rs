@@ -1,8 +1,10 @@
-//! The layers of GPT-2, each as a forward and a backward free function side by side
+//! The layers of GPT-2 and of the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query
+//! attention), each as a forward and a backward free function side by side
 //! (the layout of llm.c's `train_gpt2.c`), one module a layer.
 //!
 //! Size letters: `B` batch, `T` sequence length of this batch, `N = B*T` positions,
-//! `C` channels (`n_embd`), `NH` heads, `hs = C/NH`, `V` vocabulary.
+//! `C` channels (`n_embd`), `NH` heads, `hs = C/NH`, `V` vocabulary; Llama's `KV` key/value
+//! heads and `F` MLP width.
 //!
 //! Every function takes tensors on any device. On the CPU (and for shapes a kernel does not
 //! take) it runs the *reference*: basic candle [`candle_core::Tensor`] ops (matmul, broadcasts,
@@ -19,6 +21,7 @@ mod attention;
 mod crossentropy;
 mod embedding;
 mod gelu;
+mod gqa;
 mod layernorm;
 mod linear;
 mod rmsnorm;
@@ -34,6 +37,7 @@ pub use attention::{
 pub use crossentropy::{crossentropy_chunked, crossentropy_forward_backward, CE_CHUNK_ELEMS};
 pub use embedding::{embedding_backward, embedding_forward};
 pub use gelu::{gelu_backward, gelu_backward_bias_grad, gelu_forward};
+pub use gqa::{gqa_attention_backward, gqa_attention_forward, GqaSaved};
 pub use layernorm::{layernorm_backward, layernorm_forward, LnSaved, LN_EPS};
 pub use linear::{
     bias_grad, matmul_backward, matmul_backward_no_bias, matmul_forward, matmul_gelu_backward,
