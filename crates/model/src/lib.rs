@@ -18,6 +18,7 @@ mod gpu;
 mod init;
 pub mod layers;
 mod layout;
+pub mod llama;
 mod units;
 
 pub use config::{
