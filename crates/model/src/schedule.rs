@@ -60,8 +60,8 @@ enum SavedInner {
     Tokens(Tensor),
     Gpt2Block(gpt2::BlockSaved),
     Gpt2Norm(gpt2::NormSaved),
-    LlamaBlock(llama::BlockSaved),
-    LlamaNorm(llama::NormSaved),
+    LlamaBlock(llama::LlamaBlockSaved),
+    LlamaNorm(llama::LlamaNormSaved),
 }
 
 /// Where a walk of the schedule takes each unit's parameters and puts each unit's gradient: the

@@ -1,8 +1,10 @@
-//! The layers of GPT-2, each as a forward and a backward free function side by side
+//! The layers of GPT-2 and of the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query
+//! attention), each as a forward and a backward free function side by side
 //! (the layout of llm.c's `train_gpt2.c`), one module a layer.
 //!
 //! Size letters: `B` batch, `T` sequence length of this batch, `N = B*T` positions,
-//! `C` channels (`n_embd`), `NH` heads, `hs = C/NH`, `V` vocabulary.
+//! `C` channels (`n_embd`), `NH` heads, `hs = C/NH`, `V` vocabulary; Llama's `KV` key/value
+//! heads and `F` MLP width.
 //!
 //! Every function takes tensors on any device. On the CPU (and for shapes a kernel does not
 //! take) it runs the *reference*: basic candle [`candle_core::Tensor`] ops (matmul, broadcasts,
@@ -19,8 +21,12 @@ mod attention;
 mod crossentropy;
 mod embedding;
 mod gelu;
+mod gqa;
 mod layernorm;
 mod linear;
+mod rmsnorm;
+mod rope;
+mod swiglu;
 
 pub use attention::{attention_backward, attention_forward, causal_mask, AttSaved};
 #[cfg(feature = "cuda")]
@@ -31,12 +37,16 @@ pub use attention::{
 pub use crossentropy::{crossentropy_chunked, crossentropy_forward_backward, CE_CHUNK_ELEMS};
 pub use embedding::{embedding_backward, embedding_forward};
 pub use gelu::{gelu_backward, gelu_backward_bias_grad, gelu_forward};
+pub use gqa::{gqa_attention_backward, gqa_attention_forward, GqaSaved};
 pub use layernorm::{layernorm_backward, layernorm_forward, LnSaved, LN_EPS};
 pub use linear::{
     bias_grad, matmul_backward, matmul_backward_no_bias, matmul_forward, matmul_gelu_backward,
     matmul_gelu_backward_epilogue, matmul_gelu_forward, matmul_gelu_forward_unfused,
     residual_matmul_forward,
 };
+pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RmsSaved};
+pub use rope::{rope_backward, rope_forward, rope_tables, RopeTables};
+pub use swiglu::{swiglu_backward, swiglu_forward};
 
 /// Whether `t` lives on a CUDA device (the `cuda` kernels are built in).
 #[cfg(feature = "cuda")]
