@@ -3,7 +3,7 @@
 //! close to it, a resume bit for bit, and the engine equal to the one-device reference walk.
 
 use candle_core::{Device, Tensor};
-use comm::Topology;
+use comm::{Communicator, Topology};
 use model::{Model, ModelConfig};
 use zero::{Engine, EngineOptions, ZeroConfig};
 
