@@ -227,7 +227,7 @@ pub struct CheckpointSection {
     pub interval: u64,
     /// Continue from the newest checkpoint in `dir`, if there is one.
     pub resume: bool,
-    /// Trajectory settings (resume::TRAJECTORY_KEYS, e.g. "train.lr") that may differ from the
+    /// Trajectory settings ([`TRAJECTORY_KEYS`], e.g. "train.lr") that may differ from the
     /// checkpoint's on resume; any other difference is refused.
     pub allow_changes: Vec<String>,
     /// After each checkpoint, delete older ones beyond the newest `keep_last` (0 = keep all),
@@ -249,6 +249,47 @@ impl Default for CheckpointSection {
             allow_changes: Vec::new(),
         }
     }
+}
+
+/// The keys of the settings that fix a run's trajectory ([`crate::resume::trajectory`] records
+/// them in each checkpoint), as config keys. `model.*` can never change on resume: the shards
+/// would not fit.
+pub const TRAJECTORY_KEYS: [&str; 22] = [
+    "model.n_layer",
+    "model.n_embd",
+    "model.n_head",
+    "model.seq_len",
+    "model.vocab_size",
+    "data.train",
+    "data.valid",
+    "data.tokenizer",
+    "train.seed",
+    "train.global_batch",
+    "train.lr",
+    "train.min_lr",
+    "train.warmup_steps",
+    "train.decay_steps",
+    "train.weight_decay",
+    "train.beta1",
+    "train.beta2",
+    "train.eps",
+    "train.grad_clip",
+    "train.precision",
+    "zero.quantized_weights",
+    "zero.quantized_gradients",
+];
+
+/// Keys of the quantisation that only matter while it is on, checked beside [`TRAJECTORY_KEYS`].
+const QUANT_KEYS: [&str; 4] = [
+    "zero.qgz_until",
+    "zero.qgz_error_feedback",
+    "zero.weight_quant_block",
+    "zero.grad_quant_block",
+];
+
+/// Whether `key` may be listed in `checkpoint.allow_changes`.
+pub fn may_change(key: &str) -> bool {
+    !key.starts_with("model.") && (TRAJECTORY_KEYS.contains(&key) || QUANT_KEYS.contains(&key))
 }
 
 /// The command line's `--set section.key=VALUE` overrides (VALUE in TOML syntax), parsed once,
@@ -427,7 +468,7 @@ impl RunConfig {
             }
         }
         for key in &self.checkpoint.allow_changes {
-            if !crate::resume::may_change(key) {
+            if !may_change(key) {
                 bail!(
                     "checkpoint.allow_changes: {key:?} is not a setting that may change on resume \
                      (docs/operations.md lists them)"
@@ -758,6 +799,16 @@ mod tests {
         assert!(
             RunConfig::load(&path, &Overrides::default()).is_err(),
             "30 is not a multiple of 4 heads"
+        );
+    }
+
+    #[test]
+    fn only_trajectory_keys_other_than_the_model_may_change() {
+        assert!(may_change("train.lr") && may_change("zero.qgz_until"));
+        assert!(!may_change("model.n_embd") && !may_change("train.lrr"));
+        assert!(
+            !may_change("dist.world_size"),
+            "not a trajectory key: needs no allowing"
         );
     }
 }

@@ -17,46 +17,6 @@ use data::TokenCorpus;
 use crate::checkpoint::{self, Manifest};
 use crate::config::RunConfig;
 
-/// The trajectory's keys, as config keys. `model.*` can never change on resume: the shards
-/// would not fit.
-pub const TRAJECTORY_KEYS: [&str; 22] = [
-    "model.n_layer",
-    "model.n_embd",
-    "model.n_head",
-    "model.seq_len",
-    "model.vocab_size",
-    "data.train",
-    "data.valid",
-    "data.tokenizer",
-    "train.seed",
-    "train.global_batch",
-    "train.lr",
-    "train.min_lr",
-    "train.warmup_steps",
-    "train.decay_steps",
-    "train.weight_decay",
-    "train.beta1",
-    "train.beta2",
-    "train.eps",
-    "train.grad_clip",
-    "train.precision",
-    "zero.quantized_weights",
-    "zero.quantized_gradients",
-];
-
-/// Keys of the quantisation that only matter while it is on, checked beside [`TRAJECTORY_KEYS`].
-const QUANT_KEYS: [&str; 4] = [
-    "zero.qgz_until",
-    "zero.qgz_error_feedback",
-    "zero.weight_quant_block",
-    "zero.grad_quant_block",
-];
-
-/// Whether `key` may be listed in `checkpoint.allow_changes`.
-pub fn may_change(key: &str) -> bool {
-    !key.starts_with("model.") && (TRAJECTORY_KEYS.contains(&key) || QUANT_KEYS.contains(&key))
-}
-
 /// What the data is, for [`trajectory`]: the token streams' counts and fingerprints, and the
 /// tokenizer's fingerprint. Paths are not recorded (data may move between launches); content
 /// is, so other documents of the same token count, or another tokenizer, are noticed.
@@ -346,6 +306,7 @@ fn fraction_through(step: u64, steps: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::may_change;
 
     fn settings(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -521,15 +482,5 @@ mod tests {
         assert_eq!(fraction_through(300, 300), "1");
         assert_eq!(fraction_through(1, 7), "0.1");
         assert_eq!(fraction_through(3, 7), "0.4");
-    }
-
-    #[test]
-    fn only_trajectory_keys_other_than_the_model_may_change() {
-        assert!(may_change("train.lr") && may_change("zero.qgz_until"));
-        assert!(!may_change("model.n_embd") && !may_change("train.lrr"));
-        assert!(
-            !may_change("dist.world_size"),
-            "not a trajectory key: needs no allowing"
-        );
     }
 }
