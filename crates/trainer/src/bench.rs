@@ -14,8 +14,8 @@ use zero::Engine;
 use crate::config::{Backend, RunConfig};
 use crate::device_memory;
 use crate::launch;
+use crate::readable;
 use crate::train::engine_options;
-use crate::units;
 
 /// Dense bf16 peak of one H200 (and H100 SXM), TFLOP/s: MFU's denominator.
 pub const PEAK_TFLOPS: f64 = 989.0;
@@ -487,8 +487,8 @@ fn print_report(r: &StepReport) {
     if let Some(peak) = r.peak_memory_bytes {
         println!(
             "peak GPU memory    {} (allocator high-water mark); {} in use on the device at the end",
-            units::bytes(peak),
-            units::bytes(r.device_used_bytes.unwrap_or(0))
+            readable::bytes(peak),
+            readable::bytes(r.device_used_bytes.unwrap_or(0))
         );
     }
     println!(
@@ -531,8 +531,8 @@ fn print_report(r: &StepReport) {
     );
     println!(
         "comm per step      intra-node {}, inter-node {} (rank 0)",
-        units::bytes(r.comm_intra_bytes),
-        units::bytes(r.comm_inter_bytes)
+        readable::bytes(r.comm_intra_bytes),
+        readable::bytes(r.comm_inter_bytes)
     );
     if let Some(families) = &r.profile {
         print_profile(families, r.step_seconds);

@@ -12,6 +12,7 @@ mod metrics;
 mod plan;
 mod plot;
 mod progress;
+mod readable;
 mod reshard;
 mod resume;
 mod run_lock;
@@ -19,7 +20,6 @@ mod schedule;
 mod startup;
 mod stop;
 mod train;
-mod units;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -207,9 +207,9 @@ fn run_command(
                 s.tokens,
                 s.valid_documents,
                 s.valid_tokens,
-                units::bytes(s.text_bytes),
+                readable::bytes(s.text_bytes),
                 s.seconds,
-                units::bytes_f64(s.text_bytes as f64 / s.seconds)
+                readable::bytes_f64(s.text_bytes as f64 / s.seconds)
             );
             Ok(())
         }

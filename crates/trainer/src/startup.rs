@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use data::Sampler;
 
 use crate::config::{DeviceKind, RunConfig};
-use crate::units;
+use crate::readable;
 
 /// The key a user sets to change the validation data: `data.valid`, or `data.valid_fraction`
 /// when the validation documents are held out of `data.train`.
@@ -91,7 +91,7 @@ pub fn check_memory(
         1 => "this rank".to_string(),
         n => format!(
             "the {n} ranks of this process, {} each",
-            units::bytes(per_rank)
+            readable::bytes(per_rank)
         ),
     };
     let mut lower = vec!["a smaller model"];
@@ -110,8 +110,8 @@ pub fn check_memory(
     bail!(
         "the plan estimates {} for {ranks}, more than the {} of {what} available: lower it with \
          {} (`trainer plan --config FILE` itemises the estimate)",
-        units::bytes(needed),
-        units::bytes(available),
+        readable::bytes(needed),
+        readable::bytes(available),
         lower.join(", ")
     );
 }

@@ -22,7 +22,7 @@ use crate::progress::Reporter;
 use crate::resume::{self, DataSize, Resume};
 use crate::run_lock::RunLock;
 use crate::schedule::learning_rate;
-use crate::{reshard, startup, stop, units};
+use crate::{readable, reshard, startup, stop};
 
 mod evaluate;
 mod save;
@@ -474,9 +474,9 @@ impl<'a> RankRun<'a> {
             t.micro_batch,
             config.accumulation(),
             world,
-            units::bytes(memory.sharded_bytes()),
-            units::bytes(memory.working_bytes()),
-            units::bytes(memory.hpz_secondary),
+            readable::bytes(memory.sharded_bytes()),
+            readable::bytes(memory.working_bytes()),
+            readable::bytes(memory.hpz_secondary),
             shared.corpora.train.tokens.len(),
             shared.sampler.num_samples(),
         ));
