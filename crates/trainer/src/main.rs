@@ -15,6 +15,7 @@ mod progress;
 mod readable;
 mod reshard;
 mod resume;
+mod run;
 mod run_lock;
 mod schedule;
 mod startup;
@@ -169,7 +170,7 @@ fn run(cli: Cli) -> Result<train::Outcome> {
                 print!("{}", config.to_toml()?);
                 return Ok(train::Outcome::Finished);
             }
-            train::run(&config)
+            train::run(config)
         }
         Some(command) => run_command(command, cli.config.as_deref(), &overrides)
             .map(|()| train::Outcome::Finished),

@@ -16,6 +16,7 @@ use data::TokenCorpus;
 
 use crate::checkpoint::{self, Manifest};
 use crate::config::RunConfig;
+use crate::run::Run;
 
 /// What the data is, for [`trajectory`]: the token streams' counts and fingerprints, and the
 /// tokenizer's fingerprint. Paths are not recorded (data may move between launches); content
@@ -59,8 +60,8 @@ impl Tokens {
 
 /// The settings that fix this run's trajectory, each as a config key and its value's text.
 /// Values are as resolved: the model's sizes after its preset, the decay after its default.
-pub fn trajectory(config: &RunConfig, data: DataSize) -> Result<BTreeMap<String, String>> {
-    let model = config.model_config()?;
+pub fn trajectory(run: &Run, data: DataSize) -> BTreeMap<String, String> {
+    let (config, model) = (&run.config, &run.model);
     let t = &config.train;
     let z = &config.zero;
     let mut s = BTreeMap::new();
@@ -114,7 +115,7 @@ pub fn trajectory(config: &RunConfig, data: DataSize) -> Result<BTreeMap<String,
         );
         put("zero.qgz_error_feedback", z.qgz_error_feedback.to_string());
     }
-    Ok(s)
+    s
 }
 
 /// A checkpoint to resume from: its manifest, checked against this run; each rank reads its
@@ -128,7 +129,8 @@ pub struct Resume {
 
 /// The newest checkpoint of the run, if it should resume from one, checked against `settings`
 /// (this run's [`trajectory`]).
-pub fn find(config: &RunConfig, settings: &BTreeMap<String, String>) -> Result<Option<Resume>> {
+pub fn find(run: &Run, settings: &BTreeMap<String, String>) -> Result<Option<Resume>> {
+    let config = &run.config;
     if !config.checkpoint.resume {
         return Ok(None);
     }
@@ -136,8 +138,7 @@ pub fn find(config: &RunConfig, settings: &BTreeMap<String, String>) -> Result<O
         return Ok(None);
     };
     let manifest = checkpoint::read_manifest(&path)?;
-    let model_cfg = config.model_config()?;
-    if manifest.model != (&model_cfg).into() {
+    if manifest.model != (&run.model).into() {
         bail!(
             "checkpoint {} is of another model shape: {:?}",
             path.display(),
@@ -308,6 +309,11 @@ mod tests {
     use super::*;
     use crate::config::may_change;
 
+    /// [`trajectory`] of `config`, resolved.
+    fn trajectory_of(config: &RunConfig, data: DataSize) -> BTreeMap<String, String> {
+        trajectory(&Run::resolve(config.clone(), None).unwrap(), data)
+    }
+
     fn settings(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
             .iter()
@@ -360,13 +366,13 @@ mod tests {
         let mut config = RunConfig::default();
         config.model.preset = Some("tiny".into());
         config.train.steps = 2000;
-        let unset = trajectory(&config, data).unwrap();
+        let unset = trajectory_of(&config, data);
         config.train.decay_steps = Some(2000);
-        let set = trajectory(&config, data).unwrap();
+        let set = trajectory_of(&config, data);
         assert_eq!(changes(&unset, &set, &[]), Ok(vec![]));
         config.train.steps = 2050;
         assert_eq!(
-            changes(&set, &trajectory(&config, data).unwrap(), &[]),
+            changes(&set, &trajectory_of(&config, data), &[]),
             Ok(vec![])
         );
     }
@@ -439,9 +445,9 @@ mod tests {
         config.train.steps = 200;
         config.zero.quantized_gradients = true;
         config.zero.qgz_until = 0.5;
-        let saved = trajectory(&config, data).unwrap();
+        let saved = trajectory_of(&config, data);
         config.train.steps = 300;
-        let now = trajectory(&config, data).unwrap();
+        let now = trajectory_of(&config, data);
         assert_eq!(
             how_to_extend(&config, &saved, &now),
             "; to train to step 300 on the schedule it had, add --set train.decay_steps=200 \
@@ -452,20 +458,20 @@ mod tests {
         // Following the advice resumes.
         config.train.decay_steps = Some(200);
         config.zero.qgz_until = 0.333;
-        let kept = trajectory(&config, data).unwrap();
+        let kept = trajectory_of(&config, data);
         assert_eq!(changes(&saved, &kept, &[]), Ok(vec![]));
         assert_eq!(how_to_extend(&config, &saved, &kept), "");
         // A decay the user set to another value is a change asked for: no advice about it.
         config.train.decay_steps = Some(250);
-        let asked = trajectory(&config, data).unwrap();
+        let asked = trajectory_of(&config, data);
         assert_eq!(how_to_extend(&config, &saved, &asked), "");
         // Shorter, with qgZ through step 200 of 200: no fraction keeps that end.
         config.train.decay_steps = None;
         config.train.steps = 200;
         config.zero.qgz_until = 1.0;
-        let saved = trajectory(&config, data).unwrap();
+        let saved = trajectory_of(&config, data);
         config.train.steps = 150;
-        let shorter = trajectory(&config, data).unwrap();
+        let shorter = trajectory_of(&config, data);
         let advice = how_to_extend(&config, &saved, &shorter);
         assert!(
             advice.contains("add --set train.decay_steps=200 (")
