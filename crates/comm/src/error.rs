@@ -1,17 +1,20 @@
 //! The crate's one error type, [`CommError`], with the launcher's and the bootstrap's errors
-//! ([`LaunchError`](crate::launch::LaunchError), [`BootstrapError`](crate::bootstrap::BootstrapError))
-//! nested in it.
+//! ([`LaunchError`](crate::launch::LaunchError), [`BootstrapError`]) nested in it. The bootstrap's
+//! error lives here rather than in [`crate::bootstrap`] because the two nest each other (rank 0's
+//! payload fails with a [`CommError`]).
 //!
 //! A variant's message says what failed and carries its data; the cause underneath (an io,
 //! candle or CUDA error) is its `source`, never repeated in the message, so a program that
 //! prints the whole chain (`anyhow`'s `{:#}`) prints each cause once. Sources are behind an
 //! `Arc` so that the error stays `Clone`: a collective's error goes to every waiter.
 
+use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use candle_core::{DType, DeviceLocation};
 
-use crate::bootstrap::BootstrapError;
 use crate::launch::LaunchError;
 use crate::Group;
 
@@ -233,4 +236,179 @@ pub(crate) fn one_line(error: &dyn std::error::Error) -> String {
         cause = e.source();
     }
     line
+}
+
+/// What went wrong in the rendezvous. Rank 0 sends its error to every peer that connected
+/// ([`BootstrapError::FromRankZero`] there), so every process of the world fails with the same
+/// line.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum BootstrapError {
+    // ---- the arguments ----
+    /// A rank outside its world.
+    #[error("bootstrap: rank {rank} is not below world size {world}")]
+    RankOutOfWorld { rank: usize, world: usize },
+    /// Rank 0's address is not `HOST:PORT`.
+    #[error("bootstrap: {addr:?} is not HOST:PORT (check MASTER_ADDR and MASTER_PORT)")]
+    BadAddress { addr: String },
+
+    // ---- rank 0's view ----
+    /// Rank 0 cannot listen on its port.
+    #[error(
+        "bootstrap: rank 0 cannot listen on {addr} (is MASTER_PORT={} used by another job?)",
+        addr.port()
+    )]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// Ranks that had not connected at the timeout.
+    #[error(
+        "bootstrap: only {} of {world} ranks connected to {addr} within {} (missing: {})",
+        world - missing.len(),
+        seconds(*timeout),
+        rank_list(missing)
+    )]
+    MissingRanks {
+        world: usize,
+        addr: SocketAddr,
+        timeout: Duration,
+        missing: Vec<usize>,
+    },
+    /// A peer of another protocol version (another build of the trainer).
+    #[error(
+        "bootstrap: rank {rank} speaks bootstrap protocol version {theirs}, rank 0 version \
+         {ours} (different trainer builds?)"
+    )]
+    Version { rank: u64, theirs: u32, ours: u32 },
+    /// A peer started with another world size.
+    #[error("bootstrap: rank {rank} was started with world size {theirs}, rank 0 with {ours}")]
+    WorldSize { rank: u64, theirs: u64, ours: usize },
+    /// A peer whose rank is outside the world.
+    #[error("bootstrap: a process connected as rank {rank}, outside the world of {world} ranks")]
+    RankOutside { rank: u64, world: usize },
+    /// Two processes with one rank.
+    #[error(
+        "bootstrap: two processes were started as rank {rank} (check the launcher's rank \
+         variables)"
+    )]
+    DuplicateRank { rank: u64 },
+    /// Rank 0 could not make the payload.
+    #[error("bootstrap: rank 0 could not make the payload")]
+    Payload {
+        #[source]
+        source: Box<CommError>,
+    },
+    /// Rank 0 could not send the payload to a peer.
+    #[error("bootstrap: could not send the payload to rank {rank}")]
+    Send {
+        rank: usize,
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// A peer did not confirm that it holds the payload.
+    #[error("bootstrap: rank {rank} did not confirm the payload")]
+    NoConfirmation {
+        rank: usize,
+        #[source]
+        source: Arc<io::Error>,
+    },
+
+    // ---- a peer's view ----
+    /// `MASTER_ADDR` does not resolve.
+    #[error("bootstrap: cannot resolve MASTER_ADDR {host:?}")]
+    Resolve {
+        host: String,
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// `MASTER_ADDR` resolves to no address.
+    #[error("bootstrap: cannot resolve MASTER_ADDR {host:?} (no addresses)")]
+    NoAddresses { host: String },
+    /// Nothing accepted the connection until the timeout.
+    #[error(
+        "bootstrap: nothing listening at {addr} after {} (is rank 0 running, and are \
+         MASTER_ADDR/MASTER_PORT right?)",
+        seconds(*timeout)
+    )]
+    NothingListening { addr: String, timeout: Duration },
+    /// Rank 0 sent nothing within `waited` (`what`: the step, e.g. "no reply from").
+    #[error("bootstrap: {what} rank 0 at {addr}: rank 0 sent nothing within {}", seconds(*waited))]
+    Silent {
+        what: &'static str,
+        addr: String,
+        waited: Duration,
+    },
+    /// Rank 0 closed the connection.
+    #[error("bootstrap: {what} rank 0 at {addr}: rank 0 closed the connection")]
+    Closed { what: &'static str, addr: String },
+    /// Another socket error talking to rank 0.
+    #[error("bootstrap: {what} rank 0 at {addr}")]
+    Io {
+        what: &'static str,
+        addr: String,
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// The reply is not our protocol's.
+    #[error(
+        "bootstrap: {addr} is not a trainer's rank 0 (unexpected reply; is MASTER_PORT used by \
+         another program?)"
+    )]
+    NotRankZero { addr: String },
+    /// A reply longer than any payload.
+    #[error("bootstrap: rank 0 at {addr} announced {len} bytes, more than the limit of {limit}")]
+    TooLong { addr: String, len: u64, limit: u64 },
+    /// A reply status this build does not know.
+    #[error("bootstrap: rank 0 at {addr} replied with unknown status {status}")]
+    UnknownStatus { addr: String, status: u8 },
+    /// Rank 0's error, as rank 0 wrote it (its whole cause chain on one line).
+    #[error("{message}")]
+    FromRankZero { message: String },
+
+    // ---- the NCCL payload (feature `cuda`) ----
+    /// The configured topology against the launched world.
+    #[error(
+        "bootstrap: the topology of {nodes} nodes x {ranks_per_node} ranks does not match the \
+         {world} ranks the launcher ({launcher}) started"
+    )]
+    TopologyNotLaunch {
+        nodes: usize,
+        ranks_per_node: usize,
+        world: usize,
+        launcher: crate::launch::Launcher,
+    },
+    /// A payload too short to hold rank 0's topology.
+    #[error("bootstrap: rank 0 sent {len} bytes, too short for NCCL ids")]
+    ShortPayload { len: usize },
+    /// Rank 0 and this rank disagree on the topology.
+    #[error(
+        "bootstrap: rank 0 uses {} nodes x {} ranks, rank {rank} uses {} x {} (is \
+         dist.gpus_per_node the same for every rank?)",
+        theirs.0, theirs.1, ours.0, ours.1
+    )]
+    TopologyMismatch {
+        rank: usize,
+        theirs: (u64, u64),
+        ours: (u64, u64),
+    },
+}
+
+/// The first 16 ranks of `ranks`, then how many more.
+fn rank_list(ranks: &[usize]) -> String {
+    let mut list: Vec<String> = ranks.iter().take(16).map(|r| r.to_string()).collect();
+    if ranks.len() > 16 {
+        list.push(format!("... {} more", ranks.len() - 16));
+    }
+    list.join(", ")
+}
+
+/// A duration for messages: `60 s`, `1.5 s`.
+fn seconds(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{:.1} s", d.as_secs_f64())
+    }
 }

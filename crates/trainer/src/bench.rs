@@ -14,8 +14,9 @@ use zero::Engine;
 use crate::config::{Backend, RunConfig};
 use crate::device_memory;
 use crate::launch;
+use crate::readable;
+use crate::run::Run;
 use crate::train::engine_options;
-use crate::units;
 
 /// Dense bf16 peak of one H200 (and H100 SXM), TFLOP/s: MFU's denominator.
 pub const PEAK_TFLOPS: f64 = 989.0;
@@ -131,7 +132,8 @@ pub fn run(args: &BenchArgs<'_>) -> Result<()> {
     if args.profile && config.train.device != crate::config::DeviceKind::Cuda {
         bail!("--profile times GPU kernels: it needs train.device = \"cuda\"");
     }
-    let Some(report) = bench_steps(&config, args.warmup, args.steps, args.profile)? else {
+    let run = Run::resolve(config, None)?;
+    let Some(report) = bench_steps(&run, args.warmup, args.steps, args.profile)? else {
         return Ok(());
     };
     if args.json {
@@ -180,13 +182,8 @@ struct RankTimes {
 }
 
 /// Runs the steps; the report of rank 0 (`None` in the other processes of a launched world).
-fn bench_steps(
-    config: &RunConfig,
-    warmup: u64,
-    steps: u64,
-    profile: bool,
-) -> Result<Option<StepReport>> {
-    let model_cfg = config.model_config()?;
+fn bench_steps(run: &Run, warmup: u64, steps: u64, profile: bool) -> Result<Option<StepReport>> {
+    let (config, model_cfg) = (&run.config, &run.model);
     let t = &config.train;
     let world = config.dist.world_size;
     // nccl / mpi: this process is one rank of the launcher's world.
@@ -486,8 +483,8 @@ fn print_report(r: &StepReport) {
     if let Some(peak) = r.peak_memory_bytes {
         println!(
             "peak GPU memory    {} (allocator high-water mark); {} in use on the device at the end",
-            units::bytes(peak),
-            units::bytes(r.device_used_bytes.unwrap_or(0))
+            readable::bytes(peak),
+            readable::bytes(r.device_used_bytes.unwrap_or(0))
         );
     }
     println!(
@@ -530,8 +527,8 @@ fn print_report(r: &StepReport) {
     );
     println!(
         "comm per step      intra-node {}, inter-node {} (rank 0)",
-        units::bytes(r.comm_intra_bytes),
-        units::bytes(r.comm_inter_bytes)
+        readable::bytes(r.comm_intra_bytes),
+        readable::bytes(r.comm_inter_bytes)
     );
     if let Some(families) = &r.profile {
         print_profile(families, r.step_seconds);

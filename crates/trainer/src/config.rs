@@ -11,6 +11,9 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use zero::ZeroConfig;
 
+mod model_section;
+pub use model_section::ModelSection;
+
 /// The whole run config, one struct per section.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -22,39 +25,6 @@ pub struct RunConfig {
     pub dist: DistSection,
     pub log: LogSection,
     pub checkpoint: CheckpointSection,
-}
-
-/// `[model]`: a preset, optionally with some of its sizes overridden.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ModelSection {
-    /// One of `model::PRESET_NAMES`; the sizes below override it. Without a preset the five
-    /// sizes (and a Llama's `ffn_hidden`) are required.
-    pub preset: Option<String>,
-    /// `"gpt2"` (the default) or `"llama"`; a preset names its own.
-    pub arch: Option<String>,
-    pub n_layer: Option<usize>,
-    pub n_embd: Option<usize>,
-    pub n_head: Option<usize>,
-    pub seq_len: Option<usize>,
-    /// Rows of the token embedding and LM head. Unset: the tokenizer's vocabulary padded to a
-    /// multiple of 128 (a preset's own where no tokenizer is read).
-    pub vocab_size: Option<usize>,
-    /// Llama: key/value heads of grouped-query attention (default `n_head`).
-    pub n_kv_head: Option<usize>,
-    /// Llama: the SwiGLU MLP's hidden width.
-    pub ffn_hidden: Option<usize>,
-    /// Llama: RMSNorm's epsilon (default 1e-5).
-    pub norm_eps: Option<f64>,
-    /// Llama: the rotary base (default 500,000).
-    pub rope_theta: Option<f64>,
-    /// Llama: the LM head reads the token embedding (default: the preset's, else true).
-    pub tie_embeddings: Option<bool>,
-    /// Activation checkpointing: blocks keep only their input and recompute in backward.
-    pub recompute: bool,
-    /// Start from the weights of a Hugging Face GPT-2 or Llama safetensors folder (what
-    /// `trainer export` writes): continued pretraining or fine-tuning. A resume ignores it.
-    pub init_from: Option<PathBuf>,
 }
 
 /// `[data]`: where the tokens come from.
@@ -230,7 +200,7 @@ pub struct CheckpointSection {
     pub interval: u64,
     /// Continue from the newest checkpoint in `dir`, if there is one.
     pub resume: bool,
-    /// Trajectory settings (resume::TRAJECTORY_KEYS, e.g. "train.lr") that may differ from the
+    /// Trajectory settings ([`TRAJECTORY_KEYS`], e.g. "train.lr") that may differ from the
     /// checkpoint's on resume; any other difference is refused.
     pub allow_changes: Vec<String>,
     /// After each checkpoint, delete older ones beyond the newest `keep_last` (0 = keep all),
@@ -252,6 +222,53 @@ impl Default for CheckpointSection {
             allow_changes: Vec::new(),
         }
     }
+}
+
+/// The keys of the settings that fix a run's trajectory ([`crate::resume::trajectory`] records
+/// them in each checkpoint), as config keys. `model.*` can never change on resume: the shards
+/// would not fit.
+pub const TRAJECTORY_KEYS: [&str; 28] = [
+    "model.n_layer",
+    "model.n_embd",
+    "model.n_head",
+    "model.seq_len",
+    "model.vocab_size",
+    "model.arch",
+    "model.n_kv_head",
+    "model.ffn_hidden",
+    "model.norm_eps",
+    "model.rope_theta",
+    "model.tie_embeddings",
+    "data.train",
+    "data.valid",
+    "data.tokenizer",
+    "train.seed",
+    "train.global_batch",
+    "train.lr",
+    "train.min_lr",
+    "train.warmup_steps",
+    "train.decay_steps",
+    "train.weight_decay",
+    "train.beta1",
+    "train.beta2",
+    "train.eps",
+    "train.grad_clip",
+    "train.precision",
+    "zero.quantized_weights",
+    "zero.quantized_gradients",
+];
+
+/// Keys of the quantisation that only matter while it is on, checked beside [`TRAJECTORY_KEYS`].
+const QUANT_KEYS: [&str; 4] = [
+    "zero.qgz_until",
+    "zero.qgz_error_feedback",
+    "zero.weight_quant_block",
+    "zero.grad_quant_block",
+];
+
+/// Whether `key` may be listed in `checkpoint.allow_changes`.
+pub fn may_change(key: &str) -> bool {
+    !key.starts_with("model.") && (TRAJECTORY_KEYS.contains(&key) || QUANT_KEYS.contains(&key))
 }
 
 /// The command line's `--set section.key=VALUE` overrides (VALUE in TOML syntax), parsed once,
@@ -430,7 +447,7 @@ impl RunConfig {
             }
         }
         for key in &self.checkpoint.allow_changes {
-            if !crate::resume::may_change(key) {
+            if !may_change(key) {
                 bail!(
                     "checkpoint.allow_changes: {key:?} is not a setting that may change on resume \
                      (docs/operations.md lists them)"
@@ -438,7 +455,9 @@ impl RunConfig {
             }
         }
         self.zero.validate()?;
-        self.model_config()?;
+        // The model's sizes, checked here so that a bad one blames its `--set`; the model the
+        // run trains is resolved once more, with the tokenizer at hand (`Run::resolve`).
+        self.model.resolve(None)?;
         Ok(())
     }
 
@@ -487,88 +506,6 @@ impl RunConfig {
         }
     }
 
-    /// The model shape: the preset, then any explicit sizes.
-    pub fn model_config(&self) -> Result<model::ModelConfig> {
-        let m = &self.model;
-        let base = match &m.preset {
-            Some(name) => Some(model::preset(name).with_context(|| {
-                format!(
-                    "model.preset = {name:?} is not one of {}",
-                    model::PRESET_NAMES.join(", ")
-                )
-            })?),
-            None => None,
-        };
-        let pick = |key: &str, explicit: Option<usize>, preset: Option<usize>| {
-            explicit
-                .or(preset)
-                .with_context(|| format!("model.{key} is required without model.preset"))
-        };
-        let arch = match (&m.arch, &base) {
-            (Some(name), _) => model::Arch::from_name(name).with_context(|| {
-                format!("model.arch = {name:?} is not one of \"gpt2\", \"llama\"")
-            })?,
-            (None, Some(b)) => b.arch,
-            (None, None) => model::Arch::Gpt2,
-        };
-        if let (Some(b), Some(name)) = (&base, &m.arch) {
-            if b.arch != arch {
-                bail!(
-                    "model.arch = {name:?} contradicts model.preset = {:?}, a {} preset",
-                    m.preset.as_deref().unwrap_or_default(),
-                    b.arch.name()
-                );
-            }
-        }
-        let n_layer = pick("n_layer", m.n_layer, base.as_ref().map(|b| b.n_layer))?;
-        let n_embd = pick("n_embd", m.n_embd, base.as_ref().map(|b| b.n_embd))?;
-        let n_head = pick("n_head", m.n_head, base.as_ref().map(|b| b.n_head))?;
-        let seq_len = pick("seq_len", m.seq_len, base.as_ref().map(|b| b.seq_len))?;
-        let vocab_size = pick(
-            "vocab_size",
-            m.vocab_size,
-            base.as_ref().map(|b| b.vocab_size),
-        )?;
-        let mut cfg = match arch {
-            model::Arch::Gpt2 => {
-                model::ModelConfig::gpt2(n_layer, n_embd, n_head, seq_len, vocab_size)
-            }
-            model::Arch::Llama => {
-                let kv = m
-                    .n_kv_head
-                    .or(base.as_ref().map(|b| b.n_kv_head))
-                    .unwrap_or(n_head);
-                let ffn = pick(
-                    "ffn_hidden",
-                    m.ffn_hidden,
-                    base.as_ref().map(|b| b.ffn_hidden),
-                )?;
-                let tied = base.as_ref().is_none_or(|b| b.tie_embeddings);
-                model::ModelConfig::llama(
-                    n_layer, n_embd, n_head, kv, ffn, seq_len, vocab_size, tied,
-                )
-            }
-        };
-        // GPT-2 fixes these; a value given for it is checked by validate, not ignored.
-        if let Some(kv) = m.n_kv_head {
-            cfg.n_kv_head = kv;
-        }
-        if let Some(f) = m.ffn_hidden {
-            cfg.ffn_hidden = f;
-        }
-        if let Some(eps) = m.norm_eps {
-            cfg.norm_eps = eps;
-        }
-        if let Some(theta) = m.rope_theta {
-            cfg.rope_theta = theta;
-        }
-        if let Some(tied) = m.tie_embeddings {
-            cfg.tie_embeddings = tied;
-        }
-        cfg.validate().map_err(model_error)?;
-        Ok(cfg)
-    }
-
     /// Gradient accumulation steps per optimizer step.
     pub fn accumulation(&self) -> usize {
         self.train.global_batch / (self.train.micro_batch * self.dist.world_size)
@@ -584,18 +521,6 @@ impl RunConfig {
     /// The resolved config as TOML, as written to the run directory.
     pub fn to_toml(&self) -> Result<String> {
         Ok(toml::to_string_pretty(self)?)
-    }
-}
-
-/// A model shape error with the config keys it is about (`model.n_embd`), so that
-/// [`RunConfig::load`] blames the `--set` that gave the value rather than the file.
-fn model_error(e: model::ModelError) -> anyhow::Error {
-    match e {
-        model::ModelError::ZeroSize { field } => anyhow::anyhow!("model.{field} must be positive"),
-        model::ModelError::HeadsDoNotDivide { n_embd, n_head } => {
-            anyhow::anyhow!("model.n_embd = {n_embd} is not a multiple of model.n_head = {n_head}")
-        }
-        other => anyhow::anyhow!("[model] {other}"),
     }
 }
 
@@ -754,13 +679,24 @@ mod tests {
         let (_d, path) = write(&BASE.replace("[data]", "n_embd = 32\n[data]"));
         let c = RunConfig::load(&path, &Overrides::default())
             .unwrap()
-            .model_config()
+            .model
+            .resolve(None)
             .unwrap();
         assert_eq!((c.n_layer, c.n_embd), (2, 32));
         let (_d, path) = write(&BASE.replace("[data]", "n_embd = 30\n[data]"));
         assert!(
             RunConfig::load(&path, &Overrides::default()).is_err(),
             "30 is not a multiple of 4 heads"
+        );
+    }
+
+    #[test]
+    fn only_trajectory_keys_other_than_the_model_may_change() {
+        assert!(may_change("train.lr") && may_change("zero.qgz_until"));
+        assert!(!may_change("model.n_embd") && !may_change("train.lrr"));
+        assert!(
+            !may_change("dist.world_size"),
+            "not a trajectory key: needs no allowing"
         );
     }
 }

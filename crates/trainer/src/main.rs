@@ -13,14 +13,15 @@ mod metrics;
 mod plan;
 mod plot;
 mod progress;
+mod readable;
 mod reshard;
 mod resume;
+mod run;
 mod run_lock;
 mod schedule;
 mod startup;
 mod stop;
 mod train;
-mod units;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -170,7 +171,7 @@ fn run(cli: Cli) -> Result<train::Outcome> {
                 print!("{}", config.to_toml()?);
                 return Ok(train::Outcome::Finished);
             }
-            train::run(&config)
+            train::run(config)
         }
         Some(command) => run_command(command, cli.config.as_deref(), &overrides)
             .map(|()| train::Outcome::Finished),
@@ -208,9 +209,9 @@ fn run_command(
                 s.tokens,
                 s.valid_documents,
                 s.valid_tokens,
-                units::bytes(s.text_bytes),
+                readable::bytes(s.text_bytes),
                 s.seconds,
-                units::bytes_f64(s.text_bytes as f64 / s.seconds)
+                readable::bytes_f64(s.text_bytes as f64 / s.seconds)
             );
             Ok(())
         }

@@ -13,6 +13,7 @@ use zero::volume::{logical_step_bytes, paper_volume};
 use zero::{RankMemory, ZeroConfig, ZeroPlan};
 
 use crate::config::{Overrides, Precision, RunConfig};
+use crate::run::Run;
 
 mod human;
 pub use human::human;
@@ -180,17 +181,18 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
     let topology = fit_topology(&mut config, args, &mut notes)?;
     let (accumulation, global_batch) = fit_batch(&config, topology.world(), &mut notes)?;
 
+    let run = Run::resolve(config, None)?;
+    let (config, cfg) = (&run.config, &run.model);
     let t = &config.train;
-    let cfg = config.model_config()?;
     let plan = ZeroPlan::resolve(&config.zero, topology, t.steps)?;
-    let numels: Vec<usize> = model::ModelLayout::new(&cfg)
+    let numels: Vec<usize> = model::ModelLayout::new(cfg)
         .units
         .iter()
         .map(|u| u.numel)
         .collect();
     let pb = param_bytes(t.precision);
     Ok(Report {
-        model: model_info(&config, &cfg, &plan, &numels),
+        model: model_info(config, cfg, &plan, &numels),
         topology: TopologyInfo {
             world_size: topology.world(),
             gpus_per_node: topology.ranks_per_node,
@@ -205,9 +207,9 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
             steps: t.steps,
             recompute: config.model.recompute,
         },
-        zero: zero_info(&config, &plan),
-        memory: memory(&config, &cfg, &plan, &numels, pb),
-        comm: comm_per_step(&config, &plan, &numels, pb, accumulation)?,
+        zero: zero_info(config, &plan),
+        memory: memory(config, cfg, &plan, &numels, pb),
+        comm: comm_per_step(config, &plan, &numels, pb, accumulation)?,
         paper: paper(&plan, cfg.num_params()),
         notes,
     })
@@ -322,19 +324,19 @@ fn zero_info(config: &RunConfig, plan: &ZeroPlan) -> ZeroInfo {
     }
 }
 
-/// The memory one rank of `config` holds at `topology`, as the report's `memory` section
+/// The memory one rank of `run` holds at `topology`, as the report's `memory` section
 /// counts it: what a run compares with the memory at hand before it starts
 /// ([`crate::startup::check_memory`]).
-pub fn rank_memory(config: &RunConfig, topology: Topology) -> Result<Memory> {
-    let cfg = config.model_config()?;
+pub fn rank_memory(run: &Run, topology: Topology) -> Result<Memory> {
+    let (config, cfg) = (&run.config, &run.model);
     let plan = ZeroPlan::resolve(&config.zero, topology, config.train.steps)?;
-    let numels: Vec<usize> = model::ModelLayout::new(&cfg)
+    let numels: Vec<usize> = model::ModelLayout::new(cfg)
         .units
         .iter()
         .map(|u| u.numel)
         .collect();
     let pb = param_bytes(config.train.precision);
-    Ok(memory(config, &cfg, &plan, &numels, pb))
+    Ok(memory(config, cfg, &plan, &numels, pb))
 }
 
 /// The `memory` section: the states as the engine counts them ([`zero::rank_memory`]) plus
@@ -484,7 +486,8 @@ mod tests {
             let comm = comm::local_world(topology).into_iter().next().unwrap();
             let options = engine_options(&config, &candle_core::Device::Cpu);
             let engine =
-                zero::Engine::new(config.model_config().unwrap(), options, Box::new(comm)).unwrap();
+                zero::Engine::new(config.model.resolve(None).unwrap(), options, Box::new(comm))
+                    .unwrap();
             let shape = format!("W = {w}, D = {d}: {zero}");
             assert_eq!(engine.memory_estimate(), report.memory.states, "{shape}");
             let allocated: usize = (0..engine.num_units())

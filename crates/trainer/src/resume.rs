@@ -16,52 +16,7 @@ use data::TokenCorpus;
 
 use crate::checkpoint::{self, Manifest};
 use crate::config::RunConfig;
-
-/// The trajectory's keys, as config keys. `model.*` can never change on resume: the shards
-/// would not fit.
-pub const TRAJECTORY_KEYS: [&str; 28] = [
-    "model.n_layer",
-    "model.n_embd",
-    "model.n_head",
-    "model.seq_len",
-    "model.vocab_size",
-    "model.arch",
-    "model.n_kv_head",
-    "model.ffn_hidden",
-    "model.norm_eps",
-    "model.rope_theta",
-    "model.tie_embeddings",
-    "data.train",
-    "data.valid",
-    "data.tokenizer",
-    "train.seed",
-    "train.global_batch",
-    "train.lr",
-    "train.min_lr",
-    "train.warmup_steps",
-    "train.decay_steps",
-    "train.weight_decay",
-    "train.beta1",
-    "train.beta2",
-    "train.eps",
-    "train.grad_clip",
-    "train.precision",
-    "zero.quantized_weights",
-    "zero.quantized_gradients",
-];
-
-/// Keys of the quantisation that only matter while it is on, checked beside [`TRAJECTORY_KEYS`].
-const QUANT_KEYS: [&str; 4] = [
-    "zero.qgz_until",
-    "zero.qgz_error_feedback",
-    "zero.weight_quant_block",
-    "zero.grad_quant_block",
-];
-
-/// Whether `key` may be listed in `checkpoint.allow_changes`.
-pub fn may_change(key: &str) -> bool {
-    !key.starts_with("model.") && (TRAJECTORY_KEYS.contains(&key) || QUANT_KEYS.contains(&key))
-}
+use crate::run::Run;
 
 /// What the data is, for [`trajectory`]: the token streams' counts and fingerprints, and the
 /// tokenizer's fingerprint. Paths are not recorded (data may move between launches); content
@@ -105,8 +60,8 @@ impl Tokens {
 
 /// The settings that fix this run's trajectory, each as a config key and its value's text.
 /// Values are as resolved: the model's sizes after its preset, the decay after its default.
-pub fn trajectory(config: &RunConfig, data: DataSize) -> Result<BTreeMap<String, String>> {
-    let model = config.model_config()?;
+pub fn trajectory(run: &Run, data: DataSize) -> BTreeMap<String, String> {
+    let (config, model) = (&run.config, &run.model);
     let t = &config.train;
     let z = &config.zero;
     let mut s = BTreeMap::new();
@@ -169,7 +124,7 @@ pub fn trajectory(config: &RunConfig, data: DataSize) -> Result<BTreeMap<String,
         );
         put("zero.qgz_error_feedback", z.qgz_error_feedback.to_string());
     }
-    Ok(s)
+    s
 }
 
 /// A checkpoint to resume from: its manifest, checked against this run; each rank reads its
@@ -183,7 +138,8 @@ pub struct Resume {
 
 /// The newest checkpoint of the run, if it should resume from one, checked against `settings`
 /// (this run's [`trajectory`]).
-pub fn find(config: &RunConfig, settings: &BTreeMap<String, String>) -> Result<Option<Resume>> {
+pub fn find(run: &Run, settings: &BTreeMap<String, String>) -> Result<Option<Resume>> {
+    let config = &run.config;
     if !config.checkpoint.resume {
         return Ok(None);
     }
@@ -191,8 +147,7 @@ pub fn find(config: &RunConfig, settings: &BTreeMap<String, String>) -> Result<O
         return Ok(None);
     };
     let manifest = checkpoint::read_manifest(&path)?;
-    let model_cfg = config.model_config()?;
-    if manifest.model != (&model_cfg).into() {
+    if manifest.model != (&run.model).into() {
         bail!(
             "checkpoint {} is of another model shape: {:?}",
             path.display(),
@@ -361,6 +316,12 @@ fn fraction_through(step: u64, steps: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::may_change;
+
+    /// [`trajectory`] of `config`, resolved.
+    fn trajectory_of(config: &RunConfig, data: DataSize) -> BTreeMap<String, String> {
+        trajectory(&Run::resolve(config.clone(), None).unwrap(), data)
+    }
 
     fn settings(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -414,13 +375,13 @@ mod tests {
         let mut config = RunConfig::default();
         config.model.preset = Some("tiny".into());
         config.train.steps = 2000;
-        let unset = trajectory(&config, data).unwrap();
+        let unset = trajectory_of(&config, data);
         config.train.decay_steps = Some(2000);
-        let set = trajectory(&config, data).unwrap();
+        let set = trajectory_of(&config, data);
         assert_eq!(changes(&unset, &set, &[]), Ok(vec![]));
         config.train.steps = 2050;
         assert_eq!(
-            changes(&set, &trajectory(&config, data).unwrap(), &[]),
+            changes(&set, &trajectory_of(&config, data), &[]),
             Ok(vec![])
         );
     }
@@ -493,9 +454,9 @@ mod tests {
         config.train.steps = 200;
         config.zero.quantized_gradients = true;
         config.zero.qgz_until = 0.5;
-        let saved = trajectory(&config, data).unwrap();
+        let saved = trajectory_of(&config, data);
         config.train.steps = 300;
-        let now = trajectory(&config, data).unwrap();
+        let now = trajectory_of(&config, data);
         assert_eq!(
             how_to_extend(&config, &saved, &now),
             "; to train to step 300 on the schedule it had, add --set train.decay_steps=200 \
@@ -506,20 +467,20 @@ mod tests {
         // Following the advice resumes.
         config.train.decay_steps = Some(200);
         config.zero.qgz_until = 0.333;
-        let kept = trajectory(&config, data).unwrap();
+        let kept = trajectory_of(&config, data);
         assert_eq!(changes(&saved, &kept, &[]), Ok(vec![]));
         assert_eq!(how_to_extend(&config, &saved, &kept), "");
         // A decay the user set to another value is a change asked for: no advice about it.
         config.train.decay_steps = Some(250);
-        let asked = trajectory(&config, data).unwrap();
+        let asked = trajectory_of(&config, data);
         assert_eq!(how_to_extend(&config, &saved, &asked), "");
         // Shorter, with qgZ through step 200 of 200: no fraction keeps that end.
         config.train.decay_steps = None;
         config.train.steps = 200;
         config.zero.qgz_until = 1.0;
-        let saved = trajectory(&config, data).unwrap();
+        let saved = trajectory_of(&config, data);
         config.train.steps = 150;
-        let shorter = trajectory(&config, data).unwrap();
+        let shorter = trajectory_of(&config, data);
         let advice = how_to_extend(&config, &saved, &shorter);
         assert!(
             advice.contains("add --set train.decay_steps=200 (")
@@ -536,15 +497,5 @@ mod tests {
         assert_eq!(fraction_through(300, 300), "1");
         assert_eq!(fraction_through(1, 7), "0.1");
         assert_eq!(fraction_through(3, 7), "0.4");
-    }
-
-    #[test]
-    fn only_trajectory_keys_other_than_the_model_may_change() {
-        assert!(may_change("train.lr") && may_change("zero.qgz_until"));
-        assert!(!may_change("model.n_embd") && !may_change("train.lrr"));
-        assert!(
-            !may_change("dist.world_size"),
-            "not a trajectory key: needs no allowing"
-        );
     }
 }

@@ -15,7 +15,8 @@ use anyhow::{bail, Context, Result};
 use data::Sampler;
 
 use crate::config::{DeviceKind, RunConfig};
-use crate::units;
+use crate::readable;
+use crate::run::Run;
 
 /// The key a user sets to change the validation data: `data.valid`, or `data.valid_fraction`
 /// when the validation documents are held out of `data.train`.
@@ -26,19 +27,19 @@ fn valid_key(config: &RunConfig) -> &'static str {
     }
 }
 
-/// Checks the data and the batch of `config` on a world of `world` ranks, from the number of
+/// Checks the data and the batch of `run` on a world of `world` ranks, from the number of
 /// training and validation tokens (`None`: no validation data).
 ///
 /// Evaluation needs no rank to hold a validation sequence ([`crate::train`] evaluates the first
 /// `log.eval_samples` sequences spread over the ranks, some ranks evaluating none), so any world
 /// size runs with the default `log.eval_samples`.
 pub fn check_data(
-    config: &RunConfig,
+    run: &Run,
     world: usize,
     train_tokens: usize,
     valid_tokens: Option<usize>,
 ) -> Result<()> {
-    let seq_len = config.model_config()?.seq_len;
+    let (config, seq_len) = (&run.config, run.model.seq_len);
     Sampler::new(train_tokens, seq_len, config.train.seed).context("data.train")?;
     let t = &config.train;
     Sampler::check_batch(t.global_batch, world, t.micro_batch).context("train.global_batch")?;
@@ -66,12 +67,13 @@ pub fn check_data(
 /// process's cgroup (a slurm job, a container) has left; on a GPU, its free memory. Where
 /// neither can be read, nothing is checked.
 pub fn check_memory(
-    config: &RunConfig,
+    run: &Run,
     topology: comm::Topology,
     ranks_here: usize,
     device: &candle_core::Device,
 ) -> Result<()> {
-    let memory = crate::plan::rank_memory(config, topology)?;
+    let config = &run.config;
+    let memory = crate::plan::rank_memory(run, topology)?;
     let (per_rank, available, what) = match config.train.device {
         DeviceKind::Cpu => (memory.total, host_available_bytes(), "memory"),
         DeviceKind::Cuda => (
@@ -91,7 +93,7 @@ pub fn check_memory(
         1 => "this rank".to_string(),
         n => format!(
             "the {n} ranks of this process, {} each",
-            units::bytes(per_rank)
+            readable::bytes(per_rank)
         ),
     };
     let mut lower = vec!["a smaller model"];
@@ -110,8 +112,8 @@ pub fn check_memory(
     bail!(
         "the plan estimates {} for {ranks}, more than the {} of {what} available: lower it with \
          {} (`trainer plan --config FILE` itemises the estimate)",
-        units::bytes(needed),
-        units::bytes(available),
+        readable::bytes(needed),
+        readable::bytes(available),
         lower.join(", ")
     );
 }
@@ -197,6 +199,10 @@ mod tests {
     use super::*;
     use crate::config::Overrides;
 
+    fn resolved(config: &RunConfig) -> Run {
+        Run::resolve(config.clone(), None).unwrap()
+    }
+
     /// Every config of configs/paper/ (and its ablation/) passes its data, batch and evaluation
     /// checks at the world it names (384 ranks for the throughput runs), with the token counts
     /// of The Pile as prepared (`data/pile/pile_train` and `pile_val`); none of it is allocated.
@@ -212,8 +218,9 @@ mod tests {
                 }
                 let config = RunConfig::load(&path, &Overrides::default()).unwrap();
                 let world = config.dist.world_size;
+                let run = Run::resolve(config, None).unwrap();
                 // The Pile's training set is about 300B tokens; its validation file about 0.4B.
-                check_data(&config, world, 300_000_000_000, Some(400_000_000))
+                check_data(&run, world, 300_000_000_000, Some(400_000_000))
                     .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
                 checked.push((path, world));
             }
@@ -231,12 +238,12 @@ mod tests {
         config.train.global_batch = 128;
         config.train.micro_batch = 1;
         // 64 evaluation samples (the default), 1459 sequences, 128 ranks.
-        check_data(&config, 128, 2_000_000, Some(1459 * 64 + 1)).unwrap();
+        check_data(&resolved(&config), 128, 2_000_000, Some(1459 * 64 + 1)).unwrap();
         // No validation sequence at all is still an error, naming the key that gave the data.
         config.data.valid_fraction = 0.05;
         let e = format!(
             "{:#}",
-            check_data(&config, 128, 2_000_000, Some(10)).unwrap_err()
+            check_data(&resolved(&config), 128, 2_000_000, Some(10)).unwrap_err()
         );
         assert!(
             e.starts_with("data.valid_fraction: the validation data has no sequence"),

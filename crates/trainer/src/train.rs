@@ -21,9 +21,10 @@ use crate::launch;
 use crate::metrics::{self, EvalLine, MetricsWriter, StepLine};
 use crate::progress::Reporter;
 use crate::resume::{self, DataSize, Resume};
+use crate::run::Run;
 use crate::run_lock::RunLock;
 use crate::schedule::learning_rate;
-use crate::{reshard, startup, stop, units};
+use crate::{readable, reshard, startup, stop};
 
 mod evaluate;
 mod save;
@@ -82,7 +83,8 @@ fn load_data(config: &RunConfig, vocab_size: usize) -> Result<Corpora> {
 /// What every rank reads and nobody changes.
 struct Shared<'a> {
     config: &'a RunConfig,
-    model_cfg: model::ModelConfig,
+    /// The run's model, resolved once ([`Run`]).
+    model_cfg: &'a model::ModelConfig,
     topology: comm::Topology,
     corpora: Corpora,
     sampler: Sampler,
@@ -120,14 +122,17 @@ pub enum Outcome {
 
 /// Trains as `config` says: with the `local` backend one thread per simulated rank; with
 /// `nccl` or `mpi` this process is one rank of the world its launcher started.
-pub fn run(config: &RunConfig) -> Result<Outcome> {
+pub fn run(config: RunConfig) -> Result<Outcome> {
     config.check_supported()?;
     let hooks = TestHooks::from_env()?;
     stop::install()?;
+    // No tokenizer read yet: the one to give the vocabulary (model.vocab_size unset) is read here.
+    let run = Run::resolve(config, None)?;
+    let config = &run.config;
     if config.dist.backend == Backend::Local {
         let world = config.dist.world_size;
         let topology = comm::Topology::new(world, config.dist.gpus_per_node.unwrap_or(world))?;
-        let shared = prepare(config, topology, config.device()?, hooks, true)?;
+        let shared = prepare(&run, topology, config.device()?, hooks, true)?;
         if world == 1 {
             return rank_main(&shared, Box::new(comm::Solo));
         }
@@ -146,7 +151,7 @@ pub fn run(config: &RunConfig) -> Result<Outcome> {
     let rank = launch::join(config)?;
     let comm = rank.comm.clone();
     let lead = comm.rank() == 0;
-    let result = prepare(config, comm.topology(), rank.device, hooks, lead)
+    let result = prepare(&run, comm.topology(), rank.device, hooks, lead)
         .and_then(|shared| rank_main(&shared, Box::new(rank.comm)));
     if let Err(e) = &result {
         // Peers blocked in a collective would wait for this rank until their timeout.
@@ -179,25 +184,25 @@ fn take_locks(config: &RunConfig) -> Result<Vec<RunLock>> {
 /// Reads and checks every input (data, batch shape, checkpoint to resume) before anything is
 /// written, once the process of rank 0 (`lead`) has taken the run's locks.
 fn prepare(
-    config: &RunConfig,
+    run: &Run,
     topology: comm::Topology,
     device: candle_core::Device,
     hooks: TestHooks,
     lead: bool,
 ) -> Result<Shared<'_>> {
+    let (config, model_cfg) = (&run.config, &run.model);
     // First, so that a second launch into this run directory or checkpoint folder reads
     // nothing of the first's.
     let locks = match lead {
         true => take_locks(config)?,
         false => Vec::new(),
     };
-    let model_cfg = config.model_config()?;
     let t = &config.train;
     let world = topology.world();
     hooks.check_world(world)?;
     let corpora = load_data(config, model_cfg.vocab_size)?;
     startup::check_data(
-        config,
+        run,
         world,
         corpora.train.tokens.len(),
         corpora.valid.as_ref().map(|v| v.tokens.len()),
@@ -209,8 +214,8 @@ fn prepare(
         valid: corpora.valid.as_ref().map(resume::Tokens::of),
         tokenizer: corpora.tokenizer,
     };
-    let settings = resume::trajectory(config, data_size)?;
-    let resume = resume::find(config, &settings)?;
+    let settings = resume::trajectory(run, data_size);
+    let resume = resume::find(run, &settings)?;
     let run_id = resume
         .as_ref()
         .and_then(|r| r.manifest.run_id.clone())
@@ -227,7 +232,7 @@ fn prepare(
         Backend::Local => world,
         _ => 1,
     };
-    startup::check_memory(config, topology, ranks_here, &device)?;
+    startup::check_memory(run, topology, ranks_here, &device)?;
     startup::check_writable(config, lead)?;
     // A resumed run continues from its checkpoint, whatever it started from.
     let initial = match (&config.model.init_from, &resume) {
@@ -468,7 +473,7 @@ impl<'a> RankRun<'a> {
     /// The run's first lines: the model, the world, the batch and the memory per rank.
     fn announce(&self) {
         let shared = self.shared;
-        let (config, model_cfg, topology) = (shared.config, &shared.model_cfg, &shared.topology);
+        let (config, model_cfg, topology) = (shared.config, shared.model_cfg, &shared.topology);
         let t = &config.train;
         let world = topology.world();
         let memory = self.engine.memory_estimate();
@@ -488,9 +493,9 @@ impl<'a> RankRun<'a> {
             t.micro_batch,
             config.accumulation(),
             world,
-            units::bytes(memory.sharded_bytes()),
-            units::bytes(memory.working_bytes()),
-            units::bytes(memory.hpz_secondary),
+            readable::bytes(memory.sharded_bytes()),
+            readable::bytes(memory.working_bytes()),
+            readable::bytes(memory.hpz_secondary),
             shared.corpora.train.tokens.len(),
             shared.sampler.num_samples(),
         ));

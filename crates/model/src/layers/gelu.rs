@@ -41,23 +41,6 @@ pub fn gelu_backward(dout: &Tensor, h: &Tensor) -> Result<Tensor> {
     Ok((dout * local)?)
 }
 
-/// [`gelu_backward`] and the bias gradient of the layer that produced `h` (`dh` summed over
-/// rows): `(dh, dbias)`. On the GPU one pass over `dout` and `h`.
-///
-/// Shapes: `dout, h (N, OUT)` -> `dh (N, OUT)`, `dbias (OUT)`.
-pub fn gelu_backward_bias_grad(dout: &Tensor, h: &Tensor) -> Result<(Tensor, Tensor)> {
-    #[cfg(feature = "cuda")]
-    if super::on_gpu(h) {
-        let _span = kernels::profile::scope(h.device(), kernels::profile::Family::Elementwise);
-        if let Some(r) = super::linear::bias_grad::gelu_backward_bias_grad_gpu(dout, h)? {
-            return Ok(r);
-        }
-    }
-    let dh = gelu_backward(dout, h)?;
-    let dbias = super::bias_grad(&dh)?;
-    Ok((dh, dbias))
-}
-
 #[cfg(feature = "cuda")]
 mod cuda {
     //! Launchers of the GELU kernels in `kernels/cuda/elementwise.cu`: bf16 tensors of any

@@ -127,6 +127,23 @@ pub fn bias_grad(dout: &Tensor) -> Result<Tensor> {
     Ok(dout.sum(0)?)
 }
 
+/// [`gelu_backward`](super::gelu_backward) and the bias gradient of the layer that produced `h`
+/// (`dh` summed over rows): `(dh, dbias)`. On the GPU one pass over `dout` and `h`.
+///
+/// Shapes: `dout, h (N, OUT)` -> `dh (N, OUT)`, `dbias (OUT)`.
+pub fn gelu_backward_bias_grad(dout: &Tensor, h: &Tensor) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(h) {
+        let _span = kernels::profile::scope(h.device(), kernels::profile::Family::Elementwise);
+        if let Some(r) = bias_grad::gelu_backward_bias_grad_gpu(dout, h)? {
+            return Ok(r);
+        }
+    }
+    let dh = super::gelu_backward(dout, h)?;
+    let dbias = bias_grad(&dh)?;
+    Ok((dh, dbias))
+}
+
 /// [`matmul_backward`] without the bias gradient: `(dx (N, IN), dw (IN, OUT))`, for a layer
 /// whose bias gradient came from elsewhere ([`matmul_gelu_backward`]'s `dbias_h`).
 pub fn matmul_backward_no_bias(dout: &Tensor, x: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {

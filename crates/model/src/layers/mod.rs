@@ -36,13 +36,13 @@ pub use attention::{
 };
 pub use crossentropy::{crossentropy_chunked, crossentropy_forward_backward, CE_CHUNK_ELEMS};
 pub use embedding::{embedding_backward, embedding_forward};
-pub use gelu::{gelu_backward, gelu_backward_bias_grad, gelu_forward};
+pub use gelu::{gelu_backward, gelu_forward};
 pub use gqa::{gqa_attention_backward, gqa_attention_forward, GqaSaved};
 pub use layernorm::{layernorm_backward, layernorm_forward, LnSaved, LN_EPS};
 pub use linear::{
-    bias_grad, matmul_backward, matmul_backward_no_bias, matmul_forward, matmul_gelu_backward,
-    matmul_gelu_backward_epilogue, matmul_gelu_forward, matmul_gelu_forward_unfused,
-    residual_matmul_forward,
+    bias_grad, gelu_backward_bias_grad, matmul_backward, matmul_backward_no_bias, matmul_forward,
+    matmul_gelu_backward, matmul_gelu_backward_epilogue, matmul_gelu_forward,
+    matmul_gelu_forward_unfused, residual_matmul_forward,
 };
 pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RmsSaved};
 pub use rope::{rope_backward, rope_forward, rope_tables, RopeTables};

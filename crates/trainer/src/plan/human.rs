@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use super::{Bytes, Report};
 use crate::config::Precision;
-use crate::units;
+use crate::readable;
 
 /// `1234567` -> `"1,234,567"`.
 fn grouped(n: u64) -> String {
@@ -64,7 +64,7 @@ fn human_run(o: &mut String, r: &Report) {
         grouped(m.num_params),
         m.num_params as f64 / 1e9,
         grouped(m.model_bytes),
-        units::bytes(m.model_bytes)
+        readable::bytes(m.model_bytes)
     );
     let _ = writeln!(
         *o,
@@ -114,7 +114,7 @@ fn human_memory(o: &mut String, r: &Report) {
             *o,
             "  {label:<30}{:>18}{:>12}{:>7.1}%",
             grouped(x),
-            units::bytes(x),
+            readable::bytes(x),
             pct(x)
         );
     };
@@ -198,9 +198,9 @@ fn human_comm(o: &mut String, r: &Report) {
             *o,
             "  {label:<30}{:>18}{:>12}{:>18}{:>12}{:>9.3}",
             grouped(b.intra),
-            units::bytes(b.intra),
+            readable::bytes(b.intra),
             grouped(b.inter),
-            units::bytes(b.inter),
+            readable::bytes(b.inter),
             ratio
         );
     };
@@ -228,7 +228,7 @@ fn human_paper(o: &mut String, r: &Report) {
             *o,
             "  {label:<30}{:>18}{:>12}{:>8.3}",
             grouped(x.round() as u64),
-            units::bytes_f64(x),
+            readable::bytes_f64(x),
             x / p.model_bytes
         );
     };

@@ -17,7 +17,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde::Deserialize;
 
 use super::{colour, draw_error, register_font};
-use crate::units;
+use crate::readable;
 
 /// The figure's size in pixels.
 pub const SIZE: (u32, u32) = (1024, 640);
@@ -300,7 +300,7 @@ pub fn plot(files: &[PathBuf], output: &Path) -> Result<Drawn> {
     let caption = format!(
         "{}: tokens/s per GPU against the link ({} tokens a step, {} GPUs)",
         sweep.model,
-        units::count(sweep.tokens_per_step as f64),
+        readable::count(sweep.tokens_per_step as f64),
         sweep.gpus
     );
     let mut chart = ChartBuilder::on(&root)
@@ -316,7 +316,7 @@ pub fn plot(files: &[PathBuf], output: &Path) -> Result<Drawn> {
         .x_desc("emulated link between nodes (Gb/s a node, log scale)")
         .y_desc("tokens/s per GPU")
         .x_label_formatter(&|x| gbps_label(*x))
-        .y_label_formatter(&|y| units::count(*y))
+        .y_label_formatter(&|y| readable::count(*y))
         .draw()
         .map_err(&draw)?;
     for (i, technique) in sweep.techniques.iter().enumerate() {

@@ -12,7 +12,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::{colour, draw_error, register_font};
-use crate::{metrics, units};
+use crate::{metrics, readable};
 
 /// `--smooth`'s default, in steps: it takes the step-to-step noise of a small batch off a curve
 /// logged every step and lags it by 10 steps; at the configs' `log.interval = 10` it averages
@@ -335,7 +335,7 @@ fn draw_panel(
         .configure_mesh()
         .x_desc("tokens")
         .y_desc("loss (nats)")
-        .x_label_formatter(&|x| units::count(*x))
+        .x_label_formatter(&|x| readable::count(*x))
         .y_label_formatter(&|y| format!("{y:.places$}"))
         .draw()
         .map_err(&draw)?;

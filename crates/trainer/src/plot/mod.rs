@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 use plotters::prelude::*;
 
-use crate::units;
+use crate::readable;
 
 /// DejaVu Sans Mono (Bitstream Vera licence, data/fonts/LICENSE.DejaVu), embedded so plots
 /// render the same on a cluster node without fonts.
@@ -116,7 +116,7 @@ pub fn run(args: &PlotArgs) -> Result<()> {
         "wrote {}: {} run(s) over {} tokens, loss {:.2} to {:.2}; legend: {}",
         args.output.display(),
         drawn.runs,
-        units::count(drawn.tokens),
+        readable::count(drawn.tokens),
         drawn.loss_min,
         drawn.loss_max,
         labels.join(", ")

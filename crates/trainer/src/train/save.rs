@@ -84,7 +84,7 @@ fn write_and_commit(
         step,
         tokens,
         shared.topology,
-        &shared.model_cfg,
+        shared.model_cfg,
         engine.plan().align,
         &shared.settings,
         &checksums,

@@ -1,5 +1,6 @@
-//! How the trainer prints sizes and counts: every size in binary units (B, KiB, MiB, GiB, ...,
-//! as GPU memory is counted), every large count with K, M, B (thousands, millions, billions).
+//! Sizes and counts as the trainer prints them for people to read: every size in binary units
+//! (B, KiB, MiB, GiB, ..., as GPU memory is counted), every large count with K, M, B (thousands,
+//! millions, billions).
 
 /// Bytes in binary units: `512 B`, `1.50 KiB`, `3.25 GiB`.
 pub fn bytes(n: u64) -> String {

@@ -1,0 +1,139 @@
+//! `[model]`: the section, and the [`model::ModelConfig`] it resolves to.
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// `[model]`: a preset, optionally with some of its sizes overridden.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// One of `model::PRESET_NAMES`; the sizes below override it. Without a preset the five
+    /// sizes (and a Llama's `ffn_hidden`) are required.
+    pub preset: Option<String>,
+    /// `"gpt2"` (the default) or `"llama"`; a preset names its own.
+    pub arch: Option<String>,
+    pub n_layer: Option<usize>,
+    pub n_embd: Option<usize>,
+    pub n_head: Option<usize>,
+    pub seq_len: Option<usize>,
+    /// Rows of the token embedding and LM head. Unset: the tokenizer's vocabulary padded to a
+    /// multiple of 128 (a preset's own where no tokenizer is read).
+    pub vocab_size: Option<usize>,
+    /// Llama: key/value heads of grouped-query attention (default `n_head`).
+    pub n_kv_head: Option<usize>,
+    /// Llama: the SwiGLU MLP's hidden width.
+    pub ffn_hidden: Option<usize>,
+    /// Llama: RMSNorm's epsilon (default 1e-5).
+    pub norm_eps: Option<f64>,
+    /// Llama: the rotary base (default 500,000).
+    pub rope_theta: Option<f64>,
+    /// Llama: the LM head reads the token embedding (default: the preset's, else true).
+    pub tie_embeddings: Option<bool>,
+    /// Activation checkpointing: blocks keep only their input and recompute in backward.
+    pub recompute: bool,
+    /// Start from the weights of a Hugging Face GPT-2 or Llama safetensors folder (what
+    /// `trainer export` writes): continued pretraining or fine-tuning. A resume ignores it.
+    pub init_from: Option<PathBuf>,
+}
+
+impl ModelSection {
+    /// The model this section describes: the preset, then any explicit sizes, checked.
+    ///
+    /// `_tokenizer_vocab` is the vocabulary size of the tokenizer the run reads (`None` where it
+    /// reads none, or has not read it yet, as [`RunConfig::validate`](super::RunConfig::validate)).
+    /// Here, and only here, it is to give the model's vocabulary where `model.vocab_size` is
+    /// unset, padded to a multiple of 128; not yet: it is unused, and the preset's size stands.
+    pub fn resolve(&self, _tokenizer_vocab: Option<usize>) -> Result<model::ModelConfig> {
+        let m = self;
+        let base = match &m.preset {
+            Some(name) => Some(model::preset(name).with_context(|| {
+                format!(
+                    "model.preset = {name:?} is not one of {}",
+                    model::PRESET_NAMES.join(", ")
+                )
+            })?),
+            None => None,
+        };
+        let pick = |key: &str, explicit: Option<usize>, preset: Option<usize>| {
+            explicit
+                .or(preset)
+                .with_context(|| format!("model.{key} is required without model.preset"))
+        };
+        let arch = match (&m.arch, &base) {
+            (Some(name), _) => model::Arch::from_name(name).with_context(|| {
+                format!("model.arch = {name:?} is not one of \"gpt2\", \"llama\"")
+            })?,
+            (None, Some(b)) => b.arch,
+            (None, None) => model::Arch::Gpt2,
+        };
+        if let (Some(b), Some(name)) = (&base, &m.arch) {
+            if b.arch != arch {
+                bail!(
+                    "model.arch = {name:?} contradicts model.preset = {:?}, a {} preset",
+                    m.preset.as_deref().unwrap_or_default(),
+                    b.arch.name()
+                );
+            }
+        }
+        let n_layer = pick("n_layer", m.n_layer, base.as_ref().map(|b| b.n_layer))?;
+        let n_embd = pick("n_embd", m.n_embd, base.as_ref().map(|b| b.n_embd))?;
+        let n_head = pick("n_head", m.n_head, base.as_ref().map(|b| b.n_head))?;
+        let seq_len = pick("seq_len", m.seq_len, base.as_ref().map(|b| b.seq_len))?;
+        let vocab_size = pick(
+            "vocab_size",
+            m.vocab_size,
+            base.as_ref().map(|b| b.vocab_size),
+        )?;
+        let mut cfg = match arch {
+            model::Arch::Gpt2 => {
+                model::ModelConfig::gpt2(n_layer, n_embd, n_head, seq_len, vocab_size)
+            }
+            model::Arch::Llama => {
+                let kv = m
+                    .n_kv_head
+                    .or(base.as_ref().map(|b| b.n_kv_head))
+                    .unwrap_or(n_head);
+                let ffn = pick(
+                    "ffn_hidden",
+                    m.ffn_hidden,
+                    base.as_ref().map(|b| b.ffn_hidden),
+                )?;
+                let tied = base.as_ref().is_none_or(|b| b.tie_embeddings);
+                model::ModelConfig::llama(
+                    n_layer, n_embd, n_head, kv, ffn, seq_len, vocab_size, tied,
+                )
+            }
+        };
+        // GPT-2 fixes these; a value given for it is checked by validate, not ignored.
+        if let Some(kv) = m.n_kv_head {
+            cfg.n_kv_head = kv;
+        }
+        if let Some(f) = m.ffn_hidden {
+            cfg.ffn_hidden = f;
+        }
+        if let Some(eps) = m.norm_eps {
+            cfg.norm_eps = eps;
+        }
+        if let Some(theta) = m.rope_theta {
+            cfg.rope_theta = theta;
+        }
+        if let Some(tied) = m.tie_embeddings {
+            cfg.tie_embeddings = tied;
+        }
+        cfg.validate().map_err(model_error)?;
+        Ok(cfg)
+    }
+}
+
+/// A model shape error with the config keys it is about (`model.n_embd`), so that
+/// [`RunConfig::load`](super::RunConfig::load) blames the `--set` that gave the value rather than the file.
+fn model_error(e: model::ModelError) -> anyhow::Error {
+    match e {
+        model::ModelError::ZeroSize { field } => anyhow::anyhow!("model.{field} must be positive"),
+        model::ModelError::HeadsDoNotDivide { n_embd, n_head } => {
+            anyhow::anyhow!("model.n_embd = {n_embd} is not a multiple of model.n_head = {n_head}")
+        }
+        other => anyhow::anyhow!("[model] {other}"),
+    }
+}

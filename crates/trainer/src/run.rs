@@ -1,0 +1,25 @@
+//! A run config resolved once: the [`Run`] that training, `trainer bench` and `trainer plan`
+//! hand their parts, so that no part builds the model from `[model]` again.
+
+use anyhow::Result;
+
+use crate::config::RunConfig;
+
+/// A checked [`RunConfig`] and the model it trains.
+pub struct Run {
+    pub config: RunConfig,
+    /// `[model]` resolved ([`ModelSection::resolve`](crate::config::ModelSection::resolve)): the
+    /// preset, then the explicit sizes.
+    pub model: model::ModelConfig,
+}
+
+impl Run {
+    /// `config` (as [`RunConfig::load`] returns it) with its model resolved. `tokenizer_vocab`
+    /// is the vocabulary size of the tokenizer the run reads, `None` where it reads none: where
+    /// `model.vocab_size` is unset it is to give the model's (not yet: every caller passes
+    /// `None`, and the preset's size stands).
+    pub fn resolve(config: RunConfig, tokenizer_vocab: Option<usize>) -> Result<Run> {
+        let model = config.model.resolve(tokenizer_vocab)?;
+        Ok(Run { config, model })
+    }
+}
