@@ -6,7 +6,7 @@ use crate::Topology;
 ///
 /// Logical means by each collective's meaning, whatever algorithm a backend uses inside (ring,
 /// tree, a shared table), so that the counts equal the paper's volume formulas exactly
-/// (DESIGN.md section 3). With n group members, `s` the length of my send buffer in bytes
+/// (docs/design.md section 3). With n group members, `s` the length of my send buffer in bytes
 /// (4 bytes per `f32`), a collective adds, for each *other* member j, to `intra` if j is on my
 /// node, else to `inter`:
 ///

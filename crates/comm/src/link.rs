@@ -8,7 +8,7 @@
 //! itself still moves on the host's fast path; the hold is added to it, on the same stream, so
 //! compute that waits for the collective waits for the emulated transfer too, and the overlap
 //! of communication with compute behaves as on a slow network. Bytes are the logical bytes the
-//! counters count (DESIGN.md section 3), so intra-node traffic (hpZ's gathers, qgZ's hop 1)
+//! counters count (docs/design.md section 3), so intra-node traffic (hpZ's gathers, qgZ's hop 1)
 //! is not held.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-// quant.cu: the quantisers and dequantisers of crates/quant (DESIGN.md section 6; launch
+// quant.cu: the quantisers and dequantisers of crates/quant (docs/design.md section 6; launch
 // shapes and the exactness argument in crates/quant/src/cuda.rs and docs/kernels.md). Compiled
 // with Flavour::Exact (no FMA contraction, IEEE division, no flush-to-zero), one module per
 // block size BLOCK; NT, DEQ_UNROLL, BF16_UNROLL, FULL_PIECES and FULL8_PIECES come from the

@@ -1,4 +1,4 @@
-//! Launchers of the quantisers' CUDA kernels (DESIGN.md section 6): the CUDA C is
+//! Launchers of the quantisers' CUDA kernels (docs/design.md section 6): the CUDA C is
 //! `crates/kernels/cuda/quant.cu` ([`kernels::QUANT`]), compiled at run time with NVRTC by
 //! [`kernels::loader`] (`Flavour::Exact`), one module per block size (the block is a
 //! compile-time constant, `BLOCK`, so each thread keeps its share of a block in registers and the

@@ -1,4 +1,4 @@
-//! qgZ's fused kernels (DESIGN.md section 3). They share the per-block arithmetic of
+//! qgZ's fused kernels (docs/design.md section 3). They share the per-block arithmetic of
 //! `block/`, so [`quantize_int4_swizzled`] is bitwise `quantize_int4` of the swizzled input
 //! and [`dequantize_sum_requantize_int4`] bitwise `quantize_int4` of [`dequantize_sum_int4`].
 //!

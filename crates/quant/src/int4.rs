@@ -1,4 +1,4 @@
-//! Symmetric block-wise INT4 (qgZ's gradients, DESIGN.md section 3).
+//! Symmetric block-wise INT4 (qgZ's gradients, docs/design.md section 3).
 //!
 //! x: [L] f32, L even, blocks of `block` elements, `block` even (the last block may be
 //! shorter, and is even too). Per block one f32 scale = absmax / 7 (one ulp lower where 7 *

@@ -1,4 +1,4 @@
-//! Symmetric block-wise INT8 (qwZ's weights, DESIGN.md section 3).
+//! Symmetric block-wise INT8 (qwZ's weights, docs/design.md section 3).
 //!
 //! x: [L] f32 is cut into blocks of `block` elements (the last may be shorter); each block gets
 //! one f32 scale = absmax / 127 (one ulp lower where 127 * scale would overflow) and codes

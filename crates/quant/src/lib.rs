@@ -1,5 +1,5 @@
 //! Block-wise symmetric quantisation for ZeRO++'s quantised collectives (ZeRO++, Wang et al.
-//! 2023, sections 3.1 and 3.3; DESIGN.md section 3). CPU reference.
+//! 2023, sections 3.1 and 3.3; docs/design.md section 3). CPU reference.
 //!
 //! One f32 scale per block of `block` elements: scale = absmax / qmax; q = the integer nearest
 //! x * fl(1 / scale), the product exact, ties to even, which lies in [-qmax, qmax] with no

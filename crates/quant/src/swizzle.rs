@@ -1,4 +1,4 @@
-//! qgZ's slice reordering (DESIGN.md section 3).
+//! qgZ's slice reordering (docs/design.md section 3).
 //!
 //! World W = N nodes x D ranks per node; x: [W * S] is W slices of S elements, slice p owned in
 //! the end by rank p = n * D + d. Swizzling moves slice p to position (p % D) * N + p / D, so

@@ -209,7 +209,7 @@ fn constant_block_exactness() {
     }
 }
 
-/// The qgZ data path of DESIGN.md section 3 on one process, W = N x D ranks all holding the
+/// The qgZ data path of docs/design.md section 3 on one process, W = N x D ranks all holding the
 /// same constant gradient c: quantise swizzled, hop 1 sum + requantise, hop 2 sum, divide by W.
 /// Each piece dequantises to 7 fl(c / 7) = c + e, |e| <= ulp(c) / 2; the fused sums round in
 /// the scale domain (`fused.rs`), where the bias 8 sum_j s_j is taken out by the first fma, so

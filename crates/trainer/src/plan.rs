@@ -1,7 +1,7 @@
 //! `trainer plan`: memory and communication per rank for a run config at a given world size,
 //! from the layouts and arithmetic alone (nothing of the model is allocated).
 //!
-//! docs/plan.md explains every number and the JSON keys; DESIGN.md section 3 the two
+//! docs/plan.md explains every number and the JSON keys; docs/design.md section 3 the two
 //! accountings of communication (logical bytes per rank, and the paper's M-based one).
 
 use std::path::Path;

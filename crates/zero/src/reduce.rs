@@ -7,7 +7,7 @@
 //! mean: a reduced slice is taken as the new shard as it is, or added into the shard of the
 //! earlier micro-batches in place.
 //!
-//! qgZ (DESIGN.md section 3), world W = N nodes x D ranks, slice p of the gradient is owned by
+//! qgZ (docs/design.md section 3), world W = N nodes x D ranks, slice p of the gradient is owned by
 //! rank p. The gradient is quantised with its slices swizzled (p to position (p % D) x N + p / D)
 //! so that the D chunks of N slices are contiguous; hop 1 is an all-to-all over my node (local
 //! rank d receives, from each local peer, the slices {n' x D + d}); the D pieces are dequantised,

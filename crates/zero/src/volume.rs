@@ -1,5 +1,5 @@
 //! Communication volume per optimizer step, computed from the plan and the unit sizes alone,
-//! in the two accountings of DESIGN.md section 3.
+//! in the two accountings of docs/design.md section 3.
 //!
 //! [`logical_step_bytes`] counts what one rank's collectives send, by each collective's
 //! meaning (the byte counters of `comm` count the same way, and tests hold them equal):
