@@ -49,17 +49,26 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Tokenise Pile-format .jsonl / .jsonl.zst files into a Megatron indexed dataset.
+    /// Tokenise text files (.jsonl, .jsonl.zst, .jsonl.gz, .parquet) into a Megatron indexed
+    /// dataset.
     PrepareData {
-        /// Input files (.jsonl or .jsonl.zst, one {"text": ...} per line).
+        /// Input files: .jsonl, .jsonl.zst or .jsonl.gz (one {"text": ...} per line) or .parquet
+        /// (a string column "text").
         #[arg(long, num_args = 1.., required = true)]
         input: Vec<PathBuf>,
         /// Output prefix: writes PREFIX.bin and PREFIX.idx.
         #[arg(long)]
         output: PathBuf,
-        /// Folder with the GPT-2 vocab.json and merges.txt.
+        /// Folder with the GPT-2 vocab.json and merges.txt, or a tokenizer.json (or a folder
+        /// holding one).
         #[arg(long, default_value = "data/gpt2")]
         tokenizer: PathBuf,
+        /// The end-of-document token (default: the tokenizer's own).
+        #[arg(long, value_name = "TOKEN")]
+        eod_token: Option<String>,
+        /// The JSON field or Parquet column holding the text.
+        #[arg(long, value_name = "NAME", default_value = data::TEXT_COLUMN)]
+        text_column: String,
         /// Fraction of documents held out into PREFIX_valid.{bin,idx}.
         #[arg(long, default_value_t = 0.0)]
         valid_fraction: f64,
@@ -187,6 +196,8 @@ fn run_command(
             input,
             output,
             tokenizer,
+            eod_token,
+            text_column,
             valid_fraction,
             quiet,
         } => {
@@ -194,7 +205,9 @@ fn run_command(
             let opts = data::PrepareOptions {
                 inputs: input,
                 output: output.clone(),
-                tokenizer_dir: tokenizer,
+                tokenizer,
+                eod_token,
+                text_column,
                 valid_fraction,
                 progress: !quiet,
             };
