@@ -18,6 +18,7 @@ mod run_lock;
 mod schedule;
 mod startup;
 mod stop;
+mod tokenizer_cmd;
 mod train;
 mod units;
 
@@ -72,6 +73,28 @@ enum Command {
         /// Fraction of documents held out into PREFIX_valid.{bin,idx}.
         #[arg(long, default_value_t = 0.0)]
         valid_fraction: f64,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Train a byte-level BPE tokenizer (GPT-2's kind, <|endoftext|> ending documents) on
+    /// text files and write it as a tokenizer.json (docs/corpus.md, "Tokenizers").
+    Tokenizer {
+        /// Input files, as for prepare-data.
+        #[arg(long, num_args = 1.., required = true)]
+        input: Vec<PathBuf>,
+        /// Tokens in all: 256 bytes, the special tokens and the merges learnt.
+        #[arg(long, value_name = "N")]
+        vocab_size: usize,
+        /// The tokenizer.json to write.
+        #[arg(long)]
+        output: PathBuf,
+        /// More special tokens, after <|endoftext|> (repeat, or comma-separated).
+        #[arg(long, value_name = "TOKEN", value_delimiter = ',')]
+        special: Vec<String>,
+        /// The JSON field or Parquet column holding the text.
+        #[arg(long, value_name = "NAME", default_value = data::TEXT_COLUMN)]
+        text_column: String,
         /// No progress bar.
         #[arg(long)]
         quiet: bool,
@@ -225,6 +248,24 @@ fn run_command(
                 units::bytes_f64(s.text_bytes as f64 / s.seconds)
             );
             Ok(())
+        }
+        Command::Tokenizer {
+            input,
+            vocab_size,
+            output,
+            special,
+            text_column,
+            quiet,
+        } => {
+            create_parent(&output)?;
+            tokenizer_cmd::run(&data::TrainTokenizerOptions {
+                inputs: input,
+                output,
+                vocab_size,
+                special,
+                text_column,
+                progress: !quiet,
+            })
         }
         Command::Plan {
             world_size,
