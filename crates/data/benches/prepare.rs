@@ -19,7 +19,9 @@ fn bench_prepare(c: &mut Criterion) {
     let opts = PrepareOptions {
         inputs: vec![corpus],
         output: dir.path().join("sotu"),
-        tokenizer_dir: root.join("data/gpt2"),
+        tokenizer: root.join("data/gpt2"),
+        eod_token: None,
+        text_column: data::TEXT_COLUMN.into(),
         valid_fraction: 0.05,
         progress: false,
     };

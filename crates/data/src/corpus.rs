@@ -1,7 +1,7 @@
 //! A flat token stream loaded from training sources.
 //!
-//! A source is a `.jsonl` / `.jsonl.zst` file (tokenised at load, `<|endoftext|>` after each
-//! non-empty document) or a Megatron indexed-dataset prefix `PREFIX` with `PREFIX.idx` and
+//! A source is a text file, `.jsonl` / `.jsonl.zst` / `.jsonl.gz` / `.parquet` (its text column
+//! tokenised at load, the end-of-document token after each non-empty document) or a Megatron indexed-dataset prefix `PREFIX` with `PREFIX.idx` and
 //! `PREFIX.bin` (a path ending in `.bin` or `.idx` is taken as its prefix). Sources are
 //! concatenated in the order given. Every source is resolved before any is read, so a wrong
 //! path fails at once, naming it.
@@ -15,9 +15,9 @@
 //!     w.add_document(doc)?;
 //! }
 //! w.finish()?;
-//! let all = data::TokenCorpus::load(&[prefix.clone()], None)?;
+//! let all = data::TokenCorpus::load(&[prefix.clone()], None, "text")?;
 //! assert_eq!((all.tokens.len(), all.documents), (9, 3));
-//! let (train, valid) = data::TokenCorpus::load_split(&[prefix], None, 0.34)?;
+//! let (train, valid) = data::TokenCorpus::load_split(&[prefix], None, "text", 0.34)?;
 //! assert_eq!(valid.tokens, [4, 5, 6, 50256]); // the last document
 //! assert_eq!((train.documents, valid.documents), (2, 1));
 //! # Ok(())
@@ -26,9 +26,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::documents::{input_kind, read_documents_counted};
 use crate::error::{DataError, Result};
 use crate::indexed::{with_suffix, IndexedDataset};
-use crate::jsonl::{jsonl_kind, read_documents};
 use crate::prepare::{check_fraction, BATCH_DOCS};
 use crate::tokenizer::Tokenizer;
 
@@ -40,13 +40,13 @@ pub struct TokenCorpus {
 }
 
 enum Source {
-    Jsonl(PathBuf),
+    Text(PathBuf),
     Indexed(PathBuf),
 }
 
 fn resolve(path: &Path) -> Result<Source> {
-    if jsonl_kind(path).is_some() && path.is_file() {
-        return Ok(Source::Jsonl(path.to_path_buf()));
+    if input_kind(path).is_some() && path.is_file() {
+        return Ok(Source::Text(path.to_path_buf()));
     }
     if with_suffix(path, ".idx").is_file() {
         return Ok(Source::Indexed(path.to_path_buf()));
@@ -69,6 +69,7 @@ fn resolve(path: &Path) -> Result<Source> {
 fn load_with_ends(
     sources: &[PathBuf],
     tokenizer: Option<&Tokenizer>,
+    text_column: &str,
 ) -> Result<(Vec<u32>, Vec<usize>)> {
     if sources.is_empty() {
         return Err(DataError::Empty {
@@ -83,10 +84,10 @@ fn load_with_ends(
     let mut ends = Vec::new();
     for source in resolved {
         match source {
-            Source::Jsonl(path) => {
+            Source::Text(path) => {
                 let tok =
                     tokenizer.ok_or_else(|| DataError::NeedsTokenizer { path: path.clone() })?;
-                let mut docs = read_documents(&path)?.peekable();
+                let mut docs = read_documents_counted(&path, text_column, None)?.peekable();
                 while docs.peek().is_some() {
                     let batch = docs
                         .by_ref()
@@ -95,7 +96,7 @@ fn load_with_ends(
                         .collect::<Result<Vec<String>>>()?;
                     for ids in tok.encode_batch(&batch)? {
                         tokens.extend_from_slice(&ids);
-                        tokens.push(tok.eot_id());
+                        tokens.push(tok.eod_id());
                         ends.push(tokens.len());
                     }
                 }
@@ -129,10 +130,15 @@ impl TokenCorpus {
         crate::fingerprint::token_fingerprint(&self.tokens)
     }
 
-    /// Loads and concatenates `sources`. `tokenizer` is needed iff a source is JSON lines.
+    /// Loads and concatenates `sources`. `tokenizer` is needed iff a source is a text file,
+    /// whose documents are its `text_column` ([`crate::TEXT_COLUMN`] unless told otherwise).
     /// Errors if a source cannot be resolved or read, or all together hold no tokens.
-    pub fn load(sources: &[PathBuf], tokenizer: Option<&Tokenizer>) -> Result<Self> {
-        let (tokens, ends) = load_with_ends(sources, tokenizer)?;
+    pub fn load(
+        sources: &[PathBuf],
+        tokenizer: Option<&Tokenizer>,
+        text_column: &str,
+    ) -> Result<Self> {
+        let (tokens, ends) = load_with_ends(sources, tokenizer, text_column)?;
         Ok(TokenCorpus {
             tokens,
             documents: ends.len(),
@@ -146,10 +152,11 @@ impl TokenCorpus {
     pub fn load_split(
         sources: &[PathBuf],
         tokenizer: Option<&Tokenizer>,
+        text_column: &str,
         valid_fraction: f64,
     ) -> Result<(Self, Self)> {
         check_fraction("valid_fraction", valid_fraction)?;
-        let (mut tokens, ends) = load_with_ends(sources, tokenizer)?;
+        let (mut tokens, ends) = load_with_ends(sources, tokenizer, text_column)?;
         let docs = ends.len();
         if valid_fraction == 0.0 {
             return Ok((

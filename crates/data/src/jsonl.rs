@@ -1,102 +1,85 @@
-//! Streaming reader for Pile-format JSON-lines files.
+//! Streaming reader for Pile-format JSON-lines files (see [`crate::read_documents`]).
 //!
-//! Each line is one JSON object with a string field `text` (other fields, like the Pile's `meta`,
-//! are ignored). Files ending in `.jsonl.zst` are zstd-decompressed on the fly; files ending in
-//! `.jsonl` are read as they are. Blank lines are skipped. Line numbers in errors count from 1.
-//!
-//! ```
-//! # fn main() -> data::Result<()> {
-//! let dir = tempfile::tempdir().unwrap();
-//! let path = dir.path().join("tiny.jsonl");
-//! std::fs::write(&path, "{\"text\": \"Hello\", \"meta\": {}}\n{\"text\": \"world\"}\n").unwrap();
-//! let docs: Vec<String> = data::read_documents(&path)?.collect::<data::Result<_>>()?;
-//! assert_eq!(docs, ["Hello", "world"]);
-//! # Ok(())
-//! # }
-//! ```
+//! Each line is one JSON object with a string field named the text column (`text`; other
+//! fields, like the Pile's `meta`, are skipped without being built). Files ending in
+//! `.jsonl.zst` are zstd-decompressed on the fly, `.jsonl.gz` gzip-decompressed (all members,
+//! as Dolma's files have), `.jsonl` read as they are. Blank lines are skipped. Line numbers in
+//! errors count from 1.
 
+use std::fmt;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use serde::Deserialize;
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 
+use crate::documents::{Compression, CountingReader};
 use crate::error::{DataError, Result};
 
-/// Compression of a JSON-lines input, decided by its file name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum JsonlKind {
-    Plain,
-    Zstd,
-}
-
-/// `Some(kind)` when `path` names a `.jsonl` or `.jsonl.zst` file (by extension only).
-pub(crate) fn jsonl_kind(path: &Path) -> Option<JsonlKind> {
-    let name = path.file_name()?.to_string_lossy();
-    if name.ends_with(".jsonl.zst") {
-        Some(JsonlKind::Zstd)
-    } else if name.ends_with(".jsonl") {
-        Some(JsonlKind::Plain)
-    } else {
-        None
-    }
-}
-
-/// Iterate the `text` field of each line of a `.jsonl` or `.jsonl.zst` file, streaming.
-///
-/// Opening errors (missing file, unsupported extension, bad zstd header) are returned at once;
-/// errors in a line are yielded by the iterator with the line number, after which it stops.
-pub fn read_documents(path: &Path) -> Result<impl Iterator<Item = Result<String>> + Send> {
-    read_documents_counted(path, None)
-}
-
-/// As [`read_documents`], adding the number of (compressed) file bytes read to `counter`.
-pub(crate) fn read_documents_counted(
-    path: &Path,
-    counter: Option<Arc<AtomicU64>>,
-) -> Result<Documents> {
-    let kind = jsonl_kind(path).ok_or_else(|| DataError::UnsupportedInput {
-        path: path.to_path_buf(),
-    })?;
-    let file = File::open(path).map_err(|e| DataError::io(path, e))?;
-    let counted = CountingReader {
-        inner: file,
-        counter,
-    };
-    let reader: Box<dyn BufRead + Send> = match kind {
-        JsonlKind::Plain => Box::new(BufReader::with_capacity(1 << 20, counted)),
-        JsonlKind::Zstd => {
-            let decoder =
-                zstd::stream::read::Decoder::new(counted).map_err(|e| DataError::io(path, e))?;
-            Box::new(BufReader::with_capacity(1 << 20, decoder))
-        }
-    };
-    Ok(Documents {
-        path: path.to_path_buf(),
-        reader,
-        line: 0,
-        buf: Vec::new(),
-        done: false,
-    })
-}
-
-/// The iterator returned by [`read_documents`].
-pub(crate) struct Documents {
+/// The documents of one JSON-lines file.
+pub(crate) struct JsonlDocuments {
     path: PathBuf,
+    column: String,
     reader: Box<dyn BufRead + Send>,
     line: u64,
     buf: Vec<u8>,
     done: bool,
 }
 
-#[derive(Deserialize)]
-struct Line {
-    text: Option<String>,
+impl JsonlDocuments {
+    pub(crate) fn open(
+        path: &Path,
+        compression: Compression,
+        column: &str,
+        counter: Option<Arc<AtomicU64>>,
+    ) -> Result<Self> {
+        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+        let counted = CountingReader {
+            inner: file,
+            counter,
+        };
+        let reader: Box<dyn BufRead + Send> = match compression {
+            Compression::None => Box::new(BufReader::with_capacity(1 << 20, counted)),
+            Compression::Zstd => {
+                let decoder = zstd::stream::read::Decoder::new(counted)
+                    .map_err(|e| DataError::io(path, e))?;
+                Box::new(BufReader::with_capacity(1 << 20, decoder))
+            }
+            Compression::Gzip => {
+                let decoder = flate2::read::MultiGzDecoder::new(counted);
+                Box::new(BufReader::with_capacity(1 << 20, decoder))
+            }
+        };
+        Ok(JsonlDocuments {
+            path: path.to_path_buf(),
+            column: column.to_string(),
+            reader,
+            line: 0,
+            buf: Vec::new(),
+            done: false,
+        })
+    }
+
+    fn parse(&self) -> Result<String> {
+        let mut de = serde_json::Deserializer::from_slice(&self.buf);
+        let json = |source| DataError::Json {
+            path: self.path.clone(),
+            line: self.line,
+            source,
+        };
+        let text = TextField(&self.column).deserialize(&mut de).map_err(json)?;
+        de.end().map_err(json)?;
+        text.ok_or_else(|| DataError::MissingText {
+            path: self.path.clone(),
+            line: self.line,
+            field: self.column.clone(),
+        })
+    }
 }
 
-impl Iterator for Documents {
+impl Iterator for JsonlDocuments {
     type Item = Result<String>;
 
     fn next(&mut self) -> Option<Result<String>> {
@@ -117,19 +100,7 @@ impl Iterator for Documents {
             if self.buf.iter().all(|b| b.is_ascii_whitespace()) {
                 continue;
             }
-            let parsed: std::result::Result<Line, _> = serde_json::from_slice(&self.buf);
-            let result = match parsed {
-                Ok(Line { text: Some(text) }) => Ok(text),
-                Ok(Line { text: None }) => Err(DataError::MissingText {
-                    path: self.path.clone(),
-                    line: self.line,
-                }),
-                Err(source) => Err(DataError::Json {
-                    path: self.path.clone(),
-                    line: self.line,
-                    source,
-                }),
-            };
+            let result = self.parse();
             if result.is_err() {
                 self.done = true;
             }
@@ -139,18 +110,63 @@ impl Iterator for Documents {
     }
 }
 
-/// Counts the bytes read from the file, for progress bars over compressed input.
-struct CountingReader<R> {
-    inner: R,
-    counter: Option<Arc<AtomicU64>>,
+/// Reads a JSON object, keeping only the string (or null) field named `.0`: `Some(text)`, or
+/// `None` when the field is absent or null. Other fields are skipped unbuilt.
+struct TextField<'a>(&'a str);
+
+impl<'de> DeserializeSeed<'de> for TextField<'_> {
+    type Value = Option<String>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
 }
 
-impl<R: Read> Read for CountingReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        if let Some(c) = &self.counter {
-            c.fetch_add(n as u64, Ordering::Relaxed);
+impl<'de> Visitor<'de> for TextField<'_> {
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "a JSON object with a string field {:?}", self.0)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Self::Value, A::Error> {
+        let mut text = None;
+        while let Some(is_text) = map.next_key_seed(KeyIs(self.0))? {
+            if is_text {
+                text = map.next_value::<Option<String>>()?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
         }
-        Ok(n)
+        Ok(text)
+    }
+}
+
+/// A map key, read as whether it equals `.0` (without allocating it).
+struct KeyIs<'a>(&'a str);
+
+impl<'de> DeserializeSeed<'de> for KeyIs<'_> {
+    type Value = bool;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<bool, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeyIs<'_> {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "a string key")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<bool, E> {
+        Ok(v == self.0)
     }
 }

@@ -1,9 +1,10 @@
-//! `trainer prepare-data`: JSON-lines text to Megatron `.bin`/`.idx` token files.
+//! `trainer prepare-data`: text files (`.jsonl`, `.jsonl.zst`, `.jsonl.gz`, `.parquet`) to
+//! Megatron `.bin`/`.idx` token files.
 //!
 //! Documents are read in input order (a reader thread decompresses and parses the next batch
 //! while the current one is tokenised), tokenised in batches of up to [`BATCH_DOCS`] documents
 //! (or [`BATCH_BYTES`] of text) with [`Tokenizer::encode_batch`] in parallel, each followed by
-//! `<|endoftext|>`, and appended to `OUTPUT.{bin,idx}`. Documents with empty text are skipped,
+//! the end-of-document token (GPT-2's `<|endoftext|>`), and appended to `OUTPUT.{bin,idx}`. Documents with empty text are skipped,
 //! as Megatron's `preprocess_data.py` does.
 //!
 //! Held-out split: document `j` (0-based, counted over all inputs in order, empty ones included)
@@ -19,7 +20,9 @@
 //! let stats = data::prepare(&data::PrepareOptions {
 //!     inputs: vec![input],
 //!     output: dir.path().join("out"),
-//!     tokenizer_dir: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/gpt2"),
+//!     tokenizer: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/gpt2"),
+//!     eod_token: None,
+//!     text_column: data::TEXT_COLUMN.into(),
 //!     valid_fraction: 0.0,
 //!     progress: false,
 //! })?;
@@ -38,9 +41,9 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::documents::{input_kind, read_documents_counted};
 use crate::error::{DataError, Result};
 use crate::indexed::{with_suffix, IndexedDatasetWriter};
-use crate::jsonl::{jsonl_kind, read_documents_counted};
 use crate::sampler::splitmix64;
 use crate::tokenizer::Tokenizer;
 
@@ -52,19 +55,24 @@ pub const BATCH_BYTES: usize = 8 << 20;
 /// What to prepare.
 #[derive(Clone, Debug)]
 pub struct PrepareOptions {
-    /// `.jsonl` / `.jsonl.zst` files, read in this order.
+    /// `.jsonl` / `.jsonl.zst` / `.jsonl.gz` / `.parquet` files, read in this order.
     pub inputs: Vec<PathBuf>,
     /// Output prefix: writes `PREFIX.bin` and `PREFIX.idx`.
     pub output: PathBuf,
-    /// Folder with `vocab.json` and `merges.txt`.
-    pub tokenizer_dir: PathBuf,
+    /// Folder with GPT-2's `vocab.json` and `merges.txt`, or a `tokenizer.json` (or a folder
+    /// with one): see [`Tokenizer::open`].
+    pub tokenizer: PathBuf,
+    /// The end-of-document token; `None`: the tokenizer's own.
+    pub eod_token: Option<String>,
+    /// The JSON field or Parquet column holding each document's text ([`crate::TEXT_COLUMN`]).
+    pub text_column: String,
     /// Fraction of documents held out into `PREFIX_valid.{bin,idx}`; 0 = none. In `[0, 1)`.
     pub valid_fraction: f64,
     /// Show a progress bar (on stderr) over the input bytes.
     pub progress: bool,
 }
 
-/// What [`prepare`] wrote. Token counts include the `<|endoftext|>` after each document.
+/// What [`prepare`] wrote. Token counts include the end-of-document token after each document.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PrepareStats {
     /// Training documents written.
@@ -116,14 +124,16 @@ pub fn prepare(opts: &PrepareOptions) -> Result<PrepareStats> {
     }
     let mut total_bytes = 0u64;
     for path in &opts.inputs {
-        if jsonl_kind(path).is_none() {
+        if input_kind(path).is_none() {
             return Err(DataError::UnsupportedInput { path: path.clone() });
         }
         let meta = std::fs::metadata(path).map_err(|e| DataError::io(path, e))?;
         total_bytes += meta.len();
+        // Opening reads a compressed header or a Parquet footer: a missing column is said now.
+        read_documents_counted(path, &opts.text_column, None)?;
     }
-    let tok = Tokenizer::from_dir(&opts.tokenizer_dir)?;
-    let eot = tok.eot_id();
+    let tok = Tokenizer::open(&opts.tokenizer, opts.eod_token.as_deref())?;
+    let eot = tok.eod_id();
 
     let mut train = IndexedDatasetWriter::create(&opts.output, tok.vocab_size())?;
     let mut valid = if opts.valid_fraction > 0.0 {
@@ -153,12 +163,14 @@ pub fn prepare(opts: &PrepareOptions) -> Result<PrepareStats> {
     std::thread::scope(|scope| -> Result<()> {
         let (tx, rx) = sync_channel::<Result<Vec<String>>>(2);
         let inputs = &opts.inputs;
+        let column = opts.text_column.as_str();
         let reader_counter = counter.clone();
         scope.spawn(move || {
             let mut batch = Vec::with_capacity(BATCH_DOCS);
             let mut bytes = 0usize;
             for path in inputs {
-                let docs = match read_documents_counted(path, Some(reader_counter.clone())) {
+                let docs = match read_documents_counted(path, column, Some(reader_counter.clone()))
+                {
                     Ok(d) => d,
                     Err(e) => {
                         let _ = tx.send(Err(e));

@@ -16,9 +16,9 @@
 //! let s = data::Sampler::new(tokens.len(), 4, 7)?; // 10 samples of 4 tokens
 //! assert_eq!(s.num_samples(), 10);
 //! // Global batch 4 over 2 ranks, micro-batch 1: rank 1's second micro-batch is position 3.
-//! let ids = s.micro_batch_ids(0, 4, 2, 1, 1, 1);
+//! let ids = s.micro_batch_ids(0, 4, 2, 1, 1, 1)?;
 //! assert_eq!(ids, [s.sample_id(3)]);
-//! let (x, y) = s.gather(&tokens, &[2]);
+//! let (x, y) = s.gather(&tokens, &[2])?;
 //! assert_eq!((x, y), (vec![8, 9, 10, 11], vec![9, 10, 11, 12]));
 //! # Ok(())
 //! # }
@@ -117,7 +117,7 @@ impl Sampler {
 
     /// Checks a batch layout: `global_batch` divisible by `world`, and the per-rank share
     /// divisible by `micro_batch`. Returns the number of micro-batches per rank per step.
-    /// Call it once with the run's config; [`Sampler::micro_batch_ids`] panics on a bad layout.
+    /// Call it once with the run's config; [`Sampler::micro_batch_ids`] checks it again.
     pub fn check_batch(global_batch: usize, world: usize, micro_batch: usize) -> Result<usize> {
         let bad = |reason: String| Err(DataError::BadBatch { reason });
         if global_batch == 0 || world == 0 || micro_batch == 0 {
@@ -168,9 +168,9 @@ impl Sampler {
     /// Sample ids of rank `rank`'s micro-batch `micro` at `step`: global-batch positions
     /// `j = rank*(global_batch/world) + micro*micro_batch + b` for `b` in `0..micro_batch`.
     ///
-    /// # Panics
-    /// On a layout that [`Sampler::check_batch`] rejects, or `rank >= world`, or `micro` past
-    /// the rank's last micro-batch.
+    /// Errors on a layout that [`Sampler::check_batch`] rejects ([`DataError::BadBatch`]),
+    /// `rank >= world` ([`DataError::RankOutOfRange`]), or `micro` past the rank's last
+    /// micro-batch ([`DataError::MicroBatchOutOfRange`]).
     pub fn micro_batch_ids(
         &self,
         step: u64,
@@ -179,22 +179,17 @@ impl Sampler {
         rank: usize,
         micro: usize,
         micro_batch: usize,
-    ) -> Vec<usize> {
-        let micros = match Self::check_batch(global_batch, world, micro_batch) {
-            Ok(m) => m,
-            Err(e) => panic!("{e}"),
-        };
-        assert!(
-            rank < world,
-            "rank {rank} out of range for world size {world}"
-        );
-        assert!(
-            micro < micros,
-            "micro-batch {micro} out of range: {micros} micro-batches per rank"
-        );
+    ) -> Result<Vec<usize>> {
+        let micros = Self::check_batch(global_batch, world, micro_batch)?;
+        if rank >= world {
+            return Err(DataError::RankOutOfRange { rank, world });
+        }
+        if micro >= micros {
+            return Err(DataError::MicroBatchOutOfRange { micro, micros });
+        }
         let first = (rank * (global_batch / world) + micro * micro_batch) as u64;
         let base = step * global_batch as u64 + first;
-        self.sample_ids((0..micro_batch as u64).map(|b| base + b))
+        Ok(self.sample_ids((0..micro_batch as u64).map(|b| base + b)))
     }
 
     /// Evaluation order: samples `0..min(n, num_samples)`, sequential, not shuffled.
@@ -205,24 +200,26 @@ impl Sampler {
     /// `(inputs, targets)` of the samples `ids`, each `ids.len() * T` tokens in row-major
     /// `(B, T)` order.
     ///
-    /// # Panics
-    /// If a sample reaches past the end of `tokens` (a token stream shorter than the one the
-    /// sampler was built for).
-    pub fn gather(&self, tokens: &[u32], ids: &[usize]) -> (Vec<u32>, Vec<u32>) {
+    /// Errors with [`DataError::SampleOutOfRange`] if a sample reaches past the end of
+    /// `tokens` (a token stream shorter than the one the sampler was built for).
+    pub fn gather(&self, tokens: &[u32], ids: &[usize]) -> Result<(Vec<u32>, Vec<u32>)> {
         let t = self.seq_len;
         let mut inputs = Vec::with_capacity(ids.len() * t);
         let mut targets = Vec::with_capacity(ids.len() * t);
         for &id in ids {
-            let start = id * t;
-            assert!(
-                start + t < tokens.len(),
-                "sample {id} needs tokens {start}..{} but the stream has {}",
-                start + t + 1,
-                tokens.len()
-            );
-            inputs.extend_from_slice(&tokens[start..start + t]);
-            targets.extend_from_slice(&tokens[start + 1..start + t + 1]);
+            let start = id.saturating_mul(t);
+            let end = start.saturating_add(t + 1);
+            if end > tokens.len() {
+                return Err(DataError::SampleOutOfRange {
+                    id,
+                    start,
+                    end,
+                    len: tokens.len(),
+                });
+            }
+            inputs.extend_from_slice(&tokens[start..end - 1]);
+            targets.extend_from_slice(&tokens[start + 1..end]);
         }
-        (inputs, targets)
+        Ok((inputs, targets))
     }
 }

@@ -1,33 +1,46 @@
-//! GPT-2 byte-level BPE tokenisation, via the `tokenizers` crate.
+//! Tokenisation, via the `tokenizers` crate: GPT-2's byte-level BPE from its two files, or
+//! any Hugging Face `tokenizer.json`.
 //!
-//! The tokenizer is built from the two files OpenAI published with GPT-2 (`vocab.json`,
-//! `merges.txt`): GPT-2's regex pre-tokenisation on raw bytes, no prefix space, BPE merges,
+//! [`Tokenizer::open`] takes a folder with the two files OpenAI published with GPT-2
+//! (`vocab.json`, `merges.txt`), a `tokenizer.json` file (anything `tokenizers` loads:
+//! byte-level BPE, Unigram, WordPiece), or a folder holding a `tokenizer.json` (and not the two
+//! GPT-2 files, which win when both are there).
+//!
+//! GPT-2's files: GPT-2's regex pre-tokenisation on raw bytes, no prefix space, BPE merges,
 //! byte-level decoding. `<|endoftext|>` (id 50256) is an ordinary vocabulary entry here, not a
 //! special token: the text "<|endoftext|>" inside a document is tokenised as plain text, so a
-//! document can never forge a document boundary. Only [`Tokenizer::eot_id`] marks boundaries.
+//! document can never forge a document boundary. Only [`Tokenizer::eod_id`] marks boundaries.
+//! A `tokenizer.json` runs `tokenizers`' own pipeline without its post-processor (no BOS or
+//! EOS is added: the end-of-document token is ours to add) and with its special tokens encoded
+//! as plain text for the same reason.
 //!
-//! Speed: `tokenizers`' full pipeline allocates several objects per word (normalized strings,
-//! alignments, token strings) and spends most of its time in `malloc`. [`Tokenizer::encode`]
-//! therefore runs the same steps itself: the same GPT-2 split regex (`tokenizers`' own onig
-//! `SysRegex`, same pattern), the byte-to-unicode map, and the `tokenizers` BPE model for words
-//! not yet in a shared word -> ids cache. The tests check it against the full pipeline
-//! ([`Tokenizer::encode_with_pipeline`]) token for token, on the whole bundled corpus too.
+//! End of document: the token named (`data.eod_token`), else GPT-2's `<|endoftext|>`, else the
+//! first of [`EOD_CANDIDATES`] that is a special (added) token of the `tokenizer.json`.
 //!
-//! Memory: onig's match of one pre-token holds about 32 bytes per byte of it (its backtrack
-//! stack), and BPE's merge of it about 80 (the symbols, the merge queue, the tokens with their
-//! strings), so a 50 MB document without whitespace, one pre-token, took 4 GB. The split regex
-//! therefore runs on windows of [`MAX_PRETOKEN_BYTES`], and a pre-token longer than that is
-//! cut, at a character boundary, into pieces of at most that length, each merged on its own.
-//! The tokens of ordinary text are unchanged (no word, number, or run of spaces or punctuation
-//! in prose or code is 64 KiB long), and a 50 MB word takes a few MB.
+//! Speed (GPT-2's files): `tokenizers`' full pipeline allocates several objects per word
+//! (normalized strings, alignments, token strings) and spends most of its time in `malloc`.
+//! [`Tokenizer::encode`] therefore runs the same steps itself: the same GPT-2 split regex
+//! (`tokenizers`' own onig `SysRegex`, same pattern), the byte-to-unicode map, and the
+//! `tokenizers` BPE model for words not yet in a shared word -> ids cache. The tests check it
+//! against the full pipeline ([`Tokenizer::encode_with_pipeline`]) token for token, on the
+//! whole bundled corpus too.
+//!
+//! Memory (GPT-2's files): onig's match of one pre-token holds about 32 bytes per byte of it
+//! (its backtrack stack), and BPE's merge of it about 80 (the symbols, the merge queue, the
+//! tokens with their strings), so a 50 MB document without whitespace, one pre-token, took
+//! 4 GB. The split regex therefore runs on windows of [`MAX_PRETOKEN_BYTES`], and a pre-token
+//! longer than that is cut, at a character boundary, into pieces of at most that length, each
+//! merged on its own. The tokens of ordinary text are unchanged (no word, number, or run of
+//! spaces or punctuation in prose or code is 64 KiB long), and a 50 MB word takes a few MB.
+//! A `tokenizer.json` has no such bound: its pipeline sees each document whole.
 //!
 //! ```
 //! # fn main() -> data::Result<()> {
 //! let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/gpt2");
-//! let tok = data::Tokenizer::from_dir(&dir)?;
-//! assert_eq!(tok.encode("Hello world"), [15496, 995]);
+//! let tok = data::Tokenizer::open(&dir, None)?;
+//! assert_eq!(tok.encode("Hello world")?, [15496, 995]);
 //! assert_eq!(tok.decode(&[15496, 995])?, "Hello world");
-//! assert_eq!((tok.eot_id(), tok.vocab_size()), (50256, 50257));
+//! assert_eq!((tok.eod_id(), tok.vocab_size()), (50256, 50257));
 //! # Ok(())
 //! # }
 //! ```
@@ -40,13 +53,19 @@ use rayon::prelude::*;
 use tokenizers::models::bpe::{Merges, Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::utils::SysRegex;
-use tokenizers::Model;
+use tokenizers::{AddedToken, Model};
 
 use crate::error::{DataError, Result};
 use crate::fingerprint::tokenizer_fingerprint;
 
-/// The end-of-text token that ends every document.
+/// GPT-2's end-of-text token, which ends every document of a GPT-2 tokenizer.
 pub const EOT_TOKEN: &str = "<|endoftext|>";
+
+/// The end-of-document tokens looked for among a `tokenizer.json`'s special (added) tokens,
+/// in this order, when none is named: Llama 3's, Llama 2's / T5's / Mistral's, GPT-2's,
+/// Gemma's, BERT's.
+pub const EOD_CANDIDATES: [&str; 5] =
+    ["<|end_of_text|>", "</s>", "<|endoftext|>", "<eos>", "[SEP]"];
 
 /// GPT-2's pre-tokenisation regex, as in `tokenizers`' ByteLevel pre-tokenizer and OpenAI's
 /// `encoder.py`.
@@ -88,45 +107,81 @@ fn byte_chars() -> [char; 256] {
     table
 }
 
-/// GPT-2 byte-level BPE tokenizer.
+/// A tokenizer: GPT-2's files through a fast path of our own, or a `tokenizer.json`.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
-    split: SysRegex,
-    byte_chars: [char; 256],
-    cache: RwLock<HashMap<String, Box<[u32]>>>,
-    dir: PathBuf,
-    eot: u32,
+    kind: Kind,
+    path: PathBuf,
+    eod: u32,
     vocab_size: usize,
     fingerprint: u32,
+}
+
+/// What the tokenizer was loaded from.
+enum Kind {
+    /// `vocab.json` + `merges.txt`: [`Tokenizer::encode`]'s own pipeline (see the module doc).
+    Gpt2 {
+        split: SysRegex,
+        byte_chars: Box<[char; 256]>,
+        cache: RwLock<HashMap<String, Box<[u32]>>>,
+    },
+    /// A `tokenizer.json`, as read (what [`Tokenizer::save_json`] writes back).
+    Json { bytes: Vec<u8> },
 }
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tokenizer")
-            .field("dir", &self.dir)
+            .field("path", &self.path)
             .field("vocab_size", &self.vocab_size)
-            .field("eot", &self.eot)
+            .field("eod", &self.eod)
             .finish()
     }
 }
 
 impl Tokenizer {
-    /// Loads `dir/vocab.json` and `dir/merges.txt`.
+    /// Loads a tokenizer (see the module doc): `path` is a folder with GPT-2's `vocab.json`
+    /// and `merges.txt`, a `tokenizer.json` file, or a folder with a `tokenizer.json`.
+    /// `eod_token` names the end-of-document token; `None` takes the tokenizer's own.
     ///
-    /// Errors name the folder and the file: a missing folder or file, invalid JSON, no merges, a
-    /// merge line that is not two tokens or names a token (or a merged pair) outside the
-    /// vocabulary, a vocabulary without
-    /// `<|endoftext|>` or without one of the 256 byte tokens.
-    pub fn from_dir(dir: &Path) -> Result<Self> {
+    /// Errors name the folder or file: a missing folder or file, invalid JSON, for GPT-2's
+    /// files no merges, a merge line that is not two tokens or names a token (or a merged pair)
+    /// outside the vocabulary, a vocabulary without one of the 256 byte tokens; an
+    /// end-of-document token that is not in the vocabulary, or none found.
+    pub fn open(path: &Path, eod_token: Option<&str>) -> Result<Self> {
+        let err = |msg: &str| DataError::Tokenizer {
+            path: path.to_path_buf(),
+            msg: msg.into(),
+        };
+        if path.is_dir() {
+            let gpt2 = ["vocab.json", "merges.txt"]
+                .iter()
+                .any(|f| path.join(f).exists());
+            if gpt2 {
+                Self::from_gpt2_dir(path, eod_token)
+            } else if path.join("tokenizer.json").is_file() {
+                Self::from_json(&path.join("tokenizer.json"), eod_token)
+            } else {
+                Err(err(
+                    "the folder holds neither vocab.json and merges.txt nor tokenizer.json",
+                ))
+            }
+        } else if path.is_file() {
+            Self::from_json(path, eod_token)
+        } else {
+            Err(err(
+                "not found (expected a folder with vocab.json and merges.txt, or a \
+                 tokenizer.json file)",
+            ))
+        }
+    }
+
+    /// Loads `dir/vocab.json` and `dir/merges.txt`.
+    fn from_gpt2_dir(dir: &Path, eod_token: Option<&str>) -> Result<Self> {
         let err = |msg: String| DataError::Tokenizer {
-            dir: dir.to_path_buf(),
+            path: dir.to_path_buf(),
             msg,
         };
-        if !dir.is_dir() {
-            return Err(err(
-                "folder not found (expected vocab.json and merges.txt in it)".into(),
-            ));
-        }
         let vocab_path = dir.join("vocab.json");
         let merges_path = dir.join("merges.txt");
         let read =
@@ -141,12 +196,19 @@ impl Tokenizer {
                     vocab_path.display()
                 ))
             })?;
-        let eot = *vocab.get(EOT_TOKEN).ok_or_else(|| {
-            err(format!(
-                "{}: no {EOT_TOKEN} entry (not a GPT-2 vocabulary)",
-                vocab_path.display()
-            ))
-        })?;
+        let eod = match eod_token {
+            Some(token) => *vocab.get(token).ok_or_else(|| DataError::UnknownEodToken {
+                path: dir.to_path_buf(),
+                token: token.to_string(),
+            })?,
+            None => *vocab.get(EOT_TOKEN).ok_or_else(|| {
+                err(format!(
+                    "{}: no {EOT_TOKEN} entry (not a GPT-2 vocabulary; name the end-of-document \
+                     token with data.eod_token)",
+                    vocab_path.display()
+                ))
+            })?,
+        };
         // Every byte must have a token, so that encoding can never fail (see `encode`).
         for c in ByteLevel::alphabet() {
             if !vocab.contains_key(c.encode_utf8(&mut [0; 4]) as &str) {
@@ -191,8 +253,15 @@ impl Tokenizer {
         }
         let mut by_id: Vec<(u32, &str)> = vocab.iter().map(|(t, &id)| (id, t.as_str())).collect();
         by_id.sort_unstable();
-        let fingerprint =
+        let mut fingerprint =
             tokenizer_fingerprint(by_id, merges.iter().map(|(a, b)| (a.as_str(), b.as_str())));
+        // Another end-of-document token than GPT-2's own is part of the tokenizer's meaning;
+        // GPT-2's own leaves the fingerprint as it always was.
+        if vocab.get(EOT_TOKEN) != Some(&eod) {
+            let mut h = crc32fast::Hasher::new_with_initial(fingerprint);
+            h.update(&eod.to_le_bytes());
+            fingerprint = h.finalize();
+        }
         let vocab: Vocab = vocab.into_iter().collect();
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)
@@ -204,76 +273,166 @@ impl Tokenizer {
         let split = SysRegex::new(GPT2_SPLIT).map_err(|e| err(format!("split regex: {e}")))?;
         Ok(Tokenizer {
             inner,
-            split,
-            byte_chars: byte_chars(),
-            cache: RwLock::new(HashMap::new()),
-            dir: dir.to_path_buf(),
-            eot,
+            kind: Kind::Gpt2 {
+                split,
+                byte_chars: Box::new(byte_chars()),
+                cache: RwLock::new(HashMap::new()),
+            },
+            path: dir.to_path_buf(),
+            eod,
             vocab_size,
             fingerprint,
         })
     }
 
-    /// Token ids of `text` (no end-of-text token added).
-    pub fn encode(&self, text: &str) -> Vec<u32> {
+    /// Loads a `tokenizer.json`.
+    fn from_json(file: &Path, eod_token: Option<&str>) -> Result<Self> {
+        let err = |msg: String| DataError::Tokenizer {
+            path: file.to_path_buf(),
+            msg,
+        };
+        let bytes = std::fs::read(file).map_err(|e| err(e.to_string()))?;
+        let mut inner = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| err(format!("not a tokenizer.json that tokenizers loads: {e}")))?;
+        // Special tokens in a document's text are plain text: a document cannot forge a
+        // boundary (see the module doc).
+        inner.set_encode_special_tokens(true);
+        let eod = match eod_token {
+            Some(token) => inner
+                .token_to_id(token)
+                .ok_or_else(|| DataError::UnknownEodToken {
+                    path: file.to_path_buf(),
+                    token: token.to_string(),
+                })?,
+            None => {
+                let added = inner.get_added_tokens_decoder();
+                EOD_CANDIDATES
+                    .iter()
+                    .find_map(|c| {
+                        added
+                            .iter()
+                            .filter(|(_, t)| t.content == *c)
+                            .map(|(&id, _)| id)
+                            .min()
+                    })
+                    .ok_or_else(|| DataError::NoEodToken {
+                        path: file.to_path_buf(),
+                    })?
+            }
+        };
+        // Ids are below this: ids may have gaps, and added tokens may repeat model entries.
+        let vocab_size = inner
+            .get_vocab(true)
+            .values()
+            .map(|&id| id as usize + 1)
+            .max()
+            .unwrap_or(0)
+            .max(inner.get_vocab_size(true));
+        let mut h = crc32fast::Hasher::new();
+        h.update(&bytes);
+        h.update(&eod.to_le_bytes());
+        Ok(Tokenizer {
+            inner,
+            kind: Kind::Json { bytes },
+            path: file.to_path_buf(),
+            eod,
+            vocab_size,
+            fingerprint: h.finalize(),
+        })
+    }
+
+    /// Token ids of `text` (no end-of-document token added).
+    ///
+    /// GPT-2's files cannot fail here; a `tokenizer.json` can (a WordPiece or WordLevel
+    /// model meeting a word it has no token for, and no unknown token).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let Kind::Gpt2 {
+            split,
+            byte_chars,
+            cache,
+        } = &self.kind
+        else {
+            return self.encode_with_pipeline(text);
+        };
         let mut out = Vec::with_capacity(text.len() / 4 + 1);
         let mut mapped = String::new();
-        pretokens(&self.split, text, MAX_PRETOKEN_BYTES, |word| {
-            self.encode_word(word, &mut mapped, &mut out)
+        let mut failed = None;
+        pretokens(split, text, MAX_PRETOKEN_BYTES, |word| {
+            if failed.is_none() {
+                let word = Word {
+                    word,
+                    byte_chars,
+                    cache,
+                };
+                if let Err(e) = self.encode_word(word, &mut mapped, &mut out) {
+                    failed = Some(e);
+                }
+            }
         });
-        out
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
     }
 
     /// Appends the ids of one pre-tokenised word, through the cache.
-    fn encode_word(&self, word: &str, mapped: &mut String, out: &mut Vec<u32>) {
+    fn encode_word(&self, w: Word<'_>, mapped: &mut String, out: &mut Vec<u32>) -> Result<()> {
+        let word = w.word;
         if word.is_empty() {
-            return;
+            return Ok(());
         }
         // A poisoned lock only means another thread panicked; the map itself is intact.
-        let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
+        let cache = w.cache.read().unwrap_or_else(|p| p.into_inner());
         if let Some(ids) = cache.get(word) {
             out.extend_from_slice(ids);
-            return;
+            return Ok(());
         }
         let full = cache.len() >= CACHE_WORDS;
         drop(cache);
         mapped.clear();
-        mapped.extend(word.bytes().map(|b| self.byte_chars[b as usize]));
-        let tokens = match self.inner.get_model().tokenize(mapped) {
-            Ok(t) => t,
-            // Every byte character is in the vocabulary (checked in `from_dir`) and the BPE has
-            // no dropout or unknown token: merging cannot fail.
-            Err(e) => unreachable!("byte-level BPE failed on {word:?}: {e}"),
-        };
+        mapped.extend(word.bytes().map(|b| w.byte_chars[b as usize]));
+        // Every byte character is in the vocabulary (checked in `from_gpt2_dir`) and the BPE
+        // has no dropout or unknown token: merging does not fail.
+        let tokens = self
+            .inner
+            .get_model()
+            .tokenize(mapped)
+            .map_err(|e| DataError::Tokenizer {
+                path: self.path.clone(),
+                msg: format!("byte-level BPE failed on {word:?}: {e}"),
+            })?;
         let start = out.len();
         out.extend(tokens.iter().map(|t| t.id));
         if !full && word.len() < CACHE_MAX_WORD_BYTES {
             let ids: Box<[u32]> = out[start..].into();
-            let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
+            let mut cache = w.cache.write().unwrap_or_else(|p| p.into_inner());
             cache.insert(word.to_owned(), ids);
         }
+        Ok(())
     }
 
     /// Encodes many texts in parallel (rayon's global pool; `RAYON_NUM_THREADS` sets its
     /// size), one text per task. The result is in the order of `texts`.
     pub fn encode_batch(&self, texts: &[String]) -> Result<Vec<Vec<u32>>> {
-        Ok(texts.par_iter().map(|t| self.encode(t)).collect())
+        texts.par_iter().map(|t| self.encode(t)).collect()
     }
 
-    /// Token ids of `text` through `tokenizers`' full pipeline (pre-tokenizer, model, no
-    /// special tokens). Same result as [`Tokenizer::encode`] on text whose pre-tokens are at
-    /// most [`MAX_PRETOKEN_BYTES`] long, several times slower, and unbounded in memory; for tests.
+    /// Token ids of `text` through `tokenizers`' full pipeline (normalizer, pre-tokenizer,
+    /// model; no post-processor, so no special tokens added). For GPT-2's files: the same
+    /// result as [`Tokenizer::encode`] on text whose pre-tokens are at most
+    /// [`MAX_PRETOKEN_BYTES`] long, several times slower, and unbounded in memory; for tests.
     pub fn encode_with_pipeline(&self, text: &str) -> Result<Vec<u32>> {
         self.inner
             .encode_fast(text, false)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| DataError::Tokenizer {
-                dir: self.dir.clone(),
+                path: self.path.clone(),
                 msg: format!("encoding failed: {e}"),
             })
     }
 
-    /// Text of `ids`. `eot_id` decodes to the literal "<|endoftext|>".
+    /// Text of `ids`. Special tokens are kept: GPT-2's `eod_id` decodes to the literal
+    /// "<|endoftext|>".
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.vocab_size) {
             return Err(DataError::TokenOutOfRange {
@@ -284,33 +443,68 @@ impl Tokenizer {
         self.inner
             .decode(ids, false)
             .map_err(|e| DataError::Tokenizer {
-                dir: self.dir.clone(),
+                path: self.path.clone(),
                 msg: format!("decoding failed: {e}"),
             })
     }
 
-    /// Id of `<|endoftext|>` (50256 for GPT-2).
-    pub fn eot_id(&self) -> u32 {
-        self.eot
+    /// Id of the end-of-document token (50256, `<|endoftext|>`, for GPT-2).
+    pub fn eod_id(&self) -> u32 {
+        self.eod
     }
 
-    /// Number of token ids (largest id + 1; 50257 for GPT-2).
+    /// Number of token ids: every id is below it (largest id + 1; 50257 for GPT-2; a
+    /// `tokenizer.json`'s vocabulary with its added tokens).
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
     }
 
-    /// A CRC-32 of the vocabulary in id order and of the merges in rank order: what a
-    /// checkpoint records to notice a resume with another tokenizer, even one whose ids differ
-    /// only by two swapped entries. The files' formatting (whitespace, key order) is not part
-    /// of it.
+    /// What a checkpoint records to notice a resume with another tokenizer. GPT-2's files: a
+    /// CRC-32 of the vocabulary in id order and of the merges in rank order, so two swapped
+    /// entries are noticed and the files' formatting (whitespace, key order) is not part of it
+    /// (nor is the end-of-document token, unless another than `<|endoftext|>` is named). A
+    /// `tokenizer.json`: a CRC-32 of the file's bytes and of the end-of-document id.
     pub fn fingerprint(&self) -> u32 {
         self.fingerprint
     }
 
-    /// The folder the tokenizer was loaded from.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// The folder or file the tokenizer was loaded from (a folder's `tokenizer.json`).
+    pub fn path(&self) -> &Path {
+        &self.path
     }
+
+    /// Writes the tokenizer as a `tokenizer.json` that `tokenizers` and transformers'
+    /// `PreTrainedTokenizerFast` load, e.g. beside an exported model. A `tokenizer.json` is
+    /// copied as it was read. GPT-2's files become what Hugging Face's GPT-2 `tokenizer.json`
+    /// holds: their BPE, the byte-level pre-tokenizer (GPT-2's regex, no prefix space),
+    /// post-processor and decoder, and the end-of-document token as a special added token. It
+    /// encodes as [`Tokenizer::encode`] does (checked on the bundled corpus in the tests).
+    pub fn save_json(&self, path: &Path) -> Result<()> {
+        let json = match &self.kind {
+            Kind::Json { bytes } => bytes.clone(),
+            Kind::Gpt2 { .. } => {
+                let mut hf = self.inner.clone();
+                hf.with_post_processor(Some(ByteLevel::new(true, false, true)));
+                let eod = self.inner.id_to_token(self.eod).unwrap_or_default();
+                hf.add_special_tokens(&[AddedToken::from(eod, true)]);
+                hf.to_string(true)
+                    .map_err(|e| DataError::Tokenizer {
+                        path: self.path.clone(),
+                        msg: format!("cannot write it as tokenizer.json: {e}"),
+                    })?
+                    .into_bytes()
+            }
+        };
+        std::fs::write(path, json).map_err(|e| DataError::io(path, e))
+    }
+}
+
+/// One pre-token and the GPT-2 fast path's tables.
+#[derive(Clone, Copy)]
+struct Word<'a> {
+    word: &'a str,
+    byte_chars: &'a [char; 256],
+    cache: &'a RwLock<HashMap<String, Box<[u32]>>>,
 }
 
 /// Calls `f` on each pre-token of `text`, in order: each match of `split`, and any text
@@ -379,13 +573,20 @@ mod tests {
 
     fn gpt2() -> Tokenizer {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/gpt2");
-        Tokenizer::from_dir(&dir).unwrap()
+        Tokenizer::open(&dir, None).unwrap()
+    }
+
+    fn split(tok: &Tokenizer) -> &SysRegex {
+        match &tok.kind {
+            Kind::Gpt2 { split, .. } => split,
+            Kind::Json { .. } => panic!("not GPT-2's files"),
+        }
     }
 
     /// The pre-tokens `pretokens` gives with windows of `window` bytes.
     fn windowed(tok: &Tokenizer, text: &str, window: usize) -> Vec<String> {
         let mut out = Vec::new();
-        pretokens(&tok.split, text, window, |w| out.push(w.to_string()));
+        pretokens(split(tok), text, window, |w| out.push(w.to_string()));
         out
     }
 
@@ -414,8 +615,7 @@ mod tests {
                 " ".repeat(i % 7)
             ));
         }
-        let whole: Vec<String> = tok
-            .split
+        let whole: Vec<String> = split(&tok)
             .find_iter(&text)
             .map(|(a, b)| text[a..b].to_string())
             .collect();
@@ -447,7 +647,7 @@ mod tests {
                 (b'a' + (state >> 59) as u8 % 26) as char
             })
             .collect();
-        let ids = tok.encode(&word);
+        let ids = tok.encode(&word).unwrap();
         let pieces = windowed(&tok, &word, MAX_PRETOKEN_BYTES);
         assert!(pieces.len() == 4 && pieces.iter().all(|p| p.len() <= MAX_PRETOKEN_BYTES));
         let by_piece: Vec<u32> = pieces
@@ -458,7 +658,10 @@ mod tests {
         assert_eq!(tok.decode(&ids).unwrap(), word, "nothing is lost at a cut");
         // Up to the limit, a word is merged whole, as the full pipeline does.
         let whole = &word[..MAX_PRETOKEN_BYTES - LOOKAHEAD_BYTES];
-        assert_eq!(tok.encode(whole), tok.encode_with_pipeline(whole).unwrap());
+        assert_eq!(
+            tok.encode(whole).unwrap(),
+            tok.encode_with_pipeline(whole).unwrap()
+        );
     }
 
     #[test]
@@ -475,7 +678,7 @@ mod tests {
         // tokenizer.
         let pretty = serde_json::to_string_pretty(&vocab).unwrap();
         std::fs::write(dir.path().join("vocab.json"), pretty).unwrap();
-        let same = Tokenizer::from_dir(dir.path()).unwrap();
+        let same = Tokenizer::open(dir.path(), None).unwrap();
         assert_eq!(same.fingerprint(), base.fingerprint());
         // Two entries swapped: the ids differ, the counts agree.
         let mut swapped = vocab.clone();
@@ -484,7 +687,7 @@ mod tests {
         swapped.insert("Ġand".into(), the);
         let text = serde_json::to_string(&swapped).unwrap();
         std::fs::write(dir.path().join("vocab.json"), text).unwrap();
-        let other = Tokenizer::from_dir(dir.path()).unwrap();
+        let other = Tokenizer::open(dir.path(), None).unwrap();
         assert_eq!(other.vocab_size(), base.vocab_size());
         assert_ne!(other.fingerprint(), base.fingerprint());
         // One merge fewer.
@@ -495,7 +698,7 @@ mod tests {
         .unwrap();
         let fewer: Vec<&str> = merges.lines().filter(|l| *l != "Ġ t").collect();
         std::fs::write(dir.path().join("merges.txt"), fewer.join("\n")).unwrap();
-        let pruned = Tokenizer::from_dir(dir.path()).unwrap();
+        let pruned = Tokenizer::open(dir.path(), None).unwrap();
         assert_ne!(pruned.fingerprint(), base.fingerprint());
     }
 }

@@ -10,7 +10,7 @@ fn gpt2_dir() -> PathBuf {
 }
 
 fn tok() -> Tokenizer {
-    Tokenizer::from_dir(&gpt2_dir()).unwrap()
+    Tokenizer::open(&gpt2_dir(), None).unwrap()
 }
 
 fn write_jsonl(path: &Path, lines: &[&str]) {
@@ -42,16 +42,16 @@ const TEXTS: [&str; 5] = [
 #[test]
 fn tokenizer_known_ids_and_round_trip() {
     let t = tok();
-    assert_eq!(t.encode("Hello world"), [15496, 995]);
-    assert_eq!(t.encode(" Hello"), [18435]);
-    assert_eq!(t.eot_id(), 50256);
+    assert_eq!(t.encode("Hello world").unwrap(), [15496, 995]);
+    assert_eq!(t.encode(" Hello").unwrap(), [18435]);
+    assert_eq!(t.eod_id(), 50256);
     assert_eq!(t.vocab_size(), 50257);
     for text in TEXTS {
-        let ids = t.encode(text);
+        let ids = t.encode(text).unwrap();
         assert_eq!(t.decode(&ids).unwrap(), text);
     }
     // "<|endoftext|>" inside text is plain text, never the boundary token.
-    let ids = t.encode("a<|endoftext|>b");
+    let ids = t.encode("a<|endoftext|>b").unwrap();
     assert!(!ids.contains(&50256), "{ids:?}");
     assert_eq!(t.decode(&[50256]).unwrap(), "<|endoftext|>");
     assert!(matches!(
@@ -87,17 +87,17 @@ fn fast_encode_matches_tokenizers_pipeline() {
     let t = tok();
     for text in tricky_texts() {
         assert_eq!(
-            t.encode(&text),
+            t.encode(&text).unwrap(),
             t.encode_with_pipeline(&text).unwrap(),
             "{text:?}"
         );
         // Second time through the word cache.
         assert_eq!(
-            t.encode(&text),
+            t.encode(&text).unwrap(),
             t.encode_with_pipeline(&text).unwrap(),
             "{text:?}"
         );
-        assert_eq!(t.decode(&t.encode(&text)).unwrap(), text);
+        assert_eq!(t.decode(&t.encode(&text).unwrap()).unwrap(), text);
     }
 }
 
@@ -106,7 +106,7 @@ fn encode_batch_matches_encode() {
     let t = tok();
     let texts = tricky_texts();
     let batch = t.encode_batch(&texts).unwrap();
-    let single: Vec<Vec<u32>> = texts.iter().map(|s| t.encode(s)).collect();
+    let single: Vec<Vec<u32>> = texts.iter().map(|s| t.encode(s).unwrap()).collect();
     assert_eq!(batch, single);
 }
 
@@ -114,14 +114,14 @@ fn encode_batch_matches_encode() {
 fn tokenizer_errors_name_dir_and_file() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("no-such-tokenizer");
-    let err = Tokenizer::from_dir(&missing).unwrap_err().to_string();
+    let err = Tokenizer::open(&missing, None).unwrap_err().to_string();
     assert!(
         err.contains("no-such-tokenizer") && err.contains("not found"),
         "{err}"
     );
 
     std::fs::copy(gpt2_dir().join("vocab.json"), dir.path().join("vocab.json")).unwrap();
-    let err = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
+    let err = Tokenizer::open(dir.path(), None).unwrap_err().to_string();
     assert!(err.contains("merges.txt"), "{err}");
 
     std::fs::write(
@@ -129,7 +129,7 @@ fn tokenizer_errors_name_dir_and_file() {
         "#version: 0.2\nĠ t\nnot-a-token x\n",
     )
     .unwrap();
-    let err = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
+    let err = Tokenizer::open(dir.path(), None).unwrap_err().to_string();
     assert!(err.contains("merges.txt: line 3"), "{err}");
 
     // Empty, only a header, or a pair whose merge the vocabulary lacks ("q" + "j").
@@ -139,7 +139,7 @@ fn tokenizer_errors_name_dir_and_file() {
         ("#version: 0.2\nĠ t\nq j\n", "line 3"),
     ] {
         std::fs::write(dir.path().join("merges.txt"), text).unwrap();
-        let err = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
+        let err = Tokenizer::open(dir.path(), None).unwrap_err().to_string();
         assert!(
             err.contains("merges.txt") && err.contains(want),
             "{text:?}: {err}"
@@ -147,7 +147,7 @@ fn tokenizer_errors_name_dir_and_file() {
     }
 
     std::fs::write(dir.path().join("vocab.json"), "{\"a\": 0,").unwrap();
-    let err = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
+    let err = Tokenizer::open(dir.path(), None).unwrap_err().to_string();
     assert!(
         err.contains("vocab.json") && err.contains("invalid vocabulary JSON"),
         "{err}"
@@ -181,7 +181,9 @@ fn jsonl_errors_carry_line_numbers() {
     let results: Vec<_> = read_documents(&path).unwrap().collect();
     assert_eq!(results.len(), 2, "stops after the first error");
     match &results[1] {
-        Err(DataError::MissingText { path: p, line: 2 }) => assert_eq!(p, &path),
+        Err(DataError::MissingText {
+            path: p, line: 2, ..
+        }) => assert_eq!(p, &path),
         other => panic!("{other:?}"),
     }
 
@@ -234,7 +236,9 @@ fn options(input: &Path, output: &Path, valid_fraction: f64) -> PrepareOptions {
     PrepareOptions {
         inputs: vec![input.to_path_buf()],
         output: output.to_path_buf(),
-        tokenizer_dir: gpt2_dir(),
+        tokenizer: gpt2_dir(),
+        eod_token: None,
+        text_column: data::TEXT_COLUMN.into(),
         valid_fraction,
         progress: false,
     }
@@ -248,7 +252,7 @@ fn prepare_writes_expected_tokens() {
     let expected: Vec<Vec<u32>> = texts
         .iter()
         .map(|s| {
-            let mut ids = t.encode(s);
+            let mut ids = t.encode(s).unwrap();
             ids.push(50256);
             ids
         })
@@ -289,7 +293,7 @@ fn prepare_holds_out_a_deterministic_split() {
     assert_eq!(valid.num_tokens(), stats.valid_tokens);
     assert_eq!(train.num_tokens(), stats.tokens);
     for (k, &j) in held.iter().enumerate() {
-        let mut ids = t.encode(&texts[j]);
+        let mut ids = t.encode(&texts[j]).unwrap();
         ids.push(50256);
         assert_eq!(valid.document(k), ids);
     }
@@ -340,29 +344,29 @@ fn corpus_mixes_jsonl_and_indexed_sources() {
     let prefix = dir.path().join("ds");
     data::prepare(&options(&input, &prefix, 0.0)).unwrap();
 
-    let from_jsonl = TokenCorpus::load(std::slice::from_ref(&input), Some(&t)).unwrap();
-    let from_bin = TokenCorpus::load(std::slice::from_ref(&prefix), None).unwrap();
+    let from_jsonl = TokenCorpus::load(std::slice::from_ref(&input), Some(&t), "text").unwrap();
+    let from_bin = TokenCorpus::load(std::slice::from_ref(&prefix), None, "text").unwrap();
     assert_eq!(from_jsonl, from_bin);
     assert_eq!(from_jsonl.documents, 10);
     let mut expected = Vec::new();
     for s in &texts {
-        expected.extend(t.encode(s));
+        expected.extend(t.encode(s).unwrap());
         expected.push(50256);
     }
     assert_eq!(from_jsonl.tokens, expected);
 
     // .bin / .idx paths are taken as their prefix; sources concatenate in order.
     let idx_path = dir.path().join("ds.idx");
-    let mixed = TokenCorpus::load(&[idx_path, input.clone()], Some(&t)).unwrap();
+    let mixed = TokenCorpus::load(&[idx_path, input.clone()], Some(&t), "text").unwrap();
     assert_eq!(mixed.documents, 20);
     assert_eq!(mixed.tokens, [expected.clone(), expected.clone()].concat());
 
-    let err = TokenCorpus::load(&[dir.path().join("nothing")], Some(&t)).unwrap_err();
+    let err = TokenCorpus::load(&[dir.path().join("nothing")], Some(&t), "text").unwrap_err();
     assert!(matches!(err, DataError::UnknownSource { .. }), "{err:?}");
     assert!(err.to_string().contains("nothing"), "{err}");
-    let err = TokenCorpus::load(std::slice::from_ref(&input), None).unwrap_err();
+    let err = TokenCorpus::load(std::slice::from_ref(&input), None, "text").unwrap_err();
     assert!(matches!(err, DataError::NeedsTokenizer { .. }), "{err:?}");
-    assert!(TokenCorpus::load(&[], Some(&t)).is_err());
+    assert!(TokenCorpus::load(&[], Some(&t), "text").is_err());
 }
 
 /// What a resume compares: the same documents give one fingerprint whether read from a
@@ -376,8 +380,8 @@ fn corpus_fingerprints_follow_the_tokens_not_the_files() {
     let prefix = dir.path().join("moved/ds");
     std::fs::create_dir_all(prefix.parent().unwrap()).unwrap();
     data::prepare(&options(&input, &prefix, 0.0)).unwrap();
-    let from_jsonl = TokenCorpus::load(std::slice::from_ref(&input), Some(&t)).unwrap();
-    let from_bin = TokenCorpus::load(std::slice::from_ref(&prefix), None).unwrap();
+    let from_jsonl = TokenCorpus::load(std::slice::from_ref(&input), Some(&t), "text").unwrap();
+    let from_bin = TokenCorpus::load(std::slice::from_ref(&prefix), None, "text").unwrap();
     assert_eq!(from_jsonl.fingerprint(), from_bin.fingerprint());
     assert_eq!(
         from_jsonl.fingerprint(),
@@ -391,12 +395,12 @@ fn corpus_fingerprints_follow_the_tokens_not_the_files() {
     let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
     let other = dir.path().join("swapped.jsonl");
     write_jsonl(&other, &refs);
-    let reordered = TokenCorpus::load(std::slice::from_ref(&other), Some(&t)).unwrap();
+    let reordered = TokenCorpus::load(std::slice::from_ref(&other), Some(&t), "text").unwrap();
     assert_eq!(reordered.tokens.len(), from_jsonl.tokens.len());
     assert_ne!(reordered.fingerprint(), from_jsonl.fingerprint());
     // The same two sources in the other order.
-    let ab = TokenCorpus::load(&[input.clone(), other.clone()], Some(&t)).unwrap();
-    let ba = TokenCorpus::load(&[other, input], Some(&t)).unwrap();
+    let ab = TokenCorpus::load(&[input.clone(), other.clone()], Some(&t), "text").unwrap();
+    let ba = TokenCorpus::load(&[other, input], Some(&t), "text").unwrap();
     assert_eq!(ab.tokens.len(), ba.tokens.len());
     assert_ne!(ab.fingerprint(), ba.fingerprint());
 }
@@ -406,9 +410,9 @@ fn corpus_split_takes_the_last_documents() {
     let dir = tempfile::tempdir().unwrap();
     let (input, texts) = make_corpus(dir.path(), 20);
     let t = tok();
-    let all = TokenCorpus::load(std::slice::from_ref(&input), Some(&t)).unwrap();
+    let all = TokenCorpus::load(std::slice::from_ref(&input), Some(&t), "text").unwrap();
     let (train, valid) =
-        TokenCorpus::load_split(std::slice::from_ref(&input), Some(&t), 0.1).unwrap();
+        TokenCorpus::load_split(std::slice::from_ref(&input), Some(&t), "text", 0.1).unwrap();
     assert_eq!((train.documents, valid.documents), (18, 2));
     assert_eq!(
         [train.tokens.clone(), valid.tokens.clone()].concat(),
@@ -416,22 +420,22 @@ fn corpus_split_takes_the_last_documents() {
     );
     let mut last_two = Vec::new();
     for s in &texts[18..] {
-        last_two.extend(t.encode(s));
+        last_two.extend(t.encode(s).unwrap());
         last_two.push(50256);
     }
     assert_eq!(valid.tokens, last_two);
 
     let (train, valid) =
-        TokenCorpus::load_split(std::slice::from_ref(&input), Some(&t), 0.0).unwrap();
+        TokenCorpus::load_split(std::slice::from_ref(&input), Some(&t), "text", 0.0).unwrap();
     assert_eq!(
         (train.tokens.len(), valid.tokens.len()),
         (all.tokens.len(), 0)
     );
     // Tiny fractions still hold out one document, never all of them.
     let (train, valid) =
-        TokenCorpus::load_split(std::slice::from_ref(&input), Some(&t), 0.001).unwrap();
+        TokenCorpus::load_split(std::slice::from_ref(&input), Some(&t), "text", 0.001).unwrap();
     assert_eq!((train.documents, valid.documents), (19, 1));
-    let (train, valid) = TokenCorpus::load_split(&[input], Some(&t), 0.99).unwrap();
+    let (train, valid) = TokenCorpus::load_split(&[input], Some(&t), "text", 0.99).unwrap();
     assert_eq!((train.documents, valid.documents), (1, 19));
 }
 
@@ -466,6 +470,6 @@ fn windowed_pre_tokenisation_matches_the_pipeline_on_long_bundled_documents() {
         .collect();
     assert_eq!(long.len(), 6);
     for doc in &long {
-        assert_eq!(t.encode(doc), t.encode_with_pipeline(doc).unwrap());
+        assert_eq!(t.encode(doc).unwrap(), t.encode_with_pipeline(doc).unwrap());
     }
 }

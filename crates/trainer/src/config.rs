@@ -31,12 +31,19 @@ pub struct RunConfig {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataSection {
-    /// Training sources: `.jsonl` / `.jsonl.zst` files (tokenised at start) or `.bin`/`.idx` prefixes.
+    /// Training sources: `.jsonl` / `.jsonl.zst` / `.jsonl.gz` / `.parquet` files (tokenised at
+    /// start) or `.bin`/`.idx` prefixes.
     pub train: Vec<PathBuf>,
     /// Validation sources, same kinds. Empty: hold out `valid_fraction` of the training documents.
     pub valid: Vec<PathBuf>,
-    /// Folder with the GPT-2 `vocab.json` and `merges.txt`.
+    /// Folder with the GPT-2 `vocab.json` and `merges.txt`, or a Hugging Face `tokenizer.json`
+    /// (or a folder holding one).
     pub tokenizer: PathBuf,
+    /// The end-of-document token (a token string). Unset: GPT-2's `<|endoftext|>`, else the
+    /// tokenizer.json's first special token of `data::EOD_CANDIDATES`.
+    pub eod_token: Option<String>,
+    /// The JSON field or Parquet column holding each document's text.
+    pub text_column: String,
     /// Fraction of training documents held out for validation when `valid` is empty.
     pub valid_fraction: f64,
 }
@@ -47,6 +54,8 @@ impl Default for DataSection {
             train: Vec::new(),
             valid: Vec::new(),
             tokenizer: PathBuf::from("data/gpt2"),
+            eod_token: None,
+            text_column: data::TEXT_COLUMN.to_string(),
             valid_fraction: 0.0,
         }
     }
@@ -415,7 +424,16 @@ impl RunConfig {
             }
         }
         if self.data.train.is_empty() {
-            bail!("data.train is empty: name at least one .jsonl, .jsonl.zst or .bin/.idx prefix");
+            bail!(
+                "data.train is empty: name at least one .jsonl, .jsonl.zst, .jsonl.gz, .parquet \
+                 file or .bin/.idx prefix"
+            );
+        }
+        if self.data.text_column.is_empty() {
+            bail!("data.text_column is empty: name the JSON field or Parquet column of the text");
+        }
+        if self.data.eod_token.as_deref() == Some("") {
+            bail!("data.eod_token is empty: name a token of the tokenizer, or leave it unset");
         }
         if !(0.0..1.0).contains(&self.data.valid_fraction) {
             bail!("data.valid_fraction must be in [0, 1)");

@@ -21,6 +21,7 @@ mod run_lock;
 mod schedule;
 mod startup;
 mod stop;
+mod tokenizer_cmd;
 mod train;
 
 use std::path::{Path, PathBuf};
@@ -51,20 +52,51 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Tokenise Pile-format .jsonl / .jsonl.zst files into a Megatron indexed dataset.
+    /// Tokenise text files (.jsonl, .jsonl.zst, .jsonl.gz, .parquet) into a Megatron indexed
+    /// dataset.
     PrepareData {
-        /// Input files (.jsonl or .jsonl.zst, one {"text": ...} per line).
+        /// Input files: .jsonl, .jsonl.zst or .jsonl.gz (one {"text": ...} per line) or .parquet
+        /// (a string column "text").
         #[arg(long, num_args = 1.., required = true)]
         input: Vec<PathBuf>,
         /// Output prefix: writes PREFIX.bin and PREFIX.idx.
         #[arg(long)]
         output: PathBuf,
-        /// Folder with the GPT-2 vocab.json and merges.txt.
+        /// Folder with the GPT-2 vocab.json and merges.txt, or a tokenizer.json (or a folder
+        /// holding one).
         #[arg(long, default_value = "data/gpt2")]
         tokenizer: PathBuf,
+        /// The end-of-document token (default: the tokenizer's own).
+        #[arg(long, value_name = "TOKEN")]
+        eod_token: Option<String>,
+        /// The JSON field or Parquet column holding the text.
+        #[arg(long, value_name = "NAME", default_value = data::TEXT_COLUMN)]
+        text_column: String,
         /// Fraction of documents held out into PREFIX_valid.{bin,idx}.
         #[arg(long, default_value_t = 0.0)]
         valid_fraction: f64,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Train a byte-level BPE tokenizer (GPT-2's kind, <|endoftext|> ending documents) on
+    /// text files and write it as a tokenizer.json (docs/corpus.md, "Tokenizers").
+    Tokenizer {
+        /// Input files, as for prepare-data.
+        #[arg(long, num_args = 1.., required = true)]
+        input: Vec<PathBuf>,
+        /// Tokens in all: 256 bytes, the special tokens and the merges learnt.
+        #[arg(long, value_name = "N")]
+        vocab_size: usize,
+        /// The tokenizer.json to write.
+        #[arg(long)]
+        output: PathBuf,
+        /// More special tokens, after <|endoftext|> (repeat, or comma-separated).
+        #[arg(long, value_name = "TOKEN", value_delimiter = ',')]
+        special: Vec<String>,
+        /// The JSON field or Parquet column holding the text.
+        #[arg(long, value_name = "NAME", default_value = data::TEXT_COLUMN)]
+        text_column: String,
         /// No progress bar.
         #[arg(long)]
         quiet: bool,
@@ -189,6 +221,8 @@ fn run_command(
             input,
             output,
             tokenizer,
+            eod_token,
+            text_column,
             valid_fraction,
             quiet,
         } => {
@@ -196,7 +230,9 @@ fn run_command(
             let opts = data::PrepareOptions {
                 inputs: input,
                 output: output.clone(),
-                tokenizer_dir: tokenizer,
+                tokenizer,
+                eod_token,
+                text_column,
                 valid_fraction,
                 progress: !quiet,
             };
@@ -214,6 +250,24 @@ fn run_command(
                 readable::bytes_f64(s.text_bytes as f64 / s.seconds)
             );
             Ok(())
+        }
+        Command::Tokenizer {
+            input,
+            vocab_size,
+            output,
+            special,
+            text_column,
+            quiet,
+        } => {
+            create_parent(&output)?;
+            tokenizer_cmd::run(&data::TrainTokenizerOptions {
+                inputs: input,
+                output,
+                vocab_size,
+                special,
+                text_column,
+                progress: !quiet,
+            })
         }
         Command::Plan {
             world_size,

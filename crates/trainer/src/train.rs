@@ -41,28 +41,35 @@ struct Corpora {
 
 fn load_data(config: &RunConfig, vocab_size: usize) -> Result<Corpora> {
     let d = &config.data;
-    let is_text = |p: &PathBuf| {
-        let s = p.to_string_lossy();
-        s.ends_with(".jsonl") || s.ends_with(".jsonl.zst")
-    };
-    let needs_tokenizer = d.train.iter().chain(&d.valid).any(is_text);
+    let needs_tokenizer = d
+        .train
+        .iter()
+        .chain(&d.valid)
+        .any(|p| data::is_text_input(p));
     let tokenizer = if needs_tokenizer {
-        Some(Tokenizer::from_dir(&d.tokenizer).context("data.tokenizer")?)
+        Some(Tokenizer::open(&d.tokenizer, d.eod_token.as_deref()).context("data.tokenizer")?)
     } else {
         None
     };
     let (train, valid) = if !d.valid.is_empty() {
-        let train = TokenCorpus::load(&d.train, tokenizer.as_ref()).context("data.train")?;
-        let valid = TokenCorpus::load(&d.valid, tokenizer.as_ref()).context("data.valid")?;
+        let train = TokenCorpus::load(&d.train, tokenizer.as_ref(), &d.text_column)
+            .context("data.train")?;
+        let valid = TokenCorpus::load(&d.valid, tokenizer.as_ref(), &d.text_column)
+            .context("data.valid")?;
         (train, Some(valid))
     } else if d.valid_fraction > 0.0 {
-        let (train, valid) =
-            TokenCorpus::load_split(&d.train, tokenizer.as_ref(), d.valid_fraction)
-                .context("data.train")?;
+        let (train, valid) = TokenCorpus::load_split(
+            &d.train,
+            tokenizer.as_ref(),
+            &d.text_column,
+            d.valid_fraction,
+        )
+        .context("data.train")?;
         (train, Some(valid))
     } else {
         (
-            TokenCorpus::load(&d.train, tokenizer.as_ref()).context("data.train")?,
+            TokenCorpus::load(&d.train, tokenizer.as_ref(), &d.text_column)
+                .context("data.train")?,
             None,
         )
     };
@@ -622,8 +629,8 @@ impl<'a> RankRun<'a> {
                 self.rank,
                 micro,
                 t.micro_batch,
-            );
-            let (inputs, targets) = sampler.gather(&shared.corpora.train.tokens, &ids);
+            )?;
+            let (inputs, targets) = sampler.gather(&shared.corpora.train.tokens, &ids)?;
             loss_sum +=
                 self.engine
                     .forward_backward(&inputs, &targets, 1.0 / accumulation as f32)?;

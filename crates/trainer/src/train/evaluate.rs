@@ -30,12 +30,12 @@ pub(super) fn evaluate(
     for pass in 0..passes {
         match ids.chunks(micro).nth(pass) {
             Some(chunk) => {
-                let (inputs, targets) = sampler.gather(&valid.tokens, chunk);
+                let (inputs, targets) = sampler.gather(&valid.tokens, chunk)?;
                 total += engine.eval_loss(&inputs, &targets)? * chunk.len() as f64;
             }
             None => {
                 // Padding: the first sequence, so that this rank takes part in the gathers.
-                let (inputs, targets) = sampler.gather(&valid.tokens, &[0]);
+                let (inputs, targets) = sampler.gather(&valid.tokens, &[0])?;
                 engine.eval_loss(&inputs, &targets)?;
             }
         }
