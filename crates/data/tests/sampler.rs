@@ -131,3 +131,38 @@ fn splitmix64_reference_values() {
     assert_eq!(data::splitmix64(&mut state), 0xE220_A839_7B1D_CDAF);
     assert_eq!(data::splitmix64(&mut state), 0x6E78_9E6A_A1B9_65F4);
 }
+
+#[test]
+fn bad_layouts_ranks_micro_batches_and_short_streams_are_errors() {
+    let s = Sampler::new(41, 4, 7).unwrap();
+    assert!(matches!(
+        s.micro_batch_ids(0, 6, 4, 0, 0, 1),
+        Err(DataError::BadBatch { .. })
+    ));
+    assert!(matches!(
+        s.micro_batch_ids(0, 4, 2, 2, 0, 1),
+        Err(DataError::RankOutOfRange { rank: 2, world: 2 })
+    ));
+    assert!(matches!(
+        s.micro_batch_ids(0, 4, 2, 1, 2, 1),
+        Err(DataError::MicroBatchOutOfRange {
+            micro: 2,
+            micros: 2
+        })
+    ));
+    let tokens: Vec<u32> = (0..20).collect();
+    let err = s.gather(&tokens, &[9]).unwrap_err();
+    assert!(matches!(
+        err,
+        DataError::SampleOutOfRange {
+            id: 9,
+            start: 36,
+            end: 41,
+            len: 20
+        }
+    ));
+    assert_eq!(
+        err.to_string(),
+        "sample 9 needs tokens 36..41 but the stream has 20"
+    );
+}
