@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result};
 
-use crate::units;
+use crate::readable;
 
 /// Trains and writes the tokenizer, then says what it wrote on stderr.
 pub fn run(opts: &data::TrainTokenizerOptions) -> Result<()> {
@@ -15,7 +15,7 @@ pub fn run(opts: &data::TrainTokenizerOptions) -> Result<()> {
         opts.output.display(),
         s.vocab_size,
         s.documents,
-        units::bytes(s.text_bytes),
+        readable::bytes(s.text_bytes),
         s.seconds
     );
     Ok(())
