@@ -21,6 +21,7 @@ mod schedule;
 mod startup;
 mod stop;
 mod train;
+mod world;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
