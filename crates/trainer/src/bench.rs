@@ -17,6 +17,7 @@ use crate::launch;
 use crate::readable;
 use crate::run::Run;
 use crate::train::engine_options;
+use crate::world::World;
 
 /// Dense bf16 peak of one H200 (and H100 SXM), TFLOP/s: MFU's denominator.
 pub const PEAK_TFLOPS: f64 = 989.0;
@@ -186,18 +187,8 @@ fn bench_steps(run: &Run, warmup: u64, steps: u64, profile: bool) -> Result<Opti
     let (config, model_cfg) = (&run.config, &run.model);
     let t = &config.train;
     let world = config.dist.world_size;
-    // nccl / mpi: this process is one rank of the launcher's world.
-    let process = match config.dist.backend {
-        Backend::Local => None,
-        _ => Some(launch::join(config)?),
-    };
-    let (topology, device) = match &process {
-        Some(p) => (p.comm.topology(), p.device.clone()),
-        None => (
-            comm::Topology::new(world, config.dist.gpus_per_node.unwrap_or(world))?,
-            config.device()?,
-        ),
-    };
+    let ranks = World::join(config)?;
+    let (topology, device) = (ranks.topology(), ranks.device().clone());
     data::Sampler::check_batch(t.global_batch, world, t.micro_batch)
         .context("train.global_batch")?;
     let mut options = engine_options(config, &device);
@@ -205,12 +196,9 @@ fn bench_steps(run: &Run, warmup: u64, steps: u64, profile: bool) -> Result<Opti
     let accumulation = config.accumulation();
     let micro_tokens = t.micro_batch * model_cfg.seq_len;
 
-    let rank_main = |inner: Box<dyn comm::Communicator>| -> Result<RankTimes> {
-        // The local backend's ranks on a GPU each compute on a stream of their own (see train.rs).
-        let device = match (config.dist.backend, world) {
-            (Backend::Local, w) if w > 1 => config.device()?,
-            _ => device.clone(),
-        };
+    let rank_main = |inner: Box<dyn comm::Communicator>,
+                     device: candle_core::Device|
+     -> Result<RankTimes> {
         let mut options = options.clone();
         options.device = device.clone();
         let timed = comm::Timed::new(inner);
@@ -304,27 +292,12 @@ fn bench_steps(run: &Run, warmup: u64, steps: u64, profile: bool) -> Result<Opti
         measured.used = device_memory::device_used_bytes(&device);
         Ok(measured)
     };
-    let times = if let Some(p) = process {
-        let comm = p.comm.clone();
-        let times = rank_main(Box::new(p.comm));
-        if let Err(e) = &times {
-            comm.abort(format!("{e:#}"));
-        }
-        if comm.rank() != 0 {
-            times?;
-            return Ok(None);
-        }
-        times?
-    } else if world == 1 {
-        rank_main(Box::new(comm::Solo))?
-    } else {
-        let all = comm::run_local(topology, |c| {
-            rank_main(Box::new(c)).map_err(|e| -> Box<dyn std::error::Error + Send + Sync> {
-                format!("{e:#}").into()
-            })
-        })?;
-        all.into_iter().next().expect("rank 0 reports")
-    };
+    let lead = ranks.lead();
+    let times = ranks.run(config, rank_main)?;
+    if !lead {
+        return Ok(None);
+    }
+    let times = times.into_iter().next().expect("rank 0 reports");
 
     let n = steps as f64;
     let tokens_per_step = t.global_batch * model_cfg.seq_len;

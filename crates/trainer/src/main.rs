@@ -23,6 +23,7 @@ mod startup;
 mod stop;
 mod tokenizer_cmd;
 mod train;
+mod world;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -6,24 +6,24 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use data::{Sampler, TokenCorpus, Tokenizer};
 use zero::{AdamW, Engine, EngineOptions};
 
 use crate::checkpoint;
-use crate::config::{Backend, RunConfig};
+use crate::config::RunConfig;
 use crate::divergence::{self, SkipCounter};
 use crate::hooks::TestHooks;
 use crate::init_from;
-use crate::launch;
 use crate::metrics::{self, EvalLine, MetricsWriter, StepLine};
 use crate::progress::Reporter;
 use crate::resume::{self, DataSize, Resume};
 use crate::run::Run;
 use crate::run_lock::RunLock;
 use crate::schedule::learning_rate;
+use crate::world::World;
 use crate::{readable, reshard, startup, stop};
 
 mod evaluate;
@@ -107,9 +107,6 @@ struct Shared<'a> {
     /// ([`checkpoint::Manifest::run_id`]): the resumed checkpoint's, or a new one. Only rank 0's
     /// is used (it alone writes manifests and prunes).
     run_id: String,
-    /// The device of a world of one rank, or of this process's rank; the local backend's ranks
-    /// open one each on the same GPU (`RankRun::start`).
-    device: candle_core::Device,
     hooks: TestHooks,
     /// Set once a rank of this process has failed: a hung rank ([`HANG_RANK_ENV`]) of the
     /// local backend then returns, so that the process can end.
@@ -135,36 +132,17 @@ pub fn run(config: RunConfig) -> Result<Outcome> {
     stop::install()?;
     // No tokenizer read yet: the one to give the vocabulary (model.vocab_size unset) is read here.
     let run = Run::resolve(config, None)?;
-    let config = &run.config;
-    if config.dist.backend == Backend::Local {
-        let world = config.dist.world_size;
-        let topology = comm::Topology::new(world, config.dist.gpus_per_node.unwrap_or(world))?;
-        let shared = prepare(&run, topology, config.device()?, hooks, true)?;
-        if world == 1 {
-            return rank_main(&shared, Box::new(comm::Solo));
+    let world = World::join(&run.config)?;
+    let shared = prepare(&run, &world, hooks).map_err(|e| world.abort(e))?;
+    let outcomes = world.run(&run.config, |comm, device| {
+        let result = rank_main(&shared, comm, device);
+        if result.is_err() {
+            shared.given_up.store(true, Ordering::SeqCst);
         }
-        // A collective waits `dist.timeout_s` for its peers, as with the launched backends.
-        let timeout = Duration::from_secs(config.dist.timeout_s);
-        let outcomes = comm::run_local_with_timeout(topology, timeout, |c| {
-            let result = rank_main(&shared, Box::new(c));
-            if result.is_err() {
-                shared.given_up.store(true, Ordering::SeqCst);
-            }
-            result.map_err(into_boxed)
-        })?;
-        // The ranks agree on when to stop, so rank 0's outcome is everyone's.
-        return Ok(outcomes.first().copied().unwrap_or(Outcome::Finished));
-    }
-    let rank = launch::join(config)?;
-    let comm = rank.comm.clone();
-    let lead = comm.rank() == 0;
-    let result = prepare(&run, comm.topology(), rank.device, hooks, lead)
-        .and_then(|shared| rank_main(&shared, Box::new(rank.comm)));
-    if let Err(e) = &result {
-        // Peers blocked in a collective would wait for this rank until their timeout.
-        comm.abort(format!("{e:#}"));
-    }
-    result
+        result
+    })?;
+    // The ranks agree on when to stop, so rank 0's outcome is everyone's.
+    Ok(outcomes.first().copied().unwrap_or(Outcome::Finished))
 }
 
 /// The locks the process of rank 0 holds for the whole run: `log.dir`'s, then
@@ -189,15 +167,10 @@ fn take_locks(config: &RunConfig) -> Result<Vec<RunLock>> {
 }
 
 /// Reads and checks every input (data, batch shape, checkpoint to resume) before anything is
-/// written, once the process of rank 0 (`lead`) has taken the run's locks.
-fn prepare(
-    run: &Run,
-    topology: comm::Topology,
-    device: candle_core::Device,
-    hooks: TestHooks,
-    lead: bool,
-) -> Result<Shared<'_>> {
+/// written, once the process of rank 0 has taken the run's locks.
+fn prepare<'a>(run: &'a Run, world: &World, hooks: TestHooks) -> Result<Shared<'a>> {
     let (config, model_cfg) = (&run.config, &run.model);
+    let (topology, lead) = (world.topology(), world.lead());
     // First, so that a second launch into this run directory or checkpoint folder reads
     // nothing of the first's.
     let locks = match lead {
@@ -205,12 +178,11 @@ fn prepare(
         false => Vec::new(),
     };
     let t = &config.train;
-    let world = topology.world();
-    hooks.check_world(world)?;
+    hooks.check_world(topology.world())?;
     let corpora = load_data(config, model_cfg.vocab_size)?;
     startup::check_data(
         run,
-        world,
+        topology.world(),
         corpora.train.tokens.len(),
         corpora.valid.as_ref().map(|v| v.tokens.len()),
     )?;
@@ -234,12 +206,7 @@ fn prepare(
             config.log.dir.display()
         );
     }
-    // The local backend's ranks are this process's threads; a launched process is one rank.
-    let ranks_here = match config.dist.backend {
-        Backend::Local => world,
-        _ => 1,
-    };
-    startup::check_memory(run, topology, ranks_here, &device)?;
+    startup::check_memory(run, topology, world.ranks_here(), world.device())?;
     startup::check_writable(config, lead)?;
     // A resumed run continues from its checkpoint, whatever it started from.
     let initial = match (&config.model.init_from, &resume) {
@@ -257,14 +224,9 @@ fn prepare(
         resume,
         locks,
         run_id,
-        device,
         hooks,
         given_up: AtomicBool::new(false),
     })
-}
-
-fn into_boxed(e: anyhow::Error) -> Box<dyn std::error::Error + Send + Sync> {
-    format!("{e:#}").into()
 }
 
 /// The engine options a run config asks for, on `device`.
@@ -289,8 +251,12 @@ pub fn engine_options(config: &RunConfig, device: &candle_core::Device) -> Engin
 
 /// One rank's training loop. Rank 0 alone writes metrics, the config copy and the manifest;
 /// every rank writes its own checkpoint file.
-fn rank_main(shared: &Shared<'_>, comm: Box<dyn comm::Communicator>) -> Result<Outcome> {
-    let mut run = RankRun::start(shared, comm)?;
+fn rank_main(
+    shared: &Shared<'_>,
+    comm: Box<dyn comm::Communicator>,
+    device: candle_core::Device,
+) -> Result<Outcome> {
+    let mut run = RankRun::start(shared, comm, device)?;
     let steps = shared.config.train.steps;
     if run.start >= steps {
         // Nothing to do: nothing is written, not even the config copy.
@@ -380,16 +346,13 @@ struct RankRun<'a> {
 
 impl<'a> RankRun<'a> {
     /// Builds the engine and restores this rank's checkpoint, if the run resumes.
-    fn start(shared: &'a Shared<'a>, comm: Box<dyn comm::Communicator>) -> Result<Self> {
+    fn start(
+        shared: &'a Shared<'a>,
+        comm: Box<dyn comm::Communicator>,
+        device: candle_core::Device,
+    ) -> Result<Self> {
         let config = shared.config;
         let rank = comm.rank();
-        // The local backend's ranks on a GPU each compute on a stream (and candle device) of their
-        // own, so that their kernels overlap on the GPU; their collectives meet on the world's
-        // communication stream (comm's local backend).
-        let device = match (config.dist.backend, comm.topology().world()) {
-            (Backend::Local, w) if w > 1 => config.device()?,
-            _ => shared.device.clone(),
-        };
         let options = engine_options(config, &device);
         let mut engine = Engine::new(shared.model_cfg.clone(), options, comm)?;
         let (start, start_tokens) = match &shared.resume {
