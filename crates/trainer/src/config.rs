@@ -474,8 +474,9 @@ impl RunConfig {
         }
         self.zero.validate()?;
         // The model's sizes, checked here so that a bad one blames its `--set`; the model the
-        // run trains is resolved once more, with the tokenizer at hand (`Run::resolve`).
-        self.model.resolve(None)?;
+        // run trains is resolved once more, with the tokenizer at hand (`Run::resolve`). Any
+        // vocabulary stands in for the tokenizer's here: only the sizes' own checks matter.
+        self.model.resolve(Some(1))?;
         Ok(())
     }
 

@@ -160,9 +160,28 @@ pub fn hf_config(cfg: &model::ModelConfig, eod: Option<u32>) -> serde_json::Valu
     }
 }
 
-/// `trainer export --checkpoint DIR --output FILE`: DIR is a `step_<N>` folder, or a
-/// checkpoint folder whose newest step is taken.
-pub fn export(checkpoint_dir: &Path, output: &Path) -> Result<()> {
+/// The tokenizer of the run that wrote `ckpt`: `data.tokenizer` (and `data.eod_token`) of the
+/// `config.toml` in the run directory above it (`<log.dir>/checkpoints/step_<N>`), if there is
+/// one and it reads.
+fn run_tokenizer(ckpt: &Path) -> Option<data::Tokenizer> {
+    let config = ckpt
+        .ancestors()
+        .skip(1)
+        .take(3)
+        .map(|d| d.join("config.toml"))
+        .find(|p| p.is_file())?;
+    let table: toml::Table = std::fs::read_to_string(config).ok()?.parse().ok()?;
+    let d = table.get("data")?;
+    let path = d.get("tokenizer")?.as_str()?;
+    let eod = d.get("eod_token").and_then(|e| e.as_str());
+    data::Tokenizer::open(Path::new(path), eod).ok()
+}
+
+/// `trainer export --checkpoint DIR --output FILE [--tokenizer T]`: DIR is a `step_<N>`
+/// folder, or a checkpoint folder whose newest step is taken. The tokenizer (`T`, else the
+/// run's) is written beside the weights as `tokenizer.json`, its end-of-document token as the
+/// config's BOS and EOS.
+pub fn export(checkpoint_dir: &Path, output: &Path, tokenizer: Option<&Path>) -> Result<()> {
     let ckpt = if checkpoint_dir.join("manifest.json").exists() {
         checkpoint_dir.to_path_buf()
     } else {
@@ -170,7 +189,21 @@ pub fn export(checkpoint_dir: &Path, output: &Path) -> Result<()> {
             .with_context(|| format!("{} holds no checkpoint", checkpoint_dir.display()))?
     };
     let (cfg, units) = consolidate(&ckpt)?;
-    write_hf(&cfg, &units, output, None)?;
+    let tokenizer = match tokenizer {
+        Some(t) => Some(data::Tokenizer::open(t, None).context("--tokenizer")?),
+        None => run_tokenizer(&ckpt),
+    };
+    write_hf(&cfg, &units, output, tokenizer.as_ref().map(|t| t.eod_id()))?;
+    match &tokenizer {
+        Some(t) => {
+            let path = output.with_file_name("tokenizer.json");
+            t.save_json(&path)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        None => eprintln!(
+            "no tokenizer.json written: the run's tokenizer was not found (pass --tokenizer)"
+        ),
+    }
     eprintln!(
         "exported {} ({} parameters) to {}",
         ckpt.display(),
@@ -242,7 +275,7 @@ mod tests {
 
         let out = dir.path().join("hf/model.safetensors");
         std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-        export(&ckpt_dir, &out).unwrap();
+        export(&ckpt_dir, &out, Some(Path::new("../../data/gpt2"))).unwrap();
         let bytes = std::fs::read(&out).unwrap();
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
         let c_attn = st.tensor("transformer.h.1.attn.c_attn.weight").unwrap();
@@ -264,5 +297,66 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config["n_layer"], 2);
+        assert_eq!(config["eos_token_id"], 50256);
+        assert!(out.with_file_name("tokenizer.json").is_file());
+        // model.init_from reads the export back as it was.
+        let back = crate::init_from::read(out.parent().unwrap(), &cfg).unwrap();
+        assert_eq!(
+            back.iter().collect::<Vec<_>>(),
+            consolidated.iter().map(|(_, p)| p).collect::<Vec<_>>()
+        );
+    }
+
+    /// A Llama export, tied and untied: HF's names, linear weights transposed to `(out, in)`,
+    /// the `LlamaForCausalLM` config, and `model.init_from` reading back what was written.
+    #[test]
+    fn a_llama_export_is_read_back_by_init_from() {
+        for tied in [true, false] {
+            let cfg = model::ModelConfig::llama(2, 16, 4, 2, 24, 8, 37, tied);
+            let model = model::Model::new(cfg.clone()).unwrap();
+            let units: UnitParameters = model
+                .units()
+                .iter()
+                .map(|u| {
+                    let mut v = vec![0f32; u.numel];
+                    model::init_unit_range(&cfg, u, 9, 0, &mut v);
+                    (u.clone(), v)
+                })
+                .collect();
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("model.safetensors");
+            write_hf(&cfg, &units, &out, Some(0)).unwrap();
+            let bytes = std::fs::read(&out).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            let q = st.tensor("model.layers.1.self_attn.k_proj.weight").unwrap();
+            assert_eq!(q.shape(), &[8, 16], "(out, in) = (KV x hs, C)");
+            let head = st.tensor("lm_head.weight").is_ok();
+            assert_eq!(head, !tied);
+            let config: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(dir.path().join("config.json")).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(config["model_type"], "llama");
+            assert_eq!(config["num_key_value_heads"], 2);
+            assert_eq!(config["tie_word_embeddings"], tied);
+            let back = crate::init_from::read(dir.path(), &cfg).unwrap();
+            assert_eq!(
+                back.iter().collect::<Vec<_>>(),
+                units.iter().map(|(_, p)| p).collect::<Vec<_>>()
+            );
+            // Another shape is refused in one line naming the tensor.
+            let other = model::ModelConfig::llama(2, 16, 4, 4, 24, 8, 37, tied);
+            let e = format!(
+                "{:#}",
+                crate::init_from::read(dir.path(), &other).unwrap_err()
+            );
+            assert!(e.contains("k_proj") && !e.contains('\n'), "{e}");
+            let gpt = model::ModelConfig::gpt2(2, 16, 4, 8, 37);
+            let e = format!(
+                "{:#}",
+                crate::init_from::read(dir.path(), &gpt).unwrap_err()
+            );
+            assert!(e.contains("\"llama\" model"), "{e}");
+        }
     }
 }

@@ -111,6 +111,11 @@ enum Command {
         /// Output file, e.g. hf/model.safetensors.
         #[arg(long)]
         output: PathBuf,
+        /// The tokenizer to write beside it as tokenizer.json (a GPT-2 folder or a
+        /// tokenizer.json); default: the run's `data.tokenizer`, from the config.toml of the
+        /// run directory that holds the checkpoint folder.
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
     },
     /// Draw val_loss and loss against tokens, one colour per run; or, with --bench, tokens/s
     /// per GPU against the link bandwidth.
@@ -300,9 +305,13 @@ fn run_command(
             kernel_mib: mib,
             collectives,
         }),
-        Command::Export { checkpoint, output } => {
+        Command::Export {
+            checkpoint,
+            output,
+            tokenizer,
+        } => {
             create_parent(&output)?;
-            export::export(&checkpoint, &output)
+            export::export(&checkpoint, &output, tokenizer.as_deref())
         }
         Command::Plot {
             metrics,

@@ -16,8 +16,7 @@ pub struct Run {
 impl Run {
     /// `config` (as [`RunConfig::load`] returns it) with its model resolved. `tokenizer_vocab`
     /// is the vocabulary size of the tokenizer the run reads, `None` where it reads none: where
-    /// `model.vocab_size` is unset it is to give the model's (not yet: every caller passes
-    /// `None`, and the preset's size stands).
+    /// `model.vocab_size` is unset it gives the model's, padded to a multiple of 128.
     pub fn resolve(config: RunConfig, tokenizer_vocab: Option<usize>) -> Result<Run> {
         let model = config.model.resolve(tokenizer_vocab)?;
         Ok(Run { config, model })

@@ -39,37 +39,46 @@ struct Corpora {
     tokenizer: Option<u32>,
 }
 
-fn load_data(config: &RunConfig, vocab_size: usize) -> Result<Corpora> {
+/// The run's tokenizer: `data.tokenizer`, which text sources need (an error if it cannot be
+/// read); for token sources (`.bin`/`.idx`) only where it reads, to give the vocabulary.
+fn open_tokenizer(config: &RunConfig) -> Result<Option<Tokenizer>> {
     let d = &config.data;
-    let needs_tokenizer = d
-        .train
+    let open = || Tokenizer::open(&d.tokenizer, d.eod_token.as_deref());
+    match needs_tokenizer(config) {
+        true => Ok(Some(open().context("data.tokenizer")?)),
+        false => Ok(open().ok()),
+    }
+}
+
+/// Whether a source is text, to be tokenised at start.
+fn needs_tokenizer(config: &RunConfig) -> bool {
+    let d = &config.data;
+    d.train
         .iter()
         .chain(&d.valid)
-        .any(|p| data::is_text_input(p));
-    let tokenizer = if needs_tokenizer {
-        Some(Tokenizer::open(&d.tokenizer, d.eod_token.as_deref()).context("data.tokenizer")?)
-    } else {
-        None
-    };
+        .any(|p| data::is_text_input(p))
+}
+
+fn load_data(
+    config: &RunConfig,
+    vocab_size: usize,
+    tokenizer: Option<&Tokenizer>,
+) -> Result<Corpora> {
+    let d = &config.data;
+    // Only text sources were made by this tokenizer: only they record its fingerprint.
+    let tokenizer = tokenizer.filter(|_| needs_tokenizer(config));
     let (train, valid) = if !d.valid.is_empty() {
-        let train = TokenCorpus::load(&d.train, tokenizer.as_ref(), &d.text_column)
-            .context("data.train")?;
-        let valid = TokenCorpus::load(&d.valid, tokenizer.as_ref(), &d.text_column)
-            .context("data.valid")?;
+        let train = TokenCorpus::load(&d.train, tokenizer, &d.text_column).context("data.train")?;
+        let valid = TokenCorpus::load(&d.valid, tokenizer, &d.text_column).context("data.valid")?;
         (train, Some(valid))
     } else if d.valid_fraction > 0.0 {
-        let (train, valid) = TokenCorpus::load_split(
-            &d.train,
-            tokenizer.as_ref(),
-            &d.text_column,
-            d.valid_fraction,
-        )
-        .context("data.train")?;
+        let (train, valid) =
+            TokenCorpus::load_split(&d.train, tokenizer, &d.text_column, d.valid_fraction)
+                .context("data.train")?;
         (train, Some(valid))
     } else {
         (
-            TokenCorpus::load(&d.train, tokenizer.as_ref(), &d.text_column)
-                .context("data.train")?,
+            TokenCorpus::load(&d.train, tokenizer, &d.text_column).context("data.train")?,
             None,
         )
     };
@@ -83,7 +92,7 @@ fn load_data(config: &RunConfig, vocab_size: usize) -> Result<Corpora> {
     Ok(Corpora {
         train,
         valid,
-        tokenizer: tokenizer.as_ref().map(Tokenizer::fingerprint),
+        tokenizer: tokenizer.map(Tokenizer::fingerprint),
     })
 }
 
@@ -130,10 +139,11 @@ pub fn run(config: RunConfig) -> Result<Outcome> {
     config.check_supported()?;
     let hooks = TestHooks::from_env()?;
     stop::install()?;
-    // No tokenizer read yet: the one to give the vocabulary (model.vocab_size unset) is read here.
-    let run = Run::resolve(config, None)?;
+    // The tokenizer gives the vocabulary where model.vocab_size is unset.
+    let tokenizer = open_tokenizer(&config)?;
+    let run = Run::resolve(config, tokenizer.as_ref().map(Tokenizer::vocab_size))?;
     let world = World::join(&run.config)?;
-    let shared = prepare(&run, &world, hooks).map_err(|e| world.abort(e))?;
+    let shared = prepare(&run, &world, hooks, tokenizer.as_ref()).map_err(|e| world.abort(e))?;
     let outcomes = world.run(&run.config, |comm, device| {
         let result = rank_main(&shared, comm, device);
         if result.is_err() {
@@ -168,7 +178,12 @@ fn take_locks(config: &RunConfig) -> Result<Vec<RunLock>> {
 
 /// Reads and checks every input (data, batch shape, checkpoint to resume) before anything is
 /// written, once the process of rank 0 has taken the run's locks.
-fn prepare<'a>(run: &'a Run, world: &World, hooks: TestHooks) -> Result<Shared<'a>> {
+fn prepare<'a>(
+    run: &'a Run,
+    world: &World,
+    hooks: TestHooks,
+    tokenizer: Option<&Tokenizer>,
+) -> Result<Shared<'a>> {
     let (config, model_cfg) = (&run.config, &run.model);
     let (topology, lead) = (world.topology(), world.lead());
     // First, so that a second launch into this run directory or checkpoint folder reads
@@ -179,7 +194,7 @@ fn prepare<'a>(run: &'a Run, world: &World, hooks: TestHooks) -> Result<Shared<'
     };
     let t = &config.train;
     hooks.check_world(topology.world())?;
-    let corpora = load_data(config, model_cfg.vocab_size)?;
+    let corpora = load_data(config, model_cfg.vocab_size, tokenizer)?;
     startup::check_data(
         run,
         topology.world(),

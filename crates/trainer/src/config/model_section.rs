@@ -4,6 +4,9 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+/// A vocabulary taken from the tokenizer is padded up to a multiple of this.
+pub const VOCAB_MULTIPLE: usize = 128;
+
 /// `[model]`: a preset, optionally with some of its sizes overridden.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -40,11 +43,10 @@ pub struct ModelSection {
 impl ModelSection {
     /// The model this section describes: the preset, then any explicit sizes, checked.
     ///
-    /// `_tokenizer_vocab` is the vocabulary size of the tokenizer the run reads (`None` where it
-    /// reads none, or has not read it yet, as [`RunConfig::validate`](super::RunConfig::validate)).
-    /// Here, and only here, it is to give the model's vocabulary where `model.vocab_size` is
-    /// unset, padded to a multiple of 128; not yet: it is unused, and the preset's size stands.
-    pub fn resolve(&self, _tokenizer_vocab: Option<usize>) -> Result<model::ModelConfig> {
+    /// `tokenizer_vocab` is the vocabulary size of the tokenizer the run reads (`None` where it
+    /// reads none). Where `model.vocab_size` is unset it gives the model's vocabulary, padded
+    /// to a multiple of [`VOCAB_MULTIPLE`]; without it, the preset's size stands.
+    pub fn resolve(&self, tokenizer_vocab: Option<usize>) -> Result<model::ModelConfig> {
         let m = self;
         let base = match &m.preset {
             Some(name) => Some(model::preset(name).with_context(|| {
@@ -80,11 +82,16 @@ impl ModelSection {
         let n_embd = pick("n_embd", m.n_embd, base.as_ref().map(|b| b.n_embd))?;
         let n_head = pick("n_head", m.n_head, base.as_ref().map(|b| b.n_head))?;
         let seq_len = pick("seq_len", m.seq_len, base.as_ref().map(|b| b.seq_len))?;
-        let vocab_size = pick(
-            "vocab_size",
-            m.vocab_size,
-            base.as_ref().map(|b| b.vocab_size),
-        )?;
+        // The vocabulary: as set, else the tokenizer's padded to a multiple of 128 (as Megatron
+        // pads, for the GEMMs), else the preset's.
+        let vocab_size = match (m.vocab_size, tokenizer_vocab, &base) {
+            (Some(v), _, _) => v,
+            (None, Some(t), _) => t.div_ceil(VOCAB_MULTIPLE) * VOCAB_MULTIPLE,
+            (None, None, Some(b)) => b.vocab_size,
+            (None, None, None) => {
+                bail!("model.vocab_size is required without model.preset or a tokenizer")
+            }
+        };
         let mut cfg = match arch {
             model::Arch::Gpt2 => {
                 model::ModelConfig::gpt2(n_layer, n_embd, n_head, seq_len, vocab_size)

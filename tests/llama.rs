@@ -1,0 +1,144 @@
+//! A new user's Llama run, end to end on the CPU: a tokenizer trained on their files (a Parquet
+//! file written by pyarrow and the bundled corpus), the corpus prepared with it, the small Llama
+//! trained with ZeRO++ over 2 x 2 simulated ranks (its vocabulary from the tokenizer), exported
+//! for `LlamaForCausalLM`, and a new run started from the export (`model.init_from`) whose
+//! first evaluation equals the exported model's last.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+mod common;
+use common::{assert_ok, error_line, repo, trainer};
+
+fn run(args: &[&str]) -> Output {
+    trainer().args(args).output().unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `trainer --config configs/llama-demo.toml` with `sets`.
+fn llama(sets: &[String]) -> Output {
+    let mut c = trainer();
+    c.args(["--config", "configs/llama-demo.toml"]);
+    for s in sets {
+        c.args(["--set", s]);
+    }
+    c.output().unwrap()
+}
+
+fn val_losses(dir: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|v| Some((v["step"].as_u64()?, v.get("val_loss")?.as_f64()?)))
+        .collect()
+}
+
+/// Tokenizer, prepared data and the settings of a short run on it.
+fn prepared(dir: &Path) -> (PathBuf, Vec<String>) {
+    let tok = dir.join("tok/tokenizer.json");
+    let parquet = repo().join("crates/data/tests/fixtures/docs.snappy.parquet");
+    assert_ok(&run(&[
+        "tokenizer",
+        "--quiet",
+        "--input",
+        s(&parquet),
+        "data/corpus/sotu.jsonl.zst",
+        "--vocab-size",
+        "1000",
+        "--output",
+        s(&tok),
+    ]));
+    let prefix = dir.join("ds/sotu");
+    assert_ok(&run(&[
+        "prepare-data",
+        "--quiet",
+        "--tokenizer",
+        s(&tok),
+        "--input",
+        "data/corpus/sotu.jsonl.zst",
+        "--valid-fraction",
+        "0.05",
+        "--output",
+        s(&prefix),
+    ]));
+    let valid = format!("{}_valid", s(&prefix));
+    let sets = vec![
+        format!("data.train=[{:?}]", s(&prefix)),
+        format!("data.valid=[{valid:?}]"),
+        format!("data.tokenizer={:?}", s(&tok)),
+        "train.steps=12".into(),
+        "log.interval=4".into(),
+        "log.eval_interval=12".into(),
+        "log.eval_samples=16".into(),
+        "log.progress=false".into(),
+        "checkpoint.interval=12".into(),
+    ];
+    (tok, sets)
+}
+
+#[test]
+fn tokenizer_prepare_train_export_and_init_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, sets) = prepared(dir.path());
+    let first = dir.path().join("first");
+    let mut a = sets.clone();
+    a.push(format!("log.dir={:?}", s(&first)));
+    assert_ok(&llama(&a));
+    let val = val_losses(&first);
+    let (start, end) = (val[0], val[val.len() - 1]);
+    assert_eq!((start.0, end.0), (0, 12));
+    // The vocabulary is the tokenizer's 1000 padded to 1024: ln(1024) at initialisation.
+    assert!((start.1 - 1024f64.ln()).abs() < 0.2, "{start:?}");
+    assert!(end.1 < start.1, "{val:?}");
+
+    let hf = dir.path().join("hf");
+    let out = run(&[
+        "export",
+        "--checkpoint",
+        s(&first.join("checkpoints")),
+        "--output",
+        s(&hf.join("model.safetensors")),
+    ]);
+    assert_ok(&out);
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["model_type"], "llama");
+    assert_eq!(config["vocab_size"], 1024);
+    assert_eq!(config["num_key_value_heads"], 2);
+    assert!(
+        hf.join("tokenizer.json").is_file(),
+        "the run's tokenizer beside the weights"
+    );
+
+    // A new run from the export: its first evaluation is the exported model's.
+    let second = dir.path().join("second");
+    let mut b = sets.clone();
+    b.push(format!("log.dir={:?}", s(&second)));
+    b.push(format!("model.init_from={:?}", s(&hf)));
+    b.push("train.steps=1".into());
+    assert_ok(&llama(&b));
+    let again = val_losses(&second)[0];
+    assert_eq!(again.0, 0);
+    assert!(
+        (again.1 - end.1).abs() <= 1e-6 * end.1,
+        "init_from's first val_loss {} vs the export's {}",
+        again.1,
+        end.1
+    );
+
+    // Another shape is refused in one line that names the tensor.
+    let third = dir.path().join("third");
+    let mut c = sets;
+    c.push(format!("log.dir={:?}", s(&third)));
+    c.push(format!("model.init_from={:?}", s(&hf)));
+    c.push("model.ffn_hidden=128".into());
+    let e = error_line(&llama(&c));
+    assert!(
+        e.contains("model.init_from") && e.contains("gate_proj"),
+        "{e}"
+    );
+}
