@@ -14,4 +14,4 @@ mod linear;
 mod model;
 mod nccl;
 mod quant;
-mod shards;
+mod shard_passes;

@@ -102,3 +102,14 @@ fn tiny_on_the_gpu_follows_the_cpu_reference() {
     let cfg = model::preset("tiny").unwrap();
     check(cfg, 4, false);
 }
+
+/// The Llama family on the GPU (its layers on the candle reference path, bf16) against the CPU
+/// reference: tied and untied heads, grouped-query attention, with and without recomputation.
+#[test]
+fn llama_on_the_gpu_follows_the_cpu_reference() {
+    for tied in [true, false] {
+        let cfg = ModelConfig::llama(2, 128, 4, 2, 320, 96, 320, tied);
+        check(cfg.clone(), 3, false);
+        check(cfg, 2, true);
+    }
+}

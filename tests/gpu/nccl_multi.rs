@@ -146,7 +146,8 @@ pub fn exercise_jobs(comm: &dyn Communicator, device: &Device) -> Result<Vec<Vec
                     let q = |e: quant::QuantError| comm::CommError::in_job("exercise", e);
                     let place = lane.place().clone();
                     let [buf, rs_out, deq]: [Tensor; 3] = outputs.try_into().expect("3 outputs");
-                    zero::copies::copy_into(&place, &inputs[0], 0, C, &buf, me * C).map_err(e)?;
+                    zero::shard_passes::copy_into(&place, &inputs[0], 0, C, &buf, me * C)
+                        .map_err(e)?;
                     let gathered = lane.all_gather_in_place(g, &buf)?;
                     let a2a = lane.all_to_all(g, &inputs[1])?;
                     let reduced = lane.reduce_scatter_into(g, &inputs[2], &rs_out)?;

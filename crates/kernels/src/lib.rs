@@ -63,7 +63,7 @@ sources! {
     /// Sum of squares of an f32 buffer in f64 (the gradient norm), deterministic.
     GRADNORM = "gradnorm.cu";
     /// The ZeRO engine's casts, padding and gradient accumulation over a unit.
-    SHARDS = "shards.cu";
+    SHARD_PASSES = "shard_passes.cu";
     /// The quantisers of `quant` (INT8, swizzled INT4, fused INT4 piece sums and requantisers),
     /// one module per block size `BLOCK`, bitwise equal to the CPU reference (`Flavour::Exact`).
     QUANT = "quant.cu";

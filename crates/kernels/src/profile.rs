@@ -25,7 +25,7 @@ pub enum Family {
     Optimizer,
     /// The ZeRO engine's own passes: casts, padding and accumulation of gathered parameters and
     /// reduced gradients.
-    ZeroCopies,
+    ShardPasses,
     /// qwZ / qgZ quantisation kernels.
     Quantisation,
     /// Collectives and the compute stream's waits for them.
@@ -41,7 +41,7 @@ impl Family {
         Family::Embedding,
         Family::CrossEntropy,
         Family::Optimizer,
-        Family::ZeroCopies,
+        Family::ShardPasses,
         Family::Quantisation,
         Family::Communication,
     ];
@@ -56,7 +56,7 @@ impl Family {
             Family::Embedding => "embedding",
             Family::CrossEntropy => "cross_entropy",
             Family::Optimizer => "optimizer",
-            Family::ZeroCopies => "zero_copies",
+            Family::ShardPasses => "shard_passes",
             Family::Quantisation => "quantisation",
             Family::Communication => "communication",
         }

@@ -23,7 +23,7 @@ use comm::{Communicator, Group, Lane};
 use kernels::profile::Family;
 
 use crate::typed_job::{self, TypedPending};
-use crate::{copies, Partition, Result, WeightGather};
+use crate::{shard_passes, Partition, Result, WeightGather};
 
 /// What a gather job is reported as ([`comm::JobTime`]).
 pub const FORWARD_GATHER: &str = "forward gather";
@@ -152,14 +152,14 @@ fn from_world_job(
     let (full, data) = match spec.gather {
         WeightGather::Exact => {
             {
-                let _span = span(Family::ZeroCopies);
-                copies::cast_into(&place, master, &out, at)?;
+                let _span = span(Family::ShardPasses);
+                shard_passes::cast_into(&place, master, &out, at)?;
             }
             let full = lane.all_gather_in_place(Group::World, &out)?;
             let data = match spec.keep {
                 Some(_) => {
                     let mine = lane.alloc(spec.dtype, slice)?;
-                    copies::copy_into(&place, &full, from, slice, &mine, 0)?;
+                    shard_passes::copy_into(&place, &full, from, slice, &mine, 0)?;
                     Some(SecondaryData::Plain(mine))
                 }
                 None => None,
@@ -183,9 +183,9 @@ fn from_world_job(
                 Some(_) => {
                     let blocks = slice / block;
                     let my_codes = lane.alloc(DType::U8, slice)?;
-                    copies::copy_into(&place, &codes, from, slice, &my_codes, 0)?;
+                    shard_passes::copy_into(&place, &codes, from, slice, &my_codes, 0)?;
                     let my_scales = lane.alloc(DType::F32, blocks)?;
-                    copies::copy_into(&place, &scales, from / block, blocks, &my_scales, 0)?;
+                    shard_passes::copy_into(&place, &scales, from / block, blocks, &my_scales, 0)?;
                     Some(SecondaryData::Int8 {
                         codes: my_codes,
                         scales: my_scales,
@@ -218,7 +218,7 @@ fn from_node_job(
     let at = spec.local * slice;
     let full = match source {
         SecondaryData::Plain(values) => {
-            copies::copy_into(&place, &values, 0, slice, &out, at)?;
+            shard_passes::copy_into(&place, &values, 0, slice, &out, at)?;
             lane.all_gather_in_place(Group::IntraNode, &out)?
         }
         SecondaryData::Int8 {
@@ -228,9 +228,9 @@ fn from_node_job(
         } => {
             let blocks = slice / block;
             let all_codes = lane.alloc(DType::U8, padded)?;
-            copies::copy_into(&place, &codes, 0, slice, &all_codes, at)?;
+            shard_passes::copy_into(&place, &codes, 0, slice, &all_codes, at)?;
             let all_scales = lane.alloc(DType::F32, padded / block)?;
-            copies::copy_into(&place, &scales, 0, blocks, &all_scales, at / block)?;
+            shard_passes::copy_into(&place, &scales, 0, blocks, &all_scales, at / block)?;
             let all_codes = lane.all_gather_in_place(Group::IntraNode, &all_codes)?;
             let all_scales = lane.all_gather_in_place(Group::IntraNode, &all_scales)?;
             quant::tensor::dequantize_int8_into(&all_codes, &all_scales, block, &out, &place)?

@@ -7,7 +7,6 @@
 //! to [`Engine`]; the world size and the ZeRO++ options are resolved once into a [`ZeroConfig`].
 
 mod config;
-pub mod copies;
 mod engine;
 mod error;
 mod gather;
@@ -18,6 +17,7 @@ mod optimizer_cuda;
 mod partition;
 mod plan;
 mod reduce;
+pub mod shard_passes;
 mod squares;
 mod typed_job;
 pub mod volume;

@@ -93,7 +93,8 @@ pub fn rank_memory(plan: &ZeroPlan, unit_numels: &[usize], param_bytes: usize) -
         0
     };
     let qgz_error_feedback = match plan.qgz {
-        Some(q) if q.error_feedback && w > 1 => padded
+        // Resolved by the plan: off at W = 1.
+        Some(q) if q.error_feedback => padded
             .iter()
             .map(|&p| 4 * (p + if d > 1 { p / d } else { 0 }) as u64)
             .sum(),

@@ -32,7 +32,7 @@ use comm::{Communicator, Group, Lane, Topology};
 use kernels::profile::Family;
 
 use crate::typed_job::{self, TypedPending};
-use crate::{copies, GradReduction, Partition, Result};
+use crate::{shard_passes, GradReduction, Partition, Result};
 
 /// What a reduction job is reported as ([`comm::JobTime`]).
 pub const GRADIENT_REDUCTION: &str = "gradient reduction";
@@ -150,12 +150,12 @@ impl Reduce {
         let sum = if world == 1 {
             // Nothing to reduce: the scaled, padded gradient is the shard.
             let t = target(lane)?;
-            let _span = span(Family::ZeroCopies);
-            copies::scale_pad_into(&place, grad, self.coef, &t)?;
+            let _span = span(Family::ShardPasses);
+            shard_passes::scale_pad_into(&place, grad, self.coef, &t)?;
             t
         } else {
             let full = lane.alloc(DType::F32, padded)?;
-            copies::scale_pad_into(&place, grad, self.coef, &full)?;
+            shard_passes::scale_pad_into(&place, grad, self.coef, &full)?;
             match self.how {
                 GradReduction::ReduceScatter => {
                     let t = target(lane)?;
@@ -176,8 +176,8 @@ impl Reduce {
         let shard = match acc {
             None => sum,
             Some(acc) => {
-                let _span = span(Family::ZeroCopies);
-                copies::add_into(&place, acc, &sum)?;
+                let _span = span(Family::ShardPasses);
+                shard_passes::add_into(&place, acc, &sum)?;
                 acc.clone()
             }
         };
@@ -251,7 +251,7 @@ fn swizzle(lane: &mut dyn Lane, full: &Tensor, nodes: usize, d: usize) -> Result
     let s = full.elem_count() / w;
     let out = lane.alloc(DType::F32, full.elem_count())?;
     for p in 0..w {
-        copies::copy_into(&place, full, p * s, s, &out, ((p % d) * nodes + p / d) * s)?;
+        shard_passes::copy_into(&place, full, p * s, s, &out, ((p % d) * nodes + p / d) * s)?;
     }
     Ok(out)
 }
@@ -267,7 +267,7 @@ fn quantize_compensated(
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let place = lane.place().clone();
     if let Some(e) = &error {
-        copies::add_into(&place, x, e)?;
+        shard_passes::add_into(&place, x, e)?;
     }
     let (packed, scales) = quant::tensor::quantize_int4_swizzled_on(x, 1, 1, block, &place)?;
     let dequantised = lane.alloc(DType::F32, x.elem_count())?;
@@ -277,7 +277,7 @@ fn quantize_compensated(
         Some(e) => e,
         None => lane.alloc(DType::F32, x.elem_count())?,
     };
-    copies::sub_into(&place, x, &dequantised, &error)?;
+    shard_passes::sub_into(&place, x, &dequantised, &error)?;
     Ok((packed, scales, error))
 }
 

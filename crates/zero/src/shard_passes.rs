@@ -2,7 +2,7 @@
 //! communication stream, as `place` says: the fp32 master shard cast into its slot of the
 //! gathered buffer, a unit's gradient cast to fp32, scaled and zero-padded for the reduction, a
 //! reduced slice added into the fp32 gradient shard, and plain copies of a slice. On the GPU
-//! each is one kernel of `crates/kernels/cuda/shards.cu` or a device copy; on the CPU the same
+//! each is one kernel of `crates/kernels/cuda/shard_passes.cu` or a device copy; on the CPU the same
 //! values come from candle ops, written in place with `slice_set`. Both give the same values.
 
 use candle_core::{DType, Tensor};
@@ -142,7 +142,7 @@ mod cuda {
     ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaFunction> {
         Ok(kernels::loader::function(
             dev,
-            &kernels::SHARDS,
+            &kernels::SHARD_PASSES,
             &DEFINES,
             kernels::Flavour::Fast,
             name,

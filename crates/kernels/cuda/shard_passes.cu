@@ -1,4 +1,4 @@
-// shards.cu: the ZeRO engine's own passes over a unit (zero::copies), queued on the compute
+// shard_passes.cu: the ZeRO engine's own passes over a unit (zero::shard_passes), queued on the compute
 // stream or on the communication stream inside a job: the fp32 master shard cast to bf16 into
 // its slot of the gathered buffer, a unit's gradient cast to fp32, scaled and zero-padded for
 // the reduction, a reduced slice added into the fp32 gradient shard, and qgZ's error (a

@@ -1,11 +1,11 @@
-//! The engine's own passes (`zero::copies`, `crates/kernels/cuda/shards.cu`), queued on a second
+//! The engine's own passes (`zero::shard_passes`, `crates/kernels/cuda/shard_passes.cu`), queued on a second
 //! stream of the GPU as a job queues them, equal the CPU's values: the master shard cast into a
 //! slot of the gathered buffer, the gradient cast, scaled and padded (an odd length, bf16 and
 //! f32), the add into the gradient shard, and slice copies.
 
 use candle_core::{DType, Device, Tensor};
 use kernels::place::Place;
-use zero::copies;
+use zero::shard_passes;
 
 use crate::common::{f32_values, uniform};
 
@@ -62,11 +62,11 @@ fn shard_passes_on_a_second_stream_equal_the_cpu() {
             if !place.is_own() {
                 after_compute(device, place);
             }
-            copies::cast_into(place, &m, &gathered, 512).unwrap();
-            copies::scale_pad_into(place, &g, 1.0, &padded).unwrap();
-            copies::scale_pad_into(place, &g, 0.125, &scaled).unwrap();
-            copies::add_into(place, &acc, &padded.narrow(0, 0, 512).unwrap()).unwrap();
-            copies::copy_into(place, &gathered, 512 + 64, 128, &part, 0).unwrap();
+            shard_passes::cast_into(place, &m, &gathered, 512).unwrap();
+            shard_passes::scale_pad_into(place, &g, 1.0, &padded).unwrap();
+            shard_passes::scale_pad_into(place, &g, 0.125, &scaled).unwrap();
+            shard_passes::add_into(place, &acc, &padded.narrow(0, 0, 512).unwrap()).unwrap();
+            shard_passes::copy_into(place, &gathered, 512 + 64, 128, &part, 0).unwrap();
             if !place.is_own() {
                 finish(place);
             }
