@@ -142,3 +142,58 @@ fn tokenizer_prepare_train_export_and_init_from() {
         "{e}"
     );
 }
+
+/// The new user's export in transformers: `LlamaForCausalLM` loads it with its tokenizer.json,
+/// and its loss on the held-out windows our evaluation reads equals ours (a run started from
+/// the export, evaluating the exact weights: qwZ off) within 1e-3 relative.
+/// `ZEROPP_HF_PYTHON` names a python with torch and transformers (`.ci/run` makes one).
+#[test]
+#[ignore = "needs torch and transformers: .ci/run sets ZEROPP_HF_PYTHON"]
+fn transformers_gives_our_loss_on_held_out_text() {
+    let python = std::env::var("ZEROPP_HF_PYTHON")
+        .expect("ZEROPP_HF_PYTHON: a python with torch and transformers");
+    let dir = tempfile::tempdir().unwrap();
+    let (_, sets) = prepared(dir.path());
+    let first = dir.path().join("first");
+    let mut a = sets.clone();
+    a.push(format!("log.dir={:?}", s(&first)));
+    assert_ok(&llama(&a));
+    let hf = dir.path().join("hf");
+    assert_ok(&run(&[
+        "export",
+        "--checkpoint",
+        s(&first.join("checkpoints")),
+        "--output",
+        s(&hf.join("model.safetensors")),
+    ]));
+    let exact = dir.path().join("exact");
+    let mut b = sets;
+    b.push(format!("log.dir={:?}", s(&exact)));
+    b.push(format!("model.init_from={:?}", s(&hf)));
+    b.push("zero.quantized_weights=false".into());
+    b.push("train.steps=1".into());
+    assert_ok(&llama(&b));
+    let ours = val_losses(&exact)[0].1;
+    let valid = dir.path().join("ds/sotu_valid");
+    let out = std::process::Command::new(python)
+        .arg(repo().join("scripts/hf-check.py"))
+        .arg(&hf)
+        .args(["--bin", s(&valid), "--seq-len", "64", "--samples", "16"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "hf-check.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert_eq!(got["class"], "LlamaForCausalLM");
+    assert_eq!(got["tokenizer"], true);
+    let theirs = got["loss"].as_f64().unwrap();
+    eprintln!("held-out loss: ours {ours:.6}, transformers {theirs:.6}");
+    assert!(
+        (theirs - ours).abs() <= 1e-3 * ours,
+        "transformers {theirs} vs ours {ours}"
+    );
+}
