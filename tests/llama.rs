@@ -197,3 +197,83 @@ fn transformers_gives_our_loss_on_held_out_text() {
         "transformers {theirs} vs ours {ours}"
     );
 }
+
+/// A small Llama (untied head, grouped-query attention) on `world` ranks, `per_node` a node,
+/// each with `8 / world` sequences a step, to `steps` of an 8-step schedule.
+fn llama_run(run: &Path, corpus: &Path, steps: u64, world: usize, per_node: usize) -> Vec<String> {
+    vec![
+        "model.preset=\"llama-tiny\"".into(),
+        "model.tie_embeddings=false".into(),
+        "model.seq_len=32".into(),
+        format!("train.micro_batch={}", 8 / world),
+        "train.global_batch=8".into(),
+        format!("dist.world_size={world}"),
+        format!("dist.gpus_per_node={per_node}"),
+        format!("train.steps={steps}"),
+        "train.decay_steps=8".into(),
+        "train.lr=1e-3".into(),
+        "train.warmup_steps=2".into(),
+        format!("data.train=[{:?}]", s(corpus)),
+        "data.valid_fraction=0.2".into(),
+        "log.interval=1".into(),
+        "log.eval_interval=10".into(),
+        "log.eval_samples=8".into(),
+        "log.progress=false".into(),
+        "checkpoint.interval=4".into(),
+        "checkpoint.resume=true".into(),
+        format!("log.dir={:?}", s(run)),
+    ]
+}
+
+fn losses(run: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|v| Some((v["step"].as_u64()?, v.get("loss")?.as_f64()?)))
+        .collect()
+}
+
+/// A Llama run resumes bit for bit on its own world, and on another world size (4 ranks' shards
+/// re-sliced for 2) on the same curve.
+#[test]
+fn a_llama_run_resumes_bit_for_bit_and_on_another_world_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = common::small_corpus(dir.path(), 6);
+    let straight = dir.path().join("straight");
+    assert_ok(&common::run_with(
+        &llama_run(&straight, &corpus, 8, 4, 2),
+        &[],
+    ));
+    let expected = losses(&straight);
+    assert_eq!(expected.len(), 8);
+    let half = dir.path().join("half");
+    assert_ok(&common::run_with(&llama_run(&half, &corpus, 4, 4, 2), &[]));
+    // The same world: bit for bit.
+    let same = dir.path().join("same");
+    std::process::Command::new("cp")
+        .args(["-r", s(&half), s(&same)])
+        .status()
+        .unwrap();
+    assert_ok(&common::run_with(&llama_run(&same, &corpus, 8, 4, 2), &[]));
+    assert_eq!(losses(&same), expected);
+    // Two ranks: the 4 ranks' shards re-sliced, the same sums in another order.
+    let two = dir.path().join("two");
+    std::process::Command::new("cp")
+        .args(["-r", s(&half), s(&two)])
+        .status()
+        .unwrap();
+    let out = common::run_with(&llama_run(&two, &corpus, 8, 2, 2), &[]);
+    assert_ok(&out);
+    assert!(
+        common::stderr(&out).contains("its 4 ranks' shards re-sliced for 2"),
+        "{}",
+        common::stderr(&out)
+    );
+    for ((step, loss), (_, want)) in losses(&two).iter().zip(&expected) {
+        assert!(
+            (loss - want).abs() <= 1e-5 * want,
+            "step {step}: {loss} vs {want}"
+        );
+    }
+}
