@@ -45,7 +45,7 @@ def main():
     ap.add_argument("--samples", type=int)
     a = ap.parse_args()
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(a.dir, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(a.dir, dtype=torch.float32)
     model.eval()
     if a.tokens:
         j = json.load(open(a.tokens))
