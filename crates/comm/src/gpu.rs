@@ -15,7 +15,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{CudaStorage, DType, Storage, Tensor};
 use kernels::place::Place;
 
-use crate::job::{JobTime, JobTimes};
+use crate::job_time::{JobTime, JobTimes};
 use crate::{CommError, Result};
 
 pub(crate) fn cuda_error(op: &'static str, e: DriverError) -> CommError {

@@ -36,6 +36,7 @@ mod failure;
 #[cfg(feature = "cuda")]
 mod gpu;
 pub mod job;
+mod job_time;
 pub mod launch;
 pub mod link;
 mod local;

@@ -44,6 +44,26 @@ impl DecayRanges {
 }
 
 impl AdamW {
+    /// The CUDA kernel's scalars (`optimizer_cuda::Scalars`), the bias corrections computed as
+    /// [`AdamW::update`] computes them.
+    #[cfg(feature = "cuda")]
+    fn kernel_scalars(&self, grad_coef: f64, lr: f64, t: u64) -> [f64; 10] {
+        let bc1 = 1.0 - self.beta1.powi(t as i32);
+        let bc2 = 1.0 - self.beta2.powi(t as i32);
+        [
+            self.beta1,
+            1.0 - self.beta1,
+            self.beta2,
+            1.0 - self.beta2,
+            self.eps,
+            self.weight_decay,
+            grad_coef,
+            lr,
+            bc1,
+            bc2,
+        ]
+    }
+
     /// One update of `param` from `grad` x `grad_coef` at optimizer step `t` (1-based).
     ///
     /// `param -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * param)` on decayed elements, without
@@ -136,7 +156,13 @@ impl AdamW {
             }
             #[cfg(feature = "cuda")]
             Device::Cuda(dev) => crate::optimizer_cuda::update(
-                self, dev, param, grad, exp_avg, exp_avg_sq, decay, grad_coef, lr, t,
+                dev,
+                param,
+                grad,
+                exp_avg,
+                exp_avg_sq,
+                &decay.0,
+                &self.kernel_scalars(grad_coef, lr, t),
             ),
             #[allow(unreachable_patterns)]
             d => candle_core::bail!("AdamW: no kernel for device {:?}", d.location()),

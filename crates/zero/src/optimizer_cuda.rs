@@ -1,9 +1,10 @@
 //! The AdamW update of `optimizer.rs` as one CUDA kernel (`crates/kernels/cuda/adamw.cu`,
 //! [`kernels::ADAMW`], compiled with NVRTC by [`kernels::loader`]), bitwise equal to
-//! [`AdamW::update`]: the same f64 operations in the same order, written with IEEE intrinsics
-//! (`__dmul_rn`, `__ddiv_rn`, `__dsqrt_rn`, ...) and compiled without FMA contraction, the bias
-//! corrections computed on the host as `update` computes them, and the weight decay taken on the
-//! `DecayRanges` only.
+//! `AdamW::update`: the same f64 operations in the same order, written with IEEE intrinsics
+//! (`__dmul_rn`, `__ddiv_rn`, `__dsqrt_rn`, ...) and compiled without FMA contraction, the
+//! scalars (bias corrections included) computed on the host by `AdamW::kernel_scalars`, and the
+//! weight decay taken on the decay ranges only. It takes plain values, not the optimizer's
+//! types, so that `optimizer.rs` calls it and it imports nothing back.
 //!
 //! Launch shape: one thread per element, `THREADS` (256) a CTA. The decay ranges (sorted,
 //! disjoint) travel by value in the kernel parameters, up to `MAX_RANGES` a launch; a shard with
@@ -18,7 +19,7 @@ use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaStorage, Result, Storage, Tensor};
 
-use crate::optimizer::{AdamW, DecayRanges};
+use std::ops::Range;
 
 /// Decay ranges a launch carries in its parameters (`MAX_RANGES` in the source).
 pub(crate) const MAX_RANGES: usize = 64;
@@ -45,8 +46,8 @@ unsafe impl DeviceRepr for Ranges {}
 
 /// Element spans, each with at most [`MAX_RANGES`] of the (non-empty, sorted) decay ranges,
 /// covering 0..len.
-fn spans(len: usize, decay: &DecayRanges) -> Vec<(usize, usize, Ranges)> {
-    let rs: Vec<_> = decay.0.iter().filter(|r| r.start < r.end).collect();
+fn spans(len: usize, decay: &[Range<usize>]) -> Vec<(usize, usize, Ranges)> {
+    let rs: Vec<_> = decay.iter().filter(|r| r.start < r.end).collect();
     let chunks: Vec<_> = rs.chunks(MAX_RANGES).collect();
     if chunks.is_empty() {
         let none = Ranges {
@@ -82,19 +83,20 @@ fn view<'a>(st: &'a Storage, t: &Tensor) -> Result<CudaView<'a, f32>> {
     Ok(cs.as_cuda_slice::<f32>()?.slice(o..o + t.elem_count()))
 }
 
-/// GPU [`AdamW::update_tensors`] (shapes already checked: 1-D contiguous F32, equal lengths).
-#[allow(clippy::too_many_arguments)]
+/// The kernel's scalar parameters, in its order: `beta1, 1 - beta1, beta2, 1 - beta2, eps,
+/// weight_decay, grad_coef, lr, bias correction 1, bias correction 2`.
+pub(crate) type Scalars = [f64; 10];
+
+/// GPU `AdamW::update_tensors` (shapes already checked: 1-D contiguous F32, equal lengths),
+/// weight decay on the sorted, disjoint `decay` ranges.
 pub(crate) fn update(
-    opt: &AdamW,
     dev: &CudaDevice,
     param: &Tensor,
     grad: &Tensor,
     exp_avg: &Tensor,
     exp_avg_sq: &Tensor,
-    decay: &DecayRanges,
-    grad_coef: f64,
-    lr: f64,
-    t: u64,
+    decay: &[Range<usize>],
+    scalars: &Scalars,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let n = param.elem_count();
     // At least one element: a zero-byte allocation is an error of the driver.
@@ -124,21 +126,6 @@ pub(crate) fn update(
             view(&sm, exp_avg)?,
             view(&sv, exp_avg_sq)?,
         );
-        // As `update` computes them.
-        let bc1 = 1.0 - opt.beta1.powi(t as i32);
-        let bc2 = 1.0 - opt.beta2.powi(t as i32);
-        let scalars = [
-            opt.beta1,
-            1.0 - opt.beta1,
-            opt.beta2,
-            1.0 - opt.beta2,
-            opt.eps,
-            opt.weight_decay,
-            grad_coef,
-            lr,
-            bc1,
-            bc2,
-        ];
         for (start, end, ranges) in spans(n, decay) {
             if start >= end {
                 continue;
@@ -148,7 +135,7 @@ pub(crate) fn update(
             b.arg(&vp).arg(&vg).arg(&vm).arg(&vv);
             b.arg(&mut p_out).arg(&mut m_out).arg(&mut v_out);
             b.arg(&s64).arg(&e64).arg(&ranges);
-            for x in &scalars {
+            for x in scalars {
                 b.arg(x);
             }
             let cfg = LaunchConfig {
@@ -190,14 +177,14 @@ mod tests {
 
     #[test]
     fn spans_cover_the_shard_with_few_ranges_each() {
-        let d = DecayRanges((0..150).map(|i| 10 * i + 2..10 * i + 7).collect());
+        let d: Vec<_> = (0..150).map(|i| 10 * i + 2..10 * i + 7).collect();
         let s = spans(2000, &d);
         assert_eq!(s.len(), 3);
         assert_eq!((s[0].0, s[0].1), (0, 642));
         assert_eq!((s[1].0, s[1].1), (642, 1282));
         assert_eq!((s[2].0, s[2].1), (1282, 2000));
         assert_eq!(s[2].2.count, 22);
-        assert_eq!(spans(5, &DecayRanges::default()).len(), 1);
-        assert_eq!(spans(5, &DecayRanges(vec![2..2])).len(), 1);
+        assert_eq!(spans(5, &[]).len(), 1);
+        assert_eq!(spans(5, &[2..2]).len(), 1);
     }
 }
