@@ -19,7 +19,6 @@ use model::{Model, ModelConfig, Pass, UnitLayout};
 
 use crate::gather::Secondary;
 use crate::memory::{rank_memory, RankMemory};
-use crate::reduce;
 use crate::{AdamW, DecayRanges, Partition, Result, Techniques, ZeroConfig, ZeroPlan};
 use source::{Parts, Shards, Source};
 
@@ -105,7 +104,7 @@ struct UnitShard {
     /// hpZ: my node-local slice of the gathered unit, stamped with the weights it copies.
     secondary: Option<Secondary>,
     /// qgZ's error feedback: what my quantisers of this unit dropped the last time.
-    qgz_error: Option<reduce::QgzError>,
+    qgz_error: Option<crate::qgz::QgzError>,
 }
 
 /// A ZeRO-3 engine for one rank. See the module doc for the step's schedule.

@@ -16,6 +16,7 @@ mod optimizer;
 mod optimizer_cuda;
 mod partition;
 mod plan;
+mod qgz;
 mod reduce;
 pub mod shard_passes;
 mod squares;

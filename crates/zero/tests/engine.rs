@@ -1,7 +1,7 @@
 //! The world-1 engine against the model's own loss and gradients.
 
 use candle_core::{Device, Tensor};
-use model::{ModelConfig, ModelLayout};
+use model::ModelConfig;
 use zero::{Engine, EngineOptions};
 
 fn cfg() -> ModelConfig {

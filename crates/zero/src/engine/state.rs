@@ -5,7 +5,7 @@ use candle_core::Tensor;
 use comm::Group;
 
 use super::{Engine, NamedShard, QGZ_ERROR_STATES, SHARD_STATES};
-use crate::{reduce, Result, ZeroError};
+use crate::{Result, ZeroError};
 
 impl Engine {
     /// My shards of the master weights and Adam moments, named `<unit>.<state>`, read back to
@@ -90,7 +90,7 @@ impl Engine {
                     true => read(QGZ_ERROR_STATES[1], padded / d)?,
                     false => None,
                 };
-                u.qgz_error = hop1.map(|hop1| reduce::QgzError { hop1, hop2 });
+                u.qgz_error = hop1.map(|hop1| crate::qgz::QgzError { hop1, hop2 });
             }
         }
         self.step = step;
