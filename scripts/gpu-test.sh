@@ -13,6 +13,9 @@
 #   local-speed  gpt350m on this one GPU: W = 1 beside PyTorch eager, and the local backend's
 #           2 x 1 and 2 x 4 worlds (ZeRO-3 and ZeRO++), with the communication jobs' report
 #   ablation  the convergence ablation of configs/ablation/ on the open corpus (docs/convergence.md)
+#   llama   the Llama family (its layers on the reference path): 200 steps of llama-tiny, CPU fp32
+#           vs GPU bf16, plain and ZeRO++ at W = 8 (2 x 4); the Llama 3.2 1B shape at seq 2048, 8
+#           sequences a step (2 a micro-batch), beside .gpu/torch_llama.py eager from the same call
 # Each run's log and metrics go under $OUT (default gpu-out/).
 set -euo pipefail
 OUT=${OUT:-gpu-out}
@@ -59,6 +62,25 @@ for stage in $STAGES; do
       --set zero.quantized_gradients=false | tee "$OUT/bench-gpt350m-w1.txt"
     "$T" "${b[@]}" --set dist.world_size=8 --set dist.gpus_per_node=4 --set train.micro_batch=2 \
       --set zero.hpz_partition_size=4 | tee "$OUT/bench-gpt350m-w8-zeropp.txt"
+    ;;
+  llama)
+    base=(--config configs/tiny.toml --set 'model.preset="llama-tiny"' --set log.progress=false
+          --set checkpoint.resume=false --set "train.steps=$STEPS" --set log.interval=10
+          --set log.eval_interval=50)
+    gpu=(--set 'train.device="cuda"' --set 'train.precision="bf16"')
+    zeropp=(--set dist.world_size=8 --set dist.gpus_per_node=4 --set train.micro_batch=2
+            --set zero.quantized_weights=true --set zero.hpz_partition_size=4 --set zero.quantized_gradients=true)
+    run llama-tiny-cpu-fp32 "${base[@]}"
+    run llama-tiny-gpu-bf16 "${base[@]}" "${gpu[@]}"
+    run llama-zeropp-w8-gpu-bf16 "${base[@]}" "${zeropp[@]}" "${gpu[@]}"
+    "$T" bench --config configs/gpt350m.toml --set 'model.preset="llama3.2-1b"' \
+      --set 'dist.backend="local"' --set model.seq_len=2048 --set model.recompute=false \
+      --set train.global_batch=8 --set train.micro_batch=2 --set dist.world_size=1 \
+      --set dist.gpus_per_node=1 --set zero.hpz_partition_size=1 --set zero.quantized_weights=false \
+      --set zero.quantized_gradients=false --steps "${BENCH_STEPS:-3}" | tee "$OUT/speed-llama1b.txt"
+    if [[ -f .gpu/torch_llama.py ]]; then
+      python3 .gpu/torch_llama.py --steps 20 | tee "$OUT/speed-torch-llama-eager.txt"
+    fi
     ;;
   speed)
     # Ours first, then the anchors: the same model, data shape and optimizer (issue #13).
