@@ -179,7 +179,8 @@ impl Model {
     }
 
     /// Unit `u`'s backward: `(dinput, flat dparams)`, `dinput` `None` for the first unit (its
-    /// input is the tokens). `params` may be anything for a unit whose backward reads none.
+    /// input is the tokens). `params` may be `None` for a unit whose backward reads none (an
+    /// embedding), which [`Model::gather_order`] does not gather again.
     pub fn backward(
         &self,
         u: usize,

@@ -43,9 +43,16 @@ pub struct Report {
 #[derive(Debug, Serialize)]
 pub struct ModelInfo {
     pub preset: Option<String>,
+    /// `"gpt2"` or `"llama"`.
+    pub arch: &'static str,
     pub n_layer: usize,
     pub n_embd: usize,
     pub n_head: usize,
+    /// Key/value heads (grouped-query attention; `n_head` for GPT-2).
+    pub n_kv_head: usize,
+    /// The MLP's hidden width.
+    pub ffn_hidden: usize,
+    pub tie_embeddings: bool,
     pub seq_len: usize,
     pub vocab_size: usize,
     pub num_params: u64,
@@ -293,9 +300,13 @@ fn model_info(
     let num_params = cfg.num_params() as u64;
     ModelInfo {
         preset: config.model.preset.clone(),
+        arch: cfg.arch.name(),
         n_layer: cfg.n_layer,
         n_embd: cfg.n_embd,
         n_head: cfg.n_head,
+        n_kv_head: cfg.n_kv_head,
+        ffn_hidden: cfg.ffn_hidden,
+        tie_embeddings: cfg.tie_embeddings,
         seq_len: cfg.seq_len,
         vocab_size: cfg.vocab_size,
         num_params,

@@ -50,13 +50,23 @@ fn human_run(o: &mut String, r: &Report) {
     let pname = precision_name(t.precision);
     let _ = writeln!(
         *o,
-        "model     {}: {} layers x {} wide, {} heads, seq {}, vocab {}",
+        "model     {} ({}): {} layers x {} wide, {} heads{}, MLP {}, seq {}, vocab {}{}",
         m.preset.as_deref().unwrap_or("custom"),
+        m.arch,
         m.n_layer,
         m.n_embd,
         m.n_head,
+        match m.n_kv_head == m.n_head {
+            true => String::new(),
+            false => format!(" / {} KV", m.n_kv_head),
+        },
+        m.ffn_hidden,
         m.seq_len,
-        m.vocab_size
+        m.vocab_size,
+        match m.tie_embeddings {
+            true => ", tied head",
+            false => ", untied head",
+        }
     );
     let _ = writeln!(
         *o,
