@@ -58,7 +58,7 @@ pub struct LlamaShape {
 
 impl From<&model::ModelConfig> for ModelShape {
     fn from(c: &model::ModelConfig) -> Self {
-        let llama = (c.arch == model::Arch::Llama).then(|| LlamaShape {
+        let llama = (c.arch == model::Arch::Llama).then_some(LlamaShape {
             n_kv_head: c.n_kv_head,
             ffn_hidden: c.ffn_hidden,
             norm_eps: c.norm_eps,

@@ -164,7 +164,7 @@ pub fn truncate_after(path: &Path, last_step: u64) -> Result<Option<Damaged>> {
         if line.trim().is_empty() {
             continue;
         }
-        let step = serde_json::from_str::<serde_json::Value>(&line)
+        let step = serde_json::from_str::<serde_json::Value>(line)
             .ok()
             .and_then(|v| v.get("step").and_then(|s| s.as_u64()));
         match step {

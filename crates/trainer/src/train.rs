@@ -225,7 +225,7 @@ fn prepare<'a>(
     startup::check_writable(config, lead)?;
     // A resumed run continues from its checkpoint, whatever it started from.
     let initial = match (&config.model.init_from, &resume) {
-        (Some(dir), None) => Some(init_from::read(dir, &model_cfg)?),
+        (Some(dir), None) => Some(init_from::read(dir, model_cfg)?),
         _ => None,
     };
     Ok(Shared {

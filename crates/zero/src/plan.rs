@@ -155,7 +155,7 @@ impl ZeroPlan {
             true => SecondaryPartition::Node,
             false => SecondaryPartition::None,
         };
-        let reduction = train.then(|| match self.qgz {
+        let reduction = train.then_some(match self.qgz {
             Some(q) if step <= q.until_step => GradReduction::Qgz {
                 block: q.block,
                 error_feedback: q.error_feedback,
