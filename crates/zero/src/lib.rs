@@ -1,10 +1,12 @@
 //! The ZeRO engine: parameters, gradients and optimizer states partitioned over the ranks.
 //!
-//! Each model unit (embedding, each block, the final norm) is one flat buffer, padded so every
-//! rank owns an equal, aligned shard ([`Partition`]). A training step gathers each unit before
-//! its forward and again before its backward, reduces its gradient into the owners' fp32 shards,
-//! and the sharded [`AdamW`] updates each rank's fp32 master shard. The training loop talks only
-//! to [`Engine`]; the world size and the ZeRO++ options are resolved once into a [`ZeroConfig`].
+//! Each of the model's units (whatever its schedule holds: [`model::Model`]) is one flat buffer,
+//! padded so every rank owns an equal, aligned shard ([`Partition`]). A training step walks the
+//! model's schedule, gathering each unit before its forward and again before its backward,
+//! reduces its gradient into the owners' fp32 shards, and the sharded [`AdamW`] updates each
+//! rank's fp32 master shard. The training loop talks only to [`Engine`]; the ZeRO++ options
+//! are resolved once against the topology into a [`ZeroPlan`], and each step's pass into a
+//! [`StepPlan`] (docs/design.md section 5).
 
 mod config;
 mod engine;
