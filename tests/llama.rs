@@ -28,13 +28,18 @@ fn llama(sets: &[String]) -> Output {
     c.output().unwrap()
 }
 
-fn val_losses(dir: &Path) -> Vec<(u64, f64)> {
+/// `(step, value)` of every metrics line of the run in `dir` that has `key`.
+fn metric(dir: &Path, key: &str) -> Vec<(u64, f64)> {
     std::fs::read_to_string(dir.join("metrics.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter_map(|v| Some((v["step"].as_u64()?, v.get("val_loss")?.as_f64()?)))
+        .filter_map(|v| Some((v["step"].as_u64()?, v.get(key)?.as_f64()?)))
         .collect()
+}
+
+fn val_losses(dir: &Path) -> Vec<(u64, f64)> {
+    metric(dir, "val_loss")
 }
 
 /// Tokenizer, prepared data and the settings of a short run on it.
@@ -226,12 +231,7 @@ fn llama_run(run: &Path, corpus: &Path, steps: u64, world: usize, per_node: usiz
 }
 
 fn losses(run: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter_map(|v| Some((v["step"].as_u64()?, v.get("loss")?.as_f64()?)))
-        .collect()
+    metric(run, "loss")
 }
 
 /// A Llama run resumes bit for bit on its own world, and on another world size (4 ranks' shards

@@ -165,8 +165,9 @@ mod tests {
 #[cfg(all(test, feature = "cuda"))]
 mod nvrtc_tests {
     /// Every source compiles with NVRTC under its default defines. Needs only libnvrtc, no GPU:
-    /// `eval "$(../shared/tools/cuda-toolchain.sh)"; LD_LIBRARY_PATH=$CUDA_ROOT/lib
-    /// CARGO_TARGET_DIR=target/cuda cargo test -p kernels --features cuda nvrtc`.
+    /// with the CUDA toolchain that `scripts/gpu-build.sh` sets up in the environment,
+    /// `LD_LIBRARY_PATH=$CUDA_ROOT/lib CARGO_TARGET_DIR=target/cuda cargo test -p kernels
+    /// --features cuda nvrtc`.
     #[test]
     fn nvrtc_compiles_every_source() {
         for src in crate::ALL {

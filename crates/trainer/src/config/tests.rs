@@ -1,0 +1,138 @@
+use super::*;
+
+fn write(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.toml");
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+fn sets(specs: &[&str]) -> Overrides {
+    let specs: Vec<String> = specs.iter().map(|s| s.to_string()).collect();
+    Overrides::parse(&specs).unwrap()
+}
+
+const BASE: &str =
+    "[model]\npreset = \"tiny\"\n[data]\ntrain = [\"x.jsonl\"]\nvalid_fraction = 0.1\n";
+
+#[test]
+fn overrides_take_precedence_and_parse_as_toml() {
+    let (_d, path) = write(BASE);
+    let c = RunConfig::load(&path, &sets(&["train.steps=40", "log.dir=\"runs/a\""])).unwrap();
+    assert_eq!(c.train.steps, 40);
+    assert_eq!(c.log.dir, PathBuf::from("runs/a"));
+    assert_eq!(c.train.micro_batch, 8);
+}
+
+#[test]
+fn unknown_key_is_named_with_the_file() {
+    let (_d, path) = write(&format!("{BASE}[train]\nstepz = 3\n"));
+    let e = RunConfig::load(&path, &Overrides::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("run.toml") && e.contains("train.stepz"), "{e}");
+    let e = RunConfig::load(&write(BASE).1, &sets(&["train.nope=1"]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("train.nope"), "{e}");
+}
+
+#[test]
+fn an_error_from_the_command_line_names_the_set_argument() {
+    let (_d, path) = write(BASE);
+    for (set, want) in [
+        (
+            "train.steps=0",
+            "--set train.steps=0: train.steps must be positive",
+        ),
+        (
+            "train.steps=\"many\"",
+            "--set train.steps=\"many\": train.steps: invalid type",
+        ),
+    ] {
+        let e = format!("{:#}", RunConfig::load(&path, &sets(&[set])).unwrap_err());
+        assert!(e.starts_with(want) && !e.contains("run.toml"), "{e}");
+    }
+    // The same mistake in the file names the file.
+    let (_d, path) = write(&format!("{BASE}[train]\nsteps = 0\n"));
+    let e = format!(
+        "{:#}",
+        RunConfig::load(&path, &Overrides::default()).unwrap_err()
+    );
+    assert!(e.contains("run.toml: train.steps must be positive"), "{e}");
+}
+
+#[test]
+fn wrong_type_is_named() {
+    let (_d, path) = write(&format!("{BASE}[train]\nsteps = \"many\"\n"));
+    let e = RunConfig::load(&path, &Overrides::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("train.steps") && !e.contains('\n'), "{e}");
+}
+
+#[test]
+fn indivisible_global_batch_is_refused() {
+    let (_d, path) = write(&format!(
+        "{BASE}[train]\nmicro_batch = 3\nglobal_batch = 8\n"
+    ));
+    let e = format!(
+        "{:#}",
+        RunConfig::load(&path, &Overrides::default()).unwrap_err()
+    );
+    assert!(e.contains("not divisible"), "{e}");
+}
+
+#[test]
+fn emulated_link_needs_nccl_and_a_positive_rate() {
+    let (_d, path) = write(BASE);
+    for (set, want) in [
+        ("dist.emulated_link_gbps=100.0", "\"nccl\" only"),
+        ("dist.emulated_link_gbps=0.0", "must be positive"),
+        ("dist.emulated_link_gbps=-5.0", "must be positive"),
+    ] {
+        let e = format!("{:#}", RunConfig::load(&path, &sets(&[set])).unwrap_err());
+        assert!(
+            e.contains("dist.emulated_link_gbps") && e.contains(want),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn retention_defaults_and_milestones_on_checkpoints() {
+    let (_d, path) = write(BASE);
+    let c = RunConfig::load(&path, &Overrides::default()).unwrap();
+    assert_eq!((c.checkpoint.keep_last, c.checkpoint.keep_every), (3, 0));
+    let ok = sets(&["checkpoint.interval=2", "checkpoint.keep_every=4"]);
+    assert!(RunConfig::load(&path, &ok).is_ok());
+    let bad = sets(&["checkpoint.interval=4", "checkpoint.keep_every=6"]);
+    let e = format!("{:#}", RunConfig::load(&path, &bad).unwrap_err());
+    assert!(e.contains("checkpoint.keep_every = 6"), "{e}");
+}
+
+#[test]
+fn preset_sizes_can_be_overridden() {
+    let (_d, path) = write(&BASE.replace("[data]", "n_embd = 32\n[data]"));
+    let c = RunConfig::load(&path, &Overrides::default())
+        .unwrap()
+        .model
+        .resolve(None)
+        .unwrap();
+    assert_eq!((c.n_layer, c.n_embd), (2, 32));
+    let (_d, path) = write(&BASE.replace("[data]", "n_embd = 30\n[data]"));
+    assert!(
+        RunConfig::load(&path, &Overrides::default()).is_err(),
+        "30 is not a multiple of 4 heads"
+    );
+}
+
+#[test]
+fn only_trajectory_keys_other_than_the_model_may_change() {
+    assert!(may_change("train.lr") && may_change("zero.qgz_until"));
+    assert!(!may_change("model.n_embd") && !may_change("train.lrr"));
+    assert!(
+        !may_change("dist.world_size"),
+        "not a trajectory key: needs no allowing"
+    );
+}
