@@ -39,8 +39,30 @@ fn lt_error(e: impl std::fmt::Debug) -> ModelError {
     ModelError::Candle(candle_core::Error::Msg(format!("cuBLASLt: {e:?}")))
 }
 
-/// Key of an algorithm choice: every argument of the heuristic query.
-type AlgoKey = (u64, u64, u64, bool, bool, i64, i64, i64, u8, u8, u8, bool);
+/// Key of an algorithm choice: every argument of the heuristic query (the last pair: whether C
+/// is read, and the pointers' common alignment).
+type AlgoKey = (
+    u64,
+    u64,
+    u64,
+    bool,
+    bool,
+    i64,
+    i64,
+    i64,
+    u8,
+    u8,
+    u8,
+    (bool, u32),
+);
+
+/// The largest power of two up to 256 that divides every matrix address of `g`: what the
+/// algorithm may assume (cuBLASLt's heuristic assumes 256 bytes unless told less, and views into
+/// a unit's flat buffer or a packed projection's columns can sit at any 16-byte boundary).
+fn alignment(g: &Gemm) -> u32 {
+    let all = g.a | g.b | g.d | g.c.unwrap_or(0) | 256;
+    1 << all.trailing_zeros().min(8)
+}
 
 fn handles() -> &'static Mutex<HashMap<usize, Arc<Mutex<Lt>>>> {
     static H: OnceLock<Mutex<HashMap<usize, Arc<Mutex<Lt>>>>> = OnceLock::new();
@@ -185,7 +207,7 @@ fn set_attr(
     unsafe { lt::set_matmul_desc_attribute(desc.0, attr, ptr, size) }.map_err(lt_error)
 }
 
-fn plan(handle: sys::cublasLtHandle_t, g: &Gemm) -> Result<Plan> {
+fn plan(handle: sys::cublasLtHandle_t, g: &Gemm, align: u32) -> Result<Plan> {
     use sys::cublasLtMatmulDescAttributes_t as A;
     let in_t = cuda_type(g.in_type)?;
     let d_t = cuda_type(g.d_type)?;
@@ -241,6 +263,19 @@ fn plan(handle: sys::cublasLtHandle_t, g: &Gemm) -> Result<Plan> {
         )
     }
     .map_err(lt_error)?;
+    use sys::cublasLtMatmulPreferenceAttributes_t as P;
+    for attr in [
+        P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+        P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+        P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+    ] {
+        // SAFETY: a uint32_t attribute, as documented.
+        unsafe {
+            lt::set_matmul_pref_attribute(pref.0, attr, &align as *const u32 as _, size_of::<u32>())
+        }
+        .map_err(lt_error)?;
+    }
     // SAFETY: every descriptor above is alive.
     let heuristic =
         unsafe { lt::get_matmul_algo_heuristic(handle, desc.0, a.0, b.0, d.0, d.0, pref.0) }
@@ -297,6 +332,7 @@ pub(crate) fn run(dev: &CudaDevice, g: &Gemm) -> Result<()> {
     let _span = kernels::profile::scope_cuda(dev, kernels::profile::Family::Gemm);
     let h = lt_for(dev)?;
     let mut lt_guard = h.lock().unwrap_or_else(|e| e.into_inner());
+    let align = alignment(g);
     let key: AlgoKey = (
         g.m as u64,
         g.n as u64,
@@ -309,10 +345,10 @@ pub(crate) fn run(dev: &CudaDevice, g: &Gemm) -> Result<()> {
         g.in_type as u8,
         g.d_type as u8,
         g.epilogue.code(),
-        g.c.is_some(),
+        (g.c.is_some(), align),
     );
     if !lt_guard.plans.contains_key(&key) {
-        let p = plan(lt_guard.handle, g)?;
+        let p = plan(lt_guard.handle, g, align)?;
         lt_guard.plans.insert(key, p);
     }
     let lt_ref = &*lt_guard;
