@@ -41,25 +41,34 @@ pub(crate) enum Pass {
     Backward,
 }
 
-/// `(B, NH, T, hs)` of one attention call.
+/// `(B, NH, T, hs)` of one attention call, and its `KV` key/value heads (`KV = NH` for
+/// multi-head attention, a divisor of `NH` for grouped-query attention).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Shape {
     pub batch: usize,
     pub heads: usize,
+    pub kv_heads: usize,
     pub seq: usize,
     pub head_size: usize,
 }
 
-/// Device pointers of the forward: `qkv (B, T, 3C)` bf16 in; `y (B, T, C)` bf16 and
-/// `lse (B, NH, T)` f32 out.
+impl Shape {
+    /// Elements of a row of the packed projection `qkv`: `(NH + 2 KV) hs`.
+    pub(crate) fn row(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.head_size
+    }
+}
+
+/// Device pointers of the forward: `qkv (B, T, W)` bf16 in (`W` = [`Shape::row`], columns
+/// `[q | k | v]`); `y (B, T, NH hs)` bf16 and `lse (B, NH, T)` f32 out.
 pub(crate) struct ForwardArgs {
     pub qkv: u64,
     pub y: u64,
     pub lse: u64,
 }
 
-/// Device pointers of the backward: the forward's `qkv`, `y`, `lse` and `dy (B, T, C)` in;
-/// `dqkv (B, T, 3C)` bf16 out (every element written).
+/// Device pointers of the backward: the forward's `qkv`, `y`, `lse` and `dy (B, T, NH hs)` in;
+/// `dqkv (B, T, W)` bf16 out (every element written).
 pub(crate) struct BackwardArgs {
     pub qkv: u64,
     pub y: u64,
@@ -238,9 +247,13 @@ fn run(
     Ok(true)
 }
 
-/// Byte offset of k in a row of `qkv (B, T, 3C)` (and of v from k).
-fn k_offset(shape: Shape) -> u64 {
-    (shape.heads * shape.head_size * 2) as u64
+/// Byte offsets of k and of v in a row of `qkv (B, T, W)`.
+fn kv_offsets(shape: Shape) -> (u64, u64) {
+    let hs2 = (shape.head_size * 2) as u64;
+    (
+        shape.heads as u64 * hs2,
+        (shape.heads + shape.kv_heads) as u64 * hs2,
+    )
 }
 
 /// Queues the forward on `dev`'s stream. `Ok(false)`: cuDNN does not take this shape (nothing
@@ -249,12 +262,12 @@ fn k_offset(shape: Shape) -> u64 {
 /// # Safety (of the arguments)
 /// The pointers address the tensors [`ForwardArgs`] names at `shape`, 16-byte aligned.
 pub(crate) fn forward(dev: &CudaDevice, shape: Shape, a: &ForwardArgs) -> Result<bool> {
-    let k = k_offset(shape);
+    let (k, v) = kv_offsets(shape);
     run(dev, Pass::Forward, shape, 0, |_| {
         vec![
             (uid::Q, a.qkv),
             (uid::K_T, a.qkv + k),
-            (uid::V, a.qkv + 2 * k),
+            (uid::V, a.qkv + v),
             (uid::O, a.y),
             (uid::STATS, a.lse),
         ]
@@ -273,22 +286,23 @@ pub(crate) fn backward(dev: &CudaDevice, shape: Shape, a: &BackwardArgs) -> Resu
         heads,
         seq,
         head_size,
+        ..
     } = shape;
     let align = |x: usize| x.div_ceil(256) * 256;
     let accum_bytes = align(batch * heads * seq * head_size * 4);
     let sum_bytes = align(batch * heads * seq * 4);
-    let k = k_offset(shape);
+    let (k, v) = kv_offsets(shape);
     run(dev, Pass::Backward, shape, accum_bytes + sum_bytes, |ws| {
         vec![
             (uid::Q, a.qkv),
             (uid::K_T, a.qkv + k),
-            (uid::V_T, a.qkv + 2 * k),
+            (uid::V_T, a.qkv + v),
             (uid::O, a.y),
             (uid::STATS, a.lse),
             (uid::DO, a.dy),
             (uid::DQ, a.dqkv),
             (uid::DK, a.dqkv + k),
-            (uid::DV, a.dqkv + 2 * k),
+            (uid::DV, a.dqkv + v),
             (uid::DQ_ACCUM, ws),
             (uid::SOFTMAX_SUM, ws + accum_bytes as u64),
         ]

@@ -1,6 +1,12 @@
 //! The causal attention graphs, forward and backward, as cudnn-frontend builds them for
 //! PyTorch's `scaled_dot_product_attention(q, k, v, is_causal=True)`, in the order of the
 //! backend log in shared/reference/cudnn-sdpa, on our layouts.
+//!
+//! Grouped-query attention (fewer K/V heads than Q heads) is the frontend's too
+//! (`scaled_dot_product_flash_attention.h`): K and V are described with their own `KV` heads,
+//! which the matmuls broadcast over the `NH / KV` query heads of a group (no copies); the
+//! backward's dK and dV come out of their matmuls per query head, as virtual `(B, NH, T, hs)`
+//! tensors, and a sum reduction over each group writes them.
 
 use cudarc::cudnn::sys;
 
@@ -30,16 +36,21 @@ pub(super) mod uid {
     pub const NEG_INF: i64 = 15;
 }
 
-/// Dims and strides of every tensor of one shape, in elements.
+/// Dims and strides of every tensor of one shape, in elements. `W = (NH + 2 KV) hs` is the
+/// packed projection's row (`3C` for multi-head attention).
 struct Layouts {
     /// `(B, NH, T, hs)`.
     bhtd: [usize; 4],
-    /// `(B, NH, hs, T)`: k and v transposed, as the score and dP matmuls take them.
-    bhdt: [usize; 4],
-    /// q, k, v (and dq, dk, dv) inside `(B, T, 3C)`.
+    /// `(B, KV, T, hs)`: k and v (and dk, dv).
+    kv_bhtd: [usize; 4],
+    /// `(B, KV, hs, T)`: k and v transposed, as the score and dP matmuls take them.
+    kv_bhdt: [usize; 4],
+    /// q, k, v (and dq, dk, dv) inside `(B, T, W)`.
     qkv_strides: [usize; 4],
-    /// k and v transposed inside `(B, T, 3C)`.
+    /// k and v transposed inside `(B, T, W)`.
     qkv_t_strides: [usize; 4],
+    /// Whether K/V heads are fewer than Q heads.
+    grouped: bool,
     /// y and dy inside `(B, T, C)`.
     y_strides: [usize; 4],
     /// `(B, NH, T, 1)` and its packed strides: lse, the softmax sum.
@@ -59,15 +70,19 @@ impl Layouts {
         let Shape {
             batch: b,
             heads: h,
+            kv_heads: kv,
             seq: t,
             head_size: d,
         } = s;
         let c = h * d;
+        let w = s.row();
         Layouts {
             bhtd: [b, h, t, d],
-            bhdt: [b, h, d, t],
-            qkv_strides: [t * 3 * c, d, 3 * c, 1],
-            qkv_t_strides: [t * 3 * c, d, 1, 3 * c],
+            kv_bhtd: [b, kv, t, d],
+            kv_bhdt: [b, kv, d, t],
+            qkv_strides: [t * w, d, w, 1],
+            qkv_t_strides: [t * w, d, 1, w],
+            grouped: kv != h,
             y_strides: [t * c, d, c, 1],
             rows: [b, h, t, 1],
             rows_strides: [h * t, t, 1, 1],
@@ -83,8 +98,8 @@ impl Layouts {
 pub(super) fn forward_graph(shape: Shape) -> Result<Graph> {
     let s = Layouts::new(shape);
     let mut g = Graph::new();
-    g.data(uid::V, BF16, s.bhtd, s.qkv_strides)?;
-    g.data(uid::K_T, BF16, s.bhdt, s.qkv_t_strides)?;
+    g.data(uid::V, BF16, s.kv_bhtd, s.qkv_strides)?;
+    g.data(uid::K_T, BF16, s.kv_bhdt, s.qkv_t_strides)?;
     g.data(uid::Q, BF16, s.bhtd, s.qkv_strides)?;
     g.scalar(uid::SCALE)?;
     g.data(uid::STATS, F32, s.rows, s.rows_strides)?;
@@ -129,12 +144,12 @@ pub(super) fn backward_graph(shape: Shape) -> Result<Graph> {
     g.data(uid::STATS, F32, s.rows, s.rows_strides)?;
     g.data(uid::DO, BF16, s.bhtd, s.y_strides)?;
     g.data(uid::O, BF16, s.bhtd, s.y_strides)?;
-    g.data(uid::V_T, BF16, s.bhdt, s.qkv_t_strides)?;
-    g.data(uid::K_T, BF16, s.bhdt, s.qkv_t_strides)?;
+    g.data(uid::V_T, BF16, s.kv_bhdt, s.qkv_t_strides)?;
+    g.data(uid::K_T, BF16, s.kv_bhdt, s.qkv_t_strides)?;
     g.data(uid::Q, BF16, s.bhtd, s.qkv_strides)?;
     g.scalar(uid::SCALE)?;
-    g.data(uid::DV, BF16, s.bhtd, s.qkv_strides)?;
-    g.data(uid::DK, BF16, s.bhtd, s.qkv_strides)?;
+    g.data(uid::DV, BF16, s.kv_bhtd, s.qkv_strides)?;
+    g.data(uid::DK, BF16, s.kv_bhtd, s.qkv_strides)?;
     g.data(uid::DQ, BF16, s.bhtd, s.qkv_strides)?;
     g.scalar(uid::ONE)?;
     g.data(uid::SOFTMAX_SUM, F32, s.rows, s.rows_strides)?;
@@ -174,10 +189,10 @@ pub(super) fn backward_graph(shape: Shape) -> Result<Graph> {
     let probs = g.virt(F32, s.scores, s.scores_strides)?;
     g.pointwise(Mode::CUDNN_POINTWISE_EXP, masked, None, probs)?;
 
-    // dV = P^T dO
+    // dV = P^T dO (per query head, then summed over each group)
     let probs_t = g.virt(BF16, s.scores, s.scores_t_strides)?;
     g.reshape(probs, probs_t)?;
-    g.matmul(probs_t, uid::DO, uid::DV)?;
+    grouped_matmul(&mut g, &s, probs_t, uid::DO, uid::DV)?;
 
     // dS = P * (dO V^T - softmax_sum) * scale
     let d_probs = g.virt(F32, s.scores, s.scores_strides)?;
@@ -204,17 +219,34 @@ pub(super) fn backward_graph(shape: Shape) -> Result<Graph> {
         d_scores,
     )?;
 
-    // dK = dS^T Q
+    // dK = dS^T Q (per query head, then summed over each group)
     let d_scores_t = g.virt(BF16, s.scores, s.scores_t_strides)?;
     g.reshape(d_scores, d_scores_t)?;
-    g.matmul(d_scores_t, uid::Q, uid::DK)?;
+    grouped_matmul(&mut g, &s, d_scores_t, uid::Q, uid::DK)?;
 
     // dQ = dS K, accumulated in f32, then cast into dqkv.
-    let k = g.virt(F32, s.bhtd, s.qkv_strides)?;
+    let k = g.virt(F32, s.kv_bhtd, s.qkv_strides)?;
     g.reshape(uid::K_T, k)?;
     g.matmul(d_scores, k, uid::DQ_ACCUM)?;
     g.pointwise(Mode::CUDNN_POINTWISE_IDENTITY, uid::DQ_ACCUM, None, uid::DQ)?;
     Ok(g)
+}
+
+/// `out = a b` where `out` has the K/V heads: straight into `out` for multi-head attention;
+/// with groups, into a virtual per-query-head `(B, NH, T, hs)` bf16 product (packed BHSD
+/// strides) that an add-reduction sums over each group into `out` (the frontend's
+/// `dV_fullhead` / `dK_fullhead`).
+fn grouped_matmul(g: &mut Graph, s: &Layouts, a: i64, b: i64, out: i64) -> Result<()> {
+    if !s.grouped {
+        return g.matmul(a, b, out);
+    }
+    let full = g.virt(BF16, s.bhtd, s.packed_strides)?;
+    g.matmul(a, b, full)?;
+    g.reduction(
+        sys::cudnnReduceTensorOp_t::CUDNN_REDUCE_TENSOR_ADD,
+        full,
+        out,
+    )
 }
 
 /// `scores` with every key after its query replaced by [`uid::NEG_INF`]: row index (axis 2)

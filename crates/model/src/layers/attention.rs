@@ -333,6 +333,7 @@ mod cuda {
         Ok(Some(crate::cudnn::Shape {
             batch: b,
             heads: n_head,
+            kv_heads: n_head,
             seq: t,
             head_size: hs,
         }))

@@ -5,10 +5,15 @@
 //! Size letters: `B` batch, `T` positions, `NH` query heads, `KV` key/value heads,
 //! `G = NH / KV` query heads a group, `hs` head size.
 //!
-//! This is the reference (basic candle ops; it runs on any device, CUDA included, and is what
-//! the GPU runs until kernels are written). Flash-style like `attention.rs`: forward saves
-//! `q, k, v`, the output `y` and the per-row log-sum-exp of the scores, and backward recomputes
-//! the probabilities from them, so nothing of size `(B, NH, T, T)` outlives a call.
+//! The layer reads `q, k, v` where one projection wrote them, the packed `qkv (B, T, W)`,
+//! `W = (NH + 2 KV) hs` with columns `[q heads | k heads | v heads]`, and its backward writes
+//! `dqkv` in the same layout ([`gqa_packed_forward`], [`gqa_packed_backward`]); the functions on
+//! separate `q, k, v` pack them first. On the GPU it is cuDNN's fused SDPA with `KV` heads for
+//! K and V (crates/model/src/cudnn/), reading and writing the packed buffers in place; the
+//! reference (basic candle ops) runs elsewhere and for shapes cuDNN does not take. Flash-style
+//! like `attention.rs`: forward saves `qkv`, the output `y` and the per-row log-sum-exp of the
+//! scores, and backward recomputes the probabilities from them, so nothing of size
+//! `(B, NH, T, T)` outlives a call.
 //!
 //! The grouping is a reshape, never a copy of k or v: the `G` query heads of a group are stacked
 //! along the rows, `(B, KV, G*T, hs)`, against their group's `(B, KV, T, hs)`, so that the
@@ -24,14 +29,11 @@ use super::attention::causal_mask;
 use super::rmsnorm::stat_dtype;
 use crate::error::{ModelError, Result};
 
-/// What [`gqa_attention_forward`] saves for [`gqa_attention_backward`].
+/// What [`gqa_packed_forward`] saves for [`gqa_packed_backward`].
 #[derive(Clone, Debug)]
 pub struct GqaSaved {
-    /// The forward's queries `(B, T, NH*hs)`.
-    pub q: Tensor,
-    /// The forward's keys and values `(B, T, KV*hs)`.
-    pub k: Tensor,
-    pub v: Tensor,
+    /// The forward's packed input `(B, T, (NH + 2 KV) hs)`.
+    pub qkv: Tensor,
     /// The forward's output `(B, T, NH*hs)`.
     pub y: Tensor,
     /// `lse[b, h, t] = log(sum_s exp(score[t, s]))` over the causal row, `(B, NH, T)`: f32
@@ -129,6 +131,27 @@ pub fn gqa_attention_forward(
     n_head: usize,
     n_kv_head: usize,
 ) -> Result<(Tensor, GqaSaved)> {
+    sizes(q, k, v, n_head, n_kv_head)?;
+    gqa_packed_forward(&Tensor::cat(&[q, k, v], 2)?, n_head, n_kv_head)
+}
+
+/// [`gqa_attention_forward`] on the packed `qkv (B, T, (NH + 2 KV) hs)` -> `y (B, T, NH hs)`.
+/// Saves `qkv`, `y` and `lse (B, NH, T)`. An error if the heads do not divide as
+/// [`gqa_attention_forward`] says or `qkv`'s width is not `(NH + 2 KV) hs`.
+pub fn gqa_packed_forward(
+    qkv: &Tensor,
+    n_head: usize,
+    n_kv_head: usize,
+) -> Result<(Tensor, GqaSaved)> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(qkv) {
+        let _span = kernels::profile::scope(qkv.device(), kernels::profile::Family::Attention);
+        if let Some(r) = cuda::forward(qkv, n_head, n_kv_head)? {
+            return Ok(r);
+        }
+    }
+    let (q, k, v) = split(qkv, n_head, n_kv_head)?;
+    let (q, k, v) = (&q, &k, &v);
     let (b, t, _, g) = sizes(q, k, v, n_head, n_kv_head)?;
     let qg = grouped(q, n_kv_head, g)?;
     let (kh, vh) = (heads(k, n_kv_head)?, heads(v, n_kv_head)?);
@@ -143,9 +166,7 @@ pub fn gqa_attention_forward(
     let y = att.reshape((b, n_kv_head, g * t, t))?.matmul(&vh)?;
     let y = ungrouped(&y, t)?;
     let saved = GqaSaved {
-        q: q.clone(),
-        k: k.clone(),
-        v: v.clone(),
+        qkv: qkv.clone(),
         y: y.clone(),
         lse,
         n_head,
@@ -158,16 +179,31 @@ pub fn gqa_attention_forward(
 /// dk (B, T, KV*hs), dv (B, T, KV*hs))`, `dk` and `dv` summed over the `G` query heads that
 /// share them. The probabilities are recomputed from `lse`. Returned, not accumulated.
 pub fn gqa_attention_backward(dy: &Tensor, saved: &GqaSaved) -> Result<(Tensor, Tensor, Tensor)> {
+    let dqkv = gqa_packed_backward(dy, saved)?;
+    split(&dqkv, saved.n_head, saved.n_kv_head)
+}
+
+/// Gradients of [`gqa_packed_forward`]: `dy (B, T, NH hs)` -> `dqkv (B, T, (NH + 2 KV) hs)`,
+/// the packed layout of the forward's input, `dk` and `dv` summed over the query heads of
+/// their group. Returned, not accumulated.
+pub fn gqa_packed_backward(dy: &Tensor, saved: &GqaSaved) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(dy) {
+        let _span = kernels::profile::scope(dy.device(), kernels::profile::Family::Attention);
+        if let Some(r) = cuda::backward(dy, saved)? {
+            return Ok(r);
+        }
+    }
     let GqaSaved {
-        q,
-        k,
-        v,
+        qkv,
         lse,
         n_head,
         n_kv_head,
         ..
     } = saved;
     let (n_head, kv) = (*n_head, *n_kv_head);
+    let (q, k, v) = split(qkv, n_head, kv)?;
+    let (q, k, v) = (&q, &k, &v);
     let (b, t, hs, g) = sizes(q, k, v, n_head, kv)?;
     let dtype = q.dtype();
     let qg = grouped(q, kv, g)?;
@@ -196,5 +232,162 @@ pub fn gqa_attention_backward(dy: &Tensor, saved: &GqaSaved) -> Result<(Tensor, 
     let merge = |x: Tensor| -> Result<Tensor> {
         Ok(x.transpose(1, 2)?.contiguous()?.reshape((b, t, kv * hs))?)
     };
-    Ok((ungrouped(&dq, t)?, merge(dk)?, merge(dv)?))
+    Ok(Tensor::cat(
+        &[ungrouped(&dq, t)?, merge(dk)?, merge(dv)?],
+        2,
+    )?)
+}
+
+/// Why cuDNN does not take the packed `qkv` for `pass` (`Ok(())` when it does): for the GPU
+/// tests, which must know that the fused path ran rather than the reference on the GPU.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub fn gqa_cudnn_support(
+    qkv: &Tensor,
+    n_head: usize,
+    n_kv_head: usize,
+    backward: bool,
+) -> Result<std::result::Result<(), String>> {
+    cuda::support(qkv, n_head, n_kv_head, backward)
+}
+
+/// `qkv (B, T, (NH + 2 KV) hs)` -> `(q (B, T, NH hs), k, v (B, T, KV hs))`, contiguous.
+fn split(qkv: &Tensor, n_head: usize, n_kv_head: usize) -> Result<(Tensor, Tensor, Tensor)> {
+    let (b, t, w) = qkv.dims3()?;
+    let heads = n_head + 2 * n_kv_head;
+    if n_head == 0 || n_kv_head == 0 || w % heads != 0 {
+        return Err(ModelError::Shape {
+            field: "n_kv_head",
+            reason: format!(
+                "a packed qkv of {w} channels does not hold {n_head} query and 2 x {n_kv_head} \
+                 key/value heads (b {b}, t {t})"
+            ),
+        });
+    }
+    let hs = w / heads;
+    let part = |from: usize, heads: usize| -> Result<Tensor> {
+        Ok(qkv.narrow(2, from * hs, heads * hs)?.contiguous()?)
+    };
+    Ok((
+        part(0, n_head)?,
+        part(n_head, n_kv_head)?,
+        part(n_head + n_kv_head, n_kv_head)?,
+    ))
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    //! cuDNN's fused SDPA with `KV` heads for K and V (crates/model/src/cudnn/), on the packed
+    //! `qkv (B, T, W)`: nothing permuted, repeated or copied.
+    use super::GqaSaved;
+    use crate::error::Result;
+    use crate::gpu;
+    use candle_core::{DType, Tensor};
+
+    /// The cuDNN shape of a packed `qkv` that suits it: bf16, contiguous, 16-byte aligned,
+    /// `hs` a multiple of 8 up to 128, the heads dividing.
+    fn shape(qkv: &Tensor, n_head: usize, kv: usize) -> Result<Option<crate::cudnn::Shape>> {
+        if qkv.dtype() != DType::BF16 || !qkv.is_contiguous() || n_head == 0 || kv == 0 {
+            return Ok(None);
+        }
+        let (b, t, w) = qkv.dims3()?;
+        let heads = n_head + 2 * kv;
+        if w % heads != 0 || n_head % kv != 0 || b == 0 || t == 0 {
+            return Ok(None);
+        }
+        let hs = w / heads;
+        if hs % 8 != 0 || hs > 128 || gpu::ptr(qkv)? % 16 != 0 {
+            return Ok(None);
+        }
+        Ok(Some(crate::cudnn::Shape {
+            batch: b,
+            heads: n_head,
+            kv_heads: kv,
+            seq: t,
+            head_size: hs,
+        }))
+    }
+
+    pub(super) fn support(
+        qkv: &Tensor,
+        n_head: usize,
+        n_kv_head: usize,
+        backward: bool,
+    ) -> Result<std::result::Result<(), String>> {
+        let Some(s) = shape(qkv, n_head, n_kv_head)? else {
+            return Ok(Err("the input's dtype, layout or head size".into()));
+        };
+        let pass = if backward {
+            crate::cudnn::Pass::Backward
+        } else {
+            crate::cudnn::Pass::Forward
+        };
+        crate::cudnn::support(&gpu::device(qkv)?, pass, s)
+    }
+
+    pub(super) fn forward(
+        qkv: &Tensor,
+        n_head: usize,
+        n_kv_head: usize,
+    ) -> Result<Option<(Tensor, GqaSaved)>> {
+        let Some(s) = shape(qkv, n_head, n_kv_head)? else {
+            return Ok(None);
+        };
+        let dev = gpu::device(qkv)?;
+        let y = gpu::uninit((s.batch, s.seq, n_head * s.head_size), DType::BF16, &dev)?;
+        let lse = gpu::uninit((s.batch, n_head, s.seq), DType::F32, &dev)?;
+        let args = crate::cudnn::ForwardArgs {
+            qkv: gpu::ptr(qkv)?,
+            y: gpu::ptr(&y)?,
+            lse: gpu::ptr(&lse)?,
+        };
+        if !crate::cudnn::forward(&dev, s, &args)? {
+            return Ok(None);
+        }
+        let saved = GqaSaved {
+            qkv: qkv.clone(),
+            y: y.clone(),
+            lse,
+            n_head,
+            n_kv_head,
+        };
+        Ok(Some((y, saved)))
+    }
+
+    pub(super) fn backward(dy: &Tensor, saved: &GqaSaved) -> Result<Option<Tensor>> {
+        let Some(s) = shape(&saved.qkv, saved.n_head, saved.n_kv_head)? else {
+            return Ok(None);
+        };
+        let c = saved.n_head * s.head_size;
+        let (b, t) = (s.batch, s.seq);
+        let takes = dy.dtype() == DType::BF16
+            && saved.y.dtype() == DType::BF16
+            && saved.lse.dtype() == DType::F32
+            && dy.dims() == [b, t, c]
+            && saved.y.dims() == [b, t, c]
+            && saved.lse.dims() == [b, saved.n_head, t]
+            && dy.is_contiguous()
+            && saved.y.is_contiguous()
+            && saved.lse.is_contiguous();
+        if !takes {
+            return Ok(None);
+        }
+        let (p_dy, p_y) = (gpu::ptr(dy)?, gpu::ptr(&saved.y)?);
+        if (p_dy | p_y) % 16 != 0 {
+            return Ok(None);
+        }
+        let dev = gpu::device(dy)?;
+        let dqkv = gpu::uninit((b, t, s.row()), DType::BF16, &dev)?;
+        let args = crate::cudnn::BackwardArgs {
+            qkv: gpu::ptr(&saved.qkv)?,
+            y: p_y,
+            lse: gpu::ptr(&saved.lse)?,
+            dy: p_dy,
+            dqkv: gpu::ptr(&dqkv)?,
+        };
+        if !crate::cudnn::backward(&dev, s, &args)? {
+            return Ok(None);
+        }
+        Ok(Some(dqkv))
+    }
 }
