@@ -52,6 +52,12 @@ macro_rules! sources {
 sources! {
     /// LayerNorm with the residual add before it, forward and backward.
     LAYERNORM = "layernorm.cu";
+    /// RMSNorm with the residual add before it, forward and backward (the Llama family).
+    RMSNORM = "rmsnorm.cu";
+    /// Rotary embeddings turned in place on the packed q and k heads, forward and backward.
+    ROPE = "rope.cu";
+    /// SwiGLU on the packed gate/up projection, forward and backward.
+    SWIGLU = "swiglu.cu";
     /// Bias add, GELU (tanh) and their backward, bias gradients (column sums), residual adds.
     ELEMENTWISE = "elementwise.cu";
     /// Causal flash attention on tensor cores, forward and backward, on the QKV GEMM's layout.

@@ -13,9 +13,9 @@ pub enum Family {
     Gemm,
     /// Fused attention, forward and backward.
     Attention,
-    /// LayerNorm, forward and backward.
+    /// LayerNorm and RMSNorm, forward and backward.
     Norm,
-    /// Bias, GELU, residual and bias-gradient kernels.
+    /// Bias, GELU, residual and bias-gradient kernels; RoPE and SwiGLU.
     Elementwise,
     /// Embedding lookup and its backward.
     Embedding,

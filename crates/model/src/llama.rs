@@ -40,12 +40,13 @@ use candle_core::Tensor;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    crossentropy_forward_backward, gqa_attention_backward, gqa_attention_forward,
-    matmul_backward_no_bias, rmsnorm_backward, rmsnorm_forward, rope_backward, rope_forward,
-    rope_tables, swiglu_backward, swiglu_forward,
+    add_rmsnorm_forward, crossentropy_forward_backward, gqa_packed_backward, gqa_packed_forward,
+    matmul_cols_backward, matmul_cols_forward, rmsnorm_backward, rmsnorm_backward_into,
+    rmsnorm_forward, rope_qk_backward, rope_qk_forward, rope_tables, swiglu_packed_backward,
+    swiglu_packed_forward,
 };
 use crate::layout::{UnitKind, UnitLayout};
-use crate::units::{check_acts, check_params, check_tokens, flatten_grads};
+use crate::units::{check_acts, check_params, check_tokens, flatten_grads, FlatGrad};
 
 pub use crate::layers::{GqaSaved, RmsSaved, RopeTables};
 
@@ -87,18 +88,16 @@ pub fn embedding_backward(cfg: &ModelConfig, tokens: &Tensor, dout: &Tensor) -> 
     let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
     let (b, t) = check_tokens(cfg, tokens, "tokens")?;
     check_dout(cfg, dout, (b, t), "embedding dout")?;
-    let dw = Tensor::zeros((cfg.vocab_size, cfg.n_embd), dout.dtype(), dout.device())?.index_add(
-        &tokens.flatten_all()?,
-        &dout.reshape((b * t, cfg.n_embd))?,
-        0,
-    )?;
+    // GPT-2's token rows without its positions (on the GPU its deterministic kernel; the
+    // position rows it also sums are dropped).
+    let (dw, _) = crate::layers::embedding_backward(dout, tokens, cfg.vocab_size, t)?;
     flatten_grads(&unit, vec![("embed_tokens.weight", dw)])
 }
 
 // ------------------------------------------------------------------------------------------
 // Decoder block
 
-/// Every activation a block's backward reads. `N = B*T`.
+/// Every activation a block's backward reads. `N = B*T`, `W = (NH + 2 KV) hs`.
 #[derive(Clone, Debug)]
 struct LlamaBlockActs {
     /// Block input `(B, T, C)`.
@@ -108,16 +107,16 @@ struct LlamaBlockActs {
     /// `input_layernorm(x)` `(N, C)` and its statistics.
     n1: Tensor,
     rms1: RmsSaved,
-    /// Attention's inputs (q and k after the rotation), output and row log-sum-exps.
+    /// Attention's packed input (q and k after the rotation) `(B, T, W)`, output and row
+    /// log-sum-exps.
     att: GqaSaved,
     /// Residual after attention, `(N, C)`.
     h: Tensor,
     /// `post_attention_layernorm(h)` `(N, C)` and its statistics.
     n2: Tensor,
     rms2: RmsSaved,
-    /// `gate_proj(n2)`, `up_proj(n2)` and `silu(gate) * up`, `(N, F)` each.
-    gate: Tensor,
-    up: Tensor,
+    /// `[gate_proj(n2) | up_proj(n2)]` `(N, 2F)` and `silu(gate) * up` `(N, F)`.
+    gu: Tensor,
     act: Tensor,
 }
 
@@ -140,6 +139,40 @@ impl LlamaBlockSaved {
     }
 }
 
+/// The block's weights in the order the packed projections take them.
+struct BlockWeights {
+    input_norm: Tensor,
+    /// q_proj, k_proj, v_proj: one packed projection.
+    qkv: [Tensor; 3],
+    o: Tensor,
+    post_norm: Tensor,
+    /// gate_proj, up_proj: one packed projection.
+    gate_up: [Tensor; 2],
+    down: Tensor,
+}
+
+/// Names of [`BlockWeights`]' projections, in their order.
+const QKV_NAMES: [&str; 3] = [
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+];
+const GATE_UP_NAMES: [&str; 2] = ["mlp.gate_proj.weight", "mlp.up_proj.weight"];
+
+impl BlockWeights {
+    fn view(unit: &UnitLayout, params: &Tensor) -> Result<BlockWeights> {
+        let p = |name: &str| unit.param(name).view(params);
+        Ok(BlockWeights {
+            input_norm: p("input_layernorm.weight")?,
+            qkv: [p(QKV_NAMES[0])?, p(QKV_NAMES[1])?, p(QKV_NAMES[2])?],
+            o: p("self_attn.o_proj.weight")?,
+            post_norm: p("post_attention_layernorm.weight")?,
+            gate_up: [p(GATE_UP_NAMES[0])?, p(GATE_UP_NAMES[1])?],
+            down: p("mlp.down_proj.weight")?,
+        })
+    }
+}
+
 /// Forward of one block, keeping every activation; the block's output too when `want_out`
 /// (backward's recomputation skips `down_proj`, whose output it never reads).
 fn block_forward_full(
@@ -152,26 +185,21 @@ fn block_forward_full(
     check_params(params, &unit, "block")?;
     let (b, t) = check_acts(cfg, x, "block input")?;
     let (c, nh, kv, hs) = (cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim());
-    let p = |name: &str| unit.param(name).view(params);
+    let w = BlockWeights::view(&unit, params)?;
     let rope = rope_tables(t, hs, cfg.rope_theta, x.dtype(), x.device())?;
     let xf = x.reshape((b * t, c))?;
-    let (n1, rms1) = rmsnorm_forward(&xf, &p("input_layernorm.weight")?, cfg.norm_eps)?;
-    let q = n1.matmul(&p("self_attn.q_proj.weight")?)?;
-    let k = n1.matmul(&p("self_attn.k_proj.weight")?)?;
-    let v = n1.matmul(&p("self_attn.v_proj.weight")?)?;
-    let q = rope_forward(&q.reshape((b, t, nh, hs))?, &rope)?.reshape((b, t, c))?;
-    let k = rope_forward(&k.reshape((b, t, kv, hs))?, &rope)?.reshape((b, t, kv * hs))?;
-    let (y, att) = gqa_attention_forward(&q, &k, &v.reshape((b, t, kv * hs))?, nh, kv)?;
-    let h = (&xf
-        + y.reshape((b * t, c))?
-            .matmul(&p("self_attn.o_proj.weight")?)?)?;
-    let (n2, rms2) = rmsnorm_forward(&h, &p("post_attention_layernorm.weight")?, cfg.norm_eps)?;
-    let gate = n2.matmul(&p("mlp.gate_proj.weight")?)?;
-    let up = n2.matmul(&p("mlp.up_proj.weight")?)?;
-    let act = swiglu_forward(&gate, &up)?;
+    let (n1, rms1) = rmsnorm_forward(&xf, &w.input_norm, cfg.norm_eps)?;
+    let qkv = matmul_cols_forward(&n1, &w.qkv, None)?;
+    let qkv = rope_qk_forward(qkv.reshape((b, t, (nh + 2 * kv) * hs))?, &rope, nh, kv)?;
+    let (y, att) = gqa_packed_forward(&qkv, nh, kv)?;
+    let attn_out = matmul_cols_forward(&y.reshape((b * t, c))?, std::slice::from_ref(&w.o), None)?;
+    // h = x + o_proj(y), then its norm, in one pass
+    let (h, n2, rms2) = add_rmsnorm_forward(&xf, &attn_out, &w.post_norm, cfg.norm_eps)?;
+    let gu = matmul_cols_forward(&n2, &w.gate_up, None)?;
+    let act = swiglu_packed_forward(&gu)?;
     let out = if want_out {
-        let down = act.matmul(&p("mlp.down_proj.weight")?)?;
-        Some((&h + down)?.reshape((b, t, c))?)
+        let out = matmul_cols_forward(&act, std::slice::from_ref(&w.down), Some(&h))?;
+        Some(out.reshape((b, t, c))?)
     } else {
         None
     };
@@ -184,8 +212,7 @@ fn block_forward_full(
         h,
         n2,
         rms2,
-        gate,
-        up,
+        gu,
         act,
     };
     Ok((out, acts))
@@ -194,11 +221,15 @@ fn block_forward_full(
 /// One decoder block: `x (B, T, C)` -> `out (B, T, C)` from the block's flat `params`
 /// (`eps` = `cfg.norm_eps`, the rotary tables of `cfg.rope_theta` for this batch's `T`).
 ///
+/// q, k and v come out of one packed projection `(N, (NH + 2 KV) hs)` that the rotation turns
+/// in place and the attention reads in place, gate and up out of another `(N, 2F)`; the residual
+/// add after attention runs inside the next norm, the one after the MLP in its projection.
+///
 /// With `recompute`, [`LlamaBlockSaved`] holds only `x` (activation checkpointing) and
 /// [`block_backward`] reruns this forward (all but `down_proj`); gradients are bitwise the same
-/// either way. Without it, it holds `n1, n2, h (N, C)`, attention's rotated `q (N, C)`,
-/// `k, v (N, KV*hs)`, output `(N, C)` and row log-sum-exps `(B, NH, T)`, `gate, up,
-/// silu(gate)*up (N, F)`, the RMSNorm statistics and the rotary tables.
+/// either way. Without it, it holds `n1, n2, h (N, C)`, attention's packed rotated input
+/// `(N, (NH + 2 KV) hs)`, output `(N, C)` and row log-sum-exps `(B, NH, T)`, `[gate | up]
+/// (N, 2F)`, `silu(gate)*up (N, F)`, the RMSNorm statistics and the rotary tables.
 pub fn block_forward(
     cfg: &ModelConfig,
     params: &Tensor,
@@ -216,7 +247,8 @@ pub fn block_forward(
 }
 
 /// Gradients of [`block_forward`]: `dout (B, T, C)` -> `(dx (B, T, C), flat dparams)`.
-/// The flat gradient has length exactly the block's numel; it is returned, not accumulated.
+/// The flat gradient has length exactly the block's numel; it is returned, not accumulated. On
+/// the GPU every weight gradient is written straight into its slot of the flat buffer.
 pub fn block_backward(
     cfg: &ModelConfig,
     params: &Tensor,
@@ -236,53 +268,61 @@ pub fn block_backward(
     let (b, t) = check_acts(cfg, &a.x, "block input")?;
     check_dout(cfg, dout, (b, t), "block dout")?;
     let (c, nh, kv, hs) = (cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim());
-    let p = |name: &str| unit.param(name).view(params);
+    let w = BlockWeights::view(&unit, params)?;
+    let grads = FlatGrad::new(&unit, params.dtype(), params.device())?;
+    let slots = |names: &[&str]| -> Result<Vec<Option<Tensor>>> {
+        names.iter().map(|n| grads.slot(n).map(Some)).collect()
+    };
+    let put = |names: &[&str], dws: &[Tensor]| -> Result<()> {
+        names.iter().zip(dws).try_for_each(|(n, g)| grads.put(n, g))
+    };
     let dout = dout.reshape((b * t, c))?;
 
     // out = h + act @ down_proj
-    let (dact, dw_down) = matmul_backward_no_bias(&dout, &a.act, &p("mlp.down_proj.weight")?)?;
+    let down = ["mlp.down_proj.weight"];
+    let (dact, dw) =
+        matmul_cols_backward(&dout, &a.act, std::slice::from_ref(&w.down), &slots(&down)?)?;
+    put(&down, &dw)?;
     // act = silu(gate) * up
-    let (dgate, dup) = swiglu_backward(&dact, &a.gate, &a.up)?;
-    // gate = n2 @ gate_proj, up = n2 @ up_proj
-    let (dn2_g, dw_gate) = matmul_backward_no_bias(&dgate, &a.n2, &p("mlp.gate_proj.weight")?)?;
-    let (dn2_u, dw_up) = matmul_backward_no_bias(&dup, &a.n2, &p("mlp.up_proj.weight")?)?;
-    let dn2 = (dn2_g + dn2_u)?;
+    let dgu = swiglu_packed_backward(&dact, &a.gu)?;
+    // [gate | up] = n2 @ [gate_proj | up_proj]
+    let (dn2, dw) = matmul_cols_backward(&dgu, &a.n2, &w.gate_up, &slots(&GATE_UP_NAMES)?)?;
+    put(&GATE_UP_NAMES, &dw)?;
     // n2 = post_attention_layernorm(h); h also feeds the residual, whose gradient is dout
-    let w_post = p("post_attention_layernorm.weight")?;
-    let (dh, dw_post) = rmsnorm_backward(&dn2, &a.rms2, &a.h, &w_post, Some(&dout))?;
+    let post = "post_attention_layernorm.weight";
+    let (dh, dw_post) = rmsnorm_backward_into(
+        &dn2,
+        &a.rms2,
+        &a.h,
+        &w.post_norm,
+        Some(&dout),
+        Some(&grads.slot(post)?),
+    )?;
+    grads.put(post, &dw_post)?;
     // h = x + y @ o_proj
+    let o = ["self_attn.o_proj.weight"];
     let y = a.att.y.reshape((b * t, c))?;
-    let (dy, dw_o) = matmul_backward_no_bias(&dh, &y, &p("self_attn.o_proj.weight")?)?;
-    // y = attn(q, k, v)
-    let (dq, dk, dv) = gqa_attention_backward(&dy.reshape((b, t, c))?, &a.att)?;
-    // q = rope(q_proj(n1)), k = rope(k_proj(n1))
-    let dq = rope_backward(&dq.reshape((b, t, nh, hs))?, &a.rope)?.reshape((b * t, c))?;
-    let dk = rope_backward(&dk.reshape((b, t, kv, hs))?, &a.rope)?.reshape((b * t, kv * hs))?;
-    let dv = dv.reshape((b * t, kv * hs))?;
-    let (dn1_q, dw_q) = matmul_backward_no_bias(&dq, &a.n1, &p("self_attn.q_proj.weight")?)?;
-    let (dn1_k, dw_k) = matmul_backward_no_bias(&dk, &a.n1, &p("self_attn.k_proj.weight")?)?;
-    let (dn1_v, dw_v) = matmul_backward_no_bias(&dv, &a.n1, &p("self_attn.v_proj.weight")?)?;
-    let dn1 = ((dn1_q + dn1_k)? + dn1_v)?;
+    let (dy, dw) = matmul_cols_backward(&dh, &y, std::slice::from_ref(&w.o), &slots(&o)?)?;
+    put(&o, &dw)?;
+    // y = attn(qkv), then q and k turned back by the rotation
+    let dqkv = gqa_packed_backward(&dy.reshape((b, t, c))?, &a.att)?;
+    let dqkv = rope_qk_backward(dqkv, &a.rope, nh, kv)?.reshape((b * t, (nh + 2 * kv) * hs))?;
+    // qkv = n1 @ [q_proj | k_proj | v_proj]
+    let (dn1, dw) = matmul_cols_backward(&dqkv, &a.n1, &w.qkv, &slots(&QKV_NAMES)?)?;
+    put(&QKV_NAMES, &dw)?;
     // n1 = input_layernorm(x); x also feeds the residual, whose gradient is dh
     let xf = a.x.reshape((b * t, c))?;
-    let w_in = p("input_layernorm.weight")?;
-    let (dx, dw_in) = rmsnorm_backward(&dn1, &a.rms1, &xf, &w_in, Some(&dh))?;
-
-    let flat = flatten_grads(
-        &unit,
-        vec![
-            ("input_layernorm.weight", dw_in),
-            ("self_attn.q_proj.weight", dw_q),
-            ("self_attn.k_proj.weight", dw_k),
-            ("self_attn.v_proj.weight", dw_v),
-            ("self_attn.o_proj.weight", dw_o),
-            ("post_attention_layernorm.weight", dw_post),
-            ("mlp.gate_proj.weight", dw_gate),
-            ("mlp.up_proj.weight", dw_up),
-            ("mlp.down_proj.weight", dw_down),
-        ],
+    let input = "input_layernorm.weight";
+    let (dx, dw_in) = rmsnorm_backward_into(
+        &dn1,
+        &a.rms1,
+        &xf,
+        &w.input_norm,
+        Some(&dh),
+        Some(&grads.slot(input)?),
     )?;
-    Ok((dx.reshape((b, t, c))?, flat))
+    grads.put(input, &dw_in)?;
+    Ok((dx.reshape((b, t, c))?, grads.finish()))
 }
 
 // ------------------------------------------------------------------------------------------

@@ -88,3 +88,60 @@ pub(crate) fn flatten_grads(unit: &UnitLayout, grads: Vec<(&str, Tensor)>) -> Re
     }
     Ok(Tensor::cat(&parts, 0)?)
 }
+
+/// A unit's flat gradient, filled parameter by parameter: the buffer of length `unit.numel`
+/// that a backward returns, with a *slot* for each parameter (a view shaped like it). A GPU
+/// kernel handed a slot (the layers' `into` arguments) writes the gradient straight into the
+/// buffer; any other gradient is copied in by [`FlatGrad::put`]. So no backward concatenates
+/// its gradients on the GPU, and the CPU reference shares the same code.
+pub(crate) struct FlatGrad<'a> {
+    unit: &'a UnitLayout,
+    flat: Tensor,
+}
+
+impl<'a> FlatGrad<'a> {
+    /// Zeros of `unit.numel` elements.
+    pub(crate) fn new(
+        unit: &'a UnitLayout,
+        dtype: DType,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        Ok(FlatGrad {
+            unit,
+            flat: Tensor::zeros(unit.numel, dtype, device)?,
+        })
+    }
+
+    /// The slot of parameter `short`: a view of the buffer shaped like the parameter.
+    pub(crate) fn slot(&self, short: &str) -> Result<Tensor> {
+        self.unit.param(short).view(&self.flat)
+    }
+
+    /// Stores `g` as the gradient of parameter `short`: nothing to do when a kernel wrote it
+    /// into its slot, a copy otherwise.
+    pub(crate) fn put(&self, short: &str, g: &Tensor) -> Result<()> {
+        let spec = self.unit.param(short);
+        if g.dims() != spec.shape.as_slice() {
+            return Err(ModelError::ShapeMismatch {
+                what: "parameter gradient",
+                expected: spec.shape.clone(),
+                got: g.dims().to_vec(),
+            });
+        }
+        #[cfg(feature = "cuda")]
+        if g.device().is_cuda()
+            && g.dtype() == self.flat.dtype()
+            && g.is_contiguous()
+            && crate::gpu::ptr(g)? == crate::gpu::ptr(&spec.view(&self.flat)?)?
+        {
+            return Ok(());
+        }
+        let g = g.to_dtype(self.flat.dtype())?.flatten_all()?.contiguous()?;
+        Ok(self.flat.slice_set(&g, 0, spec.offset)?)
+    }
+
+    /// The filled buffer.
+    pub(crate) fn finish(self) -> Tensor {
+        self.flat
+    }
+}

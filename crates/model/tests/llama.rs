@@ -724,3 +724,120 @@ fn block_runs_in_f32_and_bf16_close_to_f64() {
         assert!(errs.iter().all(|&e| e < tol), "{dtype:?}: {errs:?}");
     }
 }
+
+/// The packed layers the block runs (q|k|v and gate|up as one buffer each, the residual add
+/// inside the norm) compute what the separate layers compute: bit for bit on the reference.
+#[test]
+fn packed_layers_equal_the_separate_ones() {
+    use model::layers::{
+        add_rmsnorm_forward, gqa_packed_backward, gqa_packed_forward, matmul_cols_backward,
+        matmul_cols_forward, rope_qk_backward, rope_qk_forward, swiglu_packed_backward,
+        swiglu_packed_forward,
+    };
+    let (nh, kv, hs, c, f) = (4, 2, 4, 16, 12);
+    let n = B * T;
+    let mut rng = Rng(90);
+    let x = t(&rng.vec(n * c, 1.0), &[n, c]);
+    let ws: Vec<Tensor> = [c, kv * hs, kv * hs]
+        .iter()
+        .map(|&o| t(&rng.vec(c * o, 0.5), &[c, o]))
+        .collect();
+    let bits = |t: &Tensor| vec1(t).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+
+    // The projections side by side, and their backward summing dx over the blocks.
+    let qkv = matmul_cols_forward(&x, &ws, None).unwrap();
+    for (i, w) in ws.iter().enumerate() {
+        let from = [0, c, c + kv * hs][i];
+        let part = qkv.narrow(1, from, w.dim(1).unwrap()).unwrap();
+        assert_eq!(bits(&part), bits(&x.matmul(w).unwrap()), "projection {i}");
+    }
+    let dqkv = t(&rng.vec(n * (c + 2 * kv * hs), 1.0), &[n, c + 2 * kv * hs]);
+    let (dx, dws) = matmul_cols_backward(&dqkv, &x, &ws, &[]).unwrap();
+    let mut want_dx: Option<Tensor> = None;
+    let mut from = 0;
+    for (i, w) in ws.iter().enumerate() {
+        let o = w.dim(1).unwrap();
+        let d = dqkv.narrow(1, from, o).unwrap().contiguous().unwrap();
+        from += o;
+        let part = d.matmul(&w.t().unwrap()).unwrap();
+        want_dx = Some(match want_dx {
+            Some(a) => (a + part).unwrap(),
+            None => part,
+        });
+        let dw = x.t().unwrap().matmul(&d).unwrap();
+        assert_eq!(bits(&dws[i]), bits(&dw), "dw {i}");
+    }
+    assert_eq!(bits(&dx), bits(&want_dx.unwrap()), "dx");
+
+    // The rotation of the packed q and k heads, v passed through.
+    let tab = rope_tables(T, hs, 10_000.0, DType::F64, &Device::Cpu).unwrap();
+    let qkv3 = qkv.reshape((B, T, c + 2 * kv * hs)).unwrap();
+    let turned = rope_qk_forward(qkv3.clone(), &tab, nh, kv).unwrap();
+    let q = qkv3
+        .narrow(2, 0, c)
+        .unwrap()
+        .reshape((B, T, nh, hs))
+        .unwrap();
+    let k = qkv3
+        .narrow(2, c, kv * hs)
+        .unwrap()
+        .reshape((B, T, kv, hs))
+        .unwrap();
+    let q_want = rope_forward(&q, &tab).unwrap().reshape((B, T, c)).unwrap();
+    let k_want = rope_forward(&k, &tab)
+        .unwrap()
+        .reshape((B, T, kv * hs))
+        .unwrap();
+    assert_eq!(bits(&turned.narrow(2, 0, c).unwrap()), bits(&q_want));
+    assert_eq!(bits(&turned.narrow(2, c, kv * hs).unwrap()), bits(&k_want));
+    assert_eq!(
+        bits(&turned.narrow(2, c + kv * hs, kv * hs).unwrap()),
+        bits(&qkv3.narrow(2, c + kv * hs, kv * hs).unwrap()),
+        "v passes through"
+    );
+    let back = rope_qk_backward(turned.clone(), &tab, nh, kv).unwrap();
+    let q_back = rope_backward(&q_want.reshape((B, T, nh, hs)).unwrap(), &tab).unwrap();
+    assert_eq!(
+        bits(&back.narrow(2, 0, c).unwrap()),
+        bits(&q_back.reshape((B, T, c)).unwrap())
+    );
+
+    // Attention on the packed buffer equals it on q, k, v apart.
+    let (q, k, v) = (
+        turned.narrow(2, 0, c).unwrap().contiguous().unwrap(),
+        turned.narrow(2, c, kv * hs).unwrap().contiguous().unwrap(),
+        turned
+            .narrow(2, c + kv * hs, kv * hs)
+            .unwrap()
+            .contiguous()
+            .unwrap(),
+    );
+    let (y, saved) = gqa_packed_forward(&turned, nh, kv).unwrap();
+    let (y_want, saved_want) = gqa_attention_forward(&q, &k, &v, nh, kv).unwrap();
+    assert_eq!(bits(&y), bits(&y_want));
+    let dy = t(&rng.vec(B * T * c, 1.0), &[B, T, c]);
+    let dpacked = gqa_packed_backward(&dy, &saved).unwrap();
+    let (dq, dk, dv) = gqa_attention_backward(&dy, &saved_want).unwrap();
+    let want = Tensor::cat(&[dq, dk, dv], 2).unwrap();
+    assert_eq!(bits(&dpacked), bits(&want));
+
+    // SwiGLU on [gate | up].
+    let gu = t(&rng.vec(n * 2 * f, 2.0), &[n, 2 * f]);
+    let (g, u) = (gu.narrow(1, 0, f).unwrap(), gu.narrow(1, f, f).unwrap());
+    let act = swiglu_packed_forward(&gu).unwrap();
+    assert_eq!(bits(&act), bits(&swiglu_forward(&g, &u).unwrap()));
+    let dact = t(&rng.vec(n * f, 1.0), &[n, f]);
+    let dgu = swiglu_packed_backward(&dact, &gu).unwrap();
+    let (dg, du) = swiglu_backward(&dact, &g, &u).unwrap();
+    assert_eq!(bits(&dgu), bits(&Tensor::cat(&[dg, du], 1).unwrap()));
+
+    // The residual add inside the norm: h = x + delta, then the norm of h.
+    let delta = t(&rng.vec(n * c, 1.0), &[n, c]);
+    let w = t1(&rng.vec(c, 1.0));
+    let (h, y2, s2) = add_rmsnorm_forward(&x, &delta, &w, 1e-5).unwrap();
+    let h_want = (&x + &delta).unwrap();
+    let (y2_want, s2_want) = rmsnorm_forward(&h_want, &w, 1e-5).unwrap();
+    assert_eq!(bits(&h), bits(&h_want));
+    assert_eq!(bits(&y2), bits(&y2_want));
+    assert_eq!(bits(&s2.rstd), bits(&s2_want.rstd));
+}

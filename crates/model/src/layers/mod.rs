@@ -37,16 +37,26 @@ pub use attention::{
 pub use crossentropy::{crossentropy_chunked, crossentropy_forward_backward, CE_CHUNK_ELEMS};
 pub use embedding::{embedding_backward, embedding_forward};
 pub use gelu::{gelu_backward, gelu_forward};
-pub use gqa::{gqa_attention_backward, gqa_attention_forward, GqaSaved};
+#[cfg(feature = "cuda")]
+pub use gqa::gqa_cudnn_support;
+pub use gqa::{
+    gqa_attention_backward, gqa_attention_forward, gqa_packed_backward, gqa_packed_forward,
+    GqaSaved,
+};
 pub use layernorm::{layernorm_backward, layernorm_forward, LnSaved, LN_EPS};
 pub use linear::{
-    bias_grad, gelu_backward_bias_grad, matmul_backward, matmul_backward_no_bias, matmul_forward,
-    matmul_gelu_backward, matmul_gelu_backward_epilogue, matmul_gelu_forward,
-    matmul_gelu_forward_unfused, residual_matmul_forward,
+    bias_grad, gelu_backward_bias_grad, matmul_backward, matmul_backward_no_bias,
+    matmul_cols_backward, matmul_cols_forward, matmul_forward, matmul_gelu_backward,
+    matmul_gelu_backward_epilogue, matmul_gelu_forward, matmul_gelu_forward_unfused,
+    residual_matmul_forward,
 };
-pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RmsSaved};
-pub use rope::{rope_backward, rope_forward, rope_tables, RopeTables};
-pub use swiglu::{swiglu_backward, swiglu_forward};
+pub use rmsnorm::{
+    add_rmsnorm_forward, rmsnorm_backward, rmsnorm_backward_into, rmsnorm_forward, RmsSaved,
+};
+pub use rope::{
+    rope_backward, rope_forward, rope_qk_backward, rope_qk_forward, rope_tables, RopeTables,
+};
+pub use swiglu::{swiglu_backward, swiglu_forward, swiglu_packed_backward, swiglu_packed_forward};
 
 /// Whether `t` lives on a CUDA device (the `cuda` kernels are built in).
 #[cfg(feature = "cuda")]

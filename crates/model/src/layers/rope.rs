@@ -28,9 +28,44 @@ pub struct RopeTables {
 /// / hs`, `freqs = position.float() * inv_freq`, then `cos`, `sin`, cast to `dtype`), and in f64
 /// when `dtype` is f64 (the reference keeps its precision there). Then copied to `device`.
 ///
+/// On a GPU the tables are made once per thread, length, head size, base and dtype, and kept:
+/// a block's forward asks for them every call, and a fresh upload each time would wait on the
+/// host.
+///
 /// # Panics
 /// If `head_dim` is odd (`ModelConfig::validate` rejects that for Llama).
 pub fn rope_tables(
+    seq_len: usize,
+    head_dim: usize,
+    theta: f64,
+    dtype: DType,
+    device: &Device,
+) -> Result<RopeTables> {
+    if device.is_cuda() {
+        type Key = (String, usize, usize, u64, DType);
+        thread_local! {
+            static KEPT: std::cell::RefCell<std::collections::HashMap<Key, RopeTables>> =
+                Default::default();
+        }
+        let key: Key = (
+            format!("{:?}", device.location()),
+            seq_len,
+            head_dim,
+            theta.to_bits(),
+            dtype,
+        );
+        if let Some(t) = KEPT.with(|m| m.borrow().get(&key).cloned()) {
+            return Ok(t);
+        }
+        let t = host_tables(seq_len, head_dim, theta, dtype, device)?;
+        KEPT.with(|m| m.borrow_mut().insert(key, t.clone()));
+        return Ok(t);
+    }
+    host_tables(seq_len, head_dim, theta, dtype, device)
+}
+
+/// [`rope_tables`] computed on the host and copied to `device`.
+fn host_tables(
     seq_len: usize,
     head_dim: usize,
     theta: f64,
@@ -113,4 +148,141 @@ pub fn rope_backward(dy: &Tensor, tables: &RopeTables) -> Result<Tensor> {
     let (cos, sin) = tables_for(tables, t)?;
     // out = x * cos + rotate_half(x) * sin
     Ok((dy.broadcast_mul(&cos)? - rotate_half(&dy.broadcast_mul(&sin)?)?)?)
+}
+
+/// [`rope_forward`] on the query and key heads of the packed projection `qkv (B, T, W)`,
+/// `W = (NH + 2 KV) * hs` (columns `[q | k | v]`); the v heads pass unchanged. On the GPU the
+/// heads are turned in place, in `qkv`'s own storage (so `qkv` is taken by value: no other
+/// handle may still want the unturned values), with no pass over v.
+pub fn rope_qk_forward(
+    qkv: Tensor,
+    tables: &RopeTables,
+    n_head: usize,
+    n_kv_head: usize,
+) -> Result<Tensor> {
+    rope_qk(qkv, tables, n_head, n_kv_head, 1.0)
+}
+
+/// [`rope_backward`] on the packed gradient `dqkv (B, T, W)`: dq and dk turned back, dv
+/// unchanged. In place on the GPU, like [`rope_qk_forward`].
+pub fn rope_qk_backward(
+    dqkv: Tensor,
+    tables: &RopeTables,
+    n_head: usize,
+    n_kv_head: usize,
+) -> Result<Tensor> {
+    rope_qk(dqkv, tables, n_head, n_kv_head, -1.0)
+}
+
+/// Turns the q and k heads of `qkv` by `sign` times their angles.
+fn rope_qk(
+    qkv: Tensor,
+    tables: &RopeTables,
+    n_head: usize,
+    n_kv_head: usize,
+    sign: f32,
+) -> Result<Tensor> {
+    let (b, t, w) = qkv.dims3()?;
+    let hs = tables.cos.dim(1)?;
+    if w != (n_head + 2 * n_kv_head) * hs {
+        return Err(crate::error::ModelError::ShapeMismatch {
+            what: "rope qkv",
+            expected: vec![b, t, (n_head + 2 * n_kv_head) * hs],
+            got: qkv.dims().to_vec(),
+        });
+    }
+    #[cfg(feature = "cuda")]
+    if qkv.device().is_cuda() {
+        let _span = kernels::profile::scope(qkv.device(), kernels::profile::Family::Elementwise);
+        if cuda::turn_in_place(&qkv, tables, n_head + n_kv_head, sign)? {
+            return Ok(qkv);
+        }
+    }
+    let turn = |x: &Tensor| {
+        if sign > 0.0 {
+            rope_forward(x, tables)
+        } else {
+            rope_backward(x, tables)
+        }
+    };
+    let q = turn(&qkv.narrow(2, 0, n_head * hs)?.reshape((b, t, n_head, hs))?)?;
+    let k = turn(
+        &qkv.narrow(2, n_head * hs, n_kv_head * hs)?
+            .reshape((b, t, n_kv_head, hs))?,
+    )?;
+    let v = qkv.narrow(2, (n_head + n_kv_head) * hs, n_kv_head * hs)?;
+    Ok(Tensor::cat(
+        &[
+            q.reshape((b, t, n_head * hs))?,
+            k.reshape((b, t, n_kv_head * hs))?,
+            v,
+        ],
+        2,
+    )?)
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    //! Launcher of `kernels/cuda/rope.cu`: two pairs a thread, in place; bf16 `qkv` and tables,
+    //! contiguous, with `hs % 4 == 0`; anything else returns `false` (the reference runs).
+    use super::RopeTables;
+    use crate::error::Result;
+    use crate::gpu;
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::{DType, Tensor};
+
+    /// Turns the first `heads` heads of every row of `qkv (B, T, W)` in place; `false` (nothing
+    /// queued) where the kernel does not take the inputs.
+    pub(super) fn turn_in_place(
+        qkv: &Tensor,
+        tables: &RopeTables,
+        heads: usize,
+        sign: f32,
+    ) -> Result<bool> {
+        let (b, t, w) = qkv.dims3()?;
+        let (rows, hs) = tables.cos.dims2()?;
+        let takes = [qkv, &tables.cos, &tables.sin]
+            .iter()
+            .all(|x| x.dtype() == DType::BF16 && x.is_contiguous())
+            && hs % 4 == 0
+            && rows >= t
+            && (b * t * heads * hs / 4) < i32::MAX as usize;
+        if !takes || gpu::ptr(qkv)? % 4 != 0 {
+            return Ok(false);
+        }
+        let n = b * t;
+        let items = n * heads * hs / 4;
+        let dev = gpu::device(qkv)?;
+        let func = gpu::function(&dev, &kernels::ROPE, &[], "rope_qk")?;
+        let (p, pc, ps) = (
+            gpu::ptr(qkv)?,
+            gpu::ptr(&tables.cos)?,
+            gpu::ptr(&tables.sin)?,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (items.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: qkv (N, W) bf16 contiguous, its first `heads * hs` columns turned in place;
+        // the tables (>= T, hs) bf16; arguments in kernel order.
+        unsafe {
+            gpu::launch(
+                &func,
+                cfg,
+                &[
+                    &p,
+                    &pc,
+                    &ps,
+                    &(n as i32),
+                    &(t as i32),
+                    &(w as i32),
+                    &(heads as i32),
+                    &(hs as i32),
+                    &sign,
+                ],
+            )?;
+        }
+        Ok(true)
+    }
 }
