@@ -13,9 +13,12 @@
 #   local-speed  gpt350m on this one GPU: W = 1 beside PyTorch eager, and the local backend's
 #           2 x 1 and 2 x 4 worlds (ZeRO-3 and ZeRO++), with the communication jobs' report
 #   ablation  the convergence ablation of configs/ablation/ on the open corpus (docs/convergence.md)
-#   llama   the Llama family (its layers on the reference path): 200 steps of llama-tiny, CPU fp32
-#           vs GPU bf16, plain and ZeRO++ at W = 8 (2 x 4); the Llama 3.2 1B shape at seq 2048, 8
-#           sequences a step (2 a micro-batch), beside .gpu/torch_llama.py eager from the same call
+#   llama   the Llama family: 200 steps of llama-tiny, CPU fp32 vs GPU bf16, plain and ZeRO++ at
+#           W = 8 (2 x 4); the Llama 3.2 1B shape at seq 2048, 8 sequences a step (LLAMA_MB a
+#           micro-batch, default 8) with --profile, beside .gpu/torch_llama.py eager and
+#           torch.compile from the same call
+#   llama-3b  the Llama 3.2 3B shape with recomputation (W = 1, seq 2048, 8 sequences) beside
+#           torch_llama.py eager and torch.compile with activation checkpointing
 # Each run's log and metrics go under $OUT (default gpu-out/).
 set -euo pipefail
 OUT=${OUT:-gpu-out}
@@ -34,6 +37,12 @@ run() { # name, args...: a training run, its val_loss line
   "$T" "$@" --set "log.dir=\"$OUT/$name\"" > "$OUT/$name.log" 2>&1 || { echo "$name FAILED"; tail -5 "$OUT/$name.log"; return 1; }
   echo "$name: $((SECONDS - start)) s; $(grep -o '"val_loss":[0-9.]*' "$OUT/$name/metrics.jsonl" | tr '\n' ' ')"
 }
+
+# A Llama shape at W = 1, seq 2048, 8 sequences a step, ZeRO-3 (the speed stages add the shape).
+llama_w1=(bench --config configs/gpt350m.toml --set 'dist.backend="local"' --set model.seq_len=2048
+          --set train.global_batch=8 --set dist.world_size=1 --set dist.gpus_per_node=1
+          --set zero.hpz_partition_size=1 --set zero.quantized_weights=false
+          --set zero.quantized_gradients=false)
 
 for stage in $STAGES; do
   case $stage in
@@ -70,16 +79,29 @@ for stage in $STAGES; do
     gpu=(--set 'train.device="cuda"' --set 'train.precision="bf16"')
     zeropp=(--set dist.world_size=8 --set dist.gpus_per_node=4 --set train.micro_batch=2
             --set zero.quantized_weights=true --set zero.hpz_partition_size=4 --set zero.quantized_gradients=true)
-    run llama-tiny-cpu-fp32 "${base[@]}"
-    run llama-tiny-gpu-bf16 "${base[@]}" "${gpu[@]}"
-    run llama-zeropp-w8-gpu-bf16 "${base[@]}" "${zeropp[@]}" "${gpu[@]}"
-    "$T" bench --config configs/gpt350m.toml --set 'model.preset="llama3.2-1b"' \
-      --set 'dist.backend="local"' --set model.seq_len=2048 --set model.recompute=false \
-      --set train.global_batch=8 --set train.micro_batch=2 --set dist.world_size=1 \
-      --set dist.gpus_per_node=1 --set zero.hpz_partition_size=1 --set zero.quantized_weights=false \
-      --set zero.quantized_gradients=false --steps "${BENCH_STEPS:-3}" | tee "$OUT/speed-llama1b.txt"
+    if [[ -z ${NO_PARITY:-} ]]; then
+      run llama-tiny-cpu-fp32 "${base[@]}"
+      run llama-tiny-gpu-bf16 "${base[@]}" "${gpu[@]}"
+      run llama-zeropp-w8-gpu-bf16 "${base[@]}" "${zeropp[@]}" "${gpu[@]}"
+    fi
+    "$T" "${llama_w1[@]}" --set 'model.preset="llama3.2-1b"' --set model.recompute=false \
+      --set "train.micro_batch=${LLAMA_MB:-8}" --steps "${BENCH_STEPS:-5}" --profile \
+      | tee "$OUT/speed-llama1b.txt"
     if [[ -f .gpu/torch_llama.py ]]; then
       python3 .gpu/torch_llama.py --steps 20 | tee "$OUT/speed-torch-llama-eager.txt"
+      [[ -n ${NO_COMPILE:-} ]] || python3 .gpu/torch_llama.py --steps 20 --compile \
+        | tee "$OUT/speed-torch-llama-compile.txt"
+    fi
+    ;;
+  llama-3b)
+    "$T" "${llama_w1[@]}" --set 'model.preset="llama3.2-3b"' --set model.recompute=true \
+      --set "train.micro_batch=${LLAMA_MB:-8}" --steps "${BENCH_STEPS:-3}" --profile \
+      | tee "$OUT/speed-llama3b.txt"
+    if [[ -f .gpu/torch_llama.py ]]; then
+      l3=(--layers 28 --dim 3072 --heads 24 --kv-heads 8 --ffn 8192 --ckpt)
+      python3 .gpu/torch_llama.py --steps 10 "${l3[@]}" | tee "$OUT/speed-torch-llama3b-eager.txt"
+      [[ -n ${NO_COMPILE:-} ]] || python3 .gpu/torch_llama.py --steps 10 "${l3[@]}" --compile \
+        | tee "$OUT/speed-torch-llama3b-compile.txt"
     fi
     ;;
   speed)

@@ -11,6 +11,7 @@ mod embedding;
 mod engine;
 mod layernorm;
 mod linear;
+mod llama_layers;
 mod model;
 mod nccl;
 mod quant;
