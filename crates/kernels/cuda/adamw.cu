@@ -1,6 +1,8 @@
 // adamw.cu: the AdamW update of crates/zero/src/optimizer.rs, bitwise equal to the CPU one
 // (compiled with Flavour::Exact). One thread per element, 256 a CTA; bound by memory bandwidth:
-// 16 bytes read (param, grad, m, v) and 12 written (param, m, v) an element.
+// 16 bytes read (param, grad, m, v) and 12 written (param, m, v) an element, plus 2 when it also
+// writes the new parameter in bf16 (the working copy the next gathers read instead of casting
+// the master again; rounded to nearest even by the same instruction as shard_passes.cu's cast).
 #include "common.cuh"
 
 // Decay ranges a launch carries in its parameters (zero::optimizer_cuda::MAX_RANGES).
@@ -13,12 +15,13 @@
 #endif
 struct Ranges { i64 lo[MAX_RANGES]; i64 hi[MAX_RANGES]; int count; };
 
-// param, grad, m, v [len] f32 -> p_out, m_out, v_out, on elements [start, end).
+// param, grad, m, v [len] f32 -> p_out, m_out, v_out, and p_bf16 = bf16(p_out) unless null, on
+// elements [start, end).
 extern "C" __global__ void __launch_bounds__(THREADS) adamw_f32(
     const float* __restrict__ param, const float* __restrict__ grad,
     const float* __restrict__ m_in, const float* __restrict__ v_in,
     float* __restrict__ p_out, float* __restrict__ m_out, float* __restrict__ v_out,
-    i64 start, i64 end, Ranges ranges,
+    bf16* __restrict__ p_bf16, i64 start, i64 end, Ranges ranges,
     double beta1, double one_minus_beta1, double beta2, double one_minus_beta2,
     double eps, double weight_decay, double grad_coef, double lr, double bc1, double bc2) {
     const i64 i = start + (i64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -40,5 +43,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) adamw_f32(
     const double step = __dadd_rn(
         __ddiv_rn(__ddiv_rn(m, bc1), __dadd_rn(__dsqrt_rn(__ddiv_rn(v, bc2)), eps)),
         __dmul_rn(wd, p));
-    p_out[i] = __double2float_rn(__dsub_rn(p, __dmul_rn(lr, step)));
+    const float p_new = __double2float_rn(__dsub_rn(p, __dmul_rn(lr, step)));
+    p_out[i] = p_new;
+    if (p_bf16 != nullptr) p_bf16[i] = (bf16)(pack_bf16x2(p_new, 0.f) & 0xffffu);
 }

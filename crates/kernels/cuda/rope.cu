@@ -13,8 +13,8 @@
 //
 // Bound: bytes. Reads and writes the q and k columns once (4 N (NH + KV) hs bytes) and reads the
 // tables (L2 hits). One thread turns two adjacent pairs (i, i+1) with 4-byte accesses.
-// Measured on the H200 at Llama 3.2 1B's shape (N = 16384, 32 + 8 heads of 64): 70 us, 2.4 TB/s,
-// 71% of a device copy's 3.4 TB/s in the same test (tests/gpu/llama_layers.rs).
+// Measured on the H200 at Llama 3.2 1B's shape (N = 16384, 32 + 8 heads of 64): 69 us, 2.4 TB/s,
+// 76% of a device copy's 3.2 TB/s in the same test (tests/gpu/llama_layers.rs).
 // Launch: grid ceil(N * (NH + KV) * hs / 4 / 256), block 256.
 
 #include "common.cuh"

@@ -10,8 +10,8 @@
 // Bound: bytes (a handful of flops and one exp a value). Forward reads gu (4NF bytes) and
 // writes act (2NF); backward reads dact and gu (6NF) and writes dgu (4NF). One thread does 8
 // channels with 16-byte accesses. Launch: grid ceil(N * F / 8 / 256), block 256; F % 8 == 0.
-// Measured on the H200 at Llama 3.2 1B's (N, F) = (16384, 8192): forward 230 us (3.5 TB/s),
-// backward 367 us (3.7 TB/s), at the rate of a device copy of 256 MB in the same test (3.4 TB/s;
+// Measured on the H200 at Llama 3.2 1B's (N, F) = (16384, 8192): forward 234 us (3.4 TB/s),
+// backward 392 us (3.4 TB/s), at the rate of a device copy of 256 MB in the same test (3.2 TB/s;
 // tests/gpu/llama_layers.rs).
 
 #include "common.cuh"

@@ -17,7 +17,7 @@ use comm::{Communicator, Group};
 use kernels::profile::{scope, Family};
 use model::{Model, ModelConfig, Pass, UnitLayout};
 
-use crate::gather::Secondary;
+use crate::gather::{Secondary, Working};
 use crate::memory::{rank_memory, RankMemory};
 use crate::{AdamW, DecayRanges, Partition, Result, Techniques, ZeroConfig, ZeroPlan};
 use source::{Parts, Shards, Source};
@@ -103,6 +103,10 @@ struct UnitShard {
     decay: DecayRanges,
     /// hpZ: my node-local slice of the gathered unit, stamped with the weights it copies.
     secondary: Option<Secondary>,
+    /// My shard in the compute dtype, written by the optimizer and stamped with the weights it
+    /// copies: what world gathers read instead of casting `master` (none while the compute
+    /// dtype is the master's f32).
+    working: Option<Working>,
     /// qgZ's error feedback: what my quantisers of this unit dropped the last time.
     qgz_error: Option<crate::qgz::QgzError>,
 }
@@ -158,6 +162,7 @@ impl Engine {
                     exp_avg_sq: Tensor::zeros(n, DType::F32, dev)?,
                     grad: None,
                     secondary: None,
+                    working: None,
                     qgz_error: None,
                 })
             })
@@ -391,25 +396,32 @@ impl Engine {
         } else {
             1.0
         };
+        // The weights this step makes; the working copies written beside them serve them.
+        let next = self.weights + 1;
+        let copy = (self.opts.compute_dtype != DType::F32).then_some(self.opts.compute_dtype);
         for u in &mut self.units {
             let u = &mut *u;
             let grad = match u.grad.take() {
                 Some(g) => g,
                 None => u.master.zeros_like()?,
             };
-            (u.master, u.exp_avg, u.exp_avg_sq) = self.opts.optimizer.update_tensors(
-                &u.master,
-                &grad,
-                &u.exp_avg,
-                &u.exp_avg_sq,
-                &u.decay,
-                coef,
-                lr,
-                self.step,
-            )?;
+            let working;
+            (u.master, u.exp_avg, u.exp_avg_sq, working) =
+                self.opts.optimizer.update_tensors_with_copy(
+                    &u.master,
+                    &grad,
+                    &u.exp_avg,
+                    &u.exp_avg_sq,
+                    &u.decay,
+                    coef,
+                    lr,
+                    self.step,
+                    copy,
+                )?;
+            u.working = working.map(|data| Working::new(next, data));
         }
         // hpZ's secondary partitions copy the weights this step just changed: they now refuse.
-        self.weights += 1;
+        self.weights = next;
         Ok(StepStats {
             grad_norm,
             skipped: false,

@@ -46,6 +46,29 @@ impl Secondary {
     }
 }
 
+/// My shard of a unit's weights in the compute dtype, written by the optimizer beside the
+/// master (`AdamW::update_tensors_with_copy`) and stamped with the version of the weights it
+/// copies. A world gather of exact weights reads it instead of casting the master again; at
+/// W = 1 it is the gathered buffer itself, so the forward's and the backward's gathers move no
+/// byte. A copy of other weights (after a skipped step or a checkpoint load) refuses to serve,
+/// and the gather casts the master as before.
+#[derive(Clone, Debug)]
+pub(crate) struct Working {
+    weights: u64,
+    data: Tensor,
+}
+
+impl Working {
+    pub(crate) fn new(weights: u64, data: Tensor) -> Working {
+        Working { weights, data }
+    }
+
+    /// The copy, if it copies weights of version `weights`; `None` (refused) otherwise.
+    pub(crate) fn serve(&self, weights: u64) -> Option<&Tensor> {
+        (self.weights == weights).then_some(&self.data)
+    }
+}
+
 /// The values of a secondary partition.
 #[derive(Clone, Debug)]
 pub(crate) enum SecondaryData {
@@ -91,11 +114,13 @@ pub(crate) struct InFlight {
 }
 
 /// Submits the gather of `spec.unit`: from my node's secondary partitions if `secondary` is
-/// given, else from every rank's primary shard `master` (f32).
+/// given, else from every rank's primary shard: `working`, my shard already in the compute
+/// dtype, where given and the gather is exact, else `master` (f32).
 pub(crate) fn submit(
     comm: &dyn Communicator,
     spec: Spec,
     master: &Tensor,
+    working: Option<&Tensor>,
     secondary: Option<&SecondaryData>,
 ) -> InFlight {
     let (unit, padded, label, device) = (
@@ -105,8 +130,15 @@ pub(crate) fn submit(
         spec.device.clone(),
     );
     let outputs = vec![(spec.dtype, spec.partition.padded)];
+    let working = match spec.gather {
+        WeightGather::Exact => working.filter(|w| w.dtype() == spec.dtype).cloned(),
+        WeightGather::Int8 { .. } => None,
+    };
     let (inputs, source) = match secondary {
-        None => (vec![master.clone()], None),
+        None => (
+            vec![working.clone().unwrap_or_else(|| master.clone())],
+            None,
+        ),
         Some(SecondaryData::Plain(v)) => (vec![v.clone()], secondary.cloned()),
         Some(SecondaryData::Int8 { codes, scales, .. }) => {
             (vec![codes.clone(), scales.clone()], secondary.cloned())
@@ -122,7 +154,7 @@ pub(crate) fn submit(
         move |lane, outputs| {
             let out = outputs.into_iter().next().expect("one output");
             match source {
-                None => from_world_job(lane, &spec, &master, out),
+                None => from_world_job(lane, &spec, &master, working.as_ref(), out),
                 Some(s) => from_node_job(lane, &spec, s, out),
             }
         },
@@ -134,12 +166,14 @@ pub(crate) fn submit(
     }
 }
 
-/// A world gather: my shard into my slot of `out` (with qwZ, of an INT8 buffer), the rest
-/// gathered in place; with `keep`, my node-local slice as well.
+/// A world gather: my shard into my slot of `out` (with qwZ, of an INT8 buffer; exact, copied
+/// from `working` where given, else cast from `master`), the rest gathered in place; with
+/// `keep`, my node-local slice as well. At W = 1 an exact gather with `working` returns it.
 fn from_world_job(
     lane: &mut dyn Lane,
     spec: &Spec,
     master: &Tensor,
+    working: Option<&Tensor>,
     out: Tensor,
 ) -> Result<Gathered> {
     let place = lane.place().clone();
@@ -151,11 +185,20 @@ fn from_world_job(
     let span = |family| place.scope(&spec.device, family);
     let (full, data) = match spec.gather {
         WeightGather::Exact => {
-            {
-                let _span = span(Family::ShardPasses);
-                shard_passes::cast_into(&place, master, &out, at)?;
-            }
-            let full = lane.all_gather_in_place(Group::World, &out)?;
+            let full = match working {
+                // W = 1: my shard is the whole padded unit.
+                Some(w) if shard == padded && w.elem_count() == padded => w.clone(),
+                _ => {
+                    {
+                        let _span = span(Family::ShardPasses);
+                        match working {
+                            Some(w) => shard_passes::copy_into(&place, w, 0, shard, &out, at)?,
+                            None => shard_passes::cast_into(&place, master, &out, at)?,
+                        }
+                    }
+                    lane.all_gather_in_place(Group::World, &out)?
+                }
+            };
             let data = match spec.keep {
                 Some(_) => {
                     let mine = lane.alloc(spec.dtype, slice)?;

@@ -119,6 +119,30 @@ impl AdamW {
         lr: f64,
         t: u64,
     ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        let (p, m, v, _) = self.update_tensors_with_copy(
+            param, grad, exp_avg, exp_avg_sq, decay, grad_coef, lr, t, None,
+        )?;
+        Ok((p, m, v))
+    }
+
+    /// [`AdamW::update_tensors`], and with `copy = Some(dtype)` also the new parameters in
+    /// `dtype` (the engine's working copy in the compute dtype, which its gathers read instead
+    /// of casting the master again): on the GPU written by the update's own kernel (2 bytes an
+    /// element more for bf16, no pass of its own), elsewhere cast. Equal, bit for bit, to
+    /// casting the returned parameters.
+    #[allow(clippy::too_many_arguments)]
+    pub fn update_tensors_with_copy(
+        &self,
+        param: &Tensor,
+        grad: &Tensor,
+        exp_avg: &Tensor,
+        exp_avg_sq: &Tensor,
+        decay: &DecayRanges,
+        grad_coef: f64,
+        lr: f64,
+        t: u64,
+        copy: Option<DType>,
+    ) -> candle_core::Result<(Tensor, Tensor, Tensor, Option<Tensor>)> {
         let n = param.elem_count();
         for (what, x) in [
             ("param", param),
@@ -148,22 +172,34 @@ impl AdamW {
                 let g = grad.to_vec1::<f32>()?;
                 self.update(&mut p, &g, &mut m, &mut v, decay, grad_coef, lr, t);
                 let dev = &Device::Cpu;
+                let p = Tensor::from_vec(p, n, dev)?;
+                let copy = copy.map(|d| p.to_dtype(d)).transpose()?;
                 Ok((
-                    Tensor::from_vec(p, n, dev)?,
+                    p,
                     Tensor::from_vec(m, n, dev)?,
                     Tensor::from_vec(v, n, dev)?,
+                    copy,
                 ))
             }
             #[cfg(feature = "cuda")]
-            Device::Cuda(dev) => crate::optimizer_cuda::update(
-                dev,
-                param,
-                grad,
-                exp_avg,
-                exp_avg_sq,
-                &decay.0,
-                &self.kernel_scalars(grad_coef, lr, t),
-            ),
+            Device::Cuda(dev) => {
+                let (p, m, v, bf16) = crate::optimizer_cuda::update(
+                    dev,
+                    param,
+                    grad,
+                    exp_avg,
+                    exp_avg_sq,
+                    &decay.0,
+                    &self.kernel_scalars(grad_coef, lr, t),
+                    copy == Some(DType::BF16),
+                )?;
+                let copy = match (copy, bf16) {
+                    (_, Some(b)) => Some(b),
+                    (Some(d), None) => Some(p.to_dtype(d)?),
+                    (None, None) => None,
+                };
+                Ok((p, m, v, copy))
+            }
             #[allow(unreachable_patterns)]
             d => candle_core::bail!("AdamW: no kernel for device {:?}", d.location()),
         }

@@ -88,7 +88,9 @@ fn view<'a>(st: &'a Storage, t: &Tensor) -> Result<CudaView<'a, f32>> {
 pub(crate) type Scalars = [f64; 10];
 
 /// GPU `AdamW::update_tensors` (shapes already checked: 1-D contiguous F32, equal lengths),
-/// weight decay on the sorted, disjoint `decay` ranges.
+/// weight decay on the sorted, disjoint `decay` ranges; with `bf16_copy`, also the new
+/// parameters in bf16, written by the same kernel.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn update(
     dev: &CudaDevice,
     param: &Tensor,
@@ -97,13 +99,19 @@ pub(crate) fn update(
     exp_avg_sq: &Tensor,
     decay: &[Range<usize>],
     scalars: &Scalars,
-) -> Result<(Tensor, Tensor, Tensor)> {
+    bf16_copy: bool,
+) -> Result<(Tensor, Tensor, Tensor, Option<Tensor>)> {
     let n = param.elem_count();
     // At least one element: a zero-byte allocation is an error of the driver.
     // SAFETY: the launches below write every one of the n elements before any read.
     let mut p_out: CudaSlice<f32> = unsafe { dev.alloc::<f32>(n.max(1))? };
     let mut m_out: CudaSlice<f32> = unsafe { dev.alloc::<f32>(n.max(1))? };
     let mut v_out: CudaSlice<f32> = unsafe { dev.alloc::<f32>(n.max(1))? };
+    // SAFETY: as above, when asked for.
+    let mut copy: Option<CudaSlice<half::bf16>> = match bf16_copy {
+        true => Some(unsafe { dev.alloc::<half::bf16>(n.max(1))? }),
+        false => None,
+    };
     if n > 0 {
         let f = kernels::loader::function(
             dev,
@@ -134,6 +142,11 @@ pub(crate) fn update(
             let mut b = stream.launch_builder(&f);
             b.arg(&vp).arg(&vg).arg(&vm).arg(&vv);
             b.arg(&mut p_out).arg(&mut m_out).arg(&mut v_out);
+            let null = 0u64;
+            match copy.as_mut() {
+                Some(c) => b.arg(c),
+                None => b.arg(&null),
+            };
             b.arg(&s64).arg(&e64).arg(&ranges);
             for x in scalars {
                 b.arg(x);
@@ -143,8 +156,8 @@ pub(crate) fn update(
                 block_dim: (THREADS as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: argument types and lengths match the kernel's signature; the span lies
-            // inside all seven buffers.
+            // SAFETY: argument types and lengths match the kernel's signature (the bf16 copy's
+            // address, or a null one); the span lies inside every buffer.
             unsafe { b.launch(cfg) }.w()?;
         }
     }
@@ -155,7 +168,14 @@ pub(crate) fn update(
         };
         Tensor::from_storage(Storage::Cuda(st), n, BackpropOp::none(), false)
     };
-    Ok((wrap(p_out), wrap(m_out), wrap(v_out)))
+    let copy = copy.map(|s| {
+        let st = CudaStorage {
+            slice: CudaStorageSlice::BF16(s),
+            device: dev.clone(),
+        };
+        Tensor::from_storage(Storage::Cuda(st), n, BackpropOp::none(), false)
+    });
+    Ok((wrap(p_out), wrap(m_out), wrap(v_out), copy))
 }
 
 #[cfg(test)]

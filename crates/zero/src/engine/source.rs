@@ -104,7 +104,8 @@ impl<'a> Source<'a> {
             keep: node.then_some(weights),
             label,
         };
-        let flight = gather::submit(comm, spec, &unit.master, source);
+        let working = unit.working.as_ref().and_then(|w| w.serve(weights));
+        let flight = gather::submit(comm, spec, &unit.master, working, source);
         self.gathers.push(flight);
     }
 

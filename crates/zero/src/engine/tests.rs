@@ -223,3 +223,99 @@ fn a_non_finite_state_on_one_rank_is_refused_on_every_rank() {
         );
     }
 }
+
+/// With a bf16 compute dtype the optimizer writes each shard's working copy, bit for bit the
+/// master cast to bf16 (so the gathers that read it instead of casting build the same buffers),
+/// stamped with the new weights; a skipped step or a checkpoint load makes it refuse, and the
+/// gathers cast the master again. Training with it gives the same losses on 1 rank and on 2 x 2
+/// whether the copies serve or not (the second run refuses them by loading its own state back
+/// before each step).
+#[test]
+fn the_working_copy_is_the_cast_master_and_refuses_other_weights() {
+    let bf16 = |z: ZeroConfig, comm: Box<dyn Communicator>| {
+        let opts = EngineOptions {
+            zero: z,
+            total_steps: 10,
+            seed: 3,
+            compute_dtype: DType::BF16,
+            ..Default::default()
+        };
+        Engine::new(cfg(), opts, comm)
+    };
+    let cast_bits = |t: &Tensor| -> Vec<u16> {
+        t.to_dtype(DType::BF16)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .and_then(|t| t.to_vec1::<f32>())
+            .unwrap()
+            .iter()
+            .map(|v| (v.to_bits() >> 16) as u16)
+            .collect()
+    };
+    let serving = |e: &Engine| {
+        e.units
+            .iter()
+            .filter(|u| {
+                u.working
+                    .as_ref()
+                    .and_then(|w| w.serve(e.weights))
+                    .is_some()
+            })
+            .count()
+    };
+    let mut e = bf16(zero(false), Box::new(comm::Solo)).unwrap();
+    let s = sequence(0);
+    assert_eq!(serving(&e), 0, "no copy before the first step");
+    e.forward_backward(&s, &s, 1.0).unwrap();
+    assert!(!e.step(1e-2).unwrap().skipped);
+    assert_eq!(serving(&e), e.units.len(), "every unit's copy serves");
+    for u in &e.units {
+        let w = u.working.as_ref().and_then(|w| w.serve(e.weights)).unwrap();
+        assert_eq!(w.dtype(), DType::BF16);
+        assert_eq!(cast_bits(w), cast_bits(&u.master), "{}", u.layout.name);
+    }
+    // A skipped step makes new weights: the copies refuse.
+    e.forward_backward(&s, &s, 1.0).unwrap();
+    poison_grad(&mut e, 1, 0).unwrap();
+    assert!(e.step(1e-2).unwrap().skipped);
+    assert_eq!(serving(&e), 0, "copies of the weights before a skip refuse");
+
+    // Losses with the copies serving, and with them refused before every step.
+    let losses = |refuse: bool, c: Box<dyn Communicator>, rank: usize| -> Result<Vec<u64>> {
+        let z = ZeroConfig {
+            quantized_weights: false,
+            ..zero(false)
+        };
+        let mut e = bf16(z, c)?;
+        let mut out = Vec::new();
+        for step in 0..4 {
+            if refuse {
+                let state = e.state()?;
+                let lookup = |name: &str| {
+                    state
+                        .iter()
+                        .find(|s| s.name == name)
+                        .map(|s| s.data.clone())
+                };
+                e.restore(e.step_count(), &lookup)?;
+                assert_eq!(serving(&e), 0);
+            }
+            let s = sequence(rank + step);
+            out.push(e.forward_backward(&s, &s, 1.0)?.to_bits());
+            e.step(1e-2)?;
+        }
+        Ok(out)
+    };
+    assert_eq!(
+        losses(false, Box::new(comm::Solo), 0).unwrap(),
+        losses(true, Box::new(comm::Solo), 0).unwrap(),
+        "one rank"
+    );
+    let world = |refuse: bool| {
+        comm::run_local(Topology::new(4, 2).unwrap(), move |c| {
+            let rank = c.rank();
+            losses(refuse, Box::new(c), rank)
+        })
+        .unwrap()
+    };
+    assert_eq!(world(false), world(true), "2 x 2");
+}
