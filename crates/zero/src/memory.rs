@@ -15,7 +15,8 @@ use crate::{ZeroPlan, REDUCTIONS_IN_FLIGHT};
 pub struct RankMemory {
     /// Elements of every unit this rank owns: the sum over units of padded / W.
     pub shard_elems: u64,
-    /// The parameter shard at `param_bytes` an element.
+    /// The parameter shard at `param_bytes` an element (in 16 bits: the working copy AdamW
+    /// writes beside the fp32 master, which the gathers read).
     pub param_shard: u64,
     /// The fp32 gradient shard.
     pub grad_shard: u64,
