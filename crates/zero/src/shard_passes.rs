@@ -156,7 +156,7 @@ mod cuda {
         let a = address(t)? + (at * t.dtype().size_in_bytes()) as u64;
         if !a.is_multiple_of(16) {
             return Err(ZeroError::ShardBuffer {
-                what: what,
+                what,
                 detail: format!("address {a:#x} is not 16-byte aligned"),
             });
         }

@@ -292,11 +292,11 @@ mod cuda {
         }
         let (b, t, w) = qkv.dims3()?;
         let heads = n_head + 2 * kv;
-        if w % heads != 0 || n_head % kv != 0 || b == 0 || t == 0 {
+        if !w.is_multiple_of(heads) || !n_head.is_multiple_of(kv) || b == 0 || t == 0 {
             return Ok(None);
         }
         let hs = w / heads;
-        if hs % 8 != 0 || hs > 128 || gpu::ptr(qkv)? % 16 != 0 {
+        if !hs.is_multiple_of(8) || hs > 128 || !gpu::ptr(qkv)?.is_multiple_of(16) {
             return Ok(None);
         }
         Ok(Some(crate::cudnn::Shape {
