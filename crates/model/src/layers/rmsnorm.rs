@@ -201,6 +201,15 @@ mod cuda {
         Ok(Some(out))
     }
 
+    /// The address of an optional input (0, the kernels' null, where it is absent), or `None`
+    /// where it is given but the kernels do not take it.
+    fn optional(t: Option<&Tensor>) -> Result<Option<u64>> {
+        match t {
+            Some(t) => Ok(aligned([t])?.map(|[p]| p)),
+            None => Ok(Some(0)),
+        }
+    }
+
     /// `(h when delta is given, y, saved)`, or `None` for inputs the kernel does not take.
     pub(super) fn forward(
         x: &Tensor,
@@ -217,12 +226,8 @@ mod cuda {
         let Some([px, pw]) = aligned([x, w])? else {
             return Ok(None);
         };
-        let pdelta = match delta {
-            Some(d) => match aligned([d])? {
-                Some([p]) => p,
-                None => return Ok(None),
-            },
-            None => 0u64,
+        let Some(pdelta) = optional(delta)? else {
+            return Ok(None);
         };
         let dev = gpu::device(x)?;
         let y = gpu::uninit((n, c), DType::BF16, &dev)?;
@@ -275,12 +280,8 @@ mod cuda {
         let Some([pdy, px, pw]) = aligned([dy, x, w])? else {
             return Ok(None);
         };
-        let pres = match dresidual {
-            Some(r) => match aligned([r])? {
-                Some([p]) => p,
-                None => return Ok(None),
-            },
-            None => 0u64,
+        let Some(pres) = optional(dresidual)? else {
+            return Ok(None);
         };
         let dev = gpu::device(x)?;
         let warps = bwd_warps(c);
