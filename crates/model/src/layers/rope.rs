@@ -22,6 +22,19 @@ pub struct RopeTables {
     pub sin: Tensor,
 }
 
+impl RopeTables {
+    /// The tables' rows `start..start + len`: the angles of positions `start..`, for the `len`
+    /// tokens an incremental decode step feeds after `start` cached ones (row `t` of a table is
+    /// position `t`'s, whatever the table's length). Views, no copy. An error if the tables
+    /// have fewer than `start + len` rows.
+    pub fn rows(&self, start: usize, len: usize) -> Result<RopeTables> {
+        Ok(RopeTables {
+            cos: self.cos.narrow(0, start, len)?,
+            sin: self.sin.narrow(0, start, len)?,
+        })
+    }
+}
+
 /// The tables for positions `0..seq_len` of heads of `head_dim` (even) channels.
 ///
 /// Computed on the host in f32 as Hugging Face does (`inv_freq` from `arange(0, hs, 2).float()
