@@ -47,6 +47,31 @@ pub enum ModelError {
     #[error("unit `{unit}`: the saved activations are not a {arch} unit's")]
     SavedMismatch { unit: String, arch: &'static str },
 
+    // ---- incremental decoding ----
+    /// A decode call was given no tokens (an empty prompt).
+    #[error("{what}: no tokens (decoding needs at least one)")]
+    NoTokens { what: &'static str },
+    /// Feeding `new` more tokens to a KV cache holding `len` would pass its `capacity`
+    /// positions (at most `seq_len`: the model has no positions beyond it).
+    #[error(
+        "the KV cache holds {len} positions and has room for {capacity}: {new} more do not fit"
+    )]
+    ContextFull {
+        len: usize,
+        new: usize,
+        capacity: usize,
+    },
+    /// A token id is not below the vocabulary size.
+    #[error("token id {token} is not in the vocabulary of {vocab_size}")]
+    TokenOutOfVocab { token: u32, vocab_size: usize },
+    /// A decoder's parameters or KV cache do not match its config (or each other): layer
+    /// count, heads, dtype or device.
+    #[error("decode: {what}: {reason}")]
+    DecodeMismatch { what: &'static str, reason: String },
+    /// Sampling options that select no distribution (a negative temperature, `top_k = 0`).
+    #[error("sampling: {reason}")]
+    BadSampling { reason: String },
+
     // ---- wrapped ----
     /// A CUDA kernel could not be compiled or loaded.
     #[error(transparent)]

@@ -16,6 +16,7 @@
 use candle_core::Tensor;
 
 use crate::config::ModelConfig;
+use crate::decode::{cached_attention, check_one_sequence, LayerCache};
 use crate::error::{ModelError, Result};
 use crate::layers::{
     attention_backward, attention_forward, crossentropy_forward_backward, layernorm_backward,
@@ -366,4 +367,85 @@ pub fn lm_head_loss_backward(
     let (loss, grads) = head_loss(cfg, embedding_params, x, targets, true)?;
     let (dx, flat) = grads.expect("requested gradients");
     Ok((loss, dx, flat))
+}
+
+// ------------------------------------------------------------------------------------------
+// Incremental decoding: the units above for the next T positions of one sequence, with the
+// keys and values of the earlier ones in a KV cache (see crate::decode).
+
+/// [`embedding_unit_forward`] at positions `start..start + T`:
+/// `out (1, T, C) = wte[tokens] + wpe[start..start + T]`, for `tokens (1, T)` u32 fed after
+/// `start` cached positions. An error if `start + T > seq_len` (there is no `wpe` row beyond).
+pub fn embedding_decode(
+    cfg: &ModelConfig,
+    params: &Tensor,
+    tokens: &Tensor,
+    start: usize,
+) -> Result<Tensor> {
+    let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
+    check_params(params, &unit, "embedding")?;
+    let (_, t) = check_tokens(cfg, tokens, "tokens")?;
+    if start + t > cfg.seq_len {
+        return Err(ModelError::SequenceTooLong {
+            got: start + t,
+            max: cfg.seq_len,
+        });
+    }
+    let wte = unit.param("wte.weight").view(params)?;
+    let wpe = unit.param("wpe.weight").view(params)?;
+    crate::layers::embedding_forward(tokens, &wte, &wpe.narrow(0, start, t)?)
+}
+
+/// [`block_forward`] for `x (1, T, C)`, the next `T` positions of a sequence whose earlier
+/// positions' keys and values are in `cache` (which this extends by `T`): the same layers
+/// (`ln_1`, `c_attn`, `c_proj` with its residual, `ln_2`, `c_fc` with GELU, the MLP projection
+/// with its residual), the attention being [`cached_attention`] of the new queries against
+/// the cache. Returns `out (1, T, C)`; keeps nothing (no backward).
+pub fn block_decode(
+    cfg: &ModelConfig,
+    params: &Tensor,
+    x: &Tensor,
+    cache: &mut LayerCache,
+) -> Result<Tensor> {
+    let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
+    check_params(params, &unit, "block")?;
+    let t = check_one_sequence(cfg, x, "block input")?;
+    let c = cfg.n_embd;
+    let p = |name: &str| unit.param(name).view(params);
+    let xf = x.reshape((t, c))?;
+    let (ln1, _) = layernorm_forward(&xf, &p("ln_1.weight")?, &p("ln_1.bias")?)?;
+    let qkv = matmul_forward(&ln1, &p("attn.c_attn.weight")?, &p("attn.c_attn.bias")?)?;
+    let qkv = qkv.reshape((1, t, 3 * c))?;
+    let (q, k, v) = (
+        qkv.narrow(2, 0, c)?,
+        qkv.narrow(2, c, c)?,
+        qkv.narrow(2, 2 * c, c)?,
+    );
+    let y = cached_attention(&q, &k, &v, cfg.n_head, cache)?.reshape((t, c))?;
+    let x2 = residual_matmul_forward(&xf, &y, &p("attn.c_proj.weight")?, &p("attn.c_proj.bias")?)?;
+    let (ln2, _) = layernorm_forward(&x2, &p("ln_2.weight")?, &p("ln_2.bias")?)?;
+    let (_, hg) = matmul_gelu_forward(&ln2, &p("mlp.c_fc.weight")?, &p("mlp.c_fc.bias")?)?;
+    let w = p("mlp.c_proj.weight")?;
+    let out = residual_matmul_forward(&x2, &hg, &w, &p("mlp.c_proj.bias")?)?;
+    Ok(out.reshape((1, t, c))?)
+}
+
+/// The logits `(V)` of the last position of `x (1, T, C)` (a block stack's output):
+/// [`final_norm_forward`] of that row (`norm_params`, the `ln_f` unit's buffer), then the tied
+/// head, `ln_f(x_last) @ wte^T` (`embedding_params`, the embedding unit's buffer). In the
+/// parameters' dtype.
+pub fn logits_decode(
+    cfg: &ModelConfig,
+    norm_params: &Tensor,
+    embedding_params: &Tensor,
+    x: &Tensor,
+) -> Result<Tensor> {
+    let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
+    check_params(embedding_params, &unit, "embedding")?;
+    let t = check_one_sequence(cfg, x, "lm head input")?;
+    let (y, _) = final_norm_forward(cfg, norm_params, &x.narrow(1, t - 1, 1)?)?;
+    let wte = unit.param("wte.weight").view(embedding_params)?;
+    Ok(y.reshape((1, cfg.n_embd))?
+        .matmul(&wte.t()?)?
+        .reshape(cfg.vocab_size)?)
 }

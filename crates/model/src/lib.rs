@@ -3,7 +3,8 @@
 //! partition-independent initialisation, each layer's forward and backward as plain functions
 //! written with candle [`candle_core::Tensor`] ops ([`layers`]), each architecture's units
 //! ([`gpt2`], [`llama`]), and the model as a schedule of units ([`Model`]) that the ZeRO engine
-//! and the one-device reference both walk.
+//! and the one-device reference both walk; and incremental decoding with a KV cache, to sample
+//! text from a model ([`decode`], [`Decoder`]).
 //!
 //! It computes one device's math and knows nothing of ranks or communication: the `zero`
 //! crate gathers a unit's flat buffer, hands it to [`Model`]'s walk, and reduces the returned
@@ -12,6 +13,7 @@
 mod config;
 #[cfg(feature = "cuda")]
 mod cudnn;
+pub mod decode;
 mod error;
 #[cfg(feature = "cuda")]
 mod gemm;
@@ -29,6 +31,7 @@ pub use config::{
     preset, Arch, ModelConfig, GPT2_NORM_EPS, LLAMA3_VOCAB, LLAMA_NORM_EPS, LLAMA_ROPE_THETA,
     PADDED_GPT2_VOCAB, PRESET_NAMES,
 };
+pub use decode::{Decoder, KvCache, Sampling};
 pub use error::{ModelError, Result};
 pub use init::init_unit_range;
 pub use layout::{ModelLayout, ParamInit, ParamSpec, UnitKind, UnitLayout};

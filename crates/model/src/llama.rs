@@ -38,6 +38,7 @@
 use candle_core::Tensor;
 
 use crate::config::ModelConfig;
+use crate::decode::{cached_attention, check_one_sequence, LayerCache};
 use crate::error::{ModelError, Result};
 use crate::layers::{
     add_rmsnorm_forward, crossentropy_forward_backward, gqa_packed_backward, gqa_packed_forward,
@@ -439,4 +440,73 @@ pub fn head_loss(
     }
     let flat = flatten_grads(&unit, parts)?;
     Ok((loss, Some((dx.reshape((b, t, c))?, flat))))
+}
+
+// ------------------------------------------------------------------------------------------
+// Incremental decoding: the units above for the next T positions of one sequence, with the
+// keys and values of the earlier ones in a KV cache (see crate::decode). The embedding needs
+// no decode form: it has no positions ([`embedding_forward`] serves).
+
+/// [`block_forward`] for `x (1, T, C)`, the next `T` positions of a sequence whose earlier
+/// positions' keys and values are in `cache` (which this extends by `T`): the same layers
+/// (input RMSNorm, the packed q|k|v projection, `o_proj`, the residual add in the next norm,
+/// gate|up, SwiGLU, `down_proj` with its residual), q and k rotated by the angles of their
+/// absolute positions `cache.len()..cache.len() + T` (rows of `rope`, tables from position 0
+/// such as `rope_tables(seq_len, ..)` make), the attention being [`cached_attention`] of the
+/// new queries against the cache. Returns `out (1, T, C)`; keeps nothing (no backward).
+pub fn block_decode(
+    cfg: &ModelConfig,
+    params: &Tensor,
+    x: &Tensor,
+    cache: &mut LayerCache,
+    rope: &RopeTables,
+) -> Result<Tensor> {
+    let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
+    check_params(params, &unit, "block")?;
+    let t = check_one_sequence(cfg, x, "block input")?;
+    let (c, nh, kv, hs) = (cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim());
+    let start = cache.len();
+    if start + t > rope.cos.dim(0)? {
+        return Err(ModelError::SequenceTooLong {
+            got: start + t,
+            max: rope.cos.dim(0)?,
+        });
+    }
+    let w = BlockWeights::view(&unit, params)?;
+    let xf = x.reshape((t, c))?;
+    let (n1, _) = rmsnorm_forward(&xf, &w.input_norm, cfg.norm_eps)?;
+    let qkv = matmul_cols_forward(&n1, &w.qkv, None)?.reshape((1, t, (nh + 2 * kv) * hs))?;
+    let qkv = rope_qk_forward(qkv, &rope.rows(start, t)?, nh, kv)?;
+    let q = qkv.narrow(2, 0, nh * hs)?;
+    let k = qkv.narrow(2, nh * hs, kv * hs)?;
+    let v = qkv.narrow(2, (nh + kv) * hs, kv * hs)?;
+    let y = cached_attention(&q, &k, &v, nh, cache)?.reshape((t, c))?;
+    let attn_out = matmul_cols_forward(&y, std::slice::from_ref(&w.o), None)?;
+    // h = x + o_proj(y), then its norm, in one pass
+    let (h, n2, _) = add_rmsnorm_forward(&xf, &attn_out, &w.post_norm, cfg.norm_eps)?;
+    let gu = matmul_cols_forward(&n2, &w.gate_up, None)?;
+    let act = swiglu_packed_forward(&gu)?;
+    let out = matmul_cols_forward(&act, std::slice::from_ref(&w.down), Some(&h))?;
+    Ok(out.reshape((1, t, c))?)
+}
+
+/// The logits `(V)` of the last position of `x (1, T, C)` (a block stack's output):
+/// [`final_norm_forward`] of that row (`norm_params`, the `norm` unit's buffer), then
+/// `norm(x_last) @ W^T` with `W (V, C)` the head's weight in `head_params`, the buffer of the
+/// unit [`head_unit`] names (the embedding when tied, the final norm otherwise). In the
+/// parameters' dtype.
+pub fn logits_decode(
+    cfg: &ModelConfig,
+    norm_params: &Tensor,
+    head_params: &Tensor,
+    x: &Tensor,
+) -> Result<Tensor> {
+    let (unit, name) = head_unit(cfg);
+    check_params(head_params, &unit, "lm head")?;
+    let t = check_one_sequence(cfg, x, "lm head input")?;
+    let (y, _) = final_norm_forward(cfg, norm_params, &x.narrow(1, t - 1, 1)?)?;
+    let w = unit.param(name).view(head_params)?;
+    Ok(y.reshape((1, cfg.n_embd))?
+        .matmul(&w.t()?)?
+        .reshape(cfg.vocab_size)?)
 }
