@@ -522,7 +522,7 @@ impl Decoder {
     }
 
     /// Generates up to `opts.max_new_tokens` tokens after `prompt` and returns them (not the
-    /// prompt), calling `on_token` with each as it comes (to stream it).
+    /// prompt), calling `on_token` with each as it comes (to stream it; the stop token too).
     ///
     /// The prompt goes in one forward (prefill), then each new token in one forward. It stops
     /// after `max_new_tokens` tokens; after `opts.stop` (returned as the last token); when
