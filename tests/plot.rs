@@ -169,7 +169,11 @@ fn loss_plot_falls_back_to_folder_names() {
     let out = plot(&[demo.as_os_str(), "--output".as_ref(), png.as_os_str()]);
     assert_ok(&out);
     assert_eq!(png_size(&png), (1024, 640));
-    assert!(stderr(&out).contains("1 run(s)") && stderr(&out).contains("legend: demo"));
+    let err = stderr(&out);
+    assert!(
+        err.contains("1 run(s)") && err.contains("legend: ZeRO-3 (demo)"),
+        "{err}"
+    );
     // Two runs of the same settings, and one with no config: folder names.
     let z3 = resolved_config(&[]);
     let a = run_folder(dir.path(), "lr-a", 0.0, Some(&z3));

@@ -19,6 +19,11 @@ impl Reporter {
             )
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
             bar.set_style(style);
+            // The steps before `start` were done by an earlier launch: record them as the
+            // estimator's starting point, then forget their (instant) rate, so that the time
+            // left is estimated from this launch's steps alone.
+            bar.tick();
+            bar.reset_eta();
             bar
         });
         Reporter { bar }
@@ -47,9 +52,17 @@ impl Reporter {
         }
     }
 
+    /// The run ended at its last step: the bar shows it full.
     pub fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish();
+        }
+    }
+
+    /// The run stopped before its last step: the bar stays where it is.
+    pub fn stop(&self) {
+        if let Some(bar) = &self.bar {
+            bar.abandon();
         }
     }
 }

@@ -16,6 +16,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde::Deserialize;
 
+use super::text::Bitmap;
 use super::{colour, draw_error, register_font};
 use crate::readable;
 
@@ -295,7 +296,7 @@ pub fn plot(files: &[PathBuf], output: &Path) -> Result<Drawn> {
 
     register_font()?;
     let draw = draw_error(output);
-    let root = BitMapBackend::new(output, SIZE).into_drawing_area();
+    let root = Bitmap::new(output, SIZE)?.into_drawing_area();
     root.fill(&WHITE).map_err(&draw)?;
     let caption = format!(
         "{}: tokens/s per GPU against the link ({} tokens a step, {} GPUs)",

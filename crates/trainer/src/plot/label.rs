@@ -139,14 +139,22 @@ pub fn folder_name(metrics: &Path) -> String {
         .unwrap_or_else(|| metrics.display().to_string())
 }
 
-/// One label per run, from (folder name, settings read from its config if it has one): the
-/// settings' names when they tell at least two runs apart, with the folder name added to a name
+/// One label per run, from (folder name, settings read from its config if it has one): a run
+/// alone is named by its settings and its folder; several, by the settings' names when they
+/// tell at least two runs apart, with the folder name added to a name
 /// that several runs share; else the folder names.
 pub fn labels(runs: &[(String, Option<ZeroSettings>)]) -> Vec<String> {
     let names: Vec<Option<String>> = runs
         .iter()
         .map(|(_, s)| s.as_ref().map(ZeroSettings::describe))
         .collect();
+    // A run alone: its techniques and its folder.
+    if let [(folder, _)] = runs {
+        return vec![match &names[0] {
+            Some(n) => format!("{n} ({folder})"),
+            None => folder.clone(),
+        }];
+    }
     let mut distinct: Vec<&String> = names.iter().flatten().collect();
     distinct.sort();
     distinct.dedup();
@@ -272,8 +280,9 @@ mod tests {
         // The same settings everywhere (a learning-rate sweep): the folders tell them apart.
         let runs = vec![("lr1".to_string(), zpp()), ("lr2".to_string(), zpp())];
         assert_eq!(labels(&runs), ["lr1", "lr2"]);
-        // A single run is named by its folder, as before labels came from configs.
-        assert_eq!(labels(&[("demo".to_string(), zpp())]), ["demo"]);
+        // A single run is named by its techniques and its folder; without a config, its folder.
+        assert_eq!(labels(&[("demo".to_string(), zpp())]), ["ZeRO++ (demo)"]);
+        assert_eq!(labels(&[("demo".to_string(), None)]), ["demo"]);
         // No configs at all.
         assert_eq!(
             labels(&[("a".into(), None), ("b".into(), None)]),

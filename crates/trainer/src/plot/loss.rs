@@ -11,6 +11,7 @@ use anyhow::{bail, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
+use super::text::Bitmap;
 use super::{colour, draw_error, register_font};
 use crate::{metrics, readable};
 
@@ -259,7 +260,7 @@ pub fn plot(
 
     register_font()?;
     let width = SIZE.0 + zoom.as_ref().map_or(0, |_| ZOOM_WIDTH);
-    let root = BitMapBackend::new(output, (width, SIZE.1)).into_drawing_area();
+    let root = Bitmap::new(output, (width, SIZE.1))?.into_drawing_area();
     root.fill(&WHITE).map_err(draw_error(output))?;
     match &zoom {
         None => draw_panel(&root, &runs, &full, output)?,
@@ -317,7 +318,7 @@ fn zoom_panel(runs: &[Series], share: f64, x_max: f64) -> Result<Panel> {
 
 /// Draws `runs` into `area` as `panel` says.
 fn draw_panel(
-    area: &DrawingArea<BitMapBackend<'_>, Shift>,
+    area: &DrawingArea<Bitmap<'_>, Shift>,
     runs: &[Series],
     panel: &Panel,
     output: &Path,

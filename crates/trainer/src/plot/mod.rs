@@ -11,6 +11,7 @@
 mod bench;
 mod label;
 mod loss;
+mod text;
 
 use std::path::{Path, PathBuf};
 
