@@ -229,6 +229,8 @@ fn a_damaged_metrics_line_is_reported_once_on_resume() {
 /// memory in bytes, from `wait4`: this one process, whatever other tests run beside it.
 fn peak_memory(mut command: Command, dir: &Path) -> (std::process::ExitStatus, String, u64) {
     let log = dir.join("stderr.txt");
+    // Reaped by wait4 below, which Child::wait cannot replace: it returns the rusage.
+    #[allow(clippy::zombie_processes)]
     let child = command
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())

@@ -20,7 +20,8 @@ pub fn trainer() -> Command {
     c.current_dir(repo())
         .env_remove("ZEROPP_KILL_AT_STEP")
         .env_remove("ZEROPP_STEP_DELAY_MS")
-        .env_remove("ZEROPP_HANG_RANK");
+        .env_remove("ZEROPP_HANG_RANK")
+        .env_remove("ZEROPP_CHECKPOINT_DELAY");
     c
 }
 
@@ -34,10 +35,18 @@ pub fn small_corpus(dir: &Path, docs: usize) -> PathBuf {
     path
 }
 
-/// `trainer --config configs/tiny.toml` with `--set` for each of `sets`, then of `extra`.
+/// Set to run every training command of the tests with `checkpoint.async = true` (checkpoints
+/// written in the background): `.ci/run` runs the checkpoint tests once each way.
+pub const ASYNC_ENV: &str = "ZEROPP_TEST_CHECKPOINT_ASYNC";
+
+/// `trainer --config configs/tiny.toml` with `--set` for each of `sets`, then of `extra` (and
+/// `checkpoint.async = true` first where [`ASYNC_ENV`] is set).
 pub fn command(sets: &[String], extra: &[&str]) -> Command {
     let mut c = trainer();
     c.args(["--config", "configs/tiny.toml"]);
+    if std::env::var_os(ASYNC_ENV).is_some() {
+        c.args(["--set", "checkpoint.async=true"]);
+    }
     for s in sets.iter().map(String::as_str).chain(extra.iter().copied()) {
         c.args(["--set", s]);
     }
@@ -66,4 +75,17 @@ pub fn error_line(out: &Output) -> String {
     let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(lines.len(), 1, "one error line expected: {err}");
     lines[0].to_string()
+}
+
+/// Sends SIGTERM to a running trainer and returns its output once it has ended, which must be
+/// a clean stop (exit status 75).
+pub fn stop_with_sigterm(child: std::process::Child) -> Output {
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    out
 }

@@ -6,6 +6,7 @@ mod adamw;
 mod attention;
 mod common;
 mod crossentropy;
+mod decode;
 mod elementwise;
 mod embedding;
 mod engine;

@@ -196,104 +196,116 @@ fn bench_steps(run: &Run, warmup: u64, steps: u64, profile: bool) -> Result<Opti
     let accumulation = config.accumulation();
     let micro_tokens = t.micro_batch * model_cfg.seq_len;
 
-    let rank_main = |inner: Box<dyn comm::Communicator>,
-                     device: candle_core::Device|
-     -> Result<RankTimes> {
-        let mut options = options.clone();
-        options.device = device.clone();
-        let timed = comm::Timed::new(inner);
-        let clock = timed.clock();
-        let device_clock = comm::Communicator::device_wait_clock(&timed);
-        let job_clock = comm::Communicator::job_clock(&timed);
-        let on_gpu = device.is_cuda();
-        let job_times = || -> Result<Vec<comm::JobTime>> {
-            Ok(match &job_clock {
-                Some(c) => c.read()?,
-                None => Vec::new(),
-            })
-        };
-        // The compute stream's waits: for plain collectives (nccl's clock) and for jobs.
-        let device_seconds = || -> Result<Option<f64>> {
-            let plain = match &device_clock {
-                Some(c) => Some(c.seconds()?),
-                None => None,
+    let rank_main =
+        |inner: Box<dyn comm::Communicator>, device: candle_core::Device| -> Result<RankTimes> {
+            let mut options = options.clone();
+            options.device = device.clone();
+            let timed = comm::Timed::new(inner);
+            let clock = timed.clock();
+            let device_clock = comm::Communicator::device_wait_clock(&timed);
+            let job_clock = comm::Communicator::job_clock(&timed);
+            let on_gpu = device.is_cuda();
+            let job_times = || -> Result<Vec<comm::JobTime>> {
+                Ok(match &job_clock {
+                    Some(c) => c.read()?,
+                    None => Vec::new(),
+                })
             };
-            let jobs: f64 = job_times()?.iter().map(|t| t.exposed_s).sum();
-            Ok(match (on_gpu, plain) {
-                (true, p) => Some(p.unwrap_or(0.0) + jobs),
-                (false, p) => p,
-            })
-        };
-        let mut engine = Engine::new(model_cfg.clone(), options, Box::new(timed))?;
-        let rank = engine.comm().rank();
-        let mut measured = RankTimes {
-            seconds: 0.0,
-            waited: 0.0,
-            device_waited: (on_gpu || device_clock.is_some()).then_some(0.0),
-            jobs: Vec::new(),
-            bytes: comm::ByteCounters::default(),
-            peak: None,
-            used: None,
-            losses: Vec::new(),
-            families: None,
-        };
-        let profiling = profile && rank == 0 && device.is_cuda();
-        for step in 0..warmup + steps {
-            let timed_step = step >= warmup;
-            engine.comm().barrier(comm::Group::World).wait()?;
-            device.synchronize()?;
-            if step == warmup && rank == 0 {
-                device_memory::reset_peak(&device);
-            }
-            kernels::profile::enable(profiling && timed_step);
-            let (jobs_before, device_waited) = (job_times()?, device_seconds()?);
-            let (start, waited, bytes) =
-                (Instant::now(), clock.seconds(), engine.comm().counters());
-            let mut loss = 0.0;
-            for micro in 0..accumulation {
-                let (inputs, targets) = synthetic_batch(
-                    t.seed,
-                    step,
-                    rank,
-                    micro,
-                    micro_tokens,
-                    model_cfg.vocab_size,
-                );
-                loss += engine.forward_backward(&inputs, &targets, 1.0 / accumulation as f32)?;
-            }
-            engine.step(t.lr)?;
-            let loss = engine.mean_over_world(loss / accumulation as f64)?;
-            measured.losses.push(loss);
-            device.synchronize()?;
-            if timed_step {
-                measured.seconds += start.elapsed().as_secs_f64();
-                measured.waited += clock.seconds() - waited;
-                if let (Some(sum), Some(now), Some(then)) = (
-                    measured.device_waited.as_mut(),
-                    device_seconds()?,
-                    device_waited,
-                ) {
-                    *sum += now - then;
+            // The compute stream's waits: for plain collectives (nccl's clock) and for jobs.
+            let device_seconds = || -> Result<Option<f64>> {
+                let plain = match &device_clock {
+                    Some(c) => Some(c.seconds()?),
+                    None => None,
+                };
+                let jobs: f64 = job_times()?.iter().map(|t| t.exposed_s).sum();
+                Ok(match (on_gpu, plain) {
+                    (true, p) => Some(p.unwrap_or(0.0) + jobs),
+                    (false, p) => p,
+                })
+            };
+            let mut engine = Engine::new(model_cfg.clone(), options, Box::new(timed))
+                .context("building the engine's shards")?;
+            let rank = engine.comm().rank();
+            let mut measured = RankTimes {
+                seconds: 0.0,
+                waited: 0.0,
+                device_waited: (on_gpu || device_clock.is_some()).then_some(0.0),
+                jobs: Vec::new(),
+                bytes: comm::ByteCounters::default(),
+                peak: None,
+                used: None,
+                losses: Vec::new(),
+                families: None,
+            };
+            let profiling = profile && rank == 0 && device.is_cuda();
+            for step in 0..warmup + steps {
+                let timed_step = step >= warmup;
+                engine.comm().barrier(comm::Group::World).wait()?;
+                device.synchronize()?;
+                if step == warmup && rank == 0 {
+                    device_memory::reset_peak(&device);
                 }
-                measured.bytes = measured.bytes + (engine.comm().counters() - bytes);
-                add_job_times(&mut measured.jobs, &job_times()?, &jobs_before);
-                if profiling {
-                    let now = kernels::profile::take();
-                    let sums = measured
-                        .families
-                        .get_or_insert_with(|| now.iter().map(|(f, _)| (*f, 0.0)).collect());
-                    for ((_, sum), (_, t)) in sums.iter_mut().zip(&now) {
-                        *sum += t;
+                kernels::profile::enable(profiling && timed_step);
+                let (jobs_before, device_waited) = (job_times()?, device_seconds()?);
+                let (start, waited, bytes) =
+                    (Instant::now(), clock.seconds(), engine.comm().counters());
+                let mut loss = 0.0;
+                for micro in 0..accumulation {
+                    let (inputs, targets) = synthetic_batch(
+                        t.seed,
+                        step,
+                        rank,
+                        micro,
+                        micro_tokens,
+                        model_cfg.vocab_size,
+                    );
+                    loss += engine
+                        .forward_backward(&inputs, &targets, 1.0 / accumulation as f32)
+                        .with_context(|| {
+                            format!(
+                                "step {}, the forward and backward of micro-batch {}",
+                                step + 1,
+                                micro + 1
+                            )
+                        })?;
+                }
+                engine
+                    .step(t.lr)
+                    .with_context(|| format!("step {}, the optimizer", step + 1))?;
+                let loss = engine.mean_over_world(loss / accumulation as f64)?;
+                measured.losses.push(loss);
+                device.synchronize()?;
+                if timed_step {
+                    measured.seconds += start.elapsed().as_secs_f64();
+                    measured.waited += clock.seconds() - waited;
+                    if let (Some(sum), Some(now), Some(then)) = (
+                        measured.device_waited.as_mut(),
+                        device_seconds()?,
+                        device_waited,
+                    ) {
+                        *sum += now - then;
+                    }
+                    measured.bytes = measured.bytes + (engine.comm().counters() - bytes);
+                    add_job_times(&mut measured.jobs, &job_times()?, &jobs_before);
+                    if profiling {
+                        let now = kernels::profile::take();
+                        let sums = measured
+                            .families
+                            .get_or_insert_with(|| now.iter().map(|(f, _)| (*f, 0.0)).collect());
+                        for ((_, sum), (_, t)) in sums.iter_mut().zip(&now) {
+                            *sum += t;
+                        }
                     }
                 }
             }
-        }
-        measured.peak = device_memory::peak_bytes(&device);
-        measured.used = device_memory::device_used_bytes(&device);
-        Ok(measured)
-    };
+            measured.peak = device_memory::peak_bytes(&device);
+            measured.used = device_memory::device_used_bytes(&device);
+            Ok(measured)
+        };
     let lead = ranks.lead();
-    let times = ranks.run(config, rank_main)?;
+    let times = ranks
+        .run(config, rank_main)
+        .map_err(|e| crate::out_of_memory::explain(e, run, topology, &device))?;
     if !lead {
         return Ok(None);
     }

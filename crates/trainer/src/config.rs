@@ -185,6 +185,16 @@ pub struct LogSection {
     pub eval_samples: usize,
     /// Progress bar: default on when stderr is a terminal, else plain log lines.
     pub progress: Option<bool>,
+    /// Also write the training and validation scalars as TensorBoard events, to
+    /// `<dir>/tensorboard/` (`tensorboard --logdir <dir>`).
+    pub tensorboard: bool,
+    /// Every this many steps (0 = never) write a sample of `sample_tokens` tokens after
+    /// `sample_prompt`, to the log and to `<dir>/samples.jsonl` (rank 0).
+    pub sample_interval: u64,
+    /// The samples' prompt; empty: the end-of-document token alone, as a new document starts.
+    pub sample_prompt: String,
+    /// Tokens a sample writes.
+    pub sample_tokens: usize,
 }
 
 impl Default for LogSection {
@@ -195,6 +205,10 @@ impl Default for LogSection {
             eval_interval: 0,
             eval_samples: 64,
             progress: None,
+            tensorboard: false,
+            sample_interval: 0,
+            sample_prompt: String::new(),
+            sample_tokens: 48,
         }
     }
 }
@@ -218,6 +232,11 @@ pub struct CheckpointSection {
     /// Checkpoints at steps that are multiples of this are milestones, never deleted (0 =
     /// none): a few points to go back to, however long the run.
     pub keep_every: u64,
+    /// Write checkpoint files in the background while training goes on: each rank copies its
+    /// state to host memory, a thread of its own writes, fsyncs and checksums it, and the
+    /// checkpoint commits at the first step after every rank's write is done. At most one is
+    /// in flight. Default: on for `train.device = "cuda"`, off on the CPU.
+    pub r#async: Option<bool>,
 }
 
 impl Default for CheckpointSection {
@@ -229,6 +248,7 @@ impl Default for CheckpointSection {
             keep_last: 3,
             keep_every: 0,
             allow_changes: Vec::new(),
+            r#async: None,
         }
     }
 }
@@ -517,6 +537,13 @@ impl RunConfig {
     }
 
     /// The dtype of parameters and compute; master weights and optimizer states are f32.
+    /// Whether checkpoints are written in the background (`checkpoint.async`, default: on the GPU).
+    pub fn checkpoint_async(&self) -> bool {
+        self.checkpoint
+            .r#async
+            .unwrap_or(self.train.device == DeviceKind::Cuda)
+    }
+
     pub fn compute_dtype(&self) -> candle_core::DType {
         match self.train.precision {
             Precision::Fp32 => candle_core::DType::F32,

@@ -1,4 +1,4 @@
-//! Peak device memory, for `trainer bench`: the high-water mark of the CUDA memory pool that
+//! Device memory: free and total, and the peak for `trainer bench` and the metrics: the high-water mark of the CUDA memory pool that
 //! candle's stream-ordered allocations come from.
 
 use candle_core::Device;
@@ -57,6 +57,17 @@ pub fn device_free_bytes(device: &Device) -> Option<u64> {
     if let Device::Cuda(dev) = device {
         let (free, _total) = dev.cuda_stream().context().mem_get_info().ok()?;
         return Some(free as u64);
+    }
+    let _ = device;
+    None
+}
+
+/// The device's total memory, `None` on the CPU (or when the driver cannot say).
+pub fn device_total_bytes(device: &Device) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        let (_free, total) = dev.cuda_stream().context().mem_get_info().ok()?;
+        return Some(total as u64);
     }
     let _ = device;
     None

@@ -12,7 +12,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use safetensors::tensor::{Dtype, TensorView};
 
-use crate::checkpoint;
+use crate::{checkpoint, from_checkpoint};
 
 /// Every unit's layout with its full, unpadded fp32 parameters, in model order.
 pub type UnitParameters = Vec<(model::UnitLayout, Vec<f32>)>;
@@ -160,39 +160,16 @@ pub fn hf_config(cfg: &model::ModelConfig, eod: Option<u32>) -> serde_json::Valu
     }
 }
 
-/// The tokenizer of the run that wrote `ckpt`: `data.tokenizer` (and `data.eod_token`) of the
-/// `config.toml` in the run directory above it (`<log.dir>/checkpoints/step_<N>`), if there is
-/// one and it reads.
-fn run_tokenizer(ckpt: &Path) -> Option<data::Tokenizer> {
-    let config = ckpt
-        .ancestors()
-        .skip(1)
-        .take(3)
-        .map(|d| d.join("config.toml"))
-        .find(|p| p.is_file())?;
-    let table: toml::Table = std::fs::read_to_string(config).ok()?.parse().ok()?;
-    let d = table.get("data")?;
-    let path = d.get("tokenizer")?.as_str()?;
-    let eod = d.get("eod_token").and_then(|e| e.as_str());
-    data::Tokenizer::open(Path::new(path), eod).ok()
-}
-
 /// `trainer export --checkpoint DIR --output FILE [--tokenizer T]`: DIR is a `step_<N>`
 /// folder, or a checkpoint folder whose newest step is taken. The tokenizer (`T`, else the
 /// run's) is written beside the weights as `tokenizer.json`, its end-of-document token as the
 /// config's BOS and EOS.
 pub fn export(checkpoint_dir: &Path, output: &Path, tokenizer: Option<&Path>) -> Result<()> {
-    let ckpt = if checkpoint_dir.join("manifest.json").exists() {
-        checkpoint_dir.to_path_buf()
-    } else {
-        checkpoint::newest(checkpoint_dir)?
-            .with_context(|| format!("{} holds no checkpoint", checkpoint_dir.display()))?
-    };
+    let ckpt = from_checkpoint::resolve(checkpoint_dir)?;
     let (cfg, units) = consolidate(&ckpt)?;
-    let tokenizer = match tokenizer {
-        Some(t) => Some(data::Tokenizer::open(t, None).context("--tokenizer")?),
-        None => run_tokenizer(&ckpt),
-    };
+    // The run's config may be gone or unreadable: the export needs only its tokenizer.
+    let run = from_checkpoint::run_config(&ckpt, None).unwrap_or(None);
+    let tokenizer = from_checkpoint::tokenizer(run.as_ref(), tokenizer)?;
     write_hf(&cfg, &units, output, tokenizer.as_ref().map(|t| t.eod_id()))?;
     match &tokenizer {
         Some(t) => {

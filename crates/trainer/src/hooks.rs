@@ -25,6 +25,10 @@ pub const KILL_RANK_ENV: &str = "ZEROPP_KILL_RANK";
 /// back with an error once another rank has failed.
 pub const HANG_RANK_ENV: &str = "ZEROPP_HANG_RANK";
 
+/// `S@MS`: the write of step S's checkpoint files sleeps MS milliseconds first, on every rank:
+/// a checkpoint still being written in the background (`checkpoint.async`) when a test kills
+/// or stops the run.
+pub const CHECKPOINT_DELAY_ENV: &str = "ZEROPP_CHECKPOINT_DELAY";
 /// Milliseconds every rank sleeps before each step: a run slow enough for a test to signal it,
 /// or launch a second run into its directory, while it is in progress.
 pub const STEP_DELAY_ENV: &str = "ZEROPP_STEP_DELAY_MS";
@@ -49,6 +53,8 @@ pub struct TestHooks {
     hang: Option<RankStep>,
     /// [`STEP_DELAY_ENV`].
     step_delay: Option<Duration>,
+    /// [`CHECKPOINT_DELAY_ENV`]: (step, milliseconds).
+    checkpoint_delay: Option<(u64, u64)>,
 }
 
 impl TestHooks {
@@ -58,17 +64,24 @@ impl TestHooks {
     }
 
     fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let rank_step = |name: &str| -> Result<Option<RankStep>> {
+        // `A@B`, two whole numbers; `shape` names them in the error, e.g. "RANK@STEP".
+        let pair = |name: &str, shape: &str| -> Result<Option<(u64, u64)>> {
             let Some(value) = var(name) else {
                 return Ok(None);
             };
             let parsed = value
                 .split_once('@')
-                .and_then(|(r, s)| Some((r.trim().parse().ok()?, s.trim().parse().ok()?)));
+                .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
             match parsed {
-                Some((rank, step)) => Ok(Some(RankStep { rank, step })),
-                None => bail!("{name}={value:?}: expected RANK@STEP, e.g. 2@3"),
+                Some(p) => Ok(Some(p)),
+                None => bail!("{name}={value:?}: expected {shape}, e.g. 2@3"),
             }
+        };
+        let rank_step = |name: &str| -> Result<Option<RankStep>> {
+            Ok(pair(name, "RANK@STEP")?.map(|(rank, step)| RankStep {
+                rank: rank as usize,
+                step,
+            }))
         };
         let number = |name: &str| -> Result<Option<u64>> {
             match var(name) {
@@ -81,12 +94,14 @@ impl TestHooks {
             }
         };
         let kill_at_step = number(KILL_AT_STEP_ENV)?;
+        let checkpoint_delay = pair(CHECKPOINT_DELAY_ENV, "STEP@MILLISECONDS")?;
         Ok(TestHooks {
             kill_at_step,
             fail: rank_step(FAIL_RANK_ENV)?,
             kill_rank: rank_step(KILL_RANK_ENV)?,
             hang: rank_step(HANG_RANK_ENV)?,
             step_delay: number(STEP_DELAY_ENV)?.map(Duration::from_millis),
+            checkpoint_delay,
         })
     }
 
@@ -136,6 +151,21 @@ impl TestHooks {
     }
 
     /// After step `step` and its checkpoint: rank 0 (`lead`) dies if [`KILL_AT_STEP_ENV`] says.
+    /// Whether [`TestHooks::after_step`] kills the process after `step`: the run first waits
+    /// for that step's checkpoint, as the hook's contract says, even when it is written in the
+    /// background.
+    pub fn kills_after(&self, step: u64) -> bool {
+        self.kill_at_step == Some(step)
+    }
+
+    /// The delay of the write of step `step`'s checkpoint files ([`CHECKPOINT_DELAY_ENV`]).
+    pub fn checkpoint_delay(&self, step: u64) -> Option<Duration> {
+        match self.checkpoint_delay {
+            Some((s, ms)) if s == step => Some(Duration::from_millis(ms)),
+            _ => None,
+        }
+    }
+
     pub fn after_step(&self, step: u64, lead: bool) {
         if lead && self.kill_at_step == Some(step) {
             kill_self();

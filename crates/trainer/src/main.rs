@@ -5,11 +5,15 @@ mod checkpoint;
 mod config;
 mod device_memory;
 mod divergence;
+mod eval;
 mod export;
+mod from_checkpoint;
+mod generate;
 mod hooks;
 mod init_from;
 mod launch;
 mod metrics;
+mod out_of_memory;
 mod plan;
 mod plot;
 mod progress;
@@ -21,6 +25,7 @@ mod run_lock;
 mod schedule;
 mod startup;
 mod stop;
+mod tensorboard;
 mod tokenizer_cmd;
 mod train;
 mod world;
@@ -117,6 +122,64 @@ enum Command {
         #[arg(long)]
         tokenizer: Option<PathBuf>,
     },
+    /// The loss and perplexity of a checkpoint on held-out data, without training: by default
+    /// the run's own validation data, as training evaluated it (docs/operations.md, "Evaluating
+    /// and sampling a checkpoint").
+    Eval {
+        /// A checkpoint folder (its newest step) or one `step_<N>` folder.
+        #[arg(long)]
+        checkpoint: PathBuf,
+        /// Datasets to evaluate, each on its own: .bin/.idx prefixes or text files (.jsonl,
+        /// .jsonl.zst, .jsonl.gz, .parquet), tokenised with the run's tokenizer. Default: the
+        /// run's validation data.
+        #[arg(long, num_args = 1..)]
+        data: Vec<PathBuf>,
+        /// Sequences of each dataset (0 = all). Default: the run's log.eval_samples.
+        #[arg(long, value_name = "N")]
+        samples: Option<usize>,
+        /// The tokenizer of text --data (default: the run's).
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
+        /// cpu or cuda (default: the run's train.device).
+        #[arg(long, value_parser = parse_device)]
+        device: Option<config::DeviceKind>,
+        /// One JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Text from a checkpoint, with a KV cache, on the CPU or the GPU: greedy at temperature
+    /// 0, else sampled from the top-k tokens (docs/operations.md, "Evaluating and sampling a
+    /// checkpoint").
+    Generate {
+        /// A checkpoint folder (its newest step) or one `step_<N>` folder.
+        #[arg(long)]
+        checkpoint: PathBuf,
+        /// The text to continue (default: a new document, the end-of-document token alone).
+        #[arg(long, default_value = "")]
+        prompt: String,
+        #[arg(long, value_name = "N", default_value_t = 64)]
+        max_new_tokens: usize,
+        /// 0 = greedy.
+        #[arg(long, value_name = "T", default_value_t = 0.8)]
+        temperature: f64,
+        /// Sample from the K likeliest tokens only (0 = all).
+        #[arg(long, value_name = "K", default_value_t = 200)]
+        top_k: usize,
+        #[arg(long, value_name = "S", default_value_t = 1234)]
+        seed: u64,
+        /// Stop at the end-of-document token.
+        #[arg(long)]
+        stop_at_eod: bool,
+        /// The tokenizer (default: the run's).
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
+        /// cpu or cuda (default: the run's train.device).
+        #[arg(long, value_parser = parse_device)]
+        device: Option<config::DeviceKind>,
+        /// One JSON object (prompt and generated token ids, text) instead of streamed text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Draw val_loss and loss against tokens, one colour per run; or, with --bench, tokens/s
     /// per GPU against the link bandwidth.
     ///
@@ -186,6 +249,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // An error is one line: candle attaches a backtrace to its errors whenever backtraces are
+    // on (RUST_BACKTRACE), which would print under it. Panics keep theirs.
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
     match run(Cli::parse()) {
         Ok(train::Outcome::Finished) => ExitCode::SUCCESS,
         Ok(train::Outcome::Stopped) => ExitCode::from(stop::EXIT_STOPPED),
@@ -313,6 +381,49 @@ fn run_command(
             create_parent(&output)?;
             export::export(&checkpoint, &output, tokenizer.as_deref())
         }
+        Command::Eval {
+            checkpoint,
+            data,
+            samples,
+            tokenizer,
+            device,
+            json,
+        } => eval::run(&eval::EvalArgs {
+            checkpoint: &checkpoint,
+            config,
+            data,
+            tokenizer: tokenizer.as_deref(),
+            samples,
+            device,
+            json,
+        }),
+        Command::Generate {
+            checkpoint,
+            prompt,
+            max_new_tokens,
+            temperature,
+            top_k,
+            seed,
+            stop_at_eod,
+            tokenizer,
+            device,
+            json,
+        } => generate::run(&generate::GenerateArgs {
+            checkpoint: &checkpoint,
+            config,
+            tokenizer: tokenizer.as_deref(),
+            prompt,
+            stop_at_eod,
+            sampling: model::decode::Sampling {
+                max_new_tokens,
+                temperature,
+                top_k: (top_k > 0).then_some(top_k),
+                seed,
+                stop: None,
+            },
+            device,
+            json,
+        }),
         Command::Plot {
             metrics,
             bench,
@@ -331,6 +442,15 @@ fn run_command(
                 zoom,
             })
         }
+    }
+}
+
+/// `--device cpu|cuda`.
+fn parse_device(s: &str) -> std::result::Result<config::DeviceKind, String> {
+    match s {
+        "cpu" => Ok(config::DeviceKind::Cpu),
+        "cuda" | "gpu" => Ok(config::DeviceKind::Cuda),
+        _ => Err(format!("{s:?} is not a device: cpu or cuda")),
     }
 }
 

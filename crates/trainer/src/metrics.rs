@@ -33,6 +33,14 @@ pub struct StepLine {
     /// they always were and readers that do not know the field are unaffected.
     #[serde(default, skip_serializing_if = "is_false")]
     pub skipped: bool,
+    /// Model FLOPs utilisation of rank 0's GPU since the previous line: the model's FLOPs
+    /// per token (6N + 6LCT, as `trainer bench` counts) at this throughput, over the GPU's
+    /// peak. Absent on the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
+    /// Rank 0's peak device memory since the previous line, in bytes. Absent on the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -45,6 +53,16 @@ pub struct EvalLine {
     pub step: u64,
     pub tokens: u64,
     pub val_loss: f64,
+}
+
+/// A text sample of `samples.jsonl` (`[log] sample_interval`): what the model wrote after the
+/// fixed prompt at this step.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SampleLine {
+    pub step: u64,
+    pub tokens: u64,
+    pub prompt: String,
+    pub text: String,
 }
 
 /// Appends lines to `<run>/metrics.jsonl`, each with one write (a killed run keeps every line it

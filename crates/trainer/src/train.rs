@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use data::{Sampler, TokenCorpus, Tokenizer};
+use data::{Sampler, Tokenizer};
 use zero::{AdamW, Engine, EngineOptions};
 
 use crate::checkpoint;
@@ -17,7 +17,7 @@ use crate::config::RunConfig;
 use crate::divergence::{self, SkipCounter};
 use crate::hooks::TestHooks;
 use crate::init_from;
-use crate::metrics::{self, EvalLine, MetricsWriter, StepLine};
+use crate::metrics::{EvalLine, StepLine};
 use crate::progress::Reporter;
 use crate::resume::{self, DataSize, Resume};
 use crate::run::Run;
@@ -26,75 +26,15 @@ use crate::schedule::learning_rate;
 use crate::world::World;
 use crate::{readable, reshard, startup, stop};
 
+mod corpora;
 mod evaluate;
+mod outputs;
+mod sample;
 mod save;
-use evaluate::evaluate;
-use save::save;
-
-/// Training and validation tokens, and the fingerprint of the tokenizer that made them (when a
-/// `.jsonl` source needed one), which checkpoints record.
-struct Corpora {
-    train: TokenCorpus,
-    valid: Option<TokenCorpus>,
-    tokenizer: Option<u32>,
-}
-
-/// The run's tokenizer: `data.tokenizer`, which text sources need (an error if it cannot be
-/// read); for token sources (`.bin`/`.idx`) only where it reads, to give the vocabulary.
-fn open_tokenizer(config: &RunConfig) -> Result<Option<Tokenizer>> {
-    let d = &config.data;
-    let open = || Tokenizer::open(&d.tokenizer, d.eod_token.as_deref());
-    match needs_tokenizer(config) {
-        true => Ok(Some(open().context("data.tokenizer")?)),
-        false => Ok(open().ok()),
-    }
-}
-
-/// Whether a source is text, to be tokenised at start.
-fn needs_tokenizer(config: &RunConfig) -> bool {
-    let d = &config.data;
-    d.train
-        .iter()
-        .chain(&d.valid)
-        .any(|p| data::is_text_input(p))
-}
-
-fn load_data(
-    config: &RunConfig,
-    vocab_size: usize,
-    tokenizer: Option<&Tokenizer>,
-) -> Result<Corpora> {
-    let d = &config.data;
-    // Only text sources were made by this tokenizer: only they record its fingerprint.
-    let tokenizer = tokenizer.filter(|_| needs_tokenizer(config));
-    let (train, valid) = if !d.valid.is_empty() {
-        let train = TokenCorpus::load(&d.train, tokenizer, &d.text_column).context("data.train")?;
-        let valid = TokenCorpus::load(&d.valid, tokenizer, &d.text_column).context("data.valid")?;
-        (train, Some(valid))
-    } else if d.valid_fraction > 0.0 {
-        let (train, valid) =
-            TokenCorpus::load_split(&d.train, tokenizer, &d.text_column, d.valid_fraction)
-                .context("data.train")?;
-        (train, Some(valid))
-    } else {
-        (
-            TokenCorpus::load(&d.train, tokenizer, &d.text_column).context("data.train")?,
-            None,
-        )
-    };
-    for (what, corpus) in [("data.train", Some(&train)), ("data.valid", valid.as_ref())] {
-        if let Some(max) = corpus.and_then(|c| c.tokens.iter().max()) {
-            if *max as usize >= vocab_size {
-                bail!("{what}: token id {max} does not fit model.vocab_size = {vocab_size}");
-            }
-        }
-    }
-    Ok(Corpora {
-        train,
-        valid,
-        tokenizer: tokenizer.map(Tokenizer::fingerprint),
-    })
-}
+use corpora::open_tokenizer;
+pub(crate) use corpora::{load_data, Corpora};
+pub(crate) use evaluate::evaluate;
+use outputs::Outputs;
 
 /// What every rank reads and nobody changes.
 struct Shared<'a> {
@@ -117,6 +57,8 @@ struct Shared<'a> {
     /// is used (it alone writes manifests and prunes).
     run_id: String,
     hooks: TestHooks,
+    /// The run's tokenizer, where it has one: the samples' text.
+    tokenizer: Option<&'a Tokenizer>,
     /// Set once a rank of this process has failed: a hung rank ([`HANG_RANK_ENV`]) of the
     /// local backend then returns, so that the process can end.
     ///
@@ -144,13 +86,17 @@ pub fn run(config: RunConfig) -> Result<Outcome> {
     let run = Run::resolve(config, tokenizer.as_ref().map(Tokenizer::vocab_size))?;
     let world = World::join(&run.config)?;
     let shared = prepare(&run, &world, hooks, tokenizer.as_ref()).map_err(|e| world.abort(e))?;
-    let outcomes = world.run(&run.config, |comm, device| {
-        let result = rank_main(&shared, comm, device);
-        if result.is_err() {
-            shared.given_up.store(true, Ordering::SeqCst);
-        }
-        result
-    })?;
+    let device = world.device().clone();
+    let topology = world.topology();
+    let outcomes = world
+        .run(&run.config, |comm, device| {
+            let result = rank_main(&shared, comm, device);
+            if result.is_err() {
+                shared.given_up.store(true, Ordering::SeqCst);
+            }
+            result
+        })
+        .map_err(|e| crate::out_of_memory::explain(e, &run, topology, &device))?;
     // The ranks agree on when to stop, so rank 0's outcome is everyone's.
     Ok(outcomes.first().copied().unwrap_or(Outcome::Finished))
 }
@@ -182,7 +128,7 @@ fn prepare<'a>(
     run: &'a Run,
     world: &World,
     hooks: TestHooks,
-    tokenizer: Option<&Tokenizer>,
+    tokenizer: Option<&'a Tokenizer>,
 ) -> Result<Shared<'a>> {
     let (config, model_cfg) = (&run.config, &run.model);
     let (topology, lead) = (world.topology(), world.lead());
@@ -194,6 +140,13 @@ fn prepare<'a>(
     };
     let t = &config.train;
     hooks.check_world(topology.world())?;
+    if config.log.sample_interval > 0 && tokenizer.is_none() {
+        bail!(
+            "log.sample_interval: the samples need the run's tokenizer, and data.tokenizer = {} \
+             does not read",
+            config.data.tokenizer.display()
+        );
+    }
     let corpora = load_data(config, model_cfg.vocab_size, tokenizer)?;
     startup::check_data(
         run,
@@ -240,6 +193,7 @@ fn prepare<'a>(
         locks,
         run_id,
         hooks,
+        tokenizer,
         given_up: AtomicBool::new(false),
     })
 }
@@ -286,6 +240,8 @@ fn rank_main(
     if run.start == 0 {
         run.evaluate(0)?;
     }
+    let loop_started = Instant::now();
+    let mut trained = std::time::Duration::ZERO;
     for step in run.start + 1..=steps {
         shared.hooks.before_step(run.rank, step, &shared.given_up)?;
         run.train_step(step)?;
@@ -294,10 +250,19 @@ fn rank_main(
         if last || (eval_interval > 0 && step % eval_interval == 0) {
             run.evaluate(step)?;
         }
+        run.sample_if_due(step)?;
+        if last {
+            trained = loop_started.elapsed();
+        }
         let ckpt_interval = shared.config.checkpoint.interval;
         let due = last || (ckpt_interval > 0 && step % ckpt_interval == 0);
         if due {
             run.save_if_good(step)?;
+        } else {
+            run.poll_checkpoint()?;
+        }
+        if shared.hooks.kills_after(step) {
+            run.finish_checkpoint()?;
         }
         shared.hooks.after_step(step, run.lead);
         // Every rank asks every step, so all agree on the step to stop after.
@@ -306,6 +271,7 @@ fn rank_main(
             if !due {
                 run.save_if_good(step)?;
             }
+            run.finish_checkpoint()?;
             // This step's checkpoint, or the last good one if this step's was withheld (its
             // line said so); with none at all, the folder a resume would look in.
             let checkpoint = run
@@ -316,7 +282,8 @@ fn rank_main(
             return Ok(Outcome::Stopped);
         }
     }
-    run.finish();
+    run.finish_checkpoint()?;
+    run.finish(trained);
     Ok(Outcome::Finished)
 }
 
@@ -334,6 +301,8 @@ struct SinceLog {
 struct RankRun<'a> {
     shared: &'a Shared<'a>,
     engine: Engine,
+    /// The device this rank computes on.
+    device: candle_core::Device,
     rank: usize,
     /// Rank 0: writes the metrics and the progress.
     lead: bool,
@@ -343,7 +312,10 @@ struct RankRun<'a> {
     start_tokens: u64,
     /// The allowed setting changes of this resume, for the first metrics line.
     unlogged_changes: Vec<String>,
-    metrics: Option<MetricsWriter>,
+    /// Rank 0's files in the run directory (nothing on the other ranks).
+    outputs: Outputs,
+    /// The checkpoint being written, not yet committed ([`save`]).
+    pending: Option<save::Pending>,
     reporter: Reporter,
     since_log: SinceLog,
     /// Steps skipped in a row for a non-finite gradient norm.
@@ -369,7 +341,9 @@ impl<'a> RankRun<'a> {
         let config = shared.config;
         let rank = comm.rank();
         let options = engine_options(config, &device);
-        let mut engine = Engine::new(shared.model_cfg.clone(), options, comm)?;
+        let rank_device = device.clone();
+        let mut engine = Engine::new(shared.model_cfg.clone(), options, comm)
+            .context("building the engine's shards")?;
         let (start, start_tokens) = match &shared.resume {
             Some(r) => {
                 let state = reshard::load(&r.path, &r.manifest, &engine)?;
@@ -394,6 +368,7 @@ impl<'a> RankRun<'a> {
         Ok(RankRun {
             shared,
             engine,
+            device: rank_device,
             rank,
             lead,
             start,
@@ -403,7 +378,8 @@ impl<'a> RankRun<'a> {
                 .as_ref()
                 .map(|r| r.changes.clone())
                 .unwrap_or_default(),
-            metrics: None,
+            outputs: Outputs::default(),
+            pending: None,
             reporter: Reporter::new(progress, config.train.steps, start),
             since_log: SinceLog::default(),
             skips: SkipCounter::new(config.train.max_skipped_steps),
@@ -421,22 +397,12 @@ impl<'a> RankRun<'a> {
             return Ok(());
         }
         let config = self.shared.config;
-        let run_dir = &config.log.dir;
-        std::fs::create_dir_all(run_dir)
-            .with_context(|| format!("cannot create {}", run_dir.display()))?;
-        let metrics_path = run_dir.join("metrics.jsonl");
-        if self.start == 0 && metrics_path.exists() {
-            // A restart with no checkpoint yet: the curve starts again at step 0.
-            std::fs::remove_file(&metrics_path)
-                .with_context(|| format!("cannot replace {}", metrics_path.display()))?;
+        let (outputs, damaged) = Outputs::open(config, self.start, self.start_tokens)?;
+        self.outputs = outputs;
+        if let Some(damaged) = damaged {
+            let metrics = config.log.dir.join("metrics.jsonl");
+            self.say(&format!("{}: {damaged}", metrics.display()));
         }
-        if let Some(damaged) = metrics::truncate_after(&metrics_path, self.start)? {
-            self.say(&format!("{}: {damaged}", metrics_path.display()));
-        }
-        let config_path = run_dir.join("config.toml");
-        std::fs::write(&config_path, config.to_toml()?)
-            .with_context(|| format!("cannot write {}", config_path.display()))?;
-        self.metrics = Some(MetricsWriter::append(&metrics_path)?);
         Ok(())
     }
 
@@ -444,14 +410,6 @@ impl<'a> RankRun<'a> {
     fn say(&self, line: &str) {
         if self.lead {
             self.reporter.println(line)
-        }
-    }
-
-    /// Writes a metrics line (rank 0; the other ranks write nothing).
-    fn log_line<T: serde::Serialize>(&mut self, line: &T) -> Result<()> {
-        match self.metrics.as_mut() {
-            Some(m) => m.write(line),
-            None => Ok(()),
         }
     }
 
@@ -520,46 +478,21 @@ impl<'a> RankRun<'a> {
         (t.global_batch * self.shared.model_cfg.seq_len) as u64
     }
 
+    /// Rank 0's model FLOPs utilisation at `tokens_per_s` over the world (GPU runs): the
+    /// FLOPs per token `trainer bench` counts, over the GPU's peak.
+    fn mfu(&self, tokens_per_s: f64) -> Option<f64> {
+        if !self.device.is_cuda() {
+            return None;
+        }
+        let seq = self.shared.model_cfg.seq_len;
+        let per_gpu = tokens_per_s / self.shared.topology.world() as f64;
+        let tflops = per_gpu * self.engine.model().flops_per_token(seq) / 1e12;
+        Some(tflops / crate::bench::PEAK_TFLOPS)
+    }
+
     /// Tokens trained on after `step`.
     fn tokens_at(&self, step: u64) -> u64 {
         self.start_tokens + (step - self.start) * self.tokens_per_step()
-    }
-
-    /// Writes the checkpoint of `step`, every rank its part, if the step's loss and gradient
-    /// norm were finite; otherwise writes nothing (the state is the one before a skipped step,
-    /// or worse) and says so: the last good checkpoint stays the run's newest, which retention
-    /// never deletes and the stop lines name. Returns the checkpoint written. Rank 0 reports,
-    /// once each, the folders retention left alone.
-    fn save_if_good(&mut self, step: u64) -> Result<Option<PathBuf>> {
-        let dir = self.shared.config.checkpoint_dir();
-        if !self.last_finite {
-            self.say(&divergence::withheld(
-                step,
-                self.last_checkpoint.as_deref(),
-                &dir,
-            ));
-            return Ok(None);
-        }
-        let tokens = self.tokens_at(step);
-        let (path, pruned) = save(
-            self.shared,
-            &self.engine,
-            self.metrics.as_ref(),
-            step,
-            tokens,
-            self.last_checkpoint.as_deref(),
-        )?;
-        for (folder, why) in pruned.map(|p| p.left).unwrap_or_default() {
-            if self.reported.insert(folder.clone()) {
-                self.say(&format!(
-                    "retention leaves {} alone and does not count it in checkpoint.keep_last: \
-                     it is {why}",
-                    folder.display()
-                ));
-            }
-        }
-        self.last_checkpoint = Some(path.clone());
-        Ok(Some(path))
     }
 
     /// After the checkpoint of `step`, when a signal asked the run to stop: flushes the
@@ -570,9 +503,7 @@ impl<'a> RankRun<'a> {
         signal: Option<i32>,
         checkpoint: &std::path::Path,
     ) -> Result<()> {
-        if let Some(m) = self.metrics.as_mut() {
-            m.sync()?;
-        }
+        self.outputs.sync()?;
         let steps = self.shared.config.train.steps;
         // Read again: with the local backend, another rank of this process may have seen the
         // signal at its poll, after this rank's poll of the same step.
@@ -580,7 +511,7 @@ impl<'a> RankRun<'a> {
             Some(s) => stop::name(s),
             None => "a signal to another rank",
         };
-        self.reporter.finish();
+        self.reporter.stop();
         self.say(&format!(
             "stopped by {by} after step {step} of {steps}: checkpoint {}; run the same command \
              to resume",
@@ -609,15 +540,24 @@ impl<'a> RankRun<'a> {
                 t.micro_batch,
             )?;
             let (inputs, targets) = sampler.gather(&shared.corpora.train.tokens, &ids)?;
-            loss_sum +=
-                self.engine
-                    .forward_backward(&inputs, &targets, 1.0 / accumulation as f32)?;
+            loss_sum += self
+                .engine
+                .forward_backward(&inputs, &targets, 1.0 / accumulation as f32)
+                .with_context(|| {
+                    format!(
+                        "step {step}, the forward and backward of micro-batch {}",
+                        micro + 1
+                    )
+                })?;
         }
         let loss = self
             .engine
             .mean_over_world(loss_sum / accumulation as f64)?;
         let lr = learning_rate(t, step);
-        let stats = self.engine.step(lr)?;
+        let stats = self
+            .engine
+            .step(lr)
+            .with_context(|| format!("step {step}, the optimizer"))?;
         self.last_finite = !stats.skipped && loss.is_finite() && stats.grad_norm.is_finite();
         let skip_note = self.skips.record(step, stats.skipped, stats.grad_norm);
         let since = &mut self.since_log;
@@ -631,13 +571,14 @@ impl<'a> RankRun<'a> {
         }
         let since = std::mem::take(&mut self.since_log);
         let tokens_per_step = self.tokens_per_step();
+        let tokens_per_s = (since.steps * tokens_per_step) as f64 / since.seconds;
         let line = StepLine {
             step,
             tokens: self.tokens_at(step),
             loss,
             lr,
             grad_norm: stats.grad_norm,
-            tokens_per_s: (since.steps * tokens_per_step) as f64 / since.seconds,
+            tokens_per_s,
             comm_intra_bytes: since.bytes.intra / since.steps,
             comm_inter_bytes: since.bytes.inter / since.steps,
             qwz: techniques.qwz,
@@ -645,8 +586,11 @@ impl<'a> RankRun<'a> {
             qgz: techniques.qgz,
             changed: std::mem::take(&mut self.unlogged_changes),
             skipped: stats.skipped,
+            mfu: self.mfu(tokens_per_s),
+            peak_memory_bytes: crate::device_memory::peak_bytes(&self.device),
         };
-        self.log_line(&line)?;
+        crate::device_memory::reset_peak(&self.device);
+        self.outputs.step(&line)?;
         if self.lead {
             self.reporter.step(&line, t.steps);
         }
@@ -672,10 +616,12 @@ impl<'a> RankRun<'a> {
         if config.log.eval_samples == 0 {
             return Ok(());
         }
-        let val_loss = evaluate(&self.engine, valid, self.shared.model_cfg.seq_len, config)?;
+        let seq_len = self.shared.model_cfg.seq_len;
+        let (samples, micro) = (config.log.eval_samples, config.train.micro_batch);
+        let val_loss = evaluate(&self.engine, valid, seq_len, samples, micro)?;
         divergence::check_val_loss(step, val_loss, &config.checkpoint_dir())?;
         let tokens = self.tokens_at(step);
-        self.log_line(&EvalLine {
+        self.outputs.eval(&EvalLine {
             step,
             tokens,
             val_loss,
@@ -684,10 +630,31 @@ impl<'a> RankRun<'a> {
         Ok(())
     }
 
-    /// Ends the progress display.
-    fn finish(&self) {
-        if self.lead {
-            self.reporter.finish();
+    /// Ends the progress display and says how long the steps of this process took (`trained`:
+    /// from its first step to the end of the last, evaluations and checkpoints between them
+    /// included, the last checkpoint not) and where the run's outputs are.
+    fn finish(&self, trained: std::time::Duration) {
+        if !self.lead {
+            return;
         }
+        self.reporter.finish();
+        let config = self.shared.config;
+        let dir = config.log.dir.display();
+        let checkpoint = match &self.last_checkpoint {
+            Some(c) => format!("the last checkpoint is {}", c.display()),
+            None => "no checkpoint was written".to_string(),
+        };
+        let steps = config.train.steps - self.start;
+        let seconds = trained.as_secs_f64();
+        self.say(&format!(
+            "trained {steps} steps in {seconds:.1} s, {:.0} tokens/s with its evaluations and \
+             checkpoints",
+            (steps * self.tokens_per_step()) as f64 / seconds
+        ));
+        self.say(&format!(
+            "finished {} steps: metrics in {dir}/metrics.jsonl, {checkpoint}; draw the curves \
+             with `trainer plot {dir} --output {dir}/loss.png`",
+            config.train.steps
+        ));
     }
 }

@@ -4,25 +4,23 @@ use anyhow::{Context, Result};
 use data::{Sampler, TokenCorpus};
 use zero::Engine;
 
-use crate::config::RunConfig;
-
-/// Mean loss over the first `log.eval_samples` validation sequences (or all the data holds),
-/// in order. Rank r evaluates the r-th of `world` contiguous slices of them, so with fewer
+/// Mean loss over the first `samples` sequences of `valid` (or all it holds), in order, in
+/// micro-batches of `micro`. Rank r evaluates the r-th of `world` contiguous slices of them, so with fewer
 /// sequences than ranks some ranks evaluate none; every rank still runs as many forward
 /// passes (each gathers every unit, a collective), a rank short of sequences running padding
 /// passes whose loss is not counted. The mean is over the sequences, not the ranks.
-pub(super) fn evaluate(
+pub(crate) fn evaluate(
     engine: &Engine,
     valid: &TokenCorpus,
     seq_len: usize,
-    config: &RunConfig,
+    samples: usize,
+    micro: usize,
 ) -> Result<f64> {
     let world = engine.comm().topology().world();
     let rank = engine.comm().rank();
     let sampler = Sampler::new(valid.tokens.len(), seq_len, 0).context("validation data")?;
-    let samples = config.log.eval_samples.min(sampler.num_samples());
+    let samples = samples.min(sampler.num_samples());
     let slice = |r: usize| r * samples / world..(r + 1) * samples / world;
-    let micro = config.train.micro_batch;
     // The passes of the rank with the most sequences: ceil(samples / world) of them, in micro-batches.
     let passes = samples.div_ceil(world).div_ceil(micro);
     let ids: Vec<usize> = slice(rank).collect();
