@@ -4,7 +4,7 @@
 # Run from the repository root: scripts/gpu-build.sh   (first build 10-15 minutes)
 # Then on the GPU machine: scripts/gpu-test.sh (README, "GPU").
 set -euo pipefail
-eval "$(../shared/tools/cuda-toolchain.sh)"
+eval "$(scripts/cuda-toolchain.sh)"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
 # The attention runs on cuDNN (crates/model/src/cudnn/), so the binaries link libcudnn.so.9;
 # the GPU machine has it in PyTorch's wheel. To link here without it, a stub of the cuDNN entry
