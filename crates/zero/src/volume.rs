@@ -84,6 +84,52 @@ pub fn logical_step_bytes(
     total
 }
 
+/// The bytes each collective of one unit puts on the wire as a whole: the input of the time
+/// model of `trainer plan --throughput`, built from the same byte counts as
+/// [`logical_step_bytes`] (a rank's logical bytes to each peer are these divided by the
+/// group's size: the gathers' by W (world) or D (hpZ), the reduce-scatter's by W, qgZ's hops'
+/// by D and N), so the plan's bytes and its times agree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnitPayload {
+    /// Elements of the unit after padding to a multiple of W x align.
+    pub padded: usize,
+    /// The gathered buffer: the INT8 codes with qwZ, else the plain parameters at their bytes.
+    pub gather_data: u64,
+    /// qwZ's f32 scales, gathered by a second all-gather; 0 without qwZ.
+    pub gather_scales: u64,
+    /// The fp32 gradient that the reduce-scatter reduces.
+    pub reduce_scatter: u64,
+    /// qgZ hop 1: each rank's whole gradient in INT4 with its scales, its all-to-all input over
+    /// the node; 0 without qgZ.
+    pub qgz_hop1: u64,
+    /// qgZ hop 2: each rank's node sum (padded / D elements) in INT4 with its scales, its
+    /// all-to-all input over the nodes; 0 without qgZ.
+    pub qgz_hop2: u64,
+}
+
+/// The payloads of a unit of `numel` elements under `plan` (qgZ as on, whatever the step), with
+/// plain gathers at `param_bytes` bytes an element.
+pub fn unit_payload(plan: &ZeroPlan, numel: usize, param_bytes: usize) -> UnitPayload {
+    let padded = plan.partition(numel).padded;
+    let d = plan.topology.ranks_per_node;
+    let (gather_data, gather_scales) = match plan.qwz {
+        Some(q) => (padded as u64, (padded / q.block * 4) as u64),
+        None => ((padded * param_bytes) as u64, 0),
+    };
+    let (qgz_hop1, qgz_hop2) = match plan.qgz {
+        Some(q) => (int4_bytes(padded, q.block), int4_bytes(padded / d, q.block)),
+        None => (0, 0),
+    };
+    UnitPayload {
+        padded,
+        gather_data,
+        gather_scales,
+        reduce_scatter: (padded * 4) as u64,
+        qgz_hop1,
+        qgz_hop2,
+    }
+}
+
 /// The paper's accounting of one step's cross-node traffic, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PaperVolume {
