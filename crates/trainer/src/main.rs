@@ -245,6 +245,25 @@ enum Command {
         /// One JSON object instead of the table.
         #[arg(long)]
         json: bool,
+        /// Also predict step time, tokens/s and TFLOP/s per GPU for ZeRO-3, qwZ, hpZ, qgZ and
+        /// ZeRO++ (docs/plan.md, "Throughput, predicted").
+        #[arg(long)]
+        throughput: bool,
+        /// The GPU: v100, a100, h100 or h200 (default h200).
+        #[arg(long, requires = "throughput")]
+        gpu: Option<String>,
+        /// The share of the GPU's dense peak the compute reaches (default 0.5).
+        #[arg(long, requires = "throughput")]
+        mfu_fraction: Option<f64>,
+        /// Gb/s a GPU sends inside its node, one direction (default: the GPU's NVLink).
+        #[arg(long, requires = "throughput")]
+        intra_gbps: Option<f64>,
+        /// Gb/s a node sends to the others, all its links together (default 100).
+        #[arg(long, requires = "throughput")]
+        inter_gbps: Option<f64>,
+        /// Microseconds a message (default 5).
+        #[arg(long, requires = "throughput")]
+        latency_us: Option<f64>,
     },
 }
 
@@ -347,12 +366,25 @@ fn run_command(
             world_size,
             gpus_per_node,
             json,
+            throughput,
+            gpu,
+            mfu_fraction,
+            intra_gbps,
+            inter_gbps,
+            latency_us,
         } => plan::run(&plan::PlanArgs {
             config,
             set: overrides,
             world_size,
             gpus_per_node,
             json,
+            throughput: throughput.then_some(plan::ThroughputArgs {
+                gpu,
+                mfu_fraction,
+                intra_gbps,
+                inter_gbps,
+                latency_us,
+            }),
         }),
         Command::Bench {
             steps,

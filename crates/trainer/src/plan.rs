@@ -16,7 +16,11 @@ use crate::config::{Overrides, Precision, RunConfig};
 use crate::run::Run;
 
 mod human;
+mod overlap;
+pub mod throughput;
 pub use human::human;
+
+use throughput::{Cluster, Network, Throughput, Workload};
 
 /// The command line of `trainer plan`.
 pub struct PlanArgs<'a> {
@@ -25,6 +29,18 @@ pub struct PlanArgs<'a> {
     pub world_size: Option<usize>,
     pub gpus_per_node: Option<usize>,
     pub json: bool,
+    /// `--throughput` and its options; `None` without it.
+    pub throughput: Option<ThroughputArgs>,
+}
+
+/// The options of `--throughput` as given (`None`: the default, docs/plan.md).
+#[derive(Clone, Debug, Default)]
+pub struct ThroughputArgs {
+    pub gpu: Option<String>,
+    pub mfu_fraction: Option<f64>,
+    pub intra_gbps: Option<f64>,
+    pub inter_gbps: Option<f64>,
+    pub latency_us: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -36,6 +52,8 @@ pub struct Report {
     pub memory: Memory,
     pub comm: Comm,
     pub paper: Paper,
+    /// The predicted step times with `--throughput`, else null.
+    pub throughput: Option<Throughput>,
     /// Adjustments made to fit the config to the planned topology.
     pub notes: Vec<String>,
 }
@@ -198,6 +216,26 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
         .map(|u| u.numel)
         .collect();
     let pb = param_bytes(t.precision);
+    let throughput = match &args.throughput {
+        Some(a) => {
+            let model = model::Model::new(cfg.clone())?;
+            let work = Workload {
+                model: &model,
+                micro_batch: t.micro_batch,
+                accumulation,
+                param_bytes: pb,
+                recompute: config.model.recompute,
+            };
+            let cluster = cluster(a, topology)?;
+            Some(throughput::throughput(
+                &work,
+                &config.zero,
+                t.steps,
+                &cluster,
+            )?)
+        }
+        None => None,
+    };
     Ok(Report {
         model: model_info(config, cfg, &plan, &numels),
         topology: TopologyInfo {
@@ -218,7 +256,48 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
         memory: memory(config, cfg, &plan, &numels, pb),
         comm: comm_per_step(config, &plan, &numels, pb, accumulation)?,
         paper: paper(&plan, cfg.num_params()),
+        throughput,
         notes,
+    })
+}
+
+/// The cluster of `--throughput`: the GPU preset and the links, each option checked.
+fn cluster(a: &ThroughputArgs, topology: Topology) -> Result<Cluster> {
+    let name = a.gpu.as_deref().unwrap_or(throughput::DEFAULT_GPU);
+    let gpu = throughput::gpu(name).with_context(|| {
+        let names: Vec<&str> = throughput::GPUS.iter().map(|g| g.name).collect();
+        format!("unknown --gpu {name} (one of {})", names.join(", "))
+    })?;
+    let positive = |flag: &str, v: Option<f64>, default: f64| -> Result<f64> {
+        let v = v.unwrap_or(default);
+        if !(v.is_finite() && v > 0.0) {
+            bail!("--{flag} {v} is not a positive number");
+        }
+        Ok(v)
+    };
+    let mfu_fraction = positive(
+        "mfu-fraction",
+        a.mfu_fraction,
+        throughput::DEFAULT_MFU_FRACTION,
+    )?;
+    if mfu_fraction > 1.0 {
+        bail!("--mfu-fraction {mfu_fraction} is above 1 (a share of the GPU's peak)");
+    }
+    let network = Network {
+        intra_gbps: positive("intra-gbps", a.intra_gbps, gpu.nvlink_gbps)?,
+        inter_gbps: positive("inter-gbps", a.inter_gbps, throughput::DEFAULT_INTER_GBPS)?,
+        latency_us: match a.latency_us {
+            Some(v) if !(v.is_finite() && v >= 0.0) => {
+                bail!("--latency-us {v} is not a number of at least 0")
+            }
+            v => v.unwrap_or(throughput::DEFAULT_LATENCY_US),
+        },
+    };
+    Ok(Cluster {
+        gpu,
+        mfu_fraction,
+        network,
+        topology,
     })
 }
 
@@ -489,6 +568,7 @@ mod tests {
                 world_size: None,
                 gpus_per_node: None,
                 json: true,
+                throughput: None,
             })
             .unwrap();
 

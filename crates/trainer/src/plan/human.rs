@@ -1,8 +1,9 @@
 //! `trainer plan`'s table for people: the run, memory per rank, communication per step and the
-//! paper's accounting, aligned, then the notes (the JSON is the [`Report`] itself).
+//! paper's accounting, with `--throughput` the predicted step times, aligned, then the notes (the JSON is the [`Report`] itself).
 
 use std::fmt::Write;
 
+use super::throughput::Throughput;
 use super::{Bytes, Report};
 use crate::config::Precision;
 use crate::readable;
@@ -36,6 +37,9 @@ pub fn human(r: &Report) -> String {
     human_memory(&mut o, r);
     human_comm(&mut o, r);
     human_paper(&mut o, r);
+    if let Some(t) = &r.throughput {
+        human_throughput(&mut o, t);
+    }
     for n in &r.notes {
         let _ = writeln!(o, "note: {n}");
     }
@@ -250,4 +254,41 @@ fn human_paper(o: &mut String, r: &Report) {
         &format!("hpZ memory per rank (M/{})", r.topology.gpus_per_node),
         p.hpz_memory,
     );
+}
+
+/// The predicted step times of `--throughput`.
+fn human_throughput(o: &mut String, t: &Throughput) {
+    let n = &t.network;
+    let _ = writeln!(
+        *o,
+        "\nthroughput, predicted: {} at {} TFLOP/s x {}, {} Gb/s a GPU in the node, {} Gb/s a node \
+         across, {} us a message",
+        t.gpu.name, t.gpu.peak_tflops, t.mfu_fraction, n.intra_gbps, n.inter_gbps, n.latency_us
+    );
+    let _ = writeln!(
+        *o,
+        "  a GPU's step: {} tokens, {:.3e} FLOPs executed (recomputation included), {:.3e} model FLOPs",
+        grouped(t.tokens_per_gpu_step),
+        t.hardware_flops_per_gpu_step,
+        t.model_flops_per_gpu_step
+    );
+    let _ = writeln!(
+        *o,
+        "  {:<10}{:>10}{:>10}{:>10}{:>10}{:>14}{:>10}{:>9}{:>9}",
+        "", "step s", "compute", "comm", "exposed", "tokens/s", "/GPU", "TFLOP/s", "speedup"
+    );
+    for (name, p) in t.variants() {
+        let _ = writeln!(
+            *o,
+            "  {name:<10}{:>10.3}{:>10.3}{:>10.3}{:>10.3}{:>14}{:>10.0}{:>9.2}{:>9.2}",
+            p.step_s,
+            p.compute_s,
+            p.comm_s,
+            p.exposed_comm_s,
+            grouped(p.tokens_per_s.round() as u64),
+            p.tokens_per_s_per_gpu,
+            p.tflops_per_gpu,
+            p.speedup
+        );
+    }
 }

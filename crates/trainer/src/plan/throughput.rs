@@ -1,0 +1,536 @@
+//! `trainer plan --throughput`: the predicted step time, tokens/s, TFLOP/s per GPU and exposed
+//! communication of a config on a cluster shape, for plain ZeRO-3, each ZeRO++ technique alone
+//! (qwZ, hpZ, qgZ) and all three (issue 28). docs/plan.md, "Throughput, predicted", lists every
+//! input and compares the paper's published figures.
+//!
+//! The model is the engine's schedule, with closed forms for each piece:
+//!
+//! - **Compute.** A unit's forward FLOPs per token: a block's `2 x numel` plus causal attention
+//!   `2 T C` (the convention of `Model::flops_per_token`, attention counted once); the LM head
+//!   `2 V C`; an embedding lookup and a norm 0. Backward is twice the forward; with
+//!   `model.recompute` a block's backward runs its forward again. Compute runs at
+//!   `peak_tflops x mfu_fraction`. The default fraction, 0.5, is the share of dense tensor peak
+//!   that large transformer matmuls reach end to end in well-tuned trainers (Megatron-LM, 52% of
+//!   A100 peak at 1T parameters, Narayanan et al. 2021); it is not fitted to the paper.
+//! - **Collectives.** [`ring_s`]: a ring all-gather or reduce-scatter of `S` bytes over `p`
+//!   ranks sends `(p-1)/p x S` over each ring edge in `p - 1` steps: `(p-1)/p x S / bw + (p-1) x
+//!   latency`, at the bandwidth of the ring's slowest edge. Inside a node that is a GPU's NVLink
+//!   (`intra_gbps`); a ring over nodes crosses each node's network link once, so its slowest
+//!   edge is `min(intra, inter)` with `inter_gbps` the node's links together. This is why the
+//!   time model does not divide the node's link by its D ranks for a ring: the ring forwards
+//!   inside the node what entered it once, so a node's link carries `(p-1)/p x S`, the paper's
+//!   "M across nodes per gather", and not D times the per-rank logical bytes of `comm` (which
+//!   count each peer's copy). [`all_to_all_s`]: a direct all-to-all sends `(p-1)/p` of each
+//!   rank's input to its peers, the same closed form on that input; qgZ's hop 2 runs the D
+//!   ranks of a node at once over the node's link, so each sees `min(intra, inter / D)`.
+//! - **Per unit, as the engine issues it** (payload bytes from [`zero::volume::unit_payload`],
+//!   the byte counts of the plan's `comm` section): a plain gather is one world ring of the
+//!   buffer in the parameter precision; qwZ's is two (INT8 codes, then f32 scales) plus the
+//!   dequantise (codes and scales read, the buffer written) at the GPU's memory bandwidth; hpZ's
+//!   later gathers of the step are node rings of the same buffer; the reduce-scatter is a world
+//!   ring of the fp32 gradient; qgZ is the INT4 quantiser (fp32 read, INT4 written), hop 1 over
+//!   the node, the fused dequantise-sum-requantise, hop 2 over the nodes and the final
+//!   dequantise-sum, with error feedback reading and writing its f32 errors. Kernels run on the
+//!   communication stream (docs/zeropp.md), so they add to the job's time.
+//! - **Overlap**: [`super::overlap::overlap`] walks each micro-batch's schedule (gathers
+//!   `zero.prefetch_depth` ahead, 2 reductions in flight); whether hpZ serves a gather from the
+//!   node is decided as the engine does (a backward gather issued before its unit's forward
+//!   gather was waited crosses nodes). A step is its micro-batches' walks, then the optimizer
+//!   (AdamW and the squares over the shard, memory-bound) and two one-float all-reduces (loss,
+//!   gradient norm) at `2 log2(W)` latencies each, which nothing hides.
+//!
+//! Not modelled: contention between the communication kernels and the compute for memory
+//! bandwidth and SMs, NCCL's protocol and channel choices, stragglers, the data loader and the
+//! gradient cast before a reduction (the same in every variant).
+//!
+//! TFLOP/s per GPU counts what the GPU executes, recomputation included (`tflops_per_gpu`),
+//! which is how Megatron-DeepSpeed, the framework of the paper's runs, counts (its throughput
+//! calculator multiplies by 4 instead of 3 with activation checkpointing);
+//! `model_tflops_per_gpu` is `Model::flops_per_token` (no recomputation), what training logs.
+
+use comm::Topology;
+use model::{Model, Pass, UnitKind};
+use serde::Serialize;
+use zero::volume::{unit_payload, UnitPayload};
+use zero::{ZeroConfig, ZeroPlan, REDUCTIONS_IN_FLIGHT};
+
+use super::overlap::{overlap, Slot, Timeline};
+
+/// A GPU: its dense peak in the training precision, memory bandwidth and default NVLink.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Gpu {
+    pub name: &'static str,
+    /// Dense tensor-core TFLOP/s in fp16/bf16 (no sparsity).
+    pub peak_tflops: f64,
+    /// GB/s (10^9 bytes) of device memory.
+    pub mem_bw_gbs: f64,
+    /// NVLink per GPU, one direction, Gb/s: the default of `--intra-gbps`.
+    #[serde(skip)]
+    pub nvlink_gbps: f64,
+}
+
+/// The presets of `--gpu`, from NVIDIA's data sheets. NVLink per direction is half the
+/// data sheet's bidirectional figure: V100 SXM2 300 GB/s (6 links, as in the DGX-2 of the
+/// paper), A100 SXM 600 GB/s, H100 and H200 SXM 900 GB/s.
+pub const GPUS: [Gpu; 4] = [
+    Gpu {
+        name: "v100",
+        peak_tflops: 125.0,
+        mem_bw_gbs: 900.0,
+        nvlink_gbps: 1200.0,
+    },
+    Gpu {
+        name: "a100",
+        peak_tflops: 312.0,
+        mem_bw_gbs: 2039.0,
+        nvlink_gbps: 2400.0,
+    },
+    Gpu {
+        name: "h100",
+        peak_tflops: 989.0,
+        mem_bw_gbs: 3350.0,
+        nvlink_gbps: 3600.0,
+    },
+    Gpu {
+        name: "h200",
+        peak_tflops: 989.0,
+        mem_bw_gbs: 4800.0,
+        nvlink_gbps: 3600.0,
+    },
+];
+
+/// The preset named `name` (case-insensitive).
+pub fn gpu(name: &str) -> Option<Gpu> {
+    GPUS.iter()
+        .find(|g| g.name.eq_ignore_ascii_case(name))
+        .copied()
+}
+
+/// Default `--gpu`: the GPU this project's runs use (docs/results.md).
+pub const DEFAULT_GPU: &str = "h200";
+/// Default `--mfu-fraction` (module doc).
+pub const DEFAULT_MFU_FRACTION: f64 = 0.5;
+/// Default `--inter-gbps`: one 100 Gb/s InfiniBand link a node, the paper's slowest cluster.
+pub const DEFAULT_INTER_GBPS: f64 = 100.0;
+/// Default `--latency-us`: a few µs a message, between NCCL's own per-hop estimates over
+/// NVLink and over the network (src/graph/tuning.cc).
+pub const DEFAULT_LATENCY_US: f64 = 5.0;
+
+/// The links.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Network {
+    /// Gb/s a GPU sends inside its node (NVLink, one direction).
+    pub intra_gbps: f64,
+    /// Gb/s a node sends to the others: all its network links together.
+    pub inter_gbps: f64,
+    /// µs a message (a ring step, an all-to-all peer).
+    pub latency_us: f64,
+}
+
+/// The machine a prediction is for.
+#[derive(Clone, Copy, Debug)]
+pub struct Cluster {
+    pub gpu: Gpu,
+    /// The share of `peak_tflops` the compute reaches.
+    pub mfu_fraction: f64,
+    pub network: Network,
+    pub topology: Topology,
+}
+
+/// A ring all-gather or reduce-scatter of `total` bytes (the whole gathered buffer, or the whole
+/// input) over `p` ranks at `bytes_per_s` on its slowest edge: `(p-1)/p x total / bytes_per_s +
+/// (p-1) x latency_s`; 0 for one rank.
+pub fn ring_s(total: f64, p: usize, bytes_per_s: f64, latency_s: f64) -> f64 {
+    if p <= 1 {
+        return 0.0;
+    }
+    let steps = (p - 1) as f64;
+    steps / p as f64 * total / bytes_per_s + steps * latency_s
+}
+
+/// A direct all-to-all over `p` ranks of `per_rank` bytes each (its whole input, its own chunk
+/// included) at `bytes_per_s` a rank: `(p-1)/p x per_rank / bytes_per_s + (p-1) x latency_s`.
+pub fn all_to_all_s(per_rank: f64, p: usize, bytes_per_s: f64, latency_s: f64) -> f64 {
+    ring_s(per_rank, p, bytes_per_s, latency_s)
+}
+
+impl Cluster {
+    fn flop_rate(&self) -> f64 {
+        self.gpu.peak_tflops * 1e12 * self.mfu_fraction
+    }
+
+    fn intra(&self) -> f64 {
+        self.network.intra_gbps * 1e9 / 8.0
+    }
+
+    fn inter(&self) -> f64 {
+        self.network.inter_gbps * 1e9 / 8.0
+    }
+
+    fn latency(&self) -> f64 {
+        self.network.latency_us * 1e-6
+    }
+
+    /// A world ring of `total` bytes: its slowest edge is a node's link when it spans nodes.
+    pub fn world_ring_s(&self, total: f64) -> f64 {
+        let bw = match self.topology.nodes > 1 {
+            true => self.intra().min(self.inter()),
+            false => self.intra(),
+        };
+        ring_s(total, self.topology.world(), bw, self.latency())
+    }
+
+    /// A ring over my node's D ranks.
+    pub fn node_ring_s(&self, total: f64) -> f64 {
+        ring_s(
+            total,
+            self.topology.ranks_per_node,
+            self.intra(),
+            self.latency(),
+        )
+    }
+
+    /// qgZ's hop 1: an all-to-all of `per_rank` bytes over my node.
+    pub fn node_all_to_all_s(&self, per_rank: f64) -> f64 {
+        all_to_all_s(
+            per_rank,
+            self.topology.ranks_per_node,
+            self.intra(),
+            self.latency(),
+        )
+    }
+
+    /// qgZ's hop 2: an all-to-all of `per_rank` bytes over the N ranks of my local index, the D
+    /// such groups of a node sharing its link.
+    pub fn cross_all_to_all_s(&self, per_rank: f64) -> f64 {
+        let d = self.topology.ranks_per_node as f64;
+        let bw = self.intra().min(self.inter() / d);
+        all_to_all_s(per_rank, self.topology.nodes, bw, self.latency())
+    }
+
+    /// A memory-bound kernel moving `bytes` (read + written).
+    pub fn memory_s(&self, bytes: f64) -> f64 {
+        bytes / (self.gpu.mem_bw_gbs * 1e9)
+    }
+}
+
+/// What one unit's jobs take on the communication stream under one plan, in seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UnitComm {
+    /// A gather from the world (plain or qwZ).
+    pub world_gather: f64,
+    /// hpZ: a gather of the secondary partitions over the node.
+    pub node_gather: f64,
+    /// The gradient reduction (reduce-scatter, or qgZ's two hops and kernels).
+    pub reduce: f64,
+}
+
+/// The jobs of a unit with payload `p` under `plan`, gathers at `param_bytes` an element.
+pub fn unit_comm(plan: &ZeroPlan, p: &UnitPayload, param_bytes: usize, c: &Cluster) -> UnitComm {
+    let (data, scales) = (p.gather_data as f64, p.gather_scales as f64);
+    let e = p.padded as f64;
+    let dequantise = match plan.qwz {
+        Some(_) => c.memory_s(data + scales + e * param_bytes as f64),
+        None => 0.0,
+    };
+    let two_rings = |ring: &dyn Fn(f64) -> f64| {
+        ring(data)
+            + match scales > 0.0 {
+                true => ring(scales),
+                false => 0.0,
+            }
+    };
+    let world_gather = two_rings(&|s| c.world_ring_s(s)) + dequantise;
+    let node_gather = two_rings(&|s| c.node_ring_s(s)) + dequantise;
+    let reduce = match plan.qgz {
+        None => c.world_ring_s(p.reduce_scatter as f64),
+        Some(q) => {
+            let (hop1, hop2) = (p.qgz_hop1 as f64, p.qgz_hop2 as f64);
+            let d = plan.topology.ranks_per_node as f64;
+            let w = plan.topology.world() as f64;
+            // Quantise (fp32 in, INT4 out); dequantise-sum-requantise (D pieces in, the node
+            // sum out); dequantise-sum (N pieces in, my fp32 shard out).
+            let mut bytes = 4.0 * e + hop1 + hop1 + hop2 + hop2 + 4.0 * e / w;
+            if q.error_feedback {
+                // Both hops' f32 errors read and written.
+                bytes += 8.0 * e + 8.0 * e / d;
+            }
+            c.memory_s(bytes) + c.node_all_to_all_s(hop1) + c.cross_all_to_all_s(hop2)
+        }
+    };
+    UnitComm {
+        world_gather,
+        node_gather,
+        reduce,
+    }
+}
+
+/// What is trained: the model and the per-GPU batch of a step.
+pub struct Workload<'a> {
+    pub model: &'a Model,
+    /// Sequences a micro-batch.
+    pub micro_batch: usize,
+    /// Micro-batches a step.
+    pub accumulation: usize,
+    /// Bytes of a plain gathered parameter (2 for bf16/fp16).
+    pub param_bytes: usize,
+    pub recompute: bool,
+}
+
+impl Workload<'_> {
+    fn tokens_per_micro_batch(&self) -> f64 {
+        (self.micro_batch * self.model.config().seq_len) as f64
+    }
+
+    /// Forward FLOPs of unit `u`'s own layers per token (the head apart).
+    fn forward_flops(&self, u: usize) -> f64 {
+        let cfg = self.model.config();
+        let unit = &self.model.units()[u];
+        match unit.kind {
+            UnitKind::Block(_) => 2.0 * (unit.numel + cfg.seq_len * cfg.n_embd) as f64,
+            UnitKind::Embedding | UnitKind::FinalNorm => 0.0,
+        }
+    }
+
+    /// Backward FLOPs of unit `u` per token: twice the forward, plus the forward again for a
+    /// recomputed block.
+    fn backward_flops(&self, u: usize) -> f64 {
+        let again = match (self.recompute, self.model.units()[u].kind) {
+            (true, UnitKind::Block(_)) => 1.0,
+            _ => 0.0,
+        };
+        (2.0 + again) * self.forward_flops(u)
+    }
+
+    /// The LM head's forward and backward FLOPs per token: `3 x 2 V C`.
+    fn head_flops(&self) -> f64 {
+        let cfg = self.model.config();
+        6.0 * (cfg.vocab_size * cfg.n_embd) as f64
+    }
+
+    /// What a GPU executes per micro-batch: every unit forward and backward and the head.
+    pub fn hardware_flops_per_micro_batch(&self) -> f64 {
+        let units = 0..self.model.units().len();
+        let per_token: f64 = units
+            .map(|u| self.forward_flops(u) + self.backward_flops(u))
+            .sum::<f64>()
+            + self.head_flops();
+        per_token * self.tokens_per_micro_batch()
+    }
+
+    /// One micro-batch's walk in the engine's order ([`Model::gather_order`]); `first`: the
+    /// step's first micro-batch, whose forward gathers come from the world under hpZ.
+    pub fn walk(&self, plan: &ZeroPlan, comm: &[UnitComm], first: bool, c: &Cluster) -> Vec<Slot> {
+        let order = self.model.gather_order(Pass::Train);
+        let n = self.model.units().len();
+        let head = self.model.head_unit();
+        let secs = |flops: f64| flops * self.tokens_per_micro_batch() / c.flop_rate();
+        let depth = plan.prefetch_depth;
+        let mut reduced = vec![false; n];
+        let mut slots = Vec::with_capacity(order.len() + 1);
+        for (k, &u) in order.iter().enumerate() {
+            let forward = k < n;
+            // hpZ serves a gather from the node when the unit's secondary partition is there at
+            // issue: kept from an earlier micro-batch, or made by this walk's forward gather of
+            // the unit (at position u), waited before this gather was issued (when position
+            // k - depth was taken).
+            let made_here = !forward && k.saturating_sub(depth) >= u;
+            let from_node = plan.hpz && (!first || made_here);
+            let gather = match from_node {
+                true => comm[u].node_gather,
+                false => comm[u].world_gather,
+            };
+            let (compute, reduce) = if forward && u == head && u == n - 1 {
+                // The last unit holds the head: forward, head, its own backward.
+                let f = self.forward_flops(u) + self.head_flops() + self.backward_flops(u);
+                (f, true)
+            } else if forward {
+                (self.forward_flops(u), false)
+            } else if u == head {
+                (self.head_flops(), false)
+            } else {
+                (self.backward_flops(u), true)
+            };
+            reduced[u] |= reduce;
+            slots.push(Slot {
+                gather_s: Some(gather),
+                compute_s: secs(compute),
+                reduce_s: reduce.then_some(comm[u].reduce),
+            });
+        }
+        // Units whose backward reads no parameters (an embedding) finish last, ungathered.
+        for u in (0..n).rev().filter(|&u| !reduced[u]) {
+            slots.push(Slot {
+                gather_s: None,
+                compute_s: secs(self.backward_flops(u)),
+                reduce_s: Some(comm[u].reduce),
+            });
+        }
+        slots
+    }
+}
+
+/// One variant's prediction.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Prediction {
+    /// Seconds an optimizer step.
+    pub step_s: f64,
+    /// The compute stream's work a step: units, head, optimizer.
+    pub compute_s: f64,
+    /// The communication stream's work a step (gathers, reductions, their kernels) and the two
+    /// closing all-reduces.
+    pub comm_s: f64,
+    /// `step_s - compute_s`: the communication nothing hid.
+    pub exposed_comm_s: f64,
+    /// Tokens a second, the whole cluster.
+    pub tokens_per_s: f64,
+    pub tokens_per_s_per_gpu: f64,
+    /// Executed FLOPs (recomputation included) per second per GPU, in 10^12.
+    pub tflops_per_gpu: f64,
+    /// `Model::flops_per_token` x tokens per second per GPU, in 10^12 (no recomputation).
+    pub model_tflops_per_gpu: f64,
+    /// ZeRO-3's step time over this one.
+    pub speedup: f64,
+}
+
+/// The prediction for `work` under `plan` on `c` (its `speedup` is 1: [`throughput`] sets it).
+pub fn predict(work: &Workload, plan: &ZeroPlan, c: &Cluster) -> Prediction {
+    let payloads: Vec<UnitPayload> = work
+        .model
+        .units()
+        .iter()
+        .map(|u| unit_payload(plan, u.numel, work.param_bytes))
+        .collect();
+    let comm: Vec<UnitComm> = payloads
+        .iter()
+        .map(|p| unit_comm(plan, p, work.param_bytes, c))
+        .collect();
+    let depth = plan.prefetch_depth;
+    let run = |first| {
+        overlap(
+            &work.walk(plan, &comm, first, c),
+            depth,
+            REDUCTIONS_IN_FLIGHT,
+        )
+    };
+    let first: Timeline = run(true);
+    let later = (work.accumulation - 1) as f64;
+    let rest = match later > 0.0 {
+        true => run(false),
+        false => first,
+    };
+    let w = plan.topology.world();
+    let shard: f64 = payloads.iter().map(|p| (p.padded / w) as f64).sum();
+    // AdamW reads grad, master, m, v and writes master, m, v and the working copy; the squares
+    // read the gradient once more.
+    let optimizer = c.memory_s(shard * (32.0 + work.param_bytes as f64));
+    let all_reduces = 2.0 * 2.0 * (w as f64).log2().ceil() * c.latency();
+    let step_s = first.end_s + later * rest.end_s + optimizer + all_reduces;
+    let compute_s = first.compute_s + later * rest.compute_s + optimizer;
+    let tokens_per_gpu = work.tokens_per_micro_batch() * work.accumulation as f64;
+    let hardware = work.hardware_flops_per_micro_batch() * work.accumulation as f64;
+    let model_flops = work.model.flops_per_token(work.model.config().seq_len) * tokens_per_gpu;
+    Prediction {
+        step_s,
+        compute_s,
+        comm_s: first.comm_s + later * rest.comm_s + all_reduces,
+        exposed_comm_s: step_s - compute_s,
+        tokens_per_s: tokens_per_gpu * w as f64 / step_s,
+        tokens_per_s_per_gpu: tokens_per_gpu / step_s,
+        tflops_per_gpu: hardware / step_s / 1e12,
+        model_tflops_per_gpu: model_flops / step_s / 1e12,
+        speedup: 1.0,
+    }
+}
+
+/// The five variants: name, qwZ, hpZ, qgZ.
+pub const VARIANTS: [(&str, bool, bool, bool); 5] = [
+    ("ZeRO-3", false, false, false),
+    ("qwZ", true, false, false),
+    ("hpZ", false, true, false),
+    ("qgZ", false, false, true),
+    ("ZeRO++", true, true, true),
+];
+
+/// The `throughput` section of the report.
+#[derive(Debug, Serialize)]
+pub struct Throughput {
+    pub gpu: Gpu,
+    pub mfu_fraction: f64,
+    pub network: Network,
+    /// Tokens a GPU trains a step: micro_batch x seq_len x accumulation.
+    pub tokens_per_gpu_step: u64,
+    /// FLOPs a GPU executes a step, recomputation included.
+    pub hardware_flops_per_gpu_step: f64,
+    /// `Model::flops_per_token` x tokens a GPU step.
+    pub model_flops_per_gpu_step: f64,
+    pub zero3: Prediction,
+    pub qwz: Prediction,
+    pub hpz: Prediction,
+    pub qgz: Prediction,
+    pub zeropp: Prediction,
+}
+
+impl Throughput {
+    /// The variants in [`VARIANTS`] order, with their names.
+    pub fn variants(&self) -> [(&'static str, &Prediction); 5] {
+        let p = [&self.zero3, &self.qwz, &self.hpz, &self.qgz, &self.zeropp];
+        std::array::from_fn(|i| (VARIANTS[i].0, p[i]))
+    }
+}
+
+/// The plan of one variant: `base` (blocks, prefetch depth, error feedback) with the techniques
+/// set, qgZ on for the whole run (the prediction is of a step with qgZ).
+pub fn variant_plan(
+    base: &ZeroConfig,
+    (qwz, hpz, qgz): (bool, bool, bool),
+    topology: Topology,
+    steps: u64,
+) -> zero::Result<ZeroPlan> {
+    let cfg = ZeroConfig {
+        quantized_weights: qwz,
+        hpz_partition_size: if hpz { topology.ranks_per_node } else { 1 },
+        quantized_gradients: qgz,
+        qgz_until: 1.0,
+        qgz_error_feedback: qgz && base.qgz_error_feedback,
+        ..base.clone()
+    };
+    ZeroPlan::resolve(&cfg, topology, steps)
+}
+
+/// The five predictions of `work` on `c`, each variant of `base`.
+pub fn throughput(
+    work: &Workload,
+    base: &ZeroConfig,
+    steps: u64,
+    c: &Cluster,
+) -> zero::Result<Throughput> {
+    let mut p = Vec::with_capacity(VARIANTS.len());
+    for (_, qwz, hpz, qgz) in VARIANTS {
+        let plan = variant_plan(base, (qwz, hpz, qgz), c.topology, steps)?;
+        p.push(predict(work, &plan, c));
+    }
+    let zero3_s = p[0].step_s;
+    for v in &mut p {
+        v.speedup = zero3_s / v.step_s;
+    }
+    let tokens = work.tokens_per_micro_batch() * work.accumulation as f64;
+    Ok(Throughput {
+        gpu: c.gpu,
+        mfu_fraction: c.mfu_fraction,
+        network: c.network,
+        tokens_per_gpu_step: tokens as u64,
+        hardware_flops_per_gpu_step: work.hardware_flops_per_micro_batch()
+            * work.accumulation as f64,
+        model_flops_per_gpu_step: work.model.flops_per_token(work.model.config().seq_len) * tokens,
+        zero3: p[0],
+        qwz: p[1],
+        hpz: p[2],
+        qgz: p[3],
+        zeropp: p[4],
+    })
+}
+
+#[cfg(test)]
+#[path = "throughput_tests.rs"]
+mod tests;
