@@ -210,3 +210,81 @@ fn every_paper_config_plans_at_384_gpus() {
         }
     }
 }
+
+/// `--throughput` predicts the five variants with positive numbers in the JSON, ZeRO++ ahead of
+/// ZeRO-3 on the paper's 1 IB cluster, and the table prints a row for each.
+#[test]
+fn throughput_predicts_five_variants() {
+    let args = [
+        "--config",
+        "configs/paper/gpt18b-1k.toml",
+        "--throughput",
+        "--gpu",
+        "v100",
+        "--inter-gbps",
+        "100",
+    ];
+    let j = plan_json(&args);
+    let t = &j["throughput"];
+    assert_eq!(t["gpu"]["name"], "v100");
+    assert_eq!(t["network"]["inter_gbps"], 100.0);
+    assert_eq!(t["tokens_per_gpu_step"], 1024);
+    for v in ["zero3", "qwz", "hpz", "qgz", "zeropp"] {
+        for key in [
+            "step_s",
+            "compute_s",
+            "comm_s",
+            "exposed_comm_s",
+            "tokens_per_s",
+            "tokens_per_s_per_gpu",
+            "tflops_per_gpu",
+            "model_tflops_per_gpu",
+            "speedup",
+        ] {
+            let x = f(t, &format!("/{v}/{key}"));
+            assert!(x > 0.0 && x.is_finite(), "{v}.{key} = {x}");
+        }
+        let per_gpu = f(t, &format!("/{v}/tokens_per_s")) / 384.0;
+        assert!((per_gpu / f(t, &format!("/{v}/tokens_per_s_per_gpu")) - 1.0).abs() < 1e-9);
+    }
+    assert!(f(t, "/zeropp/step_s") < f(t, "/zero3/step_s"));
+    assert_eq!(f(t, "/zero3/speedup"), 1.0);
+
+    let out = plan(&args);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("throughput, predicted: v100"), "{text}");
+    for name in ["ZeRO-3", "qwZ", "hpZ", "qgZ", "ZeRO++"] {
+        let row = text
+            .lines()
+            .skip_while(|l| !l.starts_with("throughput"))
+            .any(|l| l.trim_start().starts_with(&format!("{name} ")));
+        assert!(row, "{name}: {text}");
+    }
+
+    // Without --throughput the key is null.
+    assert!(plan_json(&["--config", "configs/paper/gpt18b-1k.toml"])["throughput"].is_null());
+}
+
+#[test]
+fn throughput_options_are_checked() {
+    let base = ["--config", "configs/paper/gpt18b-1k.toml"];
+    for (extra, needle) in [
+        (&["--throughput", "--gpu", "k80"][..], "unknown --gpu k80"),
+        (&["--throughput", "--inter-gbps", "0"][..], "--inter-gbps 0"),
+        (
+            &["--throughput", "--mfu-fraction", "1.5"][..],
+            "--mfu-fraction 1.5",
+        ),
+        (
+            &["--throughput", "--latency-us", "-1"][..],
+            "--latency-us -1",
+        ),
+        (&["--gpu", "v100"][..], "--throughput"),
+    ] {
+        let out = plan(&[&base[..], extra].concat());
+        assert!(!out.status.success(), "{extra:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{extra:?}: {err}");
+    }
+}

@@ -253,16 +253,16 @@ enum Command {
         #[arg(long, requires = "throughput")]
         gpu: Option<String>,
         /// The share of the GPU's dense peak the compute reaches (default 0.5).
-        #[arg(long, requires = "throughput")]
+        #[arg(long, requires = "throughput", allow_negative_numbers = true)]
         mfu_fraction: Option<f64>,
         /// Gb/s a GPU sends inside its node, one direction (default: the GPU's NVLink).
-        #[arg(long, requires = "throughput")]
+        #[arg(long, requires = "throughput", allow_negative_numbers = true)]
         intra_gbps: Option<f64>,
         /// Gb/s a node sends to the others, all its links together (default 100).
-        #[arg(long, requires = "throughput")]
+        #[arg(long, requires = "throughput", allow_negative_numbers = true)]
         inter_gbps: Option<f64>,
         /// Microseconds a message (default 5).
-        #[arg(long, requires = "throughput")]
+        #[arg(long, requires = "throughput", allow_negative_numbers = true)]
         latency_us: Option<f64>,
     },
 }

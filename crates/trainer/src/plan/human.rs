@@ -280,15 +280,24 @@ fn human_throughput(o: &mut String, t: &Throughput) {
     for (name, p) in t.variants() {
         let _ = writeln!(
             *o,
-            "  {name:<10}{:>10.3}{:>10.3}{:>10.3}{:>10.3}{:>14}{:>10.0}{:>9.2}{:>9.2}",
-            p.step_s,
-            p.compute_s,
-            p.comm_s,
-            p.exposed_comm_s,
+            "  {name:<10}{:>10}{:>10}{:>10}{:>10}{:>14}{:>10.0}{:>9.2}{:>9.2}",
+            seconds(p.step_s),
+            seconds(p.compute_s),
+            seconds(p.comm_s),
+            seconds(p.exposed_comm_s),
             grouped(p.tokens_per_s.round() as u64),
             p.tokens_per_s_per_gpu,
             p.tflops_per_gpu,
             p.speedup
         );
     }
+}
+
+/// Seconds to 4 significant digits (at most 6 decimals): `12.01`, `0.002600`.
+fn seconds(x: f64) -> String {
+    let digits = match x > 0.0 {
+        true => (3 - x.log10().floor() as i32).clamp(0, 6) as usize,
+        false => 3,
+    };
+    format!("{x:.digits$}")
 }
