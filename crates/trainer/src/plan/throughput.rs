@@ -243,6 +243,8 @@ pub fn unit_comm(plan: &ZeroPlan, p: &UnitPayload, param_bytes: usize, c: &Clust
     let world_gather = two_rings(&|s| c.world_ring_s(s)) + dequantise;
     let node_gather = two_rings(&|s| c.node_ring_s(s)) + dequantise;
     let reduce = match plan.qgz {
+        // One rank: the scaled gradient is the shard, whatever the plan (crates/zero/src/reduce.rs).
+        _ if plan.topology.world() == 1 => 0.0,
         None => c.world_ring_s(p.reduce_scatter as f64),
         Some(q) => {
             let (hop1, hop2) = (p.qgz_hop1 as f64, p.qgz_hop2 as f64);

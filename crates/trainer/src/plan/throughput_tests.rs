@@ -261,3 +261,58 @@ fn the_walk_follows_the_engines_order_and_hpz_rule() {
         assert!(later.iter().filter_map(|s| s.gather_s).all(|g| g == 0.25));
     }
 }
+
+/// One rank reduces nothing (the scaled gradient is its shard), with or without qgZ; qwZ still
+/// quantises and dequantises its gathers, as the engine does.
+#[test]
+fn one_rank_reduces_nothing() {
+    let c = cluster(1, 1, 80.0);
+    let pp = plan(zeropp_on_one(), 1, 1);
+    let j = unit_comm(&pp, &unit_payload(&pp, 32768, 2), 2, &c);
+    assert_eq!(j.reduce, 0.0);
+    assert!(close(j.world_gather, (32768.0 * 3.0 + 64.0) / 1e12));
+}
+
+fn zeropp_on_one() -> ZeroConfig {
+    ZeroConfig {
+        hpz_partition_size: 1,
+        ..zeropp()
+    }
+}
+
+/// Untied Llama: the last unit holds the head, so its forward slot runs the norm, the head's
+/// forward and backward, and submits its reduction; the order is `[0, .., n-1, n-2, .., 1]`,
+/// then the embedding's backward, ungathered.
+#[test]
+fn an_untied_head_runs_in_the_last_units_slot() {
+    let model = Model::new(ModelConfig::llama(2, 64, 4, 2, 160, 32, 100, false)).unwrap();
+    let n = model.units().len();
+    let work = Workload {
+        model: &model,
+        micro_batch: 3,
+        accumulation: 1,
+        param_bytes: 2,
+        recompute: true,
+    };
+    let c = cluster(2, 4, 80.0);
+    let comm = vec![
+        UnitComm {
+            world_gather: 1.0,
+            node_gather: 1.0,
+            reduce: 0.5,
+        };
+        n
+    ];
+    let slots = work.walk(&plan(ZeroConfig::default(), 2, 4), &comm, true, &c);
+    assert_eq!(slots.len(), n + (n - 2) + 1);
+    let reducing: Vec<usize> = (0..slots.len())
+        .filter(|&k| slots[k].reduce_s.is_some())
+        .collect();
+    assert_eq!(reducing[0], n - 1, "the head's unit reduces first");
+    assert_eq!(reducing.len(), n);
+    // The head's 6 V C a token, at 100 TFLOP/s x 0.5, for 3 x 32 tokens.
+    let head = 6.0 * 100.0 * 64.0 * 96.0 / 50e12;
+    assert!(close(slots[n - 1].compute_s, head), "{:?}", slots[n - 1]);
+    let total: f64 = slots.iter().map(|s| s.compute_s).sum();
+    assert!(close(total, work.hardware_flops_per_micro_batch() / 50e12));
+}
