@@ -316,6 +316,9 @@ struct RankRun<'a> {
     outputs: Outputs,
     /// The checkpoint being written, not yet committed ([`save`]).
     pending: Option<save::Pending>,
+    /// With `checkpoint.async`: the host copy of the last checkpoint's state, which the next
+    /// one copies into ([`Engine::state_into`]) rather than faulting in fresh pages.
+    host_state: Vec<zero::NamedShard>,
     reporter: Reporter,
     since_log: SinceLog,
     /// Steps skipped in a row for a non-finite gradient norm.
@@ -380,6 +383,7 @@ impl<'a> RankRun<'a> {
                 .unwrap_or_default(),
             outputs: Outputs::default(),
             pending: None,
+            host_state: Vec::new(),
             reporter: Reporter::new(progress, config.train.steps, start),
             since_log: SinceLog::default(),
             skips: SkipCounter::new(config.train.max_skipped_steps),

@@ -128,6 +128,36 @@ fn training_lowers_the_loss_and_restore_continues_exactly() {
     );
 }
 
+/// `state_into` gives what `state` gives: into buffers of an earlier state (reused in place,
+/// the same allocations), and into buffers that do not fit (rebuilt).
+#[test]
+fn state_into_reuses_the_buffers_of_an_earlier_state() {
+    let (x, y) = batch(4, 3);
+    let mut e = engine(false);
+    let mut buffers = e.state().unwrap();
+    let before: Vec<*const f32> = buffers.iter().map(|s| s.data.as_ptr()).collect();
+    e.forward_backward(&x, &y, 1.0).unwrap();
+    e.step(1e-2).unwrap();
+    e.state_into(&mut buffers).unwrap();
+    let fresh = e.state().unwrap();
+    assert_eq!(buffers.len(), fresh.len());
+    for ((b, f), p) in buffers.iter().zip(&fresh).zip(&before) {
+        assert_eq!((&b.name, &b.data), (&f.name, &f.data));
+        assert_eq!(b.data.as_ptr(), *p, "{}: not copied in place", b.name);
+    }
+    // Any other buffers are replaced by the state.
+    let mut other = vec![zero::NamedShard {
+        name: "x".into(),
+        data: vec![0.0; 3],
+    }];
+    e.state_into(&mut other).unwrap();
+    assert!(other
+        .iter()
+        .zip(&fresh)
+        .all(|(o, f)| o.name == f.name && o.data == f.data));
+    assert_eq!(other.len(), fresh.len());
+}
+
 #[test]
 fn initialisation_does_not_depend_on_the_engine() {
     let a = engine(false).gathered_parameters().unwrap();

@@ -34,8 +34,8 @@ pub(super) struct Pending {
     started: Instant,
     /// How long training waited for this checkpoint so far.
     waited: Duration,
-    /// Returns the CRC-32 of the file it wrote.
-    writer: JoinHandle<Result<u32>>,
+    /// Returns the CRC-32 of the file it wrote, and the state it wrote from.
+    writer: JoinHandle<Result<(u32, Vec<zero::NamedShard>)>>,
 }
 
 impl RankRun<'_> {
@@ -57,7 +57,9 @@ impl RankRun<'_> {
         }
         let started = Instant::now();
         // Every rank agrees that the state is finite before anything is written.
-        let state = self.engine.state()?;
+        // In the background, into the buffers of the last checkpoint (kept for this).
+        let mut state = std::mem::take(&mut self.host_state);
+        self.engine.state_into(&mut state)?;
         divergence::check_state(
             &self.engine,
             &state,
@@ -79,7 +81,7 @@ impl RankRun<'_> {
                 if let Some(delay) = delay {
                     std::thread::sleep(delay);
                 }
-                checkpoint::write_rank(&file_dir, rank, step, &state)
+                checkpoint::write_rank(&file_dir, rank, step, &state).map(|crc| (crc, state))
             })
             .map_err(|e| anyhow!("cannot start the checkpoint writer: {e}"))?;
         self.pending = Some(Pending {
@@ -187,12 +189,16 @@ impl RankRun<'_> {
         step: u64,
         tokens: u64,
         tmp: &Path,
-        writer: JoinHandle<Result<u32>>,
+        writer: JoinHandle<Result<(u32, Vec<zero::NamedShard>)>>,
     ) -> Result<PathBuf> {
         let shared = self.shared;
-        let crc = writer
+        let (crc, state) = writer
             .join()
             .map_err(|_| anyhow!("the checkpoint writer of step {step} panicked"))??;
+        // Kept for the next checkpoint in the background; in the foreground the memory goes.
+        if shared.config.checkpoint_async() {
+            self.host_state = state;
+        }
         let checksums = checkpoint::exchange_checksums(self.engine.comm(), crc)?;
         let dir = shared.config.checkpoint_dir();
         if !self.lead {
