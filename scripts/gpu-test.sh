@@ -142,10 +142,12 @@ for stage in $STAGES; do
     ZEROPP_CHECKPOINT_DELAY=2@600000 ZEROPP_KILL_RANK=0@4 "$T" --config configs/gpt6.7b.toml \
       --set 'data.train=["data/corpus/sotu.jsonl.zst"]' --set 'data.valid=[]' --set train.steps=6 \
       --set checkpoint.interval=2 --set checkpoint.async=true --set checkpoint.resume=false \
-      --set log.progress=false --set "log.dir=\"$OUT/daily-6.7b\"" > "$OUT/daily-6.7b.log" 2>&1 || true
-    grep -E "^(step|checkpoint)" "$OUT/daily-6.7b.log" | head; rm -rf "$OUT/daily-6.7b/checkpoints"
+      --set log.eval_samples=0 --set log.progress=false --set "log.dir=\"$OUT/daily-6.7b\"" \
+      > "$OUT/daily-6.7b.log" 2>&1 || true
+    grep -E "^(step|checkpoint|error)" "$OUT/daily-6.7b.log" | head || true
+    rm -rf "$OUT/daily-6.7b/checkpoints"
     echo "== out of memory: gpt6.7b without recomputation, micro-batch 16"
-    "$T" bench --config configs/gpt6.7b.toml --set model.recompute=false --set train.micro_batch=16 \
+    "$T" bench --config configs/gpt6.7b.toml --set model.recompute=false --set train.micro_batch=16 --set train.global_batch=16 \
       > "$OUT/daily-oom.log" 2>&1 && echo "no out-of-memory error" || true
     cat "$OUT/daily-oom.log"
     ;;
