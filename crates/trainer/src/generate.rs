@@ -66,13 +66,14 @@ pub fn decoder(cfg: &model::ModelConfig, units: Vec<Vec<f32>>, device: &Device) 
 pub fn run(args: &GenerateArgs<'_>) -> Result<()> {
     let ckpt = from_checkpoint::resolve(args.checkpoint)?;
     let run = from_checkpoint::run_config(&ckpt, args.config)?;
-    let tokenizer =
-        from_checkpoint::tokenizer(run.as_ref(), args.tokenizer)?.with_context(|| {
-            format!(
-            "no tokenizer: the run's config.toml above {} names none that reads; pass --tokenizer",
+    let tokenizer = from_checkpoint::tokenizer(run.as_ref(), args.tokenizer)?;
+    let tokenizer = tokenizer.with_context(|| {
+        format!(
+            "no tokenizer: the run's config.toml above {} names none that reads; pass \
+             --tokenizer",
             ckpt.display()
         )
-        })?;
+    })?;
     let (cfg, units) = export::consolidate(&ckpt)?;
     let kind = args
         .device
