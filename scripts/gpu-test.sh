@@ -24,7 +24,9 @@
 #           in the foreground, and in the background (each run's "trained N steps in S s" and
 #           checkpoint lines); eval and generate on the GPU from its checkpoint; gpt6.7b's
 #           background checkpoint stall; the out-of-memory line of gpt6.7b without recomputation
-# Each run's log and metrics go under $OUT (default gpu-out/).
+# Each run's log and metrics go under $OUT (default gpu-out/). BENCH_SET: more section.key=VALUE
+# settings for the speed and llama stages' benches (e.g. BENCH_SET='train.gemm_tuning="timed"'),
+# TAG a suffix of their output files; NO_TORCH=1 leaves the PyTorch anchors out.
 set -euo pipefail
 OUT=${OUT:-gpu-out}
 STEPS=${STEPS:-200}
@@ -34,6 +36,9 @@ export LD_LIBRARY_PATH=$V/nvidia/cu13/lib:$V/nvidia/nccl/lib:$V/nvidia/cudnn/lib
 for b in trainer gpu-tests; do [[ -x .gpu/$b || ! -f .gpu/$b.gz ]] || gunzip -kf .gpu/$b.gz; done
 T=.gpu/trainer
 mkdir -p "$OUT"
+bench_set=()
+for kv in ${BENCH_SET:-}; do bench_set+=(--set "$kv"); done
+[[ -z ${NO_TORCH:-} ]] || rm -f .gpu/torch_gpt.py .gpu/torch_llama.py
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
 run() { # name, args...: a training run, its val_loss line
@@ -90,8 +95,8 @@ for stage in $STAGES; do
       run llama-zeropp-w8-gpu-bf16 "${base[@]}" "${zeropp[@]}" "${gpu[@]}"
     fi
     "$T" "${llama_w1[@]}" --set 'model.preset="llama3.2-1b"' --set model.recompute=false \
-      --set "train.micro_batch=${LLAMA_MB:-8}" --steps "${BENCH_STEPS:-5}" --profile \
-      | tee "$OUT/speed-llama1b.txt"
+      --set "train.micro_batch=${LLAMA_MB:-8}" --steps "${BENCH_STEPS:-5}" --profile "${bench_set[@]}" \
+      | tee "$OUT/speed-llama1b${TAG:-}.txt"
     if [[ -f .gpu/torch_llama.py ]]; then
       python3 .gpu/torch_llama.py --steps 20 | tee "$OUT/speed-torch-llama-eager.txt"
       [[ -n ${NO_COMPILE:-} ]] || python3 .gpu/torch_llama.py --steps 20 --compile \
@@ -100,8 +105,8 @@ for stage in $STAGES; do
     ;;
   llama-3b)
     "$T" "${llama_w1[@]}" --set 'model.preset="llama3.2-3b"' --set model.recompute=true \
-      --set "train.micro_batch=${LLAMA_MB:-8}" --steps "${BENCH_STEPS:-3}" --profile \
-      | tee "$OUT/speed-llama3b.txt"
+      --set "train.micro_batch=${LLAMA_MB:-8}" --steps "${BENCH_STEPS:-3}" --profile "${bench_set[@]}" \
+      | tee "$OUT/speed-llama3b${TAG:-}.txt"
     if [[ -f .gpu/torch_llama.py ]]; then
       l3=(--layers 28 --dim 3072 --heads 24 --kv-heads 8 --ffn 8192 --ckpt)
       python3 .gpu/torch_llama.py --steps 10 "${l3[@]}" | tee "$OUT/speed-torch-llama3b-eager.txt"
@@ -157,7 +162,7 @@ for stage in $STAGES; do
       --set model.recompute=false --set train.global_batch=16 --set train.micro_batch=16 \
       --set dist.world_size=1 --set dist.gpus_per_node=1 --set zero.hpz_partition_size=1 \
       --set zero.quantized_weights=false --set zero.quantized_gradients=false \
-      --steps "${BENCH_STEPS:-10}" --profile | tee "$OUT/speed-gpt350m.txt"
+      --steps "${BENCH_STEPS:-10}" --profile "${bench_set[@]}" | tee "$OUT/speed-gpt350m${TAG:-}.txt"
     if [[ -f .gpu/torch_gpt.py ]]; then
       python3 .gpu/torch_gpt.py --steps 30 | tee "$OUT/speed-torch-eager.txt"
       [[ -n ${NO_COMPILE:-} ]] || python3 .gpu/torch_gpt.py --steps 30 --compile | tee "$OUT/speed-torch-compile.txt"
@@ -180,7 +185,7 @@ for stage in $STAGES; do
       fi
     fi
     if [[ $stage == speed-1.3b || $stage == speed-large ]]; then
-      "$T" "${w1[@]}" --set 'model.preset="gpt1.3b"' --steps 4 --profile | tee "$OUT/speed-gpt1.3b-2k.txt"
+      "$T" "${w1[@]}" --set 'model.preset="gpt1.3b"' --steps 4 --profile "${bench_set[@]}" | tee "$OUT/speed-gpt1.3b-2k.txt"
       if [[ -n ${torch[*]} ]]; then
         l13=(--layers 24 --dim 2048 --heads 16 --seq 2048 --batch 8)
         "${torch[@]}" --steps 10 "${l13[@]}" | tee "$OUT/speed-torch-1.3b.txt"

@@ -20,11 +20,11 @@ use crate::decode::{cached_attention, check_one_sequence, LayerCache};
 use crate::error::{ModelError, Result};
 use crate::layers::{
     attention_backward, attention_forward, crossentropy_forward_backward, layernorm_backward,
-    layernorm_forward, matmul_backward, matmul_backward_no_bias, matmul_forward,
-    matmul_gelu_backward, matmul_gelu_forward, residual_matmul_forward, AttSaved, LnSaved,
+    layernorm_forward, matmul_backward_into, matmul_forward, matmul_gelu_backward_into,
+    matmul_gelu_forward, residual_matmul_forward, AttSaved, LnSaved,
 };
 use crate::layout::{UnitKind, UnitLayout};
-use crate::units::{check_acts, check_params, check_tokens, flatten_grads};
+use crate::units::{check_acts, check_params, check_tokens, flatten_grads, FlatGrad};
 
 // ------------------------------------------------------------------------------------------
 // Embedding unit
@@ -203,46 +203,51 @@ pub fn block_backward(
         });
     }
     let p = |name: &str| unit.param(name).view(params);
+    let grads = FlatGrad::new(&unit, params.dtype(), params.device())?;
+    let slot = |name: &str| grads.slot(name);
     let dout = dout.reshape((b * t, c))?;
 
     // out = x2 + hg @ mlp.c_proj + b, hg = gelu(h): dh, and c_fc's bias gradient sum(dh)
-    let (dh, dw_mproj, db_mproj, db_fc) =
-        matmul_gelu_backward(&dout, &a.hg, &p("mlp.c_proj.weight")?, &a.h)?;
-    // h = ln2 @ c_fc + b
-    let (dln2, dw_fc) = matmul_backward_no_bias(&dh, &a.ln2, &p("mlp.c_fc.weight")?)?;
+    let (dh, dw, db, db_fc) = matmul_gelu_backward_into(
+        &dout,
+        &a.hg,
+        &p("mlp.c_proj.weight")?,
+        &a.h,
+        Some(&slot("mlp.c_proj.weight")?),
+    )?;
+    grads.put("mlp.c_proj.weight", &dw)?;
+    grads.put("mlp.c_proj.bias", &db)?;
+    grads.put("mlp.c_fc.bias", &db_fc)?;
+    // h = ln2 @ c_fc + b (its bias gradient came with dh)
+    let fc = "mlp.c_fc.weight";
+    let (dln2, dw, _) = matmul_backward_into(&dh, &a.ln2, &p(fc)?, Some(&slot(fc)?), false)?;
+    grads.put(fc, &dw)?;
     // ln2 = ln_2(x2); x2 also feeds the residual, whose gradient is dout
-    let (dx2, dw_ln2, db_ln2) =
+    let (dx2, dw, db) =
         layernorm_backward(&dln2, &a.ln2_saved, &a.x2, &p("ln_2.weight")?, Some(&dout))?;
+    grads.put("ln_2.weight", &dw)?;
+    grads.put("ln_2.bias", &db)?;
     // x2 = x + y @ c_proj + b
     let y = a.att.y.reshape((b * t, c))?;
-    let (dy, dw_aproj, db_aproj) = matmul_backward(&dx2, &y, &p("attn.c_proj.weight")?)?;
+    let proj = "attn.c_proj.weight";
+    let (dy, dw, db) = matmul_backward_into(&dx2, &y, &p(proj)?, Some(&slot(proj)?), true)?;
+    grads.put(proj, &dw)?;
+    grads.put("attn.c_proj.bias", &db.expect("asked for db"))?;
     // y = attention(qkv)
     let dqkv = attention_backward(&dy.reshape((b, t, c))?, &a.att)?.reshape((b * t, 3 * c))?;
     // qkv = ln1 @ c_attn + b
-    let (dln1, dw_attn, db_attn) = matmul_backward(&dqkv, &a.ln1, &p("attn.c_attn.weight")?)?;
+    let qkv = "attn.c_attn.weight";
+    let (dln1, dw, db) = matmul_backward_into(&dqkv, &a.ln1, &p(qkv)?, Some(&slot(qkv)?), true)?;
+    grads.put(qkv, &dw)?;
+    grads.put("attn.c_attn.bias", &db.expect("asked for db"))?;
     // ln1 = ln_1(x); x also feeds the residual, whose gradient is dx2
     let xf = a.x.reshape((b * t, c))?;
-    let (dx, dw_ln1, db_ln1) =
+    let (dx, dw, db) =
         layernorm_backward(&dln1, &a.ln1_saved, &xf, &p("ln_1.weight")?, Some(&dx2))?;
+    grads.put("ln_1.weight", &dw)?;
+    grads.put("ln_1.bias", &db)?;
     let dx = dx.reshape((b, t, c))?;
-
-    let flat = flatten_grads(
-        &unit,
-        vec![
-            ("ln_1.weight", dw_ln1),
-            ("ln_1.bias", db_ln1),
-            ("attn.c_attn.weight", dw_attn),
-            ("attn.c_attn.bias", db_attn),
-            ("attn.c_proj.weight", dw_aproj),
-            ("attn.c_proj.bias", db_aproj),
-            ("ln_2.weight", dw_ln2),
-            ("ln_2.bias", db_ln2),
-            ("mlp.c_fc.weight", dw_fc),
-            ("mlp.c_fc.bias", db_fc),
-            ("mlp.c_proj.weight", dw_mproj),
-            ("mlp.c_proj.bias", db_mproj),
-        ],
-    )?;
+    let flat = grads.finish();
     Ok((dx, flat))
 }
 

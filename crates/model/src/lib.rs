@@ -25,6 +25,7 @@ pub mod layers;
 mod layout;
 pub mod llama;
 mod schedule;
+pub mod tuning;
 mod units;
 
 pub use config::{

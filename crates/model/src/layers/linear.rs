@@ -39,15 +39,30 @@ pub fn residual_matmul_forward(
 
 /// Gradients of [`matmul_forward`]: returns `(dx (N, IN), dw (IN, OUT), db (OUT))`.
 pub fn matmul_backward(dout: &Tensor, x: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    let (dx, dw, db) = matmul_backward_into(dout, x, w, None, true)?;
+    Ok((dx, dw, db.expect("asked for db")))
+}
+
+/// [`matmul_backward`] with `dw` written into `dw_into` when given and the GPU GEMM takes it
+/// (a slot of the unit's flat gradient: the returned `dw` is then that view; elsewhere a fresh
+/// tensor), and `db` only when `want_db`.
+pub fn matmul_backward_into(
+    dout: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    dw_into: Option<&Tensor>,
+    want_db: bool,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
-        if let Some(r) = cuda::matmul_backward(dout, x, w)? {
+        if let Some(r) = cuda::backward(dout, x, w, dw_into, want_db)? {
             return Ok(r);
         }
     }
+    let _ = dw_into;
     let dx = dout.matmul(&w.t()?)?;
     let dw = x.t()?.matmul(dout)?;
-    let db = dout.sum(0)?;
+    let db = want_db.then(|| dout.sum(0)).transpose()?;
     Ok((dx, dw, db))
 }
 
@@ -82,9 +97,20 @@ pub fn matmul_gelu_backward(
     w: &Tensor,
     h: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
-    let (dg, dw, db) = matmul_backward(dout, g, w)?;
+    matmul_gelu_backward_into(dout, g, w, h, None)
+}
+
+/// [`matmul_gelu_backward`] with `dw` written into `dw_into` as [`matmul_backward_into`] does.
+pub fn matmul_gelu_backward_into(
+    dout: &Tensor,
+    g: &Tensor,
+    w: &Tensor,
+    h: &Tensor,
+    dw_into: Option<&Tensor>,
+) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
+    let (dg, dw, db) = matmul_backward_into(dout, g, w, dw_into, true)?;
     let (dh, dbias_h) = super::gelu_backward_bias_grad(&dg, h)?;
-    Ok((dh, dw, db, dbias_h))
+    Ok((dh, dw, db.expect("asked for db"), dbias_h))
 }
 
 /// [`matmul_gelu_backward`] with the GELU derivative and `dbias_h` in the dh GEMM's epilogue
@@ -147,14 +173,7 @@ pub fn gelu_backward_bias_grad(dout: &Tensor, h: &Tensor) -> Result<(Tensor, Ten
 /// [`matmul_backward`] without the bias gradient: `(dx (N, IN), dw (IN, OUT))`, for a layer
 /// whose bias gradient came from elsewhere ([`matmul_gelu_backward`]'s `dbias_h`).
 pub fn matmul_backward_no_bias(dout: &Tensor, x: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {
-    #[cfg(feature = "cuda")]
-    if super::on_gpu(x) {
-        if let Some((dx, dw, _)) = cuda::backward(dout, x, w, false)? {
-            return Ok((dx, dw));
-        }
-    }
-    let dx = dout.matmul(&w.t()?)?;
-    let dw = x.t()?.matmul(dout)?;
+    let (dx, dw, _) = matmul_backward_into(dout, x, w, None, false)?;
     Ok((dx, dw))
 }
 
@@ -296,20 +315,13 @@ pub(super) mod cuda {
         Ok(Some(y))
     }
 
-    /// `(dx, dw, db)`, or `None` for inputs the kernels do not take.
-    pub(super) fn matmul_backward(
-        dout: &Tensor,
-        x: &Tensor,
-        w: &Tensor,
-    ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
-        Ok(backward(dout, x, w, true)?.map(|(dx, dw, db)| (dx, dw, db.expect("asked for db"))))
-    }
-
-    /// `(dx, dw, db if want_db)`: two GEMMs and our column sum.
+    /// `(dx, dw, db if want_db)`: two GEMMs and our column sum, `dw` into `dw_into` when it
+    /// is a bf16 contiguous `(IN, OUT)`; or `None` for inputs the kernels do not take.
     pub(super) fn backward(
         dout: &Tensor,
         x: &Tensor,
         w: &Tensor,
+        dw_into: Option<&Tensor>,
         want_db: bool,
     ) -> Result<Option<(Tensor, Tensor, Option<Tensor>)>> {
         if !takes(&[dout, x, w]) {
@@ -319,7 +331,10 @@ pub(super) mod cuda {
         let out = w.dim(1)?;
         let dev = gpu::device(x)?;
         let dx = gpu::uninit((n, inp), DType::BF16, &dev)?;
-        let dw = gpu::uninit((inp, out), DType::BF16, &dev)?;
+        let dw = match dw_into {
+            Some(v) if takes(&[v]) && v.dims() == [inp, out] => v.clone(),
+            _ => gpu::uninit((inp, out), DType::BF16, &dev)?,
+        };
         dx_gemm(&dev, dout, w, &dx, Epilogue::None)?;
         dw_gemm(&dev, dout, x, &dw, false)?;
         let db = want_db.then(|| super::bias_grad(dout)).transpose()?;

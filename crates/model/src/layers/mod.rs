@@ -46,9 +46,10 @@ pub use gqa::{
 };
 pub use layernorm::{layernorm_backward, layernorm_forward, LnSaved, LN_EPS};
 pub use linear::{
-    bias_grad, gelu_backward_bias_grad, matmul_backward, matmul_backward_no_bias, matmul_forward,
-    matmul_gelu_backward, matmul_gelu_backward_epilogue, matmul_gelu_forward,
-    matmul_gelu_forward_unfused, residual_matmul_forward,
+    bias_grad, gelu_backward_bias_grad, matmul_backward, matmul_backward_into,
+    matmul_backward_no_bias, matmul_forward, matmul_gelu_backward, matmul_gelu_backward_epilogue,
+    matmul_gelu_backward_into, matmul_gelu_forward, matmul_gelu_forward_unfused,
+    residual_matmul_forward,
 };
 pub use projection::{matmul_cols_backward, matmul_cols_forward};
 pub use rmsnorm::{
