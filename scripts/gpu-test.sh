@@ -25,7 +25,7 @@
 #           checkpoint lines); eval and generate on the GPU from its checkpoint; gpt6.7b's
 #           background checkpoint stall; the out-of-memory line of gpt6.7b without recomputation
 # Each run's log and metrics go under $OUT (default gpu-out/). BENCH_SET: more section.key=VALUE
-# settings for the speed and llama stages' benches (e.g. BENCH_SET='train.gemm_tuning="timed"'),
+# settings for the speed and llama stages' benches (e.g. BENCH_SET='zero.prefetch_depth=1'),
 # TAG a suffix of their output files; NO_TORCH=1 leaves the PyTorch anchors out.
 set -euo pipefail
 OUT=${OUT:-gpu-out}

@@ -5,10 +5,8 @@
 //! every product here is one cuBLASLt call with the right transpose flags.
 //!
 //! One cuBLASLt handle and a 32 MiB workspace per CUDA stream, made at first use. Each shape's
-//! descriptors and algorithm are made once and kept with the handle, so a call costs only the
-//! pointer attributes and the launch on the host. The algorithm is cuBLASLt's first heuristic
-//! pick, or with [`crate::tuning::Tuning::Timed`] the fastest of its first picks timed on the first call
-//! (`tune`).
+//! descriptors and algorithm (cuBLASLt's first heuristic pick) are made once and kept with the
+//! handle, so a call costs only the pointer attributes and the launch on the host.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -20,8 +18,6 @@ use candle_core::cuda_backend::CudaDevice;
 use candle_core::DType;
 
 use crate::error::{ModelError, Result};
-
-mod tune;
 
 /// cuBLASLt's recommended workspace on Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
@@ -133,7 +129,6 @@ impl Epilogue {
 /// (cuBLAS terms).
 /// Pointers are device addresses; `a_type`/`b_type` are the inputs' dtypes (bf16), `d_type`
 /// the output's (bf16 or f32; C has D's type and leading dimension).
-#[derive(Clone, Copy)]
 pub(crate) struct Gemm {
     pub m: usize,
     pub n: usize,
@@ -197,8 +192,6 @@ struct Plan {
     b: Layout,
     d: Layout,
     algo: sys::cublasLtMatmulAlgo_t,
-    /// cuBLASLt's heuristic picks, best first (`algo` is one of them): what tuning times.
-    candidates: Vec<sys::cublasLtMatmulAlgo_t>,
 }
 
 // SAFETY: the descriptors are plain host objects of cuBLASLt, used under the stream's mutex.
@@ -283,14 +276,16 @@ fn plan(handle: sys::cublasLtHandle_t, g: &Gemm, align: u32) -> Result<Plan> {
         }
         .map_err(lt_error)?;
     }
-    let candidates = tune::heuristic_algos(handle, &desc, [&a, &b, &d], &pref)?;
+    // SAFETY: every descriptor above is alive.
+    let heuristic =
+        unsafe { lt::get_matmul_algo_heuristic(handle, desc.0, a.0, b.0, d.0, d.0, pref.0) }
+            .map_err(lt_error)?;
     Ok(Plan {
         desc,
         a,
         b,
         d,
-        algo: candidates[0],
-        candidates,
+        algo: heuristic.algo,
     })
 }
 
@@ -353,19 +348,12 @@ pub(crate) fn run(dev: &CudaDevice, g: &Gemm) -> Result<()> {
         (g.c.is_some(), align),
     );
     if !lt_guard.plans.contains_key(&key) {
-        let mut p = plan(lt_guard.handle, g, align)?;
-        set_pointers(&p.desc, g)?;
-        p.algo = tune::choose(&lt_guard, &p, g)?;
+        let p = plan(lt_guard.handle, g, align)?;
         lt_guard.plans.insert(key, p);
     }
     let lt_ref = &*lt_guard;
     let p = &lt_ref.plans[&key];
     set_pointers(&p.desc, g)?;
-    matmul(lt_ref, p, &p.algo, g)
-}
-
-/// Queues `g` with `algo` on the handle's stream; the descriptor's pointers must be `g`'s.
-fn matmul(lt_ref: &Lt, p: &Plan, algo: &sys::cublasLtMatmulAlgo_t, g: &Gemm) -> Result<()> {
     let alpha = 1f32;
     let beta = if g.c.is_some() { 1f32 } else { 0f32 };
     let c = g.c.unwrap_or(g.d);
@@ -385,7 +373,7 @@ fn matmul(lt_ref: &Lt, p: &Plan, algo: &sys::cublasLtMatmulAlgo_t, g: &Gemm) -> 
             p.d.0,
             g.d as *mut c_void,
             p.d.0,
-            algo,
+            &p.algo,
             ws as *mut c_void,
             WORKSPACE_BYTES,
             lt_ref.stream.cu_stream() as _,

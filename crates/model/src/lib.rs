@@ -25,7 +25,6 @@ pub mod layers;
 mod layout;
 pub mod llama;
 mod schedule;
-pub mod tuning;
 mod units;
 
 pub use config::{

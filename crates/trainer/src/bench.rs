@@ -518,34 +518,6 @@ fn print_report(r: &StepReport) {
     if let Some(families) = &r.profile {
         print_profile(families, r.step_seconds);
     }
-    print_gemm_tuning();
-}
-
-/// With `train.gemm_tuning = "timed"`: each GEMM shape whose timed choice beat cuBLASLt's
-/// heuristic pick, and the sum over all shapes (one call each).
-fn print_gemm_tuning() {
-    let tuned = model::tuning::tuned_gemms();
-    if tuned.is_empty() {
-        return;
-    }
-    let sum = |f: fn(&model::tuning::Tuned) -> f64| tuned.iter().map(f).sum::<f64>();
-    println!(
-        "GEMM tuning        {} shapes timed (all ranks); one call of each: {:.3} ms with \
-         cuBLASLt's first picks, {:.3} ms with the chosen",
-        tuned.len(),
-        sum(|t| t.heuristic_ms),
-        sum(|t| t.chosen_ms)
-    );
-    for t in tuned.iter().filter(|t| t.chosen != 0) {
-        println!(
-            "  {:<40} {:.3} -> {:.3} ms (candidate {} of {})",
-            t.shape,
-            t.heuristic_ms,
-            t.chosen_ms,
-            t.chosen + 1,
-            t.candidates
-        );
-    }
 }
 
 /// The `--profile` table: milliseconds per step and share of the step by family, then the time

@@ -69,14 +69,6 @@ pub enum Precision {
     Fp16,
 }
 
-/// `train.gemm_tuning` (docs/configuration.md): [`model::tuning::Tuning`] as a config value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum GemmTuning {
-    Heuristic,
-    Timed,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceKind {
@@ -115,9 +107,6 @@ pub struct TrainSection {
     pub seed: u64,
     pub precision: Precision,
     pub device: DeviceKind,
-    /// How each GPU GEMM shape picks its cuBLASLt algorithm: `heuristic` (cuBLASLt's first
-    /// pick) or `timed` (the fastest of its first picks, timed on the shape's first call).
-    pub gemm_tuning: GemmTuning,
 }
 
 impl Default for TrainSection {
@@ -139,7 +128,6 @@ impl Default for TrainSection {
             seed: 1234,
             precision: Precision::Fp32,
             device: DeviceKind::Cpu,
-            gemm_tuning: GemmTuning::Heuristic,
         }
     }
 }
@@ -544,13 +532,7 @@ impl RunConfig {
     pub fn device(&self) -> Result<candle_core::Device> {
         match self.train.device {
             DeviceKind::Cpu => Ok(candle_core::Device::Cpu),
-            DeviceKind::Cuda => {
-                model::tuning::set_gemm_tuning(match self.train.gemm_tuning {
-                    GemmTuning::Heuristic => model::tuning::Tuning::Heuristic,
-                    GemmTuning::Timed => model::tuning::Tuning::Timed,
-                });
-                cuda_device()
-            }
+            DeviceKind::Cuda => cuda_device(),
         }
     }
 
