@@ -19,6 +19,10 @@
 #           torch.compile from the same call
 #   llama-3b  the Llama 3.2 3B shape with recomputation (W = 1, seq 2048, 8 sequences) beside
 #           torch_llama.py eager and torch.compile with activation checkpointing
+#   calibrate  issue 28: trainer bench --profile --json at W = 1 for gpt350m (seq 1024) at 16, 8
+#           and 2 sequences a micro-batch ($OUT/calibrate-mbN.json), then trainer plan --throughput
+#           --calibrate --shared-gpu's predictions of local-speed's worlds (2 x 1 from the bench at
+#           8, 2 x 4 from the one at 2); run local-speed in the same call for the measured ones
 #   daily   issue 27 on gpt350m (W = 1, seq 1024, 16 sequences a step) trained on the bundled
 #           corpus: DAILY_STEPS (150) steps with no checkpoint but the last, one every 50 steps
 #           in the foreground, and in the background (each run's "trained N steps in S s" and
@@ -198,6 +202,24 @@ for stage in $STAGES; do
       [[ -z ${torch[*]} ]] || "${torch[@]}" --steps 6 --layers 32 --dim 4096 --heads 32 --seq 2048 \
         --batch 4 --ckpt | tee "$OUT/speed-torch-6.7b.txt"
     fi
+    ;;
+  calibrate)
+    cb=(--config configs/gpt350m.toml --set model.seq_len=1024 --set model.recompute=false)
+    z3=(--set zero.hpz_partition_size=1 --set zero.quantized_weights=false --set zero.quantized_gradients=false)
+    for mb in 16 8 2; do
+      "$T" bench "${cb[@]}" --set 'dist.backend="local"' --set dist.world_size=1 \
+        --set dist.gpus_per_node=1 --set train.global_batch=16 --set "train.micro_batch=$mb" \
+        "${z3[@]}" --steps "${BENCH_STEPS:-5}" --profile --json > "$OUT/calibrate-mb$mb.json"
+      echo "W = 1 at $mb a micro-batch: $(grep -o '"tokens_per_s":[0-9.]*' "$OUT/calibrate-mb$mb.json")"
+    done
+    "$T" plan "${cb[@]}" --set dist.world_size=2 --set dist.gpus_per_node=1 \
+      --set zero.hpz_partition_size=1 --set train.global_batch=16 --set train.micro_batch=8 \
+      --throughput --calibrate "$OUT/calibrate-mb8.json" --shared-gpu \
+      | tee "$OUT/predict-w2.txt" | sed -n '/^throughput/,$p'
+    "$T" plan "${cb[@]}" --set dist.world_size=8 --set dist.gpus_per_node=4 \
+      --set zero.hpz_partition_size=4 --set train.global_batch=16 --set train.micro_batch=2 \
+      --throughput --calibrate "$OUT/calibrate-mb2.json" --shared-gpu \
+      | tee "$OUT/predict-w8.txt" | sed -n '/^throughput/,$p'
     ;;
   local-speed)
     # Issue 16: gpt350m at seq 1024 on one GPU, W = 1 (with --profile) beside PyTorch eager from

@@ -288,3 +288,94 @@ fn throughput_options_are_checked() {
         assert!(err.contains(needle), "{extra:?}: {err}");
     }
 }
+
+/// A `trainer bench --profile --json` of `tiny` at W = 1 as the GPU would write it, with made-up
+/// times: unit u's forward `(u + 1)` ms and backward `2 (u + 1)` ms, the head 3 ms, the
+/// optimizer 2 ms over every parameter.
+fn tiny_bench_json(plan: &Value) -> Value {
+    let m = &plan["model"];
+    let units = m["units"].as_u64().unwrap();
+    serde_json::json!({
+        "model": "tiny",
+        "phases": {
+            "model": {
+                "arch": m["arch"], "n_layer": m["n_layer"], "n_embd": m["n_embd"],
+                "n_head": m["n_head"], "n_kv_head": m["n_kv_head"],
+                "ffn_hidden": m["ffn_hidden"], "vocab_size": m["vocab_size"],
+                "seq_len": m["seq_len"],
+            },
+            "micro_batch_tokens": plan["train"]["micro_batch"].as_u64().unwrap()
+                * m["seq_len"].as_u64().unwrap(),
+            "recompute": plan["train"]["recompute"],
+            "world": 1,
+            "optimizer_params": m["padded_params"],
+            "optimizer_seconds": 0.002,
+            "shard_pass_seconds": 0.0,
+            "units": (0..units).map(|u| serde_json::json!({
+                "unit": u, "kind": "block",
+                "forward_seconds": 1e-3 * (u + 1) as f64,
+                "backward_seconds": 2e-3 * (u + 1) as f64,
+            })).collect::<Vec<_>>(),
+            "head_seconds": 0.003,
+        }
+    })
+}
+
+#[test]
+fn a_calibration_puts_the_measured_unit_times_in_place_of_the_flops() {
+    let one = [
+        "--config",
+        "configs/tiny.toml",
+        "--world-size",
+        "1",
+        "--gpus-per-node",
+        "1",
+    ];
+    let j = plan_json(&one);
+    let dir = std::env::temp_dir().join(format!("zeropp-calibrate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bench.json");
+    std::fs::write(&file, tiny_bench_json(&j).to_string()).unwrap();
+    let file = file.to_str().unwrap();
+
+    let mut args = one.to_vec();
+    args.extend(["--throughput", "--calibrate", file]);
+    let p = plan_json(&args);
+    let units = j["model"]["units"].as_u64().unwrap() as f64;
+    let accumulation = j["train"]["accumulation"].as_f64().unwrap();
+    // Sum over u of (u + 1) ms forward and 2 (u + 1) ms backward, the head, per micro-batch;
+    // the optimizer once. One rank: nothing to communicate, so the step is the compute.
+    let walk = 3e-3 * units * (units + 1.0) / 2.0 + 3e-3;
+    let expected = accumulation * walk + 2e-3;
+    let compute = f(&p, "/throughput/zero3/compute_s");
+    assert!((compute - expected).abs() < 1e-9, "{compute} vs {expected}");
+    assert!((f(&p, "/throughput/zero3/step_s") - expected).abs() < 1e-9);
+    // ZeRO++ pads its shards to its quantisation blocks: a little more for the optimizer.
+    let zeropp = f(&p, "/throughput/zeropp/compute_s");
+    assert!(zeropp >= expected && zeropp < expected * 1.01, "{zeropp} vs {expected}");
+    assert_eq!(p["throughput"]["calibrated_from"], file);
+
+    // Two ranks sharing the GPU (the local backend's worlds): each rank's compute is as slow as
+    // the GPU is shared.
+    let mut shared = vec!["--config", "configs/tiny.toml", "--world-size", "2"];
+    shared.extend(["--gpus-per-node", "1", "--throughput", "--calibrate", file]);
+    let alone = plan_json(&shared);
+    shared.push("--shared-gpu");
+    let both = plan_json(&shared);
+    let c = |v: &Value| f(v, "/throughput/zero3/compute_s");
+    assert!((c(&both) - 2.0 * c(&alone)).abs() < 1e-9, "{} vs {}", c(&both), c(&alone));
+    assert_eq!(both["throughput"]["ranks_per_gpu"], 2);
+
+    // A bench without --profile has no unit times; another model's is refused.
+    std::fs::write(file, r#"{"model": "tiny", "phases": null}"#).unwrap();
+    let out = plan(&args);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no unit times") && err.lines().count() == 1, "{err}");
+    let mut other = tiny_bench_json(&j);
+    other["phases"]["model"]["n_layer"] = serde_json::json!(7);
+    std::fs::write(file, other.to_string()).unwrap();
+    let err = String::from_utf8_lossy(&plan(&args).stderr).to_string();
+    assert!(err.contains("another model"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

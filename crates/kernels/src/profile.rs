@@ -5,6 +5,10 @@
 //! the cross-entropy, the quantisers inside a gather): a family is charged its *exclusive*
 //! time, its own span less the spans of the scopes opened inside it, so the families add up to
 //! the time covered by outermost scopes. Everything is per thread (one rank each).
+//!
+//! Apart from the families, a [`phase`] times one unit's forward or backward, or the loss head,
+//! whole (kernels of every family inside it): what `trainer plan --calibrate` scales to a
+//! cluster.
 
 /// What a span of GPU work is, for the profile's table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -63,6 +67,15 @@ impl Family {
     }
 }
 
+/// A unit's forward or backward by its index in the model, or the loss head: the span of a
+/// [`phase`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Phase {
+    Forward(usize),
+    Head,
+    Backward(usize),
+}
+
 #[cfg(feature = "cuda")]
 mod imp {
     use super::*;
@@ -84,6 +97,8 @@ mod imp {
         spans: Vec<Span>,
         open: Vec<usize>,
         stream: Option<Arc<CudaStream>>,
+        /// Phase spans, timed apart from the families: their start, and end once closed.
+        phases: Vec<(Phase, CudaEvent, Option<CudaEvent>)>,
     }
 
     thread_local! {
@@ -126,6 +141,48 @@ mod imp {
             let Some(i) = s.open.pop() else { return };
             let end = s.stream.as_ref().and_then(|st| event(st));
             s.spans[i].end = end;
+        })
+    }
+
+    pub(super) fn open_phase(dev: &candle_core::cuda_backend::CudaDevice, phase: Phase) -> bool {
+        STATE.with(|s| {
+            let mut s = s.borrow_mut();
+            if !s.enabled {
+                return false;
+            }
+            match event(&dev.cuda_stream()) {
+                Some(start) => {
+                    s.phases.push((phase, start, None));
+                    true
+                }
+                None => false,
+            }
+        })
+    }
+
+    /// Closes the last phase opened and not closed.
+    pub(super) fn close_phase(dev: &candle_core::cuda_backend::CudaDevice) {
+        STATE.with(|s| {
+            let mut s = s.borrow_mut();
+            let end = event(&dev.cuda_stream());
+            if let Some(p) = s.phases.iter_mut().rev().find(|p| p.2.is_none()) {
+                p.2 = end;
+            }
+        })
+    }
+
+    pub(super) fn take_phases() -> Vec<(Phase, f64)> {
+        STATE.with(|s| {
+            let phases = std::mem::take(&mut s.borrow_mut().phases);
+            phases
+                .into_iter()
+                .filter_map(|(phase, start, end)| {
+                    let end = end?;
+                    let _ = end.synchronize();
+                    let ms = start.elapsed_ms(&end).ok()?;
+                    Some((phase, ms as f64 / 1e3))
+                })
+                .collect()
         })
     }
 
@@ -174,6 +231,7 @@ pub fn enable(on: bool) {
     #[cfg(feature = "cuda")]
     if on {
         let _ = imp::take();
+        let _ = imp::take_phases();
     }
     #[cfg(not(feature = "cuda"))]
     let _ = on;
@@ -191,6 +249,53 @@ impl Drop for Scope {
         if self.open {
             imp::close();
         }
+    }
+}
+
+/// An open [`phase`]; it closes when dropped.
+pub struct PhaseScope {
+    #[cfg(feature = "cuda")]
+    open: Option<candle_core::cuda_backend::CudaDevice>,
+}
+
+impl Drop for PhaseScope {
+    fn drop(&mut self) {
+        #[cfg(feature = "cuda")]
+        if let Some(dev) = &self.open {
+            imp::close_phase(dev);
+        }
+    }
+}
+
+/// Opens a span of `phase` on `device`'s stream (nothing on the CPU or with the profile off).
+#[must_use = "the span closes when the scope is dropped"]
+pub fn phase(device: &candle_core::Device, phase: Phase) -> PhaseScope {
+    #[cfg(feature = "cuda")]
+    {
+        match device {
+            candle_core::Device::Cuda(dev) if imp::open_phase(dev, phase) => PhaseScope {
+                open: Some(dev.clone()),
+            },
+            _ => PhaseScope { open: None },
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (device, phase);
+        PhaseScope {}
+    }
+}
+
+/// Each phase span closed since the last `take_phases` (or `enable`), in the order opened, with
+/// its seconds (waiting for the events to complete); empty on the CPU.
+pub fn take_phases() -> Vec<(Phase, f64)> {
+    #[cfg(feature = "cuda")]
+    {
+        imp::take_phases()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Vec::new()
     }
 }
 

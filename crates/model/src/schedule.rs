@@ -37,6 +37,7 @@
 //! ```
 
 use candle_core::Tensor;
+use kernels::profile::Phase;
 
 use crate::config::{Arch, ModelConfig};
 use crate::error::{ModelError, Result};
@@ -257,9 +258,13 @@ impl Model {
         let mut saved = Vec::with_capacity(n);
         let mut x = tokens.clone();
         let mut last = None;
+        let device = tokens.device().clone();
+        let phase = |p| kernels::profile::phase(&device, p);
         for u in 0..n {
             let params = source.params(u)?;
+            let span = phase(Phase::Forward(u));
             let (y, s) = self.forward(u, &params, &x, recompute)?;
+            drop(span);
             saved.push(s);
             x = y;
             if u == n - 1 && head == n - 1 {
@@ -270,8 +275,9 @@ impl Model {
             Some(p) => p,
             None => source.params(head)?,
         };
+        let span = phase(Phase::Head);
         let (loss, grads) = self.head(&head_params, &x, targets, true)?;
-        drop(x);
+        drop((span, x));
         let (mut dx, head_grad) = grads.expect("the head returns gradients when asked");
         let mut head_params = Some(head_params);
         let mut head_grad = Some(head_grad);
@@ -282,8 +288,9 @@ impl Model {
                 (false, false) => None,
             };
             let s = saved.pop().expect("one saved state per unit");
+            let span = phase(Phase::Backward(u));
             let (d, g) = self.backward(u, params.as_ref(), &s, &dx)?;
-            drop((s, params));
+            drop((span, s, params));
             let g = match u == head {
                 true => match head_grad.take() {
                     Some(h) => (h + g).map_err(ModelError::from)?,

@@ -19,6 +19,11 @@ use crate::run::Run;
 use crate::train::engine_options;
 use crate::world::World;
 
+mod profile;
+#[cfg(test)]
+pub use profile::UnitTime;
+pub use profile::{FamilyTime, ModelShape, PhaseTimes};
+
 /// Dense bf16 peak of one H200 (and H100 SXM), TFLOP/s: MFU's denominator.
 pub const PEAK_TFLOPS: f64 = 989.0;
 
@@ -89,6 +94,8 @@ pub struct StepReport {
     /// With `--profile`: rank 0's GPU time per step by kernel family (exclusive of the families
     /// nested inside), from CUDA events around each family's launches.
     pub profile: Option<Vec<FamilyTime>>,
+    /// With `--profile`: each unit's forward and backward and the loss head, timed whole.
+    pub phases: Option<PhaseTimes>,
 }
 
 /// One label's jobs per step (rank 0), from [`comm::JobClock`].
@@ -102,14 +109,6 @@ pub struct JobReport {
     pub exposed_seconds: f64,
     /// 1 - exposed / busy: the share of their time hidden behind compute.
     pub hidden: f64,
-}
-
-/// One row of the `--profile` table.
-#[derive(Debug, Serialize)]
-pub struct FamilyTime {
-    pub family: &'static str,
-    /// Mean seconds per step.
-    pub seconds: f64,
 }
 
 pub fn run(args: &BenchArgs<'_>) -> Result<()> {
@@ -180,6 +179,10 @@ struct RankTimes {
     losses: Vec<f64>,
     /// Seconds by family summed over the timed steps (`--profile`, rank 0).
     families: Option<Vec<(kernels::profile::Family, f64)>>,
+    /// Phase seconds summed over the timed micro-batches (`--profile`, rank 0).
+    phases: profile::PhaseSums,
+    /// Parameters in rank 0's optimizer shards.
+    optimizer_params: usize,
 }
 
 /// Runs the steps; the report of rank 0 (`None` in the other processes of a launched world).
@@ -236,6 +239,8 @@ fn bench_steps(run: &Run, warmup: u64, steps: u64, profile: bool) -> Result<Opti
                 used: None,
                 losses: Vec::new(),
                 families: None,
+                phases: profile::PhaseSums::default(),
+                optimizer_params: engine.unit_partitions().map(|(_, p)| p.shard_len()).sum(),
             };
             let profiling = profile && rank == 0 && device.is_cuda();
             for step in 0..warmup + steps {
@@ -295,6 +300,7 @@ fn bench_steps(run: &Run, warmup: u64, steps: u64, profile: bool) -> Result<Opti
                         for ((_, sum), (_, t)) in sums.iter_mut().zip(&now) {
                             *sum += t;
                         }
+                        measured.phases.add(&kernels::profile::take_phases());
                     }
                 }
             }
@@ -315,7 +321,8 @@ fn bench_steps(run: &Run, warmup: u64, steps: u64, profile: bool) -> Result<Opti
     let tokens_per_step = t.global_batch * model_cfg.seq_len;
     let step_seconds = times.seconds / n;
     let tokens_per_s = tokens_per_step as f64 / step_seconds;
-    let flop_per_token = model::Model::new(model_cfg.clone())?.flops_per_token(model_cfg.seq_len);
+    let model = model::Model::new(model_cfg.clone())?;
+    let flop_per_token = model.flops_per_token(model_cfg.seq_len);
     let on_gpu = device.is_cuda();
     // The local backend puts every rank on one device; nccl gives each its own.
     let gpus = match config.dist.backend {
@@ -391,6 +398,18 @@ fn bench_steps(run: &Run, warmup: u64, steps: u64, profile: bool) -> Result<Opti
         comm_inter_bytes: (times.bytes.inter as f64 / n) as u64,
         loss_first: times.losses.first().copied().unwrap_or(f64::NAN),
         loss_last: times.losses.last().copied().unwrap_or(f64::NAN),
+        phases: times.families.as_ref().map(|fs| {
+            times.phases.times(
+                &model,
+                micro_tokens,
+                config.model.recompute,
+                world,
+                times.optimizer_params,
+                fs,
+                n,
+                n * accumulation as f64,
+            )
+        }),
         profile: times.families.map(|fs| {
             fs.into_iter()
                 .map(|(f, s)| FamilyTime {
@@ -516,31 +535,8 @@ fn print_report(r: &StepReport) {
         readable::bytes(r.comm_inter_bytes)
     );
     if let Some(families) = &r.profile {
-        print_profile(families, r.step_seconds);
+        profile::print(families, r.phases.as_ref(), r.step_seconds);
     }
-}
-
-/// The `--profile` table: milliseconds per step and share of the step by family, then the time
-/// no family's span covered (host gaps, candle's own ops outside any span).
-fn print_profile(families: &[FamilyTime], step_seconds: f64) {
-    println!("GPU time by kernel family (rank 0, CUDA events, per step):");
-    let mut covered = 0.0;
-    for f in families {
-        covered += f.seconds;
-        println!(
-            "  {:<16} {:>9.2} ms {:>6.1}%",
-            f.family,
-            f.seconds * 1e3,
-            100.0 * f.seconds / step_seconds
-        );
-    }
-    let rest = step_seconds - covered;
-    println!(
-        "  {:<16} {:>9.2} ms {:>6.1}%",
-        "not in a span",
-        rest * 1e3,
-        100.0 * rest / step_seconds
-    );
 }
 
 /// `trainer bench --kernels`: each quantisation kernel's bandwidth against a device copy.

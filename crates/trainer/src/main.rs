@@ -264,6 +264,14 @@ enum Command {
         /// Microseconds a message (default 5).
         #[arg(long, requires = "throughput", allow_negative_numbers = true)]
         latency_us: Option<f64>,
+        /// The compute as measured: the --json of `trainer bench --profile` at W = 1, of this
+        /// model (docs/plan.md, "Calibrated from a bench").
+        #[arg(long, requires = "throughput", value_name = "FILE")]
+        calibrate: Option<PathBuf>,
+        /// Every rank on one GPU, as the local backend runs a world on one device: compute and
+        /// memory shared, the links a device copy (default: the GPU's memory bandwidth / 2).
+        #[arg(long, requires = "throughput")]
+        shared_gpu: bool,
     },
 }
 
@@ -372,6 +380,8 @@ fn run_command(
             intra_gbps,
             inter_gbps,
             latency_us,
+            calibrate,
+            shared_gpu,
         } => plan::run(&plan::PlanArgs {
             config,
             set: overrides,
@@ -384,6 +394,8 @@ fn run_command(
                 intra_gbps,
                 inter_gbps,
                 latency_us,
+                calibrate,
+                shared_gpu,
             }),
         }),
         Command::Bench {

@@ -15,6 +15,7 @@ use zero::{RankMemory, ZeroConfig, ZeroPlan};
 use crate::config::{Overrides, Precision, RunConfig};
 use crate::run::Run;
 
+pub mod calibrate;
 mod human;
 mod overlap;
 pub mod throughput;
@@ -41,6 +42,10 @@ pub struct ThroughputArgs {
     pub intra_gbps: Option<f64>,
     pub inter_gbps: Option<f64>,
     pub latency_us: Option<f64>,
+    /// `--calibrate FILE`: the `--json` of `trainer bench --profile` at W = 1.
+    pub calibrate: Option<std::path::PathBuf>,
+    /// `--shared-gpu`: every rank on one GPU, as the local backend runs a world on one device.
+    pub shared_gpu: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -219,20 +224,30 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
     let throughput = match &args.throughput {
         Some(a) => {
             let model = model::Model::new(cfg.clone())?;
+            let calibration = match &a.calibrate {
+                Some(path) => Some(calibrate::load(
+                    path,
+                    &model,
+                    t.micro_batch * cfg.seq_len,
+                    config.model.recompute,
+                )?),
+                None => None,
+            };
             let work = Workload {
                 model: &model,
                 micro_batch: t.micro_batch,
                 accumulation,
                 param_bytes: pb,
                 recompute: config.model.recompute,
+                calibration: calibration.as_ref(),
             };
-            let cluster = cluster(a, topology)?;
-            Some(throughput::throughput(
-                &work,
-                &config.zero,
-                t.steps,
-                &cluster,
-            )?)
+            let cluster = cluster(a, topology, calibration.as_ref())?;
+            if let Some(k) = &calibration {
+                notes.extend(k.notes.iter().cloned());
+            }
+            let mut report = throughput::throughput(&work, &config.zero, t.steps, &cluster)?;
+            report.calibrated_from = a.calibrate.as_ref().map(|p| p.display().to_string());
+            Some(report)
         }
         None => None,
     };
@@ -262,12 +277,24 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
 }
 
 /// The cluster of `--throughput`: the GPU preset and the links, each option checked.
-fn cluster(a: &ThroughputArgs, topology: Topology) -> Result<Cluster> {
+fn cluster(
+    a: &ThroughputArgs,
+    topology: Topology,
+    calibration: Option<&calibrate::Calibration>,
+) -> Result<Cluster> {
     let name = a.gpu.as_deref().unwrap_or(throughput::DEFAULT_GPU);
-    let gpu = throughput::gpu(name).with_context(|| {
+    let mut gpu = throughput::gpu(name).with_context(|| {
         let names: Vec<&str> = throughput::GPUS.iter().map(|g| g.name).collect();
         format!("unknown --gpu {name} (one of {})", names.join(", "))
     })?;
+    if let Some(k) = calibration {
+        gpu.mem_bw_gbs = k.mem_bw_gbs;
+    }
+    // On one shared GPU a collective is a device copy: each byte read and written once.
+    let link_default = |nvlink: f64| match a.shared_gpu {
+        true => gpu.mem_bw_gbs * 8.0 / 2.0,
+        false => nvlink,
+    };
     let positive = |flag: &str, v: Option<f64>, default: f64| -> Result<f64> {
         let v = v.unwrap_or(default);
         if !(v.is_finite() && v > 0.0) {
@@ -284,8 +311,12 @@ fn cluster(a: &ThroughputArgs, topology: Topology) -> Result<Cluster> {
         bail!("--mfu-fraction {mfu_fraction} is above 1 (a share of the GPU's peak)");
     }
     let network = Network {
-        intra_gbps: positive("intra-gbps", a.intra_gbps, gpu.nvlink_gbps)?,
-        inter_gbps: positive("inter-gbps", a.inter_gbps, throughput::DEFAULT_INTER_GBPS)?,
+        intra_gbps: positive("intra-gbps", a.intra_gbps, link_default(gpu.nvlink_gbps))?,
+        inter_gbps: positive(
+            "inter-gbps",
+            a.inter_gbps,
+            link_default(throughput::DEFAULT_INTER_GBPS),
+        )?,
         latency_us: match a.latency_us {
             Some(v) if !(v.is_finite() && v >= 0.0) => {
                 bail!("--latency-us {v} is not a number of at least 0")
@@ -298,6 +329,7 @@ fn cluster(a: &ThroughputArgs, topology: Topology) -> Result<Cluster> {
         mfu_fraction,
         network,
         topology,
+        ranks_per_gpu: if a.shared_gpu { topology.world() } else { 1 },
     })
 }
 

@@ -259,11 +259,25 @@ fn human_paper(o: &mut String, r: &Report) {
 /// The predicted step times of `--throughput`.
 fn human_throughput(o: &mut String, t: &Throughput) {
     let n = &t.network;
+    let compute = match &t.calibrated_from {
+        Some(file) => format!(
+            "{}, its units as measured in {file} (memory-bound kernels at {:.0} GB/s)",
+            t.gpu.name, t.gpu.mem_bw_gbs
+        ),
+        None => format!(
+            "{} at {} TFLOP/s x {}",
+            t.gpu.name, t.gpu.peak_tflops, t.mfu_fraction
+        ),
+    };
+    let shared = match t.ranks_per_gpu > 1 {
+        true => format!(", all {} ranks on one GPU", t.ranks_per_gpu),
+        false => String::new(),
+    };
     let _ = writeln!(
         *o,
-        "\nthroughput, predicted: {} at {} TFLOP/s x {}, {} Gb/s a GPU in the node, {} Gb/s a node \
-         across, {} us a message",
-        t.gpu.name, t.gpu.peak_tflops, t.mfu_fraction, n.intra_gbps, n.inter_gbps, n.latency_us
+        "\nthroughput, predicted: {compute}, {} Gb/s a GPU in the node, {} Gb/s a node across, \
+         {} us a message{shared}",
+        n.intra_gbps, n.inter_gbps, n.latency_us
     );
     let _ = writeln!(
         *o,

@@ -54,6 +54,7 @@ use serde::Serialize;
 use zero::volume::{unit_payload, UnitPayload};
 use zero::{ZeroConfig, ZeroPlan, REDUCTIONS_IN_FLIGHT};
 
+use super::calibrate::Calibration;
 use super::overlap::{overlap, Slot, Timeline};
 
 /// A GPU: its dense peak in the training precision, memory bandwidth and default NVLink.
@@ -135,6 +136,9 @@ pub struct Cluster {
     pub mfu_fraction: f64,
     pub network: Network,
     pub topology: Topology,
+    /// Ranks that share one GPU: 1, or the world with `--shared-gpu` (the local backend's
+    /// worlds on one GPU), where every kernel of the world runs on the same SMs and memory.
+    pub ranks_per_gpu: usize,
 }
 
 /// A ring all-gather or reduce-scatter of `total` bytes (the whole gathered buffer, or the whole
@@ -208,9 +212,14 @@ impl Cluster {
         all_to_all_s(per_rank, self.topology.nodes, bw, self.latency())
     }
 
-    /// A memory-bound kernel moving `bytes` (read + written).
+    /// A memory-bound kernel moving `bytes` (read + written), on a GPU its ranks share.
     pub fn memory_s(&self, bytes: f64) -> f64 {
-        bytes / (self.gpu.mem_bw_gbs * 1e9)
+        self.ranks_per_gpu as f64 * bytes / (self.gpu.mem_bw_gbs * 1e9)
+    }
+
+    /// Compute that takes `s` seconds on a GPU of its own, on a GPU its ranks share.
+    fn shared(&self, s: f64) -> f64 {
+        self.ranks_per_gpu as f64 * s
     }
 }
 
@@ -277,9 +286,45 @@ pub struct Workload<'a> {
     /// Bytes of a plain gathered parameter (2 for bf16/fp16).
     pub param_bytes: usize,
     pub recompute: bool,
+    /// Measured unit and optimizer times (`--calibrate`) in place of FLOPs at the GPU's rate.
+    pub calibration: Option<&'a Calibration>,
 }
 
 impl Workload<'_> {
+    /// Seconds of unit `u`'s forward in a micro-batch on `c`.
+    fn forward_s(&self, u: usize, c: &Cluster) -> f64 {
+        c.shared(match self.calibration {
+            Some(k) => k.forward_s[u],
+            None => self.forward_flops(u) * self.tokens_per_micro_batch() / c.flop_rate(),
+        })
+    }
+
+    /// Seconds of unit `u`'s backward in a micro-batch on `c`.
+    fn backward_s(&self, u: usize, c: &Cluster) -> f64 {
+        c.shared(match self.calibration {
+            Some(k) => k.backward_s[u],
+            None => self.backward_flops(u) * self.tokens_per_micro_batch() / c.flop_rate(),
+        })
+    }
+
+    /// Seconds of the loss head's forward and backward in a micro-batch on `c`.
+    fn head_s(&self, c: &Cluster) -> f64 {
+        c.shared(match self.calibration {
+            Some(k) => k.head_s,
+            None => self.head_flops() * self.tokens_per_micro_batch() / c.flop_rate(),
+        })
+    }
+
+    /// Seconds of the optimizer step over a shard of `shard` parameters on `c`.
+    fn optimizer_s(&self, shard: f64, c: &Cluster) -> f64 {
+        match self.calibration {
+            Some(k) => c.shared(shard * k.optimizer_s_per_param),
+            // AdamW reads grad, master, m, v and writes master, m, v and the working copy; the
+            // squares read the gradient once more.
+            None => c.memory_s(shard * (32.0 + self.param_bytes as f64)),
+        }
+    }
+
     fn tokens_per_micro_batch(&self) -> f64 {
         (self.micro_batch * self.model.config().seq_len) as f64
     }
@@ -326,7 +371,6 @@ impl Workload<'_> {
         let order = self.model.gather_order(Pass::Train);
         let n = self.model.units().len();
         let head = self.model.head_unit();
-        let secs = |flops: f64| flops * self.tokens_per_micro_batch() / c.flop_rate();
         let depth = plan.prefetch_depth;
         let mut reduced = vec![false; n];
         let mut slots = Vec::with_capacity(order.len() + 1);
@@ -344,19 +388,19 @@ impl Workload<'_> {
             };
             let (compute, reduce) = if forward && u == head && u == n - 1 {
                 // The last unit holds the head: forward, head, its own backward.
-                let f = self.forward_flops(u) + self.head_flops() + self.backward_flops(u);
-                (f, true)
+                let s = self.forward_s(u, c) + self.head_s(c) + self.backward_s(u, c);
+                (s, true)
             } else if forward {
-                (self.forward_flops(u), false)
+                (self.forward_s(u, c), false)
             } else if u == head {
-                (self.head_flops(), false)
+                (self.head_s(c), false)
             } else {
-                (self.backward_flops(u), true)
+                (self.backward_s(u, c), true)
             };
             reduced[u] |= reduce;
             slots.push(Slot {
                 gather_s: Some(gather),
-                compute_s: secs(compute),
+                compute_s: compute,
                 reduce_s: reduce.then_some(comm[u].reduce),
             });
         }
@@ -364,7 +408,7 @@ impl Workload<'_> {
         for u in (0..n).rev().filter(|&u| !reduced[u]) {
             slots.push(Slot {
                 gather_s: None,
-                compute_s: secs(self.backward_flops(u)),
+                compute_s: self.backward_s(u, c),
                 reduce_s: Some(comm[u].reduce),
             });
         }
@@ -423,9 +467,7 @@ pub fn predict(work: &Workload, plan: &ZeroPlan, c: &Cluster) -> Prediction {
     };
     let w = plan.topology.world();
     let shard: f64 = payloads.iter().map(|p| (p.padded / w) as f64).sum();
-    // AdamW reads grad, master, m, v and writes master, m, v and the working copy; the squares
-    // read the gradient once more.
-    let optimizer = c.memory_s(shard * (32.0 + work.param_bytes as f64));
+    let optimizer = work.optimizer_s(shard, c);
     let all_reduces = 2.0 * 2.0 * (w as f64).log2().ceil() * c.latency();
     let step_s = first.end_s + later * rest.end_s + optimizer + all_reduces;
     let compute_s = first.compute_s + later * rest.compute_s + optimizer;
@@ -460,6 +502,10 @@ pub struct Throughput {
     pub gpu: Gpu,
     pub mfu_fraction: f64,
     pub network: Network,
+    /// Ranks sharing one GPU (`--shared-gpu`: the world).
+    pub ranks_per_gpu: usize,
+    /// The `--calibrate` file whose unit times replaced the GPU's peak x fraction, else null.
+    pub calibrated_from: Option<String>,
     /// Tokens a GPU trains a step: micro_batch x seq_len x accumulation.
     pub tokens_per_gpu_step: u64,
     /// FLOPs a GPU executes a step, recomputation included.
@@ -521,6 +567,8 @@ pub fn throughput(
         gpu: c.gpu,
         mfu_fraction: c.mfu_fraction,
         network: c.network,
+        ranks_per_gpu: c.ranks_per_gpu,
+        calibrated_from: None,
         tokens_per_gpu_step: tokens as u64,
         hardware_flops_per_gpu_step: work.hardware_flops_per_micro_batch()
             * work.accumulation as f64,

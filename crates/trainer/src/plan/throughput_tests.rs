@@ -28,6 +28,7 @@ fn cluster(nodes: usize, d: usize, inter_gbps: f64) -> Cluster {
             inter_gbps,
             latency_us: 1.0,
         },
+        ranks_per_gpu: 1,
         topology: Topology::new(nodes * d, d).unwrap(),
     }
 }
@@ -153,6 +154,7 @@ fn predictions(inter_gbps: f64) -> Throughput {
         accumulation: 2,
         param_bytes: 2,
         recompute: true,
+        calibration: None,
     };
     let mut c = cluster(4, 8, inter_gbps);
     c.network.intra_gbps = 2400.0;
@@ -230,6 +232,7 @@ fn the_walk_follows_the_engines_order_and_hpz_rule() {
         accumulation: 1,
         param_bytes: 2,
         recompute: false,
+        calibration: None,
     };
     let c = cluster(2, 4, 80.0);
     let comm = vec![
@@ -293,6 +296,7 @@ fn an_untied_head_runs_in_the_last_units_slot() {
         accumulation: 1,
         param_bytes: 2,
         recompute: true,
+        calibration: None,
     };
     let c = cluster(2, 4, 80.0);
     let comm = vec![
