@@ -288,3 +288,34 @@ fn throughput_options_are_checked() {
         assert!(err.contains(needle), "{extra:?}: {err}");
     }
 }
+
+/// `zero.reduce_dtype = "bf16"` halves ZeRO-3's reduce-scatter bytes (2 + 2 + 2 bytes an element
+/// across nodes instead of 2 + 2 + 4), leaves the configured ZeRO++ (qgZ on every step) alone
+/// and says so in a note; a dtype it does not know is a one-line error.
+#[test]
+fn reduce_dtype_bf16_halves_the_reduce_scatter() {
+    let base = ["--config", "configs/paper/gpt18b-1k.toml"];
+    let fp32 = plan_json(&base);
+    let bf16 = plan_json(&[&base[..], &["--set", "zero.reduce_dtype=\"bf16\""]].concat());
+    assert_eq!(fp32["zero"]["reduce_dtype"], "fp32");
+    assert_eq!(bf16["zero"]["reduce_dtype"], "bf16");
+    let allreduces = 2.0 * 4.0 * (384.0 - 16.0);
+    let ratio =
+        (f(&bf16, "/comm/zero3/inter") - allreduces) / (f(&fp32, "/comm/zero3/inter") - allreduces);
+    assert!((ratio - 0.75).abs() < 1e-3, "{ratio}");
+    assert_eq!(bf16["comm"]["zeropp"], fp32["comm"]["zeropp"]);
+    let notes = bf16["notes"].to_string();
+    assert!(
+        notes.contains("applies to no step of this config"),
+        "{notes}"
+    );
+    assert!(fp32["notes"].as_array().unwrap().is_empty());
+
+    let out = plan(&[&base[..], &["--set", "zero.reduce_dtype=\"fp16\""]].concat());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("reduce_dtype") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+}

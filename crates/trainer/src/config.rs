@@ -287,8 +287,11 @@ pub const TRAJECTORY_KEYS: [&str; 28] = [
     "zero.quantized_gradients",
 ];
 
-/// Keys of the quantisation that only matter while it is on, checked beside [`TRAJECTORY_KEYS`].
-const QUANT_KEYS: [&str; 4] = [
+/// Keys of the quantisation that only matter while it is on, and `zero.reduce_dtype`, recorded
+/// only when it is not the default fp32 (so checkpoints from before it existed compare
+/// equal), checked beside [`TRAJECTORY_KEYS`].
+const QUANT_KEYS: [&str; 5] = [
+    "zero.reduce_dtype",
     "zero.qgz_until",
     "zero.qgz_error_feedback",
     "zero.weight_quant_block",

@@ -112,6 +112,8 @@ pub struct ZeroInfo {
     pub qgz_error_feedback: bool,
     /// Gathers in flight ahead of the unit computing.
     pub prefetch_depth: usize,
+    /// The plain reduce-scatter's dtype, `"fp32"` or `"bf16"` (`zero.reduce_dtype`).
+    pub reduce_dtype: &'static str,
     /// Every shard is a whole number of this many elements.
     pub align: usize,
 }
@@ -210,32 +212,27 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
     let (config, cfg) = (&run.config, &run.model);
     let t = &config.train;
     let plan = ZeroPlan::resolve(&config.zero, topology, t.steps)?;
+    notes.extend(reduce_dtype_note(&plan, t.steps));
     let numels: Vec<usize> = model::ModelLayout::new(cfg)
         .units
         .iter()
         .map(|u| u.numel)
         .collect();
     let pb = param_bytes(t.precision);
-    let throughput = match &args.throughput {
-        Some(a) => {
-            let model = model::Model::new(cfg.clone())?;
-            let work = Workload {
-                model: &model,
-                micro_batch: t.micro_batch,
-                accumulation,
-                param_bytes: pb,
-                recompute: config.model.recompute,
-            };
-            let cluster = cluster(a, topology)?;
-            Some(throughput::throughput(
-                &work,
-                &config.zero,
-                t.steps,
-                &cluster,
-            )?)
-        }
-        None => None,
-    };
+    let mut throughput = None;
+    if let Some(a) = &args.throughput {
+        let model = model::Model::new(cfg.clone())?;
+        let work = Workload {
+            model: &model,
+            micro_batch: t.micro_batch,
+            accumulation,
+            param_bytes: pb,
+            recompute: config.model.recompute,
+        };
+        let cluster = cluster(a, topology)?;
+        let z = &config.zero;
+        throughput = Some(throughput::throughput(&work, z, t.steps, &cluster)?);
+    }
     Ok(Report {
         model: model_info(config, cfg, &plan, &numels),
         topology: TopologyInfo {
@@ -410,7 +407,32 @@ fn zero_info(config: &RunConfig, plan: &ZeroPlan) -> ZeroInfo {
         qgz_until_step: plan.qgz.map(|q| q.until_step),
         qgz_error_feedback: plan.qgz.is_some_and(|q| q.error_feedback),
         prefetch_depth: plan.prefetch_depth,
+        reduce_dtype: plan.reduce_dtype.name(),
         align: plan.align,
+    }
+}
+
+/// Where `zero.reduce_dtype = "bf16"` applies to fewer steps than all, a note: to none when qgZ
+/// reduces every step or one rank reduces nothing, to the steps after qgZ's window otherwise.
+fn reduce_dtype_note(plan: &ZeroPlan, steps: u64) -> Option<String> {
+    if plan.reduce_dtype == zero::ReduceDtype::Fp32 {
+        return None;
+    }
+    let key = format!("zero.reduce_dtype = \"{}\"", plan.reduce_dtype.name());
+    if plan.topology.world() == 1 {
+        return Some(format!(
+            "{key} applies to nothing: one rank reduces no gradient"
+        ));
+    }
+    match (plan.qgz, plan.reduce_scatter_from(steps)) {
+        (Some(_), None) => Some(format!(
+            "{key} applies to no step of this config: qgZ replaces the reduce-scatter on every \
+             step (1..={steps}); the predicted variants without qgZ reduce in it"
+        )),
+        (Some(_), Some(from)) => Some(format!(
+            "{key} applies to steps {from}..={steps}, after qgZ's window (the comm section's after_qgz)"
+        )),
+        (None, _) => None,
     }
 }
 

@@ -112,6 +112,10 @@ pub fn trajectory(run: &Run, data: DataSize) -> BTreeMap<String, String> {
         "zero.quantized_gradients",
         z.quantized_gradients.to_string(),
     );
+    // Recorded only when not the default, so that checkpoints from before the key compare equal.
+    if z.reduce_dtype != zero::ReduceDtype::Fp32 {
+        put("zero.reduce_dtype", z.reduce_dtype.name().to_string());
+    }
     if z.quantized_weights {
         put("zero.weight_quant_block", z.weight_quant_block.to_string());
     }

@@ -103,12 +103,13 @@ fn human_run(o: &mut String, r: &Report) {
     }
     let _ = writeln!(
         *o,
-        "zero++    {}",
+        "zero++    {}; reduce-scatter in {}",
         if tech.is_empty() {
             "none (plain ZeRO-3)".to_string()
         } else {
             tech.join(" + ")
-        }
+        },
+        z.reduce_dtype
     );
 }
 
@@ -156,8 +157,12 @@ fn human_memory(o: &mut String, r: &Report) {
     let ahead = z.prefetch_depth;
     let gathered = format!("gathered (1 + {ahead} prefetched)");
     row(gathered, mem.states.gathered_working_set);
+    let reducing = match (z.qgz, z.reduce_dtype) {
+        (false, "bf16") => "bf16",
+        _ => "fp32",
+    };
     row(
-        "reducing gradients (fp32)".into(),
+        format!("reducing gradients ({reducing})"),
         mem.states.reductions_in_flight,
     );
     if mem.states.qgz_error_feedback > 0 {

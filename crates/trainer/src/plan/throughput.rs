@@ -28,7 +28,7 @@
 //!   buffer in the parameter precision; qwZ's is two (INT8 codes, then f32 scales) plus the
 //!   dequantise (codes and scales read, the buffer written) at the GPU's memory bandwidth; hpZ's
 //!   later gathers of the step are node rings of the same buffer; the reduce-scatter is a world
-//!   ring of the fp32 gradient; qgZ is the INT4 quantiser (fp32 read, INT4 written), hop 1 over
+//!   ring of the gradient in `zero.reduce_dtype` (fp32, or bf16: half the bytes); qgZ is the INT4 quantiser (fp32 read, INT4 written), hop 1 over
 //!   the node, the fused dequantise-sum-requantise, hop 2 over the nodes and the final
 //!   dequantise-sum, with error feedback reading and writing its f32 errors. Kernels run on the
 //!   communication stream (docs/zeropp.md), so they add to the job's time.
@@ -481,7 +481,8 @@ impl Throughput {
     }
 }
 
-/// The plan of one variant: `base` (blocks, prefetch depth, error feedback) with the techniques
+/// The plan of one variant: `base` (blocks, prefetch depth, error feedback, the reduce-scatter's
+/// dtype) with the techniques
 /// set, qgZ on for the whole run (the prediction is of a step with qgZ).
 pub fn variant_plan(
     base: &ZeroConfig,
