@@ -319,3 +319,71 @@ fn reduce_dtype_bf16_halves_the_reduce_scatter() {
         "{err}"
     );
 }
+
+/// `--sweep inter-gbps=...` draws a PNG, prints the table and adds the `sweep` key.
+#[test]
+fn sweep_draws_a_png_and_prints_its_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("sweep.png");
+    let png_arg = png.to_str().unwrap();
+    let args = [
+        "--config",
+        "configs/paper/gpt18b-1k.toml",
+        "--gpu",
+        "v100",
+        "--sweep",
+        "inter-gbps=12.5,100,800",
+        "--output",
+        png_arg,
+    ];
+    let out = plan(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.len() > 1000, "{} bytes", bytes.len());
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("sweep, predicted tokens/s per GPU against --inter-gbps"),
+        "{text}"
+    );
+    assert!(text.contains("throughput, predicted: v100"), "{text}");
+
+    std::fs::remove_file(&png).unwrap();
+    let j = plan_json(&args);
+    assert!(png.exists());
+    let s = &j["sweep"];
+    assert_eq!(s["variable"], "inter-gbps");
+    assert_eq!(s["values"].as_array().unwrap().len(), 3);
+    let lines = s["lines"].as_array().unwrap();
+    assert_eq!(lines.len(), 5);
+    assert_eq!(lines[0]["name"], "ZeRO-3");
+    assert_eq!(lines[4]["name"], "ZeRO++");
+    assert!(f(&lines[4]["speedup"], "/0") > f(&lines[4]["speedup"], "/2"));
+    assert!(plan_json(&["--config", "configs/paper/gpt18b-1k.toml"])["sweep"].is_null());
+}
+
+#[test]
+fn sweep_errors_are_one_line() {
+    let base = ["--config", "configs/paper/gpt18b-1k.toml"];
+    for (extra, needle) in [
+        (
+            &["--sweep", "nodes=2,4", "--output", "x.png"][..],
+            "unknown variable \"nodes\"",
+        ),
+        (
+            &["--sweep", "inter-gbps=100,0", "--output", "x.png"][..],
+            "\"0\" is not a positive number",
+        ),
+        (&["--sweep", "inter-gbps=100"][..], "--output FILE.png"),
+        (&["--output", "x.png"][..], "--sweep"),
+    ] {
+        let out = plan(&[&base[..], extra].concat());
+        assert!(!out.status.success(), "{extra:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{extra:?}: {err}");
+    }
+}

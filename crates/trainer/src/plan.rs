@@ -17,9 +17,11 @@ use crate::run::Run;
 
 mod human;
 mod overlap;
+pub mod sweep;
 pub mod throughput;
 pub use human::human;
 
+use sweep::{Sweep, SweepArgs};
 use throughput::{Cluster, Network, Throughput, Workload};
 
 /// The command line of `trainer plan`.
@@ -29,8 +31,10 @@ pub struct PlanArgs<'a> {
     pub world_size: Option<usize>,
     pub gpus_per_node: Option<usize>,
     pub json: bool,
-    /// `--throughput` and its options; `None` without it.
+    /// `--throughput` and its options; `None` without it (nor `--sweep`).
     pub throughput: Option<ThroughputArgs>,
+    /// `--sweep` and its `--output`.
+    pub sweep: Option<SweepArgs>,
 }
 
 /// The options of `--throughput` as given (`None`: the default, docs/plan.md).
@@ -52,8 +56,10 @@ pub struct Report {
     pub memory: Memory,
     pub comm: Comm,
     pub paper: Paper,
-    /// The predicted step times with `--throughput`, else null.
+    /// The predicted step times with `--throughput` (or `--sweep`), else null.
     pub throughput: Option<Throughput>,
+    /// The predictions along `--sweep`, else null.
+    pub sweep: Option<Sweep>,
     /// Adjustments made to fit the config to the planned topology.
     pub notes: Vec<String>,
 }
@@ -180,9 +186,23 @@ pub struct Paper {
     pub hpz_memory: f64,
 }
 
-/// Runs `trainer plan`: prints the report as a table or, with `--json`, one JSON object.
+/// Runs `trainer plan`: prints the report as a table or, with `--json`, one JSON object; with
+/// `--sweep`, draws its figure.
 pub fn run(args: &PlanArgs) -> Result<()> {
     let report = build(args)?;
+    if let (Some(s), Some(t)) = (&report.sweep, &report.throughput) {
+        let title = format!(
+            "{}, {} tokens a GPU step: predicted tokens/s per GPU, {} x {} GPUs ({}, MFU {})",
+            report.model.preset.as_deref().unwrap_or("custom"),
+            t.tokens_per_gpu_step,
+            report.topology.nodes,
+            report.topology.gpus_per_node,
+            t.gpu.name,
+            t.mfu_fraction
+        );
+        sweep::draw(s, &title)?;
+        eprintln!("wrote {}", s.output.display());
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -219,7 +239,7 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
         .map(|u| u.numel)
         .collect();
     let pb = param_bytes(t.precision);
-    let mut throughput = None;
+    let (mut throughput, mut sweep) = (None, None);
     if let Some(a) = &args.throughput {
         let model = model::Model::new(cfg.clone())?;
         let work = Workload {
@@ -232,6 +252,9 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
         let cluster = cluster(a, topology)?;
         let z = &config.zero;
         throughput = Some(throughput::throughput(&work, z, t.steps, &cluster)?);
+        if let Some(s) = &args.sweep {
+            sweep = Some(sweep::sweep(s, &work, z, t.steps, &cluster)?);
+        }
     }
     Ok(Report {
         model: model_info(config, cfg, &plan, &numels),
@@ -254,6 +277,7 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
         comm: comm_per_step(config, &plan, &numels, pb, accumulation)?,
         paper: paper(&plan, cfg.num_params()),
         throughput,
+        sweep,
         notes,
     })
 }
@@ -591,6 +615,7 @@ mod tests {
                 gpus_per_node: None,
                 json: true,
                 throughput: None,
+                sweep: None,
             })
             .unwrap();
 

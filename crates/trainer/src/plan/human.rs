@@ -40,6 +40,9 @@ pub fn human(r: &Report) -> String {
     if let Some(t) = &r.throughput {
         human_throughput(&mut o, t);
     }
+    if let Some(s) = &r.sweep {
+        o += &super::sweep::table(s);
+    }
     for n in &r.notes {
         let _ = writeln!(o, "note: {n}");
     }
