@@ -387,3 +387,47 @@ fn sweep_errors_are_one_line() {
         assert!(err.contains(needle), "{extra:?}: {err}");
     }
 }
+
+/// `--advise` on the paper's clusters: at 1 IB (1K tokens) all three techniques go on, at 8 IB
+/// (2K tokens) the predicted gain of the set recommended is far smaller (the paper: 2.16x and
+/// 1.13x).
+#[test]
+fn advise_follows_the_link() {
+    let advice = |config: &str, gbps: &str| {
+        let j = plan_json(&[
+            "--config",
+            config,
+            "--advise",
+            "--gpu",
+            "v100",
+            "--inter-gbps",
+            gbps,
+        ]);
+        assert!(!j["throughput"].is_null());
+        j["advice"].clone()
+    };
+    let slow = advice("configs/paper/gpt18b-1k.toml", "100");
+    assert_eq!(slow["recommended"], "qwZ + hpZ + qgZ", "{slow}");
+    let techniques = slow["techniques"].as_array().unwrap();
+    assert_eq!(techniques.len(), 3);
+    for t in techniques {
+        assert_eq!(t["recommended"], true, "{t}");
+        assert!(f(t, "/speedup_alone") > 1.02, "{t}");
+    }
+    // hpZ's secondary partition costs memory; qgZ's error feedback is off in the config.
+    assert!(f(&techniques[1], "/memory_alone") > 1e9, "{slow}");
+    let fast = advice("configs/paper/gpt18b-2k.toml", "800");
+    assert!(
+        f(&fast, "/recommended_speedup") < 0.5 * f(&slow, "/recommended_speedup"),
+        "{fast} vs {slow}"
+    );
+    let out = plan(&[
+        "--config",
+        "configs/paper/gpt18b-1k.toml",
+        "--advise",
+        "--gpu",
+        "v100",
+    ]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("recommended: qwZ + hpZ + qgZ"), "{text}");
+}

@@ -235,7 +235,7 @@ enum Command {
     },
     /// Memory and communication per rank for the config at a world size, without allocating
     /// the model (docs/plan.md).
-    #[command(group(clap::ArgGroup::new("predict").multiple(true).args(["throughput", "sweep"])))]
+    #[command(group(clap::ArgGroup::new("predict").multiple(true).args(["throughput", "sweep", "advise"])))]
     Plan {
         /// Ranks in all (default: dist.world_size).
         #[arg(long)]
@@ -257,6 +257,10 @@ enum Command {
         /// The PNG of --sweep.
         #[arg(long, requires = "sweep")]
         output: Option<PathBuf>,
+        /// Which of qwZ, hpZ and qgZ to turn on for this cluster: each one's predicted gain and
+        /// memory per rank, and a recommendation (implies the throughput model).
+        #[arg(long)]
+        advise: bool,
         /// The GPU: v100, a100, h100 or h200 (default h200).
         #[arg(long, requires = "predict")]
         gpu: Option<String>,
@@ -377,6 +381,7 @@ fn run_command(
             throughput,
             sweep,
             output,
+            advise,
             gpu,
             mfu_fraction,
             intra_gbps,
@@ -388,7 +393,7 @@ fn run_command(
             world_size,
             gpus_per_node,
             json,
-            throughput: (throughput || sweep.is_some()).then_some(plan::ThroughputArgs {
+            throughput: (throughput || sweep.is_some() || advise).then_some(plan::ThroughputArgs {
                 gpu,
                 mfu_fraction,
                 intra_gbps,
@@ -398,6 +403,7 @@ fn run_command(
             sweep: sweep
                 .map(|s| plan::sweep::SweepArgs::parse(&s, output))
                 .transpose()?,
+            advise,
         }),
         Command::Bench {
             steps,

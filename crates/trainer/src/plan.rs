@@ -15,12 +15,14 @@ use zero::{RankMemory, ZeroConfig, ZeroPlan};
 use crate::config::{Overrides, Precision, RunConfig};
 use crate::run::Run;
 
+pub mod advise;
 mod human;
 mod overlap;
 pub mod sweep;
 pub mod throughput;
 pub use human::human;
 
+use advise::Advice;
 use sweep::{Sweep, SweepArgs};
 use throughput::{Cluster, Network, Throughput, Workload};
 
@@ -31,10 +33,12 @@ pub struct PlanArgs<'a> {
     pub world_size: Option<usize>,
     pub gpus_per_node: Option<usize>,
     pub json: bool,
-    /// `--throughput` and its options; `None` without it (nor `--sweep`).
+    /// `--throughput` and its options; `None` without it (nor `--sweep`, `--advise`).
     pub throughput: Option<ThroughputArgs>,
     /// `--sweep` and its `--output`.
     pub sweep: Option<SweepArgs>,
+    /// `--advise`.
+    pub advise: bool,
 }
 
 /// The options of `--throughput` as given (`None`: the default, docs/plan.md).
@@ -56,10 +60,12 @@ pub struct Report {
     pub memory: Memory,
     pub comm: Comm,
     pub paper: Paper,
-    /// The predicted step times with `--throughput` (or `--sweep`), else null.
+    /// The predicted step times with `--throughput` (or `--sweep`, `--advise`), else null.
     pub throughput: Option<Throughput>,
     /// The predictions along `--sweep`, else null.
     pub sweep: Option<Sweep>,
+    /// Which techniques to turn on, with `--advise`, else null.
+    pub advice: Option<Advice>,
     /// Adjustments made to fit the config to the planned topology.
     pub notes: Vec<String>,
 }
@@ -239,7 +245,7 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
         .map(|u| u.numel)
         .collect();
     let pb = param_bytes(t.precision);
-    let (mut throughput, mut sweep) = (None, None);
+    let (mut throughput, mut sweep, mut advice) = (None, None, None);
     if let Some(a) = &args.throughput {
         let model = model::Model::new(cfg.clone())?;
         let work = Workload {
@@ -254,6 +260,11 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
         throughput = Some(throughput::throughput(&work, z, t.steps, &cluster)?);
         if let Some(s) = &args.sweep {
             sweep = Some(sweep::sweep(s, &work, z, t.steps, &cluster)?);
+        }
+        if args.advise {
+            let activations = memory(config, cfg, &plan, &numels, pb).activations;
+            let per_rank = |p: &ZeroPlan| zero::rank_memory(p, &numels, pb).total() + activations;
+            advice = Some(advise::advise(&work, z, t.steps, &cluster, per_rank)?);
         }
     }
     Ok(Report {
@@ -278,6 +289,7 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
         paper: paper(&plan, cfg.num_params()),
         throughput,
         sweep,
+        advice,
         notes,
     })
 }
@@ -616,6 +628,7 @@ mod tests {
                 json: true,
                 throughput: None,
                 sweep: None,
+                advise: false,
             })
             .unwrap();
 

@@ -43,6 +43,9 @@ pub fn human(r: &Report) -> String {
     if let Some(s) = &r.sweep {
         o += &super::sweep::table(s);
     }
+    if let Some(a) = &r.advice {
+        o += &super::advise::table(a);
+    }
     for n in &r.notes {
         let _ = writeln!(o, "note: {n}");
     }

@@ -67,35 +67,42 @@ pub struct Gpu {
     /// NVLink per GPU, one direction, Gb/s: the default of `--intra-gbps`.
     #[serde(skip)]
     pub nvlink_gbps: f64,
+    /// GiB of device memory (the largest variant of the part): what `--advise` fits into.
+    pub memory_gib: f64,
 }
 
 /// The presets of `--gpu`, from NVIDIA's data sheets. NVLink per direction is half the
 /// data sheet's bidirectional figure: V100 SXM2 300 GB/s (6 links, as in the DGX-2 of the
-/// paper), A100 SXM 600 GB/s, H100 and H200 SXM 900 GB/s.
+/// paper), A100 SXM 600 GB/s, H100 and H200 SXM 900 GB/s. Memory: V100 32 GB (the paper's
+/// DGX-2), A100 and H100 80 GB, H200 141 GB (140 GiB as `nvidia-smi` counts it).
 pub const GPUS: [Gpu; 4] = [
     Gpu {
         name: "v100",
         peak_tflops: 125.0,
         mem_bw_gbs: 900.0,
         nvlink_gbps: 1200.0,
+        memory_gib: 32.0,
     },
     Gpu {
         name: "a100",
         peak_tflops: 312.0,
         mem_bw_gbs: 2039.0,
         nvlink_gbps: 2400.0,
+        memory_gib: 80.0,
     },
     Gpu {
         name: "h100",
         peak_tflops: 989.0,
         mem_bw_gbs: 3350.0,
         nvlink_gbps: 3600.0,
+        memory_gib: 80.0,
     },
     Gpu {
         name: "h200",
         peak_tflops: 989.0,
         mem_bw_gbs: 4800.0,
         nvlink_gbps: 3600.0,
+        memory_gib: 140.0,
     },
 ];
 

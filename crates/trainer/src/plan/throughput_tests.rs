@@ -21,6 +21,7 @@ fn cluster(nodes: usize, d: usize, inter_gbps: f64) -> Cluster {
             peak_tflops: 100.0,
             mem_bw_gbs: 1000.0,
             nvlink_gbps: 800.0,
+            memory_gib: 80.0,
         },
         mfu_fraction: 0.5,
         network: Network {
