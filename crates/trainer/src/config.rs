@@ -256,7 +256,7 @@ impl Default for CheckpointSection {
 /// The keys of the settings that fix a run's trajectory ([`crate::resume::trajectory`] records
 /// them in each checkpoint), as config keys. `model.*` can never change on resume: the shards
 /// would not fit.
-pub const TRAJECTORY_KEYS: [&str; 28] = [
+pub const TRAJECTORY_KEYS: [&str; 29] = [
     "model.n_layer",
     "model.n_embd",
     "model.n_head",
@@ -285,13 +285,11 @@ pub const TRAJECTORY_KEYS: [&str; 28] = [
     "train.precision",
     "zero.quantized_weights",
     "zero.quantized_gradients",
+    "zero.reduce_dtype",
 ];
 
-/// Keys of the quantisation that only matter while it is on, and `zero.reduce_dtype`, recorded
-/// only when it is not the default fp32 (so checkpoints from before it existed compare
-/// equal), checked beside [`TRAJECTORY_KEYS`].
-const QUANT_KEYS: [&str; 5] = [
-    "zero.reduce_dtype",
+/// Keys of the quantisation that only matter while it is on, checked beside [`TRAJECTORY_KEYS`].
+const QUANT_KEYS: [&str; 4] = [
     "zero.qgz_until",
     "zero.qgz_error_feedback",
     "zero.weight_quant_block",
