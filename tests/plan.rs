@@ -352,7 +352,10 @@ fn a_calibration_puts_the_measured_unit_times_in_place_of_the_flops() {
     assert!((f(&p, "/throughput/zero3/step_s") - expected).abs() < 1e-9);
     // ZeRO++ pads its shards to its quantisation blocks: a little more for the optimizer.
     let zeropp = f(&p, "/throughput/zeropp/compute_s");
-    assert!(zeropp >= expected && zeropp < expected * 1.01, "{zeropp} vs {expected}");
+    assert!(
+        zeropp >= expected && zeropp < expected * 1.01,
+        "{zeropp} vs {expected}"
+    );
     assert_eq!(p["throughput"]["calibrated_from"], file);
 
     // Two ranks sharing the GPU (the local backend's worlds): each rank's compute is as slow as
@@ -363,7 +366,12 @@ fn a_calibration_puts_the_measured_unit_times_in_place_of_the_flops() {
     shared.push("--shared-gpu");
     let both = plan_json(&shared);
     let c = |v: &Value| f(v, "/throughput/zero3/compute_s");
-    assert!((c(&both) - 2.0 * c(&alone)).abs() < 1e-9, "{} vs {}", c(&both), c(&alone));
+    assert!(
+        (c(&both) - 2.0 * c(&alone)).abs() < 1e-9,
+        "{} vs {}",
+        c(&both),
+        c(&alone)
+    );
     assert_eq!(both["throughput"]["ranks_per_gpu"], 2);
 
     // A bench without --profile has no unit times; another model's is refused.
@@ -371,11 +379,157 @@ fn a_calibration_puts_the_measured_unit_times_in_place_of_the_flops() {
     let out = plan(&args);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no unit times") && err.lines().count() == 1, "{err}");
+    assert!(
+        err.contains("no unit times") && err.lines().count() == 1,
+        "{err}"
+    );
     let mut other = tiny_bench_json(&j);
     other["phases"]["model"]["n_layer"] = serde_json::json!(7);
     std::fs::write(file, other.to_string()).unwrap();
     let err = String::from_utf8_lossy(&plan(&args).stderr).to_string();
     assert!(err.contains("another model"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `zero.reduce_dtype = "bf16"` halves ZeRO-3's reduce-scatter bytes (2 + 2 + 2 bytes an element
+/// across nodes instead of 2 + 2 + 4), leaves the configured ZeRO++ (qgZ on every step) alone
+/// and says so in a note; a dtype it does not know is a one-line error.
+#[test]
+fn reduce_dtype_bf16_halves_the_reduce_scatter() {
+    let base = ["--config", "configs/paper/gpt18b-1k.toml"];
+    let fp32 = plan_json(&base);
+    let bf16 = plan_json(&[&base[..], &["--set", "zero.reduce_dtype=\"bf16\""]].concat());
+    assert_eq!(fp32["zero"]["reduce_dtype"], "fp32");
+    assert_eq!(bf16["zero"]["reduce_dtype"], "bf16");
+    let allreduces = 2.0 * 4.0 * (384.0 - 16.0);
+    let ratio =
+        (f(&bf16, "/comm/zero3/inter") - allreduces) / (f(&fp32, "/comm/zero3/inter") - allreduces);
+    assert!((ratio - 0.75).abs() < 1e-3, "{ratio}");
+    assert_eq!(bf16["comm"]["zeropp"], fp32["comm"]["zeropp"]);
+    let notes = bf16["notes"].to_string();
+    assert!(
+        notes.contains("applies to no step of this config"),
+        "{notes}"
+    );
+    assert!(fp32["notes"].as_array().unwrap().is_empty());
+
+    let out = plan(&[&base[..], &["--set", "zero.reduce_dtype=\"fp16\""]].concat());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("reduce_dtype") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+}
+
+/// `--sweep inter-gbps=...` draws a PNG, prints the table and adds the `sweep` key.
+#[test]
+fn sweep_draws_a_png_and_prints_its_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("sweep.png");
+    let png_arg = png.to_str().unwrap();
+    let args = [
+        "--config",
+        "configs/paper/gpt18b-1k.toml",
+        "--gpu",
+        "v100",
+        "--sweep",
+        "inter-gbps=12.5,100,800",
+        "--output",
+        png_arg,
+    ];
+    let out = plan(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.len() > 1000, "{} bytes", bytes.len());
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("sweep, predicted tokens/s per GPU against --inter-gbps"),
+        "{text}"
+    );
+    assert!(text.contains("throughput, predicted: v100"), "{text}");
+
+    std::fs::remove_file(&png).unwrap();
+    let j = plan_json(&args);
+    assert!(png.exists());
+    let s = &j["sweep"];
+    assert_eq!(s["variable"], "inter-gbps");
+    assert_eq!(s["values"].as_array().unwrap().len(), 3);
+    let lines = s["lines"].as_array().unwrap();
+    assert_eq!(lines.len(), 5);
+    assert_eq!(lines[0]["name"], "ZeRO-3");
+    assert_eq!(lines[4]["name"], "ZeRO++");
+    assert!(f(&lines[4]["speedup"], "/0") > f(&lines[4]["speedup"], "/2"));
+    assert!(plan_json(&["--config", "configs/paper/gpt18b-1k.toml"])["sweep"].is_null());
+}
+
+#[test]
+fn sweep_errors_are_one_line() {
+    let base = ["--config", "configs/paper/gpt18b-1k.toml"];
+    for (extra, needle) in [
+        (
+            &["--sweep", "nodes=2,4", "--output", "x.png"][..],
+            "unknown variable \"nodes\"",
+        ),
+        (
+            &["--sweep", "inter-gbps=100,0", "--output", "x.png"][..],
+            "\"0\" is not a positive number",
+        ),
+        (&["--sweep", "inter-gbps=100"][..], "--output FILE.png"),
+        (&["--output", "x.png"][..], "--sweep"),
+    ] {
+        let out = plan(&[&base[..], extra].concat());
+        assert!(!out.status.success(), "{extra:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{extra:?}: {err}");
+    }
+}
+
+/// `--advise` on the paper's clusters: at 1 IB (1K tokens) all three techniques go on, at 8 IB
+/// (2K tokens) the predicted gain of the set recommended is far smaller (the paper: 2.16x and
+/// 1.13x).
+#[test]
+fn advise_follows_the_link() {
+    let advice = |config: &str, gbps: &str| {
+        let j = plan_json(&[
+            "--config",
+            config,
+            "--advise",
+            "--gpu",
+            "v100",
+            "--inter-gbps",
+            gbps,
+        ]);
+        assert!(!j["throughput"].is_null());
+        j["advice"].clone()
+    };
+    let slow = advice("configs/paper/gpt18b-1k.toml", "100");
+    assert_eq!(slow["recommended"], "qwZ + hpZ + qgZ", "{slow}");
+    let techniques = slow["techniques"].as_array().unwrap();
+    assert_eq!(techniques.len(), 3);
+    for t in techniques {
+        assert_eq!(t["recommended"], true, "{t}");
+        assert!(f(t, "/speedup_alone") > 1.02, "{t}");
+    }
+    // hpZ's secondary partition costs memory; qgZ's error feedback is off in the config.
+    assert!(f(&techniques[1], "/memory_alone") > 1e9, "{slow}");
+    let fast = advice("configs/paper/gpt18b-2k.toml", "800");
+    assert!(
+        f(&fast, "/recommended_speedup") < 0.5 * f(&slow, "/recommended_speedup"),
+        "{fast} vs {slow}"
+    );
+    let out = plan(&[
+        "--config",
+        "configs/paper/gpt18b-1k.toml",
+        "--advise",
+        "--gpu",
+        "v100",
+    ]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("recommended: qwZ + hpZ + qgZ"), "{text}");
 }

@@ -130,6 +130,56 @@ fn zeropp_losses(device: Device) -> Vec<f64> {
     per_rank[0].clone()
 }
 
+/// Losses of 4 steps of plain ZeRO-3 at W = 4 (2 x 2), 2 micro-batches a rank, with the
+/// reduce-scatter in `dtype`, in fp32 on `device`.
+fn reduced_losses(device: Device, dtype: zero::ReduceDtype) -> Vec<f64> {
+    let opts = EngineOptions {
+        zero: ZeroConfig {
+            reduce_dtype: dtype,
+            ..Default::default()
+        },
+        total_steps: 4,
+        seed: 3,
+        device,
+        ..Default::default()
+    };
+    let per_rank = run_local(
+        Topology::new(4, 2).unwrap(),
+        |c| -> zero::Result<Vec<f64>> {
+            let rank = c.rank();
+            let mut e = Engine::new(tiny(), opts.clone(), Box::new(c))?;
+            let mut losses = Vec::new();
+            for step in 0..4 {
+                let mut loss = 0.0;
+                for m in 0..2 {
+                    let (x, y) = batch(2 * rank + m, step);
+                    loss += e.forward_backward(&x, &y, 0.5)?;
+                }
+                losses.push(e.mean_over_world(loss / 2.0)?);
+                e.step(1e-2)?;
+            }
+            Ok(losses)
+        },
+    )
+    .unwrap();
+    per_rank[0].clone()
+}
+
+/// `zero.reduce_dtype = "bf16"` on the GPU (the bf16 scale-pad, the job's bf16 reduce-scatter,
+/// the widening and the add into the f32 shard) follows the CPU's bf16 run and the fp32 one.
+#[test]
+fn a_bf16_reduction_on_the_gpu_follows_the_cpu() {
+    let cpu = reduced_losses(Device::Cpu, zero::ReduceDtype::Bf16);
+    let gpu16 = reduced_losses(gpu(), zero::ReduceDtype::Bf16);
+    let gpu32 = reduced_losses(gpu(), zero::ReduceDtype::Fp32);
+    for (step, ((c, g), f)) in cpu.iter().zip(&gpu16).zip(&gpu32).enumerate() {
+        assert!(
+            (c - g).abs() <= 1e-3 * c.abs() && (f - g).abs() <= 5e-3 * f.abs(),
+            "step {step}: cpu bf16 {c}, gpu bf16 {g}, gpu fp32 {f}"
+        );
+    }
+}
+
 /// The whole ZeRO++ step on the GPU (quantisation kernels, AdamW kernel, device collectives)
 /// follows the CPU run: fp32 on both, so only the order of floating-point sums differs.
 #[test]

@@ -1,7 +1,8 @@
 //! The engine's own passes (`zero::shard_passes`, `crates/kernels/cuda/shard_passes.cu`), queued on a second
 //! stream of the GPU as a job queues them, equal the CPU's values: the master shard cast into a
 //! slot of the gathered buffer, the gradient cast, scaled and padded (an odd length, bf16 and
-//! f32), the add into the gradient shard, and slice copies.
+//! f32, into f32 and into bf16: `zero.reduce_dtype`), the add into the gradient shard (of an f32
+//! and of a bf16 slice), the widening of a bf16 slice, and slice copies.
 
 use candle_core::{DType, Device, Tensor};
 use kernels::place::Place;
@@ -67,10 +68,21 @@ fn shard_passes_on_a_second_stream_equal_the_cpu() {
             shard_passes::scale_pad_into(place, &g, 0.125, &scaled).unwrap();
             shard_passes::add_into(place, &acc, &padded.narrow(0, 0, 512).unwrap()).unwrap();
             shard_passes::copy_into(place, &gathered, 512 + 64, 128, &part, 0).unwrap();
+            // zero.reduce_dtype = "bf16": the gradient scaled into bf16, a bf16 slice added into
+            // the f32 shard and widened into a new one.
+            let scaled16 = zeros(DType::BF16, 1024);
+            let acc16 = on(device, &shard, DType::F32);
+            let widened = zeros(DType::F32, 512);
+            shard_passes::scale_pad_into(place, &g, 0.125, &scaled16).unwrap();
+            let slice16 = scaled16.narrow(0, 0, 512).unwrap();
+            shard_passes::add_into(place, &acc16, &slice16).unwrap();
+            shard_passes::widen_into(place, &slice16, &widened).unwrap();
             if !place.is_own() {
                 finish(place);
             }
-            for t in [gathered, padded, scaled, acc, part] {
+            for t in [
+                gathered, padded, scaled, acc, part, scaled16, acc16, widened,
+            ] {
                 out.push(f32_values(&t));
             }
         }

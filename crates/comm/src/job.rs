@@ -51,8 +51,9 @@ pub trait Lane {
     fn all_gather_in_place(&mut self, group: Group, buf: &Tensor) -> Result<Tensor>;
     /// As [`Communicator::all_to_all`]; the result is a buffer of the communication side.
     fn all_to_all(&mut self, group: Group, send: &Tensor) -> Result<Tensor>;
-    /// As [`Communicator::reduce_scatter`] (f32), writing my slice of the sum into `out` (`len /
-    /// group size` elements) and returning it (`out` on a GPU; a new tensor on the CPU).
+    /// As [`Communicator::reduce_scatter`] (f32 or bf16; `out` in `send`'s dtype), writing my
+    /// slice of the sum into `out` (`len / group size` elements) and returning it (`out` on a
+    /// GPU; a new tensor on the CPU).
     fn reduce_scatter_into(&mut self, group: Group, send: &Tensor, out: &Tensor) -> Result<Tensor>;
 }
 

@@ -1,8 +1,8 @@
 // shard_passes.cu: the ZeRO engine's own passes over a unit (zero::shard_passes), queued on the compute
 // stream or on the communication stream inside a job: the fp32 master shard cast to bf16 into
-// its slot of the gathered buffer, a unit's gradient cast to fp32, scaled and zero-padded for
-// the reduction, a reduced slice added into the fp32 gradient shard, and qgZ's error (a
-// difference) for its error feedback.
+// its slot of the gathered buffer, a unit's gradient cast to fp32 (or bf16: zero.reduce_dtype),
+// scaled and zero-padded for the reduction, a reduced slice (f32 or bf16) widened or added into
+// the fp32 gradient shard, and qgZ's error (a difference) for its error feedback.
 // Memory-bound (a copy's bytes: 6 or 8 an element read + written); each thread moves 8
 // elements (16-byte bf16 / 2 x 16-byte f32 accesses) or 4 (f32), grid-stride; launch:
 // 256-thread CTAs, at most GRID of them. Compiled fast; the arithmetic is one IEEE multiply and
@@ -73,6 +73,87 @@ extern "C" __global__ void __launch_bounds__(256) scale_pad_f32_f32(
             }
         }
         reinterpret_cast<float4*>(out)[i] = make_float4(f[0], f[1], f[2], f[3]);
+    }
+}
+
+// The same into a bf16 buffer (zero.reduce_dtype = "bf16"): out[i] = bf16(coef * f32(x[i])),
+// one rounding after the f32 multiply, as the CPU (padded % 8 == 0; both 16-byte aligned).
+extern "C" __global__ void __launch_bounds__(256) scale_pad_bf16_bf16(
+    const bf16* __restrict__ x, long long n, float coef, bf16* __restrict__ out,
+    long long padded) {
+    const long long n8 = n / 8, p8 = padded / 8;
+    for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < p8; i += (long long)GRID * 256) {
+        float f[8];
+        if (i < n8) {
+            unpack8(ld16(x + 8 * i), f);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) f[k] = __fmul_rn(coef, f[k]);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const long long e = 8 * i + k;
+                f[k] = e < n ? __fmul_rn(coef, bf16_to_f32(x[e])) : 0.f;
+            }
+        }
+        st16(out + 8 * i, pack8(f));
+    }
+}
+
+// An f32 gradient into a bf16 buffer: out[i] = bf16(coef * x[i]), i < n; 0 up to padded
+// (padded % 8 == 0; both 16-byte aligned).
+extern "C" __global__ void __launch_bounds__(256) scale_pad_f32_bf16(
+    const float* __restrict__ x, long long n, float coef, bf16* __restrict__ out,
+    long long padded) {
+    const long long n8 = n / 8, p8 = padded / 8;
+    for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < p8; i += (long long)GRID * 256) {
+        float f[8];
+        if (i < n8) {
+            const float4 a = reinterpret_cast<const float4*>(x)[2 * i];
+            const float4 b = reinterpret_cast<const float4*>(x)[2 * i + 1];
+            f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
+            f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) f[k] = __fmul_rn(coef, f[k]);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const long long e = 8 * i + k;
+                f[k] = e < n ? __fmul_rn(coef, x[e]) : 0.f;
+            }
+        }
+        st16(out + 8 * i, pack8(f));
+    }
+}
+
+// out[i] = f32(x[i]) (n % 8 == 0, both 16-byte aligned): a bf16-reduced slice as a new fp32
+// gradient shard. Widening is exact.
+extern "C" __global__ void __launch_bounds__(256) cast_bf16_f32(
+    const bf16* __restrict__ x, float* __restrict__ out, long long n) {
+    const long long n8 = n / 8;
+    for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < n8; i += (long long)GRID * 256) {
+        float f[8];
+        unpack8(ld16(x + 8 * i), f);
+        reinterpret_cast<float4*>(out)[2 * i] = make_float4(f[0], f[1], f[2], f[3]);
+        reinterpret_cast<float4*>(out)[2 * i + 1] = make_float4(f[4], f[5], f[6], f[7]);
+    }
+}
+
+// acc[i] += f32(x[i]) (n % 8 == 0, both 16-byte aligned), in place: a bf16-reduced slice added
+// into the fp32 gradient shard.
+extern "C" __global__ void __launch_bounds__(256) add_bf16_f32(
+    float* __restrict__ acc, const bf16* __restrict__ x, long long n) {
+    const long long n8 = n / 8;
+    for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < n8; i += (long long)GRID * 256) {
+        float f[8];
+        unpack8(ld16(x + 8 * i), f);
+        float4 a = reinterpret_cast<float4*>(acc)[2 * i];
+        float4 b = reinterpret_cast<float4*>(acc)[2 * i + 1];
+        a.x = __fadd_rn(a.x, f[0]); a.y = __fadd_rn(a.y, f[1]);
+        a.z = __fadd_rn(a.z, f[2]); a.w = __fadd_rn(a.w, f[3]);
+        b.x = __fadd_rn(b.x, f[4]); b.y = __fadd_rn(b.y, f[5]);
+        b.z = __fadd_rn(b.z, f[6]); b.w = __fadd_rn(b.w, f[7]);
+        reinterpret_cast<float4*>(acc)[2 * i] = a;
+        reinterpret_cast<float4*>(acc)[2 * i + 1] = b;
     }
 }
 

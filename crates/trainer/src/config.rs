@@ -256,7 +256,7 @@ impl Default for CheckpointSection {
 /// The keys of the settings that fix a run's trajectory ([`crate::resume::trajectory`] records
 /// them in each checkpoint), as config keys. `model.*` can never change on resume: the shards
 /// would not fit.
-pub const TRAJECTORY_KEYS: [&str; 28] = [
+pub const TRAJECTORY_KEYS: [&str; 29] = [
     "model.n_layer",
     "model.n_embd",
     "model.n_head",
@@ -285,6 +285,7 @@ pub const TRAJECTORY_KEYS: [&str; 28] = [
     "train.precision",
     "zero.quantized_weights",
     "zero.quantized_gradients",
+    "zero.reduce_dtype",
 ];
 
 /// Keys of the quantisation that only matter while it is on, checked beside [`TRAJECTORY_KEYS`].

@@ -235,6 +235,7 @@ enum Command {
     },
     /// Memory and communication per rank for the config at a world size, without allocating
     /// the model (docs/plan.md).
+    #[command(group(clap::ArgGroup::new("predict").multiple(true).args(["throughput", "sweep", "advise"])))]
     Plan {
         /// Ranks in all (default: dist.world_size).
         #[arg(long)]
@@ -249,20 +250,31 @@ enum Command {
         /// ZeRO++ (docs/plan.md, "Throughput, predicted").
         #[arg(long)]
         throughput: bool,
+        /// Predict tokens/s per GPU over a range of one cluster setting, as a table and a PNG:
+        /// `inter-gbps=12.5,25,50,100` (implies the throughput model; docs/plan.md).
+        #[arg(long, value_name = "VAR=V1,V2,...")]
+        sweep: Option<String>,
+        /// The PNG of --sweep.
+        #[arg(long, requires = "sweep")]
+        output: Option<PathBuf>,
+        /// Which of qwZ, hpZ and qgZ to turn on for this cluster: each one's predicted gain and
+        /// memory per rank, and a recommendation (implies the throughput model).
+        #[arg(long)]
+        advise: bool,
         /// The GPU: v100, a100, h100 or h200 (default h200).
-        #[arg(long, requires = "throughput")]
+        #[arg(long, requires = "predict")]
         gpu: Option<String>,
         /// The share of the GPU's dense peak the compute reaches (default 0.5).
-        #[arg(long, requires = "throughput", allow_negative_numbers = true)]
+        #[arg(long, requires = "predict", allow_negative_numbers = true)]
         mfu_fraction: Option<f64>,
         /// Gb/s a GPU sends inside its node, one direction (default: the GPU's NVLink).
-        #[arg(long, requires = "throughput", allow_negative_numbers = true)]
+        #[arg(long, requires = "predict", allow_negative_numbers = true)]
         intra_gbps: Option<f64>,
         /// Gb/s a node sends to the others, all its links together (default 100).
-        #[arg(long, requires = "throughput", allow_negative_numbers = true)]
+        #[arg(long, requires = "predict", allow_negative_numbers = true)]
         inter_gbps: Option<f64>,
         /// Microseconds a message (default 5).
-        #[arg(long, requires = "throughput", allow_negative_numbers = true)]
+        #[arg(long, requires = "predict", allow_negative_numbers = true)]
         latency_us: Option<f64>,
         /// The compute as measured: the --json of `trainer bench --profile` at W = 1, of this
         /// model (docs/plan.md, "Calibrated from a bench").
@@ -375,6 +387,9 @@ fn run_command(
             gpus_per_node,
             json,
             throughput,
+            sweep,
+            output,
+            advise,
             gpu,
             mfu_fraction,
             intra_gbps,
@@ -388,7 +403,7 @@ fn run_command(
             world_size,
             gpus_per_node,
             json,
-            throughput: throughput.then_some(plan::ThroughputArgs {
+            throughput: (throughput || sweep.is_some() || advise).then_some(plan::ThroughputArgs {
                 gpu,
                 mfu_fraction,
                 intra_gbps,
@@ -397,6 +412,10 @@ fn run_command(
                 calibrate,
                 shared_gpu,
             }),
+            sweep: sweep
+                .map(|s| plan::sweep::SweepArgs::parse(&s, output))
+                .transpose()?,
+            advise,
         }),
         Command::Bench {
             steps,

@@ -15,12 +15,16 @@ use zero::{RankMemory, ZeroConfig, ZeroPlan};
 use crate::config::{Overrides, Precision, RunConfig};
 use crate::run::Run;
 
+pub mod advise;
 pub mod calibrate;
 mod human;
 mod overlap;
+pub mod sweep;
 pub mod throughput;
 pub use human::human;
 
+use advise::Advice;
+use sweep::{Sweep, SweepArgs};
 use throughput::{Cluster, Network, Throughput, Workload};
 
 /// The command line of `trainer plan`.
@@ -30,8 +34,12 @@ pub struct PlanArgs<'a> {
     pub world_size: Option<usize>,
     pub gpus_per_node: Option<usize>,
     pub json: bool,
-    /// `--throughput` and its options; `None` without it.
+    /// `--throughput` and its options; `None` without it (nor `--sweep`, `--advise`).
     pub throughput: Option<ThroughputArgs>,
+    /// `--sweep` and its `--output`.
+    pub sweep: Option<SweepArgs>,
+    /// `--advise`.
+    pub advise: bool,
 }
 
 /// The options of `--throughput` as given (`None`: the default, docs/plan.md).
@@ -57,8 +65,12 @@ pub struct Report {
     pub memory: Memory,
     pub comm: Comm,
     pub paper: Paper,
-    /// The predicted step times with `--throughput`, else null.
+    /// The predicted step times with `--throughput` (or `--sweep`, `--advise`), else null.
     pub throughput: Option<Throughput>,
+    /// The predictions along `--sweep`, else null.
+    pub sweep: Option<Sweep>,
+    /// Which techniques to turn on, with `--advise`, else null.
+    pub advice: Option<Advice>,
     /// Adjustments made to fit the config to the planned topology.
     pub notes: Vec<String>,
 }
@@ -117,6 +129,8 @@ pub struct ZeroInfo {
     pub qgz_error_feedback: bool,
     /// Gathers in flight ahead of the unit computing.
     pub prefetch_depth: usize,
+    /// The plain reduce-scatter's dtype, `"fp32"` or `"bf16"` (`zero.reduce_dtype`).
+    pub reduce_dtype: &'static str,
     /// Every shard is a whole number of this many elements.
     pub align: usize,
 }
@@ -183,9 +197,23 @@ pub struct Paper {
     pub hpz_memory: f64,
 }
 
-/// Runs `trainer plan`: prints the report as a table or, with `--json`, one JSON object.
+/// Runs `trainer plan`: prints the report as a table or, with `--json`, one JSON object; with
+/// `--sweep`, draws its figure.
 pub fn run(args: &PlanArgs) -> Result<()> {
     let report = build(args)?;
+    if let (Some(s), Some(t)) = (&report.sweep, &report.throughput) {
+        let title = format!(
+            "{}, {} tokens a GPU step: predicted tokens/s per GPU, {} x {} GPUs ({}, MFU {})",
+            report.model.preset.as_deref().unwrap_or("custom"),
+            t.tokens_per_gpu_step,
+            report.topology.nodes,
+            report.topology.gpus_per_node,
+            t.gpu.name,
+            t.mfu_fraction
+        );
+        sweep::draw(s, &title)?;
+        eprintln!("wrote {}", s.output.display());
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -215,42 +243,50 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
     let (config, cfg) = (&run.config, &run.model);
     let t = &config.train;
     let plan = ZeroPlan::resolve(&config.zero, topology, t.steps)?;
+    notes.extend(reduce_dtype_note(&plan, t.steps));
     let numels: Vec<usize> = model::ModelLayout::new(cfg)
         .units
         .iter()
         .map(|u| u.numel)
         .collect();
     let pb = param_bytes(t.precision);
-    let throughput = match &args.throughput {
-        Some(a) => {
-            let model = model::Model::new(cfg.clone())?;
-            let calibration = match &a.calibrate {
-                Some(path) => Some(calibrate::load(
-                    path,
-                    &model,
-                    t.micro_batch * cfg.seq_len,
-                    config.model.recompute,
-                )?),
-                None => None,
-            };
-            let work = Workload {
-                model: &model,
-                micro_batch: t.micro_batch,
-                accumulation,
-                param_bytes: pb,
-                recompute: config.model.recompute,
-                calibration: calibration.as_ref(),
-            };
-            let cluster = cluster(a, topology, calibration.as_ref())?;
-            if let Some(k) = &calibration {
-                notes.extend(k.notes.iter().cloned());
-            }
-            let mut report = throughput::throughput(&work, &config.zero, t.steps, &cluster)?;
-            report.calibrated_from = a.calibrate.as_ref().map(|p| p.display().to_string());
-            Some(report)
+    let (mut throughput, mut sweep, mut advice) = (None, None, None);
+    if let Some(a) = &args.throughput {
+        let model = model::Model::new(cfg.clone())?;
+        let calibration = match &a.calibrate {
+            Some(path) => Some(calibrate::load(
+                path,
+                &model,
+                t.micro_batch * cfg.seq_len,
+                config.model.recompute,
+            )?),
+            None => None,
+        };
+        let work = Workload {
+            model: &model,
+            micro_batch: t.micro_batch,
+            accumulation,
+            param_bytes: pb,
+            recompute: config.model.recompute,
+            calibration: calibration.as_ref(),
+        };
+        let cluster = cluster(a, topology, calibration.as_ref())?;
+        if let Some(k) = &calibration {
+            notes.extend(k.notes.iter().cloned());
         }
-        None => None,
-    };
+        let z = &config.zero;
+        let mut report = throughput::throughput(&work, z, t.steps, &cluster)?;
+        report.calibrated_from = a.calibrate.as_ref().map(|p| p.display().to_string());
+        throughput = Some(report);
+        if let Some(s) = &args.sweep {
+            sweep = Some(sweep::sweep(s, &work, z, t.steps, &cluster)?);
+        }
+        if args.advise {
+            let activations = memory(config, cfg, &plan, &numels, pb).activations;
+            let per_rank = |p: &ZeroPlan| zero::rank_memory(p, &numels, pb).total() + activations;
+            advice = Some(advise::advise(&work, z, t.steps, &cluster, per_rank)?);
+        }
+    }
     Ok(Report {
         model: model_info(config, cfg, &plan, &numels),
         topology: TopologyInfo {
@@ -272,6 +308,8 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
         comm: comm_per_step(config, &plan, &numels, pb, accumulation)?,
         paper: paper(&plan, cfg.num_params()),
         throughput,
+        sweep,
+        advice,
         notes,
     })
 }
@@ -442,7 +480,32 @@ fn zero_info(config: &RunConfig, plan: &ZeroPlan) -> ZeroInfo {
         qgz_until_step: plan.qgz.map(|q| q.until_step),
         qgz_error_feedback: plan.qgz.is_some_and(|q| q.error_feedback),
         prefetch_depth: plan.prefetch_depth,
+        reduce_dtype: plan.reduce_dtype.name(),
         align: plan.align,
+    }
+}
+
+/// Where `zero.reduce_dtype = "bf16"` applies to fewer steps than all, a note: to none when qgZ
+/// reduces every step or one rank reduces nothing, to the steps after qgZ's window otherwise.
+fn reduce_dtype_note(plan: &ZeroPlan, steps: u64) -> Option<String> {
+    if plan.reduce_dtype == zero::ReduceDtype::Fp32 {
+        return None;
+    }
+    let key = format!("zero.reduce_dtype = \"{}\"", plan.reduce_dtype.name());
+    if plan.topology.world() == 1 {
+        return Some(format!(
+            "{key} applies to nothing: one rank reduces no gradient"
+        ));
+    }
+    match (plan.qgz, plan.reduce_scatter_from(steps)) {
+        (Some(_), None) => Some(format!(
+            "{key} applies to no step of this config: qgZ replaces the reduce-scatter on every \
+             step (1..={steps}); the predicted variants without qgZ reduce in it"
+        )),
+        (Some(_), Some(from)) => Some(format!(
+            "{key} applies to steps {from}..={steps}, after qgZ's window (the comm section's after_qgz)"
+        )),
+        (None, _) => None,
     }
 }
 
@@ -601,6 +664,8 @@ mod tests {
                 gpus_per_node: None,
                 json: true,
                 throughput: None,
+                sweep: None,
+                advise: false,
             })
             .unwrap();
 

@@ -112,6 +112,9 @@ pub fn trajectory(run: &Run, data: DataSize) -> BTreeMap<String, String> {
         "zero.quantized_gradients",
         z.quantized_gradients.to_string(),
     );
+    // A checkpoint from before the key lacks it, and a key one side lacks is not compared: it
+    // resumes as the fp32 it was trained with.
+    put("zero.reduce_dtype", z.reduce_dtype.name().to_string());
     if z.quantized_weights {
         put("zero.weight_quant_block", z.weight_quant_block.to_string());
     }
@@ -360,6 +363,37 @@ mod tests {
         ]);
         let e = changes(&on, &with_other_block, &[]).unwrap_err();
         assert_eq!(e, vec!["zero.grad_quant_block: 512 -> 256".to_string()]);
+    }
+
+    /// `zero.reduce_dtype` is recorded whatever its value, so a change is refused unless
+    /// allowed; a checkpoint from before the key resumes under either.
+    #[test]
+    fn a_change_of_reduce_dtype_is_refused_unless_allowed() {
+        let data = DataSize {
+            train: Tokens {
+                count: 100,
+                fingerprint: 7,
+            },
+            valid: None,
+            tokenizer: None,
+        };
+        let mut config = RunConfig::default();
+        config.model.preset = Some("tiny".into());
+        let fp32 = trajectory_of(&config, data);
+        assert_eq!(
+            fp32.get("zero.reduce_dtype").map(String::as_str),
+            Some("fp32")
+        );
+        config.zero.reduce_dtype = zero::ReduceDtype::Bf16;
+        let bf16 = trajectory_of(&config, data);
+        let change = vec!["zero.reduce_dtype: fp32 -> bf16".to_string()];
+        assert_eq!(changes(&fp32, &bf16, &[]), Err(change.clone()));
+        assert!(may_change("zero.reduce_dtype"));
+        let allowed = ["zero.reduce_dtype".to_string()];
+        assert_eq!(changes(&fp32, &bf16, &allowed), Ok(change));
+        let mut old = fp32.clone();
+        old.remove("zero.reduce_dtype");
+        assert_eq!(changes(&old, &bf16, &[]), Ok(vec![]));
     }
 
     #[test]

@@ -1,3 +1,4 @@
+use candle_core::DType;
 use serde::{Deserialize, Serialize};
 
 use crate::{Result, ZeroError};
@@ -26,9 +27,53 @@ pub struct ZeroConfig {
     /// Gathers kept in flight ahead of the unit computing (0: none, each unit is gathered when
     /// it is needed). Each holds one more unit's full parameters.
     pub prefetch_depth: usize,
+    /// The dtype of plain ZeRO-3's gradient reduce-scatter (and of the padded gradient it
+    /// reads): `fp32` (the default) or `bf16`, half the bytes, as DeepSpeed's ZeRO-3 (the
+    /// paper's baseline) reduces in the parameters' 16-bit precision. The reduced slice is
+    /// widened to f32 as it is added into the gradient shard, which stays f32, as does the
+    /// optimizer. It does not apply to qgZ's steps (qgZ replaces the reduce-scatter), nor to one
+    /// rank (nothing is reduced).
+    pub reduce_dtype: ReduceDtype,
     /// Replaced by `prefetch_depth`; refused with a message that says so.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overlap: Option<bool>,
+}
+
+/// The dtype of a plain gradient reduce-scatter (`zero.reduce_dtype`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReduceDtype {
+    /// The gradient cast to f32 and reduced in f32: 4 bytes an element.
+    #[default]
+    Fp32,
+    /// The gradient cast to bf16 (scaled first) and reduced in bf16: 2 bytes an element.
+    Bf16,
+}
+
+impl ReduceDtype {
+    /// The tensors' dtype.
+    pub fn dtype(self) -> DType {
+        match self {
+            ReduceDtype::Fp32 => DType::F32,
+            ReduceDtype::Bf16 => DType::BF16,
+        }
+    }
+
+    /// Bytes an element.
+    pub fn bytes(self) -> usize {
+        match self {
+            ReduceDtype::Fp32 => 4,
+            ReduceDtype::Bf16 => 2,
+        }
+    }
+
+    /// As the config spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceDtype::Fp32 => "fp32",
+            ReduceDtype::Bf16 => "bf16",
+        }
+    }
 }
 
 /// The deepest prefetch `zero.prefetch_depth` takes: more units in flight than this only hold
@@ -47,6 +92,7 @@ impl Default for ZeroConfig {
             weight_quant_block: 2048,
             grad_quant_block: 512,
             prefetch_depth: 2,
+            reduce_dtype: ReduceDtype::Fp32,
             overlap: None,
         }
     }
@@ -118,5 +164,13 @@ mod tests {
         let e = deep.validate().unwrap_err().to_string();
         assert!(e.contains("prefetch_depth"), "{e}");
         assert!(ZeroConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn reduce_dtype_reads_as_spelled() {
+        let z: ZeroConfig = toml::from_str("reduce_dtype = \"bf16\"").unwrap();
+        assert_eq!(z.reduce_dtype, ReduceDtype::Bf16);
+        assert_eq!(ZeroConfig::default().reduce_dtype, ReduceDtype::Fp32);
+        assert!(toml::from_str::<ZeroConfig>("reduce_dtype = \"fp16\"").is_err());
     }
 }

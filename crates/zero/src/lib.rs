@@ -25,7 +25,7 @@ mod squares;
 mod typed_job;
 pub mod volume;
 
-pub use config::{ZeroConfig, MAX_PREFETCH_DEPTH};
+pub use config::{ReduceDtype, ZeroConfig, MAX_PREFETCH_DEPTH};
 pub use engine::{
     Engine, EngineOptions, NamedShard, StepStats, QGZ_ERROR_STATES, REDUCTIONS_IN_FLIGHT,
     SHARD_STATES,

@@ -30,8 +30,9 @@ pub struct RankMemory {
     /// The 1 + `prefetch_depth` largest units' full (padded) buffers at `param_bytes`: the unit
     /// computing and those prefetched.
     pub gathered_working_set: u64,
-    /// The full fp32 gradients of the [`REDUCTIONS_IN_FLIGHT`] largest units, held until their
-    /// reduce-scatter completes.
+    /// The full gradients of the [`REDUCTIONS_IN_FLIGHT`] largest units, held until their
+    /// reduction completes: f32 (qgZ's input, or `reduce_dtype` fp32), bf16 with `reduce_dtype`
+    /// bf16 and no qgZ.
     pub reductions_in_flight: u64,
     /// qgZ's error feedback: f32 of every unit's padded buffer (the first hop's error) and of its
     /// node sum (padded / D, the second's, with D > 1); 0 without it. This rank's own state, kept
@@ -101,6 +102,11 @@ pub fn rank_memory(plan: &ZeroPlan, unit_numels: &[usize], param_bytes: usize) -
             .sum(),
         _ => 0,
     };
+    // qgZ quantises an f32 gradient; a plain reduce-scatter reads it in `reduce_dtype`.
+    let reduce_bytes = match plan.qgz {
+        Some(_) => 4,
+        None => plan.reduce_dtype.bytes() as u64,
+    };
     let mut largest = padded;
     largest.sort_unstable_by(|a, b| b.cmp(a));
     let sum_of =
@@ -113,7 +119,7 @@ pub fn rank_memory(plan: &ZeroPlan, unit_numels: &[usize], param_bytes: usize) -
         optimizer_includes_master: !fp32,
         hpz_secondary,
         gathered_working_set: sum_of(1 + plan.prefetch_depth, pb),
-        reductions_in_flight: sum_of(REDUCTIONS_IN_FLIGHT, 4),
+        reductions_in_flight: sum_of(REDUCTIONS_IN_FLIGHT, reduce_bytes),
         qgz_error_feedback,
     }
 }

@@ -6,7 +6,7 @@
 use comm::Topology;
 use model::Pass;
 
-use crate::{Partition, Result, ZeroConfig, ZeroError};
+use crate::{Partition, ReduceDtype, Result, ZeroConfig, ZeroError};
 
 /// qwZ: weights gathered as block-wise INT8 with one f32 scale per `block` elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +44,8 @@ pub struct ZeroPlan {
     pub align: usize,
     /// Gathers kept in flight ahead of the unit computing (`zero.prefetch_depth`).
     pub prefetch_depth: usize,
+    /// The dtype of the plain reduce-scatter (`zero.reduce_dtype`): the steps without qgZ.
+    pub reduce_dtype: ReduceDtype,
 }
 
 /// Every shard is a multiple of this many elements, so that every rank's slot of a gathered
@@ -112,6 +114,7 @@ impl ZeroPlan {
             qgz,
             align,
             prefetch_depth: cfg.prefetch_depth,
+            reduce_dtype: cfg.reduce_dtype,
         })
     }
 
@@ -124,6 +127,17 @@ impl ZeroPlan {
     /// How a unit of `numel` elements is padded and split over the world.
     pub fn partition(&self, numel: usize) -> Partition {
         Partition::new(numel, self.topology.world(), self.align)
+    }
+
+    /// The steps whose gradients the plain reduce-scatter reduces, in the plan's
+    /// `reduce_dtype`: every step without qgZ (`None`: qgZ reduces every step of the run's
+    /// `total_steps`, as resolved; `Some(s)`: steps `s..`).
+    pub fn reduce_scatter_from(&self, total_steps: u64) -> Option<u64> {
+        match self.qgz {
+            Some(q) if q.until_step >= total_steps => None,
+            Some(q) => Some(q.until_step + 1),
+            None => Some(1),
+        }
     }
 
     /// Whether optimizer step `step` (1-based) reduces its gradients with qgZ.
@@ -160,7 +174,9 @@ impl ZeroPlan {
                 block: q.block,
                 error_feedback: q.error_feedback,
             },
-            _ => GradReduction::ReduceScatter,
+            _ => GradReduction::ReduceScatter {
+                dtype: self.reduce_dtype,
+            },
         });
         StepPlan {
             step,
@@ -194,8 +210,9 @@ pub enum SecondaryPartition {
 /// How a unit's gradient is reduced into the owners' shards.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GradReduction {
-    /// A reduce-scatter over the world in f32.
-    ReduceScatter,
+    /// A reduce-scatter over the world in `dtype` (the gradient cast to it, the reduced slice
+    /// widened to f32 into the shard).
+    ReduceScatter { dtype: ReduceDtype },
     /// qgZ's 2-hop INT4 all-to-all, carrying each rank's quantisation error to the next step
     /// when `error_feedback`.
     Qgz { block: usize, error_feedback: bool },
@@ -252,7 +269,27 @@ mod tests {
         assert_eq!(plan.step_plan(50, Pass::Train).reduction, Some(qgz));
         assert_eq!(
             plan.step_plan(51, Pass::Train).reduction,
-            Some(GradReduction::ReduceScatter)
+            Some(GradReduction::ReduceScatter {
+                dtype: ReduceDtype::Fp32
+            })
+        );
+        assert_eq!(plan.reduce_scatter_from(100), Some(51));
+        let always = ZeroPlan::resolve(
+            &ZeroConfig {
+                qgz_until: 1.0,
+                reduce_dtype: ReduceDtype::Bf16,
+                ..cfg
+            },
+            topo(),
+            100,
+        )
+        .unwrap();
+        assert_eq!(always.reduce_scatter_from(100), None);
+        assert_eq!(
+            always.step_plan(101, Pass::Train).reduction,
+            Some(GradReduction::ReduceScatter {
+                dtype: ReduceDtype::Bf16
+            })
         );
         assert_eq!(plan.step_plan(50, Pass::Eval).reduction, None);
     }

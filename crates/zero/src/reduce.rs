@@ -2,10 +2,11 @@
 //! reduce-scatter over the world, or qgZ's 2-hop INT4 all-to-all, then the sum added into the
 //! unit's fp32 gradient shard, all of it off the compute stream.
 //!
-//! The gradient is cast to f32, padded, and scaled by `coef` (the micro-batch's weight over the
-//! world size) in one pass before it is reduced, so that the sum over the world is already the
-//! mean: a reduced slice is taken as the new shard as it is, or added into the shard of the
-//! earlier micro-batches in place.
+//! The gradient is cast to f32 (or, for a plain reduce-scatter with `zero.reduce_dtype =
+//! "bf16"`, to bf16), padded, and scaled by `coef` (the micro-batch's weight over the world
+//! size) in one pass before it is reduced, so that the sum over the world is already the mean:
+//! a reduced slice is taken as the new shard as it is (widened to f32 from bf16), or added into
+//! the shard of the earlier micro-batches in place. The shard and the optimizer stay f32.
 //!
 //! qgZ's two hops and its error feedback are in [`crate::qgz`]; another compression would be
 //! one more [`GradReduction`] variant and a module like it.
@@ -16,7 +17,7 @@ use kernels::profile::Family;
 
 use crate::qgz::{self, QgzError};
 use crate::typed_job::{self, TypedPending};
-use crate::{shard_passes, GradReduction, Partition, Result};
+use crate::{shard_passes, GradReduction, Partition, ReduceDtype, Result};
 
 /// What a reduction job is reported as ([`comm::JobTime`]).
 pub const GRADIENT_REDUCTION: &str = "gradient reduction";
@@ -128,17 +129,39 @@ impl Reduce {
             shard_passes::scale_pad_into(&place, grad, self.coef, &t)?;
             t
         } else {
-            let full = lane.alloc(DType::F32, padded)?;
-            shard_passes::scale_pad_into(&place, grad, self.coef, &full)?;
             match self.how {
-                GradReduction::ReduceScatter => {
+                GradReduction::ReduceScatter {
+                    dtype: ReduceDtype::Fp32,
+                } => {
+                    let full = lane.alloc(DType::F32, padded)?;
+                    shard_passes::scale_pad_into(&place, grad, self.coef, &full)?;
                     let t = target(lane)?;
                     lane.reduce_scatter_into(Group::World, &full, &t)?
+                }
+                GradReduction::ReduceScatter {
+                    dtype: ReduceDtype::Bf16,
+                } => {
+                    let full = lane.alloc(DType::BF16, padded)?;
+                    shard_passes::scale_pad_into(&place, grad, self.coef, &full)?;
+                    let reduced = lane.alloc(DType::BF16, shard)?;
+                    let reduced = lane.reduce_scatter_into(Group::World, &full, &reduced)?;
+                    match acc {
+                        // Widened as it is added into the shard, below.
+                        Some(_) => reduced,
+                        None => {
+                            let t = target(lane)?;
+                            let _span = span(Family::ShardPasses);
+                            shard_passes::widen_into(&place, &reduced, &t)?;
+                            t
+                        }
+                    }
                 }
                 GradReduction::Qgz {
                     block,
                     error_feedback,
                 } => {
+                    let full = lane.alloc(DType::F32, padded)?;
+                    shard_passes::scale_pad_into(&place, grad, self.coef, &full)?;
                     let t = target(lane)?;
                     let (sum, errors) =
                         qgz::two_hops(lane, self.topology, full, block, error_feedback, &t, error)?;
@@ -198,7 +221,9 @@ mod tests {
                 &g,
                 None,
                 coef,
-                GradReduction::ReduceScatter,
+                GradReduction::ReduceScatter {
+                    dtype: ReduceDtype::Fp32,
+                },
                 None,
             ))?
             .1
@@ -389,7 +414,9 @@ mod tests {
         let out = comm::run_local(topology, |c| -> crate::Result<_> {
             let g = gradient(c.rank(), 4);
             let g = Tensor::from_vec(g.clone(), g.len(), &candle_core::Device::Cpu)?;
-            let plain = GradReduction::ReduceScatter;
+            let plain = GradReduction::ReduceScatter {
+                dtype: ReduceDtype::Fp32,
+            };
             let first = finish(submit(&c, 0, &partition, &g, None, 0.125, plain, None))?
                 .1
                 .shard;

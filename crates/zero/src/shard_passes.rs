@@ -1,7 +1,8 @@
 //! The engine's own passes over a unit, on the compute stream or (inside a job) on the
 //! communication stream, as `place` says: the fp32 master shard cast into its slot of the
-//! gathered buffer, a unit's gradient cast to fp32, scaled and zero-padded for the reduction, a
-//! reduced slice added into the fp32 gradient shard, and plain copies of a slice. On the GPU
+//! gathered buffer, a unit's gradient cast to fp32 or bf16 (`zero.reduce_dtype`), scaled and
+//! zero-padded for the reduction, a reduced slice (f32 or bf16) widened or added into the fp32
+//! gradient shard, and plain copies of a slice. On the GPU
 //! each is one kernel of `crates/kernels/cuda/shard_passes.cu` or a device copy; on the CPU the same
 //! values come from candle ops, written in place with `slice_set`. Both give the same values.
 
@@ -34,12 +35,16 @@ pub fn cast_into(place: &Place, master: &Tensor, out: &Tensor, at: usize) -> Res
     Ok(out.slice_set(&master.to_dtype(out.dtype())?, 0, at)?)
 }
 
-/// `out` (f32 [padded]) = `coef` x `grad` (any float dtype, [n <= padded]) as f32, then zeros.
+/// `out` (f32 or bf16 [padded]) = `coef` x `grad` (any float dtype, [n <= padded]), multiplied
+/// in f32 and rounded once to `out`'s dtype, then zeros.
 pub fn scale_pad_into(place: &Place, grad: &Tensor, coef: f32, out: &Tensor) -> Result<()> {
     let (n, padded) = (grad.elem_count(), out.elem_count());
-    check("gradient", n <= padded && out.dtype() == DType::F32, || {
-        format!("{n} elements into {padded} of {:?}", out.dtype())
-    })?;
+    let to = out.dtype();
+    check(
+        "gradient",
+        n <= padded && matches!(to, DType::F32 | DType::BF16),
+        || format!("{n} elements into {padded} of {to:?}"),
+    )?;
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(dev) = out.device() {
         return cuda::scale_pad(dev, place, grad, coef, out);
@@ -51,10 +56,11 @@ pub fn scale_pad_into(place: &Place, grad: &Tensor, coef: f32, out: &Tensor) -> 
     } else {
         g.affine(coef as f64, 0.0)?
     };
-    Ok(out.slice_set(&g.pad_with_zeros(0, 0, padded - n)?, 0, 0)?)
+    let g = g.pad_with_zeros(0, 0, padded - n)?.to_dtype(to)?;
+    Ok(out.slice_set(&g, 0, 0)?)
 }
 
-/// `acc += x` (f32, same length), in place.
+/// `acc += x` (acc f32; x f32 or bf16, widened; same length), in place.
 pub fn add_into(place: &Place, acc: &Tensor, x: &Tensor) -> Result<()> {
     check("gradient shard", acc.elem_count() == x.elem_count(), || {
         format!("{} elements plus {}", acc.elem_count(), x.elem_count())
@@ -64,7 +70,31 @@ pub fn add_into(place: &Place, acc: &Tensor, x: &Tensor) -> Result<()> {
         return cuda::add_into(dev, place, acc, x);
     }
     let _ = place;
-    Ok(acc.slice_set(&(acc + x)?, 0, 0)?)
+    Ok(acc.slice_set(&(acc + x.to_dtype(DType::F32)?)?, 0, 0)?)
+}
+
+/// `out = x` widened (x bf16, out f32, same length): a slice reduced in bf16 as a new fp32
+/// gradient shard.
+pub fn widen_into(place: &Place, x: &Tensor, out: &Tensor) -> Result<()> {
+    let n = out.elem_count();
+    check(
+        "gradient shard",
+        x.elem_count() == n && x.dtype() == DType::BF16 && out.dtype() == DType::F32,
+        || {
+            format!(
+                "{} of {:?} into {n} of {:?}",
+                x.elem_count(),
+                x.dtype(),
+                out.dtype()
+            )
+        },
+    )?;
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(dev) = out.device() {
+        return cuda::widen_into(dev, place, x, out);
+    }
+    let _ = place;
+    Ok(out.slice_set(&x.to_dtype(DType::F32)?, 0, 0)?)
 }
 
 /// `out = x - y` (f32, same length; `out` may be `x` or `y`).
@@ -205,10 +235,14 @@ mod cuda {
         out: &Tensor,
     ) -> Result<()> {
         let (n, padded) = (grad.elem_count() as i64, out.elem_count() as i64);
-        let (name, per) = match grad.dtype() {
-            DType::BF16 => ("scale_pad_bf16_f32", 8),
-            DType::F32 => ("scale_pad_f32_f32", 4),
-            d => return Err(candle_core::Error::UnsupportedDTypeForOp(d, "gradient cast").into()),
+        let (name, per) = match (grad.dtype(), out.dtype()) {
+            (DType::BF16, DType::F32) => ("scale_pad_bf16_f32", 8),
+            (DType::F32, DType::F32) => ("scale_pad_f32_f32", 4),
+            (DType::BF16, DType::BF16) => ("scale_pad_bf16_bf16", 8),
+            (DType::F32, DType::BF16) => ("scale_pad_f32_bf16", 8),
+            (d, _) => {
+                return Err(candle_core::Error::UnsupportedDTypeForOp(d, "gradient cast").into())
+            }
         };
         if padded % per != 0 {
             return Err(ZeroError::ShardBuffer {
@@ -224,7 +258,7 @@ mod cuda {
         let stream = place.stream(dev);
         let mut b = stream.launch_builder(&f);
         b.arg(&x).arg(&n).arg(&coef).arg(&o).arg(&padded);
-        // SAFETY: (const T*, long long, float, float*, long long); n read, padded written.
+        // SAFETY: (const T*, long long, float, U*, long long); n read, padded written.
         unsafe { b.launch(grid(padded as usize / per as usize)) }.w()?;
         Ok(())
     }
@@ -236,12 +270,20 @@ mod cuda {
         x: &Tensor,
     ) -> Result<()> {
         let n = acc.elem_count();
-        if acc.dtype() != DType::F32 || x.dtype() != DType::F32 || !n.is_multiple_of(4) {
+        let (name, per) = match x.dtype() {
+            DType::F32 => ("add_f32", 4),
+            _ => ("add_bf16_f32", 8),
+        };
+        if acc.dtype() != DType::F32
+            || !matches!(x.dtype(), DType::F32 | DType::BF16)
+            || !n.is_multiple_of(per)
+        {
             return Err(ZeroError::ShardBuffer {
                 what: "gradient shard",
                 detail: format!(
-                    "{n} elements of {:?}: the add takes f32, multiples of 4",
-                    acc.dtype()
+                    "{n} elements of {:?} plus {:?}: the add takes f32 plus f32 or bf16, multiples of {per}",
+                    acc.dtype(),
+                    x.dtype()
                 ),
             });
         }
@@ -249,13 +291,40 @@ mod cuda {
             aligned(acc, 0, "gradient shard")?,
             aligned(x, 0, "reduced slice")?,
         );
-        let f = func(dev, "add_f32")?;
+        let f = func(dev, name)?;
         let stream = place.stream(dev);
         let n64 = n as i64;
         let mut b = stream.launch_builder(&f);
         b.arg(&a).arg(&v).arg(&n64);
-        // SAFETY: (float*, const float*, long long); n elements each.
-        unsafe { b.launch(grid(n / 4)) }.w()?;
+        // SAFETY: (float*, const T*, long long); n elements each.
+        unsafe { b.launch(grid(n / per)) }.w()?;
+        Ok(())
+    }
+
+    pub(super) fn widen_into(
+        dev: &CudaDevice,
+        place: &Place,
+        x: &Tensor,
+        out: &Tensor,
+    ) -> Result<()> {
+        let n = out.elem_count();
+        if !n.is_multiple_of(8) {
+            return Err(ZeroError::ShardBuffer {
+                what: "gradient shard",
+                detail: format!("{n} elements: the widening takes multiples of 8"),
+            });
+        }
+        let (v, o) = (
+            aligned(x, 0, "reduced slice")?,
+            aligned(out, 0, "gradient shard")?,
+        );
+        let f = func(dev, "cast_bf16_f32")?;
+        let stream = place.stream(dev);
+        let n64 = n as i64;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&v).arg(&o).arg(&n64);
+        // SAFETY: (const bf16*, float*, long long); n elements each (checked by the caller).
+        unsafe { b.launch(grid(n / 8)) }.w()?;
         Ok(())
     }
 

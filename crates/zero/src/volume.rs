@@ -29,7 +29,8 @@ fn send(total: &mut ByteCounters, bytes: u64, intra: usize, inter: usize) {
 
 /// The logical bytes one rank sends in optimizer step `step` (1-based) with `micro_batches`
 /// forward/backward passes, for units of `unit_numels` elements whose plain (unquantised)
-/// gathers move `param_bytes` bytes an element and whose gradients are reduced in f32.
+/// gathers move `param_bytes` bytes an element and whose plain reduce-scatter moves the plan's
+/// `reduce_dtype` (4 bytes an element in fp32, 2 in bf16).
 ///
 /// The schedule is the engine's: per micro-batch each unit is gathered for its forward and
 /// again for its backward, and its gradient reduced once. With hpZ the first forward gather
@@ -76,7 +77,12 @@ pub fn logical_step_bytes(
                     send(&mut total, int4_bytes(nodes * shard, q.block), d - 1, 0);
                     send(&mut total, int4_bytes(shard, q.block), 0, nodes - 1);
                 }
-                None => send(&mut total, (shard * 4) as u64, d - 1, w - d),
+                None => send(
+                    &mut total,
+                    (shard * plan.reduce_dtype.bytes()) as u64,
+                    d - 1,
+                    w - d,
+                ),
             }
         }
     }
@@ -97,7 +103,7 @@ pub struct UnitPayload {
     pub gather_data: u64,
     /// qwZ's f32 scales, gathered by a second all-gather; 0 without qwZ.
     pub gather_scales: u64,
-    /// The fp32 gradient that the reduce-scatter reduces.
+    /// The gradient that the reduce-scatter reduces, in the plan's `reduce_dtype`.
     pub reduce_scatter: u64,
     /// qgZ hop 1: each rank's whole gradient in INT4 with its scales, its all-to-all input over
     /// the node; 0 without qgZ.
@@ -124,7 +130,7 @@ pub fn unit_payload(plan: &ZeroPlan, numel: usize, param_bytes: usize) -> UnitPa
         padded,
         gather_data,
         gather_scales,
-        reduce_scatter: (padded * 4) as u64,
+        reduce_scatter: (padded * plan.reduce_dtype.bytes()) as u64,
         qgz_hop1,
         qgz_hop2,
     }
@@ -192,6 +198,32 @@ mod tests {
         let zero3_f32 = logical_step_bytes(&plan(ZeroConfig::default()), &units, 4, 1, 1);
         assert_eq!(3 * (hpz.inter - 32), 2 * (zero3_f32.inter - 32));
         assert!(zero3.inter < zero3_f32.inter);
+    }
+
+    #[test]
+    fn a_bf16_reduce_scatter_sends_half_the_bytes() {
+        let units = [4096 * 8, 1024 * 8];
+        let (fp32, bf16) = (
+            plan(ZeroConfig::default()),
+            plan(ZeroConfig {
+                reduce_dtype: crate::ReduceDtype::Bf16,
+                ..Default::default()
+            }),
+        );
+        let (a, b) = (
+            unit_payload(&fp32, units[0], 2),
+            unit_payload(&bf16, units[0], 2),
+        );
+        assert_eq!(a.reduce_scatter, 2 * b.reduce_scatter);
+        assert_eq!((a.gather_data, a.padded), (b.gather_data, b.padded));
+        // Per step: the gathers (2 bytes, twice) are unchanged and the reduction halves, so
+        // ZeRO-3's 2 + 2 + 4 bytes an element become 2 + 2 + 2.
+        let (a, b) = (
+            logical_step_bytes(&fp32, &units, 2, 1, 1),
+            logical_step_bytes(&bf16, &units, 2, 1, 1),
+        );
+        assert_eq!(3 * (a.inter - 32), 4 * (b.inter - 32));
+        assert_eq!(3 * (a.intra - 24), 4 * (b.intra - 24));
     }
 
     #[test]

@@ -444,15 +444,17 @@ impl Lane for LocalLane<'_> {
         let op = Op::ReduceScatter;
         #[cfg(feature = "cuda")]
         if let Some((dev, stream)) = self.stream.clone() {
+            let dtype = send.dtype();
             for t in [send, out] {
-                if t.dtype() != DType::F32 {
+                if !matches!(t.dtype(), DType::F32 | DType::BF16) || t.dtype() != dtype {
                     return Err(CommError::UnsupportedDType {
                         op: op.name(),
                         dtype: t.dtype(),
-                        takes: "F32 (a job's reduction on the GPU)",
+                        takes: "F32 or BF16, send and out alike (a job's reduction on the GPU)",
                     });
                 }
             }
+            let elem = dtype.size_in_bytes();
             let (n, me) = self.group_rank(group);
             let chunk = send.elem_count() / n;
             if out.elem_count() != chunk {
@@ -465,19 +467,12 @@ impl Lane for LocalLane<'_> {
             let met = self.worker.meet(group, op, Payload::Tensor(send.clone()))?;
             let pieces = met
                 .iter()
-                .map(|p| Ok(address(p.tensor(), op)? + (me * chunk * 4) as u64))
+                .map(|p| Ok(address(p.tensor(), op)? + (me * chunk * elem) as u64))
                 .collect::<Result<Vec<u64>>>()?;
-            // SAFETY: every piece is `chunk` f32 of a live buffer (held until the barrier), and
-            // `out` has `chunk` elements.
+            // SAFETY: every piece is `chunk` elements of `dtype` in a live buffer (held until the
+            // barrier), and `out` has `chunk` elements of it.
             unsafe {
-                crate::gpu::sum_pieces(
-                    &dev,
-                    &stream,
-                    DType::F32,
-                    &pieces,
-                    address(out, op)?,
-                    chunk,
-                )?
+                crate::gpu::sum_pieces(&dev, &stream, dtype, &pieces, address(out, op)?, chunk)?
             };
             drop(met);
             self.worker.meet(group, Op::Barrier, Payload::Empty)?;

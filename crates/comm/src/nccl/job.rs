@@ -241,12 +241,13 @@ impl Lane for NcclLane<'_> {
 
     fn reduce_scatter_into(&mut self, group: Group, send: &Tensor, out: &Tensor) -> Result<Tensor> {
         let op = Op::ReduceScatter;
+        let dtype = send.dtype();
         for t in [send, out] {
-            if t.dtype() != DType::F32 {
+            if !matches!(t.dtype(), DType::F32 | DType::BF16) || t.dtype() != dtype {
                 return Err(CommError::UnsupportedDType {
                     op: op.name(),
                     dtype: t.dtype(),
-                    takes: "F32 (a job's reduction)",
+                    takes: "F32 or BF16, send and out alike (a job's reduction)",
                 });
             }
         }
@@ -261,11 +262,18 @@ impl Lane for NcclLane<'_> {
         }
         let (src, dst) = (self.address(send, op)?, self.address(out, op)?);
         let stream = self.nccl.stream.clone();
-        let sent = self.sent(op, group, len, 4);
-        self.collective(op, group, sent, |comm| {
-            let s = Raw::<f32>::new(src, len, &stream);
-            let mut r = Raw::<f32>::new(dst, len / n, &stream);
-            comm.reduce_scatter(&s, &mut r, &ReduceOp::Sum).map(drop)
+        let sent = self.sent(op, group, len, dtype.size_in_bytes());
+        self.collective(op, group, sent, |comm| match dtype {
+            DType::BF16 => {
+                let s = Raw::<half::bf16>::new(src, len, &stream);
+                let mut r = Raw::<half::bf16>::new(dst, len / n, &stream);
+                comm.reduce_scatter(&s, &mut r, &ReduceOp::Sum).map(drop)
+            }
+            _ => {
+                let s = Raw::<f32>::new(src, len, &stream);
+                let mut r = Raw::<f32>::new(dst, len / n, &stream);
+                comm.reduce_scatter(&s, &mut r, &ReduceOp::Sum).map(drop)
+            }
         })?;
         Ok(out.clone())
     }

@@ -40,6 +40,12 @@ pub fn human(r: &Report) -> String {
     if let Some(t) = &r.throughput {
         human_throughput(&mut o, t);
     }
+    if let Some(s) = &r.sweep {
+        o += &super::sweep::table(s);
+    }
+    if let Some(a) = &r.advice {
+        o += &super::advise::table(a);
+    }
     for n in &r.notes {
         let _ = writeln!(o, "note: {n}");
     }
@@ -103,12 +109,13 @@ fn human_run(o: &mut String, r: &Report) {
     }
     let _ = writeln!(
         *o,
-        "zero++    {}",
+        "zero++    {}; reduce-scatter in {}",
         if tech.is_empty() {
             "none (plain ZeRO-3)".to_string()
         } else {
             tech.join(" + ")
-        }
+        },
+        z.reduce_dtype
     );
 }
 
@@ -156,8 +163,12 @@ fn human_memory(o: &mut String, r: &Report) {
     let ahead = z.prefetch_depth;
     let gathered = format!("gathered (1 + {ahead} prefetched)");
     row(gathered, mem.states.gathered_working_set);
+    let reducing = match (z.qgz, z.reduce_dtype) {
+        (false, "bf16") => "bf16",
+        _ => "fp32",
+    };
     row(
-        "reducing gradients (fp32)".into(),
+        format!("reducing gradients ({reducing})"),
         mem.states.reductions_in_flight,
     );
     if mem.states.qgz_error_feedback > 0 {

@@ -28,7 +28,7 @@
 //!   buffer in the parameter precision; qwZ's is two (INT8 codes, then f32 scales) plus the
 //!   dequantise (codes and scales read, the buffer written) at the GPU's memory bandwidth; hpZ's
 //!   later gathers of the step are node rings of the same buffer; the reduce-scatter is a world
-//!   ring of the fp32 gradient; qgZ is the INT4 quantiser (fp32 read, INT4 written), hop 1 over
+//!   ring of the gradient in `zero.reduce_dtype` (fp32, or bf16: half the bytes); qgZ is the INT4 quantiser (fp32 read, INT4 written), hop 1 over
 //!   the node, the fused dequantise-sum-requantise, hop 2 over the nodes and the final
 //!   dequantise-sum, with error feedback reading and writing its f32 errors. Kernels run on the
 //!   communication stream (docs/zeropp.md), so they add to the job's time.
@@ -68,35 +68,42 @@ pub struct Gpu {
     /// NVLink per GPU, one direction, Gb/s: the default of `--intra-gbps`.
     #[serde(skip)]
     pub nvlink_gbps: f64,
+    /// GiB of device memory (the largest variant of the part): what `--advise` fits into.
+    pub memory_gib: f64,
 }
 
 /// The presets of `--gpu`, from NVIDIA's data sheets. NVLink per direction is half the
 /// data sheet's bidirectional figure: V100 SXM2 300 GB/s (6 links, as in the DGX-2 of the
-/// paper), A100 SXM 600 GB/s, H100 and H200 SXM 900 GB/s.
+/// paper), A100 SXM 600 GB/s, H100 and H200 SXM 900 GB/s. Memory: V100 32 GB (the paper's
+/// DGX-2), A100 and H100 80 GB, H200 141 GB (140 GiB as `nvidia-smi` counts it).
 pub const GPUS: [Gpu; 4] = [
     Gpu {
         name: "v100",
         peak_tflops: 125.0,
         mem_bw_gbs: 900.0,
         nvlink_gbps: 1200.0,
+        memory_gib: 32.0,
     },
     Gpu {
         name: "a100",
         peak_tflops: 312.0,
         mem_bw_gbs: 2039.0,
         nvlink_gbps: 2400.0,
+        memory_gib: 80.0,
     },
     Gpu {
         name: "h100",
         peak_tflops: 989.0,
         mem_bw_gbs: 3350.0,
         nvlink_gbps: 3600.0,
+        memory_gib: 80.0,
     },
     Gpu {
         name: "h200",
         peak_tflops: 989.0,
         mem_bw_gbs: 4800.0,
         nvlink_gbps: 3600.0,
+        memory_gib: 140.0,
     },
 ];
 
@@ -527,7 +534,8 @@ impl Throughput {
     }
 }
 
-/// The plan of one variant: `base` (blocks, prefetch depth, error feedback) with the techniques
+/// The plan of one variant: `base` (blocks, prefetch depth, error feedback, the reduce-scatter's
+/// dtype) with the techniques
 /// set, qgZ on for the whole run (the prediction is of a step with qgZ).
 pub fn variant_plan(
     base: &ZeroConfig,

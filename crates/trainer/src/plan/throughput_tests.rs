@@ -21,6 +21,7 @@ fn cluster(nodes: usize, d: usize, inter_gbps: f64) -> Cluster {
             peak_tflops: 100.0,
             mem_bw_gbs: 1000.0,
             nvlink_gbps: 800.0,
+            memory_gib: 80.0,
         },
         mfu_fraction: 0.5,
         network: Network {
@@ -147,6 +148,11 @@ fn payloads_are_the_plans_logical_bytes() {
 
 /// GPT-2, 8 layers x 1024, seq 1024, on 4 nodes x 8, micro-batch 4.
 fn predictions(inter_gbps: f64) -> Throughput {
+    predictions_with(inter_gbps, zero::ReduceDtype::Fp32)
+}
+
+/// [`predictions`] with the plain reduce-scatter in `reduce_dtype`.
+fn predictions_with(inter_gbps: f64, reduce_dtype: zero::ReduceDtype) -> Throughput {
     let model = Model::new(ModelConfig::gpt2(8, 1024, 16, 1024, 50304)).unwrap();
     let work = Workload {
         model: &model,
@@ -161,9 +167,28 @@ fn predictions(inter_gbps: f64) -> Throughput {
     let base = ZeroConfig {
         weight_quant_block: 2048,
         grad_quant_block: 512,
+        reduce_dtype,
         ..Default::default()
     };
     throughput(&work, &base, 100, &c).unwrap()
+}
+
+/// `zero.reduce_dtype = "bf16"` halves the reduce-scatter's payload: on a slow link, where
+/// ZeRO-3's step is its communication (2 + 2 + 4 bytes an element become 2 + 2 + 2), its
+/// communication takes 3/4 of the time; qgZ's variants, which replace the reduce-scatter, do
+/// not change.
+#[test]
+fn a_bf16_reduce_scatter_shortens_zero3_and_leaves_qgz() {
+    let (fp32, bf16) = (
+        predictions_with(10.0, zero::ReduceDtype::Fp32),
+        predictions_with(10.0, zero::ReduceDtype::Bf16),
+    );
+    let ratio = bf16.zero3.comm_s / fp32.zero3.comm_s;
+    assert!((0.74..0.77).contains(&ratio), "{ratio}");
+    assert!(bf16.hpz.comm_s < fp32.hpz.comm_s && bf16.qwz.comm_s < fp32.qwz.comm_s);
+    assert_eq!(bf16.qgz.comm_s, fp32.qgz.comm_s);
+    assert_eq!(bf16.zeropp.step_s, fp32.zeropp.step_s);
+    assert!(bf16.zeropp.speedup < fp32.zeropp.speedup);
 }
 
 #[test]

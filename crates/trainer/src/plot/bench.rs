@@ -268,7 +268,7 @@ pub struct Drawn {
 }
 
 /// A bandwidth on the axis: `400`, `12.5`.
-fn gbps_label(x: f64) -> String {
+pub(crate) fn gbps_label(x: f64) -> String {
     let text = format!("{x:.1}");
     text.strip_suffix(".0").unwrap_or(&text).to_string()
 }

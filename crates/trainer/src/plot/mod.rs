@@ -13,6 +13,10 @@ mod label;
 mod loss;
 mod text;
 
+// What `trainer plan --sweep` draws its figure with, so it reads like `plot --bench`'s.
+pub(crate) use bench::gbps_label;
+pub(crate) use text::Bitmap;
+
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
@@ -38,18 +42,18 @@ const COLOURS: [RGBColor; 8] = [
 ];
 
 /// The colour of series `i`.
-fn colour(i: usize) -> RGBColor {
+pub(crate) fn colour(i: usize) -> RGBColor {
     COLOURS[i % COLOURS.len()]
 }
 
 /// Makes the embedded font the one plotters draws "sans-serif" with.
-fn register_font() -> Result<()> {
+pub(crate) fn register_font() -> Result<()> {
     plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
         .map_err(|_| anyhow::anyhow!("plot: the embedded font is invalid"))
 }
 
 /// A drawing error of plotters, naming the output.
-fn draw_error<E: std::fmt::Debug>(output: &Path) -> impl Fn(E) -> anyhow::Error + '_ {
+pub(crate) fn draw_error<E: std::fmt::Debug>(output: &Path) -> impl Fn(E) -> anyhow::Error + '_ {
     move |e| anyhow::anyhow!("plot {}: {e:?}", output.display())
 }
 
