@@ -278,12 +278,16 @@ enum Command {
         latency_us: Option<f64>,
         /// The compute as measured: the --json of `trainer bench --profile` at W = 1, of this
         /// model (docs/plan.md, "Calibrated from a bench").
-        #[arg(long, requires = "throughput", value_name = "FILE")]
+        #[arg(long, requires = "predict", value_name = "FILE")]
         calibrate: Option<PathBuf>,
         /// Every rank on one GPU, as the local backend runs a world on one device: compute and
         /// memory shared, the links a device copy (default: the GPU's memory bandwidth / 2).
-        #[arg(long, requires = "throughput")]
+        #[arg(long, requires = "predict")]
         shared_gpu: bool,
+        /// Every communication job after the compute, the step their sum: the bound that the
+        /// paper's published runs lie near (docs/plan.md, "Against the paper").
+        #[arg(long, requires = "predict")]
+        no_overlap: bool,
     },
 }
 
@@ -397,6 +401,7 @@ fn run_command(
             latency_us,
             calibrate,
             shared_gpu,
+            no_overlap,
         } => plan::run(&plan::PlanArgs {
             config,
             set: overrides,
@@ -411,6 +416,7 @@ fn run_command(
                 latency_us,
                 calibrate,
                 shared_gpu,
+                no_overlap,
             }),
             sweep: sweep
                 .map(|s| plan::sweep::SweepArgs::parse(&s, output))

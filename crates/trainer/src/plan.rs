@@ -54,6 +54,8 @@ pub struct ThroughputArgs {
     pub calibrate: Option<std::path::PathBuf>,
     /// `--shared-gpu`: every rank on one GPU, as the local backend runs a world on one device.
     pub shared_gpu: bool,
+    /// `--no-overlap`: every communication job after the compute.
+    pub no_overlap: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -368,6 +370,7 @@ fn cluster(
         network,
         topology,
         ranks_per_gpu: if a.shared_gpu { topology.world() } else { 1 },
+        overlap: !a.no_overlap,
     })
 }
 

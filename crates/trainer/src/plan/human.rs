@@ -280,10 +280,13 @@ fn human_throughput(o: &mut String, t: &Throughput) {
             t.gpu.name, t.gpu.peak_tflops, t.mfu_fraction
         ),
     };
-    let shared = match t.ranks_per_gpu > 1 {
+    let mut shared = match t.ranks_per_gpu > 1 {
         true => format!(", all {} ranks on one GPU", t.ranks_per_gpu),
         false => String::new(),
     };
+    if !t.overlap {
+        shared.push_str(", no overlap");
+    }
     let _ = writeln!(
         *o,
         "\nthroughput, predicted: {compute}, {} Gb/s a GPU in the node, {} Gb/s a node across, \

@@ -320,6 +320,7 @@ mod tests {
             },
             topology: Topology::new(32, 8).unwrap(),
             ranks_per_gpu: 1,
+            overlap: true,
         };
         let args = SweepArgs::parse(
             "inter-gbps=12.5,25,50,100,200,400,800,1600",

@@ -146,6 +146,9 @@ pub struct Cluster {
     /// Ranks that share one GPU: 1, or the world with `--shared-gpu` (the local backend's
     /// worlds on one GPU), where every kernel of the world runs on the same SMs and memory.
     pub ranks_per_gpu: usize,
+    /// Whether communication overlaps compute as the engine schedules it; `false`
+    /// (`--no-overlap`): every job after the compute, the step their sum.
+    pub overlap: bool,
 }
 
 /// A ring all-gather or reduce-scatter of `total` bytes (the whole gathered buffer, or the whole
@@ -476,15 +479,19 @@ pub fn predict(work: &Workload, plan: &ZeroPlan, c: &Cluster) -> Prediction {
     let shard: f64 = payloads.iter().map(|p| (p.padded / w) as f64).sum();
     let optimizer = work.optimizer_s(shard, c);
     let all_reduces = 2.0 * 2.0 * (w as f64).log2().ceil() * c.latency();
-    let step_s = first.end_s + later * rest.end_s + optimizer + all_reduces;
     let compute_s = first.compute_s + later * rest.compute_s + optimizer;
+    let comm_s = first.comm_s + later * rest.comm_s + all_reduces;
+    let step_s = match c.overlap {
+        true => first.end_s + later * rest.end_s + optimizer + all_reduces,
+        false => compute_s + comm_s,
+    };
     let tokens_per_gpu = work.tokens_per_micro_batch() * work.accumulation as f64;
     let hardware = work.hardware_flops_per_micro_batch() * work.accumulation as f64;
     let model_flops = work.model.flops_per_token(work.model.config().seq_len) * tokens_per_gpu;
     Prediction {
         step_s,
         compute_s,
-        comm_s: first.comm_s + later * rest.comm_s + all_reduces,
+        comm_s,
         exposed_comm_s: step_s - compute_s,
         tokens_per_s: tokens_per_gpu * w as f64 / step_s,
         tokens_per_s_per_gpu: tokens_per_gpu / step_s,
@@ -511,6 +518,8 @@ pub struct Throughput {
     pub network: Network,
     /// Ranks sharing one GPU (`--shared-gpu`: the world).
     pub ranks_per_gpu: usize,
+    /// False with `--no-overlap`: every job serialised after the compute.
+    pub overlap: bool,
     /// The `--calibrate` file whose unit times replaced the GPU's peak x fraction, else null.
     pub calibrated_from: Option<String>,
     /// Tokens a GPU trains a step: micro_batch x seq_len x accumulation.
@@ -576,6 +585,7 @@ pub fn throughput(
         mfu_fraction: c.mfu_fraction,
         network: c.network,
         ranks_per_gpu: c.ranks_per_gpu,
+        overlap: c.overlap,
         calibrated_from: None,
         tokens_per_gpu_step: tokens as u64,
         hardware_flops_per_gpu_step: work.hardware_flops_per_micro_batch()

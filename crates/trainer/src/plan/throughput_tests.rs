@@ -30,6 +30,7 @@ fn cluster(nodes: usize, d: usize, inter_gbps: f64) -> Cluster {
             latency_us: 1.0,
         },
         ranks_per_gpu: 1,
+        overlap: true,
         topology: Topology::new(nodes * d, d).unwrap(),
     }
 }
@@ -209,6 +210,42 @@ fn zeropp_wins_on_a_slow_link_and_ties_on_a_fast_one() {
     assert!((0.95..1.05).contains(&ratio), "{ratio}");
     // Compute is what the step is made of then.
     assert!(fast.zero3.exposed_comm_s < 0.05 * fast.zero3.step_s);
+}
+
+/// `--no-overlap`: each variant's step is its compute and its communication one after the
+/// other, never shorter than the overlapped step, and the compute is the same.
+#[test]
+fn without_overlap_the_step_is_compute_plus_communication() {
+    let model = Model::new(ModelConfig::gpt2(8, 1024, 16, 1024, 50304)).unwrap();
+    let work = Workload {
+        model: &model,
+        micro_batch: 4,
+        accumulation: 2,
+        param_bytes: 2,
+        recompute: true,
+        calibration: None,
+    };
+    let base = ZeroConfig {
+        weight_quant_block: 2048,
+        grad_quant_block: 512,
+        ..Default::default()
+    };
+    let overlapped = cluster(4, 8, 200.0);
+    let serial = Cluster {
+        overlap: false,
+        ..overlapped
+    };
+    let a = throughput(&work, &base, 100, &overlapped).unwrap();
+    let b = throughput(&work, &base, 100, &serial).unwrap();
+    for ((name, o), (_, s)) in a.variants().into_iter().zip(b.variants()) {
+        assert_eq!(o.compute_s, s.compute_s, "{name}");
+        assert!(
+            (s.step_s - (s.compute_s + s.comm_s)).abs() < 1e-12,
+            "{name}: {s:?}"
+        );
+        assert!(s.step_s >= o.step_s, "{name}: {s:?} vs {o:?}");
+    }
+    assert!(b.zero3.exposed_comm_s > a.zero3.exposed_comm_s);
 }
 
 #[test]
