@@ -126,9 +126,8 @@ enum Command {
     /// the run's own validation data, as training evaluated it (docs/operations.md, "Evaluating
     /// and sampling a checkpoint").
     Eval {
-        /// A checkpoint folder (its newest step) or one `step_<N>` folder.
-        #[arg(long)]
-        checkpoint: PathBuf,
+        #[command(flatten)]
+        from: FromCheckpoint,
         /// Datasets to evaluate, each on its own: .bin/.idx prefixes or text files (.jsonl,
         /// .jsonl.zst, .jsonl.gz, .parquet), tokenised with the run's tokenizer. Default: the
         /// run's validation data.
@@ -137,23 +136,13 @@ enum Command {
         /// Sequences of each dataset (0 = all). Default: the run's log.eval_samples.
         #[arg(long, value_name = "N")]
         samples: Option<usize>,
-        /// The tokenizer of text --data (default: the run's).
-        #[arg(long)]
-        tokenizer: Option<PathBuf>,
-        /// cpu or cuda (default: the run's train.device).
-        #[arg(long, value_parser = parse_device)]
-        device: Option<config::DeviceKind>,
-        /// One JSON object instead of the table.
-        #[arg(long)]
-        json: bool,
     },
     /// Text from a checkpoint, with a KV cache, on the CPU or the GPU: greedy at temperature
     /// 0, else sampled from the top-k tokens (docs/operations.md, "Evaluating and sampling a
     /// checkpoint").
     Generate {
-        /// A checkpoint folder (its newest step) or one `step_<N>` folder.
-        #[arg(long)]
-        checkpoint: PathBuf,
+        #[command(flatten)]
+        from: FromCheckpoint,
         /// The text to continue (default: a new document, the end-of-document token alone).
         #[arg(long, default_value = "")]
         prompt: String,
@@ -170,15 +159,6 @@ enum Command {
         /// Stop at the end-of-document token.
         #[arg(long)]
         stop_at_eod: bool,
-        /// The tokenizer (default: the run's).
-        #[arg(long)]
-        tokenizer: Option<PathBuf>,
-        /// cpu or cuda (default: the run's train.device).
-        #[arg(long, value_parser = parse_device)]
-        device: Option<config::DeviceKind>,
-        /// One JSON object (prompt and generated token ids, text) instead of streamed text.
-        #[arg(long)]
-        json: bool,
     },
     /// Draw val_loss and loss against tokens, one colour per run; or, with --bench, tokens/s
     /// per GPU against the link bandwidth.
@@ -289,6 +269,23 @@ enum Command {
         #[arg(long, requires = "predict")]
         no_overlap: bool,
     },
+}
+
+/// What `eval` and `generate` read: a checkpoint, and how to run it.
+#[derive(clap::Args)]
+struct FromCheckpoint {
+    /// A checkpoint folder (its newest step) or one `step_<N>` folder.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The tokenizer of the text read and written (default: the run's).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// cpu or cuda (default: the run's train.device).
+    #[arg(long, value_parser = parse_device)]
+    device: Option<config::DeviceKind>,
+    /// One JSON object instead of the table (eval) or the streamed text (generate).
+    #[arg(long)]
+    json: bool,
 }
 
 fn main() -> ExitCode {
@@ -451,36 +448,30 @@ fn run_command(
             export::export(&checkpoint, &output, tokenizer.as_deref())
         }
         Command::Eval {
-            checkpoint,
+            from,
             data,
             samples,
-            tokenizer,
-            device,
-            json,
         } => eval::run(&eval::EvalArgs {
-            checkpoint: &checkpoint,
+            checkpoint: &from.checkpoint,
             config,
             data,
-            tokenizer: tokenizer.as_deref(),
+            tokenizer: from.tokenizer.as_deref(),
             samples,
-            device,
-            json,
+            device: from.device,
+            json: from.json,
         }),
         Command::Generate {
-            checkpoint,
+            from,
             prompt,
             max_new_tokens,
             temperature,
             top_k,
             seed,
             stop_at_eod,
-            tokenizer,
-            device,
-            json,
         } => generate::run(&generate::GenerateArgs {
-            checkpoint: &checkpoint,
+            checkpoint: &from.checkpoint,
             config,
-            tokenizer: tokenizer.as_deref(),
+            tokenizer: from.tokenizer.as_deref(),
             prompt,
             stop_at_eod,
             sampling: model::decode::Sampling {
@@ -490,8 +481,8 @@ fn run_command(
                 seed,
                 stop: None,
             },
-            device,
-            json,
+            device: from.device,
+            json: from.json,
         }),
         Command::Plot {
             metrics,
