@@ -20,8 +20,9 @@ if [[ ! -f $stub/libcudnn.so ]]; then
 fi
 export LIBRARY_PATH=$stub:$LIBRARY_PATH
 cargo build --release --features cuda -p trainer
+# cargo prints the test binary's path relative or absolute as CARGO_TARGET_DIR is given.
 tests=$(cargo test --release --features cuda -p trainer --test gpu --no-run 2>&1 |
-        grep -o "$CARGO_TARGET_DIR/release/deps/gpu-[0-9a-f]*" | tail -1)
+        grep -o "[^ (]*/release/deps/gpu-[0-9a-f]*" | tail -1)
 [[ -x $tests ]] || { echo "no GPU test binary found" >&2; exit 1; }
 mkdir -p .gpu
 strip -o .gpu/trainer "$CARGO_TARGET_DIR/release/trainer"
