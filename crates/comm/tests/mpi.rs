@@ -202,13 +202,15 @@ fn a_rank_killed_by_a_signal_ends_the_job() {
 #[test]
 fn the_watchdog_aborts_a_job_whose_rank_hangs() {
     let job = mpirun("--ranks-per-node 2 --hang-at 3 --timeout 2", |_| {});
-    // Rank 2 hangs before its 3rd collective, a reduce_scatter on the world.
+    // Rank 2 hangs before its 3rd collective, a reduce_scatter on the world. Its peers' watchdogs
+    // call MPI_Abort, which ends the job (assert_failed: within JOB_LIMIT, non-zero). mpirun's
+    // own "MPI_ABORT was invoked" notice is not asserted: when several ranks abort at once,
+    // OpenMPI 4 may print "ORTE_ERROR_LOG: Data unpack had inadequate space" in its place.
     assert_failed(
         &job,
         &[
             "reduce_scatter #",
             "on World waited 2 s for its peers (a peer died or hung); aborting MPI",
-            "MPI_ABORT",
         ],
     );
 }
