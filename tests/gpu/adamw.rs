@@ -1,7 +1,8 @@
-//! The AdamW kernel equals `AdamW::update` bitwise over several steps, decay ranges included.
+//! The AdamW kernel equals `AdamW::update` bitwise over several steps, decay ranges included,
+//! for an f32 shard and for a unit's bf16 gradient with its scale, shorter than the shard.
 
-use candle_core::{Device, Tensor};
-use zero::{AdamW, DecayRanges};
+use candle_core::{DType, Device, Tensor};
+use zero::{AdamW, DecayRanges, GradShard};
 
 fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
@@ -77,7 +78,7 @@ fn sum_of_squares_kernel_equals_the_cpu_sum() {
         let v = values(n, 5 + n as u64, 3.0);
         let cpu: f64 = v.iter().map(|x| *x as f64 * *x as f64).sum();
         let t = Tensor::new(v.as_slice(), &gpu).unwrap();
-        let got = zero::sum_of_squares(&t)
+        let got = zero::sum_of_squares(&GradShard::f32(t.clone()))
             .unwrap()
             .to_scalar::<f64>()
             .unwrap();
@@ -85,7 +86,7 @@ fn sum_of_squares_kernel_equals_the_cpu_sum() {
             (got - cpu).abs() <= 1e-12 * cpu,
             "n {n}: gpu {got} cpu {cpu}"
         );
-        let again = zero::sum_of_squares(&t)
+        let again = zero::sum_of_squares(&GradShard::f32(t.clone()))
             .unwrap()
             .to_scalar::<f64>()
             .unwrap();
@@ -93,11 +94,79 @@ fn sum_of_squares_kernel_equals_the_cpu_sum() {
         if n > 2 {
             let view = t.narrow(0, 1, n - 1).unwrap();
             let want: f64 = cpu - v[0] as f64 * v[0] as f64;
-            let got = zero::sum_of_squares(&view)
+            let got = zero::sum_of_squares(&GradShard::f32(view))
                 .unwrap()
                 .to_scalar::<f64>()
                 .unwrap();
             assert!((got - want).abs() <= 1e-12 * want.max(1e-30), "n {n} view");
         }
+    }
+}
+
+/// AdamW and the norm reading a unit's bf16 gradient where it is (W = 1): `scale` x the values,
+/// zero past their end, bitwise the CPU's from the same values; the norm within f64 rounding.
+#[test]
+fn adamw_and_the_norm_read_a_scaled_bf16_gradient() {
+    let opt = AdamW::default();
+    let gpu = Device::new_cuda(0).expect("a CUDA device");
+    let (n, len) = (10_000usize, 9_001usize);
+    let decay = DecayRanges(vec![100..3000, 6000..10_000]);
+    let mut p = values(n, 2, 0.05);
+    let (mut m, mut v) = (vec![0f32; n], vec![0f32; n]);
+    let (mut tp, mut tm, mut tv) = (
+        Tensor::new(p.as_slice(), &gpu).unwrap(),
+        Tensor::new(m.as_slice(), &gpu).unwrap(),
+        Tensor::new(v.as_slice(), &gpu).unwrap(),
+    );
+    for t in 1..=3u64 {
+        let g = Tensor::new(values(len, 20 + t, 1.0).as_slice(), &gpu)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let widened = g.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+        let (scale, clip, lr) = (0.375f32, 0.7, 3e-4);
+        opt.update_scaled(&mut p, &widened, scale, &mut m, &mut v, &decay, clip, lr, t);
+        let shard = GradShard::scaled(g, scale);
+        let copy;
+        (tp, tm, tv, copy) = opt
+            .update_tensors_with_copy(
+                &tp,
+                &shard,
+                &tm,
+                &tv,
+                &decay,
+                clip,
+                lr,
+                t,
+                Some(DType::BF16),
+            )
+            .unwrap();
+        let bits = |x: &Tensor| -> Vec<u32> {
+            let x = x.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+            x.iter().map(|f| f.to_bits()).collect()
+        };
+        let hb = |x: &[f32]| -> Vec<u32> { x.iter().map(|f| f.to_bits()).collect() };
+        assert_eq!(bits(&tp), hb(&p), "param, step {t}");
+        assert_eq!(bits(&tm), hb(&m), "exp_avg, step {t}");
+        assert_eq!(bits(&tv), hb(&v), "exp_avg_sq, step {t}");
+        let p16 = tp.to_dtype(DType::BF16).unwrap();
+        assert_eq!(
+            bits(&copy.expect("a bf16 copy")),
+            bits(&p16),
+            "copy, step {t}"
+        );
+
+        let want: f64 = widened
+            .iter()
+            .map(|x| (x * scale) as f64 * (x * scale) as f64)
+            .sum();
+        let got = zero::sum_of_squares(&shard)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+        assert!(
+            (got - want).abs() <= 1e-12 * want,
+            "norm: gpu {got} cpu {want}"
+        );
     }
 }

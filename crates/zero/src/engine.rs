@@ -19,7 +19,7 @@ use model::{Model, ModelConfig, Pass, UnitLayout};
 
 use crate::gather::{Secondary, Working};
 use crate::memory::{rank_memory, RankMemory};
-use crate::{AdamW, DecayRanges, Partition, Result, Techniques, ZeroConfig, ZeroPlan};
+use crate::{AdamW, DecayRanges, GradShard, Partition, Result, Techniques, ZeroConfig, ZeroPlan};
 use source::{Parts, Shards, Source};
 
 /// Gradient reductions left in flight during the backward pass: starting another finishes the
@@ -96,10 +96,11 @@ struct UnitShard {
     master: Tensor,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
-    /// fp32 gradient of my shard, accumulated over micro-batches; `None` while it is zero (after
+    /// The gradient of my shard, accumulated over micro-batches; `None` while it is zero (after
     /// a step), so that the first micro-batch's reduced gradient is taken as it is, with no
-    /// zeroing pass and no accumulation pass.
-    grad: Option<Tensor>,
+    /// zeroing pass and no accumulation pass. At W = 1 the first micro-batch's is the unit's
+    /// gradient as the backward wrote it, with its weight as the scale ([`GradShard`]).
+    grad: Option<GradShard>,
     decay: DecayRanges,
     /// hpZ: my node-local slice of the gathered unit, stamped with the weights it copies.
     secondary: Option<Secondary>,
@@ -223,9 +224,10 @@ impl Engine {
     /// My fp32 gradient shard of unit `u`, as accumulated since the last [`Engine::step`].
     pub fn grad_shard(&self, u: usize) -> Result<Vec<f32>> {
         let unit = &self.units[u];
+        let n = unit.master.elem_count();
         match &unit.grad {
-            Some(g) => Ok(g.to_vec1::<f32>()?),
-            None => Ok(vec![0.0; unit.master.elem_count()]),
+            Some(g) => g.to_vec(n),
+            None => Ok(vec![0.0; n]),
         }
     }
 
@@ -403,7 +405,7 @@ impl Engine {
             let u = &mut *u;
             let grad = match u.grad.take() {
                 Some(g) => g,
-                None => u.master.zeros_like()?,
+                None => GradShard::f32(u.master.zeros_like()?),
             };
             let working;
             (u.master, u.exp_avg, u.exp_avg_sq, working) =

@@ -12,6 +12,7 @@ mod config;
 mod engine;
 mod error;
 mod gather;
+mod grad_shard;
 pub mod memory;
 mod optimizer;
 #[cfg(feature = "cuda")]
@@ -32,6 +33,7 @@ pub use engine::{
 };
 pub use error::{Result, ZeroError};
 pub use gather::{BACKWARD_GATHER, FORWARD_GATHER};
+pub use grad_shard::GradShard;
 pub use memory::{rank_memory, RankMemory};
 pub use optimizer::{AdamW, DecayRanges};
 pub use partition::{reslice, Partition, Piece};

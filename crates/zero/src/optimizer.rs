@@ -2,6 +2,8 @@ use std::ops::Range;
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::GradShard;
+
 /// AdamW with decoupled weight decay (Loshchilov & Hutter; PyTorch's `AdamW`), applied to one
 /// flat fp32 shard at a time. Moments are fp32 whatever the compute precision.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -43,31 +45,48 @@ impl DecayRanges {
     }
 }
 
+/// The update's scalars, computed once a step in f64 from the optimizer's settings, the
+/// learning rate and the step, each rounded once to f32 (the arithmetic of an element is f32,
+/// as PyTorch's fused AdamW's is). The CUDA kernel takes them as they are (`struct Scalars` of
+/// `adamw.cu`), so both devices compute with the same values.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Scalars {
+    pub beta1: f32,
+    pub one_minus_beta1: f32,
+    pub beta2: f32,
+    pub one_minus_beta2: f32,
+    pub eps: f32,
+    /// `1 - lr * weight_decay`: decayed elements are multiplied by it first.
+    pub decay_factor: f32,
+    /// `lr / (1 - beta1^t)`.
+    pub step_size: f32,
+    /// `1 / sqrt(1 - beta2^t)`.
+    pub inv_sqrt_bc2: f32,
+    /// The gradient clipping coefficient (1 when the norm is within the clip).
+    pub clip: f32,
+}
+
 impl AdamW {
-    /// The CUDA kernel's scalars (`optimizer_cuda::Scalars`), the bias corrections computed as
-    /// [`AdamW::update`] computes them.
-    #[cfg(feature = "cuda")]
-    fn kernel_scalars(&self, grad_coef: f64, lr: f64, t: u64) -> [f64; 10] {
+    /// The scalars of step `t` (1-based) at learning rate `lr` with clipping coefficient `clip`.
+    pub(crate) fn scalars(&self, clip: f64, lr: f64, t: u64) -> Scalars {
         let bc1 = 1.0 - self.beta1.powi(t as i32);
         let bc2 = 1.0 - self.beta2.powi(t as i32);
-        [
-            self.beta1,
-            1.0 - self.beta1,
-            self.beta2,
-            1.0 - self.beta2,
-            self.eps,
-            self.weight_decay,
-            grad_coef,
-            lr,
-            bc1,
-            bc2,
-        ]
+        Scalars {
+            beta1: self.beta1 as f32,
+            one_minus_beta1: (1.0 - self.beta1) as f32,
+            beta2: self.beta2 as f32,
+            one_minus_beta2: (1.0 - self.beta2) as f32,
+            eps: self.eps as f32,
+            decay_factor: (1.0 - lr * self.weight_decay) as f32,
+            step_size: (lr / bc1) as f32,
+            inv_sqrt_bc2: (1.0 / bc2.sqrt()) as f32,
+            clip: clip as f32,
+        }
     }
 
-    /// One update of `param` from `grad` x `grad_coef` at optimizer step `t` (1-based).
-    ///
-    /// `param -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * param)` on decayed elements, without
-    /// the `wd` term elsewhere. Reads `grad`, does not clear it.
+    /// One update of `param` from `grad` x `grad_coef` at optimizer step `t` (1-based):
+    /// [`AdamW::update_scaled`] with scale 1.
     #[allow(clippy::too_many_arguments)]
     pub fn update(
         &self,
@@ -80,25 +99,48 @@ impl AdamW {
         lr: f64,
         t: u64,
     ) {
-        let bc1 = 1.0 - self.beta1.powi(t as i32);
-        let bc2 = 1.0 - self.beta2.powi(t as i32);
+        self.update_scaled(
+            param, grad, 1.0, exp_avg, exp_avg_sq, decay, grad_coef, lr, t,
+        );
+    }
+
+    /// One update of `param` from the gradient `(grad x scale) x clip` (zero past the end of
+    /// `grad`, which may be shorter than `param`) at optimizer step `t` (1-based), in f32:
+    ///
+    /// `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g g`, then
+    /// `param = param (1 - lr wd) - (lr / bc1) m / (sqrt(v) (1 / sqrt(bc2)) + eps)`, the decay
+    /// factor on decayed elements only. Reads `grad`, does not clear it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn update_scaled(
+        &self,
+        param: &mut [f32],
+        grad: &[f32],
+        scale: f32,
+        exp_avg: &mut [f32],
+        exp_avg_sq: &mut [f32],
+        decay: &DecayRanges,
+        clip: f64,
+        lr: f64,
+        t: u64,
+    ) {
+        let s = self.scalars(clip, lr, t);
         let mut decayed = decay.0.iter().peekable();
         for i in 0..param.len() {
             while decayed.peek().is_some_and(|r| r.end <= i) {
                 decayed.next();
             }
-            let wd = match decayed.peek() {
-                Some(r) if r.contains(&i) => self.weight_decay,
-                _ => 0.0,
+            let raw = grad.get(i).copied().unwrap_or(0.0);
+            let g = raw * scale * s.clip;
+            let m = s.beta1 * exp_avg[i] + s.one_minus_beta1 * g;
+            let v = s.beta2 * exp_avg_sq[i] + s.one_minus_beta2 * g * g;
+            exp_avg[i] = m;
+            exp_avg_sq[i] = v;
+            let denom = v.sqrt() * s.inv_sqrt_bc2 + s.eps;
+            let p = match decayed.peek() {
+                Some(r) if r.contains(&i) => param[i] * s.decay_factor,
+                _ => param[i],
             };
-            let g = grad[i] as f64 * grad_coef;
-            let m = self.beta1 * exp_avg[i] as f64 + (1.0 - self.beta1) * g;
-            let v = self.beta2 * exp_avg_sq[i] as f64 + (1.0 - self.beta2) * g * g;
-            exp_avg[i] = m as f32;
-            exp_avg_sq[i] = v as f32;
-            let p = param[i] as f64;
-            let step = (m / bc1) / ((v / bc2).sqrt() + self.eps) + wd * p;
-            param[i] = (p - lr * step) as f32;
+            param[i] = p - s.step_size * m / denom;
         }
     }
 
@@ -119,8 +161,9 @@ impl AdamW {
         lr: f64,
         t: u64,
     ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        let grad = GradShard::f32(grad.clone());
         let (p, m, v, _) = self.update_tensors_with_copy(
-            param, grad, exp_avg, exp_avg_sq, decay, grad_coef, lr, t, None,
+            param, &grad, exp_avg, exp_avg_sq, decay, grad_coef, lr, t, None,
         )?;
         Ok((p, m, v))
     }
@@ -129,12 +172,13 @@ impl AdamW {
     /// `dtype` (the engine's working copy in the compute dtype, which its gathers read instead
     /// of casting the master again): on the GPU written by the update's own kernel (2 bytes an
     /// element more for bf16, no pass of its own), elsewhere cast. Equal, bit for bit, to
-    /// casting the returned parameters.
+    /// casting the returned parameters. The gradient is a [`GradShard`]: an f32 shard, or a
+    /// unit's bf16 gradient with its scale (read as it is, 2 bytes an element).
     #[allow(clippy::too_many_arguments)]
     pub fn update_tensors_with_copy(
         &self,
         param: &Tensor,
-        grad: &Tensor,
+        grad: &GradShard,
         exp_avg: &Tensor,
         exp_avg_sq: &Tensor,
         decay: &DecayRanges,
@@ -144,9 +188,22 @@ impl AdamW {
         copy: Option<DType>,
     ) -> candle_core::Result<(Tensor, Tensor, Tensor, Option<Tensor>)> {
         let n = param.elem_count();
+        let values = grad.values();
+        if values.rank() != 1
+            || !values.is_contiguous()
+            || !matches!(values.dtype(), DType::F32 | DType::BF16)
+            || values.elem_count() > n
+            || !values.device().same_device(param.device())
+        {
+            candle_core::bail!(
+                "AdamW: grad must be 1-D contiguous F32 or BF16 of at most {n} elements on the \
+                 device of param, got {:?} {:?}",
+                values.dims(),
+                values.dtype()
+            );
+        }
         for (what, x) in [
             ("param", param),
-            ("grad", grad),
             ("exp_avg", exp_avg),
             ("exp_avg_sq", exp_avg_sq),
         ] {
@@ -169,8 +226,9 @@ impl AdamW {
                 let mut p = param.to_vec1::<f32>()?;
                 let mut m = exp_avg.to_vec1::<f32>()?;
                 let mut v = exp_avg_sq.to_vec1::<f32>()?;
-                let g = grad.to_vec1::<f32>()?;
-                self.update(&mut p, &g, &mut m, &mut v, decay, grad_coef, lr, t);
+                let g = values.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+                let scale = grad.scale();
+                self.update_scaled(&mut p, &g, scale, &mut m, &mut v, decay, grad_coef, lr, t);
                 let dev = &Device::Cpu;
                 let p = Tensor::from_vec(p, n, dev)?;
                 let copy = copy.map(|d| p.to_dtype(d)).transpose()?;
@@ -190,7 +248,7 @@ impl AdamW {
                     exp_avg,
                     exp_avg_sq,
                     &decay.0,
-                    &self.kernel_scalars(grad_coef, lr, t),
+                    &self.scalars(grad_coef, lr, t),
                     copy == Some(DType::BF16),
                 )?;
                 let copy = match (copy, bf16) {
@@ -301,10 +359,29 @@ mod tests {
         assert_eq!(bits(&tp.to_vec1::<f32>().unwrap()), bits(&p));
         assert_eq!(bits(&tm.to_vec1::<f32>().unwrap()), bits(&m));
         assert_eq!(bits(&tv.to_vec1::<f32>().unwrap()), bits(&v));
-        let short = Tensor::zeros(3, DType::F32, dev).unwrap();
+        let long = Tensor::zeros(n + 1, DType::F32, dev).unwrap();
         assert!(o
-            .update_tensors(&tp, &short, &tm, &tv, &decay, 1.0, 0.01, 1)
+            .update_tensors(&tp, &long, &tm, &tv, &decay, 1.0, 0.01, 1)
             .is_err());
+        // A shorter gradient is zero past its end, in bf16 with a scale as in f32.
+        let g: Vec<f32> = (0..n - 7).map(|i| (i % 11) as f32 * 0.25 - 1.0).collect();
+        let mut padded: Vec<f32> = g.iter().map(|x| x * 0.5).collect();
+        padded.resize(n, 0.0);
+        let full = Tensor::from_vec(padded, n, dev).unwrap();
+        let short = Tensor::from_vec(g, n - 7, dev)
+            .unwrap()
+            .to_dtype(DType::BF16);
+        let short = GradShard::scaled(short.unwrap(), 0.5);
+        let (a, ..) = o
+            .update_tensors(&tp, &full, &tm, &tv, &decay, 1.0, 0.01, 4)
+            .unwrap();
+        let (b, ..) = o
+            .update_tensors_with_copy(&tp, &short, &tm, &tv, &decay, 1.0, 0.01, 4, None)
+            .unwrap();
+        assert_eq!(
+            bits(&a.to_vec1::<f32>().unwrap()),
+            bits(&b.to_vec1::<f32>().unwrap())
+        );
     }
 
     #[test]

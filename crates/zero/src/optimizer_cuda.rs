@@ -1,35 +1,47 @@
 //! The AdamW update of `optimizer.rs` as one CUDA kernel (`crates/kernels/cuda/adamw.cu`,
 //! [`kernels::ADAMW`], compiled with NVRTC by [`kernels::loader`]), bitwise equal to
-//! `AdamW::update`: the same f64 operations in the same order, written with IEEE intrinsics
-//! (`__dmul_rn`, `__ddiv_rn`, `__dsqrt_rn`, ...) and compiled without FMA contraction, the
-//! scalars (bias corrections included) computed on the host by `AdamW::kernel_scalars`, and the
-//! weight decay taken on the decay ranges only. It takes plain values, not the optimizer's
-//! types, so that `optimizer.rs` calls it and it imports nothing back.
+//! `AdamW::update_scaled`: the same f32 operations in the same order, written with IEEE
+//! intrinsics (`__fmul_rn`, `__fdiv_rn`, `__fsqrt_rn`, ...) and compiled without FMA
+//! contraction, the scalars computed on the host by `AdamW::scalars`, and the weight decay taken
+//! on the decay ranges only. The gradient is read as it is stored (f32, or the unit's bf16
+//! gradient at W = 1) with its scale, zero past its length.
 //!
-//! Launch shape: one thread per element, `THREADS` (256) a CTA. The decay ranges (sorted,
-//! disjoint) travel by value in the kernel parameters, up to `MAX_RANGES` a launch; a shard with
-//! more ranges is cut into element spans of at most that many ranges each, one launch per span.
-//! Each thread binary-searches its element's range. Bytes moved per element: 16 read (param,
-//! grad, m, v), 12 written (new param, m, v).
+//! Launch shape: `THREADS` (256) a CTA, each thread `ELEMS` elements `THREADS` apart. The decay
+//! ranges (sorted, disjoint) travel by value in the kernel parameters, up to `MAX_RANGES` a
+//! launch; a shard with more ranges is cut into element spans of at most that many ranges each,
+//! one launch per span. Each element binary-searches its range. Bytes moved per element: 12 read
+//! (param, m, v) and 12 written, plus the gradient's 4 or 2, plus 2 for the bf16 copy.
 
 use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice, WrapErr};
 use candle_core::op::BackpropOp;
-use candle_core::{CudaStorage, Result, Storage, Tensor};
+use candle_core::{CudaStorage, DType, Result, Storage, Tensor};
 
 use std::ops::Range;
+
+use crate::optimizer::Scalars;
+use crate::GradShard;
+
+/// The gradient's values as the kernel reads them.
+enum GradView<'a> {
+    F32(CudaView<'a, f32>),
+    Bf16(CudaView<'a, half::bf16>),
+}
 
 /// Decay ranges a launch carries in its parameters (`MAX_RANGES` in the source).
 pub(crate) const MAX_RANGES: usize = 64;
 /// Threads a CTA (`THREADS` in the source).
 const THREADS: usize = 256;
+/// Elements a thread (`ELEMS` in the source).
+const ELEMS: usize = 4;
 
 /// The source's defines: the constants this file shares with it.
-const DEFINES: [kernels::Define; 2] = [
+const DEFINES: [kernels::Define; 3] = [
     ("MAX_RANGES", MAX_RANGES as i64),
     ("THREADS", THREADS as i64),
+    ("ELEMS", ELEMS as i64),
 ];
 
 /// The kernel's `Ranges` parameter.
@@ -43,6 +55,8 @@ struct Ranges {
 
 // SAFETY: plain #[repr(C)] data with the layout of the kernel's struct Ranges.
 unsafe impl DeviceRepr for Ranges {}
+// SAFETY: nine f32 in a #[repr(C)] struct, the layout of the kernel's struct Scalars.
+unsafe impl DeviceRepr for Scalars {}
 
 /// Element spans, each with at most [`MAX_RANGES`] of the (non-empty, sorted) decay ranges,
 /// covering 0..len.
@@ -75,26 +89,26 @@ fn spans(len: usize, decay: &[Range<usize>]) -> Vec<(usize, usize, Ranges)> {
     out
 }
 
-fn view<'a>(st: &'a Storage, t: &Tensor) -> Result<CudaView<'a, f32>> {
+fn view<'a, T: candle_core::cuda_backend::CudaDType>(
+    st: &'a Storage,
+    t: &Tensor,
+) -> Result<CudaView<'a, T>> {
     let Storage::Cuda(cs) = st else {
         candle_core::bail!("AdamW: tensor not on the GPU")
     };
     let o = t.layout().start_offset();
-    Ok(cs.as_cuda_slice::<f32>()?.slice(o..o + t.elem_count()))
+    Ok(cs.as_cuda_slice::<T>()?.slice(o..o + t.elem_count()))
 }
 
-/// The kernel's scalar parameters, in its order: `beta1, 1 - beta1, beta2, 1 - beta2, eps,
-/// weight_decay, grad_coef, lr, bias correction 1, bias correction 2`.
-pub(crate) type Scalars = [f64; 10];
-
-/// GPU `AdamW::update_tensors` (shapes already checked: 1-D contiguous F32, equal lengths),
+/// GPU `AdamW::update_tensors_with_copy` (shapes already checked: param and moments 1-D
+/// contiguous F32 of one length, the gradient's values 1-D contiguous F32 or BF16, no longer),
 /// weight decay on the sorted, disjoint `decay` ranges; with `bf16_copy`, also the new
 /// parameters in bf16, written by the same kernel.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn update(
     dev: &CudaDevice,
     param: &Tensor,
-    grad: &Tensor,
+    grad: &GradShard,
     exp_avg: &Tensor,
     exp_avg_sq: &Tensor,
     decay: &[Range<usize>],
@@ -113,46 +127,58 @@ pub(crate) fn update(
         false => None,
     };
     if n > 0 {
+        let values = grad.values();
+        let name = match values.dtype() {
+            DType::BF16 => "adamw_bf16",
+            _ => "adamw_f32",
+        };
         let f = kernels::loader::function(
             dev,
             &kernels::ADAMW,
             &DEFINES,
             kernels::Flavour::Exact,
-            "adamw_f32",
+            name,
         )
         .map_err(candle_core::Error::wrap)?;
         let stream = dev.cuda_stream();
         let (sp, sg, sm, sv) = (
             param.storage_and_layout().0,
-            grad.storage_and_layout().0,
+            values.storage_and_layout().0,
             exp_avg.storage_and_layout().0,
             exp_avg_sq.storage_and_layout().0,
         );
-        let (vp, vg, vm, vv) = (
-            view(&sp, param)?,
-            view(&sg, grad)?,
-            view(&sm, exp_avg)?,
-            view(&sv, exp_avg_sq)?,
+        let (vp, vm, vv) = (
+            view::<f32>(&sp, param)?,
+            view::<f32>(&sm, exp_avg)?,
+            view::<f32>(&sv, exp_avg_sq)?,
         );
+        // The gradient's address: f32 or bf16, the kernel chosen above reads it as such.
+        let vg = match values.dtype() {
+            DType::BF16 => GradView::Bf16(view::<half::bf16>(&sg, values)?),
+            _ => GradView::F32(view::<f32>(&sg, values)?),
+        };
+        let (grad_len, scale) = (values.elem_count() as i64, grad.scale());
         for (start, end, ranges) in spans(n, decay) {
             if start >= end {
                 continue;
             }
             let (s64, e64) = (start as i64, end as i64);
             let mut b = stream.launch_builder(&f);
-            b.arg(&vp).arg(&vg).arg(&vm).arg(&vv);
+            b.arg(&vp);
+            match &vg {
+                GradView::F32(g) => b.arg(g),
+                GradView::Bf16(g) => b.arg(g),
+            };
+            b.arg(&grad_len).arg(&scale).arg(&vm).arg(&vv);
             b.arg(&mut p_out).arg(&mut m_out).arg(&mut v_out);
             let null = 0u64;
             match copy.as_mut() {
                 Some(c) => b.arg(c),
                 None => b.arg(&null),
             };
-            b.arg(&s64).arg(&e64).arg(&ranges);
-            for x in scalars {
-                b.arg(x);
-            }
+            b.arg(&s64).arg(&e64).arg(&ranges).arg(scalars);
             let cfg = LaunchConfig {
-                grid_dim: ((end - start).div_ceil(THREADS) as u32, 1, 1),
+                grid_dim: ((end - start).div_ceil(THREADS * ELEMS) as u32, 1, 1),
                 block_dim: (THREADS as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -189,8 +215,9 @@ mod tests {
         let ptx = kernels::loader::ptx(&kernels::ADAMW, &DEFINES, kernels::Flavour::Exact)
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(ptx.contains(".entry adamw_f32("));
+        assert!(ptx.contains(".entry adamw_bf16("));
         assert!(
-            !ptx.contains("fma.rn.f64"),
+            !ptx.contains("fma.rn.f32"),
             "FMA contraction would change the bits"
         );
     }

@@ -1,22 +1,31 @@
 //! The sum of squares of a gradient shard in f64: the per-rank part of the global gradient
 //! norm that clipping needs (`Engine::step`).
 //!
-//! On the CPU, candle ops: cast to f64, square, sum. On a CUDA device, the two-stage kernel of
-//! `crates/kernels/cuda/gradnorm.cu` (one pass over the f32 shard at memory speed, then a sum
-//! of `GRID` partials): candle's `sum_all` reduces a whole tensor in one CTA, which for a
-//! 350M-element model took 200 ms a step on the H200.
+//! On the CPU, candle ops: widen to f32, scale, cast to f64, square, sum. On a CUDA device,
+//! the two-stage kernel of `crates/kernels/cuda/gradnorm.cu` (one pass over the f32 or bf16
+//! values at memory speed, then a sum of `GRID` partials): candle's `sum_all` reduces a whole
+//! tensor in one CTA, which for a 350M-element model took 200 ms a step on the H200.
 
 use candle_core::{DType, Tensor};
 
-use crate::Result;
+use crate::{GradShard, Result};
 
-/// `sum(x^2)` of a 1-D f32 tensor, as a 0-D f64 tensor on its device (no host read).
+/// `sum((scale x)^2)` of a gradient shard (its values 1-D, f32 or bf16; each scaled in f32,
+/// then squared and summed in f64), as a 0-D f64 tensor on its device (no host read).
 /// Deterministic: the same input gives the same bits on a given device.
-pub fn sum_of_squares(x: &Tensor) -> Result<Tensor> {
+pub fn sum_of_squares(g: &GradShard) -> Result<Tensor> {
+    let (x, scale) = (g.values(), g.scale());
     #[cfg(feature = "cuda")]
-    if x.device().is_cuda() && x.dtype() == DType::F32 && x.is_contiguous() {
-        return Ok(cuda::sum_of_squares(x)?);
+    if x.device().is_cuda() && matches!(x.dtype(), DType::F32 | DType::BF16) && x.is_contiguous() {
+        if let Some(s) = cuda::sum_of_squares(x, scale)? {
+            return Ok(s);
+        }
     }
+    let x = x.to_dtype(DType::F32)?;
+    let x = match scale == 1.0 {
+        true => x,
+        false => (x * scale as f64)?,
+    };
     Ok(x.to_dtype(DType::F64)?.sqr()?.sum_all()?)
 }
 
@@ -25,13 +34,15 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
     use candle_core::op::BackpropOp;
-    use candle_core::{CudaStorage, Result, Storage, Tensor};
+    use candle_core::{CudaStorage, DType, Result, Storage, Tensor};
 
     /// CTAs of the first stage (`GRID` in the source): a few a SM on the H200's 132.
     const GRID: usize = 1024;
     const DEFINES: [kernels::Define; 1] = [("GRID", GRID as i64)];
 
-    pub(super) fn sum_of_squares(x: &Tensor) -> Result<Tensor> {
+    /// The kernel's sum, or `None` where the values' view is not 16-byte aligned (the kernel
+    /// reads 16 bytes at a time; the caller takes the candle path).
+    pub(super) fn sum_of_squares(x: &Tensor, scale: f32) -> Result<Option<Tensor>> {
         let (st, layout) = x.storage_and_layout();
         let Storage::Cuda(cs) = &*st else {
             candle_core::bail!("sum_of_squares: not a CUDA tensor")
@@ -39,32 +50,47 @@ mod cuda {
         let dev = cs.device.clone();
         let o = layout.start_offset();
         let n = x.elem_count();
-        let view: CudaView<f32> = cs.as_cuda_slice::<f32>()?.slice(o..o + n);
-        if (o * 4) % 16 != 0 {
-            // The kernel reads float4s: an unaligned view takes the candle path.
-            drop(st);
-            return x.to_dtype(candle_core::DType::F64)?.sqr()?.sum_all();
+        if !(o * x.dtype().size_in_bytes()).is_multiple_of(16) {
+            return Ok(None);
         }
+        let bf16 = x.dtype() == DType::BF16;
+        let name = match bf16 {
+            true => "sum_squares_bf16_f64",
+            false => "sum_squares_f64",
+        };
         let f = kernels::loader::function(
             &dev,
             &kernels::GRADNORM,
             &DEFINES,
             kernels::Flavour::Fast,
-            "sum_squares_f64",
+            name,
         )
         .map_err(candle_core::Error::wrap)?;
         let stream = dev.cuda_stream();
         // SAFETY: the kernel writes all GRID partials.
         let mut partials = unsafe { stream.alloc::<f64>(GRID) }.w()?;
         let n64 = n as i64;
+        let as_bf16: CudaView<half::bf16>;
+        let as_f32: CudaView<f32>;
         let mut b = stream.launch_builder(&f);
-        b.arg(&view).arg(&n64).arg(&mut partials);
+        match bf16 {
+            true => {
+                as_bf16 = cs.as_cuda_slice::<half::bf16>()?.slice(o..o + n);
+                b.arg(&as_bf16)
+            }
+            false => {
+                as_f32 = cs.as_cuda_slice::<f32>()?.slice(o..o + n);
+                b.arg(&as_f32)
+            }
+        };
+        b.arg(&n64).arg(&scale).arg(&mut partials);
         let cfg = LaunchConfig {
             grid_dim: (GRID as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: (const float*, long long, double*) as in the source; n elements are readable.
+        // SAFETY: (const float* or const bf16*, long long, float, double*) as in the source; n
+        // elements of the kernel's type are readable at the view's address.
         unsafe { b.launch(cfg) }.w()?;
         drop(st);
         let partials = Tensor::from_storage(
@@ -76,7 +102,7 @@ mod cuda {
             BackpropOp::none(),
             false,
         );
-        partials.sum_all()
+        partials.sum_all().map(Some)
     }
 }
 
@@ -88,8 +114,15 @@ mod tests {
     #[test]
     fn cpu_sum_of_squares_is_exact_for_small_integers() {
         let x = Tensor::new(&[1f32, -2.0, 3.0, 0.5], &Device::Cpu).unwrap();
-        let s = sum_of_squares(&x).unwrap().to_scalar::<f64>().unwrap();
+        let s = sum_of_squares(&GradShard::f32(x.clone()))
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
         assert_eq!(s, 14.25);
+        // Scaled (by a power of two: exact) and in bf16 (these values are exact in bf16 too).
+        let half = GradShard::scaled(x.to_dtype(DType::BF16).unwrap(), 0.5);
+        let s = sum_of_squares(&half).unwrap().to_scalar::<f64>().unwrap();
+        assert_eq!(s, 14.25 / 4.0);
     }
 
     /// Needs only libnvrtc, no GPU.
@@ -103,5 +136,6 @@ mod tests {
         )
         .unwrap_or_else(|e| panic!("{e}"));
         assert!(ptx.contains(".entry sum_squares_f64("));
+        assert!(ptx.contains(".entry sum_squares_bf16_f64("));
     }
 }

@@ -7,13 +7,14 @@ use std::collections::VecDeque;
 
 use candle_core::Tensor;
 use comm::Communicator;
+use kernels::place::Place;
 use kernels::profile::{scope, Family};
 use model::UnitSource;
 
 use super::{EngineOptions, UnitShard, REDUCTIONS_IN_FLIGHT};
 use crate::gather::{self, GatherQueue};
 use crate::reduce::{self, Reduced};
-use crate::{GradReduction, Result, SecondaryPartition, StepPlan, ZeroError, ZeroPlan};
+use crate::{GradReduction, GradShard, Result, SecondaryPartition, StepPlan, ZeroError, ZeroPlan};
 
 /// The engine's parts a walk borrows besides its shards.
 pub(super) struct Parts<'a> {
@@ -152,7 +153,19 @@ impl<'a> Source<'a> {
         };
         let unit = &mut units[u];
         let coef = *grad_scale / unit.partition.world as f32;
-        let acc = unit.grad.take();
+        let world = unit.partition.world;
+        if world == 1 && unit.grad.is_none() && grad.rank() == 1 && grad.is_contiguous() {
+            // Nothing to reduce, nothing to add to: the gradient as the backward wrote it, and
+            // its weight, are the shard (read where it is by the norm and AdamW).
+            unit.grad = Some(GradShard::scaled(grad.clone(), coef));
+            return Ok(());
+        }
+        // A shard kept as the backward wrote it becomes the padded f32 shard to add into.
+        let shard = unit.partition.shard_len();
+        let acc = match unit.grad.take() {
+            Some(g) => Some(g.to_f32(&Place::Own, shard)?),
+            None => None,
+        };
         let error = match how {
             GradReduction::Qgz {
                 error_feedback: true,
@@ -204,7 +217,7 @@ fn finish_reduce(
         reduce::finish(r)?
     };
     let unit = &mut units[u];
-    unit.grad = Some(shard);
+    unit.grad = Some(GradShard::f32(shard));
     if error.is_some() {
         unit.qgz_error = error;
     }

@@ -53,7 +53,7 @@ fn poison_grad(e: &mut Engine, u: usize, i: usize) -> Result<()> {
     let mut g = e.grad_shard(u)?;
     g[i] = f32::NAN;
     let n = g.len();
-    e.units[u].grad = Some(Tensor::from_vec(g, n, &Device::Cpu)?);
+    e.units[u].grad = Some(GradShard::f32(Tensor::from_vec(g, n, &Device::Cpu)?));
     Ok(())
 }
 
