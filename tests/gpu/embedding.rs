@@ -7,7 +7,7 @@
 
 use crate::common::{assert_close, f32_bits, uniform};
 use candle_core::{DType, Device, Tensor};
-use model::layers::{embedding_backward, embedding_forward};
+use model::layers::{embedding_backward, embedding_forward, TokenIndex};
 
 /// The same bf16-rounded values as (CPU f32, GPU bf16).
 fn pair(dims: &[usize], seed: u64, scale: f32, gpu: &Device) -> (Tensor, Tensor) {
@@ -54,6 +54,10 @@ fn check(b: usize, t: usize, c: usize, v: usize, max_t: usize) {
     assert_close(&format!("forward {shape}"), &out_g, &out_c, 4e-3);
 
     let (dout_c, dout_g) = pair(&[b, t, c], 4, 1.0, &gpu);
+    let (tok_g, tok_c) = (
+        TokenIndex::new(&tok_g, v).unwrap(),
+        TokenIndex::new(&tok_c, v).unwrap(),
+    );
     let (dwte_g, dwpe_g) = embedding_backward(&dout_g, &tok_g, v, max_t).unwrap();
     assert_eq!(dwte_g.dtype(), DType::BF16);
     let (dwte_c, dwpe_c) = embedding_backward(&dout_c, &tok_c, v, max_t).unwrap();
@@ -100,4 +104,15 @@ fn embedding_forward_out_of_range_token_gives_nan() {
         "token 11 of V = 11: NaN row"
     );
     assert!(out[0][0].iter().chain(&out[0][2]).all(|x| x.is_finite()));
+}
+
+/// The index is made where the tokens are embedded: an id outside the vocabulary is refused
+/// there.
+#[test]
+fn token_index_refuses_ids_outside_the_vocabulary() {
+    let gpu = Device::new_cuda(0).expect("a CUDA device");
+    let bad = Tensor::new(&[[1u32, 7, 8]], &gpu).unwrap();
+    let err = TokenIndex::new(&bad, 8).unwrap_err().to_string();
+    assert!(err.contains("token id 8 >= vocab size 8"), "{err}");
+    assert!(TokenIndex::new(&bad, 9).is_ok());
 }

@@ -21,7 +21,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::{
     attention_backward, attention_forward, crossentropy_forward_backward, layernorm_backward,
     layernorm_forward, matmul_backward_into, matmul_forward, matmul_gelu_backward_into,
-    matmul_gelu_forward, residual_matmul_forward, AttSaved, LnSaved,
+    matmul_gelu_forward, residual_matmul_forward, AttSaved, LnSaved, Loss, TokenIndex,
 };
 use crate::layout::{UnitKind, UnitLayout};
 use crate::units::{check_acts, check_params, check_tokens, flatten_grads, FlatGrad};
@@ -49,11 +49,11 @@ pub fn embedding_unit_forward(
 /// `0..T` summed over the batch, the rest zero). Dtype of `dout`. Returned, not accumulated.
 pub fn embedding_unit_backward(
     cfg: &ModelConfig,
-    tokens: &Tensor,
+    tokens: &TokenIndex,
     dout: &Tensor,
 ) -> Result<Tensor> {
     let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
-    let (b, t) = check_tokens(cfg, tokens, "tokens")?;
+    let (b, t) = check_tokens(cfg, tokens.tokens(), "tokens")?;
     if dout.dims() != [b, t, cfg.n_embd] {
         return Err(ModelError::ShapeMismatch {
             what: "embedding dout",
@@ -317,7 +317,7 @@ pub(crate) fn head_loss(
     x: &Tensor,
     targets: &Tensor,
     grad: bool,
-) -> Result<(f64, Option<(Tensor, Tensor)>)> {
+) -> Result<(Loss, Option<(Tensor, Tensor)>)> {
     let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
     check_params(embedding_params, &unit, "embedding")?;
     let (b, t) = check_acts(cfg, x, "lm head input")?;
@@ -358,7 +358,9 @@ pub fn lm_head_loss(
     x: &Tensor,
     targets: &Tensor,
 ) -> Result<f64> {
-    Ok(head_loss(cfg, embedding_params, x, targets, false)?.0)
+    head_loss(cfg, embedding_params, x, targets, false)?
+        .0
+        .value()
 }
 
 /// [`lm_head_loss`] plus gradients: `(loss, dx (B, T, C), flat d(embedding unit))`, the flat
@@ -371,7 +373,7 @@ pub fn lm_head_loss_backward(
 ) -> Result<(f64, Tensor, Tensor)> {
     let (loss, grads) = head_loss(cfg, embedding_params, x, targets, true)?;
     let (dx, flat) = grads.expect("requested gradients");
-    Ok((loss, dx, flat))
+    Ok((loss.value()?, dx, flat))
 }
 
 // ------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@
 //! let (x, _) = llama::block_forward(&cfg, &p[1], &x, false).unwrap();
 //! let (x, _) = llama::final_norm_forward(&cfg, &p[2], &x).unwrap();
 //! let (loss, _) = llama::head_loss(&cfg, &p[0], &x, &targets, false).unwrap();
+//! let loss = loss.value().unwrap(); // read on the host here
 //! assert!((loss - 10f64.ln()).abs() < 0.05); // near-uniform predictions at init
 //! ```
 
@@ -44,7 +45,7 @@ use crate::layers::{
     add_rmsnorm_forward, crossentropy_forward_backward, gqa_packed_backward, gqa_packed_forward,
     matmul_cols_backward, matmul_cols_forward, rmsnorm_backward, rmsnorm_backward_into,
     rmsnorm_forward, rope_qk_backward, rope_qk_forward, rope_tables, swiglu_packed_backward,
-    swiglu_packed_forward,
+    swiglu_packed_forward, Loss, TokenIndex,
 };
 use crate::layout::{UnitKind, UnitLayout};
 use crate::units::{check_acts, check_params, check_tokens, flatten_grads, FlatGrad};
@@ -85,9 +86,9 @@ pub fn embedding_forward(cfg: &ModelConfig, params: &Tensor, tokens: &Tensor) ->
 /// Flat gradient of the embedding unit: the rows of `dout (B, T, C)` added into
 /// `embed_tokens`' rows of their tokens (in the order the tokens appear), the rest zero. Dtype
 /// of `dout`. Returned, not accumulated.
-pub fn embedding_backward(cfg: &ModelConfig, tokens: &Tensor, dout: &Tensor) -> Result<Tensor> {
+pub fn embedding_backward(cfg: &ModelConfig, tokens: &TokenIndex, dout: &Tensor) -> Result<Tensor> {
     let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
-    let (b, t) = check_tokens(cfg, tokens, "tokens")?;
+    let (b, t) = check_tokens(cfg, tokens.tokens(), "tokens")?;
     check_dout(cfg, dout, (b, t), "embedding dout")?;
     // GPT-2's token rows without its positions (on the GPU its deterministic kernel; the
     // position rows it also sums are dropped).
@@ -410,7 +411,7 @@ pub fn head_loss(
     x: &Tensor,
     targets: &Tensor,
     grad: bool,
-) -> Result<(f64, Option<(Tensor, Tensor)>)> {
+) -> Result<(Loss, Option<(Tensor, Tensor)>)> {
     let (unit, name) = head_unit(cfg);
     check_params(head_params, &unit, "lm head")?;
     let (b, t) = check_acts(cfg, x, "lm head input")?;

@@ -41,6 +41,7 @@ use kernels::profile::Phase;
 
 use crate::config::{Arch, ModelConfig};
 use crate::error::{ModelError, Result};
+use crate::layers::{Loss, TokenIndex};
 use crate::layout::{ModelLayout, ParamSpec, UnitKind, UnitLayout};
 use crate::{gpt2, llama};
 
@@ -57,8 +58,8 @@ pub struct Saved(SavedInner);
 
 #[derive(Clone, Debug)]
 enum SavedInner {
-    /// An embedding's backward scatters `dout` by the tokens.
-    Tokens(Tensor),
+    /// An embedding's backward scatters `dout` by the tokens (on a GPU, by their CSR).
+    Tokens(TokenIndex),
     Gpt2Block(gpt2::BlockSaved),
     Gpt2Norm(gpt2::NormSaved),
     LlamaBlock(llama::LlamaBlockSaved),
@@ -151,10 +152,15 @@ impl Model {
         let cfg = &self.cfg;
         let kind = self.layout.units[u].kind;
         let (out, saved) = match (cfg.arch, kind) {
-            (Arch::Gpt2, UnitKind::Embedding) => (
-                gpt2::embedding_unit_forward(cfg, params, input)?,
-                SavedInner::Tokens(input.clone()),
-            ),
+            (arch, UnitKind::Embedding) => {
+                // The index first: its read of the ids waits for less queued before it.
+                let index = TokenIndex::new(input, cfg.vocab_size)?;
+                let out = match arch {
+                    Arch::Gpt2 => gpt2::embedding_unit_forward(cfg, params, input)?,
+                    Arch::Llama => llama::embedding_forward(cfg, params, input)?,
+                };
+                (out, SavedInner::Tokens(index))
+            }
             (Arch::Gpt2, UnitKind::Block(_)) => {
                 let (y, s) = gpt2::block_forward(cfg, params, input, recompute)?;
                 (y, SavedInner::Gpt2Block(s))
@@ -163,10 +169,6 @@ impl Model {
                 let (y, s) = gpt2::final_norm_forward(cfg, params, input)?;
                 (y, SavedInner::Gpt2Norm(s))
             }
-            (Arch::Llama, UnitKind::Embedding) => (
-                llama::embedding_forward(cfg, params, input)?,
-                SavedInner::Tokens(input.clone()),
-            ),
             (Arch::Llama, UnitKind::Block(_)) => {
                 let (y, s) = llama::block_forward(cfg, params, input, recompute)?;
                 (y, SavedInner::LlamaBlock(s))
@@ -237,7 +239,7 @@ impl Model {
         x: &Tensor,
         targets: &Tensor,
         grad: bool,
-    ) -> Result<(f64, Option<(Tensor, Tensor)>)> {
+    ) -> Result<(Loss, Option<(Tensor, Tensor)>)> {
         match self.cfg.arch {
             Arch::Gpt2 => gpt2::head_loss(&self.cfg, head_params, x, targets, grad),
             Arch::Llama => llama::head_loss(&self.cfg, head_params, x, targets, grad),
@@ -303,7 +305,9 @@ impl Model {
                 dx = d;
             }
         }
-        Ok(loss)
+        // Read now that the whole backward is queued: the read waits for the GPU, not the
+        // GPU for the host.
+        Ok(loss.value()?)
     }
 
     /// Forward and head of one micro-batch, every block recomputing (nothing is kept): the loss.
@@ -326,7 +330,7 @@ impl Model {
             }
         }
         let head_params = head_params.expect("the head's unit is one of the units");
-        Ok(self.head(&head_params, &x, targets, false)?.0)
+        Ok(self.head(&head_params, &x, targets, false)?.0.value()?)
     }
 
     /// Mean loss of the whole model on one device; `unit_params` are the flat buffers of

@@ -13,6 +13,9 @@ use candle_core::{Device, Tensor};
 use model::decode::{Decoder, KvCache, Sampling};
 use model::{gpt2, init_unit_range, llama, Arch, ModelConfig, ModelError, ModelLayout, ParamInit};
 
+mod common;
+use common::Rng;
+
 const SEQ: usize = 9;
 const VOCAB: usize = 23;
 
@@ -30,27 +33,6 @@ fn configs() -> Vec<(&'static str, ModelConfig)> {
     ]
 }
 
-/// Deterministic pseudo-random numbers for test data (splitmix64).
-struct Rng(u64);
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn unif(&mut self) -> f32 {
-        ((self.next_u64() >> 11) as f64 / (1u64 << 52) as f64 - 1.0) as f32
-    }
-    fn tokens(&mut self, n: usize) -> Vec<u32> {
-        (0..n)
-            .map(|_| (self.next_u64() % VOCAB as u64) as u32)
-            .collect()
-    }
-}
-
 /// Each unit's flat buffer (plus 3 elements of padding, which the decoder must ignore):
 /// `init_unit_range`, the normal matrices times 20, the ones and zeros moved by up to 0.2.
 fn units(cfg: &ModelConfig, seed: u64) -> Vec<Tensor> {
@@ -65,7 +47,7 @@ fn units(cfg: &ModelConfig, seed: u64) -> Vec<Tensor> {
                 for x in &mut buf[p.offset..p.offset + p.numel] {
                     match p.init {
                         ParamInit::Normal { .. } => *x *= 20.0,
-                        ParamInit::Ones | ParamInit::Zeros => *x += 0.2 * rng.unif(),
+                        ParamInit::Ones | ParamInit::Zeros => *x += 0.2 * rng.unif() as f32,
                     }
                 }
             }
@@ -146,7 +128,7 @@ const TOL: f32 = 1e-4;
 fn decode_matches_the_full_forward_at_every_position() {
     for (name, cfg) in configs() {
         let (p, dec) = decoder(&cfg, 11);
-        let tokens = Rng(3).tokens(SEQ);
+        let tokens = Rng(3).ids(SEQ, VOCAB);
         let full = full_logits(&cfg, &p, &tokens);
         // The context must matter, or this test could not see a wrong cache: changing the
         // first token moves the logits of every later position.
@@ -175,7 +157,7 @@ fn decode_matches_the_full_forward_at_every_position() {
 fn prefill_equals_feeding_token_by_token_or_in_chunks() {
     for (name, cfg) in configs() {
         let (_, dec) = decoder(&cfg, 12);
-        let tokens = Rng(4).tokens(SEQ);
+        let tokens = Rng(4).ids(SEQ, VOCAB);
         let mut whole = dec.cache(SEQ).unwrap();
         let a = dec.forward(&tokens[..7], &mut whole).unwrap();
         let mut single = dec.cache(SEQ).unwrap();
@@ -216,7 +198,7 @@ fn prefill_equals_feeding_token_by_token_or_in_chunks() {
 fn greedy_generation_is_deterministic_and_follows_the_full_forward() {
     for (name, cfg) in configs() {
         let (p, dec) = decoder(&cfg, 13);
-        let prompt = Rng(5).tokens(3);
+        let prompt = Rng(5).ids(3, VOCAB);
         let mut streamed = vec![];
         let out = dec
             .generate(&prompt, &Sampling::greedy(100), |t| {
@@ -268,7 +250,7 @@ fn greedy_generation_is_deterministic_and_follows_the_full_forward() {
 fn seeded_sampling_is_reproducible_and_top_1_is_greedy() {
     for (name, cfg) in configs() {
         let (p, dec) = decoder(&cfg, 14);
-        let prompt = Rng(6).tokens(2);
+        let prompt = Rng(6).ids(2, VOCAB);
         let opts = |temperature, top_k, seed| Sampling {
             max_new_tokens: 100,
             temperature,

@@ -9,6 +9,9 @@ use candle_core::{DType, Device, Tensor, Var, D};
 use model::gpt2::*;
 use model::*;
 
+mod common;
+use common::*;
+
 const B: usize = 3;
 const T: usize = 5;
 
@@ -16,109 +19,10 @@ fn cfg() -> ModelConfig {
     ModelConfig::gpt2(2, 8, 2, 7, 11)
 }
 
-/// Deterministic pseudo-random numbers for test data.
-struct Rng(u64);
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn unif(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f64) -> Vec<f64> {
-        (0..n).map(|_| scale * self.unif()).collect()
-    }
-    fn tokens(&mut self, v: usize) -> Tensor {
-        let t: Vec<u32> = (0..B * T)
-            .map(|_| (self.next_u64() % v as u64) as u32)
-            .collect();
-        Tensor::from_vec(t, (B, T), &Device::Cpu).unwrap()
-    }
-}
-
-/// Random flat parameters for `unit` (LayerNorm weights near 1, everything else incl. biases
-/// nonzero), plus 3 elements of padding at the end.
-fn rand_params(unit: &UnitLayout, rng: &mut Rng) -> Vec<f64> {
-    let mut v = vec![0.0; unit.numel + 3];
-    for p in &unit.params {
-        let base = if matches!(p.init, ParamInit::Ones) {
-            1.0
-        } else {
-            0.0
-        };
-        for x in &mut v[p.offset..p.offset + p.numel] {
-            *x = base + 0.5 * rng.unif();
-        }
-    }
-    v
-}
-
-fn t1(v: &[f64]) -> Tensor {
-    Tensor::from_slice(v, v.len(), &Device::Cpu).unwrap()
-}
 fn t3(v: &[f64]) -> Tensor {
     Tensor::from_slice(v, (B, T, cfg().n_embd), &Device::Cpu).unwrap()
 }
-fn vec1(t: &Tensor) -> Vec<f64> {
-    t.flatten_all().unwrap().to_vec1::<f64>().unwrap()
-}
-fn dot(a: &Tensor, b: &Tensor) -> f64 {
-    (a * b)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .to_scalar::<f64>()
-        .unwrap()
-}
 
-/// Central finite difference of `f` at every coordinate of `x`.
-fn finite_diff(x: &[f64], f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
-    let h = 1e-5;
-    let mut x = x.to_vec();
-    (0..x.len())
-        .map(|i| {
-            let x0 = x[i];
-            x[i] = x0 + h;
-            let fp = f(&x);
-            x[i] = x0 - h;
-            let fm = f(&x);
-            x[i] = x0;
-            (fp - fm) / (2.0 * h)
-        })
-        .collect()
-}
-
-/// Elementwise `|a - b| <= rtol * (|a| + |b|) + atol`; reports the worst coordinate.
-fn assert_close(what: &str, got: &[f64], want: &[f64], rtol: f64, atol: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    let mut worst = (0, 0.0f64);
-    for (i, (a, b)) in got.iter().zip(want).enumerate() {
-        let excess = (a - b).abs() / (rtol * (a.abs() + b.abs()) + atol);
-        if excess > worst.1 {
-            worst = (i, excess);
-        }
-    }
-    let i = worst.0;
-    assert!(
-        worst.1 <= 1.0,
-        "{what}: coordinate {i}: got {} want {} (|diff| {:e})",
-        got[i],
-        want[i],
-        (got[i] - want[i]).abs()
-    );
-    assert!(
-        want.iter().any(|w| w.abs() > 1e-3),
-        "{what}: trivially zero"
-    );
-}
-
-const FD_RTOL: f64 = 1e-6;
-const FD_ATOL: f64 = 1e-9;
 const AD_RTOL: f64 = 1e-10;
 const AD_ATOL: f64 = 1e-12;
 
@@ -275,12 +179,13 @@ fn embedding_backward_matches_fd_and_autograd() {
     let unit = layout.embedding();
     let mut rng = Rng(1);
     let p = rand_params(unit, &mut rng);
-    let tokens = rng.tokens(cfg.vocab_size);
+    let tokens = rng.tokens((B, T), cfg.vocab_size);
     let dout = t3(&rng.vec(B * T * cfg.n_embd, 1.0));
 
     let out = embedding_unit_forward(&cfg, &t1(&p), &tokens).unwrap();
     assert_eq!(out.dims(), [B, T, cfg.n_embd]);
-    let g = vec1(&embedding_unit_backward(&cfg, &tokens, &dout).unwrap());
+    let index = model::layers::TokenIndex::new(&tokens, cfg.vocab_size).unwrap();
+    let g = vec1(&embedding_unit_backward(&cfg, &index, &dout).unwrap());
     assert_eq!(g.len(), unit.numel);
 
     let fd = finite_diff(&p, |p| {
@@ -413,7 +318,7 @@ fn lm_head_loss_backward_matches_fd_and_autograd() {
     let mut rng = Rng(4);
     let p = rand_params(unit, &mut rng);
     let x = rng.vec(B * T * cfg.n_embd, 1.0);
-    let targets = rng.tokens(cfg.vocab_size);
+    let targets = rng.tokens((B, T), cfg.vocab_size);
 
     let (loss, dx, dp) = lm_head_loss_backward(&cfg, &t1(&p), &t3(&x), &targets).unwrap();
     let loss_only = lm_head_loss(&cfg, &t1(&p), &t3(&x), &targets).unwrap();
@@ -474,12 +379,13 @@ fn crossentropy_chunking_does_not_change_results() {
         &Device::Cpu,
     )
     .unwrap();
-    let targets = rng.tokens(cfg.vocab_size).flatten_all().unwrap();
+    let targets = rng.tokens((B, T), cfg.vocab_size).flatten_all().unwrap();
     let (l0, g0) =
         model::layers::crossentropy_chunked(&x, &wte, &targets, true, usize::MAX).unwrap();
     // 2 rows per chunk: 8 chunks, the last one short.
     let (l1, g1) =
         model::layers::crossentropy_chunked(&x, &wte, &targets, true, 2 * cfg.vocab_size).unwrap();
+    let (l0, l1) = (l0.value().unwrap(), l1.value().unwrap());
     assert!((l0 - l1).abs() < 1e-12);
     let ((dx0, dw0), (dx1, dw1)) = (g0.unwrap(), g1.unwrap());
     assert_close("chunked dx", &vec1(&dx1), &vec1(&dx0), 1e-12, 1e-14);
@@ -496,8 +402,8 @@ fn whole_model_gradients_match_fd_and_autograd() {
         .iter()
         .map(|u| rand_params(u, &mut rng))
         .collect();
-    let tokens = rng.tokens(cfg.vocab_size);
-    let targets = rng.tokens(cfg.vocab_size);
+    let tokens = rng.tokens((B, T), cfg.vocab_size);
+    let targets = rng.tokens((B, T), cfg.vocab_size);
     let tensors: Vec<Tensor> = ps.iter().map(|p| t1(p)).collect();
 
     let (loss, grads) = Model::new(cfg.clone())
@@ -579,7 +485,10 @@ fn recompute_gives_bitwise_identical_gradients() {
         .iter()
         .map(|u| t1(&rand_params(u, &mut rng)).to_dtype(DType::F32).unwrap())
         .collect();
-    let (tokens, targets) = (rng.tokens(cfg.vocab_size), rng.tokens(cfg.vocab_size));
+    let (tokens, targets) = (
+        rng.tokens((B, T), cfg.vocab_size),
+        rng.tokens((B, T), cfg.vocab_size),
+    );
     let (l0, g0) = Model::new(cfg.clone())
         .unwrap()
         .loss_and_grads(&params, &tokens, &targets, false)
@@ -633,7 +542,7 @@ fn outputs_are_causal() {
         .iter()
         .map(|u| t1(&rand_params(u, &mut rng)))
         .collect();
-    let tokens = rng.tokens(cfg.vocab_size);
+    let tokens = rng.tokens((B, T), cfg.vocab_size);
     let hidden = |tokens: &Tensor| {
         let mut x = embedding_unit_forward(&cfg, &params[0], tokens).unwrap();
         for l in 0..cfg.n_layer {

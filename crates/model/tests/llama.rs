@@ -9,7 +9,10 @@ use model::layers::{
     attention_forward, gqa_attention_backward, gqa_attention_forward, rmsnorm_backward,
     rmsnorm_forward, rope_backward, rope_forward, rope_tables, swiglu_backward, swiglu_forward,
 };
-use model::{llama, ModelConfig, ModelError, ModelLayout, ParamInit, UnitLayout};
+use model::{llama, ModelConfig, ModelError, ModelLayout};
+
+mod common;
+use common::*;
 
 const B: usize = 2;
 const T: usize = 5;
@@ -21,109 +24,9 @@ fn cfg(kv: usize, tied: bool) -> ModelConfig {
     c
 }
 
-/// Deterministic pseudo-random numbers for test data.
-struct Rng(u64);
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn unif(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f64) -> Vec<f64> {
-        (0..n).map(|_| scale * self.unif()).collect()
-    }
-    fn tokens(&mut self, v: usize) -> Tensor {
-        let t: Vec<u32> = (0..B * T)
-            .map(|_| (self.next_u64() % v as u64) as u32)
-            .collect();
-        Tensor::from_vec(t, (B, T), &Device::Cpu).unwrap()
-    }
-}
-
-/// Random flat parameters for `unit` (norm weights near 1, matrices of scale 0.5), plus 3
-/// elements of padding.
-fn rand_params(unit: &UnitLayout, rng: &mut Rng) -> Vec<f64> {
-    let mut v = vec![0.0; unit.numel + 3];
-    for p in &unit.params {
-        let base = if matches!(p.init, ParamInit::Ones) {
-            1.0
-        } else {
-            0.0
-        };
-        for x in &mut v[p.offset..p.offset + p.numel] {
-            *x = base + 0.5 * rng.unif();
-        }
-    }
-    v
-}
-
 fn t(v: &[f64], shape: &[usize]) -> Tensor {
     Tensor::from_slice(v, shape, &Device::Cpu).unwrap()
 }
-fn t1(v: &[f64]) -> Tensor {
-    t(v, &[v.len()])
-}
-fn vec1(x: &Tensor) -> Vec<f64> {
-    x.flatten_all().unwrap().to_vec1::<f64>().unwrap()
-}
-fn dot(a: &Tensor, b: &Tensor) -> f64 {
-    (a * b)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .to_scalar::<f64>()
-        .unwrap()
-}
-
-/// Central finite difference of `f` at every coordinate of `x`.
-fn finite_diff(x: &[f64], f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
-    let h = 1e-5;
-    let mut x = x.to_vec();
-    (0..x.len())
-        .map(|i| {
-            let x0 = x[i];
-            x[i] = x0 + h;
-            let fp = f(&x);
-            x[i] = x0 - h;
-            let fm = f(&x);
-            x[i] = x0;
-            (fp - fm) / (2.0 * h)
-        })
-        .collect()
-}
-
-/// Elementwise `|a - b| <= rtol * (|a| + |b|) + atol`; reports the worst coordinate.
-fn assert_close(what: &str, got: &[f64], want: &[f64], rtol: f64, atol: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    let mut worst = (0, 0.0f64);
-    for (i, (a, b)) in got.iter().zip(want).enumerate() {
-        let excess = (a - b).abs() / (rtol * (a.abs() + b.abs()) + atol);
-        if excess > worst.1 {
-            worst = (i, excess);
-        }
-    }
-    let i = worst.0;
-    assert!(
-        worst.1 <= 1.0,
-        "{what}: coordinate {i}: got {} want {} (|diff| {:e})",
-        got[i],
-        want[i],
-        (got[i] - want[i]).abs()
-    );
-    assert!(
-        want.iter().any(|w| w.abs() > 1e-3),
-        "{what}: trivially zero"
-    );
-}
-
-const FD_RTOL: f64 = 1e-6;
-const FD_ATOL: f64 = 1e-9;
 
 // ------------------------------------------------------------------------------------------
 // Layers
@@ -472,11 +375,11 @@ fn final_norm_and_heads_match_fd() {
             }
         );
         let hp = rand_params(&head, &mut rng);
-        let targets = rng.tokens(cfg.vocab_size);
+        let targets = rng.tokens((B, T), cfg.vocab_size);
         let (loss, grads) = llama::head_loss(&cfg, &t1(&hp), &xt(&x), &targets, true).unwrap();
         let (loss_only, none) = llama::head_loss(&cfg, &t1(&hp), &xt(&x), &targets, false).unwrap();
         assert!(none.is_none());
-        assert_eq!(loss, loss_only);
+        assert_eq!(loss.value().unwrap(), loss_only.value().unwrap());
         let (dx, dhp) = grads.unwrap();
         let dhp = vec1(&dhp);
         assert_eq!(dhp.len(), head.numel);
@@ -485,6 +388,8 @@ fn final_norm_and_heads_match_fd() {
             llama::head_loss(&cfg, &t1(hp), &xt(x), &targets, false)
                 .unwrap()
                 .0
+                .value()
+                .unwrap()
         };
         let fd = finite_diff(&hp, |hp| f(hp, &x));
         for spec in &head.params {
@@ -512,11 +417,11 @@ fn embedding_backward_matches_fd() {
     let unit = layout.embedding();
     let mut rng = Rng(40);
     let p = rand_params(unit, &mut rng);
-    let tokens = rng.tokens(cfg.vocab_size);
+    let tokens = rng.tokens((B, T), cfg.vocab_size);
     let dout = t(&rng.vec(B * T * cfg.n_embd, 1.0), &[B, T, cfg.n_embd]);
     let out = llama::embedding_forward(&cfg, &t1(&p), &tokens).unwrap();
     assert_eq!(out.dims(), [B, T, cfg.n_embd]);
-    let g = vec1(&llama::embedding_backward(&cfg, &tokens, &dout).unwrap());
+    let g = vec1(&llama::embedding_backward(&cfg, &index(&cfg, &tokens), &dout).unwrap());
     let fd = finite_diff(&p, |p| {
         dot(
             &llama::embedding_forward(&cfg, &t1(p), &tokens).unwrap(),
@@ -545,6 +450,7 @@ fn model_loss_and_grads(
     let (xn, ns) = llama::final_norm_forward(cfg, &ps[l + 1], &x).unwrap();
     let head = if cfg.tie_embeddings { 0 } else { l + 1 };
     let (loss, g) = llama::head_loss(cfg, &ps[head], &xn, targets, grad).unwrap();
+    let loss = loss.value().unwrap();
     let Some((dxn, dhead)) = g else {
         return (loss, vec![]);
     };
@@ -556,7 +462,7 @@ fn model_loss_and_grads(
         grads[1 + i] = Some(g);
         dx = d;
     }
-    grads[0] = Some(llama::embedding_backward(cfg, tokens, &dx).unwrap());
+    grads[0] = Some(llama::embedding_backward(cfg, &index(cfg, tokens), &dx).unwrap());
     let h = grads[head].take().unwrap();
     grads[head] = Some((h + dhead).unwrap());
     (loss, grads.into_iter().map(Option::unwrap).collect())
@@ -573,8 +479,8 @@ fn whole_model_gradients_match_fd_tied_and_untied() {
             .iter()
             .map(|u| rand_params(u, &mut rng))
             .collect();
-        let tokens = rng.tokens(cfg.vocab_size);
-        let targets = rng.tokens(cfg.vocab_size);
+        let tokens = rng.tokens((B, T), cfg.vocab_size);
+        let targets = rng.tokens((B, T), cfg.vocab_size);
         let tensors: Vec<Tensor> = ps.iter().map(|p| t1(p)).collect();
         let (loss, grads) = model_loss_and_grads(&cfg, &tensors, &tokens, &targets, true);
         assert!(loss.is_finite());
@@ -628,7 +534,10 @@ fn loss_at_init_is_near_ln_vocab_on_llama_tiny_shape() {
         })
         .collect();
     let mut rng = Rng(60);
-    let (tokens, targets) = (rng.tokens(cfg.vocab_size), rng.tokens(cfg.vocab_size));
+    let (tokens, targets) = (
+        rng.tokens((B, T), cfg.vocab_size),
+        rng.tokens((B, T), cfg.vocab_size),
+    );
     let (loss, grads) = model_loss_and_grads(&cfg, &ps, &tokens, &targets, true);
     let ln_v = (cfg.vocab_size as f64).ln();
     assert!((loss - ln_v).abs() < 0.1, "loss {loss} vs ln V {ln_v}");
@@ -647,7 +556,7 @@ fn outputs_are_causal() {
         .iter()
         .map(|u| t1(&rand_params(u, &mut rng)))
         .collect();
-    let tokens = rng.tokens(cfg.vocab_size);
+    let tokens = rng.tokens((B, T), cfg.vocab_size);
     let hidden = |tokens: &Tensor| {
         let mut x = llama::embedding_forward(&cfg, &ps[0], tokens).unwrap();
         for l in 0..cfg.n_layer {
@@ -840,4 +749,9 @@ fn packed_layers_equal_the_separate_ones() {
     assert_eq!(bits(&h), bits(&h_want));
     assert_eq!(bits(&y2), bits(&y2_want));
     assert_eq!(bits(&s2.rstd), bits(&s2_want.rstd));
+}
+
+/// The tokens as the embedding's backward takes them.
+fn index(cfg: &ModelConfig, tokens: &Tensor) -> model::layers::TokenIndex {
+    model::layers::TokenIndex::new(tokens, cfg.vocab_size).unwrap()
 }

@@ -11,18 +11,35 @@ use crate::error::Result;
 /// allocator reuses; on GPU it only bounds memory.
 pub const CE_CHUNK_ELEMS: usize = 1 << 22;
 
+/// A mean loss left where it was computed: the sum of the per-row losses as a 0-D tensor on its
+/// device, and the rows it is the mean over. Making one queues no host read; [`Loss::value`]
+/// reads it, waiting for the work queued before it. The training walk reads it after queueing
+/// the backward, so the loss costs no host synchronisation in the middle of a step.
+#[derive(Clone, Debug)]
+pub struct Loss {
+    sum: Tensor,
+    rows: usize,
+}
+
+impl Loss {
+    /// The mean over the rows (NaN for none).
+    pub fn value(&self) -> Result<f64> {
+        Ok(self.sum.to_dtype(DType::F64)?.to_scalar::<f64>()? / self.rows as f64)
+    }
+}
+
 /// Mean cross-entropy of `logits = x @ wte^T` against `targets`, optionally with gradients.
 ///
-/// Shapes: `x (N, C)`, `wte (V, C)`, `targets (N)` u32. Returns the loss and, when `grad`, the
-/// pair `(dx (N, C), dwte (V, C))` of `d loss`. Stable: `lse = m + log(sum(exp(logits - m)))`
-/// with `m` the row max. The softmax runs in f32 for half-precision inputs. Rows are processed
+/// Shapes: `x (N, C)`, `wte (V, C)`, `targets (N)` u32. Returns the loss (unread: [`Loss`])
+/// and, when `grad`, the pair `(dx (N, C), dwte (V, C))` of `d loss`. Stable:
+/// `lse = m + log(sum(exp(logits - m)))` with `m` the row max. The softmax runs in f32 for half-precision inputs. Rows are processed
 /// in chunks of about [`CE_CHUNK_ELEMS`] logits; nothing of size `(N, V)` is kept.
 pub fn crossentropy_forward_backward(
     x: &Tensor,
     wte: &Tensor,
     targets: &Tensor,
     grad: bool,
-) -> Result<(f64, Option<(Tensor, Tensor)>)> {
+) -> Result<(Loss, Option<(Tensor, Tensor)>)> {
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
         let _span = kernels::profile::scope(x.device(), kernels::profile::Family::CrossEntropy);
@@ -40,7 +57,7 @@ pub fn crossentropy_chunked(
     targets: &Tensor,
     grad: bool,
     chunk_elems: usize,
-) -> Result<(f64, Option<(Tensor, Tensor)>)> {
+) -> Result<(Loss, Option<(Tensor, Tensor)>)> {
     let (n, _c) = x.dims2()?;
     let v = wte.dim(0)?;
     let dtype = x.dtype();
@@ -76,7 +93,10 @@ pub fn crossentropy_chunked(
             dwte = (dwte + p.t()?.matmul(&xc)?)?;
         }
     }
-    let loss = loss_sum.to_dtype(DType::F64)?.to_scalar::<f64>()? * inv_n; // NaN if n == 0
+    let loss = Loss {
+        sum: loss_sum,
+        rows: n,
+    };
     if !grad {
         return Ok((loss, None));
     }
@@ -107,7 +127,7 @@ mod cuda {
 
     /// The loss and, when asked for, `(dx, dwte)`: what [`super::crossentropy_forward_backward`]
     /// returns.
-    type LossGrads = (f64, Option<(Tensor, Tensor)>);
+    type LossGrads = (super::Loss, Option<(Tensor, Tensor)>);
 
     /// Bytes of one chunk's `(R, V)` bf16 logits, at most (about; `R` is rounded up to 64):
     /// 4 chunks of 4096 rows at gpt350m's N = 16384, V = 50304, where the GEMMs run at full
@@ -212,8 +232,11 @@ mod cuda {
                 linear::dw_gemm(&dev, &xc, &logits, dwte, chunk > 0)?;
             }
         }
-        // The only sync: sum of the per-row losses (f64 on the device), read once.
-        let loss = losses.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()? / n as f64;
+        // The sum of the per-row losses in f64, left on the device (no host read here).
+        let loss = super::Loss {
+            sum: losses.to_dtype(DType::F64)?.sum_all()?,
+            rows: n,
+        };
         if !grad {
             return Ok(Some((loss, None)));
         }

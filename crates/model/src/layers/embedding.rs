@@ -23,12 +23,50 @@ pub fn embedding_forward(tokens: &Tensor, wte: &Tensor, wpe: &Tensor) -> Result<
     Ok(tok.broadcast_add(&wpe.narrow(0, 0, t)?)?)
 }
 
+/// A micro-batch's tokens as the embedding's backward reads them: the `(B, T)` u32 ids and, for
+/// ids on a GPU, the same ids on the host, from which the backward builds the stable CSR of
+/// positions by token that its deterministic kernel walks.
+///
+/// Made where the tokens are embedded (the forward, before its kernel): reading the ids back
+/// there waits for little more than their upload. The backward then reads nothing back: it
+/// builds the CSR on the host while the GPU still runs the blocks' backward queued before it.
+#[derive(Clone, Debug)]
+pub struct TokenIndex {
+    tokens: Tensor,
+    /// On a GPU: the ids, read back once, each checked `< vocab_size`. `None` on the CPU.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    host: Option<Vec<u32>>,
+    /// The vocabulary every id was checked against.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    vocab_size: usize,
+}
+
+impl TokenIndex {
+    /// The index of `tokens (B, T)`; on a GPU an error for an id `>= vocab_size`.
+    pub fn new(tokens: &Tensor, vocab_size: usize) -> Result<Self> {
+        #[cfg(feature = "cuda")]
+        let host = cuda::read_ids(tokens, vocab_size)?;
+        #[cfg(not(feature = "cuda"))]
+        let host = None;
+        Ok(TokenIndex {
+            tokens: tokens.clone(),
+            host,
+            vocab_size,
+        })
+    }
+
+    /// The token ids.
+    pub fn tokens(&self) -> &Tensor {
+        &self.tokens
+    }
+}
+
 /// Gradients of [`embedding_forward`]: returns `(dwte (V, C), dwpe (T_max, C))`, rows of `wpe`
-/// at or beyond `T` getting zero. `dout (B, T, C)`. Deterministic: every row of `dwte` sums its
-/// positions in the order they appear in `tokens`.
+/// at or beyond `T` getting zero. `dout (B, T, C)`, `tokens` the index of the forward's ids.
+/// Deterministic: every row of `dwte` sums its positions in the order they appear in the tokens.
 pub fn embedding_backward(
     dout: &Tensor,
-    tokens: &Tensor,
+    tokens: &TokenIndex,
     vocab_size: usize,
     max_t: usize,
 ) -> Result<(Tensor, Tensor)> {
@@ -39,6 +77,7 @@ pub fn embedding_backward(
             return Ok(r);
         }
     }
+    let tokens = tokens.tokens();
     let (b, t, c) = dout.dims3()?;
     let (dtype, dev) = (dout.dtype(), dout.device());
     let dout2 = dout.reshape((b * t, c))?;
@@ -57,6 +96,7 @@ mod cuda {
     //! `N = B*T`, `C` channels, `V` vocabulary. The kernels move rows as 16-byte vectors: they
     //! take bf16 with `C % 8 == 0` and 16-byte aligned rows; anything else runs the reference.
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::cuda_backend::CudaDevice;
     use candle_core::{DType, Device, Tensor};
 
     use crate::error::{ModelError, Result};
@@ -142,48 +182,32 @@ mod cuda {
         Ok(Some(out))
     }
 
-    /// `(dwte (V, C), dwpe (max_t, C))` from `dout (B, T, C)` bf16 and `tokens (B, T)`, or
-    /// `None` for inputs the kernels do not take. Deterministic: each `dwte` row sums its
-    /// positions in increasing order in f32, each `dwpe` row sums over `b` in order.
-    ///
-    /// Synchronises: the tokens are copied to the host (`N` u32, one device->host read, which
-    /// waits for the work queued before it on the stream) to build the stable CSR of positions
-    /// by token; the CSR goes back in one upload. A token id `>= V` is an error here.
-    pub(super) fn embedding_backward(
-        dout: &Tensor,
-        tokens: &Tensor,
-        vocab_size: usize,
-        max_t: usize,
-    ) -> Result<Option<(Tensor, Tensor)>> {
-        if tokens.dtype() != DType::U32 || !tokens.device().same_device(dout.device()) {
+    /// The ids of `tokens` (u32 on a GPU) on the host, each checked `< vocab_size`; `None` for
+    /// other tokens. Synchronises: one device->host read of `N` u32, which waits for the work
+    /// queued before it on the stream (at the embedding's forward, little more than the
+    /// tokens' upload).
+    pub(super) fn read_ids(tokens: &Tensor, vocab_size: usize) -> Result<Option<Vec<u32>>> {
+        if !tokens.device().is_cuda() || tokens.dtype() != DType::U32 || tokens.elem_count() == 0 {
             return Ok(None);
         }
-        let (b, t, c) = dout.dims3()?;
-        if tokens.dims() != [b, t] {
-            return Ok(None); // the reference reports the mismatch
+        let ids = tokens.flatten_all()?.to_vec1::<u32>()?; // the device->host sync
+        if let Some(&k) = ids.iter().find(|&&k| k as usize >= vocab_size) {
+            return Err(candle_core::Error::Msg(format!(
+                "embedding: token id {k} >= vocab size {vocab_size}"
+            ))
+            .into());
         }
-        if t > max_t {
-            return Err(ModelError::SequenceTooLong { got: t, max: max_t });
-        }
-        let n = b * t;
-        let dout = dout.contiguous()?;
-        if n == 0 || vocab_size == 0 || !vectorisable(c, &[&dout])? {
-            return Ok(None);
-        }
-        let dev = gpu::device(&dout)?;
+        Ok(Some(ids))
+    }
 
-        // Stable CSR by counting sort: [tok_0..tok_nd | off_0..off_nd | pos_0..pos_{N-1}].
-        let toks = tokens.flatten_all()?.to_vec1::<u32>()?; // the device->host sync
+    /// The stable CSR of the positions of `ids` (each `< vocab_size`) by token,
+    /// `[tok_0..tok_nd | off_0..off_nd | pos_0..pos_{N-1}]`, uploaded to `dev`, and `nd`, the
+    /// number of distinct tokens. A counting sort on the host; no read back.
+    fn csr(ids: &[u32], vocab_size: usize, dev: &CudaDevice) -> Result<(Tensor, usize)> {
+        let n = ids.len();
         let mut count = vec![0u32; vocab_size];
-        for &k in &toks {
-            let k = k as usize;
-            if k >= vocab_size {
-                return Err(candle_core::Error::Msg(format!(
-                    "embedding_backward: token id {k} >= vocab size {vocab_size}"
-                ))
-                .into());
-            }
-            count[k] += 1;
+        for &k in ids {
+            count[k as usize] += 1;
         }
         let distinct: Vec<u32> = (0..vocab_size as u32)
             .filter(|&k| count[k as usize] > 0)
@@ -202,12 +226,47 @@ mod cuda {
         csr.push(off);
         let base = csr.len();
         csr.resize(base + n, 0);
-        for (p, &k) in toks.iter().enumerate() {
+        for (p, &k) in ids.iter().enumerate() {
             let slot = &mut count[k as usize];
             csr[base + *slot as usize] = p as u32;
             *slot += 1;
         }
         let csr = Tensor::from_vec(csr, 2 * nd + 1 + n, &Device::Cuda(dev.clone()))?;
+        Ok((csr, nd))
+    }
+
+    /// `(dwte (V, C), dwpe (max_t, C))` from `dout (B, T, C)` bf16 and the tokens' index, or
+    /// `None` for inputs the kernels do not take (an index made on the CPU, without host ids,
+    /// among them).
+    /// Deterministic: each `dwte` row sums its positions in increasing order in f32 (the CSR's
+    /// order), each `dwpe` row sums over `b` in order. Reads nothing back to the host: the CSR
+    /// is built from the index's host ids and uploaded.
+    pub(super) fn embedding_backward(
+        dout: &Tensor,
+        index: &super::TokenIndex,
+        vocab_size: usize,
+        max_t: usize,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        let (tokens, Some(ids)) = (index.tokens(), &index.host) else {
+            return Ok(None);
+        };
+        if index.vocab_size != vocab_size || !tokens.device().same_device(dout.device()) {
+            return Ok(None);
+        }
+        let (b, t, c) = dout.dims3()?;
+        if tokens.dims() != [b, t] {
+            return Ok(None); // the reference reports the mismatch
+        }
+        if t > max_t {
+            return Err(ModelError::SequenceTooLong { got: t, max: max_t });
+        }
+        let n = b * t;
+        let dout = dout.contiguous()?;
+        if n == 0 || vocab_size == 0 || !vectorisable(c, &[&dout])? {
+            return Ok(None);
+        }
+        let dev = gpu::device(&dout)?;
+        let (csr, nd) = csr(ids, vocab_size, &dev)?;
 
         let dwte = Tensor::zeros((vocab_size, c), DType::BF16, dout.device())?;
         let dwpe = gpu::uninit((max_t, c), DType::BF16, &dev)?;

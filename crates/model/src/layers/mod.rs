@@ -35,8 +35,8 @@ pub use attention::{
     attention_backward_tiled, attention_backward_with, attention_cudnn_support,
     attention_forward_tiled, attention_forward_with, AttentionKernel,
 };
-pub use crossentropy::{crossentropy_chunked, crossentropy_forward_backward, CE_CHUNK_ELEMS};
-pub use embedding::{embedding_backward, embedding_forward};
+pub use crossentropy::{crossentropy_chunked, crossentropy_forward_backward, Loss, CE_CHUNK_ELEMS};
+pub use embedding::{embedding_backward, embedding_forward, TokenIndex};
 pub use gelu::{gelu_backward, gelu_forward};
 #[cfg(feature = "cuda")]
 pub use gqa::gqa_cudnn_support;
