@@ -231,32 +231,10 @@ pub fn draw(s: &Sweep, title: &str) -> Result<()> {
             .copied()
             .zip(l.tokens_per_s_per_gpu.iter().copied())
             .collect();
-        chart
-            .draw_series(LineSeries::new(
-                curve.iter().copied(),
-                c.stroke_width(width),
-            ))
-            .map_err(&draw)?
-            .label(l.name)
-            .legend(move |(x, y)| {
-                EmptyElement::at((x, y))
-                    + PathElement::new(vec![(0, 0), (24, 0)], c.stroke_width(width))
-                    + Circle::new((12, 0), 4, c.filled())
-            });
-        chart
-            .draw_series(curve.iter().map(|&p| Circle::new(p, 4, c.filled())))
-            .map_err(&draw)?;
+        plot::draw_dotted_line(&mut chart, &curve, c, (width, 4), l.name, output)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .label_font(("sans-serif", 15))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(&draw)?;
-    root.present()
-        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", output.display()))?;
+    plot::draw_legend(&mut chart, SeriesLabelPosition::LowerRight, 15, output)?;
+    plot::present(&root, output)?;
     Ok(())
 }
 
@@ -301,14 +279,7 @@ mod tests {
     #[test]
     fn tokens_per_gpu_do_not_fall_as_the_link_grows() {
         let model = Model::new(ModelConfig::gpt2(8, 1024, 16, 1024, 50304)).unwrap();
-        let work = Workload {
-            model: &model,
-            micro_batch: 2,
-            accumulation: 2,
-            param_bytes: 2,
-            recompute: true,
-            calibration: None,
-        };
+        let work = Workload::bf16(&model, 2, 2, true);
         let v100 = gpu("v100").unwrap();
         let c = Cluster {
             gpu: v100,

@@ -300,6 +300,27 @@ pub struct Workload<'a> {
     pub calibration: Option<&'a Calibration>,
 }
 
+impl<'a> Workload<'a> {
+    /// `micro_batch` sequences a micro-batch, `accumulation` micro-batches a step, gathered in
+    /// bf16, from FLOPs (no calibration): the workload the tests predict.
+    #[cfg(test)]
+    pub(crate) fn bf16(
+        model: &'a Model,
+        micro_batch: usize,
+        accumulation: usize,
+        recompute: bool,
+    ) -> Self {
+        Workload {
+            model,
+            micro_batch,
+            accumulation,
+            param_bytes: 2,
+            recompute,
+            calibration: None,
+        }
+    }
+}
+
 impl Workload<'_> {
     /// Seconds of unit `u`'s forward in a micro-batch on `c`.
     fn forward_s(&self, u: usize, c: &Cluster) -> f64 {

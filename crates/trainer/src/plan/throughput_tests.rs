@@ -155,14 +155,7 @@ fn predictions(inter_gbps: f64) -> Throughput {
 /// [`predictions`] with the plain reduce-scatter in `reduce_dtype`.
 fn predictions_with(inter_gbps: f64, reduce_dtype: zero::ReduceDtype) -> Throughput {
     let model = Model::new(ModelConfig::gpt2(8, 1024, 16, 1024, 50304)).unwrap();
-    let work = Workload {
-        model: &model,
-        micro_batch: 4,
-        accumulation: 2,
-        param_bytes: 2,
-        recompute: true,
-        calibration: None,
-    };
+    let work = Workload::bf16(&model, 4, 2, true);
     let mut c = cluster(4, 8, inter_gbps);
     c.network.intra_gbps = 2400.0;
     let base = ZeroConfig {
@@ -217,14 +210,7 @@ fn zeropp_wins_on_a_slow_link_and_ties_on_a_fast_one() {
 #[test]
 fn without_overlap_the_step_is_compute_plus_communication() {
     let model = Model::new(ModelConfig::gpt2(8, 1024, 16, 1024, 50304)).unwrap();
-    let work = Workload {
-        model: &model,
-        micro_batch: 4,
-        accumulation: 2,
-        param_bytes: 2,
-        recompute: true,
-        calibration: None,
-    };
+    let work = Workload::bf16(&model, 4, 2, true);
     let base = ZeroConfig {
         weight_quant_block: 2048,
         grad_quant_block: 512,
@@ -288,14 +274,7 @@ fn executed_flops_add_the_recomputed_forward() {
 fn the_walk_follows_the_engines_order_and_hpz_rule() {
     let model = Model::new(ModelConfig::gpt2(3, 64, 4, 32, 100)).unwrap();
     let n = model.units().len();
-    let work = Workload {
-        model: &model,
-        micro_batch: 1,
-        accumulation: 1,
-        param_bytes: 2,
-        recompute: false,
-        calibration: None,
-    };
+    let work = Workload::bf16(&model, 1, 1, false);
     let c = cluster(2, 4, 80.0);
     let comm = vec![
         UnitComm {
@@ -352,14 +331,7 @@ fn zeropp_on_one() -> ZeroConfig {
 fn an_untied_head_runs_in_the_last_units_slot() {
     let model = Model::new(ModelConfig::llama(2, 64, 4, 2, 160, 32, 100, false)).unwrap();
     let n = model.units().len();
-    let work = Workload {
-        model: &model,
-        micro_batch: 3,
-        accumulation: 1,
-        param_bytes: 2,
-        recompute: true,
-        calibration: None,
-    };
+    let work = Workload::bf16(&model, 3, 1, true);
     let c = cluster(2, 4, 80.0);
     let comm = vec![
         UnitComm {

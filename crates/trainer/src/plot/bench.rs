@@ -17,7 +17,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde::Deserialize;
 
 use super::text::Bitmap;
-use super::{colour, draw_error, register_font};
+use super::{colour, draw_dotted_line, draw_error, draw_legend, present, register_font};
 use crate::readable;
 
 /// The figure's size in pixels.
@@ -328,18 +328,8 @@ pub fn plot(files: &[PathBuf], output: &Path) -> Result<Drawn> {
             .collect();
         curve.sort_by(|a, b| a.0.total_cmp(&b.0));
         if !curve.is_empty() {
-            chart
-                .draw_series(LineSeries::new(curve.iter().copied(), c.stroke_width(3)))
-                .map_err(&draw)?
-                .label(format!("{technique}, emulated link"))
-                .legend(move |(x, y)| {
-                    EmptyElement::at((x, y))
-                        + PathElement::new(vec![(0, 0), (24, 0)], c.stroke_width(3))
-                        + Circle::new((12, 0), 4, c.filled())
-                });
-            chart
-                .draw_series(curve.iter().map(|&p| Circle::new(p, 5, c.filled())))
-                .map_err(&draw)?;
+            let name = format!("{technique}, emulated link");
+            draw_dotted_line(&mut chart, &curve, c, (3, 5), name, output)?;
         }
         // NVLink: long dashes, named at the right; sockets: short ones, named at the left.
         for (link, dash, x, h) in [
@@ -371,16 +361,8 @@ pub fn plot(files: &[PathBuf], output: &Path) -> Result<Drawn> {
                 .map_err(&draw)?;
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .label_font(("sans-serif", 15))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(&draw)?;
-    root.present()
-        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", output.display()))?;
+    draw_legend(&mut chart, SeriesLabelPosition::LowerRight, 15, output)?;
+    present(&root, output)?;
     Ok(Drawn {
         techniques: sweep.techniques.len(),
         lines: sweep.lines,

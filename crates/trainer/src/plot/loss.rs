@@ -12,7 +12,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::text::Bitmap;
-use super::{colour, draw_error, register_font};
+use super::{colour, draw_error, draw_legend, line_and_dot_key, present, register_font};
 use crate::{metrics, readable};
 
 /// `--smooth`'s default, in steps: it takes the step-to-step noise of a small batch off a curve
@@ -274,8 +274,7 @@ pub fn plot(
             draw_panel(&right, &runs, zoom, output)?;
         }
     }
-    root.present()
-        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", output.display()))?;
+    present(&root, output)?;
     Ok(Drawn {
         runs: runs.len(),
         tokens: x_max,
@@ -385,22 +384,12 @@ fn draw_panel(
                     PathElement::new(vec![(x, y), (x + 24, y)], c.mix(0.45).stroke_width(1))
                 });
             } else {
-                anno.legend(move |(x, y)| {
-                    EmptyElement::at((x, y))
-                        + PathElement::new(vec![(0, 0), (24, 0)], c.stroke_width(3))
-                        + Circle::new((12, 0), 4, c.filled())
-                });
+                line_and_dot_key(anno, c, 3);
             }
         }
     }
     if panel.legend {
-        chart
-            .configure_series_labels()
-            .label_font(("sans-serif", 16))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(&draw)?;
+        draw_legend(&mut chart, SeriesLabelPosition::MiddleRight, 16, output)?;
     }
     Ok(())
 }

@@ -20,6 +20,8 @@ pub(crate) use text::Bitmap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
+use plotters::chart::SeriesAnno;
+use plotters::coord::CoordTranslate;
 use plotters::prelude::*;
 
 use crate::readable;
@@ -55,6 +57,76 @@ pub(crate) fn register_font() -> Result<()> {
 /// A drawing error of plotters, naming the output.
 pub(crate) fn draw_error<E: std::fmt::Debug>(output: &Path) -> impl Fn(E) -> anyhow::Error + '_ {
     move |e| anyhow::anyhow!("plot {}: {e:?}", output.display())
+}
+
+/// Draws `points` as a line `width` pixels wide with a dot of radius `dot` at each point, and
+/// names it `name` in the legend by its key ([`line_and_dot_key`]): how every figure draws a
+/// measured or predicted line.
+pub(crate) fn draw_dotted_line<'a, CT>(
+    chart: &mut ChartContext<'a, Bitmap<'a>, CT>,
+    points: &[(f64, f64)],
+    c: RGBColor,
+    (width, dot): (u32, u32),
+    name: impl Into<String>,
+    output: &Path,
+) -> Result<()>
+where
+    CT: CoordTranslate<From = (f64, f64)>,
+{
+    let draw = draw_error(output);
+    let series = chart
+        .draw_series(LineSeries::new(
+            points.iter().copied(),
+            c.stroke_width(width),
+        ))
+        .map_err(&draw)?
+        .label(name);
+    line_and_dot_key(series, c, width);
+    chart
+        .draw_series(points.iter().map(|&p| Circle::new(p, dot, c.filled())))
+        .map_err(&draw)?;
+    Ok(())
+}
+
+/// Gives `series` the legend key of a line with dots: a 24-pixel stroke `width` wide with a dot
+/// in its middle.
+pub(crate) fn line_and_dot_key<'a>(
+    series: &mut SeriesAnno<'a, Bitmap<'a>>,
+    c: RGBColor,
+    width: u32,
+) {
+    series.legend(move |(x, y)| {
+        EmptyElement::at((x, y))
+            + PathElement::new(vec![(0, 0), (24, 0)], c.stroke_width(width))
+            + Circle::new((12, 0), 4, c.filled())
+    });
+}
+
+/// Draws the legend box (at `position`, in `font_size` points, white and framed), as every
+/// figure does.
+pub(crate) fn draw_legend<'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, Bitmap<'a>, CT>,
+    position: SeriesLabelPosition,
+    font_size: u32,
+    output: &Path,
+) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .label_font(("sans-serif", font_size))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(draw_error(output))
+}
+
+/// Writes the figure drawn on `root` to `output`.
+pub(crate) fn present<CT: CoordTranslate>(
+    root: &DrawingArea<Bitmap<'_>, CT>,
+    output: &Path,
+) -> Result<()> {
+    root.present()
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", output.display()))
 }
 
 /// What `trainer plot` was asked to draw (its command line).
