@@ -6,6 +6,8 @@
 // MAX_PIECES pieces a launch, in order).
 // Memory-bound: count + 1 loads and one store of 4 bytes an element, coalesced; grid-stride,
 // 256-thread CTAs, at most GRID of them. Compiled exact (no FMA contraction; adds only).
+// Not timed on its own: it runs on the communication stream, inside the local backend's
+// collectives, whose whole worlds docs/results.md measures (issue 16).
 #include "common.cuh"
 
 #ifndef MAX_PIECES

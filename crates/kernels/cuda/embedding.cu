@@ -2,6 +2,10 @@
 // bf16 storage, f32 math. Size letters: B batch, T positions, N = B*T rows, C channels, V vocab.
 // Every row is C bf16 = C/8 16-byte vectors: the launcher requires C % 8 == 0 and 16-byte
 // aligned pointers (else it runs the candle reference).
+// Measured at gpt350m's shape (`trainer bench --profile`, embedding family, H200, 2026-12-03):
+// forward 0.11 ms, backward 0.29 ms a step, spans that include the GPU's wait for the host's read
+// of the ids (forward) and the CSR's upload (backward): under 0.6% of the step, so the kernels'
+// share of the copy was not measured apart.
 #include "common.cuh"
 
 #ifndef EMB_WARPS

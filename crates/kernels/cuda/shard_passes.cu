@@ -7,6 +7,11 @@
 // elements (16-byte bf16 / 2 x 16-byte f32 accesses) or 4 (f32), grid-stride; launch:
 // 256-thread CTAs, at most GRID of them. Compiled fast; the arithmetic is one IEEE multiply and
 // one add, so the results equal the CPU's (candle) bitwise.
+// Measured (`trainer bench --profile`, shard_passes family, W = 1, H200, 2026-12-03;
+// docs/results.md): the cast-scale-pad of a unit's bf16 gradient into its f32 shard (6 bytes a parameter) took
+// 0.9 ms a gpt350m step and 2.9 ms at the Llama 1B shape, about 2.4 and 2.6 TB/s, 55-60% of the
+// 4.3 TB/s copy. At W = 1 it no longer runs (zero::GradShard); at W > 1 these passes run on the
+// communication stream, off the compute stream's profile.
 #include "common.cuh"
 
 #ifndef GRID
