@@ -114,3 +114,33 @@ pub fn assert_close(what: &str, got: &[f64], want: &[f64], rtol: f64, atol: f64)
 /// Tolerances of a finite-difference check in f64 (step 1e-5, so an error of about 1e-10).
 pub const FD_RTOL: f64 = 1e-6;
 pub const FD_ATOL: f64 = 1e-9;
+
+/// Asserts that `hidden` (tokens `(B, T)` to hidden states `(B, T, C)`, B >= 2) is causal and
+/// keeps the sequences apart: changing token `t` of sequence 1 changes that sequence's states
+/// at positions `t..` and nothing else.
+pub fn assert_causal(tokens: &Tensor, vocab_size: usize, hidden: impl Fn(&Tensor) -> Tensor) {
+    let base = hidden(tokens);
+    let (_, t_len) = tokens.dims2().unwrap();
+    for t in 0..t_len {
+        let mut toks = tokens.to_vec2::<u32>().unwrap();
+        toks[1][t] = (toks[1][t] + 1) % vocab_size as u32;
+        let changed = hidden(&Tensor::new(toks, &Device::Cpu).unwrap());
+        let diff = (&changed - &base)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .sum(2)
+            .unwrap()
+            .to_vec2::<f64>()
+            .unwrap();
+        for (b, row) in diff.iter().enumerate() {
+            for (s, &d) in row.iter().enumerate() {
+                if b == 1 && s >= t {
+                    assert!(d > 0.0, "position {s} must see token {t}");
+                } else {
+                    assert_eq!(d, 0.0, "batch {b} position {s} changed with token {t}");
+                }
+            }
+        }
+    }
+}
