@@ -7,30 +7,25 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{assert_ok, command, error_line, run_with, small_corpus, stderr, trainer};
+use common::{
+    assert_ok, command, error_line, run_with, small_corpus, small_model_run, stderr, trainer,
+};
 
 /// A small model over `world` ranks (one a node), its run folder `log`, every path in a
 /// tempdir; the tests add `train.steps`, the checkpoint keys and whatever else they need.
 fn small_run(log: &Path, corpus: &Path, world: usize) -> Vec<String> {
-    vec![
-        "model.n_layer=2".into(),
-        "model.n_embd=32".into(),
-        "model.n_head=2".into(),
-        "model.seq_len=32".into(),
+    let mut sets = small_model_run(log, corpus);
+    sets.extend([
         "train.micro_batch=2".into(),
         "train.global_batch=4".into(),
         format!("dist.world_size={world}"),
         "dist.gpus_per_node=1".into(),
         "train.lr=1e-3".into(),
         "train.warmup_steps=2".into(),
-        format!("data.train=[{:?}]", corpus.to_str().unwrap()),
-        "data.valid_fraction=0.2".into(),
-        "log.interval=1".into(),
         "log.eval_interval=0".into(),
         "log.eval_samples=8".into(),
-        "log.progress=false".into(),
-        format!("log.dir={:?}", log.to_str().unwrap()),
-    ]
+    ]);
+    sets
 }
 
 /// Starts a run whose every step takes at least `delay_ms`, stderr captured.

@@ -5,15 +5,12 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 mod common;
-use common::{assert_ok, run_with, small_corpus, trainer};
+use common::{assert_ok, run_with, small_corpus, small_model_run, trainer};
 
 /// A small model and batch, with every path inside `dir`.
 fn small_run(dir: &Path, train: &Path, steps: u64) -> Vec<String> {
-    vec![
-        "model.n_layer=2".into(),
-        "model.n_embd=32".into(),
-        "model.n_head=2".into(),
-        "model.seq_len=32".into(),
+    let mut sets = small_model_run(&dir.join("run"), train);
+    sets.extend([
         "train.micro_batch=4".into(),
         "train.global_batch=8".into(),
         "dist.world_size=1".into(),
@@ -21,14 +18,10 @@ fn small_run(dir: &Path, train: &Path, steps: u64) -> Vec<String> {
         format!("train.steps={steps}"),
         "train.lr=1e-3".into(),
         "train.warmup_steps=5".into(),
-        format!("data.train=[{:?}]", train.to_str().unwrap()),
-        "data.valid_fraction=0.2".into(),
-        "log.interval=1".into(),
         "log.eval_interval=10".into(),
         "log.eval_samples=8".into(),
-        "log.progress=false".into(),
-        format!("log.dir={:?}", dir.join("run").to_str().unwrap()),
-    ]
+    ]);
+    sets
 }
 
 /// `trainer prepare-data --quiet --output OUTPUT --input INPUT` and `extra` arguments.

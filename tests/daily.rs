@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 mod common;
-use common::{assert_ok, command, error_line, run_with, small_corpus, stderr, trainer};
+use common::{
+    assert_ok, command, error_line, run_with, small_corpus, small_model_run, stderr, trainer,
+};
 
 /// A small GPT-2 run (about 1 MB of checkpoint) in `run`: `world` ranks as 2 nodes when even,
 /// validation every 4 steps, a checkpoint every 4.
@@ -16,11 +18,8 @@ fn small_run(run: &Path, train: &Path, steps: u64, world: usize) -> Vec<String> 
     } else {
         world
     };
-    vec![
-        "model.n_layer=2".into(),
-        "model.n_embd=32".into(),
-        "model.n_head=2".into(),
-        "model.seq_len=32".into(),
+    let mut sets = small_model_run(run, train);
+    sets.extend([
         "train.micro_batch=2".into(),
         "train.global_batch=8".into(),
         format!("dist.world_size={world}"),
@@ -29,17 +28,13 @@ fn small_run(run: &Path, train: &Path, steps: u64, world: usize) -> Vec<String> 
         "train.decay_steps=12".into(),
         "train.lr=1e-3".into(),
         "train.warmup_steps=2".into(),
-        format!("data.train=[{:?}]", train.to_str().unwrap()),
-        "data.valid_fraction=0.2".into(),
-        "log.interval=1".into(),
         "log.eval_interval=4".into(),
         "log.eval_samples=8".into(),
-        "log.progress=false".into(),
         "checkpoint.interval=4".into(),
         "checkpoint.keep_last=0".into(),
         "checkpoint.resume=true".into(),
-        format!("log.dir={:?}", run.to_str().unwrap()),
-    ]
+    ]);
+    sets
 }
 
 /// ZeRO++ (qwZ, hpZ, qgZ) on top of [`small_run`].

@@ -6,15 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::{assert_ok, error_line, run_with, small_corpus};
+use common::{assert_ok, error_line, run_with, small_corpus, small_model_run};
 
 /// A small model (about 20 MB of checkpoint) over `world` ranks, its run folder `run_dir`.
 fn small_run(run_dir: &Path, train: &Path, steps: u64, world: usize) -> Vec<String> {
-    vec![
-        "model.n_layer=2".into(),
-        "model.n_embd=32".into(),
-        "model.n_head=2".into(),
-        "model.seq_len=32".into(),
+    let mut sets = small_model_run(run_dir, train);
+    sets.extend([
         "train.micro_batch=4".into(),
         "train.global_batch=8".into(),
         format!("dist.world_size={world}"),
@@ -24,15 +21,11 @@ fn small_run(run_dir: &Path, train: &Path, steps: u64, world: usize) -> Vec<Stri
         "train.decay_steps=12".into(),
         "train.lr=1e-3".into(),
         "train.warmup_steps=5".into(),
-        format!("data.train=[{:?}]", train.to_str().unwrap()),
-        "data.valid_fraction=0.2".into(),
-        "log.interval=1".into(),
         "log.eval_interval=4".into(),
         "log.eval_samples=8".into(),
-        "log.progress=false".into(),
         "checkpoint.resume=true".into(),
-        format!("log.dir={:?}", run_dir.to_str().unwrap()),
-    ]
+    ]);
+    sets
 }
 
 /// The `step_*` names in checkpoint folder `dir` (complete, `.tmp` or other), sorted: its lock

@@ -7,15 +7,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{assert_ok, command, run_with, small_corpus, stderr};
+use common::{assert_ok, command, run_with, small_corpus, small_model_run, stderr};
 
 /// A small model on one rank, with its run folder `run`.
 fn small_run(run: &Path, train: &Path, steps: u64) -> Vec<String> {
-    vec![
-        "model.n_layer=2".into(),
-        "model.n_embd=32".into(),
-        "model.n_head=2".into(),
-        "model.seq_len=32".into(),
+    let mut sets = small_model_run(run, train);
+    sets.extend([
         "train.micro_batch=4".into(),
         "train.global_batch=8".into(),
         "dist.world_size=1".into(),
@@ -23,15 +20,11 @@ fn small_run(run: &Path, train: &Path, steps: u64) -> Vec<String> {
         format!("train.steps={steps}"),
         "train.lr=1e-3".into(),
         "train.warmup_steps=5".into(),
-        format!("data.train=[{:?}]", train.to_str().unwrap()),
-        "data.valid_fraction=0.2".into(),
-        "log.interval=1".into(),
         "log.eval_interval=10".into(),
         "log.eval_samples=8".into(),
-        "log.progress=false".into(),
         "checkpoint.resume=true".into(),
-        format!("log.dir={:?}", run.to_str().unwrap()),
-    ]
+    ]);
+    sets
 }
 
 /// Starts a run whose every step takes at least `delay_ms`, stderr captured.

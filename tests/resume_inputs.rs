@@ -7,16 +7,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 mod common;
-use common::{assert_ok, repo, run_with, small_corpus, stderr, trainer};
+use common::{assert_ok, repo, run_with, small_corpus, small_model_run, stderr, trainer};
 
 /// A small model on one rank, trained on `train` into `run`, with a schedule that does not
 /// follow `train.steps` (so that only what a test changes is a change).
 fn small_run(run: &Path, train: &Path, steps: u64) -> Vec<String> {
-    vec![
-        "model.n_layer=2".into(),
-        "model.n_embd=32".into(),
-        "model.n_head=2".into(),
-        "model.seq_len=32".into(),
+    let mut sets = small_model_run(run, train);
+    sets.extend([
         "train.micro_batch=4".into(),
         "train.global_batch=8".into(),
         "dist.world_size=1".into(),
@@ -25,15 +22,11 @@ fn small_run(run: &Path, train: &Path, steps: u64) -> Vec<String> {
         "train.decay_steps=8".into(),
         "train.lr=1e-3".into(),
         "train.warmup_steps=2".into(),
-        format!("data.train=[{:?}]", train.to_str().unwrap()),
-        "data.valid_fraction=0.2".into(),
-        "log.interval=1".into(),
         "log.eval_interval=10".into(),
         "log.eval_samples=8".into(),
-        "log.progress=false".into(),
         "checkpoint.resume=true".into(),
-        format!("log.dir={:?}", run.to_str().unwrap()),
-    ]
+    ]);
+    sets
 }
 
 /// Asserts a refusal: a failed run whose error is one line holding every one of `needles`, and

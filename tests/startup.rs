@@ -7,28 +7,21 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{assert_ok, command, run_with, small_corpus, stderr, trainer};
+use common::{assert_ok, command, run_with, small_corpus, small_model_run, stderr, trainer};
 
 /// A small model over `world` ranks (one node), every output in `run`; `eval_samples`
 /// validation sequences.
 fn small_run(run: &Path, train: &Path, world: usize, eval_samples: usize) -> Vec<String> {
-    vec![
-        "model.n_layer=2".into(),
-        "model.n_embd=32".into(),
-        "model.n_head=2".into(),
-        "model.seq_len=32".into(),
+    let mut sets = small_model_run(run, train);
+    sets.extend([
         "train.micro_batch=1".into(),
         format!("train.global_batch={}", 12),
         format!("dist.world_size={world}"),
         format!("dist.gpus_per_node={world}"),
         "train.steps=2".into(),
-        format!("data.train=[{:?}]", train.to_str().unwrap()),
-        "data.valid_fraction=0.2".into(),
-        "log.interval=1".into(),
         format!("log.eval_samples={eval_samples}"),
-        "log.progress=false".into(),
-        format!("log.dir={:?}", run.to_str().unwrap()),
-    ]
+    ]);
+    sets
 }
 
 /// The one `error:` line of a run that failed with exit status 1 (not a panic or an abort).

@@ -89,3 +89,20 @@ pub fn stop_with_sigterm(child: std::process::Child) -> Output {
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
     out
 }
+
+/// What every small end-to-end run shares: a 2-layer, 32-wide model with 2 heads over
+/// 32 positions, trained on `train` with a fifth held out, logging every step into `run`
+/// without a progress bar. Each test adds its batch, world and schedule.
+pub fn small_model_run(run: &Path, train: &Path) -> Vec<String> {
+    vec![
+        "model.n_layer=2".into(),
+        "model.n_embd=32".into(),
+        "model.n_head=2".into(),
+        "model.seq_len=32".into(),
+        format!("data.train=[{:?}]", train.to_str().unwrap()),
+        "data.valid_fraction=0.2".into(),
+        "log.interval=1".into(),
+        "log.progress=false".into(),
+        format!("log.dir={:?}", run.to_str().unwrap()),
+    ]
+}
