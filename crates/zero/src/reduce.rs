@@ -285,13 +285,13 @@ mod tests {
         }
     }
 
+    /// One rank's last reduced slice, its slices summed over the steps, and its error-feedback
+    /// buffers (the first hop's, and the second's where it has one).
+    type RankRounds = (Vec<f32>, Vec<f32>, Option<(Vec<f32>, Option<Vec<f32>>)>);
+
     /// Every rank's reduced slice and error-feedback buffers after `steps` reductions of the same
     /// gradients with qgZ (error feedback `feedback`), and the slices summed over the steps.
-    fn qgz_rounds(
-        topology: Topology,
-        steps: usize,
-        feedback: bool,
-    ) -> Vec<(Vec<f32>, Vec<f32>, Option<(Vec<f32>, Option<Vec<f32>>)>)> {
+    fn qgz_rounds(topology: Topology, steps: usize, feedback: bool) -> Vec<RankRounds> {
         let q = GradReduction::Qgz {
             block: BLOCK,
             error_feedback: feedback,
@@ -391,10 +391,9 @@ mod tests {
         let (mut worst_with, mut worst_without) = (0.0f32, 0.0f32);
         for p in 0..w {
             let exact = exact_mean(w, p);
-            for i in 0..SHARD {
-                worst_with = worst_with.max((with[p].1[i] / steps as f32 - exact[i]).abs());
-                worst_without =
-                    worst_without.max((without[p].1[i] / steps as f32 - exact[i]).abs());
+            for (i, &e) in exact.iter().enumerate().take(SHARD) {
+                worst_with = worst_with.max((with[p].1[i] / steps as f32 - e).abs());
+                worst_without = worst_without.max((without[p].1[i] / steps as f32 - e).abs());
             }
         }
         assert!(
