@@ -135,6 +135,39 @@ fn tokenizer_prepare_train_export_and_init_from() {
         end.1
     );
 
+    // The same export with config.json as transformers 5 writes it (the rope in
+    // `rope_parameters`, no top-level `rope_theta`): the same first evaluation. A theta that
+    // differs from the run's is refused under the key that holds it.
+    let config_path = hf.join("config.json");
+    let as_v5 = |theta: f64| {
+        let mut c = config.clone();
+        let o = c.as_object_mut().unwrap();
+        o.remove("rope_theta");
+        o.remove("rope_scaling");
+        o.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"rope_theta": theta, "rope_type": "default"}),
+        );
+        std::fs::write(&config_path, serde_json::to_string_pretty(&c).unwrap()).unwrap();
+    };
+    as_v5(config["rope_theta"].as_f64().unwrap());
+    let fifth = dir.path().join("fifth");
+    let mut e = b.clone();
+    e.push(format!("log.dir={:?}", s(&fifth)));
+    assert_ok(&llama(&e));
+    let v5 = val_losses(&fifth)[0];
+    assert_eq!((v5.0, v5.1.to_bits()), (0, again.1.to_bits()));
+    as_v5(10_000.0);
+    let sixth = dir.path().join("sixth");
+    let mut f = b.clone();
+    f.push(format!("log.dir={:?}", s(&sixth)));
+    let err = error_line(&llama(&f));
+    assert!(
+        err.contains("rope_parameters.rope_theta = 10000") && err.contains("model.rope_theta"),
+        "{err}"
+    );
+    std::fs::write(&config_path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+
     // Another shape is refused in one line that names the tensor.
     let third = dir.path().join("third");
     let mut c = sets;

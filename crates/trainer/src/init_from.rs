@@ -20,8 +20,8 @@ pub fn read(dir: &Path, cfg: &model::ModelConfig) -> Result<Vec<Vec<f32>>> {
     let maps = files
         .iter()
         .map(|f| {
-            let file =
-                std::fs::File::open(f).with_context(|| format!("{}: cannot open", at("")))?;
+            let file = std::fs::File::open(f)
+                .with_context(|| format!("model.init_from: cannot open {}", f.display()))?;
             // SAFETY: the file is only read, and not expected to change during the run's start.
             unsafe { memmap2::Mmap::map(&file) }
                 .with_context(|| format!("model.init_from: cannot map {}", f.display()))
@@ -55,6 +55,14 @@ pub fn read(dir: &Path, cfg: &model::ModelConfig) -> Result<Vec<Vec<f32>>> {
             used.insert(name.clone());
             let got = read_f32(view.dtype(), view.data())
                 .with_context(|| format!("model.init_from: {name} in {}", file.display()))?;
+            // A NaN or inf would surface only as a NaN loss at step 0, naming nothing.
+            if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+                bail!(
+                    "model.init_from: {name} in {} holds {} at element {i}",
+                    file.display(),
+                    got[i]
+                );
+            }
             let ours = &mut values[p.offset..p.offset + p.numel];
             match (hf.transpose, p.shape.as_slice(), view.shape()) {
                 (true, &[rows, cols], &[hc, hr]) if hc == cols && hr == rows => {
@@ -119,18 +127,24 @@ fn check_config(dir: &Path, cfg: &model::ModelConfig) -> Result<()> {
         );
     }
     if cfg.arch == model::Arch::Llama {
-        if !j["rope_scaling"].is_null() {
-            bail!("model.init_from: {at} sets rope_scaling, which zeropp's Llama does not take");
-        }
-        let close = |key: &str, ours: f64, default: f64| -> Result<()> {
-            let theirs = j[key].as_f64().unwrap_or(default);
+        let rope = Rope::of(&j).map_err(|e| anyhow::anyhow!("model.init_from: {at} {e}"))?;
+        let close = |key: &str, theirs: f64, ours: f64, ours_key: &str| -> Result<()> {
             if (theirs - ours).abs() > 1e-9 * ours.abs().max(1.0) {
-                bail!("model.init_from: {at} has {key} = {theirs}, this run {ours}: set it in [model]");
+                bail!(
+                    "model.init_from: {at} has {key} = {theirs}, this run {ours_key} = {ours}: \
+                     set {ours_key} = {theirs}"
+                );
             }
             Ok(())
         };
-        close("rope_theta", cfg.rope_theta, 10_000.0)?;
-        close("rms_norm_eps", cfg.norm_eps, 1e-6)?;
+        close(
+            rope.theta_key,
+            rope.theta,
+            cfg.rope_theta,
+            "model.rope_theta",
+        )?;
+        let eps = j["rms_norm_eps"].as_f64().unwrap_or(1e-6);
+        close("rms_norm_eps", eps, cfg.norm_eps, "model.norm_eps")?;
         let tied = j["tie_word_embeddings"].as_bool().unwrap_or(false);
         if tied != cfg.tie_embeddings {
             bail!(
@@ -140,6 +154,83 @@ fn check_config(dir: &Path, cfg: &model::ModelConfig) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The rotary embedding a Llama `config.json` asks for, from either spelling transformers
+/// writes: 4.x's top-level `rope_theta` and `rope_scaling`, or 5.x's `rope_parameters`
+/// (`{"rope_type": ..., "rope_theta": ..., ...}`), which has no top-level key at all. A config
+/// read under the wrong spelling would train with another theta without a word.
+#[derive(Debug, PartialEq)]
+struct Rope {
+    theta: f64,
+    /// Where `theta` was read, for the message that compares it with the run's.
+    theta_key: &'static str,
+}
+
+impl Rope {
+    /// transformers' Llama default when no theta is written.
+    const DEFAULT_THETA: f64 = 10_000.0;
+
+    /// The rope of `j`, or what it sets that zeropp's Llama does not implement (a scaled rope:
+    /// `llama3`, `yarn`, `linear`, ...; only `default` is), as the rest of a one-line message.
+    fn of(j: &serde_json::Value) -> std::result::Result<Rope, String> {
+        let number = |v: &serde_json::Value, key: &str| match v {
+            serde_json::Value::Null => Ok(None),
+            v => v
+                .as_f64()
+                .map(Some)
+                .ok_or(format!("has {key} = {v}, not a number")),
+        };
+        let rope_type = |o: &serde_json::Value, key: &str| -> std::result::Result<(), String> {
+            // transformers accepts the legacy `type` beside `rope_type`.
+            let t = match (&o["rope_type"], &o["type"]) {
+                (serde_json::Value::Null, serde_json::Value::Null) => return Ok(()),
+                (serde_json::Value::Null, t) => (t, "type"),
+                (t, _) => (t, "rope_type"),
+            };
+            match t.0.as_str() {
+                Some("default") => Ok(()),
+                Some(other) => Err(format!(
+                    "sets {key}.{} = {other:?}, a scaled rope zeropp's Llama does not implement \
+                     (only \"default\")",
+                    t.1
+                )),
+                None => Err(format!("has {key}.{} = {}, not a string", t.1, t.0)),
+            }
+        };
+        let params = &j["rope_parameters"];
+        if params.is_object() {
+            // 5.x; models that mix attention kinds nest one object per layer type.
+            if params
+                .as_object()
+                .is_some_and(|o| o.values().any(|v| v.is_object()))
+            {
+                return Err(
+                    "sets rope_parameters per layer type, which zeropp's Llama does \
+                            not implement"
+                        .into(),
+                );
+            }
+            rope_type(params, "rope_parameters")?;
+            if let Some(theta) = number(&params["rope_theta"], "rope_parameters.rope_theta")? {
+                return Ok(Rope {
+                    theta,
+                    theta_key: "rope_parameters.rope_theta",
+                });
+            }
+        } else if !params.is_null() {
+            return Err(format!("has rope_parameters = {params}, not an object"));
+        }
+        match &j["rope_scaling"] {
+            serde_json::Value::Null => {}
+            s if s.is_object() => rope_type(s, "rope_scaling")?,
+            s => return Err(format!("has rope_scaling = {s}, not an object")),
+        }
+        Ok(Rope {
+            theta: number(&j["rope_theta"], "rope_theta")?.unwrap_or(Self::DEFAULT_THETA),
+            theta_key: "rope_theta",
+        })
+    }
 }
 
 /// The folder's safetensors files: `model.safetensors`, or the shards its index names.
@@ -163,7 +254,16 @@ fn safetensor_files(dir: &Path) -> Result<Vec<PathBuf>> {
         .values()
         .filter_map(|v| v.as_str())
         .collect();
-    Ok(files.into_iter().map(|f| dir.join(f)).collect())
+    let files: Vec<PathBuf> = files.into_iter().map(|f| dir.join(f)).collect();
+    // Name the shard the index lists, not the folder, when one is missing.
+    if let Some(missing) = files.iter().find(|f| !f.is_file()) {
+        bail!(
+            "model.init_from: {} lists {}, which is missing",
+            index.display(),
+            missing.display()
+        );
+    }
+    Ok(files)
 }
 
 /// A tensor's little-endian bytes as f32.
@@ -183,4 +283,189 @@ fn read_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
             .collect(),
         d => bail!("dtype {d:?} (F32, BF16 or F16 are read)"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small tied Llama with the fixtures' rope theta (500000) and norm eps (1e-5), its
+    /// initial weights exported into `dir`.
+    fn exported(dir: &Path) -> (model::ModelConfig, Vec<Vec<f32>>) {
+        let mut cfg = model::ModelConfig::llama(2, 16, 4, 2, 24, 8, 37, true);
+        cfg.rope_theta = 500_000.0;
+        cfg.norm_eps = 1e-5;
+        let units = units(&cfg);
+        let layouts = model::Model::new(cfg.clone()).unwrap().units().to_vec();
+        let pairs: crate::export::UnitParameters = layouts.into_iter().zip(units.clone()).collect();
+        crate::export::write_hf(&cfg, &pairs, &dir.join("model.safetensors"), Some(0)).unwrap();
+        (cfg, units)
+    }
+
+    fn units(cfg: &model::ModelConfig) -> Vec<Vec<f32>> {
+        let model = model::Model::new(cfg.clone()).unwrap();
+        model
+            .units()
+            .iter()
+            .map(|u| {
+                let mut v = vec![0f32; u.numel];
+                model::init_unit_range(cfg, u, 9, 0, &mut v);
+                v
+            })
+            .collect()
+    }
+
+    /// `tests/fixtures/hf-config/VERSION/NAME.json`, written by transformers itself
+    /// (scripts/hf-config-fixtures.py), as `dir`'s config.json.
+    fn use_fixture(dir: &Path, version: &str, name: &str) {
+        let fixture = Path::new("../../tests/fixtures/hf-config")
+            .join(version)
+            .join(format!("{name}.json"));
+        std::fs::copy(&fixture, dir.join("config.json")).unwrap();
+    }
+
+    fn error(dir: &Path, cfg: &model::ModelConfig) -> String {
+        let e = format!("{:#}", read(dir, cfg).unwrap_err());
+        assert!(!e.contains('\n'), "one line: {e}");
+        e
+    }
+
+    /// transformers 4 writes `rope_theta` and `rope_scaling` at the top level, transformers 5
+    /// one `rope_parameters` object and no top-level key: both are read, the theta compared
+    /// with the run's under the key it was read from, and every scaled rope refused by name.
+    #[test]
+    fn the_rope_is_read_as_transformers_4_and_5_write_it() {
+        for (version, key) in [("v4", "rope_theta"), ("v5", "rope_parameters.rope_theta")] {
+            let dir = tempfile::tempdir().unwrap();
+            let (cfg, units) = exported(dir.path());
+            use_fixture(dir.path(), version, "llama-default");
+            assert_eq!(read(dir.path(), &cfg).unwrap(), units, "{version}");
+
+            // A run at another theta is told the checkpoint's, under the key that holds it.
+            let other = model::ModelConfig {
+                rope_theta: 10_000.0,
+                ..cfg.clone()
+            };
+            let e = error(dir.path(), &other);
+            assert!(
+                e.contains(&format!("has {key} = 500000,")),
+                "{version}: {e}"
+            );
+            assert!(
+                e.contains("set model.rope_theta = 500000"),
+                "{version}: {e}"
+            );
+            use_fixture(dir.path(), version, "llama-theta10k");
+            let e = error(dir.path(), &cfg);
+            assert!(e.contains(&format!("has {key} = 10000,")), "{version}: {e}");
+            assert_eq!(read(dir.path(), &other).unwrap(), units, "{version}");
+
+            for (fixture, rope_type) in [
+                ("llama-llama3", "\"llama3\""),
+                ("llama-yarn", "\"yarn\""),
+                ("llama-linear", "\"linear\""),
+            ] {
+                use_fixture(dir.path(), version, fixture);
+                let e = error(dir.path(), &cfg);
+                assert!(
+                    e.contains(rope_type) && e.contains("does not implement"),
+                    "{version} {fixture}: {e}"
+                );
+            }
+            use_fixture(dir.path(), version, "gpt2");
+            let e = error(dir.path(), &cfg);
+            assert!(e.contains("\"gpt2\" model"), "{version}: {e}");
+        }
+    }
+
+    /// The spellings no fixture shows: the legacy `type` key, a per-layer-type
+    /// `rope_parameters`, no theta at all (transformers' default, 10000), and a theta that is
+    /// not a number.
+    #[test]
+    fn the_rope_of_older_and_odder_configs() {
+        let of = |j: serde_json::Value| Rope::of(&j);
+        let rope = |theta, theta_key| Ok(Rope { theta, theta_key });
+        assert_eq!(of(serde_json::json!({})), rope(10_000.0, "rope_theta"));
+        assert_eq!(
+            of(serde_json::json!({"rope_theta": 1e6, "rope_scaling": {"type": "default"}})),
+            rope(1e6, "rope_theta")
+        );
+        let e = of(serde_json::json!({"rope_scaling": {"type": "dynamic", "factor": 2.0}}));
+        assert!(e.unwrap_err().contains("rope_scaling.type = \"dynamic\""));
+        let nested = serde_json::json!({"rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}});
+        assert!(of(nested).unwrap_err().contains("per layer type"));
+        // 5.x without a theta inside falls back to a top-level one.
+        assert_eq!(
+            of(serde_json::json!({"rope_theta": 2e5, "rope_parameters": {"rope_type": "default"}})),
+            rope(2e5, "rope_theta")
+        );
+        let e = of(serde_json::json!({"rope_parameters": {"rope_theta": "big"}}));
+        assert!(e.unwrap_err().contains("not a number"));
+    }
+
+    /// A tensor holding NaN or inf is named with its file when it is read, not found as a NaN
+    /// loss at step 0.
+    #[test]
+    fn a_weight_that_is_not_finite_is_named() {
+        for bad in [f32::NAN, f32::INFINITY] {
+            let dir = tempfile::tempdir().unwrap();
+            let (cfg, mut units) = exported(dir.path());
+            let layouts = model::Model::new(cfg.clone()).unwrap().units().to_vec();
+            let q = layouts[1].param("self_attn.q_proj.weight");
+            units[1][q.offset + 5] = bad;
+            let pairs: crate::export::UnitParameters = layouts.into_iter().zip(units).collect();
+            let out = dir.path().join("model.safetensors");
+            crate::export::write_hf(&cfg, &pairs, &out, Some(0)).unwrap();
+            let e = error(dir.path(), &cfg);
+            assert!(
+                e.contains("model.layers.0.self_attn.q_proj.weight")
+                    && e.contains("model.safetensors")
+                    && e.contains(&bad.to_string()),
+                "{e}"
+            );
+        }
+    }
+
+    /// A shard that `model.safetensors.index.json` lists and the folder lacks is named.
+    #[test]
+    fn a_missing_shard_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, units) = exported(dir.path());
+        let first = "model-00001-of-00002.safetensors";
+        std::fs::rename(dir.path().join("model.safetensors"), dir.path().join(first)).unwrap();
+        let bytes = std::fs::read(dir.path().join(first)).unwrap();
+        let names: Vec<String> = SafeTensors::deserialize(&bytes)
+            .unwrap()
+            .names()
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let index = |second: &str| {
+            let map: serde_json::Map<String, serde_json::Value> = names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.clone(), (if i == 0 { second } else { first }).into()))
+                .collect();
+            let j = serde_json::json!({"metadata": {}, "weight_map": map});
+            std::fs::write(
+                dir.path().join("model.safetensors.index.json"),
+                j.to_string(),
+            )
+            .unwrap();
+        };
+        index(first);
+        assert_eq!(
+            read(dir.path(), &cfg).unwrap(),
+            units,
+            "a sharded folder is read"
+        );
+        index("model-00002-of-00002.safetensors");
+        let e = error(dir.path(), &cfg);
+        assert!(
+            e.contains("model-00002-of-00002.safetensors") && e.contains("missing"),
+            "{e}"
+        );
+    }
 }
