@@ -480,7 +480,13 @@ impl Tokenizer {
     /// post-processor and decoder, and the end-of-document token as a special added token. It
     /// encodes as [`Tokenizer::encode`] does (checked on the bundled corpus in the tests).
     pub fn save_json(&self, path: &Path) -> Result<()> {
-        let json = match &self.kind {
+        let json = self.to_json()?;
+        std::fs::write(path, json).map_err(|e| DataError::io(path, e))
+    }
+
+    /// The bytes [`Tokenizer::save_json`] writes.
+    pub fn to_json(&self) -> Result<Vec<u8>> {
+        Ok(match &self.kind {
             Kind::Json { bytes } => bytes.clone(),
             Kind::Gpt2 { .. } => {
                 let mut hf = self.inner.clone();
@@ -494,8 +500,7 @@ impl Tokenizer {
                     })?
                     .into_bytes()
             }
-        };
-        std::fs::write(path, json).map_err(|e| DataError::io(path, e))
+        })
     }
 }
 

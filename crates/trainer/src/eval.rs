@@ -52,7 +52,6 @@ struct Report {
 
 pub fn run(args: &EvalArgs<'_>) -> Result<()> {
     let ckpt = from_checkpoint::resolve(args.checkpoint)?;
-    let manifest = checkpoint::read_manifest(&ckpt)?;
     let run = from_checkpoint::run_config(&ckpt, args.config)?;
     if args.data.is_empty() && run.is_none() {
         bail!(
@@ -70,7 +69,10 @@ pub fn run(args: &EvalArgs<'_>) -> Result<()> {
     }
     config.check_supported()?;
     let tokenizer = from_checkpoint::tokenizer(run.as_ref(), args.tokenizer)?;
-    let (model_cfg, units) = export::consolidate(&ckpt)?;
+    let (ckpt, (manifest, (model_cfg, units))) =
+        from_checkpoint::read_newest(args.checkpoint, |c| {
+            Ok((checkpoint::read_manifest(c)?, export::consolidate(c)?))
+        })?;
     let datasets = load_datasets(args, &config, &model_cfg, tokenizer.as_ref())?;
 
     // One rank holds the whole model. The gathers that decide the forward's weights (qwZ) stay

@@ -7,7 +7,7 @@
 //! written twice, as `save_pretrained` does not.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use safetensors::tensor::{Dtype, TensorView};
@@ -56,14 +56,25 @@ pub fn consolidate(ckpt: &Path) -> Result<(model::ModelConfig, UnitParameters)> 
     Ok((cfg, out))
 }
 
-/// Writes `units` (full, unpadded) to `output` with Hugging Face GPT-2 names, and `config.json`
-/// beside it.
+/// Writes `units` (full, unpadded) to `output` with Hugging Face names, and `config.json`
+/// beside it, both or neither ([`write_all`]). The tests' export of parameters they made.
+#[cfg(test)]
 pub fn write_hf(
     cfg: &model::ModelConfig,
     units: &[(model::UnitLayout, Vec<f32>)],
     output: &Path,
     eod: Option<u32>,
 ) -> Result<()> {
+    write_all(hf_files(cfg, units, output, eod)?)
+}
+
+/// The files [`write_hf`] writes: the safetensors file at `output`, `config.json` beside it.
+fn hf_files(
+    cfg: &model::ModelConfig,
+    units: &[(model::UnitLayout, Vec<f32>)],
+    output: &Path,
+    eod: Option<u32>,
+) -> Result<Vec<ExportFile<'static>>> {
     let model = model::Model::new(cfg.clone())?;
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for (unit, data) in units {
@@ -80,20 +91,124 @@ pub fn write_hf(
             tensors.push((hf.name, shape, bytes));
         }
     }
-    let mut views = Vec::with_capacity(tensors.len());
-    for (name, shape, bytes) in &tensors {
-        views.push((
-            name.clone(),
-            TensorView::new(Dtype::F32, shape.clone(), bytes)?,
-        ));
-    }
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-    safetensors::serialize_to_file(views, Some(meta), output)
-        .with_context(|| format!("cannot write {}", output.display()))?;
-    let hf_config = hf_config(cfg, eod);
-    let config_path = output.with_file_name("config.json");
-    std::fs::write(&config_path, serde_json::to_string_pretty(&hf_config)?)
-        .with_context(|| format!("cannot write {}", config_path.display()))?;
+    let write_weights = move |at: &Path| -> Result<()> {
+        let mut views = Vec::with_capacity(tensors.len());
+        for (name, shape, bytes) in &tensors {
+            views.push((name, TensorView::new(Dtype::F32, shape.clone(), bytes)?));
+        }
+        // Streamed to the file: a large model's bytes are not held twice.
+        Ok(safetensors::serialize_to_file(views, Some(meta), at)?)
+    };
+    let config = serde_json::to_string_pretty(&hf_config(cfg, eod))?;
+    Ok(vec![
+        (output.to_path_buf(), Box::new(write_weights)),
+        (
+            output.with_file_name("config.json"),
+            bytes(config.into_bytes()),
+        ),
+    ])
+}
+
+/// One file of an export: where it goes, and what writes it to a given path.
+type ExportFile<'a> = (PathBuf, Box<dyn FnOnce(&Path) -> Result<()> + 'a>);
+
+/// An [`ExportFile`] writer of `data`.
+fn bytes<'a>(data: Vec<u8>) -> Box<dyn FnOnce(&Path) -> Result<()> + 'a> {
+    Box::new(move |at: &Path| Ok(std::fs::write(at, data)?))
+}
+
+/// Writes every file under a temporary name beside it and renames them into place only when
+/// all are written, so that a failed write (a full disk, a `config.json` that cannot be
+/// replaced) leaves no half export: the files that were there stay as they were.
+fn write_all(files: Vec<ExportFile>) -> Result<()> {
+    let tmp = |p: &Path| {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default();
+        p.with_file_name(format!(".{name}.tmp"))
+    };
+    let paths: Vec<PathBuf> = files.iter().map(|(p, _)| p.clone()).collect();
+    // A rename cannot replace a folder: found now, before any file is replaced.
+    if let Some(folder) = paths.iter().find(|p| p.is_dir()) {
+        bail!("cannot write {}: it is a folder", folder.display());
+    }
+    let clean = |from: usize| {
+        for path in &paths[from..] {
+            let _ = std::fs::remove_file(tmp(path));
+        }
+    };
+    for (path, write) in files {
+        if let Err(e) = write(&tmp(&path)) {
+            clean(0);
+            return Err(e).with_context(|| format!("cannot write {}", path.display()));
+        }
+    }
+    for (i, path) in paths.iter().enumerate() {
+        if let Err(e) = std::fs::rename(tmp(path), path) {
+            clean(i);
+            return Err(e).with_context(|| format!("cannot write {}", path.display()));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses an `--output` inside the checkpoint folder that holds `ckpt` (the folder of its
+/// `step_<N>` siblings; `ckpt` itself when it is a copy named otherwise), or inside any
+/// checkpoint (a folder with a `manifest.json`): an export there would overwrite the files it
+/// reads, or leave files that a resume or retention then trips over.
+fn check_output_outside(ckpt: &Path, output: &Path) -> Result<()> {
+    // The output's folder may not exist yet: resolve its nearest existing ancestor.
+    let resolved = |p: &Path| -> Option<PathBuf> {
+        let mut rest = Vec::new();
+        let mut at = p;
+        loop {
+            if let Ok(real) = at.canonicalize() {
+                return Some(rest.iter().rev().fold(real, |acc, n| acc.join(n)));
+            }
+            rest.push(at.file_name()?.to_os_string());
+            at = at
+                .parent()
+                .filter(|a| !a.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+        }
+    };
+    let in_folder = ckpt
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("step_"));
+    let folder = match in_folder {
+        true => ckpt.parent(),
+        false => Some(ckpt),
+    };
+    let (Some(out_dir), Some(folder)) = (
+        resolved(
+            output
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new(".")),
+        ),
+        folder.and_then(resolved),
+    ) else {
+        return Ok(());
+    };
+    if out_dir.starts_with(&folder) {
+        bail!(
+            "--output {} is inside the checkpoint folder {}: export outside it",
+            output.display(),
+            folder.display()
+        );
+    }
+    if let Some(step) = out_dir
+        .ancestors()
+        .find(|d| d.join("manifest.json").is_file())
+    {
+        bail!(
+            "--output {} is inside the checkpoint {}: export outside it",
+            output.display(),
+            step.display()
+        );
+    }
     Ok(())
 }
 
@@ -165,22 +280,19 @@ pub fn hf_config(cfg: &model::ModelConfig, eod: Option<u32>) -> serde_json::Valu
 /// run's) is written beside the weights as `tokenizer.json`, its end-of-document token as the
 /// config's BOS and EOS.
 pub fn export(checkpoint_dir: &Path, output: &Path, tokenizer: Option<&Path>) -> Result<()> {
-    let ckpt = from_checkpoint::resolve(checkpoint_dir)?;
-    let (cfg, units) = consolidate(&ckpt)?;
+    check_output_outside(&from_checkpoint::resolve(checkpoint_dir)?, output)?;
+    let (ckpt, (cfg, units)) = from_checkpoint::read_newest(checkpoint_dir, consolidate)?;
     // The run's config may be gone or unreadable: the export needs only its tokenizer.
     let run = from_checkpoint::run_config(&ckpt, None).unwrap_or(None);
     let tokenizer = from_checkpoint::tokenizer(run.as_ref(), tokenizer)?;
-    write_hf(&cfg, &units, output, tokenizer.as_ref().map(|t| t.eod_id()))?;
+    let mut files = hf_files(&cfg, &units, output, tokenizer.as_ref().map(|t| t.eod_id()))?;
     match &tokenizer {
-        Some(t) => {
-            let path = output.with_file_name("tokenizer.json");
-            t.save_json(&path)
-                .with_context(|| format!("cannot write {}", path.display()))?;
-        }
+        Some(t) => files.push((output.with_file_name("tokenizer.json"), bytes(t.to_json()?))),
         None => eprintln!(
             "no tokenizer.json written: the run's tokenizer was not found (pass --tokenizer)"
         ),
     }
+    write_all(files)?;
     eprintln!(
         "exported {} ({} parameters) to {}",
         ckpt.display(),

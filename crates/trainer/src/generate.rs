@@ -74,7 +74,7 @@ pub fn run(args: &GenerateArgs<'_>) -> Result<()> {
             ckpt.display()
         )
     })?;
-    let (cfg, units) = export::consolidate(&ckpt)?;
+    let (ckpt, (cfg, units)) = from_checkpoint::read_newest(args.checkpoint, export::consolidate)?;
     let kind = args
         .device
         .or(run.as_ref().map(|r| r.train.device))
