@@ -5,6 +5,7 @@
 //!   a sequence to evaluate (from the token counts alone, so `configs/paper/` can be checked at
 //!   384 ranks without their data or their model);
 //! - [`check_memory`]: the plan's estimate of this process's memory against the memory at hand;
+//! - [`check_sample`]: the samples' prompt fits the model's context and vocabulary;
 //! - [`check_writable`]: the run folder, the metrics file and the checkpoint folder accept
 //!   writes (a read-only `checkpoint.dir` is otherwise found only at the first checkpoint).
 
@@ -50,6 +51,35 @@ pub fn check_data(
                 valid_key(config)
             )
         })?;
+    }
+    Ok(())
+}
+
+/// Checks `[log] sample_*` against the model, so that a prompt the model cannot take stops the
+/// run before its first step, not at its first sample with the steps before it unsaved.
+pub fn check_sample(run: &Run, tokenizer: Option<&data::Tokenizer>) -> Result<()> {
+    let log = &run.config.log;
+    if log.sample_interval == 0 {
+        return Ok(());
+    }
+    let Some(tokenizer) = tokenizer else {
+        bail!(
+            "log.sample_interval: the samples need the run's tokenizer, and data.tokenizer = {} \
+             does not read",
+            run.config.data.tokenizer.display()
+        );
+    };
+    let ids =
+        crate::generate::prompt_ids(tokenizer, &log.sample_prompt).context("log.sample_prompt")?;
+    let (seq_len, vocab) = (run.model.seq_len, run.model.vocab_size);
+    if ids.len() > seq_len {
+        bail!(
+            "log.sample_prompt is {} tokens, more than model.seq_len = {seq_len}",
+            ids.len()
+        );
+    }
+    if let Some(id) = ids.iter().find(|&&id| id as usize >= vocab) {
+        bail!("log.sample_prompt: token id {id} does not fit model.vocab_size = {vocab}");
     }
     Ok(())
 }

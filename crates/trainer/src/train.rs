@@ -140,13 +140,7 @@ fn prepare<'a>(
     };
     let t = &config.train;
     hooks.check_world(topology.world())?;
-    if config.log.sample_interval > 0 && tokenizer.is_none() {
-        bail!(
-            "log.sample_interval: the samples need the run's tokenizer, and data.tokenizer = {} \
-             does not read",
-            config.data.tokenizer.display()
-        );
-    }
+    startup::check_sample(run, tokenizer)?;
     let corpora = load_data(config, model_cfg.vocab_size, tokenizer)?;
     startup::check_data(
         run,

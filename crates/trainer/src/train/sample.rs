@@ -22,7 +22,8 @@ fn sampling(tokens: usize) -> Sampling {
 impl RankRun<'_> {
     /// After `step`, when `log.sample_interval` says: every rank gathers the full weights (a
     /// collective), rank 0 samples from them on its device and writes the text to the log and
-    /// to `samples.jsonl`.
+    /// to `samples.jsonl`. A sample that fails after the gather is a warning: it never costs
+    /// the steps trained since the last checkpoint.
     pub(super) fn sample_if_due(&mut self, step: u64) -> Result<()> {
         let log = &self.shared.config.log;
         if log.sample_interval == 0 || !step.is_multiple_of(log.sample_interval) {
@@ -32,6 +33,15 @@ impl RankRun<'_> {
         if !self.lead {
             return Ok(());
         }
+        if let Err(e) = self.sample(step, units) {
+            self.say(&format!("step {step} | warning: no sample written: {e:#}"));
+        }
+        Ok(())
+    }
+
+    /// Rank 0's sample from the gathered `units`, to the log and `samples.jsonl`.
+    fn sample(&mut self, step: u64, units: crate::export::UnitParameters) -> Result<()> {
+        let log = &self.shared.config.log;
         let tokenizer = self
             .shared
             .tokenizer
