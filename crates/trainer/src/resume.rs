@@ -152,9 +152,9 @@ pub fn find(run: &Run, settings: &BTreeMap<String, String>) -> Result<Option<Res
     let manifest = checkpoint::read_manifest(&path)?;
     if manifest.model != (&run.model).into() {
         bail!(
-            "checkpoint {} is of another model shape: {:?}",
+            "checkpoint {} is of another model shape: {}",
             path.display(),
-            manifest.model
+            shape_changes(&manifest.model, run)
         );
     }
     // Checkpoints written before settings were recorded are checked for their model only.
@@ -181,6 +181,73 @@ pub fn find(run: &Run, settings: &BTreeMap<String, String>) -> Result<Option<Res
         manifest,
         changes,
     }))
+}
+
+/// How this run's model differs from the checkpoint's `saved` one, as the keys a user changes:
+/// `model.vocab_size: 50304 -> 50432`, the tokenizer named where it gave the vocabulary.
+fn shape_changes(saved: &checkpoint::ModelShape, run: &Run) -> String {
+    let Ok(old) = saved.config() else {
+        return format!("{saved:?}");
+    };
+    let new = &run.model;
+    if old.arch != new.arch {
+        return format!("model.arch: {} -> {}", old.arch.name(), new.arch.name());
+    }
+    let keys: [(&str, String, String); 11] = [
+        ("n_layer", old.n_layer.to_string(), new.n_layer.to_string()),
+        ("n_embd", old.n_embd.to_string(), new.n_embd.to_string()),
+        ("n_head", old.n_head.to_string(), new.n_head.to_string()),
+        (
+            "n_kv_head",
+            old.n_kv_head.to_string(),
+            new.n_kv_head.to_string(),
+        ),
+        (
+            "ffn_hidden",
+            old.ffn_hidden.to_string(),
+            new.ffn_hidden.to_string(),
+        ),
+        ("seq_len", old.seq_len.to_string(), new.seq_len.to_string()),
+        (
+            "vocab_size",
+            old.vocab_size.to_string(),
+            new.vocab_size.to_string(),
+        ),
+        (
+            "norm_eps",
+            old.norm_eps.to_string(),
+            new.norm_eps.to_string(),
+        ),
+        (
+            "rope_theta",
+            old.rope_theta.to_string(),
+            new.rope_theta.to_string(),
+        ),
+        (
+            "tie_embeddings",
+            old.tie_embeddings.to_string(),
+            new.tie_embeddings.to_string(),
+        ),
+        ("arch", old.arch.name().into(), new.arch.name().into()),
+    ];
+    let mut changed: Vec<String> = keys
+        .iter()
+        .filter(|(_, a, b)| a != b)
+        .map(|(key, a, b)| {
+            let from = match (*key, run.vocab_from_tokenizer) {
+                ("vocab_size", true) => format!(
+                    " (the vocabulary of data.tokenizer = {}, padded to a multiple of 128)",
+                    run.config.data.tokenizer.display()
+                ),
+                _ => String::new(),
+            };
+            format!("model.{key}: {a} -> {b}{from}")
+        })
+        .collect();
+    if changed.is_empty() {
+        changed.push(format!("{saved:?}"));
+    }
+    changed.join(", ")
 }
 
 /// The differences between a checkpoint's settings and this run's, as `key: old -> new`; the
@@ -331,6 +398,27 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    /// A resume of another model shape names each key that differs; another architecture is
+    /// named alone (its other sizes mean other things).
+    #[test]
+    fn a_shape_change_names_its_keys() {
+        let mut config = RunConfig::default();
+        config.model.preset = Some("llama-tiny".into());
+        let run = Run::resolve(config, None).unwrap();
+        let gpt2 = model::ModelConfig::gpt2(2, 64, 4, 64, 50304);
+        assert_eq!(
+            shape_changes(&(&gpt2).into(), &run),
+            "model.arch: gpt2 -> llama"
+        );
+        let mut llama = run.model.clone();
+        llama.n_kv_head = 4;
+        llama.rope_theta = 10_000.0;
+        assert_eq!(
+            shape_changes(&(&llama).into(), &run),
+            "model.n_kv_head: 4 -> 2, model.rope_theta: 10000 -> 500000"
+        );
     }
 
     #[test]

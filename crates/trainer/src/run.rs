@@ -11,6 +11,9 @@ pub struct Run {
     /// `[model]` resolved ([`ModelSection::resolve`](crate::config::ModelSection::resolve)): the
     /// preset, then the explicit sizes.
     pub model: model::ModelConfig,
+    /// Whether `model.vocab_size` is the tokenizer's (the key unset, a tokenizer read), so that
+    /// a message about the vocabulary can name the tokenizer that gave it.
+    pub vocab_from_tokenizer: bool,
 }
 
 impl Run {
@@ -19,6 +22,11 @@ impl Run {
     /// `model.vocab_size` is unset it gives the model's, padded to a multiple of 128.
     pub fn resolve(config: RunConfig, tokenizer_vocab: Option<usize>) -> Result<Run> {
         let model = config.model.resolve(tokenizer_vocab)?;
-        Ok(Run { config, model })
+        let vocab_from_tokenizer = config.model.vocab_size.is_none() && tokenizer_vocab.is_some();
+        Ok(Run {
+            config,
+            model,
+            vocab_from_tokenizer,
+        })
     }
 }
