@@ -77,6 +77,10 @@ pub struct TrainTokenizerStats {
     pub seconds: f64,
 }
 
+/// The largest vocabulary [`train_tokenizer`] trains: 2^22 tokens, 16 times the largest of
+/// today's open models (Gemma's 262,144).
+pub const MAX_VOCAB: usize = 1 << 22;
+
 /// Trains a byte-level BPE on `opts.inputs` and writes it to `opts.output` (see the module
 /// doc).
 ///
@@ -94,6 +98,14 @@ pub fn train_tokenizer(opts: &TrainTokenizerOptions) -> Result<TrainTokenizerSta
         return Err(DataError::VocabTooSmall {
             vocab_size: opts.vocab_size,
             specials: special.len(),
+        });
+    }
+    // The trainer allocates per token asked for, before reading a byte: a typo such as
+    // 2000000000 would abort on allocation rather than say so.
+    if opts.vocab_size > MAX_VOCAB {
+        return Err(DataError::VocabTooLarge {
+            vocab_size: opts.vocab_size,
+            max: MAX_VOCAB,
         });
     }
     if opts.inputs.is_empty() {

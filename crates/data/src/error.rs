@@ -105,6 +105,8 @@ pub enum DataError {
         256 + specials
     )]
     VocabTooSmall { vocab_size: usize, specials: usize },
+    #[error("vocab size {vocab_size} is too large: at most {max} tokens are trained")]
+    VocabTooLarge { vocab_size: usize, max: usize },
 
     // ---- indexed datasets ----
     /// A Megatron `.idx` file that is malformed or inconsistent.

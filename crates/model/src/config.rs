@@ -141,6 +141,14 @@ impl ModelConfig {
                 return Err(ModelError::ZeroSize { field });
             }
         }
+        // The model's layout is built per layer before any memory estimate can refuse it: a
+        // typo of 10^8 layers would abort on allocation instead of being named.
+        if self.n_layer > MAX_LAYERS {
+            return Err(ModelError::Shape {
+                field: "n_layer",
+                reason: format!("{} is more than {MAX_LAYERS} layers", self.n_layer),
+            });
+        }
         if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(ModelError::HeadsDoNotDivide {
                 n_embd: self.n_embd,
@@ -186,13 +194,10 @@ impl ModelConfig {
             }
             Arch::Llama => {
                 if !self.head_dim().is_multiple_of(2) {
-                    return bad(
-                        "n_head",
-                        format!(
-                            "rotary positions rotate pairs: head_dim {} must be even",
-                            self.head_dim()
-                        ),
-                    );
+                    return Err(ModelError::OddHeadDim {
+                        n_embd: self.n_embd,
+                        n_head: self.n_head,
+                    });
                 }
                 if !(self.rope_theta > 1.0 && self.rope_theta.is_finite()) {
                     return bad(
@@ -245,6 +250,9 @@ pub const PRESET_NAMES: &[&str] = &[
     "llama3-8b",
     "llama3-70b",
 ];
+
+/// The most layers a model may have: 2^16, hundreds of times the deepest published model.
+pub const MAX_LAYERS: usize = 1 << 16;
 
 /// The named model shapes.
 ///

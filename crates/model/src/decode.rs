@@ -554,7 +554,8 @@ impl Decoder {
             return Ok(out);
         }
         // The last new token is never fed: room for the prompt and the others.
-        let capacity = seq_len.min(prompt.len() + opts.max_new_tokens - 1);
+        // Saturating: `--max-new-tokens` may be any u64 a user types.
+        let capacity = seq_len.min(prompt.len().saturating_add(opts.max_new_tokens - 1));
         let mut cache = self.cache(capacity)?;
         let mut rng = StdRng::seed_from_u64(opts.seed);
         let mut logits = self.forward(prompt, &mut cache)?;

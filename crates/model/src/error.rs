@@ -12,6 +12,9 @@ pub enum ModelError {
     /// `n_embd` is not a multiple of `n_head`.
     #[error("n_embd {n_embd} is not divisible by n_head {n_head}")]
     HeadsDoNotDivide { n_embd: usize, n_head: usize },
+    /// Rotary positions rotate pairs of a head's channels: `n_embd / n_head` must be even.
+    #[error("model.n_embd = {n_embd} / model.n_head = {n_head} gives head_dim {}: rotary positions rotate pairs, so it must be even", n_embd / n_head)]
+    OddHeadDim { n_embd: usize, n_head: usize },
     /// A size or setting the architecture does not take, named by its `model.` key.
     #[error("model.{field}: {reason}")]
     Shape { field: &'static str, reason: String },

@@ -141,6 +141,10 @@ fn model_error(e: model::ModelError) -> anyhow::Error {
         model::ModelError::HeadsDoNotDivide { n_embd, n_head } => {
             anyhow::anyhow!("model.n_embd = {n_embd} is not a multiple of model.n_head = {n_head}")
         }
+        // Messages that name their `model.` keys: the `--set` of either key is blamed.
+        e @ (model::ModelError::OddHeadDim { .. } | model::ModelError::Shape { .. }) => {
+            anyhow::anyhow!("{e}")
+        }
         other => anyhow::anyhow!("[model] {other}"),
     }
 }
