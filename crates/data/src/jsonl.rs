@@ -3,12 +3,13 @@
 //! Each line is one JSON object with a string field named the text column (`text`; other
 //! fields, like the Pile's `meta`, are skipped without being built). Files ending in
 //! `.jsonl.zst` are zstd-decompressed on the fly, `.jsonl.gz` gzip-decompressed (all members,
-//! as Dolma's files have), `.jsonl` read as they are. Blank lines are skipped. Line numbers in
-//! errors count from 1.
+//! as Dolma's files have; bytes after the last member that start no other are an error that
+//! says so), `.jsonl` read as they are. Blank lines are skipped. Line numbers in errors count
+//! from 1.
 
 use std::fmt;
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -48,7 +49,7 @@ impl JsonlDocuments {
                 Box::new(BufReader::with_capacity(1 << 20, decoder))
             }
             Compression::Gzip => {
-                let decoder = flate2::read::MultiGzDecoder::new(counted);
+                let decoder = GzipMembers::new(BufReader::with_capacity(1 << 20, counted));
                 Box::new(BufReader::with_capacity(1 << 20, decoder))
             }
         };
@@ -71,11 +72,13 @@ impl JsonlDocuments {
         };
         let text = TextField(&self.column).deserialize(&mut de).map_err(json)?;
         de.end().map_err(json)?;
-        text.ok_or_else(|| DataError::MissingText {
-            path: self.path.clone(),
-            line: self.line,
-            field: self.column.clone(),
-        })
+        // A null text is an empty document, as a Parquet null is.
+        text.map(Option::unwrap_or_default)
+            .ok_or_else(|| DataError::MissingText {
+                path: self.path.clone(),
+                line: self.line,
+                field: self.column.clone(),
+            })
     }
 }
 
@@ -110,12 +113,58 @@ impl Iterator for JsonlDocuments {
     }
 }
 
-/// Reads a JSON object, keeping only the string (or null) field named `.0`: `Some(text)`, or
-/// `None` when the field is absent or null. Other fields are skipped unbuilt.
+/// The concatenated members of a gzip file, as `gzip -d` reads them. flate2's `MultiGzDecoder`
+/// reads bytes after the last member as a truncated header ("unexpected end of file"); here
+/// they are named for what they are.
+struct GzipMembers<R: BufRead> {
+    /// The member being read; `None` once the stream has ended.
+    member: Option<flate2::bufread::GzDecoder<R>>,
+}
+
+impl<R: BufRead> GzipMembers<R> {
+    fn new(inner: R) -> Self {
+        GzipMembers {
+            member: Some(flate2::bufread::GzDecoder::new(inner)),
+        }
+    }
+}
+
+impl<R: BufRead> Read for GzipMembers<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while let Some(member) = &mut self.member {
+            let n = member.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            // This member ended: another starts with gzip's magic bytes, or nothing follows.
+            let Some(ended) = self.member.take() else {
+                break;
+            };
+            let mut inner = ended.into_inner();
+            let rest = inner.fill_buf()?;
+            match rest {
+                [] => return Ok(0),
+                [0x1f] | [0x1f, 0x8b, ..] => {
+                    self.member = Some(flate2::bufread::GzDecoder::new(inner));
+                }
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "trailing data after the gzip stream",
+                    ))
+                }
+            }
+        }
+        Ok(0)
+    }
+}
+
+/// Reads a JSON object, keeping only the string (or null) field named `.0`: `Some(Some(text))`,
+/// `Some(None)` when it is null, `None` when it is absent. Other fields are skipped unbuilt.
 struct TextField<'a>(&'a str);
 
 impl<'de> DeserializeSeed<'de> for TextField<'_> {
-    type Value = Option<String>;
+    type Value = Option<Option<String>>;
 
     fn deserialize<D: serde::Deserializer<'de>>(
         self,
@@ -126,7 +175,7 @@ impl<'de> DeserializeSeed<'de> for TextField<'_> {
 }
 
 impl<'de> Visitor<'de> for TextField<'_> {
-    type Value = Option<String>;
+    type Value = Option<Option<String>>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "a JSON object with a string field {:?}", self.0)
@@ -139,7 +188,7 @@ impl<'de> Visitor<'de> for TextField<'_> {
         let mut text = None;
         while let Some(is_text) = map.next_key_seed(KeyIs(self.0))? {
             if is_text {
-                text = map.next_value::<Option<String>>()?;
+                text = Some(map.next_value::<Option<String>>()?);
             } else {
                 map.next_value::<IgnoredAny>()?;
             }

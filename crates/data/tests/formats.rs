@@ -118,6 +118,49 @@ fn jsonl_gz_reads_every_member() {
     assert_eq!(read_all(&gzipped(dir.path())), expected());
 }
 
+/// Bytes after the last gzip member that start no other member are named as such, not read as
+/// a truncated header ("unexpected end of file"); the documents before them are all read.
+#[test]
+fn jsonl_gz_with_trailing_data_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = gzipped(dir.path());
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    file.write_all(b"junk").unwrap();
+    let results: Vec<_> = read_documents(&path).unwrap().collect();
+    let (last, docs) = results.split_last().unwrap();
+    let docs: Vec<String> = docs.iter().map(|d| d.as_ref().unwrap().clone()).collect();
+    assert_eq!(docs, expected());
+    let err = last.as_ref().unwrap_err();
+    let err = format!("{err}: {}", std::error::Error::source(err).unwrap());
+    assert!(
+        err.contains("docs.jsonl.gz") && err.contains("trailing data after the gzip stream"),
+        "{err}"
+    );
+}
+
+/// A null text is an empty document, as a Parquet null is; an absent one is still an error.
+#[test]
+fn jsonl_null_text_is_an_empty_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nulls.jsonl");
+    std::fs::write(
+        &path,
+        "{\"text\": \"a\"}\n{\"text\": null}\n{\"text\": \"b\"}\n{}\n",
+    )
+    .unwrap();
+    let results: Vec<_> = read_documents(&path).unwrap().collect();
+    let docs: Vec<&str> = results[..3]
+        .iter()
+        .map(|d| d.as_ref().unwrap().as_str())
+        .collect();
+    assert_eq!(docs, ["a", "", "b"]);
+    let err = results[3].as_ref().unwrap_err().to_string();
+    assert!(err.contains("line 4: no \"text\" field"), "{err}");
+}
+
 #[test]
 fn jsonl_reads_the_text_column_named() {
     let dir = tempfile::tempdir().unwrap();

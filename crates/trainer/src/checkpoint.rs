@@ -276,12 +276,46 @@ pub fn write_rank(tmp: &Path, rank: usize, step: u64, state: &[zero::NamedShard]
         ("rank".to_string(), rank.to_string()),
     ]);
     let path = tmp.join(rank_file(rank));
-    let bytes = safetensors::serialize(views, Some(meta))
+    let mut bytes = safetensors::serialize(views, Some(meta.clone()))
         .with_context(|| format!("cannot serialise checkpoint {}", path.display()))?;
+    sort_metadata(&mut bytes, &meta);
     let crc = crc32fast::hash(&bytes);
     write_synced(&path, &bytes)
         .with_context(|| format!("cannot write checkpoint {}", path.display()))?;
     Ok(crc)
+}
+
+/// Rewrites the `__metadata__` object of the safetensors header in `bytes` with its keys
+/// sorted. safetensors writes it from a `HashMap`, whose order differs from one map to the
+/// next, so two writes of the same state (the foreground's and the background's) would differ
+/// in those bytes. The keys and values are the same, so the header keeps its length.
+fn sort_metadata(bytes: &mut [u8], meta: &HashMap<String, String>) {
+    let sorted: BTreeMap<&String, &String> = meta.iter().collect();
+    let Ok(sorted) = serde_json::to_string(&sorted) else {
+        return;
+    };
+    let Some(header_len) = bytes
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(|b| u64::from_le_bytes(b) as usize)
+    else {
+        return;
+    };
+    let Some(header) = bytes.get_mut(8..8 + header_len) else {
+        return;
+    };
+    let key = b"\"__metadata__\":";
+    let Some(start) = header.windows(key.len()).position(|w| w == key) else {
+        return;
+    };
+    let start = start + key.len();
+    // The object holds only strings of digits and key names: its first '}' closes it.
+    if let Some(end) = header[start..].iter().position(|&b| b == b'}') {
+        let object = &mut header[start..start + end + 1];
+        if object.len() == sorted.len() {
+            object.copy_from_slice(sorted.as_bytes());
+        }
+    }
 }
 
 /// Hands every rank's checksum of [`write_rank`] to every rank (an all-gather, which is also

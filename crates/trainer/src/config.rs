@@ -427,15 +427,26 @@ impl RunConfig {
         if t.steps == 0 {
             bail!("train.steps must be positive");
         }
-        if !(t.lr > 0.0 && t.min_lr >= 0.0 && t.min_lr <= t.lr) {
-            bail!("train.lr must be positive and train.min_lr in [0, lr]");
+        // Each rate named alone, and inf refused with NaN: an infinite rate passes `> 0`.
+        let finite = |key: &str, v: f64, positive: bool| -> Result<()> {
+            match (v.is_finite(), positive) {
+                (true, true) if v > 0.0 => Ok(()),
+                (true, false) if v >= 0.0 => Ok(()),
+                (_, true) => bail!("train.{key} = {v}: it must be a finite number > 0"),
+                (_, false) => bail!("train.{key} = {v}: it must be a finite number >= 0"),
+            }
+        };
+        finite("lr", t.lr, true)?;
+        finite("min_lr", t.min_lr, false)?;
+        if t.min_lr > t.lr {
+            bail!("train.min_lr = {} is above train.lr = {}", t.min_lr, t.lr);
         }
-        if !(0.0..1.0).contains(&t.beta1) || !(0.0..1.0).contains(&t.beta2) || t.eps <= 0.0 {
-            bail!("train.beta1 and train.beta2 must be in [0, 1) and train.eps positive");
+        if !(0.0..1.0).contains(&t.beta1) || !(0.0..1.0).contains(&t.beta2) {
+            bail!("train.beta1 and train.beta2 must be in [0, 1)");
         }
-        if t.weight_decay < 0.0 || t.grad_clip < 0.0 {
-            bail!("train.weight_decay and train.grad_clip must not be negative");
-        }
+        finite("eps", t.eps, true)?;
+        finite("weight_decay", t.weight_decay, false)?;
+        finite("grad_clip", t.grad_clip, false)?;
         if t.max_skipped_steps == 0 {
             bail!("train.max_skipped_steps must be at least 1");
         }

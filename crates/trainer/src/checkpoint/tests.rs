@@ -285,3 +285,30 @@ fn retention_counts_this_runs_complete_checkpoints_only() {
         ]
     );
 }
+
+/// Every write of the same state is the same bytes, its metadata keys in sorted order, whoever
+/// writes it (the foreground and the background writer call [`write_rank`] alike): safetensors
+/// alone writes them in the order of a `HashMap`, which differs from one write to the next.
+#[test]
+fn a_rank_file_is_the_same_bytes_at_every_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = [zero::NamedShard {
+        name: "wte.param".into(),
+        data: vec![1.0, 2.0, 3.0],
+    }];
+    let files: Vec<Vec<u8>> = (0..8)
+        .map(|i| {
+            let tmp = dir.path().join(format!("w{i}"));
+            std::fs::create_dir_all(&tmp).unwrap();
+            write_rank(&tmp, 3, 12, &state).unwrap();
+            std::fs::read(tmp.join(rank_file(3))).unwrap()
+        })
+        .collect();
+    assert!(files.iter().all(|f| f == &files[0]));
+    let header = String::from_utf8_lossy(&files[0]);
+    assert!(
+        header.contains(r#""__metadata__":{"rank":"3","step":"12"}"#),
+        "{header}"
+    );
+    assert_eq!(recorded_step_and_rank(&files[0]), Some((12, 3)));
+}
