@@ -1,15 +1,50 @@
 //! ZeRO-3 over simulated ranks, end to end through the CLI: the same curve at every world size,
 //! the analytic communication volume, kill and resume at W = 4, and a failing rank.
+//!
+//! The runs use a 512-token vocabulary (a BPE trained once per test process on the corpus they
+//! read): with GPT-2's 50,304 the tied embedding and the head were 98% of `tiny`'s parameters
+//! and of its time, and no property here depends on the vocabulary's size.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 mod common;
 use common::repo;
 
-/// `tiny` with a short context and a global batch of 8 sequences, on the first addresses of
-/// the bundled corpus, logging every step.
+/// The runs' vocabulary. (The qwZ test's margin depends on the trajectory it sets: at 1024
+/// its 200-step validation losses are 0.3% apart, against the 1% it allows.)
+const VOCAB: usize = 1024;
+
+/// The first addresses of the bundled corpus, and a [`VOCAB`]-token BPE trained on them, made
+/// once for every test of the process (so that two runs compared bitwise read the same ids).
+fn corpus_and_tokenizer() -> &'static (PathBuf, PathBuf) {
+    static MADE: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    MADE.get_or_init(|| {
+        // Cargo's folder for integration tests' files (under target/): nothing left in /tmp.
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("zero3");
+        std::fs::create_dir_all(&dir).unwrap();
+        let corpus = dir.join("small.jsonl");
+        let file = std::fs::File::open(repo().join("data/corpus/sotu.jsonl.zst")).unwrap();
+        let text = String::from_utf8(zstd::decode_all(file).unwrap()).unwrap();
+        let lines: Vec<&str> = text.lines().take(6).collect();
+        std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
+        let tokenizer = dir.join("tokenizer.json");
+        let out = Command::new(env!("CARGO_BIN_EXE_trainer"))
+            .args(["tokenizer", "--quiet", "--input"])
+            .arg(&corpus)
+            .args(["--vocab-size", &VOCAB.to_string(), "--output"])
+            .arg(&tokenizer)
+            .output()
+            .unwrap();
+        ok(&out);
+        (corpus, tokenizer)
+    })
+}
+
+/// `tiny` with a short context, a [`VOCAB`]-token vocabulary and a global batch of 8
+/// sequences, on the first addresses of the bundled corpus, logging every step.
 fn run(
     dir: &Path,
     world: usize,
@@ -18,16 +53,12 @@ fn run(
     extra: &[String],
     env: &[(&str, &str)],
 ) -> Output {
-    let corpus = dir.join("small.jsonl");
-    if !corpus.exists() {
-        let file = std::fs::File::open(repo().join("data/corpus/sotu.jsonl.zst")).unwrap();
-        let text = String::from_utf8(zstd::decode_all(file).unwrap()).unwrap();
-        let lines: Vec<&str> = text.lines().take(6).collect();
-        std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
-    }
+    let (corpus, tokenizer) = corpus_and_tokenizer();
     let run_dir = dir.join(format!("w{world}"));
     let mut sets: Vec<String> = vec![
         "model.seq_len=32".into(),
+        format!("model.vocab_size={VOCAB}"),
+        format!("data.tokenizer={:?}", tokenizer.to_str().unwrap()),
         "train.micro_batch=1".into(),
         "train.global_batch=8".into(),
         format!("train.steps={steps}"),
@@ -78,7 +109,11 @@ fn ok(out: &Output) {
 /// all-reduces (one f32 each, to every peer).
 fn zero3_bytes(world: usize, per_node: usize, micro_batches: u64) -> (u64, u64) {
     let cfg = model::preset("tiny").unwrap();
-    let cfg = model::ModelConfig { seq_len: 32, ..cfg };
+    let cfg = model::ModelConfig {
+        seq_len: 32,
+        vocab_size: VOCAB,
+        ..cfg
+    };
     let layout = model::ModelLayout::new(&cfg);
     let shard: u64 = layout
         .units
@@ -120,7 +155,12 @@ fn every_world_size_follows_the_single_rank_curve_with_the_analytic_volume() {
             );
         }
     }
-    assert!(reference[49]["loss"].as_f64().unwrap() < reference[0]["loss"].as_f64().unwrap() - 1.0);
+    let (first, last) = (
+        reference[0]["loss"].as_f64().unwrap(),
+        reference[49]["loss"].as_f64().unwrap(),
+    );
+    eprintln!("W = 1 loss: step 1 {first:.4}, step 50 {last:.4}");
+    assert!(last < first - 0.5, "the model learns: {first} -> {last}");
 }
 
 #[test]
@@ -213,8 +253,13 @@ fn qwz_stays_within_one_percent_of_zero3_over_200_steps() {
         v["val_loss"].as_f64().unwrap()
     };
     let (p, q) = (val(a.path()), val(b.path()));
+    eprintln!("val_loss after 200 steps: ZeRO-3 {p:.4}, qwZ {q:.4}");
     assert!(((p - q) / p).abs() < 0.01, "qwZ val_loss {q} vs ZeRO-3 {p}");
-    assert!(p < 10.0 - 2.0, "the model learns: val_loss {p}");
+    let uniform = (VOCAB as f64).ln();
+    assert!(
+        p < uniform - 1.0,
+        "the model learns: val_loss {p}, uniform {uniform}"
+    );
 }
 
 #[test]
