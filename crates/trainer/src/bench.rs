@@ -14,10 +14,10 @@ use zero::Engine;
 use crate::config::{Backend, RunConfig};
 use crate::device_memory;
 use crate::launch;
-use crate::readable;
 use crate::run::Run;
 use crate::train::engine_options;
 use crate::world::World;
+use report::readable;
 
 mod profile;
 #[cfg(test)]

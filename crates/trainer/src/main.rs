@@ -12,12 +12,8 @@ mod generate;
 mod hooks;
 mod init_from;
 mod launch;
-mod metrics;
 mod out_of_memory;
 mod plan;
-mod plot;
-mod progress;
-mod readable;
 mod reshard;
 mod resume;
 mod run;
@@ -25,7 +21,6 @@ mod run_lock;
 mod schedule;
 mod startup;
 mod stop;
-mod tensorboard;
 mod tokenizer_cmd;
 mod train;
 mod world;
@@ -35,6 +30,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use report::{plot, readable};
 
 #[derive(Parser)]
 #[command(
@@ -493,14 +489,14 @@ fn run_command(
             zoom,
         } => {
             create_parent(&output)?;
-            plot::run(&plot::PlotArgs {
+            Ok(plot::run(&plot::PlotArgs {
                 metrics,
                 bench,
                 output,
                 labels: label,
                 smooth,
                 zoom,
-            })
+            })?)
         }
     }
 }

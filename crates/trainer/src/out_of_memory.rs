@@ -7,8 +7,8 @@
 
 use anyhow::anyhow;
 
-use crate::readable::bytes;
 use crate::run::Run;
+use report::readable::bytes;
 
 /// The text cudarc gives an allocation failure.
 const OOM: &str = "CUDA_ERROR_OUT_OF_MEMORY";

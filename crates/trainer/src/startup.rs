@@ -16,8 +16,8 @@ use anyhow::{bail, Context, Result};
 use data::Sampler;
 
 use crate::config::{DeviceKind, RunConfig};
-use crate::readable;
 use crate::run::Run;
+use report::readable;
 
 /// The key a user sets to change the validation data: `data.valid`, or `data.valid_fraction`
 /// when the validation documents are held out of `data.train`.

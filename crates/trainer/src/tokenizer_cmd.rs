@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result};
 
-use crate::readable;
+use report::readable;
 
 /// Trains and writes the tokenizer, then says what it wrote on stderr.
 pub fn run(opts: &data::TrainTokenizerOptions) -> Result<()> {

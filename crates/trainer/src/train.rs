@@ -17,14 +17,15 @@ use crate::config::RunConfig;
 use crate::divergence::{self, SkipCounter};
 use crate::hooks::TestHooks;
 use crate::init_from;
-use crate::metrics::{EvalLine, StepLine};
-use crate::progress::Reporter;
 use crate::resume::{self, DataSize, Resume};
 use crate::run::Run;
 use crate::run_lock::RunLock;
 use crate::schedule::learning_rate;
 use crate::world::World;
-use crate::{readable, reshard, startup, stop};
+use crate::{reshard, startup, stop};
+use report::metrics::{EvalLine, StepLine};
+use report::progress::Reporter;
+use report::readable;
 
 mod corpora;
 mod evaluate;

@@ -136,3 +136,27 @@ fn only_trajectory_keys_other_than_the_model_may_change() {
         "not a trajectory key: needs no allowing"
     );
 }
+
+/// `trainer plot` names a run by its `[zero]` section, reading absent keys as the defaults:
+/// report's copy of them (it does not depend on zero) must be zero's.
+#[test]
+fn plot_labels_read_absent_zero_keys_as_the_defaults() {
+    let ours = report::plot::ZeroSettings::default();
+    let z = zero::ZeroConfig::default();
+    assert_eq!(
+        (
+            ours.qwz,
+            ours.hpz_partition_size,
+            ours.qgz,
+            ours.qgz_until,
+            ours.error_feedback
+        ),
+        (
+            z.quantized_weights,
+            z.hpz_partition_size,
+            z.quantized_gradients,
+            z.qgz_until,
+            z.qgz_error_feedback
+        )
+    );
+}

@@ -17,7 +17,7 @@ use serde::Serialize;
 use zero::{ZeroConfig, ZeroPlan};
 
 use super::throughput::{predict, variant_plan, Cluster, Workload};
-use crate::readable;
+use report::readable;
 
 /// The least speed-up (step time before over after) a technique must bring to be turned on.
 pub const GAIN_THRESHOLD: f64 = 1.02;

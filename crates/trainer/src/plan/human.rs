@@ -6,7 +6,7 @@ use std::fmt::Write;
 use super::throughput::Throughput;
 use super::{Bytes, Report};
 use crate::config::Precision;
-use crate::readable;
+use report::readable;
 
 /// `1234567` -> `"1,234,567"`.
 fn grouped(n: u64) -> String {

@@ -15,8 +15,8 @@ use serde::Serialize;
 use zero::ZeroConfig;
 
 use super::throughput::{throughput, Cluster, Throughput, Workload, VARIANTS};
-use crate::plot::{self, Bitmap};
-use crate::readable;
+use report::plot::{self, Bitmap};
+use report::readable;
 
 /// The figure's size in pixels: smaller than `plot --bench`'s (its legend is one column of
 /// five), so that the PNG in docs/ stays under 100 KB.

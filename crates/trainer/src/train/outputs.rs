@@ -10,8 +10,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use crate::config::RunConfig;
-use crate::metrics::{self, Damaged, EvalLine, MetricsWriter, StepLine};
-use crate::tensorboard::{EventWriter, Keep};
+use report::metrics::{self, Damaged, EvalLine, MetricsWriter, StepLine};
+use report::tensorboard::{EventWriter, Keep};
 
 /// The files rank 0 appends to; none on the other ranks.
 #[derive(Default)]
@@ -125,7 +125,7 @@ impl Outputs {
     /// A text sample: one line of `samples.jsonl`.
     pub(super) fn sample(&mut self, line: &metrics::SampleLine) -> Result<()> {
         match self.samples.as_mut() {
-            Some(s) => s.write(line),
+            Some(s) => Ok(s.write(line)?),
             None => Ok(()),
         }
     }

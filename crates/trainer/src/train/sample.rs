@@ -6,7 +6,7 @@ use model::decode::Sampling;
 
 use super::RankRun;
 use crate::generate;
-use crate::metrics::SampleLine;
+use report::metrics::SampleLine;
 
 /// The samples' sampling: nanoGPT's (temperature 0.8, the 200 likeliest tokens), seeded.
 fn sampling(tokens: usize) -> Sampling {

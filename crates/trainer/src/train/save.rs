@@ -22,7 +22,8 @@ use anyhow::{anyhow, Result};
 
 use super::RankRun;
 use crate::checkpoint;
-use crate::{divergence, readable};
+use crate::divergence;
+use report::readable;
 
 /// A checkpoint begun and not yet committed: its rank file is being written by `writer`.
 pub(super) struct Pending {

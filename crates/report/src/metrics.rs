@@ -5,7 +5,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use crate::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 /// A training line. Comm bytes are rank 0's, per step, averaged since the previous line.

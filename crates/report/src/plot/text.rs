@@ -25,9 +25,10 @@ pub struct Bitmap<'a> {
 
 impl<'a> Bitmap<'a> {
     /// A `size` (width, height) bitmap written to `path` when presented.
-    pub fn new(path: &'a std::path::Path, size: (u32, u32)) -> anyhow::Result<Self> {
-        let font = FontRef::try_from_slice(FONT)
-            .map_err(|_| anyhow::anyhow!("plot: the embedded font is invalid"))?;
+    pub fn new(path: &'a std::path::Path, size: (u32, u32)) -> crate::Result<Self> {
+        let font = FontRef::try_from_slice(FONT).map_err(|_| {
+            crate::ReportError::Invalid("plot: the embedded font is invalid".into())
+        })?;
         Ok(Bitmap {
             inner: BitMapBackend::new(path, size),
             font,

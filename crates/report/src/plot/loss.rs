@@ -7,7 +7,7 @@
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use crate::{bail, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 

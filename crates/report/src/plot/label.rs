@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use crate::{bail, Context, Result};
 
 /// The `[zero]` keys that tell the runs of a ZeRO++ ablation apart.
 #[derive(Clone, Debug, PartialEq)]
@@ -27,14 +27,14 @@ pub struct ZeroSettings {
 }
 
 impl Default for ZeroSettings {
-    /// The trainer's defaults (plain ZeRO-3), for keys a config does not hold.
+    /// The trainer's defaults (plain ZeRO-3, `zero::ZeroConfig::default()`; the trainer's
+    /// tests check the two agree), for keys a config does not hold.
     fn default() -> Self {
-        let z = zero::ZeroConfig::default();
         ZeroSettings {
-            qwz: z.quantized_weights,
-            hpz_partition_size: z.hpz_partition_size,
-            qgz: z.quantized_gradients,
-            qgz_until: z.qgz_until,
+            qwz: false,
+            hpz_partition_size: 1,
+            qgz: false,
+            qgz_until: 1.0,
             error_feedback: false,
         }
     }
@@ -42,7 +42,7 @@ impl Default for ZeroSettings {
 
 impl ZeroSettings {
     /// Reads `[zero]` of the config at `path`; `None` when there is no such file. The file is
-    /// read as a plain TOML table, not as a [`crate::config::RunConfig`], so that the folder of
+    /// read as a plain TOML table, not as the trainer's run config, so that the folder of
     /// a run by an older or newer trainer (other keys) still gets its label; a key of the wrong
     /// type is an error naming the file and the key.
     pub fn read(path: &Path) -> Result<Option<Self>> {
@@ -51,9 +51,9 @@ impl ZeroSettings {
         }
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config {}", path.display()))?;
-        let table: toml::Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| anyhow::anyhow!("{}: {}", path.display(), e.message()))?;
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            crate::ReportError::Invalid(format!("{}: {}", path.display(), e.message()))
+        })?;
         Self::from_table(&table)
             .map(Some)
             .with_context(|| path.display().to_string())
@@ -322,12 +322,12 @@ mod tests {
     #[test]
     fn plot_labels_refuse_a_key_of_the_wrong_type() {
         let table = "[zero]\nquantized_weights = \"yes\"\n".parse().unwrap();
-        let e = format!("{:#}", ZeroSettings::from_table(&table).unwrap_err());
+        let e = ZeroSettings::from_table(&table).unwrap_err().line();
         assert!(e.contains("zero.quantized_weights"), "{e}");
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.toml");
         std::fs::write(&path, "[zero]\nhpz_partition_size = -2\n").unwrap();
-        let e = format!("{:#}", ZeroSettings::read(&path).unwrap_err());
+        let e = ZeroSettings::read(&path).unwrap_err().line();
         assert!(
             e.contains("config.toml") && e.contains("zero.hpz_partition_size"),
             "{e}"

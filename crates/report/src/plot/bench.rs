@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use crate::{bail, Context, Result};
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -268,7 +268,7 @@ pub struct Drawn {
 }
 
 /// A bandwidth on the axis: `400`, `12.5`.
-pub(crate) fn gbps_label(x: f64) -> String {
+pub fn gbps_label(x: f64) -> String {
     let text = format!("{x:.1}");
     text.strip_suffix(".0").unwrap_or(&text).to_string()
 }
@@ -454,7 +454,7 @@ mod tests {
                 "bad.json",
                 &[line("ZeRO-3", "nccl", None, 5.0), text.to_string()],
             );
-            let e = format!("{:#}", read(&[path]).unwrap_err());
+            let e = read(&[path]).unwrap_err().line();
             assert!(e.contains("bad.json line 2") && e.contains(want), "{e}");
         }
         let other = line("ZeRO-3", "nccl", None, 5.0).replace("gpt350m", "gpt1.3b");
@@ -463,15 +463,15 @@ mod tests {
             "mixed.json",
             &[line("ZeRO-3", "nccl", None, 5.0), other],
         );
-        let e = format!("{:#}", read(&[path]).unwrap_err());
+        let e = read(&[path]).unwrap_err().line();
         assert!(
             e.contains("mixed.json line 2: gpt1.3b") && e.contains("mixed.json line 1 is gpt350m"),
             "{e}"
         );
         let empty = write(dir.path(), "empty.json", &[]);
-        let e = format!("{:#}", read(&[empty]).unwrap_err());
+        let e = read(&[empty]).unwrap_err().line();
         assert!(e.contains("empty.json: holds no"), "{e}");
-        let e = format!("{:#}", read(&[dir.path().to_path_buf()]).unwrap_err());
+        let e = read(&[dir.path().to_path_buf()]).unwrap_err().line();
         assert!(e.contains("a folder"), "{e}");
     }
 

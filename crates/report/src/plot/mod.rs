@@ -13,13 +13,15 @@ mod label;
 mod loss;
 mod text;
 
-// What `trainer plan --sweep` draws its figure with, so it reads like `plot --bench`'s.
-pub(crate) use bench::gbps_label;
-pub(crate) use text::Bitmap;
+// The figure toolkit `trainer plan --sweep` draws with too, so its figure reads like
+// `plot --bench`'s.
+pub use bench::gbps_label;
+pub use label::ZeroSettings;
+pub use text::Bitmap;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use crate::{bail, Result};
 use plotters::chart::SeriesAnno;
 use plotters::coord::CoordTranslate;
 use plotters::prelude::*;
@@ -44,25 +46,25 @@ const COLOURS: [RGBColor; 8] = [
 ];
 
 /// The colour of series `i`.
-pub(crate) fn colour(i: usize) -> RGBColor {
+pub fn colour(i: usize) -> RGBColor {
     COLOURS[i % COLOURS.len()]
 }
 
 /// Makes the embedded font the one plotters draws "sans-serif" with.
-pub(crate) fn register_font() -> Result<()> {
+pub fn register_font() -> Result<()> {
     plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
-        .map_err(|_| anyhow::anyhow!("plot: the embedded font is invalid"))
+        .map_err(|_| crate::ReportError::Invalid("plot: the embedded font is invalid".into()))
 }
 
 /// A drawing error of plotters, naming the output.
-pub(crate) fn draw_error<E: std::fmt::Debug>(output: &Path) -> impl Fn(E) -> anyhow::Error + '_ {
-    move |e| anyhow::anyhow!("plot {}: {e:?}", output.display())
+pub fn draw_error<E: std::fmt::Debug>(output: &Path) -> impl Fn(E) -> crate::ReportError + '_ {
+    move |e| crate::ReportError::Invalid(format!("plot {}: {e:?}", output.display()))
 }
 
 /// Draws `points` as a line `width` pixels wide with a dot of radius `dot` at each point, and
 /// names it `name` in the legend by its key ([`line_and_dot_key`]): how every figure draws a
 /// measured or predicted line.
-pub(crate) fn draw_dotted_line<'a, CT>(
+pub fn draw_dotted_line<'a, CT>(
     chart: &mut ChartContext<'a, Bitmap<'a>, CT>,
     points: &[(f64, f64)],
     c: RGBColor,
@@ -90,11 +92,7 @@ where
 
 /// Gives `series` the legend key of a line with dots: a 24-pixel stroke `width` wide with a dot
 /// in its middle.
-pub(crate) fn line_and_dot_key<'a>(
-    series: &mut SeriesAnno<'a, Bitmap<'a>>,
-    c: RGBColor,
-    width: u32,
-) {
+pub fn line_and_dot_key<'a>(series: &mut SeriesAnno<'a, Bitmap<'a>>, c: RGBColor, width: u32) {
     series.legend(move |(x, y)| {
         EmptyElement::at((x, y))
             + PathElement::new(vec![(0, 0), (24, 0)], c.stroke_width(width))
@@ -104,7 +102,7 @@ pub(crate) fn line_and_dot_key<'a>(
 
 /// Draws the legend box (at `position`, in `font_size` points, white and framed), as every
 /// figure does.
-pub(crate) fn draw_legend<'a, CT: CoordTranslate>(
+pub fn draw_legend<'a, CT: CoordTranslate>(
     chart: &mut ChartContext<'a, Bitmap<'a>, CT>,
     position: SeriesLabelPosition,
     font_size: u32,
@@ -121,12 +119,12 @@ pub(crate) fn draw_legend<'a, CT: CoordTranslate>(
 }
 
 /// Writes the figure drawn on `root` to `output`.
-pub(crate) fn present<CT: CoordTranslate>(
+pub fn present<CT: CoordTranslate>(
     root: &DrawingArea<Bitmap<'_>, CT>,
     output: &Path,
 ) -> Result<()> {
     root.present()
-        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", output.display()))
+        .map_err(|e| crate::ReportError::Invalid(format!("cannot write {}: {e}", output.display())))
 }
 
 /// What `trainer plot` was asked to draw (its command line).
