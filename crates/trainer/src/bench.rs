@@ -14,18 +14,15 @@ use zero::Engine;
 use crate::config::{Backend, RunConfig};
 use crate::device_memory;
 use crate::launch;
+use crate::run::engine_options;
 use crate::run::Run;
-use crate::train::engine_options;
 use crate::world::World;
 use report::readable;
 
 mod profile;
-#[cfg(test)]
-pub use profile::UnitTime;
-pub use profile::{FamilyTime, ModelShape, PhaseTimes};
-
-/// Dense bf16 peak of one H200 (and H100 SXM), TFLOP/s: MFU's denominator.
-pub const PEAK_TFLOPS: f64 = 989.0;
+use crate::mfu::PEAK_TFLOPS;
+use crate::plan::calibration_file::PhaseTimes;
+pub use profile::FamilyTime;
 
 pub struct BenchArgs<'a> {
     pub config: Option<&'a std::path::Path>,

@@ -16,7 +16,8 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::config::{DeviceKind, RunConfig};
-use crate::{checkpoint, export, from_checkpoint, train};
+use crate::hf::export;
+use crate::{checkpoint, from_checkpoint, train};
 
 /// What `trainer eval` was asked.
 pub struct EvalArgs<'a> {
@@ -80,7 +81,7 @@ pub fn run(args: &EvalArgs<'_>) -> Result<()> {
     config.zero.hpz_partition_size = 1;
     config.zero.quantized_gradients = false;
     let device = config.device()?;
-    let options = train::engine_options(&config, &device);
+    let options = crate::run::engine_options(&config, &device);
     let mut engine = zero::Engine::new(model_cfg.clone(), options, Box::new(comm::Solo))?;
     let full: Vec<Vec<f32>> = units.into_iter().map(|(_, data)| data).collect();
     engine

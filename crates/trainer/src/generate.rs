@@ -14,7 +14,8 @@ use model::decode::{Decoder, Sampling};
 use serde::Serialize;
 
 use crate::config::DeviceKind;
-use crate::{export, from_checkpoint};
+use crate::from_checkpoint;
+use crate::hf::export;
 
 /// What `trainer generate` was asked.
 pub struct GenerateArgs<'a> {

@@ -6,12 +6,12 @@ mod config;
 mod device_memory;
 mod divergence;
 mod eval;
-mod export;
 mod from_checkpoint;
 mod generate;
+mod hf;
 mod hooks;
-mod init_from;
 mod launch;
+mod mfu;
 mod out_of_memory;
 mod plan;
 mod reshard;
@@ -441,7 +441,7 @@ fn run_command(
             tokenizer,
         } => {
             create_parent(&output)?;
-            export::export(&checkpoint, &output, tokenizer.as_deref())
+            hf::export::export(&checkpoint, &output, tokenizer.as_deref())
         }
         Command::Eval {
             from,

@@ -17,6 +17,7 @@ use crate::run::Run;
 
 pub mod advise;
 pub mod calibrate;
+pub mod calibration_file;
 mod human;
 mod overlap;
 pub mod sweep;
@@ -623,7 +624,7 @@ fn paper(plan: &ZeroPlan, num_params: usize) -> Paper {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::engine_options;
+    use crate::run::engine_options;
 
     /// Rank 0's engine and the plan count the same memory for the states, row by row, and the
     /// plan's shard is what the engine allocates: plain ZeRO-3 at W = 1; bf16 with hpZ on a

@@ -2,6 +2,7 @@
 //! hand their parts, so that no part builds the model from `[model]` again.
 
 use anyhow::Result;
+use zero::{AdamW, EngineOptions};
 
 use crate::config::RunConfig;
 
@@ -28,5 +29,25 @@ impl Run {
             model,
             vocab_from_tokenizer,
         })
+    }
+}
+
+/// The engine options a run config asks for, on `device`.
+pub fn engine_options(config: &RunConfig, device: &candle_core::Device) -> EngineOptions {
+    let t = &config.train;
+    EngineOptions {
+        zero: config.zero.clone(),
+        total_steps: t.steps,
+        seed: t.seed,
+        recompute: config.model.recompute,
+        optimizer: AdamW {
+            beta1: t.beta1,
+            beta2: t.beta2,
+            eps: t.eps,
+            weight_decay: t.weight_decay,
+        },
+        grad_clip: t.grad_clip,
+        device: device.clone(),
+        compute_dtype: config.compute_dtype(),
     }
 }

@@ -10,13 +10,13 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use data::{Sampler, Tokenizer};
-use zero::{AdamW, Engine, EngineOptions};
+use zero::Engine;
 
 use crate::checkpoint;
 use crate::config::RunConfig;
 use crate::divergence::{self, SkipCounter};
+use crate::hf::init_from;
 use crate::hooks::TestHooks;
-use crate::init_from;
 use crate::resume::{self, DataSize, Resume};
 use crate::run::Run;
 use crate::run_lock::RunLock;
@@ -193,26 +193,6 @@ fn prepare<'a>(
     })
 }
 
-/// The engine options a run config asks for, on `device`.
-pub fn engine_options(config: &RunConfig, device: &candle_core::Device) -> EngineOptions {
-    let t = &config.train;
-    EngineOptions {
-        zero: config.zero.clone(),
-        total_steps: t.steps,
-        seed: t.seed,
-        recompute: config.model.recompute,
-        optimizer: AdamW {
-            beta1: t.beta1,
-            beta2: t.beta2,
-            eps: t.eps,
-            weight_decay: t.weight_decay,
-        },
-        grad_clip: t.grad_clip,
-        device: device.clone(),
-        compute_dtype: config.compute_dtype(),
-    }
-}
-
 /// One rank's training loop. Rank 0 alone writes metrics, the config copy and the manifest;
 /// every rank writes its own checkpoint file.
 fn rank_main(
@@ -338,7 +318,7 @@ impl<'a> RankRun<'a> {
     ) -> Result<Self> {
         let config = shared.config;
         let rank = comm.rank();
-        let options = engine_options(config, &device);
+        let options = crate::run::engine_options(config, &device);
         let rank_device = device.clone();
         let mut engine = Engine::new(shared.model_cfg.clone(), options, comm)
             .context("building the engine's shards")?;
@@ -486,7 +466,7 @@ impl<'a> RankRun<'a> {
         let seq = self.shared.model_cfg.seq_len;
         let per_gpu = tokens_per_s / self.shared.topology.world() as f64;
         let tflops = per_gpu * self.engine.model().flops_per_token(seq) / 1e12;
-        Some(tflops / crate::bench::PEAK_TFLOPS)
+        Some(tflops / crate::mfu::PEAK_TFLOPS)
     }
 
     /// Tokens trained on after `step`.

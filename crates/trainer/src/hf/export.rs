@@ -389,7 +389,7 @@ mod tests {
         assert_eq!(config["eos_token_id"], 50256);
         assert!(out.with_file_name("tokenizer.json").is_file());
         // model.init_from reads the export back as it was.
-        let back = crate::init_from::read(out.parent().unwrap(), &cfg).unwrap();
+        let back = crate::hf::init_from::read(out.parent().unwrap(), &cfg).unwrap();
         assert_eq!(
             back.iter().collect::<Vec<_>>(),
             consolidated.iter().map(|(_, p)| p).collect::<Vec<_>>()
@@ -428,7 +428,7 @@ mod tests {
             assert_eq!(config["model_type"], "llama");
             assert_eq!(config["num_key_value_heads"], 2);
             assert_eq!(config["tie_word_embeddings"], tied);
-            let back = crate::init_from::read(dir.path(), &cfg).unwrap();
+            let back = crate::hf::init_from::read(dir.path(), &cfg).unwrap();
             assert_eq!(
                 back.iter().collect::<Vec<_>>(),
                 units.iter().map(|(_, p)| p).collect::<Vec<_>>()
@@ -437,13 +437,13 @@ mod tests {
             let other = model::ModelConfig::llama(2, 16, 4, 4, 24, 8, 37, tied);
             let e = format!(
                 "{:#}",
-                crate::init_from::read(dir.path(), &other).unwrap_err()
+                crate::hf::init_from::read(dir.path(), &other).unwrap_err()
             );
             assert!(e.contains("k_proj") && !e.contains('\n'), "{e}");
             let gpt = model::ModelConfig::gpt2(2, 16, 4, 8, 37);
             let e = format!(
                 "{:#}",
-                crate::init_from::read(dir.path(), &gpt).unwrap_err()
+                crate::hf::init_from::read(dir.path(), &gpt).unwrap_err()
             );
             assert!(e.contains("\"llama\" model"), "{e}");
         }

@@ -297,8 +297,9 @@ mod tests {
         cfg.norm_eps = 1e-5;
         let units = units(&cfg);
         let layouts = model::Model::new(cfg.clone()).unwrap().units().to_vec();
-        let pairs: crate::export::UnitParameters = layouts.into_iter().zip(units.clone()).collect();
-        crate::export::write_hf(&cfg, &pairs, &dir.join("model.safetensors"), Some(0)).unwrap();
+        let pairs: crate::hf::export::UnitParameters =
+            layouts.into_iter().zip(units.clone()).collect();
+        crate::hf::export::write_hf(&cfg, &pairs, &dir.join("model.safetensors"), Some(0)).unwrap();
         (cfg, units)
     }
 
@@ -415,9 +416,9 @@ mod tests {
             let layouts = model::Model::new(cfg.clone()).unwrap().units().to_vec();
             let q = layouts[1].param("self_attn.q_proj.weight");
             units[1][q.offset + 5] = bad;
-            let pairs: crate::export::UnitParameters = layouts.into_iter().zip(units).collect();
+            let pairs: crate::hf::export::UnitParameters = layouts.into_iter().zip(units).collect();
             let out = dir.path().join("model.safetensors");
-            crate::export::write_hf(&cfg, &pairs, &out, Some(0)).unwrap();
+            crate::hf::export::write_hf(&cfg, &pairs, &out, Some(0)).unwrap();
             let e = error(dir.path(), &cfg);
             assert!(
                 e.contains("model.layers.0.self_attn.q_proj.weight")

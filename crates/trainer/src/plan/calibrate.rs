@@ -16,7 +16,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
-use crate::bench::PhaseTimes;
+use super::calibration_file::PhaseTimes;
 
 /// AdamW's bytes a parameter, with its working copy, and the squares' read of the gradient
 /// (the same count as [`super::throughput::predict`]'s optimizer at bf16).
@@ -78,7 +78,7 @@ pub fn scale(
     micro_batch_tokens: usize,
     recompute: bool,
 ) -> Result<Calibration> {
-    let shape: crate::bench::ModelShape = model.config().into();
+    let shape: super::calibration_file::ModelShape = model.config().into();
     if phases.model != shape {
         bail!(
             "measured on another model ({:?}) than this config's ({:?})",
@@ -164,7 +164,7 @@ pub fn scale(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::{ModelShape, UnitTime};
+    use crate::plan::calibration_file::{ModelShape, UnitTime};
 
     fn tiny() -> model::Model {
         model::Model::new(model::ModelConfig::gpt2(3, 64, 4, 16, 100)).unwrap()

@@ -40,7 +40,7 @@ impl RankRun<'_> {
     }
 
     /// Rank 0's sample from the gathered `units`, to the log and `samples.jsonl`.
-    fn sample(&mut self, step: u64, units: crate::export::UnitParameters) -> Result<()> {
+    fn sample(&mut self, step: u64, units: crate::hf::export::UnitParameters) -> Result<()> {
         let log = &self.shared.config.log;
         let tokenizer = self
             .shared
