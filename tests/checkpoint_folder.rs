@@ -3,12 +3,11 @@
 //! only, and a diverging run that keeps its last good checkpoint.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
 
 mod common;
 use common::{
-    assert_ok, command, error_line, run_with, small_corpus, small_model_run, stderr, trainer,
+    assert_ok, copy_dir, error_line, run_with, small_corpus, small_model_run, spawn_slow, stderr,
+    step_names, trainer, wait_for_step,
 };
 
 /// A small model over `world` ranks (one a node), its run folder `log`, every path in a
@@ -26,62 +25,6 @@ fn small_run(log: &Path, corpus: &Path, world: usize) -> Vec<String> {
         "log.eval_samples=8".into(),
     ]);
     sets
-}
-
-/// Starts a run whose every step takes at least `delay_ms`, stderr captured.
-fn spawn_slow(sets: &[String], extra: &[&str], delay_ms: u64) -> Child {
-    command(sets, extra)
-        .env("ZEROPP_STEP_DELAY_MS", delay_ms.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// The `step_*` names in `dir`, sorted (the lock file left out).
-fn step_names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("step_"))
-        .collect();
-    names.sort();
-    names
-}
-
-/// Waits until `log`'s metrics show training step `step` (a run that ends first fails).
-fn wait_for_step(child: &mut Child, log: &Path, step: u64) {
-    let start = Instant::now();
-    loop {
-        let reached = std::fs::read_to_string(log.join("metrics.jsonl"))
-            .map(|t| {
-                t.lines()
-                    .any(|l| l.contains(&format!("\"step\":{step},\"tokens\"")))
-            })
-            .unwrap_or(false);
-        if reached {
-            return;
-        }
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the run ended before step {step}"
-        );
-        assert!(start.elapsed() < Duration::from_secs(300), "no step {step}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }
 
 /// Item 2: a second run with another `log.dir` and the first's `checkpoint.dir` is refused at

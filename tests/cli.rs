@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 mod common;
-use common::{assert_ok, run_with, small_corpus, small_model_run, trainer};
+use common::{assert_ok, losses, run_with, small_corpus, small_model_run, trainer};
 
 /// A small model and batch, with every path inside `dir`.
 fn small_run(dir: &Path, train: &Path, steps: u64) -> Vec<String> {
@@ -46,16 +46,6 @@ fn plot(input: &Path, png: &Path) -> Output {
         .arg(png)
         .output()
         .unwrap()
-}
-
-/// (step, loss) of every training line.
-fn losses(run_dir: &Path) -> Vec<(u64, f64)> {
-    let text = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
-    text.lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v.get("loss").is_some())
-        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
-        .collect()
 }
 
 #[test]

@@ -7,7 +7,8 @@ use std::process::Output;
 
 mod common;
 use common::{
-    assert_ok, command, error_line, run_with, small_corpus, small_model_run, stderr, trainer,
+    assert_ok, command, curve, error_line, run_with, small_corpus, small_model_run, stderr,
+    step_names, subcommand,
 };
 
 /// A small GPT-2 run (about 1 MB of checkpoint) in `run`: `world` ranks as 2 nodes when even,
@@ -44,37 +45,8 @@ const ZEROPP: [&str; 3] = [
     "zero.hpz_partition_size=2",
 ];
 
-/// (step, loss or val_loss as written) of every metrics line: equal strings are equal bits.
-fn curve(run: &Path) -> Vec<(u64, String)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            let loss = v.get("loss").or_else(|| v.get("val_loss")).unwrap();
-            (v["step"].as_u64().unwrap(), loss.to_string())
-        })
-        .collect()
-}
-
-/// The `step_*` folders of `run`'s checkpoint folder, sorted.
-fn checkpoints(run: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("step_"))
-        .collect();
-    names.sort();
-    names
-}
-
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `trainer SUBCOMMAND ARGS...`, run to its end.
-fn subcommand(args: &[&str]) -> Output {
-    trainer().args(args).output().unwrap()
 }
 
 #[test]
@@ -96,7 +68,7 @@ fn background_checkpoints_give_the_same_run_and_a_crash_during_a_write_keeps_the
     assert_ok(&out);
     assert_eq!(curve(&background), curve(&straight));
     assert_eq!(
-        checkpoints(&background),
+        step_names(&background.join("checkpoints")),
         ["step_00000004", "step_00000008", "step_00000012"]
     );
     let said = stderr(&out);
@@ -112,7 +84,7 @@ fn background_checkpoints_give_the_same_run_and_a_crash_during_a_write_keeps_the
         .output()
         .unwrap();
     assert!(!out.status.success(), "the run should have died");
-    let left = checkpoints(&crashed);
+    let left = step_names(&crashed.join("checkpoints"));
     assert!(left.contains(&"step_00000004".to_string()), "{left:?}");
     assert!(!left.contains(&"step_00000008".to_string()), "{left:?}");
     let out = run_with(&sets, &["checkpoint.async=true"]);
@@ -164,7 +136,7 @@ fn a_stop_signal_waits_for_the_background_write() {
         .unwrap()
         .parse()
         .unwrap();
-    let names = checkpoints(&run);
+    let names = step_names(&run.join("checkpoints"));
     assert!(names.contains(&"step_00000004".to_string()), "{names:?}");
     assert!(
         names.contains(&format!("step_{step:08}")),

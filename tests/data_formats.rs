@@ -4,27 +4,18 @@
 //! run on the Parquet file with the tokenizer.json, and the one-line errors.
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
 
 mod common;
-use common::{assert_ok, error_line, repo, run_with, stderr, trainer};
+use common::{assert_ok, error_line, repo, run_with, s, stderr, subcommand};
 
 fn fixture(name: &str) -> PathBuf {
     repo().join("crates/data/tests/fixtures").join(name)
 }
 
-fn run(args: &[&str]) -> Output {
-    trainer().args(args).output().unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// `trainer tokenizer` on the Parquet fixture and the bundled corpus: `dir/tok.json`.
 fn train_tokenizer(dir: &Path) -> PathBuf {
     let output = dir.join("tok/tok.json");
-    let out = run(&[
+    let out = subcommand(&[
         "tokenizer",
         "--quiet",
         "--input",
@@ -47,7 +38,7 @@ fn tokenizer_then_prepare_data_on_parquet_then_training() {
     let dir = tempfile::tempdir().unwrap();
     let tok_path = train_tokenizer(dir.path());
     let prefix = dir.path().join("ds/docs");
-    let out = run(&[
+    let out = subcommand(&[
         "prepare-data",
         "--quiet",
         "--tokenizer",
@@ -106,7 +97,7 @@ fn tokenizer_and_prepare_data_errors_are_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let parquet = fixture("docs.snappy.parquet");
     let out_json = dir.path().join("t.json");
-    let line = error_line(&run(&[
+    let line = error_line(&subcommand(&[
         "tokenizer",
         "--quiet",
         "--input",
@@ -117,7 +108,7 @@ fn tokenizer_and_prepare_data_errors_are_one_line() {
         s(&out_json),
     ]));
     assert!(line.contains("vocab size 100 is too small"), "{line}");
-    let line = error_line(&run(&[
+    let line = error_line(&subcommand(&[
         "tokenizer",
         "--quiet",
         "--input",
@@ -130,7 +121,7 @@ fn tokenizer_and_prepare_data_errors_are_one_line() {
     assert!(line.contains("missing.jsonl"), "{line}");
     // The output's folder cannot be made: a file is in the way.
     std::fs::write(dir.path().join("file"), "x").unwrap();
-    let line = error_line(&run(&[
+    let line = error_line(&subcommand(&[
         "tokenizer",
         "--quiet",
         "--input",
@@ -143,7 +134,7 @@ fn tokenizer_and_prepare_data_errors_are_one_line() {
     assert!(line.contains("file"), "{line}");
 
     let prefix = dir.path().join("out");
-    let line = error_line(&run(&[
+    let line = error_line(&subcommand(&[
         "prepare-data",
         "--quiet",
         "--input",
@@ -160,7 +151,7 @@ fn tokenizer_and_prepare_data_errors_are_one_line() {
     );
     let csv = dir.path().join("docs.csv");
     std::fs::write(&csv, "text\nhi\n").unwrap();
-    let line = error_line(&run(&[
+    let line = error_line(&subcommand(&[
         "prepare-data",
         "--quiet",
         "--input",
@@ -172,7 +163,7 @@ fn tokenizer_and_prepare_data_errors_are_one_line() {
         line.contains("docs.csv") && line.contains(".jsonl.gz or .parquet"),
         "{line}"
     );
-    let line = error_line(&run(&[
+    let line = error_line(&subcommand(&[
         "prepare-data",
         "--quiet",
         "--input",

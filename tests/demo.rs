@@ -3,35 +3,25 @@
 //! each on 2 cores, so they are ignored by `cargo test`; `.ci/run` runs them with
 //! `cargo test --release -p trainer --test demo -- --ignored`.
 
-use std::path::Path;
-use std::process::Command;
+mod common;
+use common::{assert_ok, s, trainer, val_losses};
 
 /// The validation losses of `config`'s whole run.
-fn val_losses(config: &str) -> Vec<f64> {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+fn demo_val_losses(config: &str) -> Vec<f64> {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_trainer"))
-        .current_dir(&repo)
+    let out = trainer()
         .args(["--config", config, "--set"])
-        .arg(format!("log.dir={:?}", dir.path().to_str().unwrap()))
+        .arg(format!("log.dir={:?}", s(dir.path())))
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
-    text.lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter_map(|v| v.get("val_loss").and_then(|x| x.as_f64()))
-        .collect()
+    assert_ok(&out);
+    val_losses(dir.path()).into_iter().map(|(_, l)| l).collect()
 }
 
 /// `config`'s whole run starts at initialisation (val_loss near ln 50,304 = 10.83, GPT-2's
 /// tokenizer padded) and learns at least `nats`.
 fn learns(config: &str, nats: f64) {
-    let val = val_losses(config);
+    let val = demo_val_losses(config);
     let (first, last) = (val[0], val[val.len() - 1]);
     eprintln!("val_loss {first:.4} -> {last:.4}");
     assert!(

@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use safetensors::tensor::{Dtype, SafeTensors};
 
 mod common;
-use common::{error_line, repo, small_corpus};
+use common::{error_line, metrics_lines, repo, small_corpus};
 
 /// A small model at learning rate `lr` over 2 ranks on 2 nodes, every path inside `dir`, a
 /// checkpoint every step; `extra` overrides on top.
@@ -44,17 +44,9 @@ fn run(dir: &Path, corpus: &Path, lr: &str, extra: &[&str]) -> Output {
     c.output().unwrap()
 }
 
-/// Every metrics line of the run.
-fn metrics(dir: &Path) -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(dir.join("run/metrics.jsonl")).unwrap();
-    text.lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 /// The steps of the training lines marked `skipped: true`.
 fn skipped_steps(dir: &Path) -> Vec<u64> {
-    metrics(dir)
+    metrics_lines(&dir.join("run"))
         .iter()
         .filter(|v| v.get("skipped") == Some(&serde_json::Value::Bool(true)))
         .map(|v| v["step"].as_u64().unwrap())
@@ -127,7 +119,7 @@ fn diverging_run_skips_steps_stops_and_leaves_only_finite_checkpoints() {
     let last = *skipped.last().unwrap();
     assert!(line.contains(&format!("(last at step {last})")), "{line}");
     // Healthy lines carry no `skipped` key at all.
-    assert!(metrics(dir.path())
+    assert!(metrics_lines(&dir.path().join("run"))
         .iter()
         .filter(|v| v.get("loss").is_some() && !skipped.contains(&v["step"].as_u64().unwrap()))
         .all(|v| v.get("skipped").is_none()));

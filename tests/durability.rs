@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::{assert_ok, error_line, run_with, small_corpus, small_model_run};
+use common::{
+    assert_ok, curve, error_line, metrics_lines, run_with, small_corpus, small_model_run,
+    step_names,
+};
 
 /// A small model (about 20 MB of checkpoint) over `world` ranks, its run folder `run_dir`.
 fn small_run(run_dir: &Path, train: &Path, steps: u64, world: usize) -> Vec<String> {
@@ -28,38 +31,6 @@ fn small_run(run_dir: &Path, train: &Path, steps: u64, world: usize) -> Vec<Stri
     sets
 }
 
-/// The `step_*` names in checkpoint folder `dir` (complete, `.tmp` or other), sorted: its lock
-/// file left out.
-fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("step_"))
-        .collect();
-    names.sort();
-    names
-}
-
-/// Every line of `run_dir`'s metrics, parsed (a half line fails the test).
-fn metrics(run_dir: &Path) -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
-    assert!(text.is_empty() || text.ends_with('\n'), "a half last line");
-    text.lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
-        .collect()
-}
-
-/// (step, loss or val_loss as written) of every metrics line: equal strings are equal bits.
-fn curve(run_dir: &Path) -> Vec<(u64, String)> {
-    metrics(run_dir)
-        .iter()
-        .map(|v| {
-            let loss = v.get("loss").or_else(|| v.get("val_loss")).unwrap();
-            (v["step"].as_u64().unwrap(), loss.to_string())
-        })
-        .collect()
-}
-
 #[test]
 fn old_checkpoints_are_deleted_except_the_last_and_the_milestones() {
     let dir = tempfile::tempdir().unwrap();
@@ -74,7 +45,7 @@ fn old_checkpoints_are_deleted_except_the_last_and_the_milestones() {
         ],
     ));
     assert_eq!(
-        names(&run.join("checkpoints")),
+        step_names(&run.join("checkpoints")),
         [
             "step_00000004",
             "step_00000008",
@@ -231,11 +202,11 @@ fn a_full_disk_fails_the_run_cleanly_and_it_resumes_once_freed() {
         "{line}"
     );
     assert_eq!(
-        names(&run.join("checkpoints")),
+        step_names(&run.join("checkpoints")),
         ["step_00000002", "step_00000004"],
         "no .tmp is left"
     );
-    metrics(&run);
+    metrics_lines(&run);
 
     std::fs::remove_file(&fill).unwrap();
     let out = run_with(&sets, &checkpoints);

@@ -8,11 +8,7 @@
 use std::path::{Path, PathBuf};
 
 mod common;
-use common::{assert_ok, error_line, run_with, small_corpus, small_model_run, stderr, trainer};
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use common::{assert_ok, error_line, run_with, s, small_corpus, small_model_run, stderr, trainer};
 
 /// A small model on one rank trained `steps` steps on `train` into `run`, a checkpoint every
 /// second step.

@@ -8,15 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 mod common;
-use common::{assert_ok, error_line, repo, trainer};
-
-fn run(args: &[&str]) -> Output {
-    trainer().args(args).output().unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use common::{assert_ok, error_line, losses, repo, s, subcommand, trainer, val_losses};
 
 /// `trainer --config configs/llama-demo.toml` with `sets`.
 fn llama(sets: &[String]) -> Output {
@@ -28,25 +20,11 @@ fn llama(sets: &[String]) -> Output {
     c.output().unwrap()
 }
 
-/// `(step, value)` of every metrics line of the run in `dir` that has `key`.
-fn metric(dir: &Path, key: &str) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter_map(|v| Some((v["step"].as_u64()?, v.get(key)?.as_f64()?)))
-        .collect()
-}
-
-fn val_losses(dir: &Path) -> Vec<(u64, f64)> {
-    metric(dir, "val_loss")
-}
-
 /// Tokenizer, prepared data and the settings of a short run on it.
 fn prepared(dir: &Path) -> (PathBuf, Vec<String>) {
     let tok = dir.join("tok/tokenizer.json");
     let parquet = repo().join("crates/data/tests/fixtures/docs.snappy.parquet");
-    assert_ok(&run(&[
+    assert_ok(&subcommand(&[
         "tokenizer",
         "--quiet",
         "--input",
@@ -58,7 +36,7 @@ fn prepared(dir: &Path) -> (PathBuf, Vec<String>) {
         s(&tok),
     ]));
     let prefix = dir.join("ds/sotu");
-    assert_ok(&run(&[
+    assert_ok(&subcommand(&[
         "prepare-data",
         "--quiet",
         "--tokenizer",
@@ -101,7 +79,7 @@ fn tokenizer_prepare_train_export_and_init_from() {
     assert!(end.1 < start.1, "{val:?}");
 
     let hf = dir.path().join("hf");
-    let out = run(&[
+    let out = subcommand(&[
         "export",
         "--checkpoint",
         s(&first.join("checkpoints")),
@@ -197,7 +175,7 @@ fn transformers_gives_our_loss_on_held_out_text() {
     a.push(format!("log.dir={:?}", s(&first)));
     assert_ok(&llama(&a));
     let hf = dir.path().join("hf");
-    assert_ok(&run(&[
+    assert_ok(&subcommand(&[
         "export",
         "--checkpoint",
         s(&first.join("checkpoints")),
@@ -261,10 +239,6 @@ fn llama_run(run: &Path, corpus: &Path, steps: u64, world: usize, per_node: usiz
         "checkpoint.resume=true".into(),
         format!("log.dir={:?}", s(run)),
     ]
-}
-
-fn losses(run: &Path) -> Vec<(u64, f64)> {
-    metric(run, "loss")
 }
 
 /// A Llama run resumes bit for bit on its own world, and on another world size (4 ranks' shards

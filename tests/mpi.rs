@@ -87,13 +87,9 @@ fn assert_ok(out: &Output, what: &str) {
     );
 }
 
+/// The loss of every training line of the run in `dir`, in order.
 fn losses(dir: &Path) -> Vec<f64> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter_map(|v| v.get("loss").and_then(|l| l.as_f64()))
-        .collect()
+    common::losses(dir).into_iter().map(|(_, l)| l).collect()
 }
 
 fn same_curve(zeropp: bool) {

@@ -4,10 +4,13 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
-use common::{assert_ok, command, run_with, small_corpus, small_model_run, stderr};
+use common::{
+    assert_ok, command, copy_dir, losses, metrics_lines, run_with, small_corpus, small_model_run,
+    spawn_slow, stderr, wait_for_step,
+};
 
 /// A small model on one rank, with its run folder `run`.
 fn small_run(run: &Path, train: &Path, steps: u64) -> Vec<String> {
@@ -27,38 +30,9 @@ fn small_run(run: &Path, train: &Path, steps: u64) -> Vec<String> {
     sets
 }
 
-/// Starts a run whose every step takes at least `delay_ms`, stderr captured.
-fn spawn_slow(sets: &[String], extra: &[&str], delay_ms: u64) -> Child {
-    command(sets, extra)
-        .env("ZEROPP_STEP_DELAY_MS", delay_ms.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// Every metrics line, parsed.
-fn lines(run: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-/// (step, loss) of every training line.
-fn losses(run: &Path) -> Vec<(u64, f64)> {
-    lines(run)
-        .iter()
-        .filter(|v| v.get("loss").is_some())
-        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
-        .collect()
-}
-
-/// Waits until the run's metrics show training step `step` (a run that ends first fails).
 /// (step, "loss" or "val_loss") of every line: which lines the file holds, in order.
 fn kinds(run: &Path) -> Vec<(u64, &'static str)> {
-    lines(run)
+    metrics_lines(run)
         .iter()
         .map(|v| {
             let kind = if v.get("loss").is_some() {
@@ -69,27 +43,6 @@ fn kinds(run: &Path) -> Vec<(u64, &'static str)> {
             (v["step"].as_u64().unwrap(), kind)
         })
         .collect()
-}
-
-fn wait_for_step(child: &mut Child, run: &Path, step: u64) {
-    let start = Instant::now();
-    loop {
-        let reached = std::fs::read_to_string(run.join("metrics.jsonl"))
-            .map(|t| {
-                t.lines()
-                    .any(|l| l.contains(&format!("\"step\":{step},\"tokens\"")))
-            })
-            .unwrap_or(false);
-        if reached {
-            return;
-        }
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the run ended before step {step}"
-        );
-        assert!(start.elapsed() < Duration::from_secs(300), "no step {step}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn signal(child: &Child, name: &str) {
@@ -283,7 +236,7 @@ fn a_resume_with_changed_settings_is_refused_unless_allowed() {
     assert_ok(&out);
     assert!(stderr(&out)
         .contains("allowed change (checkpoint.allow_changes): train.lr: 0.001 -> 0.002"));
-    let lines = lines(&run);
+    let lines = metrics_lines(&run);
     let step = |n: u64| {
         lines
             .iter()
@@ -353,19 +306,6 @@ fn on_ranks(run: &Path, corpus: &Path, steps: u64, world: usize, per_node: usize
     // The schedule of an 8-step run, whether this launch stops at 4 or goes on to 8.
     sets.push("train.decay_steps=8".into());
     sets
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }
 
 #[test]

@@ -6,29 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 mod common;
-use common::trainer;
+use common::{assert_ok, only_error_line, stderr, trainer};
 
 /// `trainer plot ARGS...`.
 fn plot<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
     trainer().arg("plot").args(args).output().unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn assert_ok(out: &Output) {
-    assert!(out.status.success(), "trainer failed: {}", stderr(out));
-}
-
-/// The one `error:` line of a failed command.
-fn error_line(out: &Output) -> String {
-    assert!(!out.status.success(), "expected a failure");
-    let err = stderr(out);
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(lines.len(), 1, "{err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "one line only: {err}");
-    lines[0].to_string()
 }
 
 /// (width, height) of a PNG file, from its IHDR chunk.
@@ -149,7 +131,7 @@ fn loss_plot_names_runs_by_their_zero_settings() {
         "{}",
         stderr(&out)
     );
-    let e = error_line(&plot(&[
+    let e = only_error_line(&plot(&[
         runs[0].as_os_str(),
         runs[1].as_os_str(),
         "--label".as_ref(),
@@ -229,7 +211,7 @@ fn loss_plot_zoom_and_smooth() {
             "--output".as_ref(),
             dir.path().join("bad.png").as_os_str(),
         ]);
-        let e = error_line(&out);
+        let e = only_error_line(&out);
         assert!(e.contains(want), "{e}");
     }
 }
@@ -314,7 +296,7 @@ fn bad_inputs_give_one_error_line_naming_the_file() {
     let out = |args: &[&std::ffi::OsStr]| {
         let mut all = args.to_vec();
         all.extend(["--output".as_ref(), png.as_os_str()]);
-        error_line(&plot(&all))
+        only_error_line(&plot(&all))
     };
 
     let missing = dir.path().join("missing-run");

@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 mod common;
-use common::{assert_ok, repo, run_with, small_corpus, small_model_run, stderr, trainer};
+use common::{
+    assert_ok, copy_dir, metrics_lines, repo, run_with, small_corpus, small_model_run, stderr,
+    trainer,
+};
 
 /// A small model on one rank, trained on `train` into `run`, with a schedule that does not
 /// follow `train.steps` (so that only what a test changes is a change).
@@ -41,18 +44,9 @@ fn assert_refused(out: &Output, run: &Path, metrics: &[u8], needles: &[&str]) {
     assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), metrics);
 }
 
-/// Every metrics line, parsed.
-fn lines(run: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 /// The steps of the training lines.
 fn steps(run: &Path) -> Vec<u64> {
-    lines(run)
+    metrics_lines(run)
         .iter()
         .filter(|v| v.get("loss").is_some())
         .map(|v| v["step"].as_u64().unwrap())
@@ -310,7 +304,7 @@ fn a_finished_run_asked_to_train_longer_is_told_how() {
     );
     assert_ok(&out);
     assert!(!stderr(&out).contains("allowed change"), "{}", stderr(&out));
-    let after: Vec<(u64, f64, bool)> = lines(&run)
+    let after: Vec<(u64, f64, bool)> = metrics_lines(&run)
         .iter()
         .filter(|v| v.get("loss").is_some())
         .map(|v| {
@@ -339,17 +333,4 @@ fn a_finished_run_asked_to_train_longer_is_told_how() {
         "{}",
         stderr(&out)
     );
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }

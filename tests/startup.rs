@@ -3,11 +3,14 @@
 //! that caused them.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{assert_ok, command, run_with, small_corpus, small_model_run, stderr, trainer};
+use common::{
+    assert_ok, command, error_line, run_with, small_corpus, small_model_run, stderr, trainer,
+    val_losses,
+};
 
 /// A small model over `world` ranks (one node), every output in `run`; `eval_samples`
 /// validation sequences.
@@ -22,31 +25,6 @@ fn small_run(run: &Path, train: &Path, world: usize, eval_samples: usize) -> Vec
         format!("log.eval_samples={eval_samples}"),
     ]);
     sets
-}
-
-/// The one `error:` line of a run that failed with exit status 1 (not a panic or an abort).
-fn error_line(out: &Output) -> String {
-    let err = stderr(out);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "a one-line failure expected: {err}"
-    );
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(lines.len(), 1, "one error line expected: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    lines[0].to_string()
-}
-
-/// (step, val_loss) of every evaluation line of `run`.
-fn val_losses(run: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v.get("val_loss").is_some())
-        .map(|v| (v["step"].as_u64().unwrap(), v["val_loss"].as_f64().unwrap()))
-        .collect()
 }
 
 /// The command: 128 ranks on 8 nodes with tiny.toml's 64 evaluation samples (fewer than

@@ -4,7 +4,8 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// The repository's root, where configs/ and data/ are.
 pub fn repo() -> PathBuf {
@@ -53,6 +54,11 @@ pub fn command(sets: &[String], extra: &[&str]) -> Command {
     c
 }
 
+/// `trainer ARGS...` (a subcommand, or flags alone), run to its end.
+pub fn subcommand(args: &[&str]) -> Output {
+    trainer().args(args).output().unwrap()
+}
+
 /// [`command`], run to its end.
 pub fn run_with(sets: &[String], extra: &[&str]) -> Output {
     command(sets, extra).output().unwrap()
@@ -68,13 +74,27 @@ pub fn assert_ok(out: &Output) {
     assert!(out.status.success(), "trainer failed: {}", stderr(out));
 }
 
-/// The one `error:` line of a run that failed (it must have failed, with exactly one).
+/// The one `error:` line of a run that failed with exit status 1 (not a panic, an abort or a
+/// usage error): it must have failed so, with exactly one such line.
 pub fn error_line(out: &Output) -> String {
     let err = stderr(out);
-    assert!(!out.status.success(), "the run should have failed: {err}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a one-line failure expected: {err}"
+    );
     let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(lines.len(), 1, "one error line expected: {err}");
+    assert!(!err.contains("panicked"), "{err}");
     lines[0].to_string()
+}
+
+/// [`error_line`], of a command whose stderr is that one line and nothing else.
+pub fn only_error_line(out: &Output) -> String {
+    let line = error_line(out);
+    let err = stderr(out);
+    assert_eq!(err.trim_end().lines().count(), 1, "one line only: {err}");
+    line
 }
 
 /// Sends SIGTERM to a running trainer and returns its output once it has ended, which must be
@@ -105,4 +125,111 @@ pub fn small_model_run(run: &Path, train: &Path) -> Vec<String> {
         "log.progress=false".into(),
         format!("log.dir={:?}", run.to_str().unwrap()),
     ]
+}
+
+/// `p` as text (the tests' paths are UTF-8), for a `--set` value or an argument.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Starts [`command`]`(sets, extra)` with every step taking at least `delay_ms`, its stdout
+/// dropped and its stderr captured.
+pub fn spawn_slow(sets: &[String], extra: &[&str], delay_ms: u64) -> Child {
+    command(sets, extra)
+        .env("ZEROPP_STEP_DELAY_MS", delay_ms.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until `run`'s metrics.jsonl shows training step `step`; fails the test if the run
+/// ends first or no such step comes within 300 s.
+pub fn wait_for_step(child: &mut Child, run: &Path, step: u64) {
+    let start = Instant::now();
+    loop {
+        let reached = std::fs::read_to_string(run.join("metrics.jsonl"))
+            .map(|t| {
+                t.lines()
+                    .any(|l| l.contains(&format!("\"step\":{step},\"tokens\"")))
+            })
+            .unwrap_or(false);
+        if reached {
+            return;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before step {step}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(300), "no step {step}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Copies the folder `from`, everything in it and below, to `to` (created if missing).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// The `step_*` names in checkpoint folder `dir` (complete, `.tmp` or other), sorted: its lock
+/// file and anything else left out.
+pub fn step_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step_"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Every line of `<run>/metrics.jsonl`, parsed; a line that is not JSON, or a half last line,
+/// fails the test.
+pub fn metrics_lines(run: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert!(text.is_empty() || text.ends_with('\n'), "a half last line");
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+/// `(step, value)` of every metrics line of `run` that has `key`, in order (a line with `key`
+/// whose step or value is not a number fails the test).
+pub fn metric(run: &Path, key: &str) -> Vec<(u64, f64)> {
+    metrics_lines(run)
+        .iter()
+        .filter(|v| v.get(key).is_some())
+        .map(|v| (v["step"].as_u64().unwrap(), v[key].as_f64().unwrap()))
+        .collect()
+}
+
+/// `(step, loss)` of every training line of `run`.
+pub fn losses(run: &Path) -> Vec<(u64, f64)> {
+    metric(run, "loss")
+}
+
+/// `(step, val_loss)` of every evaluation line of `run`.
+pub fn val_losses(run: &Path) -> Vec<(u64, f64)> {
+    metric(run, "val_loss")
+}
+
+/// `(step, loss or val_loss as written)` of every metrics line of `run`: equal strings are
+/// equal bits.
+pub fn curve(run: &Path) -> Vec<(u64, String)> {
+    metrics_lines(run)
+        .iter()
+        .map(|v| {
+            let loss = v.get("loss").or_else(|| v.get("val_loss")).unwrap();
+            (v["step"].as_u64().unwrap(), loss.to_string())
+        })
+        .collect()
 }
