@@ -15,21 +15,14 @@ pub enum Arch {
 }
 
 impl Arch {
-    /// The name `model.arch` takes in a run config.
+    /// The name `model.arch` takes in a run config: its family's ([`crate::Family::name`]).
     pub fn name(self) -> &'static str {
-        match self {
-            Arch::Gpt2 => "gpt2",
-            Arch::Llama => "llama",
-        }
+        self.family().name()
     }
 
-    /// The arch named `name` (`"gpt2"` or `"llama"`).
+    /// The arch of the family named `name` (`"gpt2"`, `"llama"`).
     pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "gpt2" => Some(Arch::Gpt2),
-            "llama" => Some(Arch::Llama),
-            _ => None,
-        }
+        crate::family(name).map(|f| f.arch())
     }
 }
 

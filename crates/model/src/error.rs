@@ -15,6 +15,9 @@ pub enum ModelError {
     /// Rotary positions rotate pairs of a head's channels: `n_embd / n_head` must be even.
     #[error("model.n_embd = {n_embd} / model.n_head = {n_head} gives head_dim {}: rotary positions rotate pairs, so it must be even", n_embd / n_head)]
     OddHeadDim { n_embd: usize, n_head: usize },
+    /// A size the family has no default for, and that neither the config nor a preset gives.
+    #[error("model.{field} is required without model.preset")]
+    Required { field: &'static str },
     /// A size or setting the architecture does not take, named by its `model.` key.
     #[error("model.{field}: {reason}")]
     Shape { field: &'static str, reason: String },

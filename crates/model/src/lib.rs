@@ -15,6 +15,7 @@ mod config;
 mod cudnn;
 pub mod decode;
 mod error;
+mod family;
 #[cfg(feature = "cuda")]
 mod gemm;
 pub mod gpt2;
@@ -33,6 +34,8 @@ pub use config::{
 };
 pub use decode::{Decoder, KvCache, Sampling};
 pub use error::{ModelError, Result};
+pub use family::{family, family_names, Family, HfTensor, ShapeRecord, Sizes, FAMILIES};
 pub use init::init_unit_range;
 pub use layout::{ModelLayout, ParamInit, ParamSpec, UnitKind, UnitLayout};
-pub use schedule::{HfTensor, Model, Pass, Saved, UnitSource};
+pub use llama::family::Rope;
+pub use schedule::{Model, Pass, Saved, UnitSource};

@@ -41,6 +41,7 @@ use kernels::profile::Phase;
 
 use crate::config::{Arch, ModelConfig};
 use crate::error::{ModelError, Result};
+use crate::family::HfTensor;
 use crate::layers::{Loss, TokenIndex};
 use crate::layout::{ModelLayout, ParamSpec, UnitKind, UnitLayout};
 use crate::{gpt2, llama};
@@ -403,35 +404,10 @@ impl Model {
     }
 
     /// The name and orientation of parameter `p` in the Hugging Face checkpoint of this
-    /// architecture (`GPT2LMHeadModel`, `LlamaForCausalLM`).
+    /// model's family ([`crate::Family::hf_tensor`]).
     pub fn hf_tensor(&self, p: &ParamSpec) -> HfTensor {
-        match self.cfg.arch {
-            // Conv1D weights are stored (in, out), as HF GPT-2 keeps them.
-            Arch::Gpt2 => HfTensor {
-                name: format!("transformer.{}", p.name),
-                transpose: false,
-            },
-            // nn.Linear weights are (out, in) in HF; the embedding and LM head are (V, C) in both.
-            Arch::Llama => HfTensor {
-                name: match p.name.starts_with("lm_head.") {
-                    true => p.name.clone(),
-                    false => format!("model.{}", p.name),
-                },
-                transpose: p.shape.len() == 2
-                    && !p.name.starts_with("embed_tokens.")
-                    && !p.name.starts_with("lm_head."),
-            },
-        }
+        self.cfg.family().hf_tensor(p)
     }
-}
-
-/// Where parameter `p` lives in a Hugging Face checkpoint ([`Model::hf_tensor`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HfTensor {
-    /// The tensor's name in `model.safetensors`.
-    pub name: String,
-    /// HF stores it transposed from ours (`(out, in)` where we keep `(in, out)`).
-    pub transpose: bool,
 }
 
 /// A [`UnitSource`] over full buffers on one device, collecting the gradients.

@@ -30,90 +30,6 @@ use serde::{Deserialize, Serialize};
 
 pub const FORMAT_VERSION: u32 = 1;
 
-/// The model shape as saved, to refuse a checkpoint of another model and to rebuild the model
-/// for `trainer export`. A GPT-2 shape is written as trainers before the Llama family wrote it
-/// (no `arch`, no `llama`), so that their checkpoints compare equal.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ModelShape {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub arch: Option<String>,
-    pub n_layer: usize,
-    pub n_embd: usize,
-    pub n_head: usize,
-    pub seq_len: usize,
-    pub vocab_size: usize,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub llama: Option<LlamaShape>,
-}
-
-/// What a Llama shape has beyond GPT-2's sizes.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LlamaShape {
-    pub n_kv_head: usize,
-    pub ffn_hidden: usize,
-    pub norm_eps: f64,
-    pub rope_theta: f64,
-    pub tie_embeddings: bool,
-}
-
-impl From<&model::ModelConfig> for ModelShape {
-    fn from(c: &model::ModelConfig) -> Self {
-        let llama = (c.arch == model::Arch::Llama).then_some(LlamaShape {
-            n_kv_head: c.n_kv_head,
-            ffn_hidden: c.ffn_hidden,
-            norm_eps: c.norm_eps,
-            rope_theta: c.rope_theta,
-            tie_embeddings: c.tie_embeddings,
-        });
-        ModelShape {
-            arch: llama.as_ref().map(|_| c.arch.name().to_string()),
-            n_layer: c.n_layer,
-            n_embd: c.n_embd,
-            n_head: c.n_head,
-            seq_len: c.seq_len,
-            vocab_size: c.vocab_size,
-            llama,
-        }
-    }
-}
-
-impl ModelShape {
-    /// The model this shape describes.
-    pub fn config(&self) -> Result<model::ModelConfig> {
-        let cfg = match (self.arch.as_deref(), &self.llama) {
-            (None | Some("gpt2"), None) => model::ModelConfig::gpt2(
-                self.n_layer,
-                self.n_embd,
-                self.n_head,
-                self.seq_len,
-                self.vocab_size,
-            ),
-            (Some("llama"), Some(l)) => model::ModelConfig {
-                n_kv_head: l.n_kv_head,
-                ffn_hidden: l.ffn_hidden,
-                norm_eps: l.norm_eps,
-                rope_theta: l.rope_theta,
-                tie_embeddings: l.tie_embeddings,
-                ..model::ModelConfig::llama(
-                    self.n_layer,
-                    self.n_embd,
-                    self.n_head,
-                    l.n_kv_head,
-                    l.ffn_hidden,
-                    self.seq_len,
-                    self.vocab_size,
-                    l.tie_embeddings,
-                )
-            },
-            (arch, _) => bail!(
-                "the manifest's model is neither GPT-2 nor a Llama with its sizes (arch {arch:?})"
-            ),
-        };
-        cfg.validate().context("the manifest's model")?;
-        Ok(cfg)
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     pub format: u32,
@@ -121,7 +37,9 @@ pub struct Manifest {
     pub tokens: u64,
     pub world_size: usize,
     pub ranks_per_node: usize,
-    pub model: ModelShape,
+    /// The model's shape, as its family records it ([`model::ShapeRecord`]): a checkpoint of
+    /// another model is refused, and `trainer export` rebuilds the model from it.
+    pub model: model::ShapeRecord,
     /// One file per rank, in rank order.
     pub files: Vec<String>,
     /// Every shard is a whole number of this many elements: with `world_size`, how each unit's

@@ -71,14 +71,10 @@ pub fn trajectory(run: &Run, data: DataSize) -> BTreeMap<String, String> {
     put("model.n_head", model.n_head.to_string());
     put("model.seq_len", model.seq_len.to_string());
     put("model.vocab_size", model.vocab_size.to_string());
-    // GPT-2 records what trainers before the Llama family did, so its checkpoints agree.
-    if model.arch != model::Arch::Gpt2 {
-        put("model.arch", model.arch.name().to_string());
-        put("model.n_kv_head", model.n_kv_head.to_string());
-        put("model.ffn_hidden", model.ffn_hidden.to_string());
-        put("model.norm_eps", model.norm_eps.to_string());
-        put("model.rope_theta", model.rope_theta.to_string());
-        put("model.tie_embeddings", model.tie_embeddings.to_string());
+    // Each family adds its own settings (none for GPT-2, as trainers before the Llama family
+    // recorded, so that its checkpoints agree).
+    for (key, value) in model.family().trajectory(model) {
+        put(key, value);
     }
     put("data.train", data.train.value());
     put(
@@ -185,7 +181,7 @@ pub fn find(run: &Run, settings: &BTreeMap<String, String>) -> Result<Option<Res
 
 /// How this run's model differs from the checkpoint's `saved` one, as the keys a user changes:
 /// `model.vocab_size: 50304 -> 50432`, the tokenizer named where it gave the vocabulary.
-fn shape_changes(saved: &checkpoint::ModelShape, run: &Run) -> String {
+fn shape_changes(saved: &model::ShapeRecord, run: &Run) -> String {
     let Ok(old) = saved.config() else {
         return format!("{saved:?}");
     };

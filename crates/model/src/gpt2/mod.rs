@@ -13,6 +13,7 @@
 //! A block is pre-LayerNorm GPT-2:
 //! `x2 = x + c_proj(attn(c_attn(ln_1(x))))`, `out = x2 + mlp.c_proj(gelu(mlp.c_fc(ln_2(x2))))`.
 
+pub mod family;
 use candle_core::Tensor;
 
 use crate::config::ModelConfig;

@@ -36,6 +36,7 @@
 //! assert!((loss - 10f64.ln()).abs() < 0.05); // near-uniform predictions at init
 //! ```
 
+pub mod family;
 use candle_core::Tensor;
 
 use crate::config::ModelConfig;

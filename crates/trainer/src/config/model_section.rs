@@ -64,10 +64,17 @@ impl ModelSection {
         };
         let arch = match (&m.arch, &base) {
             (Some(name), _) => model::Arch::from_name(name).with_context(|| {
-                format!("model.arch = {name:?} is not one of \"gpt2\", \"llama\"")
+                format!(
+                    "model.arch = {name:?} is not one of {}",
+                    model::family_names()
+                        .iter()
+                        .map(|n| format!("{n:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
             })?,
             (None, Some(b)) => b.arch,
-            (None, None) => model::Arch::Gpt2,
+            (None, None) => model::Arch::default(),
         };
         if let (Some(b), Some(name)) = (&base, &m.arch) {
             if b.arch != arch {
@@ -92,27 +99,21 @@ impl ModelSection {
                 bail!("model.vocab_size is required without model.preset or a tokenizer")
             }
         };
-        let mut cfg = match arch {
-            model::Arch::Gpt2 => {
-                model::ModelConfig::gpt2(n_layer, n_embd, n_head, seq_len, vocab_size)
-            }
-            model::Arch::Llama => {
-                let kv = m
-                    .n_kv_head
-                    .or(base.as_ref().map(|b| b.n_kv_head))
-                    .unwrap_or(n_head);
-                let ffn = pick(
-                    "ffn_hidden",
-                    m.ffn_hidden,
-                    base.as_ref().map(|b| b.ffn_hidden),
-                )?;
-                let tied = base.as_ref().is_none_or(|b| b.tie_embeddings);
-                model::ModelConfig::llama(
-                    n_layer, n_embd, n_head, kv, ffn, seq_len, vocab_size, tied,
-                )
-            }
+        // The family builds the shape, with its defaults for what is unset; the sizes a family
+        // may take are the config's, else the preset's.
+        let sizes = model::Sizes {
+            n_layer,
+            n_embd,
+            n_head,
+            seq_len,
+            vocab_size,
+            n_kv_head: m.n_kv_head.or(base.as_ref().map(|b| b.n_kv_head)),
+            ffn_hidden: m.ffn_hidden.or(base.as_ref().map(|b| b.ffn_hidden)),
+            tie_embeddings: base.as_ref().map(|b| b.tie_embeddings),
         };
-        // GPT-2 fixes these; a value given for it is checked by validate, not ignored.
+        let mut cfg = arch.family().config(&sizes).map_err(model_error)?;
+        // A family that fixes one of these refuses a value given for it (validate), rather
+        // than ignoring it.
         if let Some(kv) = m.n_kv_head {
             cfg.n_kv_head = kv;
         }
@@ -142,7 +143,9 @@ fn model_error(e: model::ModelError) -> anyhow::Error {
             anyhow::anyhow!("model.n_embd = {n_embd} is not a multiple of model.n_head = {n_head}")
         }
         // Messages that name their `model.` keys: the `--set` of either key is blamed.
-        e @ (model::ModelError::OddHeadDim { .. } | model::ModelError::Shape { .. }) => {
+        e @ (model::ModelError::OddHeadDim { .. }
+        | model::ModelError::Shape { .. }
+        | model::ModelError::Required { .. }) => {
             anyhow::anyhow!("{e}")
         }
         other => anyhow::anyhow!("[model] {other}"),

@@ -100,7 +100,7 @@ fn hf_files(
         // Streamed to the file: a large model's bytes are not held twice.
         Ok(safetensors::serialize_to_file(views, Some(meta), at)?)
     };
-    let config = serde_json::to_string_pretty(&hf_config(cfg, eod))?;
+    let config = serde_json::to_string_pretty(&cfg.family().hf_config(cfg, eod))?;
     Ok(vec![
         (output.to_path_buf(), Box::new(write_weights)),
         (
@@ -221,58 +221,6 @@ fn transposed_bytes(values: &[f32], rows: usize, cols: usize) -> Vec<u8> {
         }
     }
     out
-}
-
-/// The `config.json` of the architecture's Hugging Face class; `eod` the end-of-document token
-/// (written as its BOS and EOS).
-pub fn hf_config(cfg: &model::ModelConfig, eod: Option<u32>) -> serde_json::Value {
-    match cfg.arch {
-        model::Arch::Gpt2 => serde_json::json!({
-            "architectures": ["GPT2LMHeadModel"],
-            "model_type": "gpt2",
-            "vocab_size": cfg.vocab_size,
-            "n_positions": cfg.seq_len,
-            "n_ctx": cfg.seq_len,
-            "n_embd": cfg.n_embd,
-            "n_layer": cfg.n_layer,
-            "n_head": cfg.n_head,
-            "n_inner": null,
-            "activation_function": "gelu_new",
-            "layer_norm_epsilon": cfg.norm_eps,
-            "resid_pdrop": 0.0,
-            "embd_pdrop": 0.0,
-            "attn_pdrop": 0.0,
-            "initializer_range": 0.02,
-            "tie_word_embeddings": true,
-            "bos_token_id": eod.unwrap_or(50256),
-            "eos_token_id": eod.unwrap_or(50256),
-            "torch_dtype": "float32"
-        }),
-        model::Arch::Llama => serde_json::json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.n_embd,
-            "intermediate_size": cfg.ffn_hidden,
-            "num_hidden_layers": cfg.n_layer,
-            "num_attention_heads": cfg.n_head,
-            "num_key_value_heads": cfg.n_kv_head,
-            "head_dim": cfg.head_dim(),
-            "hidden_act": "silu",
-            "max_position_embeddings": cfg.seq_len,
-            "rms_norm_eps": cfg.norm_eps,
-            "rope_theta": cfg.rope_theta,
-            "rope_scaling": null,
-            "attention_bias": false,
-            "mlp_bias": false,
-            "attention_dropout": 0.0,
-            "initializer_range": 0.02,
-            "tie_word_embeddings": cfg.tie_embeddings,
-            "bos_token_id": eod,
-            "eos_token_id": eod,
-            "torch_dtype": "float32"
-        }),
-    }
 }
 
 /// `trainer export --checkpoint DIR --output FILE [--tokenizer T]`: DIR is a `step_<N>`

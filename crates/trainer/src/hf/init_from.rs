@@ -43,9 +43,7 @@ pub fn read(dir: &Path, cfg: &model::ModelConfig) -> Result<Vec<Vec<f32>>> {
         let mut values = vec![0f32; unit.numel];
         for p in &unit.params {
             let hf = model.hf_tensor(p);
-            // HF GPT-2 checkpoints on the hub often name tensors without `transformer.`.
-            let short = hf.name.strip_prefix("transformer.").map(str::to_string);
-            let Some((name, (file, view))) = [Some(hf.name.clone()), short]
+            let Some((name, (file, view))) = [Some(hf.name.clone()), hf.alias.clone()]
                 .into_iter()
                 .flatten()
                 .find_map(|n| tensors.get(&n).map(|t| (n, t)))
@@ -74,7 +72,7 @@ pub fn read(dir: &Path, cfg: &model::ModelConfig) -> Result<Vec<Vec<f32>>> {
                 }
                 (false, shape, theirs) if shape == theirs => ours.copy_from_slice(&got),
                 // A vocabulary of fewer rows: the rest stay zero.
-                (false, &[v, c], &[hv, hc]) if hc == c && hv < v && is_vocab(&p.name) => {
+                (false, &[v, c], &[hv, hc]) if hc == c && hv < v && hf.vocab_rows => {
                     ours[..hv * c].copy_from_slice(&got);
                 }
                 (_, _, theirs) => bail!(
@@ -90,12 +88,7 @@ pub fn read(dir: &Path, cfg: &model::ModelConfig) -> Result<Vec<Vec<f32>>> {
         units.push(values);
     }
     for name in tensors.keys() {
-        let buffer = name.ends_with(".attn.bias")
-            || name.ends_with(".attn.masked_bias")
-            || name.ends_with("rotary_emb.inv_freq");
-        // A tied head saved anyway (some exports write it): it is the embedding.
-        let tied_head = name == "lm_head.weight" && cfg.tie_embeddings;
-        if !used.contains(name) && !buffer && !tied_head {
+        if !used.contains(name) && !cfg.family().hf_buffer(name, cfg) {
             bail!(
                 "{}: {name} has no place in this model (model.tie_embeddings = {}?)",
                 at(""),
@@ -104,11 +97,6 @@ pub fn read(dir: &Path, cfg: &model::ModelConfig) -> Result<Vec<Vec<f32>>> {
         }
     }
     Ok(units)
-}
-
-/// The token embedding's or LM head's matrix, whose rows are the vocabulary.
-fn is_vocab(name: &str) -> bool {
-    ["wte.weight", "embed_tokens.weight", "lm_head.weight"].contains(&name)
 }
 
 /// `config.json`'s architecture and the settings that shapes do not show, against `cfg`.
@@ -126,111 +114,10 @@ fn check_config(dir: &Path, cfg: &model::ModelConfig) -> Result<()> {
             cfg.arch.name()
         );
     }
-    if cfg.arch == model::Arch::Llama {
-        let rope = Rope::of(&j).map_err(|e| anyhow::anyhow!("model.init_from: {at} {e}"))?;
-        let close = |key: &str, theirs: f64, ours: f64, ours_key: &str| -> Result<()> {
-            if (theirs - ours).abs() > 1e-9 * ours.abs().max(1.0) {
-                bail!(
-                    "model.init_from: {at} has {key} = {theirs}, this run {ours_key} = {ours}: \
-                     set {ours_key} = {theirs}"
-                );
-            }
-            Ok(())
-        };
-        close(
-            rope.theta_key,
-            rope.theta,
-            cfg.rope_theta,
-            "model.rope_theta",
-        )?;
-        let eps = j["rms_norm_eps"].as_f64().unwrap_or(1e-6);
-        close("rms_norm_eps", eps, cfg.norm_eps, "model.norm_eps")?;
-        let tied = j["tie_word_embeddings"].as_bool().unwrap_or(false);
-        if tied != cfg.tie_embeddings {
-            bail!(
-                "model.init_from: {at} has tie_word_embeddings = {tied}, this run model.tie_embeddings = {}",
-                cfg.tie_embeddings
-            );
-        }
-    }
+    cfg.family()
+        .check_hf_config(&j, cfg)
+        .map_err(|e| anyhow::anyhow!("model.init_from: {at} {e}"))?;
     Ok(())
-}
-
-/// The rotary embedding a Llama `config.json` asks for, from either spelling transformers
-/// writes: 4.x's top-level `rope_theta` and `rope_scaling`, or 5.x's `rope_parameters`
-/// (`{"rope_type": ..., "rope_theta": ..., ...}`), which has no top-level key at all. A config
-/// read under the wrong spelling would train with another theta without a word.
-#[derive(Debug, PartialEq)]
-struct Rope {
-    theta: f64,
-    /// Where `theta` was read, for the message that compares it with the run's.
-    theta_key: &'static str,
-}
-
-impl Rope {
-    /// transformers' Llama default when no theta is written.
-    const DEFAULT_THETA: f64 = 10_000.0;
-
-    /// The rope of `j`, or what it sets that zeropp's Llama does not implement (a scaled rope:
-    /// `llama3`, `yarn`, `linear`, ...; only `default` is), as the rest of a one-line message.
-    fn of(j: &serde_json::Value) -> std::result::Result<Rope, String> {
-        let number = |v: &serde_json::Value, key: &str| match v {
-            serde_json::Value::Null => Ok(None),
-            v => v
-                .as_f64()
-                .map(Some)
-                .ok_or(format!("has {key} = {v}, not a number")),
-        };
-        let rope_type = |o: &serde_json::Value, key: &str| -> std::result::Result<(), String> {
-            // transformers accepts the legacy `type` beside `rope_type`.
-            let t = match (&o["rope_type"], &o["type"]) {
-                (serde_json::Value::Null, serde_json::Value::Null) => return Ok(()),
-                (serde_json::Value::Null, t) => (t, "type"),
-                (t, _) => (t, "rope_type"),
-            };
-            match t.0.as_str() {
-                Some("default") => Ok(()),
-                Some(other) => Err(format!(
-                    "sets {key}.{} = {other:?}, a scaled rope zeropp's Llama does not implement \
-                     (only \"default\")",
-                    t.1
-                )),
-                None => Err(format!("has {key}.{} = {}, not a string", t.1, t.0)),
-            }
-        };
-        let params = &j["rope_parameters"];
-        if params.is_object() {
-            // 5.x; models that mix attention kinds nest one object per layer type.
-            if params
-                .as_object()
-                .is_some_and(|o| o.values().any(|v| v.is_object()))
-            {
-                return Err(
-                    "sets rope_parameters per layer type, which zeropp's Llama does \
-                            not implement"
-                        .into(),
-                );
-            }
-            rope_type(params, "rope_parameters")?;
-            if let Some(theta) = number(&params["rope_theta"], "rope_parameters.rope_theta")? {
-                return Ok(Rope {
-                    theta,
-                    theta_key: "rope_parameters.rope_theta",
-                });
-            }
-        } else if !params.is_null() {
-            return Err(format!("has rope_parameters = {params}, not an object"));
-        }
-        match &j["rope_scaling"] {
-            serde_json::Value::Null => {}
-            s if s.is_object() => rope_type(s, "rope_scaling")?,
-            s => return Err(format!("has rope_scaling = {s}, not an object")),
-        }
-        Ok(Rope {
-            theta: number(&j["rope_theta"], "rope_theta")?.unwrap_or(Self::DEFAULT_THETA),
-            theta_key: "rope_theta",
-        })
-    }
 }
 
 /// The folder's safetensors files: `model.safetensors`, or the shards its index names.
@@ -377,33 +264,6 @@ mod tests {
             let e = error(dir.path(), &cfg);
             assert!(e.contains("\"gpt2\" model"), "{version}: {e}");
         }
-    }
-
-    /// The spellings no fixture shows: the legacy `type` key, a per-layer-type
-    /// `rope_parameters`, no theta at all (transformers' default, 10000), and a theta that is
-    /// not a number.
-    #[test]
-    fn the_rope_of_older_and_odder_configs() {
-        let of = |j: serde_json::Value| Rope::of(&j);
-        let rope = |theta, theta_key| Ok(Rope { theta, theta_key });
-        assert_eq!(of(serde_json::json!({})), rope(10_000.0, "rope_theta"));
-        assert_eq!(
-            of(serde_json::json!({"rope_theta": 1e6, "rope_scaling": {"type": "default"}})),
-            rope(1e6, "rope_theta")
-        );
-        let e = of(serde_json::json!({"rope_scaling": {"type": "dynamic", "factor": 2.0}}));
-        assert!(e.unwrap_err().contains("rope_scaling.type = \"dynamic\""));
-        let nested = serde_json::json!({"rope_parameters": {
-            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}});
-        assert!(of(nested).unwrap_err().contains("per layer type"));
-        // 5.x without a theta inside falls back to a top-level one.
-        assert_eq!(
-            of(serde_json::json!({"rope_theta": 2e5, "rope_parameters": {"rope_type": "default"}})),
-            rope(2e5, "rope_theta")
-        );
-        let e = of(serde_json::json!({"rope_parameters": {"rope_theta": "big"}}));
-        assert!(e.unwrap_err().contains("not a number"));
     }
 
     /// A tensor holding NaN or inf is named with its file when it is read, not found as a NaN

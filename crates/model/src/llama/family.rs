@@ -1,0 +1,290 @@
+//! The Llama family in the registry ([`crate::family`]): `LlamaForCausalLM`, with its
+//! grouped-query heads, MLP width, norm epsilon, rotary base and tied or untied head recorded
+//! and checked, and its rope read from config.json as transformers 4 and 5 write it.
+
+use crate::config::{Arch, ModelConfig};
+use crate::error::{ModelError, Result};
+use crate::family::{Family, HfTensor, Sizes};
+use crate::layout::ParamSpec;
+
+/// The Llama family (Llama 2 and 3).
+pub struct Llama;
+
+/// What a Llama manifest records beyond the common sizes, under `"llama"`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Record {
+    n_kv_head: usize,
+    ffn_hidden: usize,
+    norm_eps: f64,
+    rope_theta: f64,
+    tie_embeddings: bool,
+}
+
+impl Family for Llama {
+    fn arch(&self) -> Arch {
+        Arch::Llama
+    }
+
+    fn name(&self) -> &'static str {
+        "llama"
+    }
+
+    fn hf_class(&self) -> &'static str {
+        "LlamaForCausalLM"
+    }
+
+    /// Unset, the key/value heads are the query heads and the head is tied; the MLP's width
+    /// has no default.
+    fn config(&self, s: &Sizes) -> Result<ModelConfig> {
+        let ffn = s.ffn_hidden.ok_or(ModelError::Required {
+            field: "ffn_hidden",
+        })?;
+        Ok(ModelConfig::llama(
+            s.n_layer,
+            s.n_embd,
+            s.n_head,
+            s.n_kv_head.unwrap_or(s.n_head),
+            ffn,
+            s.seq_len,
+            s.vocab_size,
+            s.tie_embeddings.unwrap_or(true),
+        ))
+    }
+
+    fn trajectory(&self, cfg: &ModelConfig) -> Vec<(&'static str, String)> {
+        vec![
+            ("model.arch", self.name().to_string()),
+            ("model.n_kv_head", cfg.n_kv_head.to_string()),
+            ("model.ffn_hidden", cfg.ffn_hidden.to_string()),
+            ("model.norm_eps", cfg.norm_eps.to_string()),
+            ("model.rope_theta", cfg.rope_theta.to_string()),
+            ("model.tie_embeddings", cfg.tie_embeddings.to_string()),
+        ]
+    }
+
+    fn record(&self, cfg: &ModelConfig) -> Option<serde_json::Value> {
+        serde_json::to_value(Record {
+            n_kv_head: cfg.n_kv_head,
+            ffn_hidden: cfg.ffn_hidden,
+            norm_eps: cfg.norm_eps,
+            rope_theta: cfg.rope_theta,
+            tie_embeddings: cfg.tie_embeddings,
+        })
+        .ok()
+    }
+
+    fn from_record(&self, sizes: &Sizes, own: Option<&serde_json::Value>) -> Result<ModelConfig> {
+        let bad = |reason: String| ModelError::Shape {
+            field: "arch",
+            reason,
+        };
+        let own = own.ok_or_else(|| bad("a Llama shape without its \"llama\" record".into()))?;
+        let r: Record = serde_json::from_value(own.clone())
+            .map_err(|e| bad(format!("the \"llama\" record: {e}")))?;
+        let sizes = Sizes {
+            n_kv_head: Some(r.n_kv_head),
+            ffn_hidden: Some(r.ffn_hidden),
+            tie_embeddings: Some(r.tie_embeddings),
+            ..sizes.clone()
+        };
+        Ok(ModelConfig {
+            norm_eps: r.norm_eps,
+            rope_theta: r.rope_theta,
+            ..self.config(&sizes)?
+        })
+    }
+
+    /// `model.` + our name (`lm_head.weight` as it is); nn.Linear weights are `(out, in)` in
+    /// HF, the embedding and the LM head `(V, C)` in both.
+    fn hf_tensor(&self, p: &ParamSpec) -> HfTensor {
+        HfTensor {
+            name: match p.name.starts_with("lm_head.") {
+                true => p.name.clone(),
+                false => format!("model.{}", p.name),
+            },
+            alias: None,
+            transpose: p.shape.len() == 2
+                && !p.name.starts_with("embed_tokens.")
+                && !p.name.starts_with("lm_head."),
+            vocab_rows: ["embed_tokens.weight", "lm_head.weight"].contains(&p.name.as_str()),
+        }
+    }
+
+    /// The rotary table older transformers saved, and a tied head saved anyway (some exports
+    /// write it): it is the embedding.
+    fn hf_buffer(&self, name: &str, cfg: &ModelConfig) -> bool {
+        name.ends_with("rotary_emb.inv_freq") || (name == "lm_head.weight" && cfg.tie_embeddings)
+    }
+
+    fn hf_config(&self, cfg: &ModelConfig, eod: Option<u32>) -> serde_json::Value {
+        serde_json::json!({
+            "architectures": [self.hf_class()],
+            "model_type": self.name(),
+            "vocab_size": cfg.vocab_size,
+            "hidden_size": cfg.n_embd,
+            "intermediate_size": cfg.ffn_hidden,
+            "num_hidden_layers": cfg.n_layer,
+            "num_attention_heads": cfg.n_head,
+            "num_key_value_heads": cfg.n_kv_head,
+            "head_dim": cfg.head_dim(),
+            "hidden_act": "silu",
+            "max_position_embeddings": cfg.seq_len,
+            "rms_norm_eps": cfg.norm_eps,
+            "rope_theta": cfg.rope_theta,
+            "rope_scaling": null,
+            "attention_bias": false,
+            "mlp_bias": false,
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
+            "tie_word_embeddings": cfg.tie_embeddings,
+            "bos_token_id": eod,
+            "eos_token_id": eod,
+            "torch_dtype": "float32"
+        })
+    }
+
+    /// The rope's theta (either spelling, [`Rope::of`]), `rms_norm_eps` and
+    /// `tie_word_embeddings` against the run's.
+    fn check_hf_config(
+        &self,
+        j: &serde_json::Value,
+        cfg: &ModelConfig,
+    ) -> std::result::Result<(), String> {
+        let rope = Rope::of(j)?;
+        let close = |key: &str, theirs: f64, ours: f64, ours_key: &str| match (theirs - ours).abs()
+            > 1e-9 * ours.abs().max(1.0)
+        {
+            true => Err(format!(
+                "has {key} = {theirs}, this run {ours_key} = {ours}: set {ours_key} = {theirs}"
+            )),
+            false => Ok(()),
+        };
+        close(
+            rope.theta_key,
+            rope.theta,
+            cfg.rope_theta,
+            "model.rope_theta",
+        )?;
+        // transformers' Llama default.
+        let eps = j["rms_norm_eps"].as_f64().unwrap_or(1e-6);
+        close("rms_norm_eps", eps, cfg.norm_eps, "model.norm_eps")?;
+        let tied = j["tie_word_embeddings"].as_bool().unwrap_or(false);
+        if tied != cfg.tie_embeddings {
+            return Err(format!(
+                "has tie_word_embeddings = {tied}, this run model.tie_embeddings = {}",
+                cfg.tie_embeddings
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The rotary embedding a Llama `config.json` asks for, from either spelling transformers
+/// writes: 4.x's top-level `rope_theta` and `rope_scaling`, or 5.x's `rope_parameters`
+/// (`{"rope_type": ..., "rope_theta": ..., ...}`), which has no top-level key at all. A config
+/// read under the wrong spelling would train with another theta without a word.
+#[derive(Debug, PartialEq)]
+pub struct Rope {
+    pub theta: f64,
+    /// Where `theta` was read, for the message that compares it with the run's.
+    pub theta_key: &'static str,
+}
+
+impl Rope {
+    /// transformers' Llama default when no theta is written.
+    const DEFAULT_THETA: f64 = 10_000.0;
+
+    /// The rope of `j`, or what it sets that zeropp's Llama does not implement (a scaled rope:
+    /// `llama3`, `yarn`, `linear`, ...; only `default` is), as the rest of a one-line message.
+    pub fn of(j: &serde_json::Value) -> std::result::Result<Rope, String> {
+        let number = |v: &serde_json::Value, key: &str| match v {
+            serde_json::Value::Null => Ok(None),
+            v => v
+                .as_f64()
+                .map(Some)
+                .ok_or(format!("has {key} = {v}, not a number")),
+        };
+        let rope_type = |o: &serde_json::Value, key: &str| -> std::result::Result<(), String> {
+            // transformers accepts the legacy `type` beside `rope_type`.
+            let t = match (&o["rope_type"], &o["type"]) {
+                (serde_json::Value::Null, serde_json::Value::Null) => return Ok(()),
+                (serde_json::Value::Null, t) => (t, "type"),
+                (t, _) => (t, "rope_type"),
+            };
+            match t.0.as_str() {
+                Some("default") => Ok(()),
+                Some(other) => Err(format!(
+                    "sets {key}.{} = {other:?}, a scaled rope zeropp's Llama does not implement \
+                     (only \"default\")",
+                    t.1
+                )),
+                None => Err(format!("has {key}.{} = {}, not a string", t.1, t.0)),
+            }
+        };
+        let params = &j["rope_parameters"];
+        if params.is_object() {
+            // 5.x; models that mix attention kinds nest one object per layer type.
+            if params
+                .as_object()
+                .is_some_and(|o| o.values().any(|v| v.is_object()))
+            {
+                return Err(
+                    "sets rope_parameters per layer type, which zeropp's Llama does \
+                            not implement"
+                        .into(),
+                );
+            }
+            rope_type(params, "rope_parameters")?;
+            if let Some(theta) = number(&params["rope_theta"], "rope_parameters.rope_theta")? {
+                return Ok(Rope {
+                    theta,
+                    theta_key: "rope_parameters.rope_theta",
+                });
+            }
+        } else if !params.is_null() {
+            return Err(format!("has rope_parameters = {params}, not an object"));
+        }
+        match &j["rope_scaling"] {
+            serde_json::Value::Null => {}
+            s if s.is_object() => rope_type(s, "rope_scaling")?,
+            s => return Err(format!("has rope_scaling = {s}, not an object")),
+        }
+        Ok(Rope {
+            theta: number(&j["rope_theta"], "rope_theta")?.unwrap_or(Self::DEFAULT_THETA),
+            theta_key: "rope_theta",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The spellings no fixture shows: the legacy `type` key, a per-layer-type
+    /// `rope_parameters`, no theta at all (transformers' default, 10000), and a theta that is
+    /// not a number. (The fixtures transformers wrote are read in the trainer's init_from
+    /// tests.)
+    #[test]
+    fn the_rope_of_older_and_odder_configs() {
+        let of = |j: serde_json::Value| Rope::of(&j);
+        let rope = |theta, theta_key| Ok(Rope { theta, theta_key });
+        assert_eq!(of(serde_json::json!({})), rope(10_000.0, "rope_theta"));
+        assert_eq!(
+            of(serde_json::json!({"rope_theta": 1e6, "rope_scaling": {"type": "default"}})),
+            rope(1e6, "rope_theta")
+        );
+        let e = of(serde_json::json!({"rope_scaling": {"type": "dynamic", "factor": 2.0}}));
+        assert!(e.unwrap_err().contains("rope_scaling.type = \"dynamic\""));
+        let nested = serde_json::json!({"rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}});
+        assert!(of(nested).unwrap_err().contains("per layer type"));
+        // 5.x without a theta inside falls back to a top-level one.
+        assert_eq!(
+            of(serde_json::json!({"rope_theta": 2e5, "rope_parameters": {"rope_type": "default"}})),
+            rope(2e5, "rope_theta")
+        );
+        let e = of(serde_json::json!({"rope_parameters": {"rope_theta": "big"}}));
+        assert!(e.unwrap_err().contains("not a number"));
+    }
+}
