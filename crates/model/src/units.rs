@@ -1,6 +1,7 @@
 //! What every unit's forward and backward check and share: the flat parameter buffer, the
-//! `(B, T)` token and `(B, T, C)` activation shapes, and the concatenation of named gradients
-//! into the unit's flat layout.
+//! `(B, T)` token and `(B, T, C)` activation shapes, the concatenation of named gradients
+//! into the unit's flat layout, and what a block keeps for its backward ([`Kept`]: every
+//! activation, or its input alone for recomputation).
 
 use candle_core::{DType, Tensor};
 
@@ -143,5 +144,55 @@ impl<'a> FlatGrad<'a> {
     /// The filled buffer.
     pub(crate) fn finish(self) -> Tensor {
         self.flat
+    }
+}
+
+/// What a block's forward keeps for its backward: every activation `A` the backward reads, or
+/// the block's input alone (activation checkpointing), from which the backward recomputes
+/// them. One wrapper for every family's blocks, so that each writes only its forward and
+/// backward.
+#[derive(Clone, Debug)]
+pub(crate) enum Kept<A> {
+    Full(Box<A>),
+    Input(Tensor),
+}
+
+impl<A> Kept<A> {
+    /// `acts` whole, or (with `recompute`) only the input `input` takes out of them.
+    pub(crate) fn new(acts: A, input: impl FnOnce(A) -> Tensor, recompute: bool) -> Self {
+        match recompute {
+            true => Kept::Input(input(acts)),
+            false => Kept::Full(Box::new(acts)),
+        }
+    }
+
+    /// Whether only the input was kept.
+    pub(crate) fn is_recompute(&self) -> bool {
+        matches!(self, Kept::Input(_))
+    }
+
+    /// The activations: as kept, or recomputed from the kept input by `forward`.
+    pub(crate) fn acts(&self, forward: impl FnOnce(&Tensor) -> Result<A>) -> Result<Acts<'_, A>> {
+        Ok(match self {
+            Kept::Full(a) => Acts::Kept(a),
+            Kept::Input(x) => Acts::Recomputed(forward(x)?),
+        })
+    }
+}
+
+/// [`Kept::acts`]: the kept activations, or the ones recomputed for this backward.
+pub(crate) enum Acts<'a, A> {
+    Kept(&'a A),
+    Recomputed(A),
+}
+
+impl<A> std::ops::Deref for Acts<'_, A> {
+    type Target = A;
+
+    fn deref(&self) -> &A {
+        match self {
+            Acts::Kept(a) => a,
+            Acts::Recomputed(a) => a,
+        }
     }
 }

@@ -25,7 +25,7 @@ use crate::layers::{
     matmul_gelu_forward, residual_matmul_forward, AttSaved, LnSaved, Loss, TokenIndex,
 };
 use crate::layout::{UnitKind, UnitLayout};
-use crate::units::{check_acts, check_params, check_tokens, flatten_grads, FlatGrad};
+use crate::units::{check_acts, check_params, check_tokens, flatten_grads, FlatGrad, Kept};
 
 // ------------------------------------------------------------------------------------------
 // Embedding unit
@@ -91,22 +91,15 @@ struct BlockActs {
     hg: Tensor,
 }
 
-/// What [`block_forward`] keeps for [`block_backward`].
+/// What [`block_forward`] keeps for [`block_backward`]: every `BlockActs`, or the block's
+/// input `(B, T, C)` alone, the rest recomputed.
 #[derive(Clone, Debug)]
-pub struct BlockSaved(BlockSavedInner);
-
-#[derive(Clone, Debug)]
-enum BlockSavedInner {
-    /// All activations (see `BlockActs`).
-    Full(Box<BlockActs>),
-    /// Only the block input `(B, T, C)`; backward recomputes the forward.
-    Input(Tensor),
-}
+pub struct BlockSaved(Kept<BlockActs>);
 
 impl BlockSaved {
     /// Whether only the input was kept (activation checkpointing).
     pub fn is_recompute(&self) -> bool {
-        matches!(self.0, BlockSavedInner::Input(_))
+        self.0.is_recompute()
     }
 }
 
@@ -168,11 +161,7 @@ pub fn block_forward(
 ) -> Result<(Tensor, BlockSaved)> {
     let (out, acts) = block_forward_full(cfg, params, x, true)?;
     let out = out.expect("asked for the output");
-    let saved = if recompute {
-        BlockSavedInner::Input(acts.x)
-    } else {
-        BlockSavedInner::Full(Box::new(acts))
-    };
+    let saved = Kept::new(acts, |a| a.x, recompute);
     Ok((out, BlockSaved(saved)))
 }
 
@@ -184,14 +173,10 @@ pub fn block_backward(
     saved: &BlockSaved,
     dout: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let recomputed;
-    let a: &BlockActs = match &saved.0 {
-        BlockSavedInner::Full(a) => a,
-        BlockSavedInner::Input(x) => {
-            recomputed = block_forward_full(cfg, params, x, false)?.1;
-            &recomputed
-        }
-    };
+    let acts = saved
+        .0
+        .acts(|x| Ok(block_forward_full(cfg, params, x, false)?.1))?;
+    let a: &BlockActs = &acts;
     let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
     check_params(params, &unit, "block")?;
     let (b, t) = check_acts(cfg, &a.x, "block input")?;

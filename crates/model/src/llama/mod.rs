@@ -49,7 +49,7 @@ use crate::layers::{
     swiglu_packed_forward, Loss, TokenIndex,
 };
 use crate::layout::{UnitKind, UnitLayout};
-use crate::units::{check_acts, check_params, check_tokens, flatten_grads, FlatGrad};
+use crate::units::{check_acts, check_params, check_tokens, flatten_grads, FlatGrad, Kept};
 
 pub use crate::layers::{GqaSaved, RmsSaved, RopeTables};
 
@@ -123,22 +123,15 @@ struct LlamaBlockActs {
     act: Tensor,
 }
 
-/// What [`block_forward`] keeps for [`block_backward`].
+/// What [`block_forward`] keeps for [`block_backward`]: every `LlamaBlockActs`, or the block's
+/// input `(B, T, C)` alone, the rest recomputed.
 #[derive(Clone, Debug)]
-pub struct LlamaBlockSaved(BlockSavedInner);
-
-#[derive(Clone, Debug)]
-enum BlockSavedInner {
-    /// All activations (see `LlamaBlockActs`).
-    Full(Box<LlamaBlockActs>),
-    /// Only the block input `(B, T, C)`; backward recomputes the forward.
-    Input(Tensor),
-}
+pub struct LlamaBlockSaved(Kept<LlamaBlockActs>);
 
 impl LlamaBlockSaved {
     /// Whether only the input was kept (activation checkpointing).
     pub fn is_recompute(&self) -> bool {
-        matches!(self.0, BlockSavedInner::Input(_))
+        self.0.is_recompute()
     }
 }
 
@@ -241,11 +234,7 @@ pub fn block_forward(
 ) -> Result<(Tensor, LlamaBlockSaved)> {
     let (out, acts) = block_forward_full(cfg, params, x, true)?;
     let out = out.expect("asked for the output");
-    let saved = if recompute {
-        BlockSavedInner::Input(acts.x)
-    } else {
-        BlockSavedInner::Full(Box::new(acts))
-    };
+    let saved = Kept::new(acts, |a| a.x, recompute);
     Ok((out, LlamaBlockSaved(saved)))
 }
 
@@ -258,14 +247,10 @@ pub fn block_backward(
     saved: &LlamaBlockSaved,
     dout: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let recomputed;
-    let a: &LlamaBlockActs = match &saved.0 {
-        BlockSavedInner::Full(a) => a,
-        BlockSavedInner::Input(x) => {
-            recomputed = block_forward_full(cfg, params, x, false)?.1;
-            &recomputed
-        }
-    };
+    let acts = saved
+        .0
+        .acts(|x| Ok(block_forward_full(cfg, params, x, false)?.1))?;
+    let a: &LlamaBlockActs = &acts;
     let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
     check_params(params, &unit, "block")?;
     let (b, t) = check_acts(cfg, &a.x, "block input")?;
