@@ -103,8 +103,8 @@ enum Command {
         #[arg(long)]
         quiet: bool,
     },
-    /// Write a checkpoint's model as one safetensors file with Hugging Face GPT-2 names
-    /// (and config.json beside it), loadable by transformers' GPT2LMHeadModel.
+    /// Write a checkpoint's model as one safetensors file with its family's Hugging Face names
+    /// (and config.json beside it), loadable by transformers' AutoModelForCausalLM.
     Export {
         /// A checkpoint folder (its newest step) or one `step_<N>` folder.
         #[arg(long)]

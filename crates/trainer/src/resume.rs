@@ -71,8 +71,8 @@ pub fn trajectory(run: &Run, data: DataSize) -> BTreeMap<String, String> {
     put("model.n_head", model.n_head.to_string());
     put("model.seq_len", model.seq_len.to_string());
     put("model.vocab_size", model.vocab_size.to_string());
-    // Each family adds its own settings (none for GPT-2, as trainers before the Llama family
-    // recorded, so that its checkpoints agree).
+    // Each family adds its own settings (model::Family::trajectory; none for a family whose
+    // checkpoints predate the registry, so that they still agree).
     for (key, value) in model.family().trajectory(model) {
         put(key, value);
     }
