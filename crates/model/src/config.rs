@@ -119,7 +119,8 @@ impl ModelConfig {
     }
 
     /// Checks that every size is positive, that `n_head` divides `n_embd` and `n_kv_head`
-    /// divides `n_head`, and what GPT-2 fixes (its MLP, heads and tied head).
+    /// divides `n_head`, then the family's own checks ([`crate::Family::validate`]: what GPT-2
+    /// fixes, a Llama's even head width).
     pub fn validate(&self) -> Result<()> {
         for (field, v) in [
             ("n_layer", self.n_layer),
@@ -164,58 +165,13 @@ impl ModelConfig {
                 format!("{} is not a positive number", self.norm_eps),
             );
         }
-        match self.arch {
-            Arch::Gpt2 => {
-                if self.n_kv_head != self.n_head {
-                    return bad(
-                        "n_kv_head",
-                        "GPT-2 has no grouped-query attention: leave it unset".into(),
-                    );
-                }
-                if self.ffn_hidden != 4 * self.n_embd {
-                    return bad(
-                        "ffn_hidden",
-                        format!("GPT-2's MLP is 4 x n_embd = {}", 4 * self.n_embd),
-                    );
-                }
-                if !self.tie_embeddings {
-                    return bad(
-                        "tie_embeddings",
-                        "GPT-2's LM head is the token embedding".into(),
-                    );
-                }
-            }
-            Arch::Llama => {
-                if !self.head_dim().is_multiple_of(2) {
-                    return Err(ModelError::OddHeadDim {
-                        n_embd: self.n_embd,
-                        n_head: self.n_head,
-                    });
-                }
-                if !(self.rope_theta > 1.0 && self.rope_theta.is_finite()) {
-                    return bad(
-                        "rope_theta",
-                        format!("{} is not a base above 1", self.rope_theta),
-                    );
-                }
-            }
-        }
-        Ok(())
+        self.family().validate(self)
     }
 
-    /// Number of unique parameters (a tied LM head counted once). GPT-2:
-    /// `V*C + T*C + L*(12*C^2 + 13*C) + 2*C`; Llama:
-    /// `V*C (x2 untied) + L*(2*C*C + 2*C*KV*hs + 3*C*F + 2*C) + C`.
+    /// Number of unique parameters (a tied LM head counted once): the family's count
+    /// ([`crate::Family::num_params`]).
     pub fn num_params(&self) -> usize {
-        let (l, c, v, f) = (self.n_layer, self.n_embd, self.vocab_size, self.ffn_hidden);
-        match self.arch {
-            Arch::Gpt2 => v * c + self.seq_len * c + l * (12 * c * c + 13 * c) + 2 * c,
-            Arch::Llama => {
-                let kv = self.n_kv_head * self.head_dim();
-                let head = if self.tie_embeddings { 0 } else { v * c };
-                v * c + head + l * (2 * c * c + 2 * c * kv + 3 * c * f + 2 * c) + c
-            }
-        }
+        self.family().num_params(self)
     }
 }
 

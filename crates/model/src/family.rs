@@ -5,9 +5,10 @@
 //! transformers loads it as). Each family's implementation lives beside its layers
 //! (`gpt2/family.rs`, `llama/family.rs`); [`FAMILIES`] registers it.
 //!
-//! Still per [`Arch`] (docs/design.md, "Adding a family"): the units' forward and backward,
-//! their FLOPs and activation bytes, and the decode step, which `schedule.rs` and `decode.rs`
-//! dispatch on the enum.
+//! Its shape's own checks, parameter count and activation bytes are the family's too. Still
+//! per [`Arch`] (docs/design.md, "Adding a family"): the units' parameter rows, forward and
+//! backward, and the decode step, which `layout.rs`, `schedule.rs` and `decode.rs` dispatch on
+//! the enum.
 
 use std::collections::BTreeMap;
 
@@ -31,6 +32,23 @@ pub trait Family: Sync {
     /// The shape a run config's sizes give, the family's defaults where `sizes` leaves a
     /// setting unset; [`ModelError::Required`] for a size the family has no default for.
     fn config(&self, sizes: &Sizes) -> Result<ModelConfig>;
+
+    /// What the family's shape must satisfy beyond every family's checks (positive sizes,
+    /// heads that divide, a finite epsilon), which [`ModelConfig::validate`] makes first.
+    fn validate(&self, cfg: &ModelConfig) -> Result<()>;
+
+    /// Unique parameters, a tied LM head counted once.
+    fn num_params(&self, cfg: &ModelConfig) -> usize;
+
+    /// Bytes of activations one block keeps for its backward for `batch` sequences of
+    /// `seq_len`, at `bytes` per element (2 for bf16).
+    fn block_activation_bytes(
+        &self,
+        cfg: &ModelConfig,
+        batch: usize,
+        seq_len: usize,
+        bytes: usize,
+    ) -> u64;
 
     /// The settings beyond [`Sizes`]' common ones that fix a run's trajectory, as
     /// `(config key, value)`: a resume that changes one is refused by key.

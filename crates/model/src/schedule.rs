@@ -381,26 +381,12 @@ impl Model {
     }
 
     /// Bytes of activations one block keeps for its backward for `batch` sequences of
-    /// `seq_len`, at `bytes` per element (2 for bf16): GPT-2 by Korthikanti et al. 2022
-    /// (`s b h (34 + 5 a s / h)` at 16 bits); Llama from what its block saves (inputs of the
-    /// two norms and their outputs, q, k, v, the attention output, the MLP's gate, up and
-    /// product: `s b (6 C + 2 KV hs + 3 F)`, plus the attention's row statistics).
+    /// `seq_len`, at `bytes` per element (2 for bf16): the family's count
+    /// ([`crate::Family::block_activation_bytes`]).
     pub fn block_activation_bytes(&self, batch: usize, seq_len: usize, bytes: usize) -> u64 {
-        let c = &self.cfg;
-        let (b, s, h, a) = (
-            batch as u64,
-            seq_len as u64,
-            c.n_embd as u64,
-            c.n_head as u64,
-        );
-        match c.arch {
-            Arch::Gpt2 => b * s * (34 * h + 5 * a * s) * bytes as u64 / 2,
-            Arch::Llama => {
-                let kv = (c.n_kv_head * c.head_dim()) as u64;
-                let f = c.ffn_hidden as u64;
-                b * s * (6 * h + 2 * kv + 3 * f) * bytes as u64 + 4 * b * a * s
-            }
-        }
+        self.cfg
+            .family()
+            .block_activation_bytes(&self.cfg, batch, seq_len, bytes)
     }
 
     /// The name and orientation of parameter `p` in the Hugging Face checkpoint of this

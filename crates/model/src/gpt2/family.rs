@@ -2,7 +2,7 @@
 //! alone (the MLP, the heads and the tied head are fixed).
 
 use crate::config::{Arch, ModelConfig};
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::family::{Family, HfTensor, Sizes};
 use crate::layout::ParamSpec;
 
@@ -32,6 +32,53 @@ impl Family for Gpt2 {
             s.seq_len,
             s.vocab_size,
         ))
+    }
+
+    /// GPT-2 fixes its heads, MLP and head: a config that sets them otherwise is refused.
+    fn validate(&self, cfg: &ModelConfig) -> Result<()> {
+        let bad = |field: &'static str, reason: String| Err(ModelError::Shape { field, reason });
+        if cfg.n_kv_head != cfg.n_head {
+            return bad(
+                "n_kv_head",
+                "GPT-2 has no grouped-query attention: leave it unset".into(),
+            );
+        }
+        if cfg.ffn_hidden != 4 * cfg.n_embd {
+            return bad(
+                "ffn_hidden",
+                format!("GPT-2's MLP is 4 x n_embd = {}", 4 * cfg.n_embd),
+            );
+        }
+        if !cfg.tie_embeddings {
+            return bad(
+                "tie_embeddings",
+                "GPT-2's LM head is the token embedding".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// `V*C + T*C + L*(12*C^2 + 13*C) + 2*C`.
+    fn num_params(&self, cfg: &ModelConfig) -> usize {
+        let (l, c, v) = (cfg.n_layer, cfg.n_embd, cfg.vocab_size);
+        v * c + cfg.seq_len * c + l * (12 * c * c + 13 * c) + 2 * c
+    }
+
+    /// Korthikanti et al. 2022: `s b h (34 + 5 a s / h)` at 16 bits.
+    fn block_activation_bytes(
+        &self,
+        cfg: &ModelConfig,
+        batch: usize,
+        seq_len: usize,
+        bytes: usize,
+    ) -> u64 {
+        let (b, s, h, a) = (
+            batch as u64,
+            seq_len as u64,
+            cfg.n_embd as u64,
+            cfg.n_head as u64,
+        );
+        b * s * (34 * h + 5 * a * s) * bytes as u64 / 2
     }
 
     /// None beyond the common sizes, as trainers before the Llama family recorded.

@@ -51,6 +51,52 @@ impl Family for Llama {
         ))
     }
 
+    /// Rotary positions rotate pairs of a head's channels, and turn by a base above 1.
+    fn validate(&self, cfg: &ModelConfig) -> Result<()> {
+        if !cfg.head_dim().is_multiple_of(2) {
+            return Err(ModelError::OddHeadDim {
+                n_embd: cfg.n_embd,
+                n_head: cfg.n_head,
+            });
+        }
+        if !(cfg.rope_theta > 1.0 && cfg.rope_theta.is_finite()) {
+            return Err(ModelError::Shape {
+                field: "rope_theta",
+                reason: format!("{} is not a base above 1", cfg.rope_theta),
+            });
+        }
+        Ok(())
+    }
+
+    /// `V*C (x2 untied) + L*(2*C*C + 2*C*KV*hs + 3*C*F + 2*C) + C`.
+    fn num_params(&self, cfg: &ModelConfig) -> usize {
+        let (l, c, v, f) = (cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.ffn_hidden);
+        let kv = cfg.n_kv_head * cfg.head_dim();
+        let head = if cfg.tie_embeddings { 0 } else { v * c };
+        v * c + head + l * (2 * c * c + 2 * c * kv + 3 * c * f + 2 * c) + c
+    }
+
+    /// What its block saves: the inputs of the two norms and their outputs, q, k, v, the
+    /// attention output, the MLP's gate, up and product, `s b (6 C + 2 KV hs + 3 F)`, plus the
+    /// attention's row statistics.
+    fn block_activation_bytes(
+        &self,
+        cfg: &ModelConfig,
+        batch: usize,
+        seq_len: usize,
+        bytes: usize,
+    ) -> u64 {
+        let (b, s, h, a) = (
+            batch as u64,
+            seq_len as u64,
+            cfg.n_embd as u64,
+            cfg.n_head as u64,
+        );
+        let kv = (cfg.n_kv_head * cfg.head_dim()) as u64;
+        let f = cfg.ffn_hidden as u64;
+        b * s * (6 * h + 2 * kv + 3 * f) * bytes as u64 + 4 * b * a * s
+    }
+
     fn trajectory(&self, cfg: &ModelConfig) -> Vec<(&'static str, String)> {
         vec![
             ("model.arch", self.name().to_string()),
