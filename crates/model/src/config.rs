@@ -1,32 +1,63 @@
-//! Model shapes ([`ModelConfig`], either [`Arch`]) and the named presets.
+//! Model shapes ([`ModelConfig`] of a family, its [`Arch`]) and what every shape must satisfy.
 
 use crate::error::{ModelError, Result};
+use crate::family::Family;
 
-/// Which decoder a [`ModelConfig`] describes: the layers of its blocks and its embedding.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Arch {
-    /// GPT-2: learned positions, pre-LayerNorm blocks with biases, a GELU MLP of `4C`, the LM
-    /// head tied to the token embedding.
-    #[default]
-    Gpt2,
-    /// The Llama family (Llama 2 and 3): RMSNorm, rotary positions, a SwiGLU MLP,
-    /// grouped-query attention, no biases; the LM head tied or not.
-    Llama,
-}
+/// Which family a [`ModelConfig`] is: a handle on its registered [`Family`], compared by
+/// name. Open: a family is added by registering it ([`crate::FAMILIES`]), not by a variant.
+#[derive(Clone, Copy)]
+pub struct Arch(&'static dyn Family);
 
 impl Arch {
-    /// The name `model.arch` takes in a run config: its family's ([`crate::Family::name`]).
+    /// The arch of `family`.
+    pub fn of(family: &'static dyn Family) -> Self {
+        Arch(family)
+    }
+
+    /// Its family, which computes, lays out, records and maps its shapes.
+    pub fn family(self) -> &'static dyn Family {
+        self.0
+    }
+
+    /// The name `model.arch` takes in a run config: its family's ([`Family::name`]).
     pub fn name(self) -> &'static str {
-        self.family().name()
+        self.0.name()
     }
 
     /// The arch of the family named `name` (`"gpt2"`, `"llama"`).
     pub fn from_name(name: &str) -> Option<Self> {
-        crate::family(name).map(|f| f.arch())
+        crate::family(name).map(Arch)
     }
 }
 
-/// Shape of a decoder-only transformer of either [`Arch`].
+/// GPT-2, the registry's first family, as trainers before the registry assumed.
+impl Default for Arch {
+    fn default() -> Self {
+        Arch(crate::FAMILIES[0])
+    }
+}
+
+impl PartialEq for Arch {
+    fn eq(&self, other: &Self) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl Eq for Arch {}
+
+impl std::hash::Hash for Arch {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name().hash(state)
+    }
+}
+
+impl std::fmt::Debug for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Shape of a decoder-only transformer of any family.
 ///
 /// Size letters used throughout the crate: `L` = `n_layer`, `C` = `n_embd`, `NH` = `n_head`,
 /// `KV` = `n_kv_head`, `hs` = `C / NH`, `F` = `ffn_hidden`, `T` = `seq_len` (the longest
@@ -56,63 +87,7 @@ pub struct ModelConfig {
     pub tie_embeddings: bool,
 }
 
-/// GPT-2's LayerNorm epsilon.
-pub const GPT2_NORM_EPS: f64 = 1e-5;
-/// Llama 3's RMSNorm epsilon and rotary base.
-pub const LLAMA_NORM_EPS: f64 = 1e-5;
-pub const LLAMA_ROPE_THETA: f64 = 500_000.0;
-
 impl ModelConfig {
-    /// A GPT-2 shape: `n_kv_head = n_head`, `ffn_hidden = 4 C`, tied head, LayerNorm eps 1e-5.
-    pub fn gpt2(
-        n_layer: usize,
-        n_embd: usize,
-        n_head: usize,
-        seq_len: usize,
-        vocab_size: usize,
-    ) -> Self {
-        ModelConfig {
-            arch: Arch::Gpt2,
-            n_layer,
-            n_embd,
-            n_head,
-            n_kv_head: n_head,
-            ffn_hidden: 4 * n_embd,
-            seq_len,
-            vocab_size,
-            norm_eps: GPT2_NORM_EPS,
-            rope_theta: LLAMA_ROPE_THETA,
-            tie_embeddings: true,
-        }
-    }
-
-    /// A Llama shape with Llama 3's epsilon and rotary base.
-    #[allow(clippy::too_many_arguments)]
-    pub fn llama(
-        n_layer: usize,
-        n_embd: usize,
-        n_head: usize,
-        n_kv_head: usize,
-        ffn_hidden: usize,
-        seq_len: usize,
-        vocab_size: usize,
-        tie_embeddings: bool,
-    ) -> Self {
-        ModelConfig {
-            arch: Arch::Llama,
-            n_layer,
-            n_embd,
-            n_head,
-            n_kv_head,
-            ffn_hidden,
-            seq_len,
-            vocab_size,
-            norm_eps: LLAMA_NORM_EPS,
-            rope_theta: LLAMA_ROPE_THETA,
-            tie_embeddings,
-        }
-    }
-
     /// Per-head width `hs = C / NH`.
     pub fn head_dim(&self) -> usize {
         self.n_embd / self.n_head
@@ -175,129 +150,26 @@ impl ModelConfig {
     }
 }
 
-/// GPT-2's 50257-token vocabulary padded up to a multiple of 128, as Megatron does.
-pub const PADDED_GPT2_VOCAB: usize = 50304;
-
-/// Llama 3's 128,256-token vocabulary (already a multiple of 128): the Llama presets' size,
-/// which a run replaces with its tokenizer's, padded to a multiple of 128.
-pub const LLAMA3_VOCAB: usize = 128_256;
-
-/// Names accepted by [`preset`], GPT-2 then Llama, smallest first.
-pub const PRESET_NAMES: &[&str] = &[
-    "tiny",
-    "gpt125m",
-    "gpt350m",
-    "gpt1.3b",
-    "gpt6.7b",
-    "gpt18b",
-    "gpt49b",
-    "gpt91b",
-    "gpt138b",
-    "llama-tiny",
-    "llama3.2-1b",
-    "llama3.2-3b",
-    "llama3-8b",
-    "llama3-70b",
-];
-
 /// The most layers a model may have: 2^16, hundreds of times the deepest published model.
 pub const MAX_LAYERS: usize = 1 << 16;
 
-/// The named model shapes.
-///
-/// GPT-2 (`vocab_size` 50304):
-///
-/// | name      | n_layer | n_embd | n_head | seq_len | num_params      |
-/// |-----------|--------:|-------:|-------:|--------:|----------------:|
-/// | `tiny`    |       2 |     64 |      4 |      64 |       3,323,648 |
-/// | `gpt125m` |      12 |    768 |     12 |    1024 |     124,475,904 |
-/// | `gpt350m` |      24 |   1024 |     16 |    1024 |     354,871,296 |
-/// | `gpt1.3b` |      24 |   2048 |     16 |    1024 |   1,313,722,368 |
-/// | `gpt6.7b` |      32 |   4096 |     32 |    2048 |   6,658,596,864 |
-/// | `gpt18b`  |      40 |   6144 |     32 |    2048 |  18,444,251,136 |
-/// | `gpt49b`  |      60 |   8192 |     64 |    2048 |  48,753,655,808 |
-/// | `gpt91b`  |      72 |  10240 |     80 |    2048 |  91,142,656,000 |
-/// | `gpt138b` |     100 |  10752 |     84 |    2048 | 139,303,492,608 |
-///
-/// `gpt18b` is the shape published in the ZeRO++ paper. The three largest are our choice:
-/// head_dim 128 and round widths, with the layer count picked so that the total (dominated by
-/// `12*L*C^2`) lands within 1% of the nominal size.
-///
-/// Llama, the published shapes (`vocab_size` 128,256 until the tokenizer sets it; rope_theta
-/// 500,000, RMSNorm eps 1e-5; seq_len 2048, the length of the PyTorch anchor):
-///
-/// | name          | n_layer | n_embd | n_head | n_kv_head | ffn_hidden | tied | num_params     |
-/// |---------------|--------:|-------:|-------:|----------:|-----------:|:----:|---------------:|
-/// | `llama-tiny`  |       2 |     64 |      4 |         2 |        192 | yes  |  (vocab) 8,395,840 |
-/// | `llama3.2-1b` |      16 |   2048 |     32 |         8 |       8192 | yes  |  1,235,814,400 |
-/// | `llama3.2-3b` |      28 |   3072 |     24 |         8 |       8192 | yes  |  3,212,749,824 |
-/// | `llama3-8b`   |      32 |   4096 |     32 |         8 |      14336 | no   |  8,030,261,248 |
-/// | `llama3-70b`  |      80 |   8192 |     64 |         8 |      28672 | no   | 70,553,706,496 |
-///
-/// `llama-tiny` (seq_len 64) is ours, for tests and the CPU demo.
-///
-/// ```
-/// let cfg = model::preset("gpt350m").unwrap();
-/// assert_eq!(cfg.num_params(), 354_871_296);
-/// assert_eq!(model::preset("llama3.2-1b").unwrap().num_params(), 1_235_814_400);
-/// assert!(model::preset("gpt7b").is_none());
-/// ```
-pub fn preset(name: &str) -> Option<ModelConfig> {
-    let gpt2 = |l, c, h, t| Some(ModelConfig::gpt2(l, c, h, t, PADDED_GPT2_VOCAB));
-    let llama =
-        |l, c, h, kv, f, t, tied| Some(ModelConfig::llama(l, c, h, kv, f, t, LLAMA3_VOCAB, tied));
-    match name {
-        "tiny" => gpt2(2, 64, 4, 64),
-        "gpt125m" => gpt2(12, 768, 12, 1024),
-        "gpt350m" => gpt2(24, 1024, 16, 1024),
-        "gpt1.3b" => gpt2(24, 2048, 16, 1024),
-        "gpt6.7b" => gpt2(32, 4096, 32, 2048),
-        "gpt18b" => gpt2(40, 6144, 32, 2048),
-        "gpt49b" => gpt2(60, 8192, 64, 2048),
-        "gpt91b" => gpt2(72, 10240, 80, 2048),
-        "gpt138b" => gpt2(100, 10752, 84, 2048),
-        "llama-tiny" => llama(2, 64, 4, 2, 192, 64, true),
-        "llama3.2-1b" => llama(16, 2048, 32, 8, 8192, 2048, true),
-        "llama3.2-3b" => llama(28, 3072, 24, 8, 8192, 2048, true),
-        "llama3-8b" => llama(32, 4096, 32, 8, 14336, 2048, false),
-        "llama3-70b" => llama(80, 8192, 64, 8, 28672, 2048, false),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::preset;
 
-    #[test]
-    fn presets_are_valid_and_near_nominal_size() {
-        let nominal = [
-            ("tiny", 3.32e6),
-            ("gpt125m", 125e6),
-            ("gpt350m", 350e6),
-            ("gpt1.3b", 1.3e9),
-            ("gpt6.7b", 6.7e9),
-            ("gpt18b", 18e9),
-            ("gpt49b", 49e9),
-            ("gpt91b", 91e9),
-            ("gpt138b", 138e9),
-            ("llama-tiny", 8.4e6),
-            ("llama3.2-1b", 1.24e9),
-            ("llama3.2-3b", 3.21e9),
-            ("llama3-8b", 8.03e9),
-            ("llama3-70b", 70.55e9),
-        ];
-        assert_eq!(nominal.len(), PRESET_NAMES.len());
-        for (name, size) in nominal {
-            let cfg = preset(name).unwrap();
+    /// Every family's presets are valid shapes within 3% of their nominal size (each family's
+    /// tests list its nominal sizes: `gpt2::family`, `llama::family`).
+    pub(crate) fn check_presets(family: &dyn Family, nominal: &[(&str, f64)]) {
+        let presets = family.presets();
+        assert_eq!(nominal.len(), presets.len(), "{}", family.name());
+        for ((name, size), (preset_name, cfg)) in nominal.iter().zip(presets) {
+            assert_eq!(*name, preset_name);
             cfg.validate().unwrap();
+            assert_eq!(cfg.arch.name(), family.name());
+            assert_eq!(crate::preset(name), Some(cfg.clone()));
             let n = cfg.num_params() as f64;
             assert!((n / size - 1.0).abs() < 0.03, "{name}: {n} vs {size}");
-            assert!(PRESET_NAMES.contains(&name));
-            if cfg.n_embd >= 8192 && cfg.arch == Arch::Gpt2 {
-                // our chosen shapes; gpt18b keeps the published 32 heads of 192
-                assert_eq!(cfg.head_dim(), 128, "{name}");
-            }
         }
     }
 

@@ -6,13 +6,13 @@
 //! than recomputing them. So a step costs one row of every projection and one row of attention
 //! against the cache, not a forward over the whole context.
 //!
-//! The pieces, llm.c style: each architecture's decode step sits beside its training forward
-//! and uses the same layer functions for norms, projections, GELU/SwiGLU and residuals
-//! ([`gpt2::block_decode`], [`llama::block_decode`], the embeddings at offset positions and
-//! the logits of the last position); the attention of new queries against the cache is
-//! [`cached_attention`] here, shared by both (GPT-2 is its `KV = NH` case). [`Decoder`] walks
-//! the units of a whole model (one flat buffer each, in [`crate::ModelLayout`] order, as the
-//! trainer holds them) and samples ([`Decoder::generate`], [`Sampling`]).
+//! The pieces, llm.c style: each family's decode step sits beside its training forward and
+//! uses the same layer functions for norms, projections, GELU/SwiGLU and residuals
+//! ([`crate::Family::block_decode`], the embedding at offset positions and the logits of the
+//! last position); the attention of new queries against the cache is [`cached_attention`]
+//! here, shared by every family (GPT-2 is its `KV = NH` case). [`Decoder`] walks the units of
+//! a whole model (one flat buffer each, in [`crate::ModelLayout`] order, as the trainer holds
+//! them), asking the family for each step, and samples ([`Decoder::generate`], [`Sampling`]).
 //!
 //! Positions: a cache holding `len` positions feeds the next tokens at `len, len + 1, ..`:
 //! GPT-2 adds `wpe[len..]`, Llama rotates q and k by those positions' angles. The model has no
@@ -30,11 +30,10 @@ use candle_core::{DType, Device, Tensor, D};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::config::{Arch, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::layers::{rope_tables, RopeTables};
+use crate::layers::RopeTables;
 use crate::layout::ModelLayout;
-use crate::{gpt2, llama};
 
 mod sample;
 
@@ -349,7 +348,8 @@ pub fn cached_attention(
 pub struct Decoder {
     cfg: ModelConfig,
     units: Vec<Tensor>,
-    /// Llama's rotary tables for positions `0..seq_len`, in the parameters' dtype.
+    /// The family's rotary tables for positions `0..seq_len`, in the parameters' dtype
+    /// ([`crate::Family::rope`]; none for learned positions).
     rope: Option<RopeTables>,
 }
 
@@ -400,16 +400,7 @@ impl Decoder {
                 });
             }
         }
-        let rope = match cfg.arch {
-            Arch::Gpt2 => None,
-            Arch::Llama => Some(rope_tables(
-                cfg.seq_len,
-                cfg.head_dim(),
-                cfg.rope_theta,
-                dtype,
-                &device,
-            )?),
-        };
+        let rope = cfg.family().rope(&cfg, dtype, &device)?;
         Ok(Decoder { cfg, units, rope })
     }
 
@@ -499,25 +490,13 @@ impl Decoder {
     /// [`Decoder::forward`] once its arguments are checked: embedding, blocks, head.
     fn forward_units(&self, tokens: &[u32], start: usize, cache: &mut KvCache) -> Result<Vec<f32>> {
         let (cfg, p) = (&self.cfg, &self.units);
-        let last = p.len() - 1;
+        let family = cfg.family();
         let ids = Tensor::from_slice(tokens, (1, tokens.len()), self.device())?;
-        let mut x = match cfg.arch {
-            Arch::Gpt2 => gpt2::embedding_decode(cfg, &p[0], &ids, start)?,
-            Arch::Llama => llama::embedding_forward(cfg, &p[0], &ids)?,
-        };
+        let mut x = family.embedding_decode(cfg, &p[0], &ids, start)?;
         for (l, layer) in cache.layers.iter_mut().enumerate() {
-            x = match &self.rope {
-                None => gpt2::block_decode(cfg, &p[1 + l], &x, layer)?,
-                Some(rope) => llama::block_decode(cfg, &p[1 + l], &x, layer, rope)?,
-            };
+            x = family.block_decode(cfg, &p[1 + l], &x, layer, self.rope.as_ref())?;
         }
-        let logits = match cfg.arch {
-            Arch::Gpt2 => gpt2::logits_decode(cfg, &p[last], &p[0], &x)?,
-            Arch::Llama => {
-                let head = if cfg.tie_embeddings { 0 } else { last };
-                llama::logits_decode(cfg, &p[last], &p[head], &x)?
-            }
-        };
+        let logits = family.logits_decode(cfg, p, &x)?;
         Ok(logits.to_dtype(DType::F32)?.to_vec1()?)
     }
 

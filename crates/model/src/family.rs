@@ -1,33 +1,41 @@
-//! The model families, one registry: what each family is beyond its compute, so that nothing
-//! outside this crate names a family. A [`Family`] says its name (`model.arch`, config.json's
-//! `model_type`), the shape it builds from a run config's sizes, the settings a checkpoint
-//! records of it, and its Hugging Face mapping both ways (config.json, tensor names, the class
-//! transformers loads it as). Each family's implementation lives beside its layers
-//! (`gpt2/family.rs`, `llama/family.rs`); [`FAMILIES`] registers it.
-//!
-//! Its shape's own checks, parameter count and activation bytes are the family's too. Still
-//! per [`Arch`] (docs/design.md, "Adding a family"): the units' parameter rows, forward and
-//! backward, and the decode step, which `layout.rs`, `schedule.rs` and `decode.rs` dispatch on
-//! the enum.
+//! The model families, one registry, so that nothing outside a family's own module names it.
+//! A [`Family`] is everything about one architecture: its name (`model.arch`, config.json's
+//! `model_type`) and presets, the shape it builds from a run config's sizes and checks, its
+//! parameter rows, its units' forward and backward and its head, its decode step, its
+//! parameter count, FLOPs and activation bytes, the settings a checkpoint records of it, and
+//! its Hugging Face mapping both ways (config.json, tensor names, the class transformers loads
+//! it as). Each family's implementation lives beside its layers (`gpt2/`, `llama/`);
+//! [`FAMILIES`] registers it, and the schedule ([`crate::Model`]), the layout and the
+//! [`crate::Decoder`] ask it (docs/design.md, "Adding a family").
 
 use std::collections::BTreeMap;
 
+use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Arch, ModelConfig};
+use crate::config::ModelConfig;
+use crate::decode::LayerCache;
 use crate::error::{ModelError, Result};
-use crate::layout::ParamSpec;
+use crate::layers::{Loss, RopeTables, TokenIndex};
+use crate::layout::{ParamSpec, UnitKind, UnitTable};
+use crate::schedule::Saved;
 
-/// A model family: everything about it that is not its compute.
+/// A model family: one architecture, everything about it.
+///
+/// Units: every family's model is `[embedding, block 0, .., block L-1, final norm]`, each a
+/// flat parameter buffer laid out by [`Family::rows`]; the head reads the embedding's buffer
+/// when tied, else the final norm's ([`crate::Model::head_unit`]). A forward returns what its
+/// backward reads as a [`Saved`] of the family's own type; a backward returns the unit's flat
+/// gradient (its numel elements, never accumulated) and the gradient of its input.
 pub trait Family: Sync {
-    /// The [`Arch`] its units compute with.
-    fn arch(&self) -> Arch;
-
     /// Its name: `model.arch`, the manifest's `arch`, and config.json's `model_type`.
     fn name(&self) -> &'static str;
 
     /// The transformers class an export loads as (`GPT2LMHeadModel`).
     fn hf_class(&self) -> &'static str;
+
+    /// Its named shapes (`model.preset`), smallest first.
+    fn presets(&self) -> Vec<(&'static str, ModelConfig)>;
 
     /// The shape a run config's sizes give, the family's defaults where `sizes` leaves a
     /// setting unset; [`ModelError::Required`] for a size the family has no default for.
@@ -81,6 +89,113 @@ pub trait Family: Sync {
         j: &serde_json::Value,
         cfg: &ModelConfig,
     ) -> std::result::Result<(), String>;
+
+    // ---- compute: the units' parameters, forward and backward, and the head ----
+
+    /// Unit `kind`'s table: its name, its parameters' name prefix, and a row per parameter
+    /// (short name, shape, init, weight decay), the single list of the family's tensors.
+    fn rows(&self, cfg: &ModelConfig, kind: UnitKind) -> UnitTable;
+
+    /// The embedding unit's forward: `tokens (B, T)` u32 to `(B, T, C)`.
+    fn embedding_forward(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        tokens: &Tensor,
+    ) -> Result<Tensor>;
+
+    /// The embedding unit's flat gradient from `dout (B, T, C)`, scattered by `tokens`.
+    fn embedding_backward(
+        &self,
+        cfg: &ModelConfig,
+        tokens: &TokenIndex,
+        dout: &Tensor,
+    ) -> Result<Tensor>;
+
+    /// A block's forward of `x (B, T, C)`: its output, and what its backward reads (with
+    /// `recompute`, the input alone: the backward recomputes the rest, to the same bits).
+    fn block_forward(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        x: &Tensor,
+        recompute: bool,
+    ) -> Result<(Tensor, Saved)>;
+
+    /// A block's backward: `(dx, flat gradient)`.
+    fn block_backward(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        saved: &Saved,
+        dout: &Tensor,
+    ) -> Result<(Tensor, Tensor)>;
+
+    /// The final norm unit's forward.
+    fn final_norm_forward(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        x: &Tensor,
+    ) -> Result<(Tensor, Saved)>;
+
+    /// The final norm unit's backward: `(dx, flat gradient)`.
+    fn final_norm_backward(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        saved: &Saved,
+        dout: &Tensor,
+    ) -> Result<(Tensor, Tensor)>;
+
+    /// The LM head and mean cross-entropy of `x (B, T, C)` against `targets (B, T)`,
+    /// reading the head unit's buffer; with `grad`, also `dx` and the head unit's flat
+    /// gradient (only the head's matrix nonzero).
+    fn head_loss(
+        &self,
+        cfg: &ModelConfig,
+        head_params: &Tensor,
+        x: &Tensor,
+        targets: &Tensor,
+        grad: bool,
+    ) -> Result<(Loss, Option<(Tensor, Tensor)>)>;
+
+    /// Training FLOPs per token at sequence length `seq_len`, in the llm.c / PaLM convention
+    /// the PyTorch anchors print: `6 N + 6 L C T` (every parameter's multiply-add forward and
+    /// twice backward, causal attention counted once).
+    fn flops_per_token(&self, cfg: &ModelConfig, seq_len: usize) -> f64 {
+        6.0 * cfg.num_params() as f64 + 6.0 * (cfg.n_layer * cfg.n_embd * seq_len) as f64
+    }
+
+    // ---- decode: one sequence's next positions against a KV cache ----
+
+    /// The rotary tables of every position of the context, made once per decoder; `None`
+    /// for a family whose positions are learned.
+    fn rope(&self, cfg: &ModelConfig, dtype: DType, device: &Device) -> Result<Option<RopeTables>>;
+
+    /// The embedding of `tokens (1, T)` fed after `start` cached positions: `(1, T, C)`.
+    fn embedding_decode(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        tokens: &Tensor,
+        start: usize,
+    ) -> Result<Tensor>;
+
+    /// A block for `x (1, T, C)`, the next `T` positions after those in `cache` (which this
+    /// extends), `rope` what [`Family::rope`] made: `(1, T, C)`, nothing kept.
+    fn block_decode(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        x: &Tensor,
+        cache: &mut LayerCache,
+        rope: Option<&RopeTables>,
+    ) -> Result<Tensor>;
+
+    /// The logits `(V)` of the last position of `x (1, T, C)`, the blocks' output, from
+    /// every unit's buffer (`units`, in unit order): the final norm, then the head.
+    fn logits_decode(&self, cfg: &ModelConfig, units: &[Tensor], x: &Tensor) -> Result<Tensor>;
 }
 
 /// Every family, in the order their names are listed to a user.
@@ -96,16 +211,49 @@ pub fn family_names() -> Vec<&'static str> {
     FAMILIES.iter().map(|f| f.name()).collect()
 }
 
-impl Arch {
-    /// The registered family that computes with this arch.
-    pub fn family(self) -> &'static dyn Family {
-        // Every Arch is registered (a test checks it); GPT-2 is the registry's first.
-        FAMILIES
-            .iter()
-            .copied()
-            .find(|f| f.arch() == self)
-            .unwrap_or(FAMILIES[0])
+/// Every family's shape of `sizes` with a tied head, and with an untied one where the family
+/// has it, named (`"llama untied"`). The properties every family must hold (the ZeRO
+/// engine's, decoding's, the Hugging Face round trip) are tested over these, so that a family
+/// added to [`FAMILIES`] is tested without a line written for it.
+pub fn every_family(sizes: &Sizes) -> Vec<(String, ModelConfig)> {
+    let mut shapes = Vec::new();
+    for family in FAMILIES {
+        for tied in [true, false] {
+            let sizes = Sizes {
+                tie_embeddings: Some(tied),
+                ..sizes.clone()
+            };
+            let Ok(cfg) = family.config(&sizes) else {
+                continue;
+            };
+            if cfg.tie_embeddings == tied && cfg.validate().is_ok() {
+                let name = match tied {
+                    true => family.name().to_string(),
+                    false => format!("{} untied", family.name()),
+                };
+                shapes.push((name, cfg));
+            }
+        }
     }
+    shapes
+}
+
+/// The named shapes of every family ([`Family::presets`]).
+pub fn preset(name: &str) -> Option<ModelConfig> {
+    FAMILIES
+        .iter()
+        .flat_map(|f| f.presets())
+        .find(|(n, _)| *n == name)
+        .map(|(_, cfg)| cfg)
+}
+
+/// Every preset's name, family by family in the registry's order, smallest first.
+pub fn preset_names() -> Vec<&'static str> {
+    FAMILIES
+        .iter()
+        .flat_map(|f| f.presets())
+        .map(|(n, _)| n)
+        .collect()
 }
 
 impl ModelConfig {
@@ -210,11 +358,19 @@ mod tests {
     /// back as itself, through the JSON a manifest holds.
     #[test]
     fn every_family_is_registered_and_its_shapes_round_trip() {
-        for arch in [Arch::Gpt2, Arch::Llama] {
-            assert_eq!(arch.family().arch(), arch);
-            assert_eq!(family(arch.family().name()).map(|f| f.arch()), Some(arch));
+        for f in FAMILIES {
+            let arch = crate::Arch::from_name(f.name()).unwrap();
+            assert_eq!(arch.name(), f.name());
+            assert_eq!(family(f.name()).map(|f| f.name()), Some(f.name()));
         }
-        for name in crate::PRESET_NAMES {
+        let names = preset_names();
+        let unique: std::collections::BTreeSet<_> = names.iter().collect();
+        assert_eq!(
+            unique.len(),
+            names.len(),
+            "a preset name is given twice: {names:?}"
+        );
+        for name in names {
             let cfg = crate::preset(name).unwrap();
             let json = serde_json::to_string(&ShapeRecord::from(&cfg)).unwrap();
             let back: ShapeRecord = serde_json::from_str(&json).unwrap();

@@ -21,7 +21,7 @@
 
 use candle_core::Tensor;
 
-use crate::config::{Arch, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::Result;
 
 /// Which part of the model a unit is.
@@ -47,7 +47,7 @@ pub enum ParamInit {
 }
 
 /// One row of a unit's table: short name, shape, init rule, weight decay.
-type TableRow = (&'static str, Vec<usize>, ParamInit, bool);
+pub type TableRow = (&'static str, Vec<usize>, ParamInit, bool);
 
 /// One parameter: a named view into its unit's flat buffer.
 #[derive(Clone, Debug, PartialEq)]
@@ -90,95 +90,22 @@ pub struct UnitLayout {
     pub numel: usize,
 }
 
-/// The unit's name, its parameters' name prefix and its table rows.
-type UnitTable = (String, String, Vec<TableRow>);
+/// The unit's name, its parameters' name prefix and its table rows ([`crate::Family::rows`]).
+pub type UnitTable = (String, String, Vec<TableRow>);
 
 /// Normal init std: 0.02, and for the projections that write into the residual stream
 /// 0.02 / sqrt(2L) (each block adds two of them), as GPT-2 does; Llama takes the same.
-fn init_stds(cfg: &ModelConfig) -> (f64, f64) {
+pub(crate) fn init_stds(cfg: &ModelConfig) -> (f64, f64) {
     (0.02, 0.02 / ((2 * cfg.n_layer) as f64).sqrt())
-}
-
-/// GPT-2's tables. Names follow HF GPT2 without the `transformer.` prefix; Conv1D weights are
-/// stored `(in, out)`.
-fn gpt2_rows(cfg: &ModelConfig, kind: UnitKind) -> UnitTable {
-    let (c, v, t) = (cfg.n_embd, cfg.vocab_size, cfg.seq_len);
-    let (std, resid_std) = init_stds(cfg);
-    use ParamInit::{Normal, Ones, Zeros};
-    #[rustfmt::skip]
-    let table = match kind {
-        UnitKind::Embedding => ("embedding".into(), String::new(), vec![
-            ("wte.weight", vec![v, c], Normal { std }, true),
-            ("wpe.weight", vec![t, c], Normal { std }, true),
-        ]),
-        UnitKind::Block(l) => (format!("h.{l}"), format!("h.{l}."), vec![
-            ("ln_1.weight",        vec![c],         Ones,                     false),
-            ("ln_1.bias",          vec![c],         Zeros,                    false),
-            ("attn.c_attn.weight", vec![c, 3 * c],  Normal { std },           true),
-            ("attn.c_attn.bias",   vec![3 * c],     Zeros,                    false),
-            ("attn.c_proj.weight", vec![c, c],      Normal { std: resid_std }, true),
-            ("attn.c_proj.bias",   vec![c],         Zeros,                    false),
-            ("ln_2.weight",        vec![c],         Ones,                     false),
-            ("ln_2.bias",          vec![c],         Zeros,                    false),
-            ("mlp.c_fc.weight",    vec![c, 4 * c],  Normal { std },           true),
-            ("mlp.c_fc.bias",      vec![4 * c],     Zeros,                    false),
-            ("mlp.c_proj.weight",  vec![4 * c, c],  Normal { std: resid_std }, true),
-            ("mlp.c_proj.bias",    vec![c],         Zeros,                    false),
-        ]),
-        UnitKind::FinalNorm => ("ln_f".into(), String::new(), vec![
-            ("ln_f.weight", vec![c], Ones,  false),
-            ("ln_f.bias",   vec![c], Zeros, false),
-        ]),
-    };
-    table
-}
-
-/// The Llama tables. Names follow HF `LlamaForCausalLM` without the `model.` prefix; linear
-/// weights are stored `(in, out)` as GPT-2's are (export transposes them to HF's `(out, in)`),
-/// the embedding and LM head `(V, C)`. Untied, `lm_head.weight` lives in the final norm's
-/// unit: the head reads that unit.
-fn llama_rows(cfg: &ModelConfig, kind: UnitKind) -> UnitTable {
-    let (c, v, f) = (cfg.n_embd, cfg.vocab_size, cfg.ffn_hidden);
-    let kv = cfg.n_kv_head * cfg.head_dim();
-    let (std, resid_std) = init_stds(cfg);
-    use ParamInit::{Normal, Ones};
-    #[rustfmt::skip]
-    let table = match kind {
-        UnitKind::Embedding => ("embedding".into(), String::new(), vec![
-            ("embed_tokens.weight", vec![v, c], Normal { std }, true),
-        ]),
-        UnitKind::Block(l) => (format!("layers.{l}"), format!("layers.{l}."), vec![
-            ("input_layernorm.weight",          vec![c],     Ones,                      false),
-            ("self_attn.q_proj.weight",         vec![c, c],  Normal { std },            true),
-            ("self_attn.k_proj.weight",         vec![c, kv], Normal { std },            true),
-            ("self_attn.v_proj.weight",         vec![c, kv], Normal { std },            true),
-            ("self_attn.o_proj.weight",         vec![c, c],  Normal { std: resid_std }, true),
-            ("post_attention_layernorm.weight", vec![c],     Ones,                      false),
-            ("mlp.gate_proj.weight",            vec![c, f],  Normal { std },            true),
-            ("mlp.up_proj.weight",              vec![c, f],  Normal { std },            true),
-            ("mlp.down_proj.weight",            vec![f, c],  Normal { std: resid_std }, true),
-        ]),
-        UnitKind::FinalNorm => {
-            let mut rows = vec![("norm.weight", vec![c], Ones, false)];
-            if !cfg.tie_embeddings {
-                rows.push(("lm_head.weight", vec![v, c], Normal { std }, true));
-            }
-            ("norm".into(), String::new(), rows)
-        }
-    };
-    table
 }
 
 impl UnitLayout {
     /// Builds the layout of one unit. `first_global_index` is the global index of its first parameter.
     ///
-    /// The tables of each arch (`gpt2_rows`, `llama_rows`) are the single list of the model's
+    /// The family's tables ([`crate::Family::rows`]) are the single list of the model's
     /// tensors.
     pub fn new(cfg: &ModelConfig, kind: UnitKind, first_global_index: usize) -> Self {
-        let (name, prefix, rows) = match cfg.arch {
-            Arch::Gpt2 => gpt2_rows(cfg, kind),
-            Arch::Llama => llama_rows(cfg, kind),
-        };
+        let (name, prefix, rows) = cfg.family().rows(cfg, kind);
         let mut offset = 0;
         let params = rows
             .into_iter()

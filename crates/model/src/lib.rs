@@ -28,14 +28,16 @@ pub mod llama;
 mod schedule;
 mod units;
 
-pub use config::{
-    preset, Arch, ModelConfig, GPT2_NORM_EPS, LLAMA3_VOCAB, LLAMA_NORM_EPS, LLAMA_ROPE_THETA,
-    PADDED_GPT2_VOCAB, PRESET_NAMES,
-};
+pub use config::{Arch, ModelConfig, MAX_LAYERS};
 pub use decode::{Decoder, KvCache, Sampling};
 pub use error::{ModelError, Result};
-pub use family::{family, family_names, Family, HfTensor, ShapeRecord, Sizes, FAMILIES};
+pub use family::{
+    every_family, family, family_names, preset, preset_names, Family, HfTensor, ShapeRecord, Sizes,
+    FAMILIES,
+};
+pub use gpt2::family::{GPT2_NORM_EPS, PADDED_GPT2_VOCAB};
 pub use init::init_unit_range;
-pub use layout::{ModelLayout, ParamInit, ParamSpec, UnitKind, UnitLayout};
+pub use layout::{ModelLayout, ParamInit, ParamSpec, TableRow, UnitKind, UnitLayout, UnitTable};
 pub use llama::family::Rope;
+pub use llama::family::{LLAMA3_VOCAB, LLAMA_NORM_EPS, LLAMA_ROPE_THETA};
 pub use schedule::{Model, Pass, Saved, UnitSource};

@@ -39,12 +39,13 @@
 use candle_core::Tensor;
 use kernels::profile::Phase;
 
-use crate::config::{Arch, ModelConfig};
+use std::any::Any;
+
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::family::HfTensor;
 use crate::layers::{Loss, TokenIndex};
 use crate::layout::{ModelLayout, ParamSpec, UnitKind, UnitLayout};
-use crate::{gpt2, llama};
 
 /// Which walk of the schedule: training (forward, head, backward) or evaluation (forward, head).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -53,18 +54,32 @@ pub enum Pass {
     Eval,
 }
 
-/// What a unit's forward keeps for its backward; only the model reads it.
-#[derive(Clone, Debug)]
-pub struct Saved(SavedInner);
+/// What a unit's forward keeps for its backward: a value of the family's own type (an
+/// embedding's: its [`TokenIndex`]), which only the unit's backward reads.
+pub struct Saved(Box<dyn Any + Send + Sync>);
 
-#[derive(Clone, Debug)]
-enum SavedInner {
-    /// An embedding's backward scatters `dout` by the tokens (on a GPU, by their CSR).
-    Tokens(TokenIndex),
-    Gpt2Block(gpt2::BlockSaved),
-    Gpt2Norm(gpt2::NormSaved),
-    LlamaBlock(llama::LlamaBlockSaved),
-    LlamaNorm(llama::LlamaNormSaved),
+impl Saved {
+    /// Keeps `state` for the backward.
+    pub fn new<S: Any + Send + Sync>(state: S) -> Self {
+        Saved(Box::new(state))
+    }
+
+    /// The kept state as the `S` its forward kept; [`ModelError::SavedMismatch`] (naming
+    /// `family`) when another forward kept it, which is a bug in the caller's walk.
+    pub fn get<S: Any>(&self, family: &'static str) -> Result<&S> {
+        self.0
+            .downcast_ref()
+            .ok_or_else(|| ModelError::SavedMismatch {
+                unit: std::any::type_name::<S>().to_string(),
+                arch: family,
+            })
+    }
+}
+
+impl std::fmt::Debug for Saved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Saved")
+    }
 }
 
 /// Where a walk of the schedule takes each unit's parameters and puts each unit's gradient: the
@@ -151,35 +166,17 @@ impl Model {
         recompute: bool,
     ) -> Result<(Tensor, Saved)> {
         let cfg = &self.cfg;
-        let kind = self.layout.units[u].kind;
-        let (out, saved) = match (cfg.arch, kind) {
-            (arch, UnitKind::Embedding) => {
+        let family = cfg.family();
+        match self.layout.units[u].kind {
+            UnitKind::Embedding => {
                 // The index first: its read of the ids waits for less queued before it.
                 let index = TokenIndex::new(input, cfg.vocab_size)?;
-                let out = match arch {
-                    Arch::Gpt2 => gpt2::embedding_unit_forward(cfg, params, input)?,
-                    Arch::Llama => llama::embedding_forward(cfg, params, input)?,
-                };
-                (out, SavedInner::Tokens(index))
+                let out = family.embedding_forward(cfg, params, input)?;
+                Ok((out, Saved::new(index)))
             }
-            (Arch::Gpt2, UnitKind::Block(_)) => {
-                let (y, s) = gpt2::block_forward(cfg, params, input, recompute)?;
-                (y, SavedInner::Gpt2Block(s))
-            }
-            (Arch::Gpt2, UnitKind::FinalNorm) => {
-                let (y, s) = gpt2::final_norm_forward(cfg, params, input)?;
-                (y, SavedInner::Gpt2Norm(s))
-            }
-            (Arch::Llama, UnitKind::Block(_)) => {
-                let (y, s) = llama::block_forward(cfg, params, input, recompute)?;
-                (y, SavedInner::LlamaBlock(s))
-            }
-            (Arch::Llama, UnitKind::FinalNorm) => {
-                let (y, s) = llama::final_norm_forward(cfg, params, input)?;
-                (y, SavedInner::LlamaNorm(s))
-            }
-        };
-        Ok((out, Saved(saved)))
+            UnitKind::Block(_) => family.block_forward(cfg, params, input, recompute),
+            UnitKind::FinalNorm => family.final_norm_forward(cfg, params, input),
+        }
     }
 
     /// Unit `u`'s backward: `(dinput, flat dparams)`, `dinput` `None` for the first unit (its
@@ -198,34 +195,19 @@ impl Model {
                 unit: self.layout.units[u].name.clone(),
             })
         };
-        Ok(match (cfg.arch, &saved.0) {
-            (Arch::Gpt2, SavedInner::Tokens(tokens)) => {
-                (None, gpt2::embedding_unit_backward(cfg, tokens, dout)?)
+        let family = cfg.family();
+        Ok(match self.layout.units[u].kind {
+            UnitKind::Embedding => {
+                let tokens = saved.get::<TokenIndex>(family.name())?;
+                (None, family.embedding_backward(cfg, tokens, dout)?)
             }
-            (Arch::Gpt2, SavedInner::Gpt2Block(s)) => {
-                let (dx, g) = gpt2::block_backward(cfg, params()?, s, dout)?;
+            UnitKind::Block(_) => {
+                let (dx, g) = family.block_backward(cfg, params()?, saved, dout)?;
                 (Some(dx), g)
             }
-            (Arch::Gpt2, SavedInner::Gpt2Norm(s)) => {
-                let (dx, g) = gpt2::final_norm_backward(cfg, params()?, s, dout)?;
+            UnitKind::FinalNorm => {
+                let (dx, g) = family.final_norm_backward(cfg, params()?, saved, dout)?;
                 (Some(dx), g)
-            }
-            (Arch::Llama, SavedInner::Tokens(tokens)) => {
-                (None, llama::embedding_backward(cfg, tokens, dout)?)
-            }
-            (Arch::Llama, SavedInner::LlamaBlock(s)) => {
-                let (dx, g) = llama::block_backward(cfg, params()?, s, dout)?;
-                (Some(dx), g)
-            }
-            (Arch::Llama, SavedInner::LlamaNorm(s)) => {
-                let (dx, g) = llama::final_norm_backward(cfg, params()?, s, dout)?;
-                (Some(dx), g)
-            }
-            (arch, _) => {
-                return Err(ModelError::SavedMismatch {
-                    unit: self.layout.units[u].name.clone(),
-                    arch: arch.name(),
-                })
             }
         })
     }
@@ -241,10 +223,9 @@ impl Model {
         targets: &Tensor,
         grad: bool,
     ) -> Result<(Loss, Option<(Tensor, Tensor)>)> {
-        match self.cfg.arch {
-            Arch::Gpt2 => gpt2::head_loss(&self.cfg, head_params, x, targets, grad),
-            Arch::Llama => llama::head_loss(&self.cfg, head_params, x, targets, grad),
-        }
+        self.cfg
+            .family()
+            .head_loss(&self.cfg, head_params, x, targets, grad)
     }
 
     /// Forward, head and backward of one micro-batch: the loss. Parameters come from `source` in
@@ -372,12 +353,10 @@ impl Model {
         Ok(())
     }
 
-    /// Training FLOPs per token at sequence length `seq_len`, in the llm.c / PaLM convention the
-    /// PyTorch anchors print: `6 N + 6 L C T` (every parameter's multiply-add forward and twice
-    /// backward, causal attention counted once).
+    /// Training FLOPs per token at sequence length `seq_len`: the family's count
+    /// ([`crate::Family::flops_per_token`], `6 N + 6 L C T` unless it says otherwise).
     pub fn flops_per_token(&self, seq_len: usize) -> f64 {
-        let c = &self.cfg;
-        6.0 * c.num_params() as f64 + 6.0 * (c.n_layer * c.n_embd * seq_len) as f64
+        self.cfg.family().flops_per_token(&self.cfg, seq_len)
     }
 
     /// Bytes of activations one block keeps for its backward for `batch` sequences of

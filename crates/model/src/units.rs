@@ -7,6 +7,7 @@ use candle_core::{DType, Tensor};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::layers::{crossentropy_forward_backward, Loss};
 use crate::layout::UnitLayout;
 
 /// Checks that `params` is 1-D with at least `unit.numel` elements.
@@ -145,6 +146,68 @@ impl<'a> FlatGrad<'a> {
     pub(crate) fn finish(self) -> Tensor {
         self.flat
     }
+}
+
+/// The LM head and mean cross-entropy over all `B*T` positions, every family's: logits
+/// `(N, V) = x @ W^T` with `W (V, C)` the parameter `head` of `unit` (the embedding's token
+/// matrix when tied, the final norm's `lm_head` otherwise), a view of `head_params`, that
+/// unit's flat buffer. `x (B, T, C)` is the final norm's output, `targets (B, T)` u32.
+///
+/// With `grad`, also `(dx (B, T, C), flat gradient of the head's unit)`, nonzero only in `W`'s
+/// part. Returned, not accumulated: the caller adds it to that unit's other gradient.
+pub(crate) fn head_loss(
+    cfg: &ModelConfig,
+    (unit, head): (&UnitLayout, &str),
+    head_params: &Tensor,
+    x: &Tensor,
+    targets: &Tensor,
+    grad: bool,
+) -> Result<(Loss, Option<(Tensor, Tensor)>)> {
+    check_params(head_params, unit, "lm head")?;
+    let (b, t) = check_acts(cfg, x, "lm head input")?;
+    let (tb, tt) = check_tokens(cfg, targets, "targets")?;
+    if (tb, tt) != (b, t) {
+        return Err(ModelError::ShapeMismatch {
+            what: "targets",
+            expected: vec![b, t],
+            got: vec![tb, tt],
+        });
+    }
+    let c = cfg.n_embd;
+    let w = unit.param(head).view(head_params)?;
+    let (loss, grads) =
+        crossentropy_forward_backward(&x.reshape((b * t, c))?, &w, &targets.flatten_all()?, grad)?;
+    let Some((dx, dw)) = grads else {
+        return Ok((loss, None));
+    };
+    let head_name = &unit.param(head).name;
+    let mut parts = Vec::with_capacity(unit.params.len());
+    for spec in &unit.params {
+        if &spec.name == head_name {
+            parts.push((head, dw.clone()));
+        } else {
+            let zeros = Tensor::zeros(spec.shape.as_slice(), dw.dtype(), dw.device())?;
+            parts.push((spec.name.as_str(), zeros));
+        }
+    }
+    let flat = flatten_grads(unit, parts)?;
+    Ok((loss, Some((dx.reshape((b, t, c))?, flat))))
+}
+
+/// The logits `(V)` of `y (1, 1, C)`, the final norm's output at a sequence's last position:
+/// `y @ W^T` with `W (V, C)` the parameter `head` of `unit`, a view of `head_params` (see
+/// [`head_loss`]). In the parameters' dtype.
+pub(crate) fn last_logits(
+    cfg: &ModelConfig,
+    (unit, head): (&UnitLayout, &str),
+    head_params: &Tensor,
+    y: &Tensor,
+) -> Result<Tensor> {
+    check_params(head_params, unit, "lm head")?;
+    let w = unit.param(head).view(head_params)?;
+    Ok(y.reshape((1, cfg.n_embd))?
+        .matmul(&w.t()?)?
+        .reshape(cfg.vocab_size)?)
 }
 
 /// What a block's forward keeps for its backward: every activation `A` the backward reads, or

@@ -1,17 +1,17 @@
 //! Incremental decoding (model::decode) against the units' training forwards, in f32 on the CPU,
-//! for GPT-2 and for Llama with grouped-query attention (KV = 2 of 4 heads, tied head) and
-//! multi-query attention (KV = 1, untied head).
+//! for every registered family (a small shape of each, grouped-query and tied where the family
+//! has them), and for Llama with multi-query attention (KV = 1, untied head) too.
 //!
-//! The reference is the full-sequence forward through the units' own functions
-//! (`embedding_unit_forward`/`embedding_forward`, `block_forward`, `final_norm_forward`) with
-//! `logits = final norm output @ head^T` at every position. Parameters come from
+//! The reference is the full-sequence forward through the schedule's units
+//! ([`Model::forward`]: embedding, blocks, final norm) with `logits = final norm output @
+//! head^T` at every position, the head being the `(V, C)` matrix of the head's unit. Parameters come from
 //! `init_unit_range`, the matrices scaled up (std ~0.4) and the norm weights and biases
 //! perturbed, so that attention is far from uniform and every position, offset and head
 //! mapping shows in the logits; Llama's rotary base is 100 so that 9 positions turn visibly.
 
 use candle_core::{Device, Tensor};
 use model::decode::{Decoder, KvCache, Sampling};
-use model::{gpt2, init_unit_range, llama, Arch, ModelConfig, ModelError, ModelLayout, ParamInit};
+use model::{init_unit_range, Model, ModelConfig, ModelError, ModelLayout, ParamInit, Sizes};
 
 mod common;
 use common::Rng;
@@ -19,18 +19,32 @@ use common::Rng;
 const SEQ: usize = 9;
 const VOCAB: usize = 23;
 
-/// GPT-2, Llama GQA tied, Llama MQA untied: L=2, C=16, NH=4 (hs=4), F=24.
-fn configs() -> Vec<(&'static str, ModelConfig)> {
-    let llama = |kv, tied| {
-        let mut c = ModelConfig::llama(2, 16, 4, kv, 24, SEQ, VOCAB, tied);
-        c.rope_theta = 100.0;
-        c
+/// Every family at L=2, C=16, NH=4 (hs=4), KV=2 and F=24 where it takes them, tied and
+/// untied ([`model::every_family`]); and Llama with multi-query attention (KV=1). A rotary base
+/// of 100 where the family rotates.
+fn configs() -> Vec<(String, ModelConfig)> {
+    let sizes = Sizes {
+        n_layer: 2,
+        n_embd: 16,
+        n_head: 4,
+        seq_len: SEQ,
+        vocab_size: VOCAB,
+        n_kv_head: Some(2),
+        ffn_hidden: Some(24),
+        tie_embeddings: None,
     };
-    vec![
-        ("gpt2", ModelConfig::gpt2(2, 16, 4, SEQ, VOCAB)),
-        ("llama gqa tied", llama(2, true)),
-        ("llama mqa untied", llama(1, false)),
-    ]
+    let mut configs = model::every_family(&sizes);
+    let mqa = Sizes {
+        n_kv_head: Some(1),
+        tie_embeddings: Some(false),
+        ..sizes
+    };
+    let llama = model::family("llama").unwrap().config(&mqa).unwrap();
+    configs.push(("llama mqa untied".into(), llama));
+    for (_, c) in &mut configs {
+        c.rope_theta = 100.0;
+    }
+    configs
 }
 
 /// Each unit's flat buffer (plus 3 elements of padding, which the decoder must ignore):
@@ -59,36 +73,22 @@ fn units(cfg: &ModelConfig, seed: u64) -> Vec<Tensor> {
 /// The logits `(T, V)` of every position of `tokens`, through the units' training forwards.
 fn full_logits(cfg: &ModelConfig, p: &[Tensor], tokens: &[u32]) -> Vec<Vec<f32>> {
     let t = tokens.len();
-    let ids = Tensor::from_slice(tokens, (1, t), &Device::Cpu).unwrap();
-    let layout = ModelLayout::new(cfg);
-    let last = p.len() - 1;
-    let (mut x, head) = match cfg.arch {
-        Arch::Gpt2 => (
-            gpt2::embedding_unit_forward(cfg, &p[0], &ids).unwrap(),
-            layout.embedding().param("wte.weight").view(&p[0]).unwrap(),
-        ),
-        Arch::Llama => {
-            let (unit, name) = llama::head_unit(cfg);
-            let buf = if cfg.tie_embeddings { &p[0] } else { &p[last] };
-            (
-                llama::embedding_forward(cfg, &p[0], &ids).unwrap(),
-                unit.param(name).view(buf).unwrap(),
-            )
-        }
-    };
-    for l in 0..cfg.n_layer {
-        x = match cfg.arch {
-            Arch::Gpt2 => gpt2::block_forward(cfg, &p[1 + l], &x, false).unwrap().0,
-            Arch::Llama => llama::block_forward(cfg, &p[1 + l], &x, false).unwrap().0,
-        };
+    let mut x = Tensor::from_slice(tokens, (1, t), &Device::Cpu).unwrap();
+    let model = Model::new(cfg.clone()).unwrap();
+    for (u, params) in p.iter().enumerate() {
+        x = model.forward(u, params, &x, false).unwrap().0;
     }
-    x = match cfg.arch {
-        Arch::Gpt2 => gpt2::final_norm_forward(cfg, &p[last], &x).unwrap().0,
-        Arch::Llama => llama::final_norm_forward(cfg, &p[last], &x).unwrap().0,
-    };
+    let head = &model.units()[model.head_unit()];
+    let w = head
+        .params
+        .iter()
+        .find(|w| w.shape == [cfg.vocab_size, cfg.n_embd])
+        .unwrap()
+        .view(&p[model.head_unit()])
+        .unwrap();
     x.reshape((t, cfg.n_embd))
         .unwrap()
-        .matmul(&head.t().unwrap())
+        .matmul(&w.t().unwrap())
         .unwrap()
         .to_vec2()
         .unwrap()

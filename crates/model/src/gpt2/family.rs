@@ -1,21 +1,121 @@
 //! GPT-2 in the registry ([`crate::family`]): `GPT2LMHeadModel`, whose shape is its sizes
-//! alone (the MLP, the heads and the tied head are fixed).
+//! alone (the MLP, the heads and the tied head are fixed); its presets, its parameter tables,
+//! and its units ([`crate::gpt2`]) behind [`Family`].
+
+use candle_core::{DType, Device, Tensor};
 
 use crate::config::{Arch, ModelConfig};
+use crate::decode::LayerCache;
 use crate::error::{ModelError, Result};
 use crate::family::{Family, HfTensor, Sizes};
-use crate::layout::ParamSpec;
+use crate::layers::{Loss, RopeTables, TokenIndex};
+use crate::layout::{init_stds, ParamInit, ParamSpec, UnitKind, UnitTable};
+use crate::schedule::Saved;
 
 /// The GPT-2 family.
 pub struct Gpt2;
 
-impl Family for Gpt2 {
-    fn arch(&self) -> Arch {
-        Arch::Gpt2
-    }
+/// GPT-2's LayerNorm epsilon.
+pub const GPT2_NORM_EPS: f64 = 1e-5;
 
+/// GPT-2's 50257-token vocabulary padded up to a multiple of 128, as Megatron does.
+pub const PADDED_GPT2_VOCAB: usize = 50304;
+
+impl ModelConfig {
+    /// A GPT-2 shape: `n_kv_head = n_head`, `ffn_hidden = 4 C`, tied head, LayerNorm eps 1e-5.
+    pub fn gpt2(
+        n_layer: usize,
+        n_embd: usize,
+        n_head: usize,
+        seq_len: usize,
+        vocab_size: usize,
+    ) -> Self {
+        ModelConfig {
+            arch: Arch::of(&Gpt2),
+            n_layer,
+            n_embd,
+            n_head,
+            n_kv_head: n_head,
+            ffn_hidden: 4 * n_embd,
+            seq_len,
+            vocab_size,
+            norm_eps: GPT2_NORM_EPS,
+            // Unread: GPT-2's positions are learned. The value trainers have always recorded.
+            rope_theta: 500_000.0,
+            tie_embeddings: true,
+        }
+    }
+}
+
+/// GPT-2's tables. Names follow HF GPT2 without the `transformer.` prefix; Conv1D weights are
+/// stored `(in, out)`.
+pub(crate) fn rows(cfg: &ModelConfig, kind: UnitKind) -> UnitTable {
+    let (c, v, t) = (cfg.n_embd, cfg.vocab_size, cfg.seq_len);
+    let (std, resid_std) = init_stds(cfg);
+    use ParamInit::{Normal, Ones, Zeros};
+    #[rustfmt::skip]
+    let table = match kind {
+        UnitKind::Embedding => ("embedding".into(), String::new(), vec![
+            ("wte.weight", vec![v, c], Normal { std }, true),
+            ("wpe.weight", vec![t, c], Normal { std }, true),
+        ]),
+        UnitKind::Block(l) => (format!("h.{l}"), format!("h.{l}."), vec![
+            ("ln_1.weight",        vec![c],         Ones,                     false),
+            ("ln_1.bias",          vec![c],         Zeros,                    false),
+            ("attn.c_attn.weight", vec![c, 3 * c],  Normal { std },           true),
+            ("attn.c_attn.bias",   vec![3 * c],     Zeros,                    false),
+            ("attn.c_proj.weight", vec![c, c],      Normal { std: resid_std }, true),
+            ("attn.c_proj.bias",   vec![c],         Zeros,                    false),
+            ("ln_2.weight",        vec![c],         Ones,                     false),
+            ("ln_2.bias",          vec![c],         Zeros,                    false),
+            ("mlp.c_fc.weight",    vec![c, 4 * c],  Normal { std },           true),
+            ("mlp.c_fc.bias",      vec![4 * c],     Zeros,                    false),
+            ("mlp.c_proj.weight",  vec![4 * c, c],  Normal { std: resid_std }, true),
+            ("mlp.c_proj.bias",    vec![c],         Zeros,                    false),
+        ]),
+        UnitKind::FinalNorm => ("ln_f".into(), String::new(), vec![
+            ("ln_f.weight", vec![c], Ones,  false),
+            ("ln_f.bias",   vec![c], Zeros, false),
+        ]),
+    };
+    table
+}
+
+impl Family for Gpt2 {
     fn name(&self) -> &'static str {
         "gpt2"
+    }
+
+    /// `vocab_size` 50304:
+    ///
+    /// | name      | n_layer | n_embd | n_head | seq_len | num_params      |
+    /// |-----------|--------:|-------:|-------:|--------:|----------------:|
+    /// | `tiny`    |       2 |     64 |      4 |      64 |       3,323,648 |
+    /// | `gpt125m` |      12 |    768 |     12 |    1024 |     124,475,904 |
+    /// | `gpt350m` |      24 |   1024 |     16 |    1024 |     354,871,296 |
+    /// | `gpt1.3b` |      24 |   2048 |     16 |    1024 |   1,313,722,368 |
+    /// | `gpt6.7b` |      32 |   4096 |     32 |    2048 |   6,658,596,864 |
+    /// | `gpt18b`  |      40 |   6144 |     32 |    2048 |  18,444,251,136 |
+    /// | `gpt49b`  |      60 |   8192 |     64 |    2048 |  48,753,655,808 |
+    /// | `gpt91b`  |      72 |  10240 |     80 |    2048 |  91,142,656,000 |
+    /// | `gpt138b` |     100 |  10752 |     84 |    2048 | 139,303,492,608 |
+    ///
+    /// `gpt18b` is the shape published in the ZeRO++ paper. The three largest are our choice:
+    /// head_dim 128 and round widths, with the layer count picked so that the total (dominated
+    /// by `12*L*C^2`) lands within 1% of the nominal size.
+    fn presets(&self) -> Vec<(&'static str, ModelConfig)> {
+        let gpt2 = |l, c, h, t| ModelConfig::gpt2(l, c, h, t, PADDED_GPT2_VOCAB);
+        vec![
+            ("tiny", gpt2(2, 64, 4, 64)),
+            ("gpt125m", gpt2(12, 768, 12, 1024)),
+            ("gpt350m", gpt2(24, 1024, 16, 1024)),
+            ("gpt1.3b", gpt2(24, 2048, 16, 1024)),
+            ("gpt6.7b", gpt2(32, 4096, 32, 2048)),
+            ("gpt18b", gpt2(40, 6144, 32, 2048)),
+            ("gpt49b", gpt2(60, 8192, 64, 2048)),
+            ("gpt91b", gpt2(72, 10240, 80, 2048)),
+            ("gpt138b", gpt2(100, 10752, 84, 2048)),
+        ]
     }
 
     fn hf_class(&self) -> &'static str {
@@ -142,5 +242,138 @@ impl Family for Gpt2 {
         _: &ModelConfig,
     ) -> std::result::Result<(), String> {
         Ok(())
+    }
+
+    fn rows(&self, cfg: &ModelConfig, kind: UnitKind) -> UnitTable {
+        rows(cfg, kind)
+    }
+
+    fn embedding_forward(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        tokens: &Tensor,
+    ) -> Result<Tensor> {
+        super::embedding_unit_forward(cfg, params, tokens)
+    }
+
+    fn embedding_backward(
+        &self,
+        cfg: &ModelConfig,
+        tokens: &TokenIndex,
+        dout: &Tensor,
+    ) -> Result<Tensor> {
+        super::embedding_unit_backward(cfg, tokens, dout)
+    }
+
+    fn block_forward(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        x: &Tensor,
+        recompute: bool,
+    ) -> Result<(Tensor, Saved)> {
+        let (y, s) = super::block_forward(cfg, params, x, recompute)?;
+        Ok((y, Saved::new(s)))
+    }
+
+    fn block_backward(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        saved: &Saved,
+        dout: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        super::block_backward(cfg, params, saved.get(self.name())?, dout)
+    }
+
+    fn final_norm_forward(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        x: &Tensor,
+    ) -> Result<(Tensor, Saved)> {
+        let (y, s) = super::final_norm_forward(cfg, params, x)?;
+        Ok((y, Saved::new(s)))
+    }
+
+    fn final_norm_backward(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        saved: &Saved,
+        dout: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        super::final_norm_backward(cfg, params, saved.get(self.name())?, dout)
+    }
+
+    fn head_loss(
+        &self,
+        cfg: &ModelConfig,
+        head_params: &Tensor,
+        x: &Tensor,
+        targets: &Tensor,
+        grad: bool,
+    ) -> Result<(Loss, Option<(Tensor, Tensor)>)> {
+        super::head_loss(cfg, head_params, x, targets, grad)
+    }
+
+    /// None: GPT-2's positions are learned (`wpe`).
+    fn rope(&self, _: &ModelConfig, _: DType, _: &Device) -> Result<Option<RopeTables>> {
+        Ok(None)
+    }
+
+    fn embedding_decode(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        tokens: &Tensor,
+        start: usize,
+    ) -> Result<Tensor> {
+        super::embedding_decode(cfg, params, tokens, start)
+    }
+
+    fn block_decode(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        x: &Tensor,
+        cache: &mut LayerCache,
+        _: Option<&RopeTables>,
+    ) -> Result<Tensor> {
+        super::block_decode(cfg, params, x, cache)
+    }
+
+    /// `ln_f`, then the tied head.
+    fn logits_decode(&self, cfg: &ModelConfig, units: &[Tensor], x: &Tensor) -> Result<Tensor> {
+        let last = units.len() - 1;
+        super::logits_decode(cfg, &units[last], &units[0], x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn presets_are_valid_and_near_nominal_size() {
+        crate::config::tests::check_presets(
+            &super::Gpt2,
+            &[
+                ("tiny", 3.32e6),
+                ("gpt125m", 125e6),
+                ("gpt350m", 350e6),
+                ("gpt1.3b", 1.3e9),
+                ("gpt6.7b", 6.7e9),
+                ("gpt18b", 18e9),
+                ("gpt49b", 49e9),
+                ("gpt91b", 91e9),
+                ("gpt138b", 138e9),
+            ],
+        );
+        for (name, cfg) in crate::Family::presets(&super::Gpt2) {
+            if cfg.n_embd >= 8192 {
+                // our chosen shapes; gpt18b keeps the published 32 heads of 192
+                assert_eq!(cfg.head_dim(), 128, "{name}");
+            }
+        }
     }
 }

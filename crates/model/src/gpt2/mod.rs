@@ -20,12 +20,12 @@ use crate::config::ModelConfig;
 use crate::decode::{cached_attention, check_one_sequence, LayerCache};
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    attention_backward, attention_forward, crossentropy_forward_backward, layernorm_backward,
-    layernorm_forward, matmul_backward_into, matmul_forward, matmul_gelu_backward_into,
-    matmul_gelu_forward, residual_matmul_forward, AttSaved, LnSaved, Loss, TokenIndex,
+    attention_backward, attention_forward, layernorm_backward, layernorm_forward,
+    matmul_backward_into, matmul_forward, matmul_gelu_backward_into, matmul_gelu_forward,
+    residual_matmul_forward, AttSaved, LnSaved, Loss, TokenIndex,
 };
 use crate::layout::{UnitKind, UnitLayout};
-use crate::units::{check_acts, check_params, check_tokens, flatten_grads, FlatGrad, Kept};
+use crate::units::{self, check_acts, check_params, check_tokens, flatten_grads, FlatGrad, Kept};
 
 // ------------------------------------------------------------------------------------------
 // Embedding unit
@@ -305,34 +305,14 @@ pub(crate) fn head_loss(
     grad: bool,
 ) -> Result<(Loss, Option<(Tensor, Tensor)>)> {
     let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
-    check_params(embedding_params, &unit, "embedding")?;
-    let (b, t) = check_acts(cfg, x, "lm head input")?;
-    let (tb, tt) = check_tokens(cfg, targets, "targets")?;
-    if (tb, tt) != (b, t) {
-        return Err(ModelError::ShapeMismatch {
-            what: "targets",
-            expected: vec![b, t],
-            got: vec![tb, tt],
-        });
-    }
-    let c = cfg.n_embd;
-    let wte = unit.param("wte.weight").view(embedding_params)?;
-    let (loss, grads) = crossentropy_forward_backward(
-        &x.reshape((b * t, c))?,
-        &wte,
-        &targets.flatten_all()?,
+    units::head_loss(
+        cfg,
+        (&unit, "wte.weight"),
+        embedding_params,
+        x,
+        targets,
         grad,
-    )?;
-    let grads = match grads {
-        None => None,
-        Some((dx, dwte)) => {
-            let wpe = unit.param("wpe.weight");
-            let dwpe = Tensor::zeros(wpe.shape.as_slice(), dwte.dtype(), dwte.device())?;
-            let flat = flatten_grads(&unit, vec![("wte.weight", dwte), ("wpe.weight", dwpe)])?;
-            Some((dx.reshape((b, t, c))?, flat))
-        }
-    };
-    Ok((loss, grads))
+    )
 }
 
 /// Tied LM head + mean cross-entropy over all `B*T` positions. `embedding_params` is the
@@ -434,11 +414,7 @@ pub fn logits_decode(
     x: &Tensor,
 ) -> Result<Tensor> {
     let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
-    check_params(embedding_params, &unit, "embedding")?;
     let t = check_one_sequence(cfg, x, "lm head input")?;
     let (y, _) = final_norm_forward(cfg, norm_params, &x.narrow(1, t - 1, 1)?)?;
-    let wte = unit.param("wte.weight").view(embedding_params)?;
-    Ok(y.reshape((1, cfg.n_embd))?
-        .matmul(&wte.t()?)?
-        .reshape(cfg.vocab_size)?)
+    units::last_logits(cfg, (&unit, "wte.weight"), embedding_params, &y)
 }

@@ -2,13 +2,91 @@
 //! grouped-query heads, MLP width, norm epsilon, rotary base and tied or untied head recorded
 //! and checked, and its rope read from config.json as transformers 4 and 5 write it.
 
+use candle_core::{DType, Device, Tensor};
+
 use crate::config::{Arch, ModelConfig};
+use crate::decode::LayerCache;
 use crate::error::{ModelError, Result};
 use crate::family::{Family, HfTensor, Sizes};
-use crate::layout::ParamSpec;
+use crate::layers::{rope_tables, Loss, RopeTables, TokenIndex};
+use crate::layout::{init_stds, ParamInit, ParamSpec, UnitKind, UnitTable};
+use crate::schedule::Saved;
 
 /// The Llama family (Llama 2 and 3).
 pub struct Llama;
+
+/// Llama 3's RMSNorm epsilon and rotary base.
+pub const LLAMA_NORM_EPS: f64 = 1e-5;
+pub const LLAMA_ROPE_THETA: f64 = 500_000.0;
+
+/// Llama 3's 128,256-token vocabulary (already a multiple of 128): the Llama presets' size,
+/// which a run replaces with its tokenizer's, padded to a multiple of 128.
+pub const LLAMA3_VOCAB: usize = 128_256;
+
+impl ModelConfig {
+    /// A Llama shape with Llama 3's epsilon and rotary base.
+    #[allow(clippy::too_many_arguments)]
+    pub fn llama(
+        n_layer: usize,
+        n_embd: usize,
+        n_head: usize,
+        n_kv_head: usize,
+        ffn_hidden: usize,
+        seq_len: usize,
+        vocab_size: usize,
+        tie_embeddings: bool,
+    ) -> Self {
+        ModelConfig {
+            arch: Arch::of(&Llama),
+            n_layer,
+            n_embd,
+            n_head,
+            n_kv_head,
+            ffn_hidden,
+            seq_len,
+            vocab_size,
+            norm_eps: LLAMA_NORM_EPS,
+            rope_theta: LLAMA_ROPE_THETA,
+            tie_embeddings,
+        }
+    }
+}
+
+/// The Llama tables. Names follow HF `LlamaForCausalLM` without the `model.` prefix; linear
+/// weights are stored `(in, out)` as GPT-2's are (export transposes them to HF's `(out, in)`),
+/// the embedding and LM head `(V, C)`. Untied, `lm_head.weight` lives in the final norm's
+/// unit: the head reads that unit.
+pub(crate) fn rows(cfg: &ModelConfig, kind: UnitKind) -> UnitTable {
+    let (c, v, f) = (cfg.n_embd, cfg.vocab_size, cfg.ffn_hidden);
+    let kv = cfg.n_kv_head * cfg.head_dim();
+    let (std, resid_std) = init_stds(cfg);
+    use ParamInit::{Normal, Ones};
+    #[rustfmt::skip]
+    let table = match kind {
+        UnitKind::Embedding => ("embedding".into(), String::new(), vec![
+            ("embed_tokens.weight", vec![v, c], Normal { std }, true),
+        ]),
+        UnitKind::Block(l) => (format!("layers.{l}"), format!("layers.{l}."), vec![
+            ("input_layernorm.weight",          vec![c],     Ones,                      false),
+            ("self_attn.q_proj.weight",         vec![c, c],  Normal { std },            true),
+            ("self_attn.k_proj.weight",         vec![c, kv], Normal { std },            true),
+            ("self_attn.v_proj.weight",         vec![c, kv], Normal { std },            true),
+            ("self_attn.o_proj.weight",         vec![c, c],  Normal { std: resid_std }, true),
+            ("post_attention_layernorm.weight", vec![c],     Ones,                      false),
+            ("mlp.gate_proj.weight",            vec![c, f],  Normal { std },            true),
+            ("mlp.up_proj.weight",              vec![c, f],  Normal { std },            true),
+            ("mlp.down_proj.weight",            vec![f, c],  Normal { std: resid_std }, true),
+        ]),
+        UnitKind::FinalNorm => {
+            let mut rows = vec![("norm.weight", vec![c], Ones, false)];
+            if !cfg.tie_embeddings {
+                rows.push(("lm_head.weight", vec![v, c], Normal { std }, true));
+            }
+            ("norm".into(), String::new(), rows)
+        }
+    };
+    table
+}
 
 /// What a Llama manifest records beyond the common sizes, under `"llama"`.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -21,12 +99,31 @@ struct Record {
 }
 
 impl Family for Llama {
-    fn arch(&self) -> Arch {
-        Arch::Llama
-    }
-
     fn name(&self) -> &'static str {
         "llama"
+    }
+
+    /// The published shapes (`vocab_size` 128,256 until the tokenizer sets it; rope_theta
+    /// 500,000, RMSNorm eps 1e-5; seq_len 2048, the length of the PyTorch anchor), and ours
+    /// for tests and the CPU demo, `llama-tiny` (seq_len 64):
+    ///
+    /// | name          | n_layer | n_embd | n_head | n_kv_head | ffn_hidden | tied | num_params     |
+    /// |---------------|--------:|-------:|-------:|----------:|-----------:|:----:|---------------:|
+    /// | `llama-tiny`  |       2 |     64 |      4 |         2 |        192 | yes  |  (vocab) 8,395,840 |
+    /// | `llama3.2-1b` |      16 |   2048 |     32 |         8 |       8192 | yes  |  1,235,814,400 |
+    /// | `llama3.2-3b` |      28 |   3072 |     24 |         8 |       8192 | yes  |  3,212,749,824 |
+    /// | `llama3-8b`   |      32 |   4096 |     32 |         8 |      14336 | no   |  8,030,261,248 |
+    /// | `llama3-70b`  |      80 |   8192 |     64 |         8 |      28672 | no   | 70,553,706,496 |
+    fn presets(&self) -> Vec<(&'static str, ModelConfig)> {
+        let llama =
+            |l, c, h, kv, f, t, tied| ModelConfig::llama(l, c, h, kv, f, t, LLAMA3_VOCAB, tied);
+        vec![
+            ("llama-tiny", llama(2, 64, 4, 2, 192, 64, true)),
+            ("llama3.2-1b", llama(16, 2048, 32, 8, 8192, 2048, true)),
+            ("llama3.2-3b", llama(28, 3072, 24, 8, 8192, 2048, true)),
+            ("llama3-8b", llama(32, 4096, 32, 8, 14336, 2048, false)),
+            ("llama3-70b", llama(80, 8192, 64, 8, 28672, 2048, false)),
+        ]
     }
 
     fn hf_class(&self) -> &'static str {
@@ -223,6 +320,119 @@ impl Family for Llama {
         }
         Ok(())
     }
+
+    fn rows(&self, cfg: &ModelConfig, kind: UnitKind) -> UnitTable {
+        rows(cfg, kind)
+    }
+
+    fn embedding_forward(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        tokens: &Tensor,
+    ) -> Result<Tensor> {
+        super::embedding_forward(cfg, params, tokens)
+    }
+
+    fn embedding_backward(
+        &self,
+        cfg: &ModelConfig,
+        tokens: &TokenIndex,
+        dout: &Tensor,
+    ) -> Result<Tensor> {
+        super::embedding_backward(cfg, tokens, dout)
+    }
+
+    fn block_forward(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        x: &Tensor,
+        recompute: bool,
+    ) -> Result<(Tensor, Saved)> {
+        let (y, s) = super::block_forward(cfg, params, x, recompute)?;
+        Ok((y, Saved::new(s)))
+    }
+
+    fn block_backward(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        saved: &Saved,
+        dout: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        super::block_backward(cfg, params, saved.get(self.name())?, dout)
+    }
+
+    fn final_norm_forward(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        x: &Tensor,
+    ) -> Result<(Tensor, Saved)> {
+        let (y, s) = super::final_norm_forward(cfg, params, x)?;
+        Ok((y, Saved::new(s)))
+    }
+
+    fn final_norm_backward(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        saved: &Saved,
+        dout: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        super::final_norm_backward(cfg, params, saved.get(self.name())?, dout)
+    }
+
+    fn head_loss(
+        &self,
+        cfg: &ModelConfig,
+        head_params: &Tensor,
+        x: &Tensor,
+        targets: &Tensor,
+        grad: bool,
+    ) -> Result<(Loss, Option<(Tensor, Tensor)>)> {
+        super::head_loss(cfg, head_params, x, targets, grad)
+    }
+
+    /// The tables of every position `0..seq_len`, of `rope_theta`.
+    fn rope(&self, cfg: &ModelConfig, dtype: DType, device: &Device) -> Result<Option<RopeTables>> {
+        let tables = rope_tables(cfg.seq_len, cfg.head_dim(), cfg.rope_theta, dtype, device)?;
+        Ok(Some(tables))
+    }
+
+    /// The embedding has no positions: the training forward serves.
+    fn embedding_decode(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        tokens: &Tensor,
+        _: usize,
+    ) -> Result<Tensor> {
+        super::embedding_forward(cfg, params, tokens)
+    }
+
+    fn block_decode(
+        &self,
+        cfg: &ModelConfig,
+        params: &Tensor,
+        x: &Tensor,
+        cache: &mut LayerCache,
+        rope: Option<&RopeTables>,
+    ) -> Result<Tensor> {
+        let rope = rope.ok_or(ModelError::DecodeMismatch {
+            what: "rotary tables",
+            reason: "a Llama block decodes with the tables of Family::rope".into(),
+        })?;
+        super::block_decode(cfg, params, x, cache, rope)
+    }
+
+    /// The final norm, then the head: the embedding's matrix when tied, else `lm_head`.
+    fn logits_decode(&self, cfg: &ModelConfig, units: &[Tensor], x: &Tensor) -> Result<Tensor> {
+        let last = units.len() - 1;
+        let head = if cfg.tie_embeddings { 0 } else { last };
+        super::logits_decode(cfg, &units[last], &units[head], x)
+    }
 }
 
 /// The rotary embedding a Llama `config.json` asks for, from either spelling transformers
@@ -305,6 +515,20 @@ impl Rope {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn presets_are_valid_and_near_nominal_size() {
+        crate::config::tests::check_presets(
+            &Llama,
+            &[
+                ("llama-tiny", 8.4e6),
+                ("llama3.2-1b", 1.24e9),
+                ("llama3.2-3b", 3.21e9),
+                ("llama3-8b", 8.03e9),
+                ("llama3-70b", 70.55e9),
+            ],
+        );
+    }
 
     /// The spellings no fixture shows: the legacy `type` key, a per-layer-type
     /// `rope_parameters`, no theta at all (transformers' default, 10000), and a theta that is

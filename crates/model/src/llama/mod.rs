@@ -43,13 +43,13 @@ use crate::config::ModelConfig;
 use crate::decode::{cached_attention, check_one_sequence, LayerCache};
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    add_rmsnorm_forward, crossentropy_forward_backward, gqa_packed_backward, gqa_packed_forward,
-    matmul_cols_backward, matmul_cols_forward, rmsnorm_backward, rmsnorm_backward_into,
-    rmsnorm_forward, rope_qk_backward, rope_qk_forward, rope_tables, swiglu_packed_backward,
-    swiglu_packed_forward, Loss, TokenIndex,
+    add_rmsnorm_forward, gqa_packed_backward, gqa_packed_forward, matmul_cols_backward,
+    matmul_cols_forward, rmsnorm_backward, rmsnorm_backward_into, rmsnorm_forward,
+    rope_qk_backward, rope_qk_forward, rope_tables, swiglu_packed_backward, swiglu_packed_forward,
+    Loss, TokenIndex,
 };
 use crate::layout::{UnitKind, UnitLayout};
-use crate::units::{check_acts, check_params, check_tokens, flatten_grads, FlatGrad, Kept};
+use crate::units::{self, check_acts, check_params, check_tokens, flatten_grads, FlatGrad, Kept};
 
 pub use crate::layers::{GqaSaved, RmsSaved, RopeTables};
 
@@ -399,34 +399,7 @@ pub fn head_loss(
     grad: bool,
 ) -> Result<(Loss, Option<(Tensor, Tensor)>)> {
     let (unit, name) = head_unit(cfg);
-    check_params(head_params, &unit, "lm head")?;
-    let (b, t) = check_acts(cfg, x, "lm head input")?;
-    let (tb, tt) = check_tokens(cfg, targets, "targets")?;
-    if (tb, tt) != (b, t) {
-        return Err(ModelError::ShapeMismatch {
-            what: "targets",
-            expected: vec![b, t],
-            got: vec![tb, tt],
-        });
-    }
-    let c = cfg.n_embd;
-    let w = unit.param(name).view(head_params)?;
-    let (loss, grads) =
-        crossentropy_forward_backward(&x.reshape((b * t, c))?, &w, &targets.flatten_all()?, grad)?;
-    let Some((dx, dw)) = grads else {
-        return Ok((loss, None));
-    };
-    let mut parts = Vec::with_capacity(unit.params.len());
-    for spec in &unit.params {
-        if spec.name == unit.param(name).name {
-            parts.push((name, dw.clone()));
-        } else {
-            let zeros = Tensor::zeros(spec.shape.as_slice(), dw.dtype(), dw.device())?;
-            parts.push((spec.name.as_str(), zeros));
-        }
-    }
-    let flat = flatten_grads(&unit, parts)?;
-    Ok((loss, Some((dx.reshape((b, t, c))?, flat))))
+    units::head_loss(cfg, (&unit, name), head_params, x, targets, grad)
 }
 
 // ------------------------------------------------------------------------------------------
@@ -489,11 +462,7 @@ pub fn logits_decode(
     x: &Tensor,
 ) -> Result<Tensor> {
     let (unit, name) = head_unit(cfg);
-    check_params(head_params, &unit, "lm head")?;
     let t = check_one_sequence(cfg, x, "lm head input")?;
     let (y, _) = final_norm_forward(cfg, norm_params, &x.narrow(1, t - 1, 1)?)?;
-    let w = unit.param(name).view(head_params)?;
-    Ok(y.reshape((1, cfg.n_embd))?
-        .matmul(&w.t()?)?
-        .reshape(cfg.vocab_size)?)
+    units::last_logits(cfg, (&unit, name), head_params, &y)
 }

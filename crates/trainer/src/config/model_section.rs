@@ -11,7 +11,7 @@ pub const VOCAB_MULTIPLE: usize = 128;
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSection {
-    /// One of `model::PRESET_NAMES`; the sizes below override it. Without a preset the five
+    /// One of `model::preset_names()`; the sizes below override it. Without a preset the five
     /// sizes (and a Llama's `ffn_hidden`) are required.
     pub preset: Option<String>,
     /// `"gpt2"` (the default) or `"llama"`; a preset names its own.
@@ -52,7 +52,7 @@ impl ModelSection {
             Some(name) => Some(model::preset(name).with_context(|| {
                 format!(
                     "model.preset = {name:?} is not one of {}",
-                    model::PRESET_NAMES.join(", ")
+                    model::preset_names().join(", ")
                 )
             })?),
             None => None,

@@ -397,6 +397,52 @@ mod tests {
         }
     }
 
+    /// Every family, tied and untied where it has both: what an export writes, `init_from`
+    /// reads back as it was, and the config.json names the family and its class.
+    #[test]
+    fn every_family_is_read_back_by_init_from() {
+        let shapes = model::every_family(&model::Sizes {
+            n_layer: 2,
+            n_embd: 16,
+            n_head: 4,
+            seq_len: 8,
+            vocab_size: 37,
+            n_kv_head: Some(2),
+            ffn_hidden: Some(24),
+            tie_embeddings: None,
+        });
+        for (name, cfg) in shapes {
+            let model = model::Model::new(cfg.clone()).unwrap();
+            let units: UnitParameters = model
+                .units()
+                .iter()
+                .map(|u| {
+                    let mut v = vec![0f32; u.numel];
+                    model::init_unit_range(&cfg, u, 9, 0, &mut v);
+                    (u.clone(), v)
+                })
+                .collect();
+            let dir = tempfile::tempdir().unwrap();
+            write_hf(&cfg, &units, &dir.path().join("model.safetensors"), Some(0)).unwrap();
+            let config: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(dir.path().join("config.json")).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(config["model_type"], cfg.arch.name(), "{name}");
+            assert_eq!(
+                config["architectures"][0],
+                cfg.family().hf_class(),
+                "{name}"
+            );
+            let back = crate::hf::init_from::read(dir.path(), &cfg).unwrap();
+            assert_eq!(
+                back.iter().collect::<Vec<_>>(),
+                units.iter().map(|(_, p)| p).collect::<Vec<_>>(),
+                "{name}"
+            );
+        }
+    }
+
     /// transformers loads an export (`AutoModelForCausalLM`: `GPT2LMHeadModel`, and
     /// `LlamaForCausalLM` tied and untied) and its loss on the same tokens equals ours within
     /// 1e-3 relative. The weights are drawn far from the initialisation (uniform, large), so
@@ -408,11 +454,17 @@ mod tests {
         use candle_core::{Device, Tensor};
         let python = std::env::var("ZEROPP_HF_PYTHON")
             .expect("ZEROPP_HF_PYTHON: a python with torch and transformers");
-        let configs = [
-            model::ModelConfig::gpt2(2, 32, 4, 16, 97),
-            model::ModelConfig::llama(2, 32, 4, 2, 48, 16, 97, true),
-            model::ModelConfig::llama(2, 32, 4, 1, 48, 16, 97, false),
-        ];
+        // Every family, tied and untied where it has both ([`model::every_family`]).
+        let configs = model::every_family(&model::Sizes {
+            n_layer: 2,
+            n_embd: 32,
+            n_head: 4,
+            seq_len: 16,
+            vocab_size: 97,
+            n_kv_head: Some(2),
+            ffn_hidden: Some(48),
+            tie_embeddings: None,
+        });
         let mut state = 0x2545_f491_4f6c_dd1du64;
         let mut uniform = move || {
             state ^= state << 13;
@@ -420,7 +472,7 @@ mod tests {
             state ^= state << 17;
             (state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
         };
-        for cfg in configs {
+        for (_, cfg) in configs {
             let model = model::Model::new(cfg.clone()).unwrap();
             let units: UnitParameters = model
                 .units()

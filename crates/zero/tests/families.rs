@@ -1,14 +1,31 @@
-//! The ZeRO properties the GPT-2 tests hold, held by the Llama family (tied and untied head):
-//! every world size (1, 3, 4, 2 x 4) on the same curve, hpZ bitwise equal to ZeRO-3, ZeRO++
-//! close to it, a resume bit for bit, and the engine equal to the one-device reference walk.
+//! The ZeRO properties, held by every registered family (tied head, and untied where the
+//! family has one): every world size (1, 3, 4, 2 x 4) on the same curve, hpZ bitwise equal to
+//! ZeRO-3, ZeRO++ close to it, a resume bit for bit, and the engine equal to the one-device
+//! reference walk. A family added to `model::FAMILIES` is tested here without a line written.
 
 use candle_core::{Device, Tensor};
 use comm::{Communicator, Topology};
-use model::{Model, ModelConfig};
+use model::{Model, ModelConfig, Sizes, FAMILIES};
 use zero::{Engine, EngineOptions, ZeroConfig};
 
-fn cfg(tied: bool) -> ModelConfig {
-    ModelConfig::llama(2, 16, 4, 2, 24, 8, 37, tied)
+/// Every family at L=2, C=16, NH=4, KV=2, F=24 where it takes them, T=8, V=37: tied, and
+/// untied where the family has it ([`model::every_family`]).
+fn shapes() -> Vec<(String, ModelConfig)> {
+    let shapes = model::every_family(&Sizes {
+        n_layer: 2,
+        n_embd: 16,
+        n_head: 4,
+        seq_len: 8,
+        vocab_size: 37,
+        n_kv_head: Some(2),
+        ffn_hidden: Some(24),
+        tie_embeddings: None,
+    });
+    assert!(
+        shapes.len() > FAMILIES.len(),
+        "a family with an untied head"
+    );
+    shapes
 }
 
 const BATCH: usize = 24;
@@ -30,10 +47,16 @@ fn sequence(s: usize) -> Vec<u32> {
 
 /// Rank 0's gathered parameters after `steps` steps of a global batch of 24 at `w` ranks (`d`
 /// a node), and rank 0's losses.
-fn train(tied: bool, z: ZeroConfig, w: usize, d: usize, steps: usize) -> (Vec<Vec<f32>>, Vec<f64>) {
+fn train(
+    cfg: &ModelConfig,
+    z: ZeroConfig,
+    w: usize,
+    d: usize,
+    steps: usize,
+) -> (Vec<Vec<f32>>, Vec<f64>) {
     let out = comm::run_local(Topology::new(w, d).unwrap(), |c| -> zero::Result<_> {
         let rank = c.rank();
-        let mut e = Engine::new(cfg(tied), options(z.clone()), Box::new(c))?;
+        let mut e = Engine::new(cfg.clone(), options(z.clone()), Box::new(c))?;
         let per_rank = BATCH / w;
         let mut losses = Vec::new();
         for _ in 0..steps {
@@ -65,24 +88,26 @@ fn close(a: &[Vec<f32>], b: &[Vec<f32>], tol: f32) -> bool {
 
 #[test]
 fn every_world_size_trains_on_the_single_rank_curve() {
-    for tied in [true, false] {
-        let (one, _) = train(tied, ZeroConfig::default(), 1, 1, 3);
+    for (name, cfg) in shapes() {
+        let cfg = &cfg;
+        let (one, _) = train(cfg, ZeroConfig::default(), 1, 1, 3);
         for (w, d) in [(3, 3), (4, 2), (8, 4)] {
-            let (p, _) = train(tied, ZeroConfig::default(), w, d, 3);
-            assert!(close(&p, &one, 1e-5), "tied {tied}, W={w}");
+            let (p, _) = train(cfg, ZeroConfig::default(), w, d, 3);
+            assert!(close(&p, &one, 1e-5), "{name}, W={w}");
         }
     }
 }
 
 #[test]
 fn hpz_is_bitwise_zero3_and_zeropp_stays_close() {
-    for tied in [true, false] {
-        let (plain, plain_losses) = train(tied, ZeroConfig::default(), 4, 2, 3);
+    for (name, cfg) in shapes() {
+        let cfg = &cfg;
+        let (plain, plain_losses) = train(cfg, ZeroConfig::default(), 4, 2, 3);
         let hpz = ZeroConfig {
             hpz_partition_size: 2,
             ..Default::default()
         };
-        assert_eq!(train(tied, hpz, 4, 2, 3).0, plain, "tied {tied}");
+        assert_eq!(train(cfg, hpz, 4, 2, 3).0, plain, "{name}");
         let zeropp = ZeroConfig {
             quantized_weights: true,
             hpz_partition_size: 2,
@@ -91,19 +116,20 @@ fn hpz_is_bitwise_zero3_and_zeropp_stays_close() {
             grad_quant_block: 32,
             ..Default::default()
         };
-        let (_, losses) = train(tied, zeropp, 4, 2, 3);
+        let (_, losses) = train(cfg, zeropp, 4, 2, 3);
         for (a, b) in losses.iter().zip(&plain_losses) {
-            assert!((a - b).abs() < 0.02 * b, "tied {tied}: {a} vs {b}");
+            assert!((a - b).abs() < 0.02 * b, "{name}: {a} vs {b}");
         }
     }
 }
 
 #[test]
 fn the_engine_equals_the_reference_walk() {
-    for tied in [true, false] {
+    for (name, cfg) in shapes() {
+        let cfg = &cfg;
         let s: Vec<u32> = (0..3).flat_map(sequence).collect();
         let out = comm::run_local(Topology::new(4, 2).unwrap(), |c| -> zero::Result<_> {
-            let mut e = Engine::new(cfg(tied), options(ZeroConfig::default()), Box::new(c))?;
+            let mut e = Engine::new(cfg.clone(), options(ZeroConfig::default()), Box::new(c))?;
             let params = e.gathered_parameters()?;
             let loss = e.forward_backward(&s, &s, 1.0)?;
             let grads = (0..e.num_units())
@@ -118,12 +144,12 @@ fn the_engine_equals_the_reference_walk() {
             .map(|(_, p)| Tensor::from_vec(p.clone(), p.len(), &Device::Cpu).unwrap())
             .collect();
         let tokens = Tensor::from_slice(&s, (3, 8), &Device::Cpu).unwrap();
-        let model = Model::new(cfg(tied)).unwrap();
+        let model = Model::new(cfg.clone()).unwrap();
         let (loss, grads) = model
             .loss_and_grads(&tensors, &tokens, &tokens, false)
             .unwrap();
         for (rank, (_, l, shards)) in out.iter().enumerate() {
-            assert!((l - loss).abs() < 1e-5, "tied {tied}: {l} vs {loss}");
+            assert!((l - loss).abs() < 1e-5, "{name}: {l} vs {loss}");
             for (u, g) in grads.iter().enumerate() {
                 let g = g.to_vec1::<f32>().unwrap();
                 let shard = &shards[u];
@@ -132,7 +158,7 @@ fn the_engine_equals_the_reference_walk() {
                     // Each rank's shard is the world mean of the rank's gradients: every rank
                     // computed the same batch here, so it is the reference's gradient.
                     let r = g.get(start + i).copied().unwrap_or(0.0);
-                    assert!((v - r).abs() < 1e-5, "tied {tied}, unit {u}[{}]", start + i);
+                    assert!((v - r).abs() < 1e-5, "{name}, unit {u}[{}]", start + i);
                 }
             }
         }
@@ -141,7 +167,8 @@ fn the_engine_equals_the_reference_walk() {
 
 #[test]
 fn a_resume_from_the_state_continues_bit_for_bit() {
-    for tied in [true, false] {
+    for (name, cfg) in shapes() {
+        let cfg = &cfg;
         let z = ZeroConfig {
             quantized_gradients: true,
             qgz_error_feedback: true,
@@ -151,7 +178,7 @@ fn a_resume_from_the_state_continues_bit_for_bit() {
         let out = comm::run_local(Topology::new(4, 2).unwrap(), |c| -> zero::Result<_> {
             let rank = c.rank();
             let s = sequence(rank);
-            let mut e = Engine::new(cfg(tied), options(z.clone()), Box::new(c))?;
+            let mut e = Engine::new(cfg.clone(), options(z.clone()), Box::new(c))?;
             for _ in 0..2 {
                 e.forward_backward(&s, &s, 1.0)?;
                 e.step(1e-2)?;
@@ -175,6 +202,6 @@ fn a_resume_from_the_state_continues_bit_for_bit() {
                 .all(|(a, b)| a.name == b.name && a.data == b.data))
         })
         .unwrap();
-        assert!(out.iter().all(|&same| same), "tied {tied}");
+        assert!(out.iter().all(|&same| same), "{name}");
     }
 }
