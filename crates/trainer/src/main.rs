@@ -1,29 +1,9 @@
 //! `trainer`: trains GPT models with ZeRO-3 and ZeRO++ (see README.md and docs/).
 
-mod bench;
-mod checkpoint;
-mod config;
-mod device_memory;
-mod divergence;
-mod eval;
-mod from_checkpoint;
-mod generate;
-mod hf;
-mod hooks;
-mod launch;
-mod mfu;
-mod out_of_memory;
-mod plan;
-mod reshard;
-mod resume;
-mod run;
-mod run_lock;
-mod schedule;
-mod startup;
-mod stop;
 mod tokenizer_cmd;
-mod train;
-mod world;
+
+use job::{bench, eval, generate, stop, train};
+use run::config;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
