@@ -125,6 +125,9 @@ pub struct Engine {
     /// so that each step's first gathers come from the world) and every checkpoint load. hpZ's
     /// secondary partitions are stamped with it and serve no other.
     weights: u64,
+    /// The weights version the last training walk ran on: a walk on other weights is its
+    /// step's first, whose gathers find no secondary partition kept (hpZ's rule).
+    walked: Option<u64>,
     /// A micro-batch since the last step had a non-finite loss on this rank: the step then
     /// makes the global gradient norm NaN, so that every rank skips it.
     non_finite_loss: bool,
@@ -176,6 +179,7 @@ impl Engine {
             units,
             step: 0,
             weights: 0,
+            walked: None,
             non_finite_loss: false,
         })
     }
@@ -276,6 +280,7 @@ impl Engine {
             opts: &self.opts,
             plan: &self.plan,
             weights: self.weights,
+            first_walk: self.walked != Some(self.weights),
         }
     }
 
@@ -298,7 +303,9 @@ impl Engine {
             opts: &self.opts,
             plan: &self.plan,
             weights: self.weights,
+            first_walk: self.walked != Some(self.weights),
         };
+        self.walked = Some(self.weights);
         let shards = Shards::Train {
             units: &mut self.units,
             reductions: VecDeque::with_capacity(REDUCTIONS_IN_FLIGHT + 1),

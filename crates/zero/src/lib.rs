@@ -38,8 +38,8 @@ pub use memory::{rank_memory, RankMemory};
 pub use optimizer::{AdamW, DecayRanges};
 pub use partition::{reslice, Partition, Piece};
 pub use plan::{
-    GradReduction, Qgz, Qwz, SecondaryPartition, StepPlan, Techniques, WeightGather, ZeroPlan,
-    MIN_ALIGN,
+    GatherSlot, GradReduction, Qgz, Qwz, SecondaryPartition, StepPlan, Techniques, WeightGather,
+    ZeroPlan, MIN_ALIGN,
 };
 pub use reduce::GRADIENT_REDUCTION;
 pub use squares::sum_of_squares;

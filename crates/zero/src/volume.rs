@@ -8,8 +8,9 @@
 //! all-gather or reduce-scatter counts M (the bf16 bytes of the parameters) cross-node.
 
 use comm::{ByteCounters, Topology};
+use model::Pass;
 
-use crate::ZeroPlan;
+use crate::{GatherSlot, ZeroPlan};
 
 /// Bytes of `numel` INT8 codes plus their f32 scales (one a block of `block`).
 pub(crate) fn int8_bytes(numel: usize, block: usize) -> u64 {
@@ -33,10 +34,19 @@ fn send(total: &mut ByteCounters, bytes: u64, intra: usize, inter: usize) {
 /// `reduce_dtype` (4 bytes an element in fp32, 2 in bf16).
 ///
 /// The schedule is the engine's: per micro-batch each unit is gathered for its forward and
-/// again for its backward, and its gradient reduced once. With hpZ the first forward gather
-/// of the step fills the secondary partition and every later gather of the step (backward,
-/// and forward of later micro-batches) is an intra-node gather of it; it is invalidated by
-/// the optimizer step. Two one-element all-reduces close the step (the loss, the gradient norm).
+/// again for its backward, and its gradient reduced once. Which gathers hpZ serves from the
+/// node is hpZ's rule ([`crate::SecondaryPartition::serves`]): the first forward gather of the
+/// step fills the secondary partition and every later gather of the step (backward, and
+/// forward of later micro-batches) is an intra-node gather of it, until the optimizer step.
+/// Two one-element all-reduces close the step (the loss, the gradient norm).
+///
+/// Not counted from the engine's gather order (this takes unit sizes only), two assumptions
+/// hold where the tests compare it with the engine's counters: every backward gather is issued
+/// after its unit's forward gather was waited (true for `prefetch_depth` <= 2, the nearest
+/// backward gather being two positions after its forward in every order), and every unit is
+/// gathered twice (GPT-2 and a tied Llama; an untied Llama gathers its embedding and its
+/// final norm once). Elsewhere the engine sends more (deeper prefetch) or fewer (untied)
+/// bytes than counted here.
 pub fn logical_step_bytes(
     plan: &ZeroPlan,
     unit_numels: &[usize],
@@ -49,6 +59,7 @@ pub fn logical_step_bytes(
         ranks_per_node: d,
     } = plan.topology;
     let w = plan.topology.world();
+    let secondary = plan.step_plan(step, Pass::Train).secondary;
     let mut total = ByteCounters::default();
     for &numel in unit_numels {
         let padded = plan.partition(numel).padded;
@@ -57,15 +68,20 @@ pub fn logical_step_bytes(
             Some(q) => int8_bytes(shard, q.block),
             None => (shard * param_bytes) as u64,
         };
-        let secondary = padded / d;
+        let node_slice = padded / d;
         let hpz_gather = match plan.qwz {
-            Some(q) => int8_bytes(secondary, q.block),
-            None => (secondary * param_bytes) as u64,
+            Some(q) => int8_bytes(node_slice, q.block),
+            None => (node_slice * param_bytes) as u64,
         };
         for micro in 0..micro_batches {
             // Forward gather, then backward gather.
             for backward in [false, true] {
-                if plan.hpz && (backward || micro > 0) {
+                let slot = GatherSlot {
+                    first_walk: micro == 0,
+                    forward: !backward,
+                    forward_waited: backward,
+                };
+                if secondary.serves(slot) {
                     send(&mut total, hpz_gather, d - 1, 0);
                 } else {
                     send(&mut total, world_gather, d - 1, w - d);

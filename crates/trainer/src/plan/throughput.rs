@@ -34,8 +34,8 @@
 //!   communication stream (docs/zeropp.md), so they add to the job's time.
 //! - **Overlap**: [`super::overlap::overlap`] walks each micro-batch's schedule (gathers
 //!   `zero.prefetch_depth` ahead, 2 reductions in flight); whether hpZ serves a gather from the
-//!   node is decided as the engine does (a backward gather issued before its unit's forward
-//!   gather was waited crosses nodes). A step is its micro-batches' walks, then the optimizer
+//!   node is the engine's rule, [`zero::SecondaryPartition::serves`] (a backward gather issued
+//!   before its unit's forward gather was waited crosses nodes). A step is its micro-batches' walks, then the optimizer
 //!   (AdamW and the squares over the shard, memory-bound) and two one-float all-reduces (loss,
 //!   gradient norm) at `2 log2(W)` latencies each, which nothing hides.
 //!
@@ -52,7 +52,7 @@ use comm::Topology;
 use model::{Model, Pass, UnitKind};
 use serde::Serialize;
 use zero::volume::{unit_payload, UnitPayload};
-use zero::{ZeroConfig, ZeroPlan, REDUCTIONS_IN_FLIGHT};
+use zero::{GatherSlot, ZeroConfig, ZeroPlan, REDUCTIONS_IN_FLIGHT};
 
 use super::calibrate::Calibration;
 use super::overlap::{overlap, Slot, Timeline};
@@ -403,16 +403,13 @@ impl Workload<'_> {
         let n = self.model.units().len();
         let head = self.model.head_unit();
         let depth = plan.prefetch_depth;
+        let secondary = plan.step_plan(1, Pass::Train).secondary;
         let mut reduced = vec![false; n];
         let mut slots = Vec::with_capacity(order.len() + 1);
         for (k, &u) in order.iter().enumerate() {
             let forward = k < n;
-            // hpZ serves a gather from the node when the unit's secondary partition is there at
-            // issue: kept from an earlier micro-batch, or made by this walk's forward gather of
-            // the unit (at position u), waited before this gather was issued (when position
-            // k - depth was taken).
-            let made_here = !forward && k.saturating_sub(depth) >= u;
-            let from_node = plan.hpz && (!first || made_here);
+            // hpZ's rule, as the engine applies it: the unit's forward gather is at position u.
+            let from_node = secondary.serves(GatherSlot::at(k, u, depth, first));
             let gather = match from_node {
                 true => comm[u].node_gather,
                 false => comm[u].world_gather,
