@@ -78,10 +78,6 @@ pub struct StepStats {
 /// `<unit>.<state>`, and each is laid out as the unit's flat buffer is partitioned.
 pub const SHARD_STATES: [&str; 3] = ["master", "exp_avg", "exp_avg_sq"];
 
-/// qgZ's error-feedback buffers of a unit, in checkpoint order (`<unit>.<state>`): the first
-/// hop's (the padded unit, swizzled) and the second's (the node sum, with several ranks a node).
-pub const QGZ_ERROR_STATES: [&str; 2] = ["qgz_error.hop1", "qgz_error.hop2"];
-
 /// One named fp32 shard of engine state, as saved in a checkpoint (read back to the host).
 pub struct NamedShard {
     pub name: String,

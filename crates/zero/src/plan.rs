@@ -140,6 +140,20 @@ impl ZeroPlan {
         }
     }
 
+    /// Every gradient reduction the run's training steps may use, the compressed one first:
+    /// qgZ's where it is on, then the plain reduce-scatter (what [`crate::memory`] sizes for,
+    /// and `trainer plan --throughput` predicts a qgZ step by).
+    pub fn grad_reductions(&self) -> Vec<GradReduction> {
+        let qgz = self.qgz.map(|q| GradReduction::Qgz {
+            block: q.block,
+            error_feedback: q.error_feedback,
+        });
+        let plain = GradReduction::ReduceScatter {
+            dtype: self.reduce_dtype,
+        };
+        qgz.into_iter().chain([plain]).collect()
+    }
+
     /// Whether optimizer step `step` (1-based) reduces its gradients with qgZ.
     pub fn qgz_active(&self, step: u64) -> bool {
         self.qgz.is_some_and(|q| step <= q.until_step)
