@@ -34,8 +34,8 @@
 //!   communication stream (docs/zeropp.md), so they add to the job's time.
 //! - **Overlap**: [`super::overlap::overlap`] walks each micro-batch's schedule (gathers
 //!   `zero.prefetch_depth` ahead, 2 reductions in flight); whether hpZ serves a gather from the
-//!   node is decided as the engine does (a backward gather issued before its unit's forward
-//!   gather was waited crosses nodes). A step is its micro-batches' walks, then the optimizer
+//!   node is the engine's rule, [`zero::SecondaryPartition::serves`] (a backward gather issued
+//!   before its unit's forward gather was waited crosses nodes). A step is its micro-batches' walks, then the optimizer
 //!   (AdamW and the squares over the shard, memory-bound) and two one-float all-reduces (loss,
 //!   gradient norm) at `2 log2(W)` latencies each, which nothing hides.
 //!
@@ -48,11 +48,11 @@
 //! calculator multiplies by 4 instead of 3 with activation checkpointing);
 //! `model_tflops_per_gpu` is `Model::flops_per_token` (no recomputation), what training logs.
 
-use comm::Topology;
+use comm::{Group, Topology};
 use model::{Model, Pass, UnitKind};
 use serde::Serialize;
 use zero::volume::{unit_payload, UnitPayload};
-use zero::{ZeroConfig, ZeroPlan, REDUCTIONS_IN_FLIGHT};
+use zero::{GatherSlot, ZeroConfig, ZeroPlan, REDUCTIONS_IN_FLIGHT};
 
 use super::calibrate::Calibration;
 use super::overlap::{overlap, Slot, Timeline};
@@ -247,10 +247,10 @@ pub struct UnitComm {
 /// The jobs of a unit with payload `p` under `plan`, gathers at `param_bytes` an element.
 pub fn unit_comm(plan: &ZeroPlan, p: &UnitPayload, param_bytes: usize, c: &Cluster) -> UnitComm {
     let (data, scales) = (p.gather_data as f64, p.gather_scales as f64);
-    let e = p.padded as f64;
-    let dequantise = match plan.qwz {
-        Some(_) => c.memory_s(data + scales + e * param_bytes as f64),
-        None => 0.0,
+    let gather = plan.step_plan(1, Pass::Train).gather.codec();
+    let dequantise = match gather.decode_traffic(p.padded, param_bytes) {
+        0 => 0.0,
+        bytes => c.memory_s(bytes as f64),
     };
     let two_rings = |ring: &dyn Fn(f64) -> f64| {
         ring(data)
@@ -261,22 +261,25 @@ pub fn unit_comm(plan: &ZeroPlan, p: &UnitPayload, param_bytes: usize, c: &Clust
     };
     let world_gather = two_rings(&|s| c.world_ring_s(s)) + dequantise;
     let node_gather = two_rings(&|s| c.node_ring_s(s)) + dequantise;
-    let reduce = match plan.qgz {
+    // The reduction of a qgZ step where qgZ is on: its kernels, then each hop on its group.
+    let reduction = plan.grad_reductions()[0].codec();
+    let reduce = match plan.topology.world() {
         // One rank: the scaled gradient is the shard, whatever the plan (crates/zero/src/reduce.rs).
-        _ if plan.topology.world() == 1 => 0.0,
-        None => c.world_ring_s(p.reduce_scatter as f64),
-        Some(q) => {
-            let (hop1, hop2) = (p.qgz_hop1 as f64, p.qgz_hop2 as f64);
-            let d = plan.topology.ranks_per_node as f64;
-            let w = plan.topology.world() as f64;
-            // Quantise (fp32 in, INT4 out); dequantise-sum-requantise (D pieces in, the node
-            // sum out); dequantise-sum (N pieces in, my fp32 shard out).
-            let mut bytes = 4.0 * e + hop1 + hop1 + hop2 + hop2 + 4.0 * e / w;
-            if q.error_feedback {
-                // Both hops' f32 errors read and written.
-                bytes += 8.0 * e + 8.0 * e / d;
-            }
-            c.memory_s(bytes) + c.node_all_to_all_s(hop1) + c.cross_all_to_all_s(hop2)
+        1 => 0.0,
+        _ => {
+            let kernels = match reduction.kernel_traffic(p.padded, plan.topology) {
+                0 => 0.0,
+                bytes => c.memory_s(bytes as f64),
+            };
+            let hops = reduction.hops(p.padded, plan.topology);
+            hops.iter().fold(kernels, |t, hop| {
+                let input = hop.input as f64;
+                t + match hop.group {
+                    Group::World => c.world_ring_s(input),
+                    Group::IntraNode => c.node_all_to_all_s(input),
+                    Group::InterNode => c.cross_all_to_all_s(input),
+                }
+            })
         }
     };
     UnitComm {
@@ -403,16 +406,13 @@ impl Workload<'_> {
         let n = self.model.units().len();
         let head = self.model.head_unit();
         let depth = plan.prefetch_depth;
+        let secondary = plan.step_plan(1, Pass::Train).secondary;
         let mut reduced = vec![false; n];
         let mut slots = Vec::with_capacity(order.len() + 1);
         for (k, &u) in order.iter().enumerate() {
             let forward = k < n;
-            // hpZ serves a gather from the node when the unit's secondary partition is there at
-            // issue: kept from an earlier micro-batch, or made by this walk's forward gather of
-            // the unit (at position u), waited before this gather was issued (when position
-            // k - depth was taken).
-            let made_here = !forward && k.saturating_sub(depth) >= u;
-            let from_node = plan.hpz && (!first || made_here);
+            // hpZ's rule, as the engine applies it: the unit's forward gather is at position u.
+            let from_node = secondary.serves(GatherSlot::at(k, u, depth, first));
             let gather = match from_node {
                 true => comm[u].node_gather,
                 false => comm[u].world_gather,

@@ -78,10 +78,6 @@ pub struct StepStats {
 /// `<unit>.<state>`, and each is laid out as the unit's flat buffer is partitioned.
 pub const SHARD_STATES: [&str; 3] = ["master", "exp_avg", "exp_avg_sq"];
 
-/// qgZ's error-feedback buffers of a unit, in checkpoint order (`<unit>.<state>`): the first
-/// hop's (the padded unit, swizzled) and the second's (the node sum, with several ranks a node).
-pub const QGZ_ERROR_STATES: [&str; 2] = ["qgz_error.hop1", "qgz_error.hop2"];
-
 /// One named fp32 shard of engine state, as saved in a checkpoint (read back to the host).
 pub struct NamedShard {
     pub name: String,
@@ -125,6 +121,9 @@ pub struct Engine {
     /// so that each step's first gathers come from the world) and every checkpoint load. hpZ's
     /// secondary partitions are stamped with it and serve no other.
     weights: u64,
+    /// The weights version the last training walk ran on: a walk on other weights is its
+    /// step's first, whose gathers find no secondary partition kept (hpZ's rule).
+    walked: Option<u64>,
     /// A micro-batch since the last step had a non-finite loss on this rank: the step then
     /// makes the global gradient norm NaN, so that every rank skips it.
     non_finite_loss: bool,
@@ -176,6 +175,7 @@ impl Engine {
             units,
             step: 0,
             weights: 0,
+            walked: None,
             non_finite_loss: false,
         })
     }
@@ -276,6 +276,7 @@ impl Engine {
             opts: &self.opts,
             plan: &self.plan,
             weights: self.weights,
+            first_walk: self.walked != Some(self.weights),
         }
     }
 
@@ -298,7 +299,9 @@ impl Engine {
             opts: &self.opts,
             plan: &self.plan,
             weights: self.weights,
+            first_walk: self.walked != Some(self.weights),
         };
+        self.walked = Some(self.weights);
         let shards = Shards::Train {
             units: &mut self.units,
             reductions: VecDeque::with_capacity(REDUCTIONS_IN_FLIGHT + 1),

@@ -298,6 +298,16 @@ pub(crate) fn finish(flight: InFlight) -> Result<Gathered> {
     Ok(gathered)
 }
 
+/// A gather the queue says to issue next.
+pub(crate) struct Issue {
+    pub unit: usize,
+    pub label: &'static str,
+    /// Its position in the order, and that of its unit's forward gather (hpZ's rule reads both:
+    /// [`crate::GatherSlot::at`]).
+    pub position: usize,
+    pub forward_position: usize,
+}
+
 /// Gathers units in a fixed order, keeping up to `depth` gathers in flight ahead of the unit
 /// being computed, as ZeRO-3's prefetch does (`zero.prefetch_depth`; 0: each gather is issued
 /// when its unit is needed). The engine drives it (`Engine::next_gather`).
@@ -321,15 +331,25 @@ impl GatherQueue {
         }
     }
 
-    /// The next unit to issue and its job label, if any, marking it issued.
-    pub(crate) fn next_to_issue(&mut self) -> Option<(usize, &'static str)> {
-        let u = self.order.get(self.issued).copied()?;
-        let label = match self.issued < self.forward {
+    /// The next gather to issue, if any, marking it issued.
+    pub(crate) fn next_to_issue(&mut self) -> Option<Issue> {
+        let position = self.issued;
+        let unit = self.order.get(position).copied()?;
+        let label = match position < self.forward {
             true => FORWARD_GATHER,
             false => BACKWARD_GATHER,
         };
+        let forward_position = self.order[..self.forward.min(self.order.len())]
+            .iter()
+            .position(|&v| v == unit)
+            .unwrap_or(position);
         self.issued += 1;
-        Some((u, label))
+        Some(Issue {
+            unit,
+            label,
+            position,
+            forward_position,
+        })
     }
 
     pub(crate) fn push(&mut self, flight: InFlight) {

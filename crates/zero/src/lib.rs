@@ -8,6 +8,7 @@
 //! are resolved once against the topology into a [`ZeroPlan`], and each step's pass into a
 //! [`StepPlan`] (docs/design.md section 5).
 
+pub mod codec;
 mod config;
 mod engine;
 mod error;
@@ -26,10 +27,11 @@ mod squares;
 mod typed_job;
 pub mod volume;
 
+pub use codec::grad::QGZ_ERROR_STATES;
+pub use codec::{GradCodec, WeightCodec};
 pub use config::{ReduceDtype, ZeroConfig, MAX_PREFETCH_DEPTH};
 pub use engine::{
-    Engine, EngineOptions, NamedShard, StepStats, QGZ_ERROR_STATES, REDUCTIONS_IN_FLIGHT,
-    SHARD_STATES,
+    Engine, EngineOptions, NamedShard, StepStats, REDUCTIONS_IN_FLIGHT, SHARD_STATES,
 };
 pub use error::{Result, ZeroError};
 pub use gather::{BACKWARD_GATHER, FORWARD_GATHER};
@@ -38,8 +40,8 @@ pub use memory::{rank_memory, RankMemory};
 pub use optimizer::{AdamW, DecayRanges};
 pub use partition::{reslice, Partition, Piece};
 pub use plan::{
-    GradReduction, Qgz, Qwz, SecondaryPartition, StepPlan, Techniques, WeightGather, ZeroPlan,
-    MIN_ALIGN,
+    GatherSlot, GradReduction, Qgz, Qwz, SecondaryPartition, StepPlan, Techniques, WeightGather,
+    ZeroPlan, MIN_ALIGN,
 };
 pub use reduce::GRADIENT_REDUCTION;
 pub use squares::sum_of_squares;

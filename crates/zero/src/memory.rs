@@ -7,8 +7,7 @@
 
 use serde::Serialize;
 
-use crate::volume::int8_bytes;
-use crate::{ZeroPlan, REDUCTIONS_IN_FLIGHT};
+use crate::{GradReduction, ZeroPlan, REDUCTIONS_IN_FLIGHT};
 
 /// Bytes one rank holds for the model's states (see [`rank_memory`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -83,30 +82,37 @@ pub fn rank_memory(plan: &ZeroPlan, unit_numels: &[usize], param_bytes: usize) -
     let shard: u64 = padded.iter().map(|&p| (p / w) as u64).sum();
     let pb = param_bytes as u64;
     let fp32 = param_bytes == 4;
+    let gather = plan.step_plan(1, model::Pass::Train).gather.codec();
     let hpz_secondary = if plan.hpz {
         padded
             .iter()
-            .map(|&p| match plan.qwz {
-                Some(q) => int8_bytes(p / d, q.block),
-                None => (p / d) as u64 * pb,
-            })
+            .map(|&p| gather.wire(p / d, param_bytes).total())
             .sum()
     } else {
         0
     };
-    let qgz_error_feedback = match plan.qgz {
-        // Resolved by the plan: off at W = 1.
-        Some(q) if q.error_feedback => padded
-            .iter()
-            .map(|&p| 4 * (p + if d > 1 { p / d } else { 0 }) as u64)
-            .sum(),
-        _ => 0,
-    };
-    // qgZ quantises an f32 gradient; a plain reduce-scatter reads it in `reduce_dtype`.
-    let reduce_bytes = match plan.qgz {
-        Some(_) => 4,
-        None => plan.reduce_dtype.bytes() as u64,
-    };
+    let reductions: Vec<_> = plan
+        .grad_reductions()
+        .into_iter()
+        .map(GradReduction::codec)
+        .collect();
+    // What the codecs keep between steps, in f32: qgZ's error feedback (resolved off at W = 1).
+    let qgz_error_feedback = padded
+        .iter()
+        .flat_map(|&p| {
+            reductions
+                .iter()
+                .flat_map(move |r| r.kept(p, plan.topology))
+        })
+        .map(|(_, n)| 4 * n as u64)
+        .sum();
+    // The widest input of the run's reductions: qgZ quantises an f32 gradient, a plain
+    // reduce-scatter reads it in `reduce_dtype`.
+    let reduce_bytes = reductions
+        .iter()
+        .map(|r| r.input_bytes() as u64)
+        .max()
+        .unwrap_or(4);
     let mut largest = padded;
     largest.sort_unstable_by(|a, b| b.cmp(a));
     let sum_of =

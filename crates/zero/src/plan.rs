@@ -140,6 +140,20 @@ impl ZeroPlan {
         }
     }
 
+    /// Every gradient reduction the run's training steps may use, the compressed one first:
+    /// qgZ's where it is on, then the plain reduce-scatter (what [`crate::memory`] sizes for,
+    /// and `trainer plan --throughput` predicts a qgZ step by).
+    pub fn grad_reductions(&self) -> Vec<GradReduction> {
+        let qgz = self.qgz.map(|q| GradReduction::Qgz {
+            block: q.block,
+            error_feedback: q.error_feedback,
+        });
+        let plain = GradReduction::ReduceScatter {
+            dtype: self.reduce_dtype,
+        };
+        qgz.into_iter().chain([plain]).collect()
+    }
+
     /// Whether optimizer step `step` (1-based) reduces its gradients with qgZ.
     pub fn qgz_active(&self, step: u64) -> bool {
         self.qgz.is_some_and(|q| step <= q.until_step)
@@ -205,6 +219,50 @@ pub enum SecondaryPartition {
     /// hpZ: the first world gather leaves each rank its node-local slice, and later gathers of
     /// the step are intra-node gathers of those slices.
     Node,
+}
+
+impl SecondaryPartition {
+    /// Whether the gather at `at` comes from my node's secondary partition: hpZ's rule, the one
+    /// place that states it. The engine's walk ([`crate::Engine`]), the byte counts of
+    /// [`crate::volume`] and the time model of `trainer plan --throughput` all ask it.
+    ///
+    /// A secondary partition of these weights exists only once a walk on them has waited a
+    /// world gather of its unit: in a later micro-batch of the step every gather is served by
+    /// it; in the first, only a gather issued after its unit's forward gather was waited.
+    pub fn serves(self, at: GatherSlot) -> bool {
+        self == SecondaryPartition::Node && (!at.first_walk || (!at.forward && at.forward_waited))
+    }
+}
+
+/// Where a gather sits in a training walk, as hpZ's rule ([`SecondaryPartition::serves`])
+/// reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GatherSlot {
+    /// The walk is the first on these weights (a step's first micro-batch): no secondary
+    /// partition of them was kept before it.
+    pub first_walk: bool,
+    /// The gather is its unit's forward gather, the unit's first of the walk.
+    pub forward: bool,
+    /// The unit's forward gather of this walk was waited (leaving the secondary partition)
+    /// before this gather was issued.
+    pub forward_waited: bool,
+}
+
+impl GatherSlot {
+    /// The gather at `position` of a walk's gather order whose unit's forward gather is at
+    /// `forward_position` (the same position for a forward gather), with `depth` gathers
+    /// prefetched. The walk issues the gather at position k once the one at k - depth was
+    /// taken (those before position `depth` once the first was), so a later gather finds its
+    /// unit's forward waited iff `k - depth >= forward_position`: with depth 3, GPT-2's final
+    /// norm is gathered for backward (position n + 1) before its forward (n - 1) was waited.
+    pub fn at(position: usize, forward_position: usize, depth: usize, first_walk: bool) -> Self {
+        GatherSlot {
+            first_walk,
+            forward: position == forward_position,
+            forward_waited: position > forward_position
+                && position.saturating_sub(depth) >= forward_position,
+        }
+    }
 }
 
 /// How a unit's gradient is reduced into the owners' shards.
@@ -323,6 +381,22 @@ mod tests {
         assert_eq!(eval.secondary, SecondaryPartition::None);
         assert_eq!(train.gather, WeightGather::Int8 { block: 2048 });
         assert_eq!(eval.gather, train.gather);
+    }
+
+    #[test]
+    fn hpz_serves_what_a_waited_world_gather_left() {
+        let node = SecondaryPartition::Node;
+        // GPT-2 with 4 units: [0, 1, 2, 3, 0, 3, 2, 1]; the final norm's backward gather is at 5.
+        for depth in 0..=2 {
+            assert!(node.serves(GatherSlot::at(5, 3, depth, true)), "{depth}");
+        }
+        assert!(!node.serves(GatherSlot::at(5, 3, 3, true)));
+        assert!(node.serves(GatherSlot::at(5, 3, 3, false)));
+        // A forward gather: from the node only in a later micro-batch.
+        assert!(!node.serves(GatherSlot::at(2, 2, 0, true)));
+        assert!(node.serves(GatherSlot::at(2, 2, 0, false)));
+        let none = SecondaryPartition::None;
+        assert!(!none.serves(GatherSlot::at(5, 3, 0, false)));
     }
 
     #[test]

@@ -36,6 +36,25 @@ pub(crate) struct QgzError {
     pub hop2: Option<Tensor>,
 }
 
+impl QgzError {
+    /// The buffers in checkpoint order ([`crate::GradCodec::kept`] of qgZ): hop 1's, then
+    /// hop 2's where there is one.
+    pub(crate) fn buffers(&self) -> Vec<&Tensor> {
+        std::iter::once(&self.hop1).chain(&self.hop2).collect()
+    }
+
+    /// The error from its buffers read back in checkpoint order (`None` where missing): none
+    /// without the first hop's, which every error has.
+    pub(crate) fn from_buffers(buffers: Vec<Option<Tensor>>) -> Option<Self> {
+        let mut buffers = buffers.into_iter();
+        let hop1 = buffers.next().flatten()?;
+        Some(QgzError {
+            hop1,
+            hop2: buffers.next().flatten(),
+        })
+    }
+}
+
 /// qgZ's two hops of the padded, scaled gradient `full` into `target`, in INT4 blocks of
 /// `block`; with `feedback`, compensated by `error` (none before the first), whose new
 /// values come back.

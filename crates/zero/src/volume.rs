@@ -7,19 +7,11 @@
 //! owner, an all-reduce my whole buffer to every peer. [`paper_volume`] is the paper's: every
 //! all-gather or reduce-scatter counts M (the bf16 bytes of the parameters) cross-node.
 
-use comm::{ByteCounters, Topology};
+use comm::ByteCounters;
+use model::Pass;
 
-use crate::ZeroPlan;
-
-/// Bytes of `numel` INT8 codes plus their f32 scales (one a block of `block`).
-pub(crate) fn int8_bytes(numel: usize, block: usize) -> u64 {
-    (numel + numel / block * 4) as u64
-}
-
-/// Bytes of `numel` INT4 values (two a byte) plus their f32 scales.
-fn int4_bytes(numel: usize, block: usize) -> u64 {
-    (numel / 2 + numel / block * 4) as u64
-}
+use crate::codec::peers;
+use crate::{GatherSlot, GradReduction, ZeroPlan};
 
 /// Adds `bytes` sent to each of the `intra` and `inter` peers.
 fn send(total: &mut ByteCounters, bytes: u64, intra: usize, inter: usize) {
@@ -33,10 +25,19 @@ fn send(total: &mut ByteCounters, bytes: u64, intra: usize, inter: usize) {
 /// `reduce_dtype` (4 bytes an element in fp32, 2 in bf16).
 ///
 /// The schedule is the engine's: per micro-batch each unit is gathered for its forward and
-/// again for its backward, and its gradient reduced once. With hpZ the first forward gather
-/// of the step fills the secondary partition and every later gather of the step (backward,
-/// and forward of later micro-batches) is an intra-node gather of it; it is invalidated by
-/// the optimizer step. Two one-element all-reduces close the step (the loss, the gradient norm).
+/// again for its backward, and its gradient reduced once. Which gathers hpZ serves from the
+/// node is hpZ's rule ([`crate::SecondaryPartition::serves`]): the first forward gather of the
+/// step fills the secondary partition and every later gather of the step (backward, and
+/// forward of later micro-batches) is an intra-node gather of it, until the optimizer step.
+/// Two one-element all-reduces close the step (the loss, the gradient norm).
+///
+/// Not counted from the engine's gather order (this takes unit sizes only), two assumptions
+/// hold where the tests compare it with the engine's counters: every backward gather is issued
+/// after its unit's forward gather was waited (true for `prefetch_depth` <= 2, the nearest
+/// backward gather being two positions after its forward in every order), and every unit is
+/// gathered twice (GPT-2 and a tied Llama; an untied Llama gathers its embedding and its
+/// final norm once). Elsewhere the engine sends more (deeper prefetch) or fewer (untied)
+/// bytes than counted here.
 pub fn logical_step_bytes(
     plan: &ZeroPlan,
     unit_numels: &[usize],
@@ -44,45 +45,36 @@ pub fn logical_step_bytes(
     micro_batches: usize,
     step: u64,
 ) -> ByteCounters {
-    let Topology {
-        nodes,
-        ranks_per_node: d,
-    } = plan.topology;
+    let d = plan.topology.ranks_per_node;
     let w = plan.topology.world();
+    let train = plan.step_plan(step, Pass::Train);
+    let (secondary, weights) = (train.secondary, train.gather.codec());
+    let grads = train.reduction.map(GradReduction::codec);
     let mut total = ByteCounters::default();
     for &numel in unit_numels {
         let padded = plan.partition(numel).padded;
         let shard = padded / w;
-        let world_gather = match plan.qwz {
-            Some(q) => int8_bytes(shard, q.block),
-            None => (shard * param_bytes) as u64,
-        };
-        let secondary = padded / d;
-        let hpz_gather = match plan.qwz {
-            Some(q) => int8_bytes(secondary, q.block),
-            None => (secondary * param_bytes) as u64,
-        };
+        let world_gather = weights.wire(shard, param_bytes).total();
+        let hpz_gather = weights.wire(padded / d, param_bytes).total();
         for micro in 0..micro_batches {
             // Forward gather, then backward gather.
             for backward in [false, true] {
-                if plan.hpz && (backward || micro > 0) {
+                let slot = GatherSlot {
+                    first_walk: micro == 0,
+                    forward: !backward,
+                    forward_waited: backward,
+                };
+                if secondary.serves(slot) {
                     send(&mut total, hpz_gather, d - 1, 0);
                 } else {
                     send(&mut total, world_gather, d - 1, w - d);
                 }
             }
-            match plan.qgz.filter(|_| plan.qgz_active(step)) {
-                Some(q) => {
-                    // Hop 1: to each local peer, its N slices; hop 2: to each other node, one slice.
-                    send(&mut total, int4_bytes(nodes * shard, q.block), d - 1, 0);
-                    send(&mut total, int4_bytes(shard, q.block), 0, nodes - 1);
-                }
-                None => send(
-                    &mut total,
-                    (shard * plan.reduce_dtype.bytes()) as u64,
-                    d - 1,
-                    w - d,
-                ),
+            // Each hop sends a peer its input over the group's size (qgZ: hop 1 to each local
+            // peer its N slices, hop 2 to each other node one slice).
+            for hop in grads.iter().flat_map(|g| g.hops(padded, plan.topology)) {
+                let (size, intra, inter) = peers(hop.group, plan.topology);
+                send(&mut total, hop.input / size as u64, intra, inter);
             }
         }
     }
@@ -117,22 +109,29 @@ pub struct UnitPayload {
 /// plain gathers at `param_bytes` bytes an element.
 pub fn unit_payload(plan: &ZeroPlan, numel: usize, param_bytes: usize) -> UnitPayload {
     let padded = plan.partition(numel).padded;
-    let d = plan.topology.ranks_per_node;
-    let (gather_data, gather_scales) = match plan.qwz {
-        Some(q) => (padded as u64, (padded / q.block * 4) as u64),
-        None => ((padded * param_bytes) as u64, 0),
+    let gather = plan.step_plan(1, Pass::Train).gather.codec();
+    let wire = gather.wire(padded, param_bytes);
+    // The run's reductions, qgZ's first where it is on: each its hops' inputs.
+    let inputs: Vec<Vec<u64>> = plan
+        .grad_reductions()
+        .into_iter()
+        .map(|r| {
+            let hops = r.codec().hops(padded, plan.topology);
+            hops.iter().map(|h| h.input).collect()
+        })
+        .collect();
+    let qgz = match plan.qgz {
+        Some(_) => &inputs[0][..],
+        None => &[],
     };
-    let (qgz_hop1, qgz_hop2) = match plan.qgz {
-        Some(q) => (int4_bytes(padded, q.block), int4_bytes(padded / d, q.block)),
-        None => (0, 0),
-    };
+    let hop = |i: usize| qgz.get(i).copied().unwrap_or(0);
     UnitPayload {
         padded,
-        gather_data,
-        gather_scales,
-        reduce_scatter: (padded * plan.reduce_dtype.bytes()) as u64,
-        qgz_hop1,
-        qgz_hop2,
+        gather_data: wire.data,
+        gather_scales: wire.scales,
+        reduce_scatter: inputs.last().map_or(0, |plain| plain.iter().sum()),
+        qgz_hop1: hop(0),
+        qgz_hop2: hop(1),
     }
 }
 
@@ -175,6 +174,7 @@ pub fn paper_volume(plan: &ZeroPlan, num_params: usize) -> PaperVolume {
 mod tests {
     use super::*;
     use crate::ZeroConfig;
+    use comm::Topology;
 
     fn plan(cfg: ZeroConfig) -> ZeroPlan {
         ZeroPlan::resolve(&cfg, Topology::new(8, 4).unwrap(), 100).unwrap()

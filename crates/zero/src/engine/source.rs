@@ -14,7 +14,9 @@ use model::UnitSource;
 use super::{EngineOptions, UnitShard, REDUCTIONS_IN_FLIGHT};
 use crate::gather::{self, GatherQueue};
 use crate::reduce::{self, Reduced};
-use crate::{GradReduction, GradShard, Result, SecondaryPartition, StepPlan, ZeroError, ZeroPlan};
+use crate::{
+    GatherSlot, GradReduction, GradShard, Result, SecondaryPartition, StepPlan, ZeroError, ZeroPlan,
+};
 
 /// The engine's parts a walk borrows besides its shards.
 pub(super) struct Parts<'a> {
@@ -23,6 +25,9 @@ pub(super) struct Parts<'a> {
     pub plan: &'a ZeroPlan,
     /// The weights version secondary partitions are stamped with and served for.
     pub weights: u64,
+    /// The walk is the first training walk on these weights (hpZ's rule:
+    /// [`crate::GatherSlot`]).
+    pub first_walk: bool,
 }
 
 /// The shards a walk reads (evaluation) or also writes (training: gradients, qgZ's errors,
@@ -76,20 +81,26 @@ impl<'a> Source<'a> {
     /// Issues the next gather of the order: from my node's secondary partition where the step
     /// keeps them and one of these weights is at hand, else from the world.
     fn issue_gather(&mut self) {
-        let Some((u, label)) = self.gathers.next_to_issue() else {
+        let Some(issue) = self.gathers.next_to_issue() else {
             return;
         };
+        let (u, label) = (issue.unit, issue.label);
         let Parts {
             comm,
             opts,
             plan,
             weights,
+            first_walk,
         } = self.parts;
         let unit = self.shards.unit(u);
         let topology = plan.topology;
         let rank = comm.rank();
         let node = self.step.secondary == SecondaryPartition::Node;
-        let source = match node {
+        let depth = self.gathers.depth();
+        let slot = GatherSlot::at(issue.position, issue.forward_position, depth, first_walk);
+        let source = match self.step.secondary.serves(slot) {
+            // A walk on these weights that failed part-way left some units none: those gather
+            // from the world, as a secondary partition of other weights makes them do.
             true => unit.secondary.as_ref().and_then(|s| s.serve(weights)),
             false => None,
         };

@@ -4,13 +4,14 @@
 use candle_core::Tensor;
 use comm::Group;
 
-use super::{Engine, NamedShard, QGZ_ERROR_STATES, SHARD_STATES};
-use crate::{Result, ZeroError};
+use super::{Engine, NamedShard, SHARD_STATES};
+use crate::{GradCodec, GradReduction, Result, ZeroError};
 
 impl Engine {
     /// My shards of the master weights and Adam moments, named `<unit>.<state>`, read back to
-    /// the host; then, with qgZ's error feedback, my error buffers of each unit, named
-    /// `<unit>.<error state>` ([`QGZ_ERROR_STATES`]): this rank's own, not shards of a partition.
+    /// the host; then what the gradient codecs keep of each unit (qgZ's error feedback), named
+    /// `<unit>.<name>` by the codec ([`crate::GradCodec::kept`], [`crate::QGZ_ERROR_STATES`]):
+    /// this rank's own, not shards of a partition.
     pub fn state(&self) -> Result<Vec<NamedShard>> {
         let mut out = Vec::new();
         self.state_into(&mut out)?;
@@ -32,15 +33,15 @@ impl Engine {
                 wanted.push((format!("{}.{state}", u.layout.name), data));
             }
         }
+        // What the gradient codecs keep (qgZ's error feedback), under the names they give.
+        let codecs = self.grad_codecs();
         for u in &self.units {
             let Some(e) = &u.qgz_error else { continue };
-            for (state, data) in QGZ_ERROR_STATES
-                .into_iter()
-                .zip([Some(&e.hop1), e.hop2.as_ref()])
-            {
-                if let Some(data) = data {
-                    wanted.push((format!("{}.{state}", u.layout.name), data));
-                }
+            let names = codecs
+                .iter()
+                .flat_map(|c| c.kept(u.partition.padded, self.plan.topology));
+            for ((state, _), data) in names.zip(e.buffers()) {
+                wanted.push((format!("{}.{state}", u.layout.name), data));
             }
         }
         let reusable = out.len() == wanted.len()
@@ -62,6 +63,13 @@ impl Engine {
             copy_to_host(t, &mut o.data)?;
         }
         Ok(())
+    }
+
+    /// The codecs of every reduction the run may use: what they keep between steps is saved
+    /// and restored with the shards.
+    fn grad_codecs(&self) -> Vec<Box<dyn GradCodec>> {
+        let reductions = self.plan.grad_reductions().into_iter();
+        reductions.map(GradReduction::codec).collect()
     }
 
     /// Restores the shards named as by [`Engine::state`] and the optimizer step count.
@@ -88,32 +96,32 @@ impl Engine {
             u.grad = None;
             u.qgz_error = None;
         }
-        // qgZ's error feedback: the rank's own buffers, where the checkpoint has them (it was
-        // written with feedback on, by the same layout); otherwise the feedback starts at zero.
-        let d = self.plan.topology.ranks_per_node;
-        if self.plan.qgz.is_some_and(|q| q.error_feedback) {
-            for u in &mut self.units {
-                let padded = u.partition.padded;
-                let read = |state: &str, n: usize| -> Result<Option<Tensor>> {
-                    let name = format!("{}.{state}", u.layout.name);
-                    match lookup(&name) {
-                        None => Ok(None),
-                        Some(v) if v.len() == n => Ok(Some(Tensor::from_vec(v, n, &dev)?)),
-                        Some(v) => Err(ZeroError::StateLength {
+        // What the gradient codecs keep (qgZ's error feedback, the rank's own buffers), by the
+        // names and lengths they give, where the checkpoint has them (it was written with
+        // feedback on, by the same layout); otherwise the feedback starts at zero.
+        let codecs = self.grad_codecs();
+        let topology = self.plan.topology;
+        for u in &mut self.units {
+            let kept = codecs
+                .iter()
+                .flat_map(|c| c.kept(u.partition.padded, topology));
+            let mut buffers = Vec::new();
+            for (state, n) in kept {
+                let name = format!("{}.{state}", u.layout.name);
+                buffers.push(match lookup(&name) {
+                    None => None,
+                    Some(v) if v.len() == n => Some(Tensor::from_vec(v, n, &dev)?),
+                    Some(v) => {
+                        return Err(ZeroError::StateLength {
                             name,
                             what: "error buffer",
                             got: v.len(),
                             expected: n,
-                        }),
+                        })
                     }
-                };
-                let hop1 = read(QGZ_ERROR_STATES[0], padded)?;
-                let hop2 = match d > 1 {
-                    true => read(QGZ_ERROR_STATES[1], padded / d)?,
-                    false => None,
-                };
-                u.qgz_error = hop1.map(|hop1| crate::qgz::QgzError { hop1, hop2 });
+                });
             }
+            u.qgz_error = crate::qgz::QgzError::from_buffers(buffers);
         }
         self.step = step;
         // New weights: the secondary partitions of the old ones refuse to serve.

@@ -165,6 +165,7 @@ fn a_nan_gradient_on_one_rank_survives_qgz_and_every_rank_skips() {
                 opts: &e.opts,
                 plan: &e.plan,
                 weights: e.weights,
+                first_walk: true,
             };
             let shards = Shards::Train {
                 units: &mut e.units,

@@ -1,0 +1,117 @@
+//! Codecs: what a collective of a ZeRO++ step puts on the wire and keeps in memory, each
+//! technique answering for itself.
+//!
+//! A [`WeightCodec`] is what a gather sends of a unit's weights: the parameters as they are
+//! ([`PlainGather`]) or qwZ's INT8 codes and block scales ([`Int8Gather`]). A [`GradCodec`] is
+//! what a reduction sends of a unit's gradient, hop by hop, and what it keeps between steps: the
+//! plain reduce-scatter in `zero.reduce_dtype` ([`PlainReduceScatter`]) or qgZ's two INT4 hops
+//! with their error feedback ([`Int4TwoHop`]). The step's plan says which codec a pass uses
+//! ([`WeightGather::codec`], [`GradReduction::codec`]); the logical bytes of
+//! [`crate::volume`], the memory of [`crate::memory`], the time model of
+//! `trainer plan --throughput` and the names and lengths of the state a checkpoint saves all
+//! ask the codec, so that a technique's sizes are written once. docs/design.md section 3 says
+//! how to add one.
+
+use comm::{Group, Topology};
+
+use crate::{GradReduction, WeightGather};
+
+pub(crate) mod grad;
+mod weight;
+
+pub use grad::{Int4TwoHop, PlainReduceScatter};
+pub use weight::{Int8Gather, PlainGather};
+
+/// The bytes of a gathered buffer on the wire: its values and, for a quantised codec, their
+/// scales (gathered by a second collective).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wire {
+    pub data: u64,
+    pub scales: u64,
+}
+
+impl Wire {
+    pub fn total(&self) -> u64 {
+        self.data + self.scales
+    }
+}
+
+/// What a gather sends of a unit's weights.
+///
+/// Implementors give sizes only, as functions of an element count; they must agree with what
+/// the gather job of `gather.rs` sends for the plan's [`WeightGather`] (the byte counters of
+/// `comm` are tested equal to [`crate::volume`], which reads these).
+pub trait WeightCodec {
+    /// The bytes of `n` gathered elements, whose plain form is `param_bytes` an element.
+    fn wire(&self, n: usize, param_bytes: usize) -> Wire;
+    /// The bytes the decode after the gather reads and writes for `n` elements (the codes and
+    /// scales read, the buffer written at `param_bytes`); 0 where nothing is decoded.
+    fn decode_traffic(&self, n: usize, param_bytes: usize) -> u64;
+}
+
+/// One collective of a reduction: its group and the bytes each rank puts in (its whole input;
+/// what goes to each peer is that over the group's size).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hop {
+    pub group: Group,
+    pub input: u64,
+}
+
+/// What a reduction sends of a unit's gradient and what it keeps.
+///
+/// Implementors give sizes for a unit padded to `padded` elements (a multiple of W x
+/// [`crate::ZeroPlan::align`], so that every division here is exact); they must agree with the
+/// reduction job of `reduce.rs` for the plan's [`GradReduction`]. The buffers of [`kept`] are
+/// the rank's own f32 state between steps: the checkpoint saves and restores them under these
+/// names, so renaming one breaks every checkpoint written before.
+///
+/// [`kept`]: GradCodec::kept
+pub trait GradCodec {
+    /// The collectives of one unit's reduction, in the order the job runs them.
+    fn hops(&self, padded: usize, topology: Topology) -> Vec<Hop>;
+    /// The bytes an element of the full gradient that the reduction holds until it completes.
+    fn input_bytes(&self) -> usize;
+    /// The bytes its kernels read and write besides the collectives (quantise, dequantise, sum,
+    /// error feedback); 0 for none.
+    fn kernel_traffic(&self, padded: usize, topology: Topology) -> u64;
+    /// The f32 buffers it keeps for a unit from one step to the next, in checkpoint order: each
+    /// its name (the checkpoint's `<unit>.<name>`) and length. Empty for a stateless codec.
+    fn kept(&self, padded: usize, topology: Topology) -> Vec<(&'static str, usize)>;
+}
+
+impl WeightGather {
+    /// The codec of this gather.
+    pub fn codec(self) -> Box<dyn WeightCodec> {
+        match self {
+            WeightGather::Exact => Box::new(PlainGather),
+            WeightGather::Int8 { block } => Box::new(Int8Gather { block }),
+        }
+    }
+}
+
+impl GradReduction {
+    /// The codec of this reduction.
+    pub fn codec(self) -> Box<dyn GradCodec> {
+        match self {
+            GradReduction::ReduceScatter { dtype } => Box::new(PlainReduceScatter { dtype }),
+            GradReduction::Qgz {
+                block,
+                error_feedback,
+            } => Box::new(Int4TwoHop {
+                block,
+                error_feedback,
+            }),
+        }
+    }
+}
+
+/// The ranks of `group` under `topology`, and how many of my peers in it share my node and how
+/// many do not.
+pub(crate) fn peers(group: Group, topology: Topology) -> (usize, usize, usize) {
+    let (w, d, n) = (topology.world(), topology.ranks_per_node, topology.nodes);
+    match group {
+        Group::World => (w, d - 1, w - d),
+        Group::IntraNode => (d, d - 1, 0),
+        Group::InterNode => (n, 0, n - 1),
+    }
+}
