@@ -445,7 +445,7 @@ mod tests {
 
     /// transformers loads an export (`AutoModelForCausalLM`: `GPT2LMHeadModel`, and
     /// `LlamaForCausalLM` tied and untied) and its loss on the same tokens equals ours within
-    /// 1e-3 relative. The weights are drawn far from the initialisation (uniform, large), so
+    /// 1e-5 relative. The weights are drawn far from the initialisation (uniform, large), so
     /// that a tensor in the wrong place or orientation moves the loss by far more than that.
     /// `ZEROPP_HF_PYTHON` names a python with torch and transformers (`.ci/run` makes one).
     #[test]
@@ -454,8 +454,10 @@ mod tests {
         use candle_core::{Device, Tensor};
         let python = std::env::var("ZEROPP_HF_PYTHON")
             .expect("ZEROPP_HF_PYTHON: a python with torch and transformers");
-        // Every family, tied and untied where it has both ([`model::every_family`]).
-        let configs = model::every_family(&model::Sizes {
+        // Every family, tied and untied where it has both ([`model::every_family`]); and a
+        // Llama with Llama 3's rope scaling from a context of 4, so that it turns the angles
+        // of these 16 positions.
+        let mut configs = model::every_family(&model::Sizes {
             n_layer: 2,
             n_embd: 32,
             n_head: 4,
@@ -465,6 +467,14 @@ mod tests {
             ffn_hidden: Some(48),
             tie_embeddings: None,
         });
+        let mut scaled = model::ModelConfig::llama(2, 32, 4, 2, 48, 16, 97, false);
+        scaled.rope_scaling = model::RopeScaling::Llama3 {
+            factor: 4.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 4,
+        };
+        configs.push(("llama scaled".into(), scaled));
         let mut state = 0x2545_f491_4f6c_dd1du64;
         let mut uniform = move || {
             state ^= state << 13;
@@ -472,7 +482,7 @@ mod tests {
             state ^= state << 17;
             (state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
         };
-        for (_, cfg) in configs {
+        for (name, cfg) in configs {
             let model = model::Model::new(cfg.clone()).unwrap();
             let units: UnitParameters = model
                 .units()
@@ -534,14 +544,12 @@ mod tests {
             let got: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
             let theirs = got["loss"].as_f64().unwrap();
             eprintln!(
-                "{:?} {}: ours {ours:.6}, transformers {theirs:.6}",
-                cfg.arch, got["class"]
+                "{name} {}: ours {ours:.6}, transformers {theirs:.6}",
+                got["class"]
             );
             assert!(
-                (theirs - ours).abs() <= 1e-3 * ours,
-                "{:?} tied {}: transformers {theirs} vs ours {ours}",
-                cfg.arch,
-                cfg.tie_embeddings
+                (theirs - ours).abs() <= 1e-5 * ours,
+                "{name}: transformers {theirs} vs ours {ours}"
             );
         }
     }

@@ -218,8 +218,9 @@ mod tests {
     }
 
     /// transformers 4 writes `rope_theta` and `rope_scaling` at the top level, transformers 5
-    /// one `rope_parameters` object and no top-level key: both are read, the theta compared
-    /// with the run's under the key it was read from, and every scaled rope refused by name.
+    /// one `rope_parameters` object and no top-level key: both are read, the theta and Llama
+    /// 3's scaling compared with the run's under the key they were read from, and every other
+    /// scaled rope refused by name.
     #[test]
     fn the_rope_is_read_as_transformers_4_and_5_write_it() {
         for (version, key) in [("v4", "rope_theta"), ("v5", "rope_parameters.rope_theta")] {
@@ -247,11 +248,29 @@ mod tests {
             assert!(e.contains(&format!("has {key} = 10000,")), "{version}: {e}");
             assert_eq!(read(dir.path(), &other).unwrap(), units, "{version}");
 
-            for (fixture, rope_type) in [
-                ("llama-llama3", "\"llama3\""),
-                ("llama-yarn", "\"yarn\""),
-                ("llama-linear", "\"linear\""),
-            ] {
+            // Llama 3.2's scaling is read in either spelling: a run with it reads the weights,
+            // a run without is told the setting.
+            let scaling_key = match version {
+                "v4" => "rope_scaling",
+                _ => "rope_parameters",
+            };
+            use_fixture(dir.path(), version, "llama-llama3");
+            let e = error(dir.path(), &cfg);
+            assert!(
+                e.contains(&format!(
+                    "has {scaling_key} = {{ rope_type = \"llama3\", factor = 32.0"
+                )) && e.contains("this run model.rope_scaling = { rope_type = \"default\" }")
+                    && e.contains("set model.rope_scaling = { rope_type = \"llama3\""),
+                "{version}: {e}"
+            );
+            let scaled = model::ModelConfig {
+                rope_scaling: model::LLAMA3_2_SCALING,
+                ..cfg.clone()
+            };
+            assert_eq!(read(dir.path(), &scaled).unwrap(), units, "{version}");
+
+            for (fixture, rope_type) in [("llama-yarn", "\"yarn\""), ("llama-linear", "\"linear\"")]
+            {
                 use_fixture(dir.path(), version, fixture);
                 let e = error(dir.path(), &cfg);
                 assert!(

@@ -2,6 +2,7 @@
 
 use crate::error::{ModelError, Result};
 use crate::family::Family;
+use crate::layers::RopeScaling;
 
 /// Which family a [`ModelConfig`] is: a handle on its registered [`Family`], compared by
 /// name. Open: a family is added by registering it ([`crate::FAMILIES`]), not by a variant.
@@ -83,6 +84,8 @@ pub struct ModelConfig {
     pub norm_eps: f64,
     /// Base of the rotary frequencies (Llama; unused by GPT-2).
     pub rope_theta: f64,
+    /// How the rotary frequencies are rescaled (Llama 3.1 and 3.2: `llama3`; unused by GPT-2).
+    pub rope_scaling: RopeScaling,
     /// The LM head reads the token embedding (GPT-2 always; Llama 3.2 1B and 3B).
     pub tie_embeddings: bool,
 }

@@ -41,6 +41,16 @@ fn configs() -> Vec<(String, ModelConfig)> {
     };
     let llama = model::family("llama").unwrap().config(&mqa).unwrap();
     configs.push(("llama mqa untied".into(), llama));
+    // Llama 3.1's scaling, from a context of 4 so that it turns the angles of these 9
+    // positions: the decoder's tables must be the training forward's.
+    let mut scaled = model::family("llama").unwrap().config(&sizes).unwrap();
+    scaled.rope_scaling = model::RopeScaling::Llama3 {
+        factor: 4.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 4,
+    };
+    configs.push(("llama scaled".into(), scaled));
     for (_, c) in &mut configs {
         c.rope_theta = 100.0;
     }

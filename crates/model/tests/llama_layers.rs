@@ -10,7 +10,7 @@ use model::layers::{
     attention_forward, gqa_attention_backward, gqa_attention_forward, rmsnorm_backward,
     rmsnorm_forward, rope_backward, rope_forward, rope_tables, swiglu_backward, swiglu_forward,
 };
-use model::ModelError;
+use model::{ModelError, RopeScaling};
 
 mod common;
 use common::*;
@@ -66,7 +66,15 @@ fn rmsnorm_matches_the_formula_and_fd() {
 #[test]
 fn rope_convention_is_hf_rotate_half() {
     let (hs, theta) = (4, 100.0);
-    let tab = rope_tables(3, hs, theta, DType::F64, &Device::Cpu).unwrap();
+    let tab = rope_tables(
+        3,
+        hs,
+        theta,
+        &RopeScaling::Default,
+        DType::F64,
+        &Device::Cpu,
+    )
+    .unwrap();
     // angle[t, j] = t / theta^(2 (j mod hs/2) / hs)
     let angle = |t: usize, j: usize| t as f64 / theta.powf((2 * (j % (hs / 2))) as f64 / hs as f64);
     let cos = tab.cos.to_vec2::<f64>().unwrap();
@@ -96,8 +104,24 @@ fn rope_convention_is_hf_rotate_half() {
     assert_eq!(&out[..hs], &x[..hs]);
 
     // The f32 tables (as HF computes them) agree with the f64 ones to f32 precision.
-    let tab32 = rope_tables(7, 8, 500_000.0, DType::F32, &Device::Cpu).unwrap();
-    let tab64 = rope_tables(7, 8, 500_000.0, DType::F64, &Device::Cpu).unwrap();
+    let tab32 = rope_tables(
+        7,
+        8,
+        500_000.0,
+        &RopeScaling::Default,
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let tab64 = rope_tables(
+        7,
+        8,
+        500_000.0,
+        &RopeScaling::Default,
+        DType::F64,
+        &Device::Cpu,
+    )
+    .unwrap();
     assert_eq!(tab32.cos.dtype(), DType::F32);
     let v = |x: &Tensor| vec1(&x.to_dtype(DType::F64).unwrap());
     assert_close("cos f32", &v(&tab32.cos), &v(&tab64.cos), 1e-6, 1e-6);
@@ -107,7 +131,15 @@ fn rope_convention_is_hf_rotate_half() {
 #[test]
 fn rope_backward_is_the_transpose_and_rotation_keeps_norms() {
     let (h, hs) = (3, 8);
-    let tab = rope_tables(T + 2, hs, 10.0, DType::F64, &Device::Cpu).unwrap();
+    let tab = rope_tables(
+        T + 2,
+        hs,
+        10.0,
+        &RopeScaling::Default,
+        DType::F64,
+        &Device::Cpu,
+    )
+    .unwrap();
     let mut rng = Rng(3);
     let shape = [B, T, h, hs];
     let x = t(&rng.vec(B * T * h * hs, 1.0), &shape);
@@ -312,7 +344,15 @@ fn packed_layers_equal_the_separate_ones() {
     assert_eq!(bits(&dx), bits(&want_dx.unwrap()), "dx");
 
     // The rotation of the packed q and k heads, v passed through.
-    let tab = rope_tables(T, hs, 10_000.0, DType::F64, &Device::Cpu).unwrap();
+    let tab = rope_tables(
+        T,
+        hs,
+        10_000.0,
+        &RopeScaling::Default,
+        DType::F64,
+        &Device::Cpu,
+    )
+    .unwrap();
     let qkv3 = qkv.reshape((B, T, c + 2 * kv * hs)).unwrap();
     let turned = rope_qk_forward(qkv3.clone(), &tab, nh, kv).unwrap();
     let q = qkv3

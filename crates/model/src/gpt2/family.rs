@@ -8,7 +8,7 @@ use crate::config::{Arch, ModelConfig};
 use crate::decode::LayerCache;
 use crate::error::{ModelError, Result};
 use crate::family::{Family, HfTensor, Sizes};
-use crate::layers::{Loss, RopeTables, TokenIndex};
+use crate::layers::{Loss, RopeScaling, RopeTables, TokenIndex};
 use crate::layout::{init_stds, ParamInit, ParamSpec, UnitKind, UnitTable};
 use crate::schedule::Saved;
 
@@ -42,6 +42,7 @@ impl ModelConfig {
             norm_eps: GPT2_NORM_EPS,
             // Unread: GPT-2's positions are learned. The value trainers have always recorded.
             rope_theta: 500_000.0,
+            rope_scaling: RopeScaling::Default,
             tie_embeddings: true,
         }
     }
@@ -153,6 +154,12 @@ impl Family for Gpt2 {
             return bad(
                 "tie_embeddings",
                 "GPT-2's LM head is the token embedding".into(),
+            );
+        }
+        if cfg.rope_scaling != RopeScaling::Default {
+            return bad(
+                "rope_scaling",
+                "GPT-2's positions are learned, it has no rope to scale".into(),
             );
         }
         Ok(())

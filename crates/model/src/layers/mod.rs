@@ -56,7 +56,8 @@ pub use rmsnorm::{
     add_rmsnorm_forward, rmsnorm_backward, rmsnorm_backward_into, rmsnorm_forward, RmsSaved,
 };
 pub use rope::{
-    rope_backward, rope_forward, rope_qk_backward, rope_qk_forward, rope_tables, RopeTables,
+    rope_backward, rope_forward, rope_qk_backward, rope_qk_forward, rope_tables, RopeScaling,
+    RopeTables,
 };
 pub use swiglu::{swiglu_backward, swiglu_forward, swiglu_packed_backward, swiglu_packed_forward};
 

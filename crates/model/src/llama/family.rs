@@ -8,7 +8,7 @@ use crate::config::{Arch, ModelConfig};
 use crate::decode::LayerCache;
 use crate::error::{ModelError, Result};
 use crate::family::{Family, HfTensor, Sizes};
-use crate::layers::{rope_tables, Loss, RopeTables, TokenIndex};
+use crate::layers::{rope_tables, Loss, RopeScaling, RopeTables, TokenIndex};
 use crate::layout::{init_stds, ParamInit, ParamSpec, UnitKind, UnitTable};
 use crate::schedule::Saved;
 
@@ -47,6 +47,7 @@ impl ModelConfig {
             vocab_size,
             norm_eps: LLAMA_NORM_EPS,
             rope_theta: LLAMA_ROPE_THETA,
+            rope_scaling: RopeScaling::Default,
             tie_embeddings,
         }
     }
@@ -88,15 +89,39 @@ pub(crate) fn rows(cfg: &ModelConfig, kind: UnitKind) -> UnitTable {
     table
 }
 
-/// What a Llama manifest records beyond the common sizes, under `"llama"`.
+/// What a Llama manifest records beyond the common sizes, under `"llama"`. A rope without
+/// scaling records none, as manifests before scaling did.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Record {
     n_kv_head: usize,
     ffn_hidden: usize,
     norm_eps: f64,
     rope_theta: f64,
+    #[serde(default, skip_serializing_if = "is_default")]
+    rope_scaling: RopeScaling,
     tie_embeddings: bool,
 }
+
+fn is_default(s: &RopeScaling) -> bool {
+    *s == RopeScaling::Default
+}
+
+/// Llama 3.1's rope scaling (8B, 70B, 405B): factor 8, low and high frequency factors 1 and 4,
+/// from Llama 3's context of 8192.
+pub const LLAMA3_1_SCALING: RopeScaling = RopeScaling::Llama3 {
+    factor: 8.0,
+    low_freq_factor: 1.0,
+    high_freq_factor: 4.0,
+    original_max_position_embeddings: 8192,
+};
+
+/// Llama 3.2's (1B, 3B): factor 32, otherwise as 3.1's.
+pub const LLAMA3_2_SCALING: RopeScaling = RopeScaling::Llama3 {
+    factor: 32.0,
+    low_freq_factor: 1.0,
+    high_freq_factor: 4.0,
+    original_max_position_embeddings: 8192,
+};
 
 impl Family for Llama {
     fn name(&self) -> &'static str {
@@ -104,25 +129,47 @@ impl Family for Llama {
     }
 
     /// The published shapes (`vocab_size` 128,256 until the tokenizer sets it; rope_theta
-    /// 500,000, RMSNorm eps 1e-5; seq_len 2048, the length of the PyTorch anchor), and ours
-    /// for tests and the CPU demo, `llama-tiny` (seq_len 64):
+    /// 500,000, RMSNorm eps 1e-5; seq_len 2048, the length of the PyTorch anchor), with their
+    /// published rope scaling (3.1: [`LLAMA3_1_SCALING`], factor 8; 3.2:
+    /// [`LLAMA3_2_SCALING`], factor 32; Llama 3: none), and ours for tests and the CPU demo,
+    /// `llama-tiny` (seq_len 64):
     ///
-    /// | name          | n_layer | n_embd | n_head | n_kv_head | ffn_hidden | tied | num_params     |
-    /// |---------------|--------:|-------:|-------:|----------:|-----------:|:----:|---------------:|
-    /// | `llama-tiny`  |       2 |     64 |      4 |         2 |        192 | yes  |  (vocab) 8,395,840 |
-    /// | `llama3.2-1b` |      16 |   2048 |     32 |         8 |       8192 | yes  |  1,235,814,400 |
-    /// | `llama3.2-3b` |      28 |   3072 |     24 |         8 |       8192 | yes  |  3,212,749,824 |
-    /// | `llama3-8b`   |      32 |   4096 |     32 |         8 |      14336 | no   |  8,030,261,248 |
-    /// | `llama3-70b`  |      80 |   8192 |     64 |         8 |      28672 | no   | 70,553,706,496 |
+    /// | name           | n_layer | n_embd | n_head | n_kv_head | ffn_hidden | tied | scaling | num_params     |
+    /// |----------------|--------:|-------:|-------:|----------:|-----------:|:----:|--------:|---------------:|
+    /// | `llama-tiny`   |       2 |     64 |      4 |         2 |        192 | yes  |         |  (vocab) 8,395,840 |
+    /// | `llama3.2-1b`  |      16 |   2048 |     32 |         8 |       8192 | yes  |      32 |  1,235,814,400 |
+    /// | `llama3.2-3b`  |      28 |   3072 |     24 |         8 |       8192 | yes  |      32 |  3,212,749,824 |
+    /// | `llama3-8b`    |      32 |   4096 |     32 |         8 |      14336 | no   |         |  8,030,261,248 |
+    /// | `llama3.1-8b`  |      32 |   4096 |     32 |         8 |      14336 | no   |       8 |  8,030,261,248 |
+    /// | `llama3-70b`   |      80 |   8192 |     64 |         8 |      28672 | no   |         | 70,553,706,496 |
+    /// | `llama3.1-70b` |      80 |   8192 |     64 |         8 |      28672 | no   |       8 | 70,553,706,496 |
     fn presets(&self) -> Vec<(&'static str, ModelConfig)> {
         let llama =
             |l, c, h, kv, f, t, tied| ModelConfig::llama(l, c, h, kv, f, t, LLAMA3_VOCAB, tied);
+        let scaled = |scaling, cfg: ModelConfig| ModelConfig {
+            rope_scaling: scaling,
+            ..cfg
+        };
         vec![
             ("llama-tiny", llama(2, 64, 4, 2, 192, 64, true)),
-            ("llama3.2-1b", llama(16, 2048, 32, 8, 8192, 2048, true)),
-            ("llama3.2-3b", llama(28, 3072, 24, 8, 8192, 2048, true)),
+            (
+                "llama3.2-1b",
+                scaled(LLAMA3_2_SCALING, llama(16, 2048, 32, 8, 8192, 2048, true)),
+            ),
+            (
+                "llama3.2-3b",
+                scaled(LLAMA3_2_SCALING, llama(28, 3072, 24, 8, 8192, 2048, true)),
+            ),
             ("llama3-8b", llama(32, 4096, 32, 8, 14336, 2048, false)),
+            (
+                "llama3.1-8b",
+                scaled(LLAMA3_1_SCALING, llama(32, 4096, 32, 8, 14336, 2048, false)),
+            ),
             ("llama3-70b", llama(80, 8192, 64, 8, 28672, 2048, false)),
+            (
+                "llama3.1-70b",
+                scaled(LLAMA3_1_SCALING, llama(80, 8192, 64, 8, 28672, 2048, false)),
+            ),
         ]
     }
 
@@ -162,6 +209,12 @@ impl Family for Llama {
                 reason: format!("{} is not a base above 1", cfg.rope_theta),
             });
         }
+        if let Some(reason) = cfg.rope_scaling.problem() {
+            return Err(ModelError::Shape {
+                field: "rope_scaling",
+                reason,
+            });
+        }
         Ok(())
     }
 
@@ -195,14 +248,19 @@ impl Family for Llama {
     }
 
     fn trajectory(&self, cfg: &ModelConfig) -> Vec<(&'static str, String)> {
-        vec![
+        let mut keys = vec![
             ("model.arch", self.name().to_string()),
             ("model.n_kv_head", cfg.n_kv_head.to_string()),
             ("model.ffn_hidden", cfg.ffn_hidden.to_string()),
             ("model.norm_eps", cfg.norm_eps.to_string()),
             ("model.rope_theta", cfg.rope_theta.to_string()),
             ("model.tie_embeddings", cfg.tie_embeddings.to_string()),
-        ]
+        ];
+        // Recorded only when set, so that checkpoints from before scaling compare equal.
+        if cfg.rope_scaling != RopeScaling::Default {
+            keys.push(("model.rope_scaling", cfg.rope_scaling.to_string()));
+        }
+        keys
     }
 
     fn record(&self, cfg: &ModelConfig) -> Option<serde_json::Value> {
@@ -211,6 +269,7 @@ impl Family for Llama {
             ffn_hidden: cfg.ffn_hidden,
             norm_eps: cfg.norm_eps,
             rope_theta: cfg.rope_theta,
+            rope_scaling: cfg.rope_scaling,
             tie_embeddings: cfg.tie_embeddings,
         })
         .ok()
@@ -233,6 +292,7 @@ impl Family for Llama {
         Ok(ModelConfig {
             norm_eps: r.norm_eps,
             rope_theta: r.rope_theta,
+            rope_scaling: r.rope_scaling,
             ..self.config(&sizes)?
         })
     }
@@ -274,7 +334,11 @@ impl Family for Llama {
             "max_position_embeddings": cfg.seq_len,
             "rms_norm_eps": cfg.norm_eps,
             "rope_theta": cfg.rope_theta,
-            "rope_scaling": null,
+            // transformers 4's spelling, which 5 reads too.
+            "rope_scaling": match cfg.rope_scaling {
+                RopeScaling::Default => serde_json::Value::Null,
+                s => serde_json::to_value(s).unwrap_or_default(),
+            },
             "attention_bias": false,
             "mlp_bias": false,
             "attention_dropout": 0.0,
@@ -308,6 +372,12 @@ impl Family for Llama {
             cfg.rope_theta,
             "model.rope_theta",
         )?;
+        if rope.scaling != cfg.rope_scaling {
+            return Err(format!(
+                "has {} = {}, this run model.rope_scaling = {}: set model.rope_scaling = {}",
+                rope.scaling_key, rope.scaling, cfg.rope_scaling, rope.scaling
+            ));
+        }
         // transformers' Llama default.
         let eps = j["rms_norm_eps"].as_f64().unwrap_or(1e-6);
         close("rms_norm_eps", eps, cfg.norm_eps, "model.norm_eps")?;
@@ -395,9 +465,10 @@ impl Family for Llama {
         super::head_loss(cfg, head_params, x, targets, grad)
     }
 
-    /// The tables of every position `0..seq_len`, of `rope_theta`.
+    /// The tables of every position `0..seq_len`, of `rope_theta` and `rope_scaling`.
     fn rope(&self, cfg: &ModelConfig, dtype: DType, device: &Device) -> Result<Option<RopeTables>> {
-        let tables = rope_tables(cfg.seq_len, cfg.head_dim(), cfg.rope_theta, dtype, device)?;
+        let (t, hs) = (cfg.seq_len, cfg.head_dim());
+        let tables = rope_tables(t, hs, cfg.rope_theta, &cfg.rope_scaling, dtype, device)?;
         Ok(Some(tables))
     }
 
@@ -444,39 +515,20 @@ pub struct Rope {
     pub theta: f64,
     /// Where `theta` was read, for the message that compares it with the run's.
     pub theta_key: &'static str,
+    /// The frequencies' rescaling (`rope_type` `default` or `llama3`).
+    pub scaling: RopeScaling,
+    /// Where `scaling` was read (`rope_scaling`, `rope_parameters`).
+    pub scaling_key: &'static str,
 }
 
 impl Rope {
     /// transformers' Llama default when no theta is written.
     const DEFAULT_THETA: f64 = 10_000.0;
 
-    /// The rope of `j`, or what it sets that zeropp's Llama does not implement (a scaled rope:
-    /// `llama3`, `yarn`, `linear`, ...; only `default` is), as the rest of a one-line message.
+    /// The rope of `j`, or what it sets that zeropp's Llama does not implement (a rope type
+    /// other than `default` and `llama3`: `yarn`, `linear`, `dynamic`, ...), as the rest of a
+    /// one-line message.
     pub fn of(j: &serde_json::Value) -> std::result::Result<Rope, String> {
-        let number = |v: &serde_json::Value, key: &str| match v {
-            serde_json::Value::Null => Ok(None),
-            v => v
-                .as_f64()
-                .map(Some)
-                .ok_or(format!("has {key} = {v}, not a number")),
-        };
-        let rope_type = |o: &serde_json::Value, key: &str| -> std::result::Result<(), String> {
-            // transformers accepts the legacy `type` beside `rope_type`.
-            let t = match (&o["rope_type"], &o["type"]) {
-                (serde_json::Value::Null, serde_json::Value::Null) => return Ok(()),
-                (serde_json::Value::Null, t) => (t, "type"),
-                (t, _) => (t, "rope_type"),
-            };
-            match t.0.as_str() {
-                Some("default") => Ok(()),
-                Some(other) => Err(format!(
-                    "sets {key}.{} = {other:?}, a scaled rope zeropp's Llama does not implement \
-                     (only \"default\")",
-                    t.1
-                )),
-                None => Err(format!("has {key}.{} = {}, not a string", t.1, t.0)),
-            }
-        };
         let params = &j["rope_parameters"];
         if params.is_object() {
             // 5.x; models that mix attention kinds nest one object per layer type.
@@ -490,25 +542,91 @@ impl Rope {
                         .into(),
                 );
             }
-            rope_type(params, "rope_parameters")?;
+            let scaling = scaling(params, "rope_parameters")?;
             if let Some(theta) = number(&params["rope_theta"], "rope_parameters.rope_theta")? {
                 return Ok(Rope {
                     theta,
                     theta_key: "rope_parameters.rope_theta",
+                    scaling,
+                    scaling_key: "rope_parameters",
                 });
             }
+            let theta = number(&j["rope_theta"], "rope_theta")?.unwrap_or(Self::DEFAULT_THETA);
+            return Ok(Rope {
+                theta,
+                theta_key: "rope_theta",
+                scaling,
+                scaling_key: "rope_parameters",
+            });
         } else if !params.is_null() {
             return Err(format!("has rope_parameters = {params}, not an object"));
         }
-        match &j["rope_scaling"] {
-            serde_json::Value::Null => {}
-            s if s.is_object() => rope_type(s, "rope_scaling")?,
+        let scaling = match &j["rope_scaling"] {
+            serde_json::Value::Null => RopeScaling::Default,
+            s if s.is_object() => scaling(s, "rope_scaling")?,
             s => return Err(format!("has rope_scaling = {s}, not an object")),
-        }
+        };
         Ok(Rope {
             theta: number(&j["rope_theta"], "rope_theta")?.unwrap_or(Self::DEFAULT_THETA),
             theta_key: "rope_theta",
+            scaling,
+            scaling_key: "rope_scaling",
         })
+    }
+}
+
+/// `v` as a number; `None` when absent.
+fn number(v: &serde_json::Value, key: &str) -> std::result::Result<Option<f64>, String> {
+    match v {
+        serde_json::Value::Null => Ok(None),
+        v => v
+            .as_f64()
+            .map(Some)
+            .ok_or(format!("has {key} = {v}, not a number")),
+    }
+}
+
+/// The rescaling an object of rope settings (`rope_scaling`, `rope_parameters`) names, at `key`.
+fn scaling(o: &serde_json::Value, key: &str) -> std::result::Result<RopeScaling, String> {
+    // transformers accepts the legacy `type` beside `rope_type`.
+    let (t, t_key) = match (&o["rope_type"], &o["type"]) {
+        (serde_json::Value::Null, serde_json::Value::Null) => return Ok(RopeScaling::Default),
+        (serde_json::Value::Null, t) => (t, "type"),
+        (t, _) => (t, "rope_type"),
+    };
+    let field = |name: &str| {
+        number(&o[name], &format!("{key}.{name}"))?
+            .ok_or_else(|| format!("sets {key}.{t_key} = \"llama3\" without {key}.{name}"))
+    };
+    let scaling = match t.as_str() {
+        Some("default") => RopeScaling::Default,
+        Some("llama3") => {
+            let original = field("original_max_position_embeddings")?;
+            RopeScaling::Llama3 {
+                factor: field("factor")?,
+                low_freq_factor: field("low_freq_factor")?,
+                high_freq_factor: field("high_freq_factor")?,
+                original_max_position_embeddings: match original.fract() == 0.0 && original >= 0.0 {
+                    true => original as usize,
+                    false => {
+                        return Err(format!(
+                            "has {key}.original_max_position_embeddings = {original}, not a length"
+                        ))
+                    }
+                },
+            }
+        }
+        Some(other) => {
+            return Err(format!(
+                "sets {key}.{t_key} = {other:?}, a scaled rope zeropp's Llama does not implement \
+                 (only \"default\" and \"llama3\")"
+            ))
+        }
+        None => return Err(format!("has {key}.{t_key} = {t}, not a string")),
+    };
+    match scaling.problem() {
+        Some(p) => Err(format!("has {key} with {p}")),
+        None => Ok(scaling),
     }
 }
 
@@ -525,7 +643,9 @@ mod tests {
                 ("llama3.2-1b", 1.24e9),
                 ("llama3.2-3b", 3.21e9),
                 ("llama3-8b", 8.03e9),
+                ("llama3.1-8b", 8.03e9),
                 ("llama3-70b", 70.55e9),
+                ("llama3.1-70b", 70.55e9),
             ],
         );
     }
@@ -537,7 +657,17 @@ mod tests {
     #[test]
     fn the_rope_of_older_and_odder_configs() {
         let of = |j: serde_json::Value| Rope::of(&j);
-        let rope = |theta, theta_key| Ok(Rope { theta, theta_key });
+        let rope = |theta, theta_key| {
+            Ok(Rope {
+                theta,
+                theta_key,
+                scaling: RopeScaling::Default,
+                scaling_key: match theta_key {
+                    "rope_parameters.rope_theta" => "rope_parameters",
+                    _ => "rope_scaling",
+                },
+            })
+        };
         assert_eq!(of(serde_json::json!({})), rope(10_000.0, "rope_theta"));
         assert_eq!(
             of(serde_json::json!({"rope_theta": 1e6, "rope_scaling": {"type": "default"}})),
@@ -545,15 +675,35 @@ mod tests {
         );
         let e = of(serde_json::json!({"rope_scaling": {"type": "dynamic", "factor": 2.0}}));
         assert!(e.unwrap_err().contains("rope_scaling.type = \"dynamic\""));
+        let e = of(serde_json::json!({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}));
+        assert!(
+            e.as_ref()
+                .unwrap_err()
+                .contains("without rope_scaling.original_max_position_embeddings"),
+            "{e:?}"
+        );
         let nested = serde_json::json!({"rope_parameters": {
             "full_attention": {"rope_type": "default", "rope_theta": 1e6},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}});
         assert!(of(nested).unwrap_err().contains("per layer type"));
         // 5.x without a theta inside falls back to a top-level one.
         assert_eq!(
-            of(serde_json::json!({"rope_theta": 2e5, "rope_parameters": {"rope_type": "default"}})),
-            rope(2e5, "rope_theta")
+            of(serde_json::json!({"rope_theta": 2e5, "rope_parameters": {"rope_type": "default"}}))
+                .map(|r| (r.theta, r.theta_key, r.scaling_key)),
+            Ok((2e5, "rope_theta", "rope_parameters"))
         );
+        // Llama 3.1's, in either spelling; a bad value named with its key.
+        let params = serde_json::json!({"rope_type": "llama3", "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192});
+        for key in ["rope_scaling", "rope_parameters"] {
+            let r = of(serde_json::json!({ key: params.clone(), "rope_theta": 5e5 })).unwrap();
+            assert_eq!((r.scaling, r.scaling_key), (LLAMA3_1_SCALING, key));
+        }
+        let mut bad = params.clone();
+        bad["factor"] = serde_json::json!(0.5);
+        let e = of(serde_json::json!({ "rope_scaling": bad })).unwrap_err();
+        assert!(e.contains("rope_scaling with factor = 0.5"), "{e}");
         let e = of(serde_json::json!({"rope_parameters": {"rope_theta": "big"}}));
         assert!(e.unwrap_err().contains("not a number"));
     }

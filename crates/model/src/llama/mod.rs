@@ -182,7 +182,14 @@ fn block_forward_full(
     let (b, t) = check_acts(cfg, x, "block input")?;
     let (c, nh, kv, hs) = (cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim());
     let w = BlockWeights::view(&unit, params)?;
-    let rope = rope_tables(t, hs, cfg.rope_theta, x.dtype(), x.device())?;
+    let rope = rope_tables(
+        t,
+        hs,
+        cfg.rope_theta,
+        &cfg.rope_scaling,
+        x.dtype(),
+        x.device(),
+    )?;
     let xf = x.reshape((b * t, c))?;
     let (n1, rms1) = rmsnorm_forward(&xf, &w.input_norm, cfg.norm_eps)?;
     let qkv = matmul_cols_forward(&n1, &w.qkv, None)?;
@@ -215,7 +222,8 @@ fn block_forward_full(
 }
 
 /// One decoder block: `x (B, T, C)` -> `out (B, T, C)` from the block's flat `params`
-/// (`eps` = `cfg.norm_eps`, the rotary tables of `cfg.rope_theta` for this batch's `T`).
+/// (`eps` = `cfg.norm_eps`, the rotary tables of `cfg.rope_theta` and `cfg.rope_scaling` for
+/// this batch's `T`).
 ///
 /// q, k and v come out of one packed projection `(N, (NH + 2 KV) hs)` that the rotation turns
 /// in place and the attention reads in place, gate and up out of another `(N, 2F)`; the residual

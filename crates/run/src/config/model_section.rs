@@ -31,6 +31,11 @@ pub struct ModelSection {
     pub norm_eps: Option<f64>,
     /// Llama: the rotary base (default 500,000).
     pub rope_theta: Option<f64>,
+    /// Llama: the rescaling of the rotary frequencies, as config.json writes it:
+    /// `{ rope_type = "llama3", factor = 32.0, low_freq_factor = 1.0, high_freq_factor = 4.0,
+    /// original_max_position_embeddings = 8192 }`, or `{ rope_type = "default" }` for none
+    /// (default: the preset's; the Llama 3.1 and 3.2 presets set theirs).
+    pub rope_scaling: Option<model::RopeScaling>,
     /// Llama: the LM head reads the token embedding (default: the preset's, else true).
     pub tie_embeddings: Option<bool>,
     /// Activation checkpointing: blocks keep only their input and recompute in backward.
@@ -112,6 +117,12 @@ impl ModelSection {
             tie_embeddings: base.as_ref().map(|b| b.tie_embeddings),
         };
         let mut cfg = arch.family().config(&sizes).map_err(model_error)?;
+        // What the sizes do not carry comes from the preset (of this family: checked above).
+        if let Some(b) = &base {
+            cfg.norm_eps = b.norm_eps;
+            cfg.rope_theta = b.rope_theta;
+            cfg.rope_scaling = b.rope_scaling;
+        }
         // A family that fixes one of these refuses a value given for it (validate), rather
         // than ignoring it.
         if let Some(kv) = m.n_kv_head {
@@ -125,6 +136,9 @@ impl ModelSection {
         }
         if let Some(theta) = m.rope_theta {
             cfg.rope_theta = theta;
+        }
+        if let Some(scaling) = m.rope_scaling {
+            cfg.rope_scaling = scaling;
         }
         if let Some(tied) = m.tie_embeddings {
             cfg.tie_embeddings = tied;

@@ -160,3 +160,32 @@ fn plot_labels_read_absent_zero_keys_as_the_defaults() {
         )
     );
 }
+
+/// Llama 3.1 and 3.2 presets carry their rope scaling; `[model] rope_scaling` sets or clears
+/// it in config.json's own terms, and a GPT-2 refuses one in a line naming the key.
+#[test]
+fn rope_scaling_comes_from_the_preset_or_the_section() {
+    let llama = BASE.replace("\"tiny\"", "\"llama3.2-1b\"");
+    let (_d, path) = write(&llama);
+    let c = RunConfig::load(&path, &Overrides::default()).unwrap();
+    let m = c.model.resolve(None).unwrap();
+    assert_eq!(m.rope_scaling, model::LLAMA3_2_SCALING);
+    let none = sets(&["model.rope_scaling={ rope_type = \"default\" }"]);
+    let m = RunConfig::load(&path, &none).unwrap().model.resolve(None);
+    assert_eq!(m.unwrap().rope_scaling, model::RopeScaling::Default);
+    let set = format!("model.rope_scaling={}", model::LLAMA3_1_SCALING);
+    let m = RunConfig::load(&path, &sets(&[&set]))
+        .unwrap()
+        .model
+        .resolve(None);
+    assert_eq!(m.unwrap().rope_scaling, model::LLAMA3_1_SCALING);
+    let bad = sets(&["model.rope_scaling={ rope_type = \"yarn\", factor = 4.0 }"]);
+    let e = format!("{:#}", RunConfig::load(&path, &bad).unwrap_err());
+    assert!(
+        e.contains("model.rope_scaling") && e.contains("yarn"),
+        "{e}"
+    );
+    let gpt = sets(&[&set]);
+    let e = format!("{:#}", RunConfig::load(&write(BASE).1, &gpt).unwrap_err());
+    assert!(e.contains("rope_scaling") && e.contains("learned"), "{e}");
+}
