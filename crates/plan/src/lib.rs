@@ -8,9 +8,9 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use comm::{ByteCounters, Topology};
+use model::Pass;
 use serde::Serialize;
 use zero::volume::{logical_step_bytes, paper_volume};
-use model::Pass;
 use zero::{RankMemory, ZeroConfig, ZeroPlan};
 
 use run::config::{Overrides, Precision, RunConfig};
@@ -137,10 +137,10 @@ pub struct ZeroInfo {
     pub reduce_dtype: &'static str,
     /// Every shard is a whole number of this many elements.
     pub align: usize,
-    /// The gathers' codec, as it calls itself ([`zero::WeightCodec::label`]), for the table.
+    /// The codecs' labels for the table ([`zero::WeightCodec::label`], [`zero::GradCodec::label`];
+    /// the reductions' with qgZ's first where it is on), not in the JSON.
     #[serde(skip)]
     pub weight_codec: String,
-    /// The reductions' codecs, qgZ's first where it is on ([`zero::GradCodec::label`]).
     #[serde(skip)]
     pub grad_codecs: Vec<String>,
 }
@@ -259,7 +259,6 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
         .iter()
         .map(|u| u.numel)
         .collect();
-    // The training walk's gathers, which the logical bytes follow.
     let order = model::Model::new(cfg.clone())?.gather_order(Pass::Train);
     let pb = param_bytes(t.precision);
     let (mut throughput, mut sweep, mut advice) = (None, None, None);
@@ -483,6 +482,10 @@ fn model_info(
 
 /// The `zero` section: the resolved techniques.
 fn zero_info(config: &RunConfig, plan: &ZeroPlan) -> ZeroInfo {
+    let labels = plan
+        .grad_reductions()
+        .into_iter()
+        .map(|r| r.codec().label());
     ZeroInfo {
         qwz: plan.qwz.is_some(),
         weight_quant_block: plan.qwz.map(|q| q.block),
@@ -496,11 +499,7 @@ fn zero_info(config: &RunConfig, plan: &ZeroPlan) -> ZeroInfo {
         reduce_dtype: plan.reduce_dtype.name(),
         align: plan.align,
         weight_codec: plan.step_plan(1, Pass::Train).gather.codec().label(),
-        grad_codecs: plan
-            .grad_reductions()
-            .into_iter()
-            .map(|r| r.codec().label())
-            .collect(),
+        grad_codecs: labels.collect(),
     }
 }
 

@@ -162,9 +162,18 @@ mod tests {
         comm::run_local(topology, |c| -> crate::Result<_> {
             let g = grad(c.rank());
             let g = Tensor::from_vec(g.clone(), g.len(), &candle_core::Device::Cpu)?;
-            let quantised = finish(submit(&c, 0, &partition, &g, None, coef, q, GradState::default()))?
-                .1
-                .shard;
+            let quantised = finish(submit(
+                &c,
+                0,
+                &partition,
+                &g,
+                None,
+                coef,
+                q,
+                GradState::default(),
+            ))?
+            .1
+            .shard;
             let plain = finish(submit(
                 &c,
                 0,
@@ -264,7 +273,9 @@ mod tests {
             }
             let [hop1, hop2] = crate::QGZ_ERROR_STATES;
             let read = |name| state.get(name).map(|t| t.to_vec1::<f32>()).transpose();
-            let error = read(hop1)?.map(|h1| read(hop2).map(|h2| (h1, h2))).transpose()?;
+            let error = read(hop1)?
+                .map(|h1| read(hop2).map(|h2| (h1, h2)))
+                .transpose()?;
             Ok((last, total, error))
         })
         .unwrap()
@@ -364,9 +375,18 @@ mod tests {
             let plain = GradReduction::ReduceScatter {
                 dtype: ReduceDtype::Fp32,
             };
-            let first = finish(submit(&c, 0, &partition, &g, None, 0.125, plain, GradState::default()))?
-                .1
-                .shard;
+            let first = finish(submit(
+                &c,
+                0,
+                &partition,
+                &g,
+                None,
+                0.125,
+                plain,
+                GradState::default(),
+            ))?
+            .1
+            .shard;
             let once = first.to_vec1::<f32>()?;
             let twice = finish(submit(
                 &c,

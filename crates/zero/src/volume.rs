@@ -188,10 +188,14 @@ mod tests {
     fn hpz_alone_moves_two_thirds_of_zero3_across_nodes() {
         let units = [4096 * 8, 1024 * 8];
         let zero3 = bytes(&plan(ZeroConfig::default()), &units, 2);
-        let hpz = bytes(&plan(ZeroConfig {
+        let hpz = bytes(
+            &plan(ZeroConfig {
                 hpz_partition_size: 4,
                 ..Default::default()
-            }), &units, 4);
+            }),
+            &units,
+            4,
+        );
         // Gradients reduce in f32 whatever the parameter bytes: compare at 4 bytes.
         let zero3_f32 = bytes(&plan(ZeroConfig::default()), &units, 4);
         assert_eq!(3 * (hpz.inter - 32), 2 * (zero3_f32.inter - 32));
@@ -216,10 +220,7 @@ mod tests {
         assert_eq!((a.gather_data, a.padded), (b.gather_data, b.padded));
         // Per step: the gathers (2 bytes, twice) are unchanged and the reduction halves, so
         // ZeRO-3's 2 + 2 + 4 bytes an element become 2 + 2 + 2.
-        let (a, b) = (
-            bytes(&fp32, &units, 2),
-            bytes(&bf16, &units, 2),
-        );
+        let (a, b) = (bytes(&fp32, &units, 2), bytes(&bf16, &units, 2));
         assert_eq!(3 * (a.inter - 32), 4 * (b.inter - 32));
         assert_eq!(3 * (a.intra - 24), 4 * (b.intra - 24));
     }

@@ -195,7 +195,10 @@ fn counters_equal_the_logical_volume_of_every_walk() {
         // Prefetching 3 deep, some backward gather leaves the node: more bytes cross it.
         deeper |= hpz_inter[1] > hpz_inter[0];
     }
-    assert!(deeper, "no walk issues a backward gather before its forward's wait");
+    assert!(
+        deeper,
+        "no walk issues a backward gather before its forward's wait"
+    );
 }
 
 /// Every weight the forward sees under qwZ, for `tiny` at W = 8 (2 x 4).

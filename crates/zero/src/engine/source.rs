@@ -14,9 +14,7 @@ use model::UnitSource;
 use super::{EngineOptions, UnitShard, REDUCTIONS_IN_FLIGHT};
 use crate::gather::{self, GatherQueue};
 use crate::reduce::{self, Reduced};
-use crate::{
-    GatherSlot, GradShard, Result, SecondaryPartition, StepPlan, ZeroError, ZeroPlan,
-};
+use crate::{GatherSlot, GradShard, Result, SecondaryPartition, StepPlan, ZeroError, ZeroPlan};
 
 /// The engine's parts a walk borrows besides its shards.
 pub(super) struct Parts<'a> {
