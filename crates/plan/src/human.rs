@@ -98,14 +98,14 @@ fn human_run(o: &mut String, r: &Report) {
         t.steps
     );
     let mut tech = Vec::new();
-    if let Some(bk) = z.weight_quant_block {
-        tech.push(format!("qwZ (INT8, block {bk})"));
+    if z.qwz {
+        tech.push(z.weight_codec.clone());
     }
     if z.hpz {
         tech.push(format!("hpZ (groups of {})", z.hpz_partition_size));
     }
-    if let (Some(bk), Some(until)) = (z.grad_quant_block, z.qgz_until_step) {
-        tech.push(format!("qgZ (INT4, block {bk}, steps 1..={until})"));
+    if let (Some(qgz), Some(until)) = (z.grad_codecs.first(), z.qgz_until_step) {
+        tech.push(format!("{qgz} in steps 1..={until}"));
     }
     let _ = writeln!(
         *o,

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use comm::{ByteCounters, Topology};
+use model::Pass;
 use serde::Serialize;
 use zero::volume::{logical_step_bytes, paper_volume};
 use zero::{RankMemory, ZeroConfig, ZeroPlan};
@@ -136,6 +137,12 @@ pub struct ZeroInfo {
     pub reduce_dtype: &'static str,
     /// Every shard is a whole number of this many elements.
     pub align: usize,
+    /// The codecs' labels for the table ([`zero::WeightCodec::label`], [`zero::GradCodec::label`];
+    /// the reductions' with qgZ's first where it is on), not in the JSON.
+    #[serde(skip)]
+    pub weight_codec: String,
+    #[serde(skip)]
+    pub grad_codecs: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -252,6 +259,7 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
         .iter()
         .map(|u| u.numel)
         .collect();
+    let order = model::Model::new(cfg.clone())?.gather_order(Pass::Train);
     let pb = param_bytes(t.precision);
     let (mut throughput, mut sweep, mut advice) = (None, None, None);
     if let Some(a) = &args.throughput {
@@ -308,7 +316,7 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
         },
         zero: zero_info(config, &plan),
         memory: memory(config, cfg, &plan, &numels, pb),
-        comm: comm_per_step(config, &plan, &numels, pb, accumulation)?,
+        comm: comm_per_step(config, &plan, &numels, &order, pb, accumulation)?,
         paper: paper(&plan, cfg.num_params()),
         throughput,
         sweep,
@@ -474,6 +482,10 @@ fn model_info(
 
 /// The `zero` section: the resolved techniques.
 fn zero_info(config: &RunConfig, plan: &ZeroPlan) -> ZeroInfo {
+    let labels = plan
+        .grad_reductions()
+        .into_iter()
+        .map(|r| r.codec().label());
     ZeroInfo {
         qwz: plan.qwz.is_some(),
         weight_quant_block: plan.qwz.map(|q| q.block),
@@ -486,6 +498,8 @@ fn zero_info(config: &RunConfig, plan: &ZeroPlan) -> ZeroInfo {
         prefetch_depth: plan.prefetch_depth,
         reduce_dtype: plan.reduce_dtype.name(),
         align: plan.align,
+        weight_codec: plan.step_plan(1, Pass::Train).gather.codec().label(),
+        grad_codecs: labels.collect(),
     }
 }
 
@@ -570,6 +584,7 @@ fn comm_per_step(
     config: &RunConfig,
     plan: &ZeroPlan,
     numels: &[usize],
+    order: &[usize],
     pb: usize,
     accumulation: usize,
 ) -> Result<Comm> {
@@ -582,12 +597,12 @@ fn comm_per_step(
         ..config.zero.clone()
     };
     let plain = ZeroPlan::resolve(&plain_cfg, plan.topology, steps)?;
-    let zero3 = logical_step_bytes(&plain, numels, pb, accumulation, 1);
-    let zeropp = logical_step_bytes(plan, numels, pb, accumulation, 1);
+    let zero3 = logical_step_bytes(&plain, numels, order, pb, accumulation, 1);
+    let zeropp = logical_step_bytes(plan, numels, order, pb, accumulation, 1);
     let ratio = |x: &ByteCounters| x.inter as f64 / zero3.inter.max(1) as f64;
     let after_qgz = plan.qgz.filter(|q| q.until_step < steps).map(|q| {
         let step = q.until_step + 1;
-        let after = logical_step_bytes(plan, numels, pb, accumulation, step);
+        let after = logical_step_bytes(plan, numels, order, pb, accumulation, step);
         AfterQgz {
             step,
             inter_ratio: ratio(&after),

@@ -125,7 +125,7 @@ fn payloads_are_the_plans_logical_bytes() {
 
     let p3 = plan(ZeroConfig::default(), n, d);
     let p = unit_payload(&p3, numel, 2);
-    let logical = logical_step_bytes(&p3, &[numel], 2, 1, 1);
+    let logical = logical_step_bytes(&p3, &[numel], &[0, 0], 2, 1, 1);
     let per_peer = 2 * p.gather_data / w as u64 + p.reduce_scatter / w as u64;
     assert_eq!(
         logical.inter,
@@ -138,7 +138,7 @@ fn payloads_are_the_plans_logical_bytes() {
 
     let pp = plan(zeropp(), n, d);
     let p = unit_payload(&pp, numel, 2);
-    let logical = logical_step_bytes(&pp, &[numel], 2, 1, 1);
+    let logical = logical_step_bytes(&pp, &[numel], &[0, 0], 2, 1, 1);
     let gathered = p.gather_data + p.gather_scales;
     let inter = gathered / w as u64 * (w - d) as u64 + p.qgz_hop2 / n as u64 * (n - 1) as u64;
     assert_eq!(logical.inter, inter + all_reduces(w - d));

@@ -12,14 +12,17 @@
 //! ask the codec, so that a technique's sizes are written once. docs/design.md section 3 says
 //! how to add one.
 
-use comm::{Group, Topology};
+use candle_core::Tensor;
+use comm::{Group, Lane, Topology};
 
-use crate::{GradReduction, WeightGather};
+use crate::{GradReduction, Result, WeightGather};
 
 pub(crate) mod grad;
+mod state;
 mod weight;
 
 pub use grad::{Int4TwoHop, PlainReduceScatter};
+pub use state::{GradState, ReduceInput};
 pub use weight::{Int8Gather, PlainGather};
 
 /// The bytes of a gathered buffer on the wire: its values and, for a quantised codec, their
@@ -42,6 +45,8 @@ impl Wire {
 /// the gather job of `gather.rs` sends for the plan's [`WeightGather`] (the byte counters of
 /// `comm` are tested equal to [`crate::volume`], which reads these).
 pub trait WeightCodec {
+    /// What `trainer plan` and the start-up lines call it.
+    fn label(&self) -> String;
     /// The bytes of `n` gathered elements, whose plain form is `param_bytes` an element.
     fn wire(&self, n: usize, param_bytes: usize) -> Wire;
     /// The bytes the decode after the gather reads and writes for `n` elements (the codes and
@@ -60,13 +65,16 @@ pub struct Hop {
 /// What a reduction sends of a unit's gradient and what it keeps.
 ///
 /// Implementors give sizes for a unit padded to `padded` elements (a multiple of W x
-/// [`crate::ZeroPlan::align`], so that every division here is exact); they must agree with the
-/// reduction job of `reduce.rs` for the plan's [`GradReduction`]. The buffers of [`kept`] are
-/// the rank's own f32 state between steps: the checkpoint saves and restores them under these
-/// names, so renaming one breaks every checkpoint written before.
+/// [`crate::ZeroPlan::align`], so that every division here is exact), and run the reduction
+/// itself inside the job of `reduce.rs` ([`GradCodec::reduce`]): the sizes must agree with what
+/// `reduce` sends. The buffers of [`kept`] are the rank's own f32 state between steps
+/// ([`GradState`]): the checkpoint saves and restores them under these names, so renaming one
+/// breaks every checkpoint written before.
 ///
 /// [`kept`]: GradCodec::kept
 pub trait GradCodec {
+    /// What `trainer plan` and the start-up lines call it.
+    fn label(&self) -> String;
     /// The collectives of one unit's reduction, in the order the job runs them.
     fn hops(&self, padded: usize, topology: Topology) -> Vec<Hop>;
     /// The bytes an element of the full gradient that the reduction holds until it completes.
@@ -77,6 +85,22 @@ pub trait GradCodec {
     /// The f32 buffers it keeps for a unit from one step to the next, in checkpoint order: each
     /// its name (the checkpoint's `<unit>.<name>`) and length. Empty for a stateless codec.
     fn kept(&self, padded: usize, topology: Topology) -> Vec<(&'static str, usize)>;
+
+    /// A unit's state for this codec, with nothing kept yet: the buffers of [`GradCodec::kept`].
+    fn new_state(&self, padded: usize, topology: Topology) -> GradState {
+        GradState::new(self.kept(padded, topology))
+    }
+
+    /// One unit's reduction at W > 1, inside its job on `lane`: `input.grad` scaled by
+    /// `input.coef` and padded, sent, and my reduced slice returned: in f32 (into
+    /// [`ReduceInput::target`]), or where [`ReduceInput::accumulates`] in any dtype the add
+    /// into the shard widens. It reads and rewrites its own buffers of `state` only.
+    fn reduce(
+        &self,
+        lane: &mut dyn Lane,
+        input: &ReduceInput<'_>,
+        state: &mut GradState,
+    ) -> Result<Tensor>;
 }
 
 impl WeightGather {

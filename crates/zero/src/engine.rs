@@ -17,6 +17,7 @@ use comm::{Communicator, Group};
 use kernels::profile::{scope, Family};
 use model::{Model, ModelConfig, Pass, UnitLayout};
 
+use crate::codec::GradState;
 use crate::gather::{Secondary, Working};
 use crate::memory::{rank_memory, RankMemory};
 use crate::{AdamW, DecayRanges, GradShard, Partition, Result, Techniques, ZeroConfig, ZeroPlan};
@@ -104,8 +105,9 @@ struct UnitShard {
     /// copies: what world gathers read instead of casting `master` (none while the compute
     /// dtype is the master's f32).
     working: Option<Working>,
-    /// qgZ's error feedback: what my quantisers of this unit dropped the last time.
-    qgz_error: Option<crate::qgz::QgzError>,
+    /// What the gradient codecs keep of this unit between steps (qgZ's error feedback): taken
+    /// by each reduction's job and handed back.
+    grad_state: GradState,
 }
 
 /// A ZeRO-3 engine for one rank. See the module doc for the step's schedule.
@@ -156,14 +158,14 @@ impl Engine {
                 Ok(UnitShard {
                     decay: DecayRanges::for_shard(&decayed, &range),
                     layout,
-                    partition,
                     master: Tensor::from_vec(master, n, dev)?,
                     exp_avg: Tensor::zeros(n, DType::F32, dev)?,
                     exp_avg_sq: Tensor::zeros(n, DType::F32, dev)?,
                     grad: None,
                     secondary: None,
                     working: None,
-                    qgz_error: None,
+                    grad_state: GradState::for_run(&plan, partition.padded),
+                    partition,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -386,7 +388,7 @@ impl Engine {
             for u in &mut self.units {
                 u.grad = None;
                 // What the quantisers dropped from a non-finite gradient is no error to feed back.
-                u.qgz_error = None;
+                u.grad_state.clear();
             }
             // A new step: its first gathers come from the world, as every step's do.
             self.weights += 1;

@@ -12,7 +12,8 @@
 //! communication stream; the hops of consecutive units do too (they could overlap only on
 //! separate streams per group).
 //!
-//! Error feedback (`zero.qgz_error_feedback`, [`QgzError`]): each rank keeps, for every unit,
+//! Error feedback (`zero.qgz_error_feedback`, [`QgzError`]): each rank keeps, for every unit (in
+//! its [`crate::codec::GradState`], by [`crate::codec::Int4TwoHop`]),
 //! what its two quantisers dropped the last time: `hop1` (the padded gradient's length, in the
 //! swizzled order) and `hop2` (its node sum's, P / D, with D > 1). Before quantising, the
 //! rank adds the kept error to what it quantises, and keeps the new difference between the
@@ -34,25 +35,6 @@ pub(crate) struct QgzError {
     pub hop1: Tensor,
     /// The requantisation's, over the node sum (P / D); `None` with one rank a node.
     pub hop2: Option<Tensor>,
-}
-
-impl QgzError {
-    /// The buffers in checkpoint order ([`crate::GradCodec::kept`] of qgZ): hop 1's, then
-    /// hop 2's where there is one.
-    pub(crate) fn buffers(&self) -> Vec<&Tensor> {
-        std::iter::once(&self.hop1).chain(&self.hop2).collect()
-    }
-
-    /// The error from its buffers read back in checkpoint order (`None` where missing): none
-    /// without the first hop's, which every error has.
-    pub(crate) fn from_buffers(buffers: Vec<Option<Tensor>>) -> Option<Self> {
-        let mut buffers = buffers.into_iter();
-        let hop1 = buffers.next().flatten()?;
-        Some(QgzError {
-            hop1,
-            hop2: buffers.next().flatten(),
-        })
-    }
 }
 
 /// qgZ's two hops of the padded, scaled gradient `full` into `target`, in INT4 blocks of

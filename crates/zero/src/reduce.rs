@@ -8,25 +8,26 @@
 //! a reduced slice is taken as the new shard as it is (widened to f32 from bf16), or added into
 //! the shard of the earlier micro-batches in place. The shard and the optimizer stay f32.
 //!
-//! qgZ's two hops and its error feedback are in [`crate::qgz`]; another compression would be
-//! one more [`GradReduction`] variant and a module like it.
+//! What is sent is the codec's ([`GradReduction::codec`], [`crate::GradCodec::reduce`]): the
+//! job gives it the gradient and the unit's codec state, and keeps the shard; qgZ's two hops and
+//! its error feedback are in [`crate::qgz`].
 
 use candle_core::{DType, Tensor};
-use comm::{Communicator, Group, Lane, Topology};
+use comm::{Communicator, Lane, Topology};
 use kernels::profile::Family;
 
-use crate::qgz::{self, QgzError};
+use crate::codec::{GradState, ReduceInput};
 use crate::typed_job::{self, TypedPending};
-use crate::{shard_passes, GradReduction, Partition, ReduceDtype, Result};
+use crate::{shard_passes, GradReduction, Partition, Result};
 
 /// What a reduction job is reported as ([`comm::JobTime`]).
 pub const GRADIENT_REDUCTION: &str = "gradient reduction";
 
-/// What a reduction job returns: the unit's new fp32 gradient shard and, with qgZ's error
-/// feedback, what its quantisers dropped this time.
+/// What a reduction job returns: the unit's new fp32 gradient shard, and the unit's codec state
+/// it took (qgZ's error feedback: what its quantisers dropped this time).
 pub(crate) struct Reduced {
     pub shard: Tensor,
-    pub error: Option<QgzError>,
+    pub state: GradState,
 }
 
 /// A reduction in flight.
@@ -37,8 +38,8 @@ pub(crate) struct InFlight {
 
 /// Submits the reduction of unit `unit`'s full gradient `grad` (its `numel` elements, in the
 /// compute dtype), weighted by `coef`, into `acc` (the unit's fp32 gradient shard so far, or
-/// `None`: a new shard), as `how` says; with qgZ's error feedback, compensated by `error` (what
-/// the last quantisation of this unit dropped; `None` before the first).
+/// `None`: a new shard), as `how` says, with the unit's codec state `state` (handed back by
+/// [`finish`], as the codec left it).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn submit(
     comm: &dyn Communicator,
@@ -48,7 +49,7 @@ pub(crate) fn submit(
     acc: Option<Tensor>,
     coef: f32,
     how: GradReduction,
-    error: Option<QgzError>,
+    state: GradState,
 ) -> InFlight {
     let (padded, shard) = (partition.padded, partition.shard_len());
     let topology = comm.topology();
@@ -58,17 +59,7 @@ pub(crate) fn submit(
     };
     let mut inputs = vec![grad.clone()];
     inputs.extend(acc.clone());
-    let error = match how {
-        GradReduction::Qgz {
-            error_feedback: true,
-            ..
-        } => error,
-        _ => None,
-    };
-    if let Some(e) = &error {
-        inputs.push(e.hop1.clone());
-        inputs.extend(e.hop2.clone());
-    }
+    inputs.extend(how.reads(&state, padded, topology));
     let grad = grad.clone();
     let job = Reduce {
         coef,
@@ -82,7 +73,7 @@ pub(crate) fn submit(
         grad.device().clone(),
         inputs,
         outputs,
-        move |lane, outputs| job.run(lane, &grad, acc.as_ref(), outputs.into_iter().next(), error),
+        move |lane, outputs| job.run(lane, &grad, acc.as_ref(), outputs.into_iter().next(), state),
     );
     InFlight { unit, pending }
 }
@@ -101,74 +92,33 @@ struct Reduce {
 }
 
 impl Reduce {
-    /// The new shard (`out`, or `acc` added into), then with error feedback the new errors.
+    /// The new shard (`out`, or `acc` added into), and the state as the codec left it.
     fn run(
         &self,
         lane: &mut dyn Lane,
         grad: &Tensor,
         acc: Option<&Tensor>,
         out: Option<Tensor>,
-        error: Option<QgzError>,
+        mut state: GradState,
     ) -> Result<Reduced> {
         let place = lane.place().clone();
-        let world = self.topology.world();
-        let (padded, shard) = (self.padded, self.padded / world);
         // Profile spans time the compute stream: they record only where the job runs there.
         let span = |family| place.scope(grad.device(), family);
-        let target = |lane: &mut dyn Lane| -> Result<Tensor> {
-            match (&out, acc) {
-                (Some(o), None) => Ok(o.clone()),
-                _ => Ok(lane.alloc(DType::F32, shard)?),
-            }
+        let input = ReduceInput {
+            grad,
+            coef: self.coef,
+            padded: self.padded,
+            topology: self.topology,
+            out,
         };
-        let mut kept = None;
-        let sum = if world == 1 {
+        let sum = if self.topology.world() == 1 {
             // Nothing to reduce: the scaled, padded gradient is the shard.
-            let t = target(lane)?;
+            let t = input.target(lane)?;
             let _span = span(Family::ShardPasses);
             shard_passes::scale_pad_into(&place, grad, self.coef, &t)?;
             t
         } else {
-            match self.how {
-                GradReduction::ReduceScatter {
-                    dtype: ReduceDtype::Fp32,
-                } => {
-                    let full = lane.alloc(DType::F32, padded)?;
-                    shard_passes::scale_pad_into(&place, grad, self.coef, &full)?;
-                    let t = target(lane)?;
-                    lane.reduce_scatter_into(Group::World, &full, &t)?
-                }
-                GradReduction::ReduceScatter {
-                    dtype: ReduceDtype::Bf16,
-                } => {
-                    let full = lane.alloc(DType::BF16, padded)?;
-                    shard_passes::scale_pad_into(&place, grad, self.coef, &full)?;
-                    let reduced = lane.alloc(DType::BF16, shard)?;
-                    let reduced = lane.reduce_scatter_into(Group::World, &full, &reduced)?;
-                    match acc {
-                        // Widened as it is added into the shard, below.
-                        Some(_) => reduced,
-                        None => {
-                            let t = target(lane)?;
-                            let _span = span(Family::ShardPasses);
-                            shard_passes::widen_into(&place, &reduced, &t)?;
-                            t
-                        }
-                    }
-                }
-                GradReduction::Qgz {
-                    block,
-                    error_feedback,
-                } => {
-                    let full = lane.alloc(DType::F32, padded)?;
-                    shard_passes::scale_pad_into(&place, grad, self.coef, &full)?;
-                    let t = target(lane)?;
-                    let (sum, errors) =
-                        qgz::two_hops(lane, self.topology, full, block, error_feedback, &t, error)?;
-                    kept = errors;
-                    sum
-                }
-            }
+            self.how.codec().reduce(lane, &input, &mut state)?
         };
         let shard = match acc {
             None => sum,
@@ -178,13 +128,14 @@ impl Reduce {
                 acc.clone()
             }
         };
-        Ok(Reduced { shard, error: kept })
+        Ok(Reduced { shard, state })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ReduceDtype;
 
     const BLOCK: usize = 16;
     const SHARD: usize = 4 * BLOCK;
@@ -211,9 +162,18 @@ mod tests {
         comm::run_local(topology, |c| -> crate::Result<_> {
             let g = grad(c.rank());
             let g = Tensor::from_vec(g.clone(), g.len(), &candle_core::Device::Cpu)?;
-            let quantised = finish(submit(&c, 0, &partition, &g, None, coef, q, None))?
-                .1
-                .shard;
+            let quantised = finish(submit(
+                &c,
+                0,
+                &partition,
+                &g,
+                None,
+                coef,
+                q,
+                GradState::default(),
+            ))?
+            .1
+            .shard;
             let plain = finish(submit(
                 &c,
                 0,
@@ -224,7 +184,7 @@ mod tests {
                 GradReduction::ReduceScatter {
                     dtype: ReduceDtype::Fp32,
                 },
-                None,
+                GradState::default(),
             ))?
             .1
             .shard;
@@ -302,21 +262,20 @@ mod tests {
         comm::run_local(topology, |c| -> crate::Result<_> {
             let g = gradient(c.rank(), w);
             let g = Tensor::from_vec(g.clone(), g.len(), &candle_core::Device::Cpu)?;
-            let (mut error, mut last, mut total) = (None, vec![], vec![0.0f32; SHARD]);
+            let mut state = q.codec().new_state(partition.padded, topology);
+            let (mut last, mut total) = (vec![], vec![0.0f32; SHARD]);
             for _ in 0..steps {
-                let r = submit(&c, 0, &partition, &g, None, coef, q, error.take());
-                let (_, Reduced { shard, error: e }) = finish(r)?;
+                let r = submit(&c, 0, &partition, &g, None, coef, q, state);
+                let (_, Reduced { shard, state: s }) = finish(r)?;
                 last = shard.to_vec1::<f32>()?;
                 total.iter_mut().zip(&last).for_each(|(t, v)| *t += v);
-                error = e;
+                state = s;
             }
-            let error = match error {
-                Some(e) => Some((
-                    e.hop1.to_vec1::<f32>()?,
-                    e.hop2.map(|h| h.to_vec1::<f32>()).transpose()?,
-                )),
-                None => None,
-            };
+            let [hop1, hop2] = crate::QGZ_ERROR_STATES;
+            let read = |name| state.get(name).map(|t| t.to_vec1::<f32>()).transpose();
+            let error = read(hop1)?
+                .map(|h1| read(hop2).map(|h2| (h1, h2)))
+                .transpose()?;
             Ok((last, total, error))
         })
         .unwrap()
@@ -416,9 +375,18 @@ mod tests {
             let plain = GradReduction::ReduceScatter {
                 dtype: ReduceDtype::Fp32,
             };
-            let first = finish(submit(&c, 0, &partition, &g, None, 0.125, plain, None))?
-                .1
-                .shard;
+            let first = finish(submit(
+                &c,
+                0,
+                &partition,
+                &g,
+                None,
+                0.125,
+                plain,
+                GradState::default(),
+            ))?
+            .1
+            .shard;
             let once = first.to_vec1::<f32>()?;
             let twice = finish(submit(
                 &c,
@@ -428,7 +396,7 @@ mod tests {
                 Some(first),
                 0.125,
                 plain,
-                None,
+                GradState::default(),
             ))?
             .1
             .shard;

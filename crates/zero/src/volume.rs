@@ -24,23 +24,19 @@ fn send(total: &mut ByteCounters, bytes: u64, intra: usize, inter: usize) {
 /// gathers move `param_bytes` bytes an element and whose plain reduce-scatter moves the plan's
 /// `reduce_dtype` (4 bytes an element in fp32, 2 in bf16).
 ///
-/// The schedule is the engine's: per micro-batch each unit is gathered for its forward and
-/// again for its backward, and its gradient reduced once. Which gathers hpZ serves from the
-/// node is hpZ's rule ([`crate::SecondaryPartition::serves`]): the first forward gather of the
-/// step fills the secondary partition and every later gather of the step (backward, and
-/// forward of later micro-batches) is an intra-node gather of it, until the optimizer step.
-/// Two one-element all-reduces close the step (the loss, the gradient norm).
-///
-/// Not counted from the engine's gather order (this takes unit sizes only), two assumptions
-/// hold where the tests compare it with the engine's counters: every backward gather is issued
-/// after its unit's forward gather was waited (true for `prefetch_depth` <= 2, the nearest
-/// backward gather being two positions after its forward in every order), and every unit is
-/// gathered twice (GPT-2 and a tied Llama; an untied Llama gathers its embedding and its
-/// final norm once). Elsewhere the engine sends more (deeper prefetch) or fewer (untied)
-/// bytes than counted here.
+/// The schedule is the engine's: per micro-batch the gathers of `order`, the training walk's
+/// gather order ([`model::Model::gather_order`] of [`Pass::Train`], whose first
+/// `unit_numels.len()` gathers are the forward pass's: an untied Llama gathers its embedding
+/// and its final norm once), issued `plan.prefetch_depth` ahead as the engine issues them, and
+/// each unit's gradient reduced once. Which gathers hpZ serves from the node is hpZ's rule,
+/// asked at each gather's place in the order as the engine asks it ([`GatherSlot::at`],
+/// [`crate::SecondaryPartition::serves`]): in the step's first micro-batch a gather issued
+/// before its unit's forward gather was waited (a deep prefetch) comes from the world. Two
+/// one-element all-reduces close the step (the loss, the gradient norm).
 pub fn logical_step_bytes(
     plan: &ZeroPlan,
     unit_numels: &[usize],
+    order: &[usize],
     param_bytes: usize,
     micro_batches: usize,
     step: u64,
@@ -50,29 +46,26 @@ pub fn logical_step_bytes(
     let train = plan.step_plan(step, Pass::Train);
     let (secondary, weights) = (train.secondary, train.gather.codec());
     let grads = train.reduction.map(GradReduction::codec);
+    let padded = |u: usize| plan.partition(unit_numels[u]).padded;
+    let forward = &order[..unit_numels.len().min(order.len())];
     let mut total = ByteCounters::default();
-    for &numel in unit_numels {
-        let padded = plan.partition(numel).padded;
-        let shard = padded / w;
-        let world_gather = weights.wire(shard, param_bytes).total();
-        let hpz_gather = weights.wire(padded / d, param_bytes).total();
-        for micro in 0..micro_batches {
-            // Forward gather, then backward gather.
-            for backward in [false, true] {
-                let slot = GatherSlot {
-                    first_walk: micro == 0,
-                    forward: !backward,
-                    forward_waited: backward,
-                };
-                if secondary.serves(slot) {
-                    send(&mut total, hpz_gather, d - 1, 0);
-                } else {
-                    send(&mut total, world_gather, d - 1, w - d);
-                }
+    for micro in 0..micro_batches {
+        for (position, &u) in order.iter().enumerate() {
+            let forward_position = forward.iter().position(|&v| v == u).unwrap_or(position);
+            let depth = plan.prefetch_depth;
+            let slot = GatherSlot::at(position, forward_position, depth, micro == 0);
+            if secondary.serves(slot) {
+                let hpz_gather = weights.wire(padded(u) / d, param_bytes).total();
+                send(&mut total, hpz_gather, d - 1, 0);
+            } else {
+                let world_gather = weights.wire(padded(u) / w, param_bytes).total();
+                send(&mut total, world_gather, d - 1, w - d);
             }
-            // Each hop sends a peer its input over the group's size (qgZ: hop 1 to each local
-            // peer its N slices, hop 2 to each other node one slice).
-            for hop in grads.iter().flat_map(|g| g.hops(padded, plan.topology)) {
+        }
+        // Each hop sends a peer its input over the group's size (qgZ: hop 1 to each local
+        // peer its N slices, hop 2 to each other node one slice).
+        for u in 0..unit_numels.len() {
+            for hop in grads.iter().flat_map(|g| g.hops(padded(u), plan.topology)) {
                 let (size, intra, inter) = peers(hop.group, plan.topology);
                 send(&mut total, hop.input / size as u64, intra, inter);
             }
@@ -180,22 +173,31 @@ mod tests {
         ZeroPlan::resolve(&cfg, Topology::new(8, 4).unwrap(), 100).unwrap()
     }
 
+    /// A tied GPT-2's order of `n` units: each gathered for its forward, then the embedding
+    /// for the head, then the others for their backward, in reverse.
+    fn order(n: usize) -> Vec<usize> {
+        (0..n).chain([0]).chain((1..n).rev()).collect()
+    }
+
+    /// [`logical_step_bytes`] of `units` gathered twice each, in one micro-batch of step 1.
+    fn bytes(plan: &ZeroPlan, units: &[usize], param_bytes: usize) -> ByteCounters {
+        logical_step_bytes(plan, units, &order(units.len()), param_bytes, 1, 1)
+    }
+
     #[test]
     fn hpz_alone_moves_two_thirds_of_zero3_across_nodes() {
         let units = [4096 * 8, 1024 * 8];
-        let zero3 = logical_step_bytes(&plan(ZeroConfig::default()), &units, 2, 1, 1);
-        let hpz = logical_step_bytes(
+        let zero3 = bytes(&plan(ZeroConfig::default()), &units, 2);
+        let hpz = bytes(
             &plan(ZeroConfig {
                 hpz_partition_size: 4,
                 ..Default::default()
             }),
             &units,
             4,
-            1,
-            1,
         );
         // Gradients reduce in f32 whatever the parameter bytes: compare at 4 bytes.
-        let zero3_f32 = logical_step_bytes(&plan(ZeroConfig::default()), &units, 4, 1, 1);
+        let zero3_f32 = bytes(&plan(ZeroConfig::default()), &units, 4);
         assert_eq!(3 * (hpz.inter - 32), 2 * (zero3_f32.inter - 32));
         assert!(zero3.inter < zero3_f32.inter);
     }
@@ -218,10 +220,7 @@ mod tests {
         assert_eq!((a.gather_data, a.padded), (b.gather_data, b.padded));
         // Per step: the gathers (2 bytes, twice) are unchanged and the reduction halves, so
         // ZeRO-3's 2 + 2 + 4 bytes an element become 2 + 2 + 2.
-        let (a, b) = (
-            logical_step_bytes(&fp32, &units, 2, 1, 1),
-            logical_step_bytes(&bf16, &units, 2, 1, 1),
-        );
+        let (a, b) = (bytes(&fp32, &units, 2), bytes(&bf16, &units, 2));
         assert_eq!(3 * (a.inter - 32), 4 * (b.inter - 32));
         assert_eq!(3 * (a.intra - 24), 4 * (b.intra - 24));
     }

@@ -138,7 +138,10 @@ fn the_counters_equal_the_volume_of_a_bf16_reduction() {
     let mut inter = vec![];
     for dtype in [ReduceDtype::Fp32, ReduceDtype::Bf16] {
         let plan = ZeroPlan::resolve(&zero(dtype), topology(), STEPS as u64).unwrap();
-        let expected = volume::logical_step_bytes(&plan, &numels, 4, MICRO, 1);
+        let order = model::Model::new(cfg.clone())
+            .unwrap()
+            .gather_order(model::Pass::Train);
+        let expected = volume::logical_step_bytes(&plan, &numels, &order, 4, MICRO, 1);
         let out = train(cfg, zero(dtype));
         for b in &out.bytes {
             assert_eq!(*b, expected, "{dtype:?}");

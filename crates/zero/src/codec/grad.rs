@@ -1,10 +1,13 @@
 //! The gradient codecs: the plain reduce-scatter, and qgZ's two INT4 hops with error feedback
 //! (the algorithm: [`crate::qgz`]).
 
-use comm::{Group, Topology};
+use candle_core::{DType, Tensor};
+use comm::{Group, Lane, Topology};
+use kernels::profile::Family;
 
-use super::{GradCodec, Hop};
-use crate::ReduceDtype;
+use super::{GradCodec, GradState, Hop, ReduceInput};
+use crate::qgz::{self, QgzError};
+use crate::{shard_passes, ReduceDtype, Result};
 
 /// qgZ's error-feedback buffers of a unit, in checkpoint order (`<unit>.<state>`): the first
 /// hop's (the padded unit, swizzled) and the second's (the node sum, with several ranks a node).
@@ -17,6 +20,10 @@ pub struct PlainReduceScatter {
 }
 
 impl GradCodec for PlainReduceScatter {
+    fn label(&self) -> String {
+        format!("{} reduce-scatter", self.dtype.name())
+    }
+
     fn hops(&self, padded: usize, _topology: Topology) -> Vec<Hop> {
         vec![Hop {
             group: Group::World,
@@ -34,6 +41,37 @@ impl GradCodec for PlainReduceScatter {
 
     fn kept(&self, _padded: usize, _topology: Topology) -> Vec<(&'static str, usize)> {
         vec![]
+    }
+
+    /// The gradient cast to `dtype` as it is scaled and padded, reduce-scattered over the world;
+    /// a bf16 slice widened into the f32 target, unless the add into the shard widens it.
+    fn reduce(
+        &self,
+        lane: &mut dyn Lane,
+        input: &ReduceInput<'_>,
+        _state: &mut GradState,
+    ) -> Result<Tensor> {
+        let place = lane.place().clone();
+        let full = lane.alloc(self.dtype.dtype(), input.padded)?;
+        shard_passes::scale_pad_into(&place, input.grad, input.coef, &full)?;
+        match self.dtype {
+            ReduceDtype::Fp32 => {
+                let t = input.target(lane)?;
+                Ok(lane.reduce_scatter_into(Group::World, &full, &t)?)
+            }
+            ReduceDtype::Bf16 => {
+                let reduced = lane.alloc(DType::BF16, input.shard())?;
+                let reduced = lane.reduce_scatter_into(Group::World, &full, &reduced)?;
+                if input.accumulates() {
+                    return Ok(reduced);
+                }
+                let t = input.target(lane)?;
+                // Profile spans time the compute stream: they record only where the job runs there.
+                let _span = place.scope(input.grad.device(), Family::ShardPasses);
+                shard_passes::widen_into(&place, &reduced, &t)?;
+                Ok(t)
+            }
+        }
     }
 }
 
@@ -54,6 +92,14 @@ impl Int4TwoHop {
 }
 
 impl GradCodec for Int4TwoHop {
+    fn label(&self) -> String {
+        let feedback = match self.error_feedback {
+            true => ", error feedback",
+            false => "",
+        };
+        format!("qgZ int4 2-hop (block {}{feedback})", self.block)
+    }
+
     /// Hop 1: my whole gradient, over my node; hop 2: my node sum (padded / D), over the nodes.
     fn hops(&self, padded: usize, topology: Topology) -> Vec<Hop> {
         let d = topology.ranks_per_node;
@@ -101,5 +147,37 @@ impl GradCodec for Int4TwoHop {
                 (QGZ_ERROR_STATES[1], padded / d),
             ],
         }
+    }
+
+    /// The gradient scaled and padded in f32, then qgZ's two hops ([`qgz::two_hops`]); with
+    /// error feedback, compensated by the errors `state` kept and keeping the new ones.
+    fn reduce(
+        &self,
+        lane: &mut dyn Lane,
+        input: &ReduceInput<'_>,
+        state: &mut GradState,
+    ) -> Result<Tensor> {
+        let place = lane.place().clone();
+        let full = lane.alloc(DType::F32, input.padded)?;
+        shard_passes::scale_pad_into(&place, input.grad, input.coef, &full)?;
+        let t = input.target(lane)?;
+        let [hop1, hop2] = QGZ_ERROR_STATES;
+        // None without the first hop's error, which every kept error has.
+        let error = match self.error_feedback {
+            true => state.take(hop1).map(|e| QgzError {
+                hop1: e,
+                hop2: state.take(hop2),
+            }),
+            false => None,
+        };
+        let (block, feedback) = (self.block, self.error_feedback);
+        let (sum, kept) = qgz::two_hops(lane, input.topology, full, block, feedback, &t, error)?;
+        if let Some(e) = kept {
+            state.put(hop1, e.hop1);
+            if let Some(e) = e.hop2 {
+                state.put(hop2, e);
+            }
+        }
+        Ok(sum)
     }
 }

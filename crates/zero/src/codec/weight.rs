@@ -7,6 +7,10 @@ use super::{WeightCodec, Wire};
 pub struct PlainGather;
 
 impl WeightCodec for PlainGather {
+    fn label(&self) -> String {
+        "exact gather".into()
+    }
+
     fn wire(&self, n: usize, param_bytes: usize) -> Wire {
         Wire {
             data: (n * param_bytes) as u64,
@@ -26,6 +30,10 @@ pub struct Int8Gather {
 }
 
 impl WeightCodec for Int8Gather {
+    fn label(&self) -> String {
+        format!("qwZ int8 gather (block {})", self.block)
+    }
+
     fn wire(&self, n: usize, _param_bytes: usize) -> Wire {
         Wire {
             data: n as u64,

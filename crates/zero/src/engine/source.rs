@@ -14,9 +14,7 @@ use model::UnitSource;
 use super::{EngineOptions, UnitShard, REDUCTIONS_IN_FLIGHT};
 use crate::gather::{self, GatherQueue};
 use crate::reduce::{self, Reduced};
-use crate::{
-    GatherSlot, GradReduction, GradShard, Result, SecondaryPartition, StepPlan, ZeroError, ZeroPlan,
-};
+use crate::{GatherSlot, GradShard, Result, SecondaryPartition, StepPlan, ZeroError, ZeroPlan};
 
 /// The engine's parts a walk borrows besides its shards.
 pub(super) struct Parts<'a> {
@@ -30,8 +28,8 @@ pub(super) struct Parts<'a> {
     pub first_walk: bool,
 }
 
-/// The shards a walk reads (evaluation) or also writes (training: gradients, qgZ's errors,
-/// hpZ's secondary partitions).
+/// The shards a walk reads (evaluation) or also writes (training: gradients, the gradient
+/// codecs' state, hpZ's secondary partitions).
 pub(super) enum Shards<'a> {
     Read(&'a [UnitShard]),
     Train {
@@ -177,13 +175,7 @@ impl<'a> Source<'a> {
             Some(g) => Some(g.to_f32(&Place::Own, shard)?),
             None => None,
         };
-        let error = match how {
-            GradReduction::Qgz {
-                error_feedback: true,
-                ..
-            } => unit.qgz_error.take(),
-            _ => None,
-        };
+        let state = std::mem::take(&mut unit.grad_state);
         reductions.push_back(reduce::submit(
             self.parts.comm,
             u,
@@ -192,7 +184,7 @@ impl<'a> Source<'a> {
             acc,
             coef,
             how,
-            error,
+            state,
         ));
         while reductions.len() > REDUCTIONS_IN_FLIGHT {
             let oldest = reductions
@@ -217,21 +209,19 @@ impl<'a> Source<'a> {
     }
 }
 
-/// Waits for a reduction and keeps its new gradient shard (and qgZ's new errors).
+/// Waits for a reduction and keeps its new gradient shard and the codec state it handed back.
 fn finish_reduce(
     device: &candle_core::Device,
     units: &mut [UnitShard],
     r: reduce::InFlight,
 ) -> Result<()> {
-    let (u, Reduced { shard, error }) = {
+    let (u, Reduced { shard, state }) = {
         let _span = scope(device, Family::Communication);
         reduce::finish(r)?
     };
     let unit = &mut units[u];
     unit.grad = Some(GradShard::f32(shard));
-    if error.is_some() {
-        unit.qgz_error = error;
-    }
+    unit.grad_state = state;
     Ok(())
 }
 

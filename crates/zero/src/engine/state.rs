@@ -1,17 +1,18 @@
 //! The engine's checkpoint state: each rank's shards of the master weights and Adam moments,
-//! and its own qgZ error buffers, read out, checked finite on every rank, and restored.
+//! and what its gradient codecs keep (qgZ's error feedback), read out, checked finite on every
+//! rank, and restored.
 
 use candle_core::Tensor;
 use comm::Group;
 
 use super::{Engine, NamedShard, SHARD_STATES};
-use crate::{GradCodec, GradReduction, Result, ZeroError};
+use crate::{Result, ZeroError};
 
 impl Engine {
     /// My shards of the master weights and Adam moments, named `<unit>.<state>`, read back to
     /// the host; then what the gradient codecs keep of each unit (qgZ's error feedback), named
-    /// `<unit>.<name>` by the codec ([`crate::GradCodec::kept`], [`crate::QGZ_ERROR_STATES`]):
-    /// this rank's own, not shards of a partition.
+    /// `<unit>.<name>` by the codec ([`crate::codec::GradState::save`]): this rank's own, not
+    /// shards of a partition.
     pub fn state(&self) -> Result<Vec<NamedShard>> {
         let mut out = Vec::new();
         self.state_into(&mut out)?;
@@ -34,13 +35,8 @@ impl Engine {
             }
         }
         // What the gradient codecs keep (qgZ's error feedback), under the names they give.
-        let codecs = self.grad_codecs();
         for u in &self.units {
-            let Some(e) = &u.qgz_error else { continue };
-            let names = codecs
-                .iter()
-                .flat_map(|c| c.kept(u.partition.padded, self.plan.topology));
-            for ((state, _), data) in names.zip(e.buffers()) {
+            for (state, data) in u.grad_state.save() {
                 wanted.push((format!("{}.{state}", u.layout.name), data));
             }
         }
@@ -65,13 +61,6 @@ impl Engine {
         Ok(())
     }
 
-    /// The codecs of every reduction the run may use: what they keep between steps is saved
-    /// and restored with the shards.
-    fn grad_codecs(&self) -> Vec<Box<dyn GradCodec>> {
-        let reductions = self.plan.grad_reductions().into_iter();
-        reductions.map(GradReduction::codec).collect()
-    }
-
     /// Restores the shards named as by [`Engine::state`] and the optimizer step count.
     /// `lookup` returns a saved tensor by name; every name must be present with my shard's length.
     pub fn restore(&mut self, step: u64, lookup: &dyn Fn(&str) -> Option<Vec<f32>>) -> Result<()> {
@@ -94,34 +83,10 @@ impl Engine {
                 *data = Tensor::from_vec(saved, n, &dev)?;
             }
             u.grad = None;
-            u.qgz_error = None;
-        }
-        // What the gradient codecs keep (qgZ's error feedback, the rank's own buffers), by the
-        // names and lengths they give, where the checkpoint has them (it was written with
-        // feedback on, by the same layout); otherwise the feedback starts at zero.
-        let codecs = self.grad_codecs();
-        let topology = self.plan.topology;
-        for u in &mut self.units {
-            let kept = codecs
-                .iter()
-                .flat_map(|c| c.kept(u.partition.padded, topology));
-            let mut buffers = Vec::new();
-            for (state, n) in kept {
-                let name = format!("{}.{state}", u.layout.name);
-                buffers.push(match lookup(&name) {
-                    None => None,
-                    Some(v) if v.len() == n => Some(Tensor::from_vec(v, n, &dev)?),
-                    Some(v) => {
-                        return Err(ZeroError::StateLength {
-                            name,
-                            what: "error buffer",
-                            got: v.len(),
-                            expected: n,
-                        })
-                    }
-                });
-            }
-            u.qgz_error = crate::qgz::QgzError::from_buffers(buffers);
+            // What the gradient codecs keep (qgZ's error feedback, the rank's own buffers), by
+            // the names and lengths they give, where the checkpoint has them (it was written
+            // with feedback on, by the same layout); otherwise the feedback starts at zero.
+            u.grad_state.load(&u.layout.name, lookup, &dev)?;
         }
         self.step = step;
         // New weights: the secondary partitions of the old ones refuse to serve.
