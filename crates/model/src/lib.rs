@@ -39,8 +39,8 @@ pub use gpt2::family::{GPT2_NORM_EPS, PADDED_GPT2_VOCAB};
 pub use init::init_unit_range;
 pub use layers::RopeScaling;
 pub use layout::{ModelLayout, ParamInit, ParamSpec, TableRow, UnitKind, UnitLayout, UnitTable};
-pub use llama::family::Rope;
 pub use llama::family::{
     LLAMA3_1_SCALING, LLAMA3_2_SCALING, LLAMA3_VOCAB, LLAMA_NORM_EPS, LLAMA_ROPE_THETA,
 };
+pub use llama::rope_config::Rope;
 pub use schedule::{Model, Pass, Saved, UnitSource};

@@ -37,6 +37,7 @@
 //! ```
 
 pub mod family;
+pub mod rope_config;
 use candle_core::Tensor;
 
 use crate::config::ModelConfig;
