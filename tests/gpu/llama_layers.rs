@@ -120,8 +120,10 @@ fn rope_check(b: usize, t: usize, nh: usize, kv: usize, hs: usize) {
     let w = (nh + 2 * kv) * hs;
     let (x_c, x_g) = pair(&[b, t, w], 21, 0.0, 1.0);
     let theta = 500_000.0;
-    let tab_c = rope_tables(t, hs, theta, DType::F32, &Device::Cpu).unwrap();
-    let tab_g = rope_tables(t, hs, theta, DType::BF16, &gpu()).unwrap();
+    // Llama 3.2's scaling: the GPU's tables are the host's, cached per scaling.
+    let scaling = model::LLAMA3_2_SCALING;
+    let tab_c = rope_tables(t, hs, theta, &scaling, DType::F32, &Device::Cpu).unwrap();
+    let tab_g = rope_tables(t, hs, theta, &scaling, DType::BF16, &gpu()).unwrap();
     let y_c = rope_qk_forward(x_c.clone(), &tab_c, nh, kv).unwrap();
     let y_g = rope_qk_forward(x_g.copy().unwrap(), &tab_g, nh, kv).unwrap();
     // The GPU's tables are bf16 (as Hugging Face casts them): 2^-8 relative on each term.
@@ -311,7 +313,15 @@ fn llama_kernels_against_the_copy() {
         }),
     );
     let qkv = randn(&[8, 2048, (nh + 2 * kv) * hs]);
-    let tab = rope_tables(2048, hs, 500_000.0, DType::BF16, &dev).unwrap();
+    let tab = rope_tables(
+        2048,
+        hs,
+        500_000.0,
+        &model::LLAMA3_2_SCALING,
+        DType::BF16,
+        &dev,
+    )
+    .unwrap();
     report(
         "rope on q and k, in place",
         n * (nh + kv) * hs * 2 * 2,
