@@ -19,11 +19,15 @@
 
 mod error;
 #[cfg(feature = "cuda")]
+pub mod launch;
+#[cfg(feature = "cuda")]
 pub mod loader;
 pub mod place;
+mod precision;
 pub mod profile;
 
 pub use error::{KernelError, Result};
+pub use precision::Precision;
 
 /// One `.cu` file: its name (for `#line` and the module cache) and its text.
 #[derive(Clone, Copy, Debug)]

@@ -237,6 +237,7 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
     use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
     use candle_core::{DType, Tensor};
+    use kernels::Precision;
 
     /// Query rows = key rows of a tile (the kernels' `BLOCK`: `BLOCK/16` warps a CTA).
     pub(super) const FWD_BLOCK: usize = 64;
@@ -457,6 +458,7 @@ mod cuda {
         let smem = 5 * tile_bytes(block, hs);
         let f = gpu::function(
             &dev,
+            Precision::Bf16,
             &kernels::ATTENTION,
             &defines(hs, block),
             "attention_forward_kernel",
@@ -474,8 +476,7 @@ mod cuda {
         // SAFETY: y (B*T*C bf16) and lse (B*NH*T f32) are fresh and fully written by the kernel;
         // qkv holds B*T*3C bf16; the arguments match attention_forward_kernel's list.
         unsafe {
-            gpu::launch(
-                &f,
+            f.launch(
                 cfg,
                 &[&p_y, &p_lse, &p_qkv, &t_i, &nh_i, &scale_log2, &scale],
             )?;
@@ -551,6 +552,7 @@ mod cuda {
         ];
         let pre = gpu::function(
             &dev,
+            Precision::Bf16,
             &kernels::ATTENTION,
             &module,
             "attention_backward_preprocess",
@@ -558,8 +560,7 @@ mod cuda {
         // SAFETY: dsum (B*NH*T f32) and dq_acc (B*T*C f32) are fresh and fully written; dy and y
         // hold B*T*C bf16; the arguments match attention_backward_preprocess's list.
         unsafe {
-            gpu::launch(
-                &pre,
+            pre.launch(
                 elem_grid(b * t * c),
                 &[&p_dsum, &p_acc, &p_dy, &p_y, &bt_i, &t_i, &nh_i],
             )?;
@@ -573,6 +574,7 @@ mod cuda {
             + 4 * BWD_BLOCK * 4;
         let main = gpu::function(
             &dev,
+            Precision::Bf16,
             &kernels::ATTENTION,
             &module,
             "attention_backward_kernel",
@@ -588,8 +590,7 @@ mod cuda {
             // zeroed above on the same stream; qkv (B*T*3C), dy (B*T*C) bf16, lse and dsum
             // (B*NH*T) f32; the arguments match attention_backward_kernel's list.
             unsafe {
-                gpu::launch(
-                    &main,
+                main.launch(
                     cfg,
                     &[
                         &p_dqkv,
@@ -607,12 +608,17 @@ mod cuda {
             }
         }
 
-        let conv = gpu::function(&dev, &kernels::ATTENTION, &module, "attention_backward_dq")?;
+        let conv = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::ATTENTION,
+            &module,
+            "attention_backward_dq",
+        )?;
         // SAFETY: writes the q columns of dqkv (every one) from dq_acc (B*T*C f32); the
         // arguments match attention_backward_dq's list.
         unsafe {
-            gpu::launch(
-                &conv,
+            conv.launch(
                 elem_grid(b * t * c),
                 &[&p_dqkv, &p_acc, &bt_i, &nh_i, &scale],
             )?;

@@ -85,6 +85,7 @@ mod cuda {
     use crate::gpu;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::{DType, Tensor};
+    use kernels::Precision;
 
     const THREADS: u32 = 256;
 
@@ -117,11 +118,17 @@ mod cuda {
         };
         let dev = gpu::device(gu)?;
         let act = gpu::uninit((n, f), DType::BF16, &dev)?;
-        let func = gpu::function(&dev, &kernels::SWIGLU, &[], "swiglu_forward")?;
+        let func = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::SWIGLU,
+            &[],
+            "swiglu_forward",
+        )?;
         let (pa, pg) = (gpu::ptr(&act)?, gpu::ptr(gu)?);
         // SAFETY: act (N, F) bf16 fresh, gu (N, 2F) bf16 contiguous and aligned; arguments in
         // kernel order.
-        unsafe { gpu::launch(&func, grid(n, f), &[&pa, &pg, &(n as i32), &(f as i32)])? };
+        unsafe { func.launch(grid(n, f), &[&pa, &pg, &(n as i32), &(f as i32)])? };
         Ok(Some(act))
     }
 
@@ -138,17 +145,17 @@ mod cuda {
         }
         let dev = gpu::device(gu)?;
         let dgu = gpu::uninit((n, 2 * f), DType::BF16, &dev)?;
-        let func = gpu::function(&dev, &kernels::SWIGLU, &[], "swiglu_backward")?;
+        let func = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::SWIGLU,
+            &[],
+            "swiglu_backward",
+        )?;
         let (pd, pa, pg) = (gpu::ptr(&dgu)?, gpu::ptr(dact)?, gpu::ptr(gu)?);
         // SAFETY: dgu (N, 2F) bf16 fresh; dact (N, F), gu (N, 2F) bf16 contiguous and
         // aligned; arguments in kernel order.
-        unsafe {
-            gpu::launch(
-                &func,
-                grid(n, f),
-                &[&pd, &pa, &pg, &(n as i32), &(f as i32)],
-            )?
-        };
+        unsafe { func.launch(grid(n, f), &[&pd, &pa, &pg, &(n as i32), &(f as i32)])? };
         Ok(Some(dgu))
     }
 }
