@@ -22,6 +22,7 @@ pub mod gpt2;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod init;
+mod kernel_plan;
 pub mod layers;
 mod layout;
 pub mod llama;
@@ -36,6 +37,7 @@ pub use decode::{Decoder, KvCache, Sampling};
 pub use error::{ModelError, Result};
 pub use family::{family, family_names, Family, HfTensor, ShapeRecord, Sizes, FAMILIES};
 pub use init::init_unit_range;
+pub use kernel_plan::{unenforced, AttentionPath, Enforced, KernelPlan};
 pub use layout::{ModelLayout, ParamInit, ParamSpec, UnitKind, UnitLayout};
 pub use llama::family::Rope;
 pub use schedule::{Model, Pass, Saved, UnitSource};

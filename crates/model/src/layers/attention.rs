@@ -48,6 +48,7 @@ pub fn attention_forward(qkv: &Tensor, n_head: usize) -> Result<(Tensor, AttSave
         if let Some(r) = cuda::attention_forward(qkv, n_head)? {
             return Ok(r);
         }
+        super::attention_declined("attention::attention_forward", qkv)?;
     }
     reference_forward(qkv, n_head)
 }
@@ -145,6 +146,7 @@ pub fn attention_backward(dy: &Tensor, saved: &AttSaved) -> Result<Tensor> {
         if let Some(r) = cuda::attention_backward(dy, saved)? {
             return Ok(r);
         }
+        super::attention_declined("attention::attention_backward", dy)?;
     }
     reference_backward(dy, saved)
 }
@@ -269,7 +271,10 @@ mod cuda {
         // Grid y is the number of tiles (at most 65535); ints index rows within a sequence.
         let fits = t.div_ceil(FWD_BLOCK.min(BWD_BLOCK)) <= 65_535
             && b * n_head.max(t) <= i32::MAX as usize;
-        if !matches!(hs, 16 | 32 | 64 | 128) || !fits || (b * t * c / 8) > u32::MAX as usize {
+        if !crate::kernel_plan::OWN_ATTENTION_HEAD_SIZES.contains(&hs)
+            || !fits
+            || (b * t * c / 8) > u32::MAX as usize
+        {
             return Ok(None);
         }
         Ok(Some((b, t, c, hs)))
@@ -328,7 +333,8 @@ mod cuda {
             return Ok(None);
         }
         let (c, hs) = (c3 / 3, c3 / 3 / n_head);
-        if hs % 8 != 0 || hs > 128 || c % 8 != 0 || gpu::ptr(qkv)? % 16 != 0 {
+        if !crate::kernel_plan::cudnn_takes_head_size(hs) || c % 8 != 0 || gpu::ptr(qkv)? % 16 != 0
+        {
             return Ok(None);
         }
         Ok(Some(crate::cudnn::Shape {

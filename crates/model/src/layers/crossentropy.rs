@@ -46,6 +46,7 @@ pub fn crossentropy_forward_backward(
         if let Some(r) = cuda::crossentropy_forward_backward(x, wte, targets, grad)? {
             return Ok(r);
         }
+        super::declined("crossentropy::crossentropy_forward_backward", x)?;
     }
     crossentropy_chunked(x, wte, targets, grad, CE_CHUNK_ELEMS)
 }

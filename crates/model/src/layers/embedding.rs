@@ -14,6 +14,7 @@ pub fn embedding_forward(tokens: &Tensor, wte: &Tensor, wpe: &Tensor) -> Result<
         if let Some(r) = cuda::embedding_forward(tokens, wte, wpe)? {
             return Ok(r);
         }
+        super::declined("embedding::embedding_forward", tokens)?;
     }
     let (b, t) = tokens.dims2()?;
     let c = wte.dim(1)?;
@@ -76,6 +77,7 @@ pub fn embedding_backward(
         if let Some(r) = cuda::embedding_backward(dout, tokens, vocab_size, max_t)? {
             return Ok(r);
         }
+        super::declined("embedding::embedding_backward", dout)?;
     }
     let tokens = tokens.tokens();
     let (b, t, c) = dout.dims3()?;

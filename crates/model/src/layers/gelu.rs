@@ -17,6 +17,7 @@ pub fn gelu_forward(h: &Tensor) -> Result<Tensor> {
         if let Some(r) = cuda::gelu_forward(h)? {
             return Ok(r);
         }
+        super::declined("gelu::gelu_forward", h)?;
     }
     // candle's `gelu` is exactly this formula (one fused pass); `gelu_erf` would be the erf form.
     Ok(h.gelu()?)
@@ -31,6 +32,7 @@ pub fn gelu_backward(dout: &Tensor, h: &Tensor) -> Result<Tensor> {
         if let Some(r) = cuda::gelu_backward(dout, h)? {
             return Ok(r);
         }
+        super::declined("gelu::gelu_backward", dout)?;
     }
     let h2 = h.sqr()?;
     let t = (h * h2.affine(GELU_A, 1.0)?)?.affine(GELU_S, 0.0)?.tanh()?;

@@ -26,6 +26,7 @@ pub fn layernorm_forward(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<(Tensor, 
         if let Some(r) = cuda::layernorm_forward(x, w, b)? {
             return Ok(r);
         }
+        super::declined("layernorm::layernorm_forward", x)?;
     }
     reference_forward(x, w, b)
 }
@@ -48,6 +49,7 @@ pub fn layernorm_backward(
         if let Some(r) = cuda::layernorm_backward(dout, saved, x, w, dresidual)? {
             return Ok(r);
         }
+        super::declined("layernorm::layernorm_backward", dout)?;
     }
     reference_backward(dout, saved, x, w, dresidual)
 }

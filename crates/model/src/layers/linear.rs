@@ -14,6 +14,7 @@ pub fn matmul_forward(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
         if let Some(r) = cuda::matmul_forward(None, x, w, b)? {
             return Ok(r);
         }
+        super::declined("linear::matmul_forward", x)?;
     }
     Ok(x.matmul(w)?.broadcast_add(b)?)
 }
@@ -33,6 +34,7 @@ pub fn residual_matmul_forward(
         if let Some(r) = cuda::matmul_forward(Some(residual), x, w, b)? {
             return Ok(r);
         }
+        super::declined("linear::residual_matmul_forward", x)?;
     }
     Ok((residual + x.matmul(w)?.broadcast_add(b)?)?)
 }
@@ -58,6 +60,7 @@ pub fn matmul_backward_into(
         if let Some(r) = cuda::backward(dout, x, w, dw_into, want_db)? {
             return Ok(r);
         }
+        super::declined("linear::backward", dout)?;
     }
     let _ = dw_into;
     let dx = dout.matmul(&w.t()?)?;
@@ -77,6 +80,7 @@ pub fn matmul_gelu_forward(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<(Tensor
         if let Some(r) = cuda::matmul_gelu_forward(x, w, b)? {
             return Ok(r);
         }
+        super::declined("linear::matmul_gelu_forward", x)?;
     }
     let h = matmul_forward(x, w, b)?;
     let g = super::gelu_forward(&h)?;
@@ -128,6 +132,7 @@ pub fn matmul_gelu_backward_epilogue(
         if let Some(r) = cuda::matmul_gelu_backward(dout, g, w, h)? {
             return Ok(r);
         }
+        super::declined("linear::matmul_gelu_backward", dout)?;
     }
     matmul_gelu_backward(dout, g, w, h)
 }

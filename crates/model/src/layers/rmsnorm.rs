@@ -37,6 +37,7 @@ pub fn rmsnorm_forward(x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, RmsS
         if let Some((_, y, saved)) = cuda::forward(x, None, w, eps)? {
             return Ok((y, saved));
         }
+        super::declined("rmsnorm::forward", x)?;
     }
     reference_forward(x, w, eps)
 }
@@ -59,6 +60,7 @@ pub fn add_rmsnorm_forward(
         if let Some((Some(h), y, saved)) = cuda::forward(x, Some(delta), w, eps)? {
             return Ok((h, y, saved));
         }
+        super::declined("rmsnorm::residual_forward", x)?;
     }
     let h = (x + delta)?;
     let (y, saved) = reference_forward(&h, w, eps)?;
@@ -117,6 +119,7 @@ pub fn rmsnorm_backward_into(
         if let Some(r) = cuda::backward(dy, saved, x, w, dresidual, dw_into)? {
             return Ok(r);
         }
+        super::declined("rmsnorm::backward", dy)?;
     }
     let _ = dw_into;
     let sd = saved.rstd.dtype();

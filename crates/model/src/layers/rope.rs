@@ -210,6 +210,7 @@ fn rope_qk(
         if cuda::turn_in_place(&qkv, tables, n_head + n_kv_head, sign)? {
             return Ok(qkv);
         }
+        super::declined("rope::turn_in_place", &qkv)?;
     }
     let turn = |x: &Tensor| {
         if sign > 0.0 {

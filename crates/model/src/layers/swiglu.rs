@@ -57,6 +57,7 @@ pub fn swiglu_packed_forward(gu: &Tensor) -> Result<Tensor> {
         if let Some(r) = cuda::forward(gu)? {
             return Ok(r);
         }
+        super::declined("swiglu::forward", gu)?;
     }
     let f = gu.dim(1)? / 2;
     swiglu_forward(&gu.narrow(1, 0, f)?, &gu.narrow(1, f, f)?)
@@ -71,6 +72,7 @@ pub fn swiglu_packed_backward(dact: &Tensor, gu: &Tensor) -> Result<Tensor> {
         if let Some(r) = cuda::backward(dact, gu)? {
             return Ok(r);
         }
+        super::declined("swiglu::backward", dact)?;
     }
     let f = gu.dim(1)? / 2;
     let (dg, du) = swiglu_backward(dact, &gu.narrow(1, 0, f)?, &gu.narrow(1, f, f)?)?;
