@@ -51,7 +51,6 @@
 // Registers (nvcc -arch=sm_90 -Xptxas -v, spill bytes in brackets): forward (BLOCK 64)
 // 96/116/166/239 at HS 16/32/64/128; backward at the launcher's picks 148/200/244/255 (0/0/0/0),
 // at BKEYS 64: 148/200/250/255 (0/0/0/44).
-//
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 fragments (PTX ISA, "Matrix Fragments for
 // mma.m16n8k16"), g = lane>>2, c = lane&3, each register two bf16 (lower column in the low half):
 //   A 16x16 row-major: a0 (g, 2c..2c+1)  a1 (g+8, 2c..)  a2 (g, 2c+8..)  a3 (g+8, 2c+8..)
@@ -61,10 +60,7 @@
 // register i of lane L holds matrix i's (row L>>2, cols 2(L&3)..+1) (with .trans: its transpose),
 // which is exactly one register of the fragments above. The frag_* helpers below pick the rows.
 #include "common.cuh"
-#if PRECISION != PRECISION_BF16
-#error "attention.cu: written for bf16 only: its tensor-core MMA is mma.m16n8k16 on bf16 and its tiles are bf16x2 words"
-#endif
-
+static_assert(PRECISION == PRECISION_BF16, "attention.cu: bf16 only: its MMA is m16n8k16 on bf16, its tiles bf16x2 words");
 #ifndef HS
 #define HS 64
 #endif

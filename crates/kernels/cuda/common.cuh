@@ -58,7 +58,7 @@ __device__ __forceinline__ uint4 pack8(const float f[8]) {
 // cross-entropy). Their launchers compile one module a precision, `-D PRECISION=<code>`
 // (kernels::Precision::define); kernel names are the same in each. A file compiled on its own
 // gets bf16. FP8 adds a code here with its `act_t`, conversions and vector width, and lifts
-// the `#if PRECISION` guard of each family written for it.
+// the `static_assert` on PRECISION of each family written for it.
 #define PRECISION_BF16 1
 #ifndef PRECISION
 #define PRECISION PRECISION_BF16

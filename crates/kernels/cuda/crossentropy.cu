@@ -3,9 +3,7 @@
 // Size letters: R rows of this chunk, N rows in all (the mean's divisor), V vocabulary.
 // The launcher requires V % 8 == 0 (16-byte vectors) and 16-byte aligned rows.
 #include "common.cuh"
-#if PRECISION != PRECISION_BF16
-#error "crossentropy.cu: written for bf16 only: its logits GEMM epilogue packs bf16x2 words"
-#endif
+static_assert(PRECISION == PRECISION_BF16, "crossentropy.cu: bf16 only: its epilogue packs bf16x2 words");
 
 #ifndef CE_THREADS
 #define CE_THREADS 1024  // threads a CTA (a multiple of 32, at most 1024)

@@ -27,9 +27,7 @@
 // no tanh call. a, s come in as arguments (GELU_A, GELU_S of gelu.rs).
 
 #include "common.cuh"
-#if PRECISION != PRECISION_BF16
-#error "elementwise.cu: written for bf16 only: its vectors are 8 elements (unpack8, pack8)"
-#endif
+static_assert(PRECISION == PRECISION_BF16, "elementwise.cu: bf16 only: its vectors are 8 elements (unpack8, pack8)");
 
 // rcp.approx: 1 ulp; rcp(+inf) = +0.
 __device__ __forceinline__ float rcp_approx(float x) {

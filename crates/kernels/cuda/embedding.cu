@@ -7,9 +7,7 @@
 // of the ids (forward) and the CSR's upload (backward): under 0.6% of the step, so the kernels'
 // share of the copy was not measured apart.
 #include "common.cuh"
-#if PRECISION != PRECISION_BF16
-#error "embedding.cu: written for bf16 only: it adds bf16x2 words"
-#endif
+static_assert(PRECISION == PRECISION_BF16, "embedding.cu: bf16 only: it adds bf16x2 words");
 
 #ifndef EMB_WARPS
 #define EMB_WARPS 8  // rows (one warp each) per CTA of the forward

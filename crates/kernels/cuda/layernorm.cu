@@ -23,9 +23,7 @@
 // the copy, short of the aim.
 
 #include "common.cuh"
-#if PRECISION != PRECISION_BF16
-#error "layernorm.cu: written for bf16 only: its rows are 16-byte vectors of 8 (unpack8, pack8)"
-#endif
+static_assert(PRECISION == PRECISION_BF16, "layernorm.cu: bf16 only: its rows are vectors of 8 (unpack8, pack8)");
 
 #ifndef C
 #define C 768

@@ -26,9 +26,7 @@
 // re-read from L1 instead of kept in registers: 64% and 78%.)
 
 #include "common.cuh"
-#if PRECISION != PRECISION_BF16
-#error "rmsnorm.cu: written for bf16 only: its rows are 16-byte vectors of 8 (unpack8, pack8)"
-#endif
+static_assert(PRECISION == PRECISION_BF16, "rmsnorm.cu: bf16 only: its rows are vectors of 8 (unpack8, pack8)");
 
 #ifndef C
 #define C 2048

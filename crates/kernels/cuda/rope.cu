@@ -18,9 +18,7 @@
 // Launch: grid ceil(N * (NH + KV) * hs / 4 / 256), block 256.
 
 #include "common.cuh"
-#if PRECISION != PRECISION_BF16
-#error "rope.cu: written for bf16 only: it turns bf16x2 words"
-#endif
+static_assert(PRECISION == PRECISION_BF16, "rope.cu: bf16 only: it turns bf16x2 words");
 
 // qkv (N, W) bf16, in place; cos, sin (>= T, HS) bf16; HQK = NH + KV heads turned.
 extern "C" __global__ void __launch_bounds__(256) rope_qk(act_t* __restrict__ qkv,

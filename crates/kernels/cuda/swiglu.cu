@@ -15,9 +15,7 @@
 // tests/gpu/llama_layers.rs).
 
 #include "common.cuh"
-#if PRECISION != PRECISION_BF16
-#error "swiglu.cu: written for bf16 only: its rows are 16-byte vectors of 8 (unpack8, pack8)"
-#endif
+static_assert(PRECISION == PRECISION_BF16, "swiglu.cu: bf16 only: its rows are vectors of 8 (unpack8, pack8)");
 
 __device__ __forceinline__ float sigmoid_f(float g) { return 1.f / (1.f + __expf(-g)); }
 

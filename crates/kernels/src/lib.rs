@@ -183,7 +183,8 @@ mod tests {
     fn typed_families_guard_their_precision() {
         for src in TYPED {
             assert!(
-                src.text.contains("#if PRECISION != PRECISION_BF16"),
+                src.text
+                    .contains("static_assert(PRECISION == PRECISION_BF16"),
                 "{}: no precision guard",
                 src.file
             );

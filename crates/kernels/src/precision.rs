@@ -9,8 +9,9 @@
 //!
 //! Only bf16 exists today. FP8 joins as a variant here (its code, its candle dtype), a branch
 //! of `common.cuh`'s `#if PRECISION` (the type, `act_to_f32`, `f32_to_act`, the 16-byte
-//! vector helpers), and, in each family that takes it, the kernel file's `#if PRECISION` guard
-//! lifted (attention's tensor-core MMA is bf16 only) and its row in the model's kernel plan.
+//! vector helpers), and, in each family that takes it, its kernels rewritten for 16 elements a
+//! vector and the file's `static_assert` on PRECISION lifted (attention's tensor-core MMA is
+//! bf16 only), and `model::KernelPlan::resolve` accepting the dtype.
 
 use candle_core::DType;
 
