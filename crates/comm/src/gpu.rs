@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
 use candle_core::cuda_backend::cudarc::driver::{
-    result as driver, CudaEvent, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+    result as driver, CudaEvent, CudaStream, DriverError,
 };
-use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice};
-use candle_core::op::BackpropOp;
-use candle_core::{CudaStorage, DType, Storage, Tensor};
+use candle_core::cuda_backend::CudaDevice;
+use candle_core::{DType, Tensor};
+use kernels::launch::{self, Kernel, Module};
 use kernels::place::Place;
 
 use crate::job_time::{JobTime, JobTimes};
@@ -27,36 +27,17 @@ pub(crate) fn cuda_error(op: &'static str, e: DriverError) -> CommError {
 
 /// `n` elements of `dtype` on `dev`, allocated on `place`'s stream (contents undefined).
 pub(crate) fn uninit(place: &Place, dev: &CudaDevice, dtype: DType, n: usize) -> Result<Tensor> {
-    let cuda = |e| cuda_error("allocating a job buffer", e);
-    // SAFETY (each arm): the contents are undefined until a job's kernel or copy writes them,
-    // which the job contract requires before any read.
-    let slice = unsafe {
-        match dtype {
-            DType::U8 => CudaStorageSlice::U8(place.alloc(dev, n).map_err(cuda)?),
-            DType::U32 => CudaStorageSlice::U32(place.alloc(dev, n).map_err(cuda)?),
-            DType::BF16 => CudaStorageSlice::BF16(place.alloc(dev, n).map_err(cuda)?),
-            DType::F16 => CudaStorageSlice::F16(place.alloc(dev, n).map_err(cuda)?),
-            DType::F32 => CudaStorageSlice::F32(place.alloc(dev, n).map_err(cuda)?),
-            DType::F64 => CudaStorageSlice::F64(place.alloc(dev, n).map_err(cuda)?),
-            dtype => {
-                return Err(CommError::UnsupportedDType {
-                    op: "job buffer",
-                    dtype,
-                    takes: "U8, U32, BF16, F16, F32 or F64",
-                })
-            }
-        }
-    };
-    let storage = CudaStorage {
-        slice,
-        device: dev.clone(),
-    };
-    Ok(Tensor::from_storage(
-        Storage::Cuda(storage),
-        n,
-        BackpropOp::none(),
-        false,
-    ))
+    // SAFETY: the contents are undefined until a job's kernel or copy writes them, which the
+    // job contract requires before any read.
+    unsafe { launch::uninit(place, dev, dtype, n) }.map_err(|e| kernel_error("job buffer", e))
+}
+
+/// A kernel toolkit error of `op` (`kernels::launch`).
+pub(crate) fn kernel_error(op: &'static str, e: kernels::KernelError) -> CommError {
+    CommError::Kernel {
+        op,
+        source: Arc::new(e),
+    }
 }
 
 /// A timed event (timing enabled) recorded on `stream` now.
@@ -213,7 +194,7 @@ unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for Pieces {}
 /// kernels have run.
 pub(crate) unsafe fn sum_pieces(
     dev: &CudaDevice,
-    stream: &CudaStream,
+    stream: &Arc<CudaStream>,
     dtype: DType,
     pieces: &[u64],
     out: u64,
@@ -234,22 +215,11 @@ pub(crate) unsafe fn sum_pieces(
         return Ok(());
     }
     let defines = [("MAX_PIECES", MAX_PIECES as i64), ("GRID", GRID as i64)];
-    let func = kernels::loader::function(
-        dev,
-        &kernels::COLLECTIVES,
-        &defines,
-        kernels::Flavour::Exact,
-        name,
-    )
-    .map_err(|e| CommError::Kernel {
-        op: "reduce_scatter",
-        source: Arc::new(e),
-    })?;
-    let cfg = LaunchConfig {
-        grid_dim: (n.div_ceil(256).clamp(1, GRID) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let module = Module::new(&kernels::COLLECTIVES, &defines, kernels::Flavour::Exact);
+    let func = Kernel::load(dev, module, name)
+        .map_err(|e| kernel_error("reduce_scatter", e))?
+        .on(stream.clone());
+    let cfg = launch::spread(n, 256, GRID);
     for (k, chunk) in pieces.chunks(MAX_PIECES).enumerate() {
         let mut arg = Pieces {
             p: [0; MAX_PIECES],
@@ -257,11 +227,10 @@ pub(crate) unsafe fn sum_pieces(
         };
         arg.p[..chunk.len()].copy_from_slice(chunk);
         let (n64, accumulate) = (n as i64, i32::from(k > 0));
-        let mut b = stream.launch_builder(&func);
-        b.arg(&arg).arg(&out).arg(&n64).arg(&accumulate);
         // SAFETY: (Pieces, T*, long long, int) as in the source; the caller vouches for the
         // addresses.
-        unsafe { b.launch(cfg) }.map_err(|e| cuda_error("reduce_scatter", e))?;
+        unsafe { func.launch(cfg, &[&arg, &out, &n64, &accumulate]) }
+            .map_err(|e| kernel_error("reduce_scatter", e))?;
     }
     Ok(())
 }

@@ -191,6 +191,7 @@ fn bench_steps(run: &Run, warmup: u64, steps: u64, profile: bool) -> Result<Opti
     let (topology, device) = (ranks.topology(), ranks.device().clone());
     data::Sampler::check_batch(t.global_batch, world, t.micro_batch)
         .context("train.global_batch")?;
+    let kernels = crate::startup::check_kernels(config, model_cfg, &device)?;
     let mut options = engine_options(config, &device);
     options.total_steps = warmup + steps;
     let accumulation = config.accumulation();
@@ -198,6 +199,8 @@ fn bench_steps(run: &Run, warmup: u64, steps: u64, profile: bool) -> Result<Opti
 
     let rank_main =
         |inner: Box<dyn comm::Communicator>, device: candle_core::Device| -> Result<RankTimes> {
+            // This rank's steps run on this thread under the kernel plan.
+            let _kernels = kernels.as_ref().map(model::KernelPlan::enforce);
             let mut options = options.clone();
             options.device = device.clone();
             let timed = comm::Timed::new(inner);

@@ -82,6 +82,8 @@ pub fn run(args: &EvalArgs<'_>) -> Result<()> {
     config.zero.hpz_partition_size = 1;
     config.zero.quantized_gradients = false;
     let device = config.device()?;
+    let kernels = crate::startup::check_kernels(&config, &model_cfg, &device)?;
+    let _kernels = kernels.as_ref().map(model::KernelPlan::enforce);
     let options = run::engine_options(&config, &device);
     let mut engine = zero::Engine::new(model_cfg.clone(), options, Box::new(comm::Solo))?;
     let full: Vec<Vec<f32>> = units.into_iter().map(|(_, data)| data).collect();

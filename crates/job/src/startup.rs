@@ -5,6 +5,8 @@
 //!   a sequence to evaluate (from the token counts alone, so `configs/paper/` can be checked at
 //!   384 ranks without their data or their model);
 //! - [`check_memory`]: the plan's estimate of this process's memory against the memory at hand;
+//! - [`check_kernels`]: the model and the compute dtype against what the GPU kernels take
+//!   (`model::KernelPlan`), resolved once here rather than found per call in a step;
 //! - [`check_sample`]: the samples' prompt fits the model's context and vocabulary;
 //! - [`check_writable`]: the run folder, the metrics file and the checkpoint folder accept
 //!   writes (a read-only `checkpoint.dir` is otherwise found only at the first checkpoint).
@@ -18,6 +20,21 @@ use data::Sampler;
 use report::readable;
 use run::config::{DeviceKind, RunConfig};
 use run::Run;
+
+/// The GPU kernel plan of `model_cfg` in the run's compute dtype on `device` (`None` on the
+/// CPU), or the one line naming the setting the GPU kernels cannot take. The step runs under it
+/// ([`model::KernelPlan::enforce`]): a layer's kernel that declines a tensor there is an error.
+pub fn check_kernels(
+    config: &RunConfig,
+    model_cfg: &model::ModelConfig,
+    device: &candle_core::Device,
+) -> Result<Option<model::KernelPlan>> {
+    Ok(model::KernelPlan::resolve(
+        model_cfg,
+        config.compute_dtype(),
+        device,
+    )?)
+}
 
 /// The key a user sets to change the validation data: `data.valid`, or `data.valid_fraction`
 /// when the validation documents are held out of `data.train`.

@@ -43,6 +43,9 @@ struct Shared<'a> {
     config: &'a RunConfig,
     /// The run's model, resolved once ([`Run`]).
     model_cfg: &'a model::ModelConfig,
+    /// What the layers run on the GPU, resolved once ([`startup::check_kernels`]); `None` on
+    /// the CPU.
+    kernels: Option<model::KernelPlan>,
     topology: comm::Topology,
     corpora: Corpora,
     sampler: Sampler,
@@ -170,6 +173,7 @@ fn prepare<'a>(
             config.log.dir.display()
         );
     }
+    let kernels = startup::check_kernels(config, model_cfg, world.device())?;
     startup::check_memory(run, topology, world.ranks_here(), world.device())?;
     startup::check_writable(config, lead)?;
     // A resumed run continues from its checkpoint, whatever it started from.
@@ -179,6 +183,7 @@ fn prepare<'a>(
     };
     Ok(Shared {
         config,
+        kernels,
         initial,
         model_cfg,
         topology,
@@ -201,6 +206,8 @@ fn rank_main(
     comm: Box<dyn comm::Communicator>,
     device: candle_core::Device,
 ) -> Result<Outcome> {
+    // This rank's steps run on this thread under the kernel plan.
+    let _kernels = shared.kernels.as_ref().map(model::KernelPlan::enforce);
     let mut run = RankRun::start(shared, comm, device)?;
     let steps = shared.config.train.steps;
     if run.start >= steps {
@@ -213,6 +220,9 @@ fn rank_main(
     }
     run.open_run_dir()?;
     run.announce();
+    if let Some(k) = &shared.kernels {
+        run.say(&k.to_string());
+    }
     if run.start == 0 {
         run.evaluate(0)?;
     }

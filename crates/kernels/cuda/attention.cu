@@ -51,7 +51,6 @@
 // Registers (nvcc -arch=sm_90 -Xptxas -v, spill bytes in brackets): forward (BLOCK 64)
 // 96/116/166/239 at HS 16/32/64/128; backward at the launcher's picks 148/200/244/255 (0/0/0/0),
 // at BKEYS 64: 148/200/250/255 (0/0/0/44).
-//
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 fragments (PTX ISA, "Matrix Fragments for
 // mma.m16n8k16"), g = lane>>2, c = lane&3, each register two bf16 (lower column in the low half):
 //   A 16x16 row-major: a0 (g, 2c..2c+1)  a1 (g+8, 2c..)  a2 (g, 2c+8..)  a3 (g+8, 2c+8..)
@@ -61,7 +60,7 @@
 // register i of lane L holds matrix i's (row L>>2, cols 2(L&3)..+1) (with .trans: its transpose),
 // which is exactly one register of the fragments above. The frag_* helpers below pick the rows.
 #include "common.cuh"
-
+static_assert(PRECISION == PRECISION_BF16, "attention.cu: bf16 only: its MMA is m16n8k16 on bf16, its tiles bf16x2 words");
 #ifndef HS
 #define HS 64
 #endif
@@ -202,7 +201,7 @@ __device__ __forceinline__ void acc_to_a(u32 (&a)[4], const float (&lo)[4], cons
 // padded tile at s; rows >= nrows are zero-filled (so masked scores times them stay finite).
 // (ROWS rows, THREADS threads loading.)
 template <int ROWS, int THREADS>
-__device__ __forceinline__ void load_rows(u32 s, const bf16* g, long long ld, int row0, int nrows,
+__device__ __forceinline__ void load_rows(u32 s, const act_t* g, long long ld, int row0, int nrows,
                                           int tid) {
     constexpr int CPR = HS / 8;  // 16-byte chunks a row
 #pragma unroll
@@ -211,11 +210,11 @@ __device__ __forceinline__ void load_rows(u32 s, const bf16* g, long long ld, in
         if ((ROWS * CPR) % THREADS != 0 && i >= ROWS * CPR) break;
         const int r = i / CPR, ch = i % CPR;
         const bool ok = row0 + r < nrows;
-        const bf16* src = g + (long long)(ok ? row0 + r : 0) * ld + ch * 8;
+        const act_t* src = g + (long long)(ok ? row0 + r : 0) * ld + ch * 8;
         cp_async16(s + (r * SROW + ch * 8) * 2, src, ok);
     }
 }
-__device__ __forceinline__ void load_tile(u32 s, const bf16* g, long long ld, int row0, int nrows,
+__device__ __forceinline__ void load_tile(u32 s, const act_t* g, long long ld, int row0, int nrows,
                                           int tid) {
     load_rows<BLOCK, NTHREADS>(s, g, ld, row0, nrows, tid);
 }
@@ -233,8 +232,8 @@ __device__ __forceinline__ void red_add_v4(float* dst, float a, float b, float c
 
 // y (B, T, C), lse (B, NH, T) <- qkv (B, T, 3C). scale_log2 = log2(e)/sqrt(HS), scale = 1/sqrt(HS).
 extern "C" __global__ void __launch_bounds__(NTHREADS, FWD_MIN_CTAS)
-    attention_forward_kernel(bf16* __restrict__ y, float* __restrict__ lse,
-                             const bf16* __restrict__ qkv, int T, int NH, float scale_log2,
+    attention_forward_kernel(act_t* __restrict__ y, float* __restrict__ lse,
+                             const act_t* __restrict__ qkv, int T, int NH, float scale_log2,
                              float scale) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int C = NH * HS;
@@ -244,9 +243,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, FWD_MIN_CTAS)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3;
 
-    const bf16* qg = qkv + (long long)b * T * ld + h * HS;
-    const bf16* kg = qg + C;
-    const bf16* vg = qg + 2 * C;
+    const act_t* qg = qkv + (long long)b * T * ld + h * HS;
+    const act_t* kg = qg + C;
+    const act_t* vg = qg + 2 * C;
     const u32 sQ = smem_u32(smem);
     // K of buffer i at sQ + (1 + 2i) tiles, V at sQ + (2 + 2i) tiles.
     auto sK = [&](int i) { return sQ + (u32)TILE_BYTES * (1 + 2 * i); };
@@ -387,8 +386,8 @@ struct alignas(16) V4 {
 // 32) reduce with shuffles.
 extern "C" __global__ void attention_backward_preprocess(float* __restrict__ dsum,
                                                          float* __restrict__ dq_acc,
-                                                         const bf16* __restrict__ dy,
-                                                         const bf16* __restrict__ y, int BT,
+                                                         const act_t* __restrict__ dy,
+                                                         const act_t* __restrict__ y, int BT,
                                                          int T, int NH) {
     constexpr int GROUP = HS / 8;
     const int C = NH * HS, cpr = C / 8;
@@ -419,8 +418,8 @@ extern "C" __global__ void attention_backward_preprocess(float* __restrict__ dsu
 // dqkv (B, T, 3C): k and v columns <- dK, dV; dq_acc (B, T, C) f32 += dQ / scale.
 // Reads qkv (B, T, 3C), dy (B, T, C), lse and dsum (B, NH, T).
 extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_CTAS)
-    attention_backward_kernel(bf16* __restrict__ dqkv, float* __restrict__ dq_acc,
-                              const bf16* __restrict__ qkv, const bf16* __restrict__ dy,
+    attention_backward_kernel(act_t* __restrict__ dqkv, float* __restrict__ dq_acc,
+                              const act_t* __restrict__ qkv, const act_t* __restrict__ dy,
                               const float* __restrict__ lse, const float* __restrict__ dsum,
                               int T, int NH, float scale_log2, float scale) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -432,10 +431,10 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_CTAS)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3;
 
-    const bf16* qg = qkv + (long long)b * T * ld + h * HS;
-    const bf16* kg = qg + C;
-    const bf16* vg = qg + 2 * C;
-    const bf16* dog = dy + (long long)b * T * C + h * HS;
+    const act_t* qg = qkv + (long long)b * T * ld + h * HS;
+    const act_t* kg = qg + C;
+    const act_t* vg = qg + 2 * C;
+    const act_t* dog = dy + (long long)b * T * C + h * HS;
     const float* lseg = lse + (long long)bh * T;
     const float* dsg = dsum + (long long)bh * T;
 
@@ -669,7 +668,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_CTAS)
     for (int r = 0; r < 2; ++r) {
         const int s = s_lo + 8 * r;
         if (s < T) {
-            bf16* row = dqkv + ((long long)b * T + s) * ld + h * HS + 2 * c;
+            act_t* row = dqkv + ((long long)b * T + s) * ld + h * HS + 2 * c;
             u32* dkr = (u32*)(row + C);
             u32* dvr = (u32*)(row + 2 * C);
 #pragma unroll
@@ -682,7 +681,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_CTAS)
 }
 
 // dqkv[:, :, 0:C] = bf16(scale * dq_acc), 8 columns a thread.
-extern "C" __global__ void attention_backward_dq(bf16* __restrict__ dqkv,
+extern "C" __global__ void attention_backward_dq(act_t* __restrict__ dqkv,
                                                  const float* __restrict__ dq_acc, int BT,
                                                  int NH, float scale) {
     const int C = NH * HS, cpr = C / 8;

@@ -11,8 +11,10 @@ typedef unsigned int u32;
 typedef long long i64;
 typedef unsigned long long u64;
 
-// bf16 as its 16 bits. Widening is exact; narrowing rounds to nearest even (NaN stays NaN),
-// the rule of the `half` crate that the CPU references use.
+// bf16 as its 16 bits: a storage format in its own right (the engine's bf16 gradients and
+// reductions, the AdamW copy), and the model's element type at PRECISION_BF16 below. Widening
+// is exact; narrowing rounds to nearest even (NaN stays NaN), the rule of the `half` crate that
+// the CPU references use.
 typedef u16 bf16;
 
 __device__ __forceinline__ float bf16_to_f32(bf16 h) { return __uint_as_float(((u32)h) << 16); }
@@ -50,6 +52,25 @@ __device__ __forceinline__ uint4 pack8(const float f[8]) {
     v.w = pack_bf16x2(f[6], f[7]);
     return v;
 }
+
+// The model's element type `act_t` (activations, weights and their gradients): an axis of the
+// typed kernel families (norms, rotary, SwiGLU, elementwise, attention, embedding,
+// cross-entropy). Their launchers compile one module a precision, `-D PRECISION=<code>`
+// (kernels::Precision::define); kernel names are the same in each. A file compiled on its own
+// gets bf16. FP8 adds a code here with its `act_t`, conversions and vector width, and lifts
+// the `static_assert` on PRECISION of each family written for it.
+#define PRECISION_BF16 1
+#ifndef PRECISION
+#define PRECISION PRECISION_BF16
+#endif
+#if PRECISION == PRECISION_BF16
+typedef bf16 act_t;
+#define ACT_VEC 8  // elements a 16-byte vector (ld16, unpack8, pack8)
+__device__ __forceinline__ float act_to_f32(act_t h) { return bf16_to_f32(h); }
+__device__ __forceinline__ act_t f32_to_act(float f) { return f32_to_bf16(f); }
+#else
+#error "common.cuh: no element type for this PRECISION (kernels::Precision lists the codes)"
+#endif
 
 // 2^x on the SFU, results below 2^-126 flushed to zero; exp2f without fast-math adds denormal
 // handling around the same instruction.

@@ -3,6 +3,7 @@
 // Size letters: R rows of this chunk, N rows in all (the mean's divisor), V vocabulary.
 // The launcher requires V % 8 == 0 (16-byte vectors) and 16-byte aligned rows.
 #include "common.cuh"
+static_assert(PRECISION == PRECISION_BF16, "crossentropy.cu: bf16 only: its epilogue packs bf16x2 words");
 
 #ifndef CE_THREADS
 #define CE_THREADS 1024  // threads a CTA (a multiple of 32, at most 1024)
@@ -55,7 +56,7 @@ __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
 // Launch: grid R (one CTA a row), block CE_THREADS; thread i takes the 16-byte vectors
 // i, i + CE_THREADS, ... (two loads in flight each in the first pass).
 extern "C" __global__ void __launch_bounds__(CE_THREADS, CE_MIN_BLOCKS)
-    crossentropy_forward_backward(bf16* logits, const u32* __restrict__ targets,
+    crossentropy_forward_backward(act_t* logits, const u32* __restrict__ targets,
                                   float* __restrict__ losses, int V, float inv_n, int grad) {
     const int r = blockIdx.x;
     const int tid = threadIdx.x;
@@ -66,7 +67,7 @@ extern "C" __global__ void __launch_bounds__(CE_THREADS, CE_MIN_BLOCKS)
     // The target's logit, read before any thread of this CTA overwrites the row (the
     // __syncthreads of the reduction below orders this read before the writes of pass 2).
     float lt = __int_as_float(0x7fc00000);  // NaN: target out of range
-    if (tid == 0 && tgt < (u32)V) lt = bf16_to_f32(logits[(i64)r * V + tgt]);
+    if (tid == 0 && tgt < (u32)V) lt = act_to_f32(logits[(i64)r * V + tgt]);
 
     // Pass 1: thread-local online max / sum over the thread's vectors, two loads in flight.
     float m = neg_inf(), s = 0.f;

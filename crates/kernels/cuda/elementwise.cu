@@ -27,6 +27,7 @@
 // no tanh call. a, s come in as arguments (GELU_A, GELU_S of gelu.rs).
 
 #include "common.cuh"
+static_assert(PRECISION == PRECISION_BF16, "elementwise.cu: bf16 only: its vectors are 8 elements (unpack8, pack8)");
 
 // rcp.approx: 1 ulp; rcp(+inf) = +0.
 __device__ __forceinline__ float rcp_approx(float x) {
@@ -49,7 +50,7 @@ __device__ __forceinline__ float gelu_grad(float h, float a, float s) {
 // h (n) bf16 -> out (n) bf16. nvec: how many leading 16-byte vectors to take vectorised (n / 8
 // when both pointers are 16-byte aligned, else 0); the rest element by element.
 extern "C" __global__ void __launch_bounds__(256) gelu_forward(
-    bf16* __restrict__ out, const bf16* __restrict__ h, i64 n, i64 nvec, float a, float s) {
+    act_t* __restrict__ out, const act_t* __restrict__ h, i64 n, i64 nvec, float a, float s) {
     const i64 stride = (i64)gridDim.x * blockDim.x;
     const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     for (i64 i = tid; i < nvec; i += stride) {
@@ -59,13 +60,13 @@ extern "C" __global__ void __launch_bounds__(256) gelu_forward(
         for (int k = 0; k < 8; k++) f[k] = gelu_f(f[k], a, s);
         st16(out + i * 8, pack8(f));
     }
-    for (i64 i = nvec * 8 + tid; i < n; i += stride) out[i] = f32_to_bf16(gelu_f(bf16_to_f32(h[i]), a, s));
+    for (i64 i = nvec * 8 + tid; i < n; i += stride) out[i] = f32_to_act(gelu_f(act_to_f32(h[i]), a, s));
 }
 
 // dout, h (n) bf16 -> dh (n) bf16 = dout * gelu'(h). nvec as in gelu_forward (all three
 // pointers aligned).
 extern "C" __global__ void __launch_bounds__(256) gelu_backward(
-    bf16* __restrict__ dh, const bf16* __restrict__ dout, const bf16* __restrict__ h, i64 n,
+    act_t* __restrict__ dh, const act_t* __restrict__ dout, const act_t* __restrict__ h, i64 n,
     i64 nvec, float a, float s) {
     const i64 stride = (i64)gridDim.x * blockDim.x;
     const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -78,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(256) gelu_backward(
         st16(dh + i * 8, pack8(f));
     }
     for (i64 i = nvec * 8 + tid; i < n; i += stride)
-        dh[i] = f32_to_bf16(bf16_to_f32(dout[i]) * gelu_grad(bf16_to_f32(h[i]), a, s));
+        dh[i] = f32_to_act(act_to_f32(dout[i]) * gelu_grad(act_to_f32(h[i]), a, s));
 }
 
 // dout (N, OUT) bf16 -> partials (gridDim.y, OUT) f32: the column sums of rows
@@ -112,7 +113,7 @@ __device__ __forceinline__ void store_column_partials(
 // [blockIdx.y * rows, min(N, (blockIdx.y + 1) * rows)), over the 128 columns of tile blockIdx.x.
 // OUT % 8 == 0, dout 16-byte aligned. Block (16, 16).
 extern "C" __global__ void __launch_bounds__(256) bias_grad_partial(
-    float* __restrict__ partials, const bf16* __restrict__ dout, int N, int OUT, int rows) {
+    float* __restrict__ partials, const act_t* __restrict__ dout, int N, int OUT, int rows) {
     const int col = (blockIdx.x * 16 + threadIdx.x) * 8;
     const i64 r0 = (i64)blockIdx.y * rows;
     const i64 r1 = r0 + rows < N ? r0 + rows : N;
@@ -134,8 +135,8 @@ extern "C" __global__ void __launch_bounds__(256) bias_grad_partial(
 // gradient is that of the dh written). Same grid, block and conditions as bias_grad_partial,
 // all three pointers 16-byte aligned.
 extern "C" __global__ void __launch_bounds__(256) gelu_backward_bias_grad_partial(
-    bf16* __restrict__ dh, float* __restrict__ partials, const bf16* __restrict__ dout,
-    const bf16* __restrict__ h, int N, int OUT, int rows, float a, float s) {
+    act_t* __restrict__ dh, float* __restrict__ partials, const act_t* __restrict__ dout,
+    const act_t* __restrict__ h, int N, int OUT, int rows, float a, float s) {
     const int col = (blockIdx.x * 16 + threadIdx.x) * 8;
     const i64 r0 = (i64)blockIdx.y * rows;
     const i64 r1 = r0 + rows < N ? r0 + rows : N;
@@ -163,7 +164,7 @@ extern "C" __global__ void __launch_bounds__(256) gelu_backward_bias_grad_partia
 // threadIdx.x picks the column, threadIdx.y sums slices y, y + 8, ... in order, then row 0 of the
 // block adds the 8 sums in order. Grid ceil(OUT / 32).
 extern "C" __global__ void __launch_bounds__(256) bias_grad_final(
-    bf16* __restrict__ db, const float* __restrict__ partials, int S, int OUT) {
+    act_t* __restrict__ db, const float* __restrict__ partials, int S, int OUT) {
     __shared__ float part[8][33];
     const int c = blockIdx.x * 32 + threadIdx.x;
     float sum = 0.f;
@@ -177,6 +178,6 @@ extern "C" __global__ void __launch_bounds__(256) bias_grad_final(
         float total = 0.f;
 #pragma unroll
         for (int y = 0; y < 8; y++) total += part[y][threadIdx.x];
-        db[c] = f32_to_bf16(total);
+        db[c] = f32_to_act(total);
     }
 }

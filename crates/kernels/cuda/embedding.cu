@@ -7,6 +7,7 @@
 // of the ids (forward) and the CSR's upload (backward): under 0.6% of the step, so the kernels'
 // share of the copy was not measured apart.
 #include "common.cuh"
+static_assert(PRECISION == PRECISION_BF16, "embedding.cu: bf16 only: it adds bf16x2 words");
 
 #ifndef EMB_WARPS
 #define EMB_WARPS 8  // rows (one warp each) per CTA of the forward
@@ -25,8 +26,8 @@ __device__ __forceinline__ u32 add_bf16x2(u32 a, u32 b) {
 // A token id >= V reads nothing and writes a row of NaN: the loss turns NaN, so bad data shows
 // at once instead of reading past wte (the CPU reference returns an index error instead).
 extern "C" __global__ void __launch_bounds__(32 * EMB_WARPS)
-    embedding_forward(bf16* __restrict__ out, const u32* __restrict__ tokens,
-                      const bf16* __restrict__ wte, const bf16* __restrict__ wpe, int N, int T,
+    embedding_forward(act_t* __restrict__ out, const u32* __restrict__ tokens,
+                      const act_t* __restrict__ wte, const act_t* __restrict__ wpe, int N, int T,
                       int C, int V) {
     const int row = blockIdx.x * EMB_WARPS + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -76,7 +77,7 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float* a) {
 // Launch: grid nd, block ~C/8 threads rounded up to a warp (max 256), a thread per vector
 // (looping when C/8 > blockDim).
 extern "C" __global__ void __launch_bounds__(256)
-    embedding_backward_wte(bf16* __restrict__ dwte, const bf16* __restrict__ dout,
+    embedding_backward_wte(act_t* __restrict__ dwte, const act_t* __restrict__ dout,
                            const u32* __restrict__ csr, int nd, int C) {
     const int d = blockIdx.x;
     const u32 tok = csr[d];
@@ -99,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(256)
 // Bound: bytes (reads dout once, writes max_t rows).
 // Launch: grid max_t, block ~C/8 threads rounded up to a warp (max 256).
 extern "C" __global__ void __launch_bounds__(256)
-    embedding_backward_wpe(bf16* __restrict__ dwpe, const bf16* __restrict__ dout, int B, int T,
+    embedding_backward_wpe(act_t* __restrict__ dwpe, const act_t* __restrict__ dout, int B, int T,
                            int C) {
     const int t = blockIdx.x;
     const int nv = C / 8;

@@ -23,6 +23,7 @@
 // the copy, short of the aim.
 
 #include "common.cuh"
+static_assert(PRECISION == PRECISION_BF16, "layernorm.cu: bf16 only: its rows are vectors of 8 (unpack8, pack8)");
 
 #ifndef C
 #define C 768
@@ -54,14 +55,14 @@ __device__ __forceinline__ uint4 ln_out8(uint4 xv, uint4 wv, uint4 bv, float mea
 // x (N, C), w (C), b (C) bf16 -> out (N, C) bf16, mean (N), rstd (N) f32;
 // rstd = 1 / sqrt(mean((x - mean)^2) + eps). Block: 4 warps (any multiple of 32 works).
 extern "C" __global__ void __launch_bounds__(128) layernorm_forward(
-    bf16* __restrict__ out, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-    const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ b, int N,
+    act_t* __restrict__ out, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+    const act_t* __restrict__ x, const act_t* __restrict__ w, const act_t* __restrict__ b, int N,
     float eps) {
     const int lane = threadIdx.x & 31;
     const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= N) return;
-    const bf16* xr = x + row * C;
-    bf16* outr = out + row * C;
+    const act_t* xr = x + row * C;
+    act_t* outr = out + row * C;
     float mean, rstd;
     if constexpr (VPL <= FWD_REG_V) {
         uint4 xv[VPL];
@@ -201,9 +202,9 @@ __device__ __forceinline__ void ln_sums8(uint4 dv, uint4 xv, uint4 wv, float mea
 //    partials (gridDim.x, 2C) f32: this CTA's sums of dout * xhat (dw) then of dout (db).
 // Block: WARPS warps; dynamic shared memory: WARPS * SLICE_F4 * 16 bytes.
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) layernorm_backward(
-    bf16* __restrict__ dx, float* __restrict__ partials, const bf16* __restrict__ dout,
-    const bf16* __restrict__ x, const float* __restrict__ mean, const float* __restrict__ rstd,
-    const bf16* __restrict__ w, const bf16* __restrict__ dres, int N) {
+    act_t* __restrict__ dx, float* __restrict__ partials, const act_t* __restrict__ dout,
+    const act_t* __restrict__ x, const float* __restrict__ mean, const float* __restrict__ rstd,
+    const act_t* __restrict__ w, const act_t* __restrict__ dres, int N) {
     extern __shared__ float4 sh[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float4* sl = sh + warp * SLICE_F4;
@@ -211,10 +212,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) layernorm_backward(
     for (int j = lane; j < SLICE_F4; j += 32) sl[j] = float4{0.f, 0.f, 0.f, 0.f};
 
     for (i64 row = (i64)blockIdx.x * WARPS + warp; row < N; row += (i64)gridDim.x * WARPS) {
-        const bf16* dr = dout + row * C;
-        const bf16* xr = x + row * C;
-        const bf16* rr = dres == nullptr ? nullptr : dres + row * C;
-        bf16* dxr = dx + row * C;
+        const act_t* dr = dout + row * C;
+        const act_t* xr = x + row * C;
+        const act_t* rr = dres == nullptr ? nullptr : dres + row * C;
+        act_t* dxr = dx + row * C;
         const float m = mean[row], r = rstd[row];
         float s1 = 0.f, s2 = 0.f;
         if constexpr (VPL <= BWD_REG_V) {
@@ -277,7 +278,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) layernorm_backward(
 // threadIdx.x picks the column of 2C, threadIdx.y sums partial rows y, y + 8, ... in order, then
 // row 0 of the block adds the 8 sums in order. Grid ceil(2C / 32).
 extern "C" __global__ void __launch_bounds__(256) layernorm_backward_reduce(
-    bf16* __restrict__ dw, bf16* __restrict__ db, const float* __restrict__ partials, int G) {
+    act_t* __restrict__ dw, act_t* __restrict__ db, const float* __restrict__ partials, int G) {
     __shared__ float part[8][33];
     const int t = blockIdx.x * 32 + threadIdx.x;
     float s = 0.f;
@@ -290,7 +291,7 @@ extern "C" __global__ void __launch_bounds__(256) layernorm_backward_reduce(
         float total = 0.f;
 #pragma unroll
         for (int y = 0; y < 8; y++) total += part[y][threadIdx.x];
-        if (t < C) dw[t] = f32_to_bf16(total);
-        else db[t - C] = f32_to_bf16(total);
+        if (t < C) dw[t] = f32_to_act(total);
+        else db[t - C] = f32_to_act(total);
     }
 }

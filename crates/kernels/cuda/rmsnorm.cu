@@ -26,6 +26,7 @@
 // re-read from L1 instead of kept in registers: 64% and 78%.)
 
 #include "common.cuh"
+static_assert(PRECISION == PRECISION_BF16, "rmsnorm.cu: bf16 only: its rows are vectors of 8 (unpack8, pack8)");
 
 #ifndef C
 #define C 2048
@@ -56,7 +57,7 @@ __device__ __forceinline__ uint4 rms_out8(uint4 hv, uint4 wv, float rstd) {
     unpack8(hv, f);
     unpack8(wv, wf);
 #pragma unroll
-    for (int k = 0; k < 8; k++) f[k] = bf16_to_f32(f32_to_bf16(f[k] * rstd)) * wf[k];
+    for (int k = 0; k < 8; k++) f[k] = act_to_f32(f32_to_act(f[k] * rstd)) * wf[k];
     return pack8(f);
 }
 
@@ -78,16 +79,16 @@ constexpr int FWD_REG_V = 16;         // rows of C <= 4096 stay in registers
 // read once into registers (every load issued before the first use); wider rows are read again
 // for the second pass (an L1 hit).
 extern "C" __global__ void __launch_bounds__(128) rmsnorm_forward(
-    bf16* __restrict__ out, bf16* __restrict__ h, float* __restrict__ rstd_out,
-    const bf16* __restrict__ x, const bf16* __restrict__ delta, const bf16* __restrict__ w,
+    act_t* __restrict__ out, act_t* __restrict__ h, float* __restrict__ rstd_out,
+    const act_t* __restrict__ x, const act_t* __restrict__ delta, const act_t* __restrict__ w,
     int N, float eps) {
     const int lane = threadIdx.x & 31;
     const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= N) return;
-    const bf16* xr = x + row * C;
-    const bf16* dr = delta == nullptr ? nullptr : delta + row * C;
-    bf16* hr = delta == nullptr ? nullptr : h + row * C;
-    bf16* outr = out + row * C;
+    const act_t* xr = x + row * C;
+    const act_t* dr = delta == nullptr ? nullptr : delta + row * C;
+    act_t* hr = delta == nullptr ? nullptr : h + row * C;
+    act_t* outr = out + row * C;
     float q = 0.f;
     if constexpr (VPL <= FWD_REG_V) {
         uint4 hv[VPL];
@@ -117,7 +118,7 @@ extern "C" __global__ void __launch_bounds__(128) rmsnorm_forward(
         if (lane == 0) rstd_out[row] = rstd;
     } else {
         // The normalised row's source for the second pass: h when the add runs here, else x.
-        const bf16* src = xr;
+        const act_t* src = xr;
         if (dr != nullptr) {
             for (int i = lane; i < NV; i += 32) {
                 const uint4 hv = add8(ld16(xr + i * 8), ld16(dr + i * 8));
@@ -142,9 +143,9 @@ extern "C" __global__ void __launch_bounds__(128) rmsnorm_forward(
 // Block: WARPS warps, a persistent grid whose warps stride over the rows; dynamic shared
 // memory WARPS * C * 4 bytes.
 extern "C" __global__ void __launch_bounds__(WARPS * 32) rmsnorm_backward(
-    bf16* __restrict__ dx, float* __restrict__ partials, const bf16* __restrict__ dout,
-    const bf16* __restrict__ h, const float* __restrict__ rstd, const bf16* __restrict__ w,
-    const bf16* __restrict__ dres, int N) {
+    act_t* __restrict__ dx, float* __restrict__ partials, const act_t* __restrict__ dout,
+    const act_t* __restrict__ h, const float* __restrict__ rstd, const act_t* __restrict__ w,
+    const act_t* __restrict__ dres, int N) {
     extern __shared__ float sh[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float* sl = sh + warp * C;
@@ -155,8 +156,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) rmsnorm_backward(
         for (int k = 0; k < 8; k++) sl[j * 8 + k] = 0.f;
 
     for (i64 row = (i64)blockIdx.x * WARPS + warp; row < N; row += (i64)gridDim.x * WARPS) {
-        const bf16* dr = dout + row * C;
-        const bf16* hr = h + row * C;
+        const act_t* dr = dout + row * C;
+        const act_t* hr = h + row * C;
         const float r = rstd[row];
         float s = 0.f;
         for (int i = lane; i < NV; i += 32) {
@@ -172,8 +173,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) rmsnorm_backward(
             }
         }
         const float m = warp_sum(s) * (1.f / C);
-        bf16* dxr = dx + row * C;
-        const bf16* rr = dres == nullptr ? nullptr : dres + row * C;
+        act_t* dxr = dx + row * C;
+        const act_t* rr = dres == nullptr ? nullptr : dres + row * C;
         for (int i = lane; i < NV; i += 32) {
             float d[8], hf[8], wf[8], o[8];
             unpack8(ld16(dr + i * 8), d);
@@ -204,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) rmsnorm_backward(
 // picks the column, threadIdx.y sums partial rows y, y + 8, ... in order, then row 0 of the
 // block adds the 8 sums in order. Grid ceil(C / 32). dw may point into a unit's flat gradient.
 extern "C" __global__ void __launch_bounds__(256) rmsnorm_backward_reduce(
-    bf16* __restrict__ dw, const float* __restrict__ partials, int G) {
+    act_t* __restrict__ dw, const float* __restrict__ partials, int G) {
     __shared__ float part[8][33];
     const int c = blockIdx.x * 32 + threadIdx.x;
     float s = 0.f;
@@ -217,6 +218,6 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm_backward_reduce(
         float total = 0.f;
 #pragma unroll
         for (int y = 0; y < 8; y++) total += part[y][threadIdx.x];
-        dw[c] = f32_to_bf16(total);
+        dw[c] = f32_to_act(total);
     }
 }

@@ -18,11 +18,12 @@
 // Launch: grid ceil(N * (NH + KV) * hs / 4 / 256), block 256.
 
 #include "common.cuh"
+static_assert(PRECISION == PRECISION_BF16, "rope.cu: bf16 only: it turns bf16x2 words");
 
 // qkv (N, W) bf16, in place; cos, sin (>= T, HS) bf16; HQK = NH + KV heads turned.
-extern "C" __global__ void __launch_bounds__(256) rope_qk(bf16* __restrict__ qkv,
-                                                         const bf16* __restrict__ cos_t,
-                                                         const bf16* __restrict__ sin_t, int N,
+extern "C" __global__ void __launch_bounds__(256) rope_qk(act_t* __restrict__ qkv,
+                                                         const act_t* __restrict__ cos_t,
+                                                         const act_t* __restrict__ sin_t, int N,
                                                          int T, int W, int HQK, int HS,
                                                          float sign) {
     const int half = HS / 2, quads = half / 2;  // thread items a head: pairs of pairs
@@ -33,7 +34,7 @@ extern "C" __global__ void __launch_bounds__(256) rope_qk(bf16* __restrict__ qkv
     const int rem = (int)(item - n * per_row);
     const int head = rem / quads, i = (rem - head * quads) * 2;
     const int t = (int)(n % T);
-    bf16* x = qkv + n * W + (i64)head * HS;
+    act_t* x = qkv + n * W + (i64)head * HS;
     const u32 lo = *reinterpret_cast<const u32*>(x + i);
     const u32 hi = *reinterpret_cast<const u32*>(x + i + half);
     const u32 cw = *reinterpret_cast<const u32*>(cos_t + (i64)t * HS + i);

@@ -15,12 +15,13 @@
 // tests/gpu/llama_layers.rs).
 
 #include "common.cuh"
+static_assert(PRECISION == PRECISION_BF16, "swiglu.cu: bf16 only: its rows are vectors of 8 (unpack8, pack8)");
 
 __device__ __forceinline__ float sigmoid_f(float g) { return 1.f / (1.f + __expf(-g)); }
 
 // gu (N, 2F) bf16 -> act (N, F) bf16.
-extern "C" __global__ void __launch_bounds__(256) swiglu_forward(bf16* __restrict__ act,
-                                                                const bf16* __restrict__ gu,
+extern "C" __global__ void __launch_bounds__(256) swiglu_forward(act_t* __restrict__ act,
+                                                                const act_t* __restrict__ gu,
                                                                 int N, int F) {
     const int nv = F / 8;
     const i64 item = (i64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -32,16 +33,16 @@ extern "C" __global__ void __launch_bounds__(256) swiglu_forward(bf16* __restric
     unpack8(ld16(gu + n * 2 * F + F + j), u);
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-        const float s = bf16_to_f32(f32_to_bf16(g[k] * sigmoid_f(g[k])));
+        const float s = act_to_f32(f32_to_act(g[k] * sigmoid_f(g[k])));
         g[k] = s * u[k];
     }
     st16(act + n * F + j, pack8(g));
 }
 
 // dact (N, F), gu (N, 2F) bf16 -> dgu (N, 2F) bf16 = [dgate | dup].
-extern "C" __global__ void __launch_bounds__(256) swiglu_backward(bf16* __restrict__ dgu,
-                                                                 const bf16* __restrict__ dact,
-                                                                 const bf16* __restrict__ gu,
+extern "C" __global__ void __launch_bounds__(256) swiglu_backward(act_t* __restrict__ dgu,
+                                                                 const act_t* __restrict__ dact,
+                                                                 const act_t* __restrict__ gu,
                                                                  int N, int F) {
     const int nv = F / 8;
     const i64 item = (i64)blockIdx.x * blockDim.x + threadIdx.x;

@@ -19,11 +19,15 @@
 
 mod error;
 #[cfg(feature = "cuda")]
+pub mod launch;
+#[cfg(feature = "cuda")]
 pub mod loader;
 pub mod place;
+mod precision;
 pub mod profile;
 
 pub use error::{KernelError, Result};
+pub use precision::Precision;
 
 /// One `.cu` file: its name (for `#line` and the module cache) and its text.
 #[derive(Clone, Copy, Debug)]
@@ -81,6 +85,21 @@ sources! {
     /// stream, in group-rank order (`comm`'s jobs; `Flavour::Exact`).
     COLLECTIVES = "collectives.cu";
 }
+
+/// The kernel families typed by the model's [`Precision`]: their launchers compile them with
+/// [`Precision::define`], and their kernels are written in `common.cuh`'s `act_t`. The others
+/// name their element types themselves (f32 masters and moments, bf16 as a gradient format,
+/// INT8/INT4 codes).
+pub const TYPED: &[Source] = &[
+    LAYERNORM,
+    RMSNORM,
+    ROPE,
+    SWIGLU,
+    ELEMENTWISE,
+    ATTENTION,
+    EMBEDDING,
+    CROSSENTROPY,
+];
 
 impl Source {
     /// The text NVRTC compiles: the defines, then the file with `#include "common.cuh"` replaced
@@ -159,6 +178,28 @@ mod tests {
         }
     }
 
+    /// A typed family says which precisions it is written for, and is compiled per precision.
+    #[test]
+    fn typed_families_guard_their_precision() {
+        for src in TYPED {
+            assert!(
+                src.text
+                    .contains("static_assert(PRECISION == PRECISION_BF16"),
+                "{}: no precision guard",
+                src.file
+            );
+            let text = src.nvrtc_text(&[Precision::Bf16.define()]);
+            assert!(text.starts_with("#define PRECISION 1\n"), "{}", src.file);
+        }
+        assert!(COMMON.contains("#define PRECISION_BF16 1"));
+        assert_eq!(Precision::Bf16.per_vector(), 8);
+        assert_eq!(
+            Precision::of(candle_core::DType::BF16),
+            Some(Precision::Bf16)
+        );
+        assert_eq!(Precision::of(candle_core::DType::F32), None);
+    }
+
     #[test]
     fn module_names_differ_by_defines_and_flavour() {
         let a = LAYERNORM.module_name(&[("C", 64)], Flavour::Fast);
@@ -179,6 +220,22 @@ mod nvrtc_tests {
         for src in crate::ALL {
             crate::loader::ptx(src, &[], crate::Flavour::Fast)
                 .unwrap_or_else(|e| panic!("{}: {e}", src.file));
+        }
+    }
+
+    /// Every typed family compiles for every precision, and its PTX there is the PTX of the
+    /// file on its own (which defaults to bf16): the define selects, it adds nothing.
+    #[test]
+    fn nvrtc_compiles_every_typed_family_for_every_precision() {
+        for src in crate::TYPED {
+            for p in crate::Precision::ALL {
+                let typed = crate::loader::ptx(src, &[p.define()], crate::Flavour::Fast)
+                    .unwrap_or_else(|e| panic!("{} ({p}): {e}", src.file));
+                if *p == crate::Precision::Bf16 {
+                    let plain = crate::loader::ptx(src, &[], crate::Flavour::Fast).unwrap();
+                    assert_eq!(typed, plain, "{}", src.file);
+                }
+            }
         }
     }
 }

@@ -78,6 +78,27 @@ pub enum ModelError {
     #[error("sampling: {reason}")]
     BadSampling { reason: String },
 
+    /// A setting the GPU kernels cannot run, found when the step's kernel plan is resolved
+    /// (`KernelPlan::resolve`).
+    #[error("{setting} on a GPU: {reason}")]
+    GpuUnsupported {
+        setting: String,
+        reason: &'static str,
+    },
+    /// A layer's GPU kernel declined a CUDA tensor under an enforced kernel plan that said it
+    /// takes it: an internal invariant, not a setting.
+    #[error(
+        "{op}: the {precision} GPU kernel declined a CUDA tensor of {dtype:?} {dims:?} that the \
+         step's kernel plan said it takes (an internal invariant; the reference path is not \
+         taken silently on the GPU)"
+    )]
+    KernelDeclined {
+        op: &'static str,
+        precision: kernels::Precision,
+        dtype: candle_core::DType,
+        dims: Vec<usize>,
+    },
+
     // ---- wrapped ----
     /// A CUDA kernel could not be compiled or loaded.
     #[error(transparent)]

@@ -22,6 +22,7 @@ pub mod gpt2;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod init;
+mod kernel_plan;
 pub mod layers;
 mod layout;
 pub mod llama;
@@ -37,6 +38,7 @@ pub use family::{
 };
 pub use gpt2::family::{GPT2_NORM_EPS, PADDED_GPT2_VOCAB};
 pub use init::init_unit_range;
+pub use kernel_plan::{unenforced, AttentionPath, Enforced, KernelPlan};
 pub use layers::RopeScaling;
 pub use layout::{ModelLayout, ParamInit, ParamSpec, TableRow, UnitKind, UnitLayout, UnitTable};
 pub use llama::family::{

@@ -45,12 +45,11 @@
 use std::sync::Arc;
 
 use candle_core::cuda_backend::cudarc::driver::{
-    sys, CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtr, DeviceRepr, LaunchConfig,
-    PushKernelArg,
+    sys, CudaSlice, CudaStream, CudaView, DevicePtr, DeviceRepr, LaunchConfig,
 };
 use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorageSlice, WrapErr};
-use candle_core::op::BackpropOp;
-use candle_core::{CudaStorage, DType, Storage, Tensor};
+use candle_core::{DType, Storage, Tensor};
+use kernels::launch::{self, Kernel, Module};
 use kernels::place::Place;
 
 use crate::QuantError;
@@ -94,25 +93,9 @@ fn defines(block: usize) -> [kernels::Define; 6] {
     ]
 }
 
-/// The kernel `name` of the module for `block` (`kernels::QUANT`, exact flavour), loaded on
-/// `dev` (launch it on any stream of `dev`'s context).
-fn func(dev: &CudaDevice, name: &str, block: usize) -> Result<CudaFunction> {
-    Ok(kernels::loader::function(
-        dev,
-        &kernels::QUANT,
-        &defines(block),
-        kernels::Flavour::Exact,
-        name,
-    )?)
-}
-
 /// `ctas` CTAs of NT threads.
 fn grid(ctas: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (ctas as u32, 1, 1),
-        block_dim: (NT as u32, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    launch::grid(ctas, NT)
 }
 
 /// Grid of the per-block kernels: `nb` quantisation blocks, NT / tpb of them a CTA.
@@ -149,6 +132,14 @@ impl<'a> Launch<'a> {
         }
     }
 
+    /// The kernel `name` of the module for `block` (`kernels::QUANT`, exact flavour), queued on
+    /// this launch's stream.
+    fn func(&self, name: &str, block: usize) -> Result<Kernel> {
+        let defines = defines(block);
+        let module = Module::new(&kernels::QUANT, &defines, kernels::Flavour::Exact);
+        Ok(Kernel::load(self.dev, module, name)?.on(self.stream.clone()))
+    }
+
     /// A fresh buffer of `n` elements (at least one) on this launch's stream; contents
     /// undefined: the kernels write every element.
     fn alloc<T: DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
@@ -158,7 +149,7 @@ impl<'a> Launch<'a> {
 
     /// The address of `v` (a slice or view of this context).
     fn addr<T, V: DevicePtr<T>>(&self, v: &V) -> u64 {
-        v.device_ptr(&self.stream).0
+        launch::addr(v, &self.stream)
     }
 }
 
@@ -176,13 +167,12 @@ fn launch_quantize_int8(
     if nb == 0 {
         return Ok(());
     }
-    let f = func(l.dev, "quantize_int8", block)?;
+    let f = l.func("quantize_int8", block)?;
     let (n64, nb64) = (i64_of(n), i64_of(nb));
-    let mut b = l.stream.launch_builder(&f);
-    b.arg(&x).arg(&codes).arg(&scales).arg(&n64).arg(&nb64);
+    let cfg = block_grid(nb, tpb_of(block / 4));
     // SAFETY: (const float*, u8*, float*, i64, i64) as in the source; the caller vouches for
     // the addresses and lengths.
-    unsafe { b.launch(block_grid(nb, tpb_of(block / 4))) }.w()?;
+    unsafe { f.launch(cfg, &[&x, &codes, &scales, &n64, &nb64]) }?;
     Ok(())
 }
 
@@ -204,14 +194,13 @@ fn launch_dequantize_int8(
         true => ("dequantize_int8_bf16", 8, BF16_UNROLL),
         false => ("dequantize_int8_f32", 4, DEQ_UNROLL),
     };
-    let f = func(l.dev, name, block)?;
+    let f = l.func(name, block)?;
     let n64 = i64_of(n);
-    let mut b = l.stream.launch_builder(&f);
-    b.arg(&codes).arg(&scales).arg(&out).arg(&n64);
     // One unit past the full ones, for the tail.
     let units = n / per_unit + 1;
+    let cfg = grid(units.div_ceil(NT * unroll));
     // SAFETY: (const u8*, const float*, float* or u16*, i64) as in the source.
-    unsafe { b.launch(grid(units.div_ceil(NT * unroll))) }.w()?;
+    unsafe { f.launch(cfg, &[&codes, &scales, &out, &n64]) }?;
     Ok(())
 }
 
@@ -233,15 +222,11 @@ fn launch_quantize_int4_swizzled(
         return Ok(());
     }
     let bps = nb / (nodes * ranks_per_node);
-    let f = func(l.dev, "quantize_int4_swizzled", block)?;
-    let a = [n, nb, bps, nodes, ranks_per_node].map(i64_of);
-    let mut b = l.stream.launch_builder(&f);
-    b.arg(&x).arg(&packed).arg(&scales);
-    for v in &a {
-        b.arg(v);
-    }
+    let f = l.func("quantize_int4_swizzled", block)?;
+    let [n, nb64, bps, nodes, rpn] = [n, nb, bps, nodes, ranks_per_node].map(i64_of);
+    let cfg = block_grid(nb, tpb_of(block / 4));
     // SAFETY: (const float*, u8*, float*, i64 x 5) as in the source.
-    unsafe { b.launch(block_grid(nb, tpb_of(block / 4))) }.w()?;
+    unsafe { f.launch(cfg, &[&x, &packed, &scales, &n, &nb64, &bps, &nodes, &rpn]) }?;
     Ok(())
 }
 
@@ -281,16 +266,10 @@ fn launch_fused(
     let tpb = fused_tpb(block / 32);
     let (qout, qscales) = match out {
         RawOut::Sum(o) => {
-            let f = func(l.dev, "dequantize_sum_int4", block)?;
-            let mut b = l.stream.launch_builder(&f);
-            b.arg(&packed)
-                .arg(&scales)
-                .arg(&o)
-                .arg(&pieces32)
-                .arg(&p64)
-                .arg(&nb64);
+            let f = l.func("dequantize_sum_int4", block)?;
+            let args: [&dyn launch::Arg; 6] = [&packed, &scales, &o, &pieces32, &p64, &nb64];
             // SAFETY: (const u8*, const float*, float*, int, i64, i64) as in the source.
-            unsafe { b.launch(block_grid(nb, tpb)) }.w()?;
+            unsafe { f.launch(block_grid(nb, tpb), &args) }?;
             return Ok(());
         }
         RawOut::Requantized(q, s) => (q, s),
@@ -299,7 +278,7 @@ fn launch_fused(
     // general one (F_BPC blocks a CTA).
     let fast = fast_requantizer(block, pieces, p);
     if let Some(FastRequantizer { name, rounds, .. }) = fast {
-        let f = func(l.dev, name, block)?;
+        let f = l.func(name, block)?;
         let sms = l
             .stream
             .context()
@@ -311,21 +290,21 @@ fn launch_fused(
         let resident = sms.max(1) as usize * per_sm.max(1) as usize;
         // In range: p < 2^32, so nb <= 2^33 / 32 and rounds < nb.
         let (p32, nb32, rounds32) = (p as u32, nb as u32, rounds as u32);
-        let mut b = l.stream.launch_builder(&f);
-        b.arg(&packed).arg(&scales).arg(&qout).arg(&qscales);
-        b.arg(&pieces32).arg(&p32).arg(&nb32).arg(&rounds32);
+        let args: [&dyn launch::Arg; 8] = [
+            &packed, &scales, &qout, &qscales, &pieces32, &p32, &nb32, &rounds32,
+        ];
         // SAFETY: (const u8*, const float*, u8*, float*, int, u32, u32, u32) as in the source.
-        unsafe { b.launch(grid(rounds.min(resident))) }.w()?;
+        unsafe { f.launch(grid(rounds.min(resident)), &args) }?;
     }
     let b0 = fast.map_or(0, |q| q.rounds * (NT / q.tpb));
     if b0 < nb {
-        let f = func(l.dev, "dequantize_sum_requantize_int4", block)?;
+        let f = l.func("dequantize_sum_requantize_int4", block)?;
         let b064 = i64_of(b0);
-        let mut b = l.stream.launch_builder(&f);
-        b.arg(&packed).arg(&scales).arg(&qout).arg(&qscales);
-        b.arg(&pieces32).arg(&p64).arg(&nb64).arg(&b064);
+        let args: [&dyn launch::Arg; 8] = [
+            &packed, &scales, &qout, &qscales, &pieces32, &p64, &nb64, &b064,
+        ];
         // SAFETY: (const u8*, const float*, u8*, float*, int, i64, i64, i64) as in the source.
-        unsafe { b.launch(block_grid(nb - b0, tpb)) }.w()?;
+        unsafe { f.launch(block_grid(nb - b0, tpb), &args) }?;
     }
     Ok(())
 }
@@ -413,14 +392,6 @@ pub fn dequantize_sum_int4_into(
 
 // ---- the tensor API's GPU half (arguments checked by tensor.rs) ----
 
-fn tensor(slice: CudaStorageSlice, dev: &CudaDevice, n: usize) -> Tensor {
-    let st = CudaStorage {
-        slice,
-        device: dev.clone(),
-    };
-    Tensor::from_storage(Storage::Cuda(st), n, BackpropOp::none(), false)
-}
-
 /// The address of the 1-D contiguous CUDA tensor `t`; one that is not 16-byte aligned (a
 /// narrowed tensor) is first copied on `l`'s stream to a fresh buffer, kept alive in `keep` until
 /// the caller's launches are queued, so that the kernels' vector loads are aligned.
@@ -466,8 +437,8 @@ pub(crate) fn quantize_int8(
     let xa = input::<f32>(&l, x, &mut keep)?;
     launch_quantize_int8(&l, xa, l.addr(&codes), l.addr(&scales), n, block)?;
     Ok((
-        tensor(CudaStorageSlice::U8(codes), dev, n),
-        tensor(CudaStorageSlice::F32(scales), dev, nb),
+        launch::from_slice(CudaStorageSlice::U8(codes), dev, n),
+        launch::from_slice(CudaStorageSlice::F32(scales), dev, nb),
     ))
 }
 
@@ -500,8 +471,8 @@ pub(crate) fn dequantize_int8(
     let l = Launch::own(dev);
     let n = codes.elem_count();
     let out = match dtype {
-        DType::BF16 => tensor(CudaStorageSlice::BF16(l.alloc(n)?), dev, n),
-        _ => tensor(CudaStorageSlice::F32(l.alloc(n)?), dev, n),
+        DType::BF16 => launch::from_slice(CudaStorageSlice::BF16(l.alloc(n)?), dev, n),
+        _ => launch::from_slice(CudaStorageSlice::F32(l.alloc(n)?), dev, n),
     };
     dequantize_int8_at(dev, &Place::Own, codes, scales, block, &out)?;
     Ok(out)
@@ -544,8 +515,8 @@ pub(crate) fn quantize_int4_swizzled(
     let (pa, sa) = (l.addr(&packed), l.addr(&scales));
     launch_quantize_int4_swizzled(&l, xa, pa, sa, n, nodes, ranks_per_node, block)?;
     Ok((
-        tensor(CudaStorageSlice::U8(packed), dev, n / 2),
-        tensor(CudaStorageSlice::F32(scales), dev, nb),
+        launch::from_slice(CudaStorageSlice::U8(packed), dev, n / 2),
+        launch::from_slice(CudaStorageSlice::F32(scales), dev, nb),
     ))
 }
 
@@ -608,8 +579,8 @@ pub(crate) fn dequantize_sum_requantize_int4(
     let out = RawOut::Requantized(l.addr(&q), l.addr(&s));
     launch_fused(&l, pa, sa, pieces, p, block, out)?;
     Ok((
-        tensor(CudaStorageSlice::U8(q), dev, p),
-        tensor(CudaStorageSlice::F32(s), dev, nb),
+        launch::from_slice(CudaStorageSlice::U8(q), dev, p),
+        launch::from_slice(CudaStorageSlice::F32(s), dev, nb),
     ))
 }
 
@@ -640,7 +611,7 @@ pub(crate) fn dequantize_sum_int4(
     block: usize,
 ) -> Result<Tensor> {
     let n = 2 * (packed.elem_count() / pieces);
-    let out = tensor(CudaStorageSlice::F32(Launch::own(dev).alloc(n)?), dev, n);
+    let out = launch::from_slice(CudaStorageSlice::F32(Launch::own(dev).alloc(n)?), dev, n);
     dequantize_sum_int4_at(dev, &Place::Own, packed, scales, pieces, block, &out)?;
     Ok(out)
 }

@@ -12,23 +12,15 @@
 //! one launch per span. Each element binary-searches its range. Bytes moved per element: 12 read
 //! (param, m, v) and 12 written, plus the gradient's 4 or 2, plus 2 for the bf16 copy.
 
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
-};
-use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice, WrapErr};
-use candle_core::op::BackpropOp;
-use candle_core::{CudaStorage, DType, Result, Storage, Tensor};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
+use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice};
+use candle_core::{DType, Result, Storage, Tensor};
+use kernels::launch::{self, Kernel, Module};
 
 use std::ops::Range;
 
 use crate::optimizer::Scalars;
 use crate::GradShard;
-
-/// The gradient's values as the kernel reads them.
-enum GradView<'a> {
-    F32(CudaView<'a, f32>),
-    Bf16(CudaView<'a, half::bf16>),
-}
 
 /// Decay ranges a launch carries in its parameters (`MAX_RANGES` in the source).
 pub(crate) const MAX_RANGES: usize = 64;
@@ -118,11 +110,11 @@ pub(crate) fn update(
     let n = param.elem_count();
     // At least one element: a zero-byte allocation is an error of the driver.
     // SAFETY: the launches below write every one of the n elements before any read.
-    let mut p_out: CudaSlice<f32> = unsafe { dev.alloc::<f32>(n.max(1))? };
-    let mut m_out: CudaSlice<f32> = unsafe { dev.alloc::<f32>(n.max(1))? };
-    let mut v_out: CudaSlice<f32> = unsafe { dev.alloc::<f32>(n.max(1))? };
+    let p_out: CudaSlice<f32> = unsafe { dev.alloc::<f32>(n.max(1))? };
+    let m_out: CudaSlice<f32> = unsafe { dev.alloc::<f32>(n.max(1))? };
+    let v_out: CudaSlice<f32> = unsafe { dev.alloc::<f32>(n.max(1))? };
     // SAFETY: as above, when asked for.
-    let mut copy: Option<CudaSlice<half::bf16>> = match bf16_copy {
+    let copy: Option<CudaSlice<half::bf16>> = match bf16_copy {
         true => Some(unsafe { dev.alloc::<half::bf16>(n.max(1))? }),
         false => None,
     };
@@ -132,15 +124,9 @@ pub(crate) fn update(
             DType::BF16 => "adamw_bf16",
             _ => "adamw_f32",
         };
-        let f = kernels::loader::function(
-            dev,
-            &kernels::ADAMW,
-            &DEFINES,
-            kernels::Flavour::Exact,
-            name,
-        )
-        .map_err(candle_core::Error::wrap)?;
-        let stream = dev.cuda_stream();
+        let module = Module::new(&kernels::ADAMW, &DEFINES, kernels::Flavour::Exact);
+        let f = Kernel::load(dev, module, name).map_err(candle_core::Error::wrap)?;
+        let stream = f.stream();
         let (sp, sg, sm, sv) = (
             param.storage_and_layout().0,
             values.storage_and_layout().0,
@@ -148,59 +134,45 @@ pub(crate) fn update(
             exp_avg_sq.storage_and_layout().0,
         );
         let (vp, vm, vv) = (
-            view::<f32>(&sp, param)?,
-            view::<f32>(&sm, exp_avg)?,
-            view::<f32>(&sv, exp_avg_sq)?,
+            launch::addr(&view::<f32>(&sp, param)?, stream),
+            launch::addr(&view::<f32>(&sm, exp_avg)?, stream),
+            launch::addr(&view::<f32>(&sv, exp_avg_sq)?, stream),
         );
         // The gradient's address: f32 or bf16, the kernel chosen above reads it as such.
         let vg = match values.dtype() {
-            DType::BF16 => GradView::Bf16(view::<half::bf16>(&sg, values)?),
-            _ => GradView::F32(view::<f32>(&sg, values)?),
+            DType::BF16 => launch::addr(&view::<half::bf16>(&sg, values)?, stream),
+            _ => launch::addr(&view::<f32>(&sg, values)?, stream),
         };
+        let (po, mo, vo) = (
+            launch::addr(&p_out, stream),
+            launch::addr(&m_out, stream),
+            launch::addr(&v_out, stream),
+        );
+        // The bf16 copy's address, or a null one.
+        let co = copy.as_ref().map_or(0u64, |c| launch::addr(c, stream));
         let (grad_len, scale) = (values.elem_count() as i64, grad.scale());
         for (start, end, ranges) in spans(n, decay) {
             if start >= end {
                 continue;
             }
             let (s64, e64) = (start as i64, end as i64);
-            let mut b = stream.launch_builder(&f);
-            b.arg(&vp);
-            match &vg {
-                GradView::F32(g) => b.arg(g),
-                GradView::Bf16(g) => b.arg(g),
-            };
-            b.arg(&grad_len).arg(&scale).arg(&vm).arg(&vv);
-            b.arg(&mut p_out).arg(&mut m_out).arg(&mut v_out);
-            let null = 0u64;
-            match copy.as_mut() {
-                Some(c) => b.arg(c),
-                None => b.arg(&null),
-            };
-            b.arg(&s64).arg(&e64).arg(&ranges).arg(scalars);
-            let cfg = LaunchConfig {
-                grid_dim: ((end - start).div_ceil(THREADS * ELEMS) as u32, 1, 1),
-                block_dim: (THREADS as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = launch::grid((end - start).div_ceil(THREADS * ELEMS), THREADS);
             // SAFETY: argument types and lengths match the kernel's signature (the bf16 copy's
             // address, or a null one); the span lies inside every buffer.
-            unsafe { b.launch(cfg) }.w()?;
+            unsafe {
+                f.launch(
+                    cfg,
+                    &[
+                        &vp, &vg, &grad_len, &scale, &vm, &vv, &po, &mo, &vo, &co, &s64, &e64,
+                        &ranges, scalars,
+                    ],
+                )
+            }
+            .map_err(candle_core::Error::wrap)?;
         }
     }
-    let wrap = |s: CudaSlice<f32>| {
-        let st = CudaStorage {
-            slice: CudaStorageSlice::F32(s),
-            device: dev.clone(),
-        };
-        Tensor::from_storage(Storage::Cuda(st), n, BackpropOp::none(), false)
-    };
-    let copy = copy.map(|s| {
-        let st = CudaStorage {
-            slice: CudaStorageSlice::BF16(s),
-            device: dev.clone(),
-        };
-        Tensor::from_storage(Storage::Cuda(st), n, BackpropOp::none(), false)
-    });
+    let wrap = |s: CudaSlice<f32>| launch::from_slice(CudaStorageSlice::F32(s), dev, n);
+    let copy = copy.map(|s| launch::from_slice(CudaStorageSlice::BF16(s), dev, n));
     Ok((wrap(p_out), wrap(m_out), wrap(v_out), copy))
 }
 

@@ -145,11 +145,10 @@ pub fn copy_into(
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::cuda_backend::cudarc::driver::{
-        result as driver, LaunchConfig, PushKernelArg,
-    };
+    use candle_core::cuda_backend::cudarc::driver::{result as driver, LaunchConfig};
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
     use candle_core::{DType, Tensor};
+    use kernels::launch::{self, Kernel, Module};
     use kernels::place::{address, Place};
 
     use crate::{Result, ZeroError};
@@ -159,25 +158,13 @@ mod cuda {
     const DEFINES: [kernels::Define; 1] = [("GRID", GRID as i64)];
 
     fn grid(units: usize) -> LaunchConfig {
-        LaunchConfig {
-            grid_dim: (units.div_ceil(256).clamp(1, GRID) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        }
+        launch::spread(units, 256, GRID)
     }
 
-    fn func(
-        dev: &CudaDevice,
-        name: &str,
-    ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaFunction> {
-        Ok(kernels::loader::function(
-            dev,
-            &kernels::SHARD_PASSES,
-            &DEFINES,
-            kernels::Flavour::Fast,
-            name,
-        )
-        .map_err(candle_core::Error::wrap)?)
+    /// Kernel `name` of shard_passes.cu, queued where `place` says.
+    fn func(dev: &CudaDevice, place: &Place, name: &str) -> Result<Kernel> {
+        let module = Module::new(&kernels::SHARD_PASSES, &DEFINES, kernels::Flavour::Fast);
+        Ok(Kernel::placed(dev, place, module, name).map_err(candle_core::Error::wrap)?)
     }
 
     /// The address of `t` plus `at` elements, which must be 16-byte aligned (the kernels' vector
@@ -214,13 +201,11 @@ mod cuda {
                     aligned(master, 0, "master shard")?,
                     aligned(out, at, "gather slot")?,
                 );
-                let f = func(dev, "cast_f32_bf16")?;
-                let stream = place.stream(dev);
+                let f = func(dev, place, "cast_f32_bf16")?;
                 let n64 = n as i64;
-                let mut b = stream.launch_builder(&f);
-                b.arg(&x).arg(&o).arg(&n64);
                 // SAFETY: (const float*, bf16*, long long); n elements each, in range (checked).
-                unsafe { b.launch(grid(n / 8)) }.w()?;
+                unsafe { f.launch(grid(n / 8), &[&x, &o, &n64]) }
+                    .map_err(candle_core::Error::wrap)?;
                 Ok(())
             }
             d => Err(candle_core::Error::UnsupportedDTypeForOp(d, "cast into a gather").into()),
@@ -254,12 +239,15 @@ mod cuda {
             aligned(grad, 0, "gradient")?,
             aligned(out, 0, "padded gradient")?,
         );
-        let f = func(dev, name)?;
-        let stream = place.stream(dev);
-        let mut b = stream.launch_builder(&f);
-        b.arg(&x).arg(&n).arg(&coef).arg(&o).arg(&padded);
+        let f = func(dev, place, name)?;
         // SAFETY: (const T*, long long, float, U*, long long); n read, padded written.
-        unsafe { b.launch(grid(padded as usize / per as usize)) }.w()?;
+        unsafe {
+            f.launch(
+                grid(padded as usize / per as usize),
+                &[&x, &n, &coef, &o, &padded],
+            )
+        }
+        .map_err(candle_core::Error::wrap)?;
         Ok(())
     }
 
@@ -291,13 +279,10 @@ mod cuda {
             aligned(acc, 0, "gradient shard")?,
             aligned(x, 0, "reduced slice")?,
         );
-        let f = func(dev, name)?;
-        let stream = place.stream(dev);
+        let f = func(dev, place, name)?;
         let n64 = n as i64;
-        let mut b = stream.launch_builder(&f);
-        b.arg(&a).arg(&v).arg(&n64);
         // SAFETY: (float*, const T*, long long); n elements each.
-        unsafe { b.launch(grid(n / per)) }.w()?;
+        unsafe { f.launch(grid(n / per), &[&a, &v, &n64]) }.map_err(candle_core::Error::wrap)?;
         Ok(())
     }
 
@@ -318,13 +303,10 @@ mod cuda {
             aligned(x, 0, "reduced slice")?,
             aligned(out, 0, "gradient shard")?,
         );
-        let f = func(dev, "cast_bf16_f32")?;
-        let stream = place.stream(dev);
+        let f = func(dev, place, "cast_bf16_f32")?;
         let n64 = n as i64;
-        let mut b = stream.launch_builder(&f);
-        b.arg(&v).arg(&o).arg(&n64);
         // SAFETY: (const bf16*, float*, long long); n elements each (checked by the caller).
-        unsafe { b.launch(grid(n / 8)) }.w()?;
+        unsafe { f.launch(grid(n / 8), &[&v, &o, &n64]) }.map_err(candle_core::Error::wrap)?;
         Ok(())
     }
 
@@ -347,13 +329,10 @@ mod cuda {
             aligned(y, 0, "subtrahend")?,
             aligned(out, 0, "difference")?,
         );
-        let f = func(dev, "sub_f32")?;
-        let stream = place.stream(dev);
+        let f = func(dev, place, "sub_f32")?;
         let n64 = n as i64;
-        let mut l = stream.launch_builder(&f);
-        l.arg(&a).arg(&b).arg(&o).arg(&n64);
         // SAFETY: (const float*, const float*, float*, long long); n elements each.
-        unsafe { l.launch(grid(n / 4)) }.w()?;
+        unsafe { f.launch(grid(n / 4), &[&a, &b, &o, &n64]) }.map_err(candle_core::Error::wrap)?;
         Ok(())
     }
 

@@ -31,10 +31,9 @@ pub fn sum_of_squares(g: &GradShard) -> Result<Tensor> {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::cuda_backend::cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
-    use candle_core::op::BackpropOp;
-    use candle_core::{CudaStorage, DType, Result, Storage, Tensor};
+    use candle_core::{DType, Result, Storage, Tensor};
+    use kernels::launch::{self, Kernel, Module};
 
     /// CTAs of the first stage (`GRID` in the source): a few a SM on the H200's 132.
     const GRID: usize = 1024;
@@ -58,50 +57,24 @@ mod cuda {
             true => "sum_squares_bf16_f64",
             false => "sum_squares_f64",
         };
-        let f = kernels::loader::function(
-            &dev,
-            &kernels::GRADNORM,
-            &DEFINES,
-            kernels::Flavour::Fast,
-            name,
-        )
-        .map_err(candle_core::Error::wrap)?;
-        let stream = dev.cuda_stream();
+        let module = Module::new(&kernels::GRADNORM, &DEFINES, kernels::Flavour::Fast);
+        let f = Kernel::load(&dev, module, name).map_err(candle_core::Error::wrap)?;
+        let stream = f.stream();
         // SAFETY: the kernel writes all GRID partials.
-        let mut partials = unsafe { stream.alloc::<f64>(GRID) }.w()?;
+        let partials = unsafe { stream.alloc::<f64>(GRID) }.w()?;
         let n64 = n as i64;
-        let as_bf16: CudaView<half::bf16>;
-        let as_f32: CudaView<f32>;
-        let mut b = stream.launch_builder(&f);
-        match bf16 {
-            true => {
-                as_bf16 = cs.as_cuda_slice::<half::bf16>()?.slice(o..o + n);
-                b.arg(&as_bf16)
-            }
-            false => {
-                as_f32 = cs.as_cuda_slice::<f32>()?.slice(o..o + n);
-                b.arg(&as_f32)
-            }
+        // The address of the values' view, of the kernel's element type.
+        let x = match bf16 {
+            true => launch::addr(&cs.as_cuda_slice::<half::bf16>()?.slice(o..o + n), stream),
+            false => launch::addr(&cs.as_cuda_slice::<f32>()?.slice(o..o + n), stream),
         };
-        b.arg(&n64).arg(&scale).arg(&mut partials);
-        let cfg = LaunchConfig {
-            grid_dim: (GRID as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let out = launch::addr(&partials, stream);
         // SAFETY: (const float* or const bf16*, long long, float, double*) as in the source; n
-        // elements of the kernel's type are readable at the view's address.
-        unsafe { b.launch(cfg) }.w()?;
+        // elements of the kernel's type are readable at the view's address, GRID written.
+        unsafe { f.launch(launch::grid(GRID, 256), &[&x, &n64, &scale, &out]) }
+            .map_err(candle_core::Error::wrap)?;
         drop(st);
-        let partials = Tensor::from_storage(
-            Storage::Cuda(CudaStorage {
-                slice: CudaStorageSlice::F64(partials),
-                device: dev,
-            }),
-            GRID,
-            BackpropOp::none(),
-            false,
-        );
+        let partials = launch::from_slice(CudaStorageSlice::F64(partials), &dev, GRID);
         partials.sum_all().map(Some)
     }
 }

@@ -4,31 +4,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
-};
+use candle_core::cuda_backend::cudarc::driver::CudaStream;
 use candle_core::CudaDevice;
+use kernels::launch::{Kernel, LaunchConfig, Module};
 
-use super::cuda_error;
-use crate::{CommError, Result};
+use crate::gpu::kernel_error;
+use crate::Result;
 
 const HOLD_OP: &str = "emulated link";
 
 /// The kernel of [`hold_stream`] (`crates/kernels/cuda/hold.cu`: one thread that sleeps until
 /// `ns` nanoseconds of the global timer have passed since it started) on `device`: compiled once
 /// a process, loaded once a device, by [`kernels::loader`].
-pub(super) fn hold_function(device: &CudaDevice) -> Result<CudaFunction> {
-    kernels::loader::function(
-        device,
-        &kernels::HOLD,
-        &[],
-        kernels::Flavour::Exact,
-        "hold_stream",
-    )
-    .map_err(|e| CommError::Kernel {
-        op: HOLD_OP,
-        source: Arc::new(e),
-    })
+pub(super) fn hold_function(device: &CudaDevice) -> Result<Kernel> {
+    let module = Module::new(&kernels::HOLD, &[], kernels::Flavour::Exact);
+    Kernel::load(device, module, "hold_stream").map_err(|e| kernel_error(HOLD_OP, e))
 }
 
 /// Enqueues on `stream` a kernel that keeps it busy for `hold` (the emulated link's transfer).
@@ -37,11 +27,9 @@ pub(super) fn hold_stream(
     stream: &Arc<CudaStream>,
     hold: Duration,
 ) -> Result<()> {
-    let func = hold_function(device)?;
+    let func = hold_function(device)?.on(stream.clone());
     let ns = u64::try_from(hold.as_nanos()).unwrap_or(u64::MAX);
-    let mut launch = stream.launch_builder(&func);
-    launch.arg(&ns);
     // SAFETY: the kernel takes one u64 and touches no memory.
-    unsafe { launch.launch(LaunchConfig::for_num_elems(1)) }.map_err(|e| cuda_error(HOLD_OP, e))?;
-    Ok(())
+    unsafe { func.launch(LaunchConfig::for_num_elems(1), &[&ns]) }
+        .map_err(|e| kernel_error(HOLD_OP, e))
 }

@@ -47,6 +47,9 @@ impl RankRun<'_> {
             .tokenizer
             .context("log.sample_interval: the run has no tokenizer to write text with")?;
         let cfg = self.shared.model_cfg;
+        // The sample decodes in f32, outside the step's kernel plan (bf16 on a GPU): the
+        // layers take the reference there, as `trainer generate` does.
+        let _f32 = model::unenforced();
         let decoder = generate::decoder(
             cfg,
             units.into_iter().map(|(_, u)| u).collect(),

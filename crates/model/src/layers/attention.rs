@@ -48,6 +48,7 @@ pub fn attention_forward(qkv: &Tensor, n_head: usize) -> Result<(Tensor, AttSave
         if let Some(r) = cuda::attention_forward(qkv, n_head)? {
             return Ok(r);
         }
+        super::attention_declined("attention::attention_forward", qkv)?;
     }
     reference_forward(qkv, n_head)
 }
@@ -145,6 +146,7 @@ pub fn attention_backward(dy: &Tensor, saved: &AttSaved) -> Result<Tensor> {
         if let Some(r) = cuda::attention_backward(dy, saved)? {
             return Ok(r);
         }
+        super::attention_declined("attention::attention_backward", dy)?;
     }
     reference_backward(dy, saved)
 }
@@ -237,6 +239,7 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
     use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
     use candle_core::{DType, Tensor};
+    use kernels::Precision;
 
     /// Query rows = key rows of a tile (the kernels' `BLOCK`: `BLOCK/16` warps a CTA).
     pub(super) const FWD_BLOCK: usize = 64;
@@ -268,7 +271,10 @@ mod cuda {
         // Grid y is the number of tiles (at most 65535); ints index rows within a sequence.
         let fits = t.div_ceil(FWD_BLOCK.min(BWD_BLOCK)) <= 65_535
             && b * n_head.max(t) <= i32::MAX as usize;
-        if !matches!(hs, 16 | 32 | 64 | 128) || !fits || (b * t * c / 8) > u32::MAX as usize {
+        if !crate::kernel_plan::OWN_ATTENTION_HEAD_SIZES.contains(&hs)
+            || !fits
+            || (b * t * c / 8) > u32::MAX as usize
+        {
             return Ok(None);
         }
         Ok(Some((b, t, c, hs)))
@@ -327,7 +333,8 @@ mod cuda {
             return Ok(None);
         }
         let (c, hs) = (c3 / 3, c3 / 3 / n_head);
-        if hs % 8 != 0 || hs > 128 || c % 8 != 0 || gpu::ptr(qkv)? % 16 != 0 {
+        if !crate::kernel_plan::cudnn_takes_head_size(hs) || c % 8 != 0 || gpu::ptr(qkv)? % 16 != 0
+        {
             return Ok(None);
         }
         Ok(Some(crate::cudnn::Shape {
@@ -457,6 +464,7 @@ mod cuda {
         let smem = 5 * tile_bytes(block, hs);
         let f = gpu::function(
             &dev,
+            Precision::Bf16,
             &kernels::ATTENTION,
             &defines(hs, block),
             "attention_forward_kernel",
@@ -474,8 +482,7 @@ mod cuda {
         // SAFETY: y (B*T*C bf16) and lse (B*NH*T f32) are fresh and fully written by the kernel;
         // qkv holds B*T*3C bf16; the arguments match attention_forward_kernel's list.
         unsafe {
-            gpu::launch(
-                &f,
+            f.launch(
                 cfg,
                 &[&p_y, &p_lse, &p_qkv, &t_i, &nh_i, &scale_log2, &scale],
             )?;
@@ -551,6 +558,7 @@ mod cuda {
         ];
         let pre = gpu::function(
             &dev,
+            Precision::Bf16,
             &kernels::ATTENTION,
             &module,
             "attention_backward_preprocess",
@@ -558,8 +566,7 @@ mod cuda {
         // SAFETY: dsum (B*NH*T f32) and dq_acc (B*T*C f32) are fresh and fully written; dy and y
         // hold B*T*C bf16; the arguments match attention_backward_preprocess's list.
         unsafe {
-            gpu::launch(
-                &pre,
+            pre.launch(
                 elem_grid(b * t * c),
                 &[&p_dsum, &p_acc, &p_dy, &p_y, &bt_i, &t_i, &nh_i],
             )?;
@@ -573,6 +580,7 @@ mod cuda {
             + 4 * BWD_BLOCK * 4;
         let main = gpu::function(
             &dev,
+            Precision::Bf16,
             &kernels::ATTENTION,
             &module,
             "attention_backward_kernel",
@@ -588,8 +596,7 @@ mod cuda {
             // zeroed above on the same stream; qkv (B*T*3C), dy (B*T*C) bf16, lse and dsum
             // (B*NH*T) f32; the arguments match attention_backward_kernel's list.
             unsafe {
-                gpu::launch(
-                    &main,
+                main.launch(
                     cfg,
                     &[
                         &p_dqkv,
@@ -607,12 +614,17 @@ mod cuda {
             }
         }
 
-        let conv = gpu::function(&dev, &kernels::ATTENTION, &module, "attention_backward_dq")?;
+        let conv = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::ATTENTION,
+            &module,
+            "attention_backward_dq",
+        )?;
         // SAFETY: writes the q columns of dqkv (every one) from dq_acc (B*T*C f32); the
         // arguments match attention_backward_dq's list.
         unsafe {
-            gpu::launch(
-                &conv,
+            conv.launch(
                 elem_grid(b * t * c),
                 &[&p_dqkv, &p_acc, &bt_i, &nh_i, &scale],
             )?;

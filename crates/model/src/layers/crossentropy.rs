@@ -46,6 +46,7 @@ pub fn crossentropy_forward_backward(
         if let Some(r) = cuda::crossentropy_forward_backward(x, wte, targets, grad)? {
             return Ok(r);
         }
+        super::declined("crossentropy::crossentropy_forward_backward", x)?;
     }
     crossentropy_chunked(x, wte, targets, grad, CE_CHUNK_ELEMS)
 }
@@ -124,6 +125,7 @@ mod cuda {
     use crate::error::Result;
     use crate::gemm::Epilogue;
     use crate::gpu;
+    use kernels::Precision;
 
     /// The loss and, when asked for, `(dx, dwte)`: what [`super::crossentropy_forward_backward`]
     /// returns.
@@ -184,6 +186,7 @@ mod cuda {
         let threads = ((v / 8).div_ceil(32) * 32).min(1024);
         let func = gpu::function(
             &dev,
+            Precision::Bf16,
             &kernels::CROSSENTROPY,
             &[("CE_THREADS", threads as i64)],
             "crossentropy_forward_backward",
@@ -218,11 +221,7 @@ mod cuda {
             // contiguous, targets and losses hold R elements from r0; target ids >= V are not
             // dereferenced (their loss is NaN).
             unsafe {
-                gpu::launch(
-                    &func,
-                    cfg,
-                    &[&p_logits, &p_tgt, &p_loss, &v_i, &inv_n, &grad_i],
-                )?;
+                func.launch(cfg, &[&p_logits, &p_tgt, &p_loss, &v_i, &inv_n, &grad_i])?;
             }
             if let (Some(dx), Some(dwte)) = (&dx, &dwte) {
                 // `logits` now holds dlogits (R, V). dx rows (R, C) = dlogits @ wte (V, C); dwte

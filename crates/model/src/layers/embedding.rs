@@ -14,6 +14,7 @@ pub fn embedding_forward(tokens: &Tensor, wte: &Tensor, wpe: &Tensor) -> Result<
         if let Some(r) = cuda::embedding_forward(tokens, wte, wpe)? {
             return Ok(r);
         }
+        super::declined("embedding::embedding_forward", tokens)?;
     }
     let (b, t) = tokens.dims2()?;
     let c = wte.dim(1)?;
@@ -76,6 +77,7 @@ pub fn embedding_backward(
         if let Some(r) = cuda::embedding_backward(dout, tokens, vocab_size, max_t)? {
             return Ok(r);
         }
+        super::declined("embedding::embedding_backward", dout)?;
     }
     let tokens = tokens.tokens();
     let (b, t, c) = dout.dims3()?;
@@ -101,6 +103,7 @@ mod cuda {
 
     use crate::error::{ModelError, Result};
     use crate::gpu;
+    use kernels::Precision;
 
     /// Rows (one warp each) per CTA of the forward; the kernel's `EMB_WARPS`.
     const EMB_WARPS: usize = 8;
@@ -154,6 +157,7 @@ mod cuda {
         let out = gpu::uninit((b, t, c), DType::BF16, &dev)?;
         let func = gpu::function(
             &dev,
+            Precision::Bf16,
             &kernels::EMBEDDING,
             &[("EMB_WARPS", EMB_WARPS as i64)],
             "embedding_forward",
@@ -173,8 +177,7 @@ mod cuda {
         // SAFETY: argument list of `embedding_forward`; out is (N, C), tokens (N), wte (V, C),
         // wpe (>= T, C), all contiguous; token ids >= V are not dereferenced.
         unsafe {
-            gpu::launch(
-                &func,
+            func.launch(
                 cfg,
                 &[&p_out, &p_tok, &p_wte, &p_wpe, &n_i, &t_i, &c_i, &v_i],
             )?;
@@ -271,8 +274,20 @@ mod cuda {
         let dwte = Tensor::zeros((vocab_size, c), DType::BF16, dout.device())?;
         let dwpe = gpu::uninit((max_t, c), DType::BF16, &dev)?;
         let threads = row_threads(c);
-        let f_wte = gpu::function(&dev, &kernels::EMBEDDING, &[], "embedding_backward_wte")?;
-        let f_wpe = gpu::function(&dev, &kernels::EMBEDDING, &[], "embedding_backward_wpe")?;
+        let f_wte = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::EMBEDDING,
+            &[],
+            "embedding_backward_wte",
+        )?;
+        let f_wpe = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::EMBEDDING,
+            &[],
+            "embedding_backward_wpe",
+        )?;
         let (p_dwte, p_dwpe, p_dout, p_csr) = (
             gpu::ptr(&dwte)?,
             gpu::ptr(&dwpe)?,
@@ -283,8 +298,7 @@ mod cuda {
         // SAFETY: argument lists of the two kernels; dwte is (V, C) and every CSR token < V,
         // every CSR position < N = rows of dout; dwpe is (max_t, C), one CTA a row.
         unsafe {
-            gpu::launch(
-                &f_wte,
+            f_wte.launch(
                 LaunchConfig {
                     grid_dim: (nd as u32, 1, 1),
                     block_dim: (threads, 1, 1),
@@ -292,8 +306,7 @@ mod cuda {
                 },
                 &[&p_dwte, &p_dout, &p_csr, &nd_i, &c_i],
             )?;
-            gpu::launch(
-                &f_wpe,
+            f_wpe.launch(
                 LaunchConfig {
                     grid_dim: (max_t as u32, 1, 1),
                     block_dim: (threads, 1, 1),

@@ -17,6 +17,7 @@ pub fn gelu_forward(h: &Tensor) -> Result<Tensor> {
         if let Some(r) = cuda::gelu_forward(h)? {
             return Ok(r);
         }
+        super::declined("gelu::gelu_forward", h)?;
     }
     // candle's `gelu` is exactly this formula (one fused pass); `gelu_erf` would be the erf form.
     Ok(h.gelu()?)
@@ -31,6 +32,7 @@ pub fn gelu_backward(dout: &Tensor, h: &Tensor) -> Result<Tensor> {
         if let Some(r) = cuda::gelu_backward(dout, h)? {
             return Ok(r);
         }
+        super::declined("gelu::gelu_backward", dout)?;
     }
     let h2 = h.sqr()?;
     let t = (h * h2.affine(GELU_A, 1.0)?)?.affine(GELU_S, 0.0)?.tanh()?;
@@ -51,6 +53,7 @@ mod cuda {
     use crate::gpu;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::{DType, Tensor};
+    use kernels::Precision;
 
     /// Threads a CTA.
     const THREADS: usize = 256;
@@ -84,12 +87,17 @@ mod cuda {
         }
         let (po, ph) = (gpu::ptr(&out)?, gpu::ptr(&h)?);
         let nvec = if (po | ph) % 16 == 0 { n / 8 } else { 0 };
-        let func = gpu::function(&dev, &kernels::ELEMENTWISE, &[], "gelu_forward")?;
+        let func = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::ELEMENTWISE,
+            &[],
+            "gelu_forward",
+        )?;
         // SAFETY: out and h hold n bf16 each (contiguous); the vectorised part only where both
         // are 16-byte aligned. Arguments in kernel order.
         unsafe {
-            gpu::launch(
-                &func,
+            func.launch(
                 config(n, nvec),
                 &[
                     &po,
@@ -120,12 +128,17 @@ mod cuda {
         }
         let (pdh, pd, ph) = (gpu::ptr(&dh)?, gpu::ptr(&dout)?, gpu::ptr(&h)?);
         let nvec = if (pdh | pd | ph) % 16 == 0 { n / 8 } else { 0 };
-        let func = gpu::function(&dev, &kernels::ELEMENTWISE, &[], "gelu_backward")?;
+        let func = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::ELEMENTWISE,
+            &[],
+            "gelu_backward",
+        )?;
         // SAFETY: dh, dout and h hold n bf16 each (contiguous); the vectorised part only where
         // all three are 16-byte aligned. Arguments in kernel order.
         unsafe {
-            gpu::launch(
-                &func,
+            func.launch(
                 config(n, nvec),
                 &[
                     &pdh,

@@ -149,6 +149,7 @@ pub fn gqa_packed_forward(
         if let Some(r) = cuda::forward(qkv, n_head, n_kv_head)? {
             return Ok(r);
         }
+        super::attention_declined("gqa::forward", qkv)?;
     }
     let (q, k, v) = split(qkv, n_head, n_kv_head)?;
     let (q, k, v) = (&q, &k, &v);
@@ -193,6 +194,7 @@ pub fn gqa_packed_backward(dy: &Tensor, saved: &GqaSaved) -> Result<Tensor> {
         if let Some(r) = cuda::backward(dy, saved)? {
             return Ok(r);
         }
+        super::attention_declined("gqa::backward", dy)?;
     }
     let GqaSaved {
         qkv,
@@ -296,7 +298,7 @@ mod cuda {
             return Ok(None);
         }
         let hs = w / heads;
-        if !hs.is_multiple_of(8) || hs > 128 || !gpu::ptr(qkv)?.is_multiple_of(16) {
+        if !crate::kernel_plan::cudnn_takes_head_size(hs) || !gpu::ptr(qkv)?.is_multiple_of(16) {
             return Ok(None);
         }
         Ok(Some(crate::cudnn::Shape {

@@ -26,6 +26,7 @@ pub fn layernorm_forward(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<(Tensor, 
         if let Some(r) = cuda::layernorm_forward(x, w, b)? {
             return Ok(r);
         }
+        super::declined("layernorm::layernorm_forward", x)?;
     }
     reference_forward(x, w, b)
 }
@@ -48,6 +49,7 @@ pub fn layernorm_backward(
         if let Some(r) = cuda::layernorm_backward(dout, saved, x, w, dresidual)? {
             return Ok(r);
         }
+        super::declined("layernorm::layernorm_backward", dout)?;
     }
     reference_backward(dout, saved, x, w, dresidual)
 }
@@ -110,6 +112,7 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{DriverError, LaunchConfig};
     use candle_core::cuda_backend::CudaDevice;
     use candle_core::{DType, Tensor};
+    use kernels::Precision;
 
     /// Warps a CTA of the forward (one row each).
     const FWD_WARPS: usize = 4;
@@ -203,7 +206,13 @@ mod cuda {
         }
         let mean = gpu::uninit(stat_dims.as_slice(), DType::F32, &dev)?;
         let rstd = gpu::uninit(stat_dims.as_slice(), DType::F32, &dev)?;
-        let func = gpu::function(&dev, &kernels::LAYERNORM, &defines(c), "layernorm_forward")?;
+        let func = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::LAYERNORM,
+            &defines(c),
+            "layernorm_forward",
+        )?;
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(FWD_WARPS) as u32, 1, 1),
             block_dim: ((FWD_WARPS * 32) as u32, 1, 1),
@@ -213,8 +222,7 @@ mod cuda {
         // SAFETY: out (N, C) bf16, mean, rstd (N) f32 fresh; x (N, C), w, b (C) bf16, all
         // contiguous and 16-byte aligned; the arguments match layernorm_forward's list.
         unsafe {
-            gpu::launch(
-                &func,
+            func.launch(
                 cfg,
                 &[&po, &pm, &pr, &px, &pw, &pb, &(n as i32), &(LN_EPS as f32)],
             )?;
@@ -277,7 +285,13 @@ mod cuda {
         };
         let (pm, pr) = (gpu::ptr(&mean)?, gpu::ptr(&rstd)?);
 
-        let func = gpu::function(&dev, &kernels::LAYERNORM, &defines(c), "layernorm_backward")?;
+        let func = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::LAYERNORM,
+            &defines(c),
+            "layernorm_backward",
+        )?;
         if smem > SMEM_DEFAULT {
             func.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -304,8 +318,7 @@ mod cuda {
         // (N, C) bf16, mean, rstd (N) f32, w (C) bf16, contiguous and (the bf16 ones) 16-byte
         // aligned; smem is what the kernel's WARPS slices take. Arguments in kernel order.
         unsafe {
-            gpu::launch(
-                &func,
+            func.launch(
                 cfg,
                 &[&pdx, &ppart, &pd, &px, &pm, &pr, &pw, &pres, &(n as i32)],
             )?;
@@ -315,6 +328,7 @@ mod cuda {
         let (pdw, pdb) = (gpu::ptr(&dw)?, gpu::ptr(&db)?);
         let reduce = gpu::function(
             &dev,
+            Precision::Bf16,
             &kernels::LAYERNORM,
             &defines(c),
             "layernorm_backward_reduce",
@@ -326,7 +340,7 @@ mod cuda {
         };
         // SAFETY: dw, db (C) bf16 fresh; partials (grid, 2C) f32 written above on this stream.
         unsafe {
-            gpu::launch(&reduce, cfg, &[&pdw, &pdb, &ppart, &(grid as i32)])?;
+            reduce.launch(cfg, &[&pdw, &pdb, &ppart, &(grid as i32)])?;
         }
         Ok(Some((dx, dw, db)))
     }

@@ -14,6 +14,7 @@ pub fn matmul_forward(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
         if let Some(r) = cuda::matmul_forward(None, x, w, b)? {
             return Ok(r);
         }
+        super::declined("linear::matmul_forward", x)?;
     }
     Ok(x.matmul(w)?.broadcast_add(b)?)
 }
@@ -33,6 +34,7 @@ pub fn residual_matmul_forward(
         if let Some(r) = cuda::matmul_forward(Some(residual), x, w, b)? {
             return Ok(r);
         }
+        super::declined("linear::residual_matmul_forward", x)?;
     }
     Ok((residual + x.matmul(w)?.broadcast_add(b)?)?)
 }
@@ -58,6 +60,7 @@ pub fn matmul_backward_into(
         if let Some(r) = cuda::backward(dout, x, w, dw_into, want_db)? {
             return Ok(r);
         }
+        super::declined("linear::backward", dout)?;
     }
     let _ = dw_into;
     let dx = dout.matmul(&w.t()?)?;
@@ -77,6 +80,7 @@ pub fn matmul_gelu_forward(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<(Tensor
         if let Some(r) = cuda::matmul_gelu_forward(x, w, b)? {
             return Ok(r);
         }
+        super::declined("linear::matmul_gelu_forward", x)?;
     }
     let h = matmul_forward(x, w, b)?;
     let g = super::gelu_forward(&h)?;
@@ -128,6 +132,7 @@ pub fn matmul_gelu_backward_epilogue(
         if let Some(r) = cuda::matmul_gelu_backward(dout, g, w, h)? {
             return Ok(r);
         }
+        super::declined("linear::matmul_gelu_backward", dout)?;
     }
     matmul_gelu_backward(dout, g, w, h)
 }
@@ -402,6 +407,7 @@ pub(crate) mod bias_grad {
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::cuda_backend::CudaDevice;
     use candle_core::{DType, Tensor};
+    use kernels::Precision;
 
     /// Columns a CTA of `bias_grad_partial` covers (16 threads of 8 columns).
     const TILE: usize = 128;
@@ -427,12 +433,17 @@ pub(crate) mod bias_grad {
         let grid = Grid::new(&dev, n, out_dim)?;
         let partials = gpu::uninit((grid.slices, out_dim), DType::F32, &dev)?;
         let (pd, ppart) = (gpu::ptr(&dout)?, gpu::ptr(&partials)?);
-        let partial = gpu::function(&dev, &kernels::ELEMENTWISE, &[], "bias_grad_partial")?;
+        let partial = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::ELEMENTWISE,
+            &[],
+            "bias_grad_partial",
+        )?;
         // SAFETY: dout (N, OUT) bf16 contiguous and 16-byte aligned, OUT % 8 == 0; partials
         // (slices, OUT) f32 fresh, slices * rows >= N. Arguments in kernel order.
         unsafe {
-            gpu::launch(
-                &partial,
+            partial.launch(
                 grid.config(),
                 &[
                     &ppart,
@@ -465,6 +476,7 @@ pub(crate) mod bias_grad {
         let partials = gpu::uninit((grid.slices, out_dim), DType::F32, &dev)?;
         let f = gpu::function(
             &dev,
+            Precision::Bf16,
             &kernels::ELEMENTWISE,
             &[],
             "gelu_backward_bias_grad_partial",
@@ -483,8 +495,7 @@ pub(crate) mod bias_grad {
         // same shape and partials (slices, OUT) f32, both fresh; slices * rows >= N. Arguments
         // in kernel order.
         unsafe {
-            gpu::launch(
-                &f,
+            f.launch(
                 grid.config(),
                 &[
                     &pdh,
@@ -561,7 +572,13 @@ pub(crate) mod bias_grad {
     fn finish(dev: &CudaDevice, partials: &Tensor, grid: &Grid, out_dim: usize) -> Result<Tensor> {
         let db = gpu::uninit(out_dim, DType::BF16, dev)?;
         let (pdb, ppart) = (gpu::ptr(&db)?, gpu::ptr(partials)?);
-        let fin = gpu::function(dev, &kernels::ELEMENTWISE, &[], "bias_grad_final")?;
+        let fin = gpu::function(
+            dev,
+            Precision::Bf16,
+            &kernels::ELEMENTWISE,
+            &[],
+            "bias_grad_final",
+        )?;
         let cfg = LaunchConfig {
             grid_dim: (out_dim.div_ceil(32) as u32, 1, 1),
             block_dim: (32, 8, 1),
@@ -569,8 +586,7 @@ pub(crate) mod bias_grad {
         };
         // SAFETY: db (OUT) bf16 fresh; partials (slices, OUT) f32 written before on this stream.
         unsafe {
-            gpu::launch(
-                &fin,
+            fin.launch(
                 cfg,
                 &[&pdb, &ppart, &(grid.slices as i32), &(out_dim as i32)],
             )?;

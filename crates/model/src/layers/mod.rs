@@ -61,6 +61,11 @@ pub use rope::{
 };
 pub use swiglu::{swiglu_backward, swiglu_forward, swiglu_packed_backward, swiglu_packed_forward};
 
+/// After a layer's GPU kernel declined `t` (a CUDA tensor): an error under an enforced kernel
+/// plan (`KernelPlan::enforce`), else nothing and the layer runs its reference.
+#[cfg(feature = "cuda")]
+pub(crate) use crate::kernel_plan::{attention_declined, declined};
+
 /// Whether `t` lives on a CUDA device (the `cuda` kernels are built in).
 #[cfg(feature = "cuda")]
 #[inline]

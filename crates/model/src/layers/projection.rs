@@ -20,6 +20,7 @@ pub fn matmul_cols_forward(x: &Tensor, ws: &[Tensor], residual: Option<&Tensor>)
         if let Some(r) = cuda::cols_forward(x, ws, residual)? {
             return Ok(r);
         }
+        super::declined("projection::cols_forward", x)?;
     }
     let parts = ws
         .iter()
@@ -52,6 +53,7 @@ pub fn matmul_cols_backward(
         if let Some(r) = cuda::cols_backward(dout, x, ws, into)? {
             return Ok(r);
         }
+        super::declined("projection::cols_backward", dout)?;
     }
     let _ = into; // only the GPU's GEMMs write into slots
     let mut off = 0;

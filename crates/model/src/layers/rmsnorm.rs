@@ -37,6 +37,7 @@ pub fn rmsnorm_forward(x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, RmsS
         if let Some((_, y, saved)) = cuda::forward(x, None, w, eps)? {
             return Ok((y, saved));
         }
+        super::declined("rmsnorm::forward", x)?;
     }
     reference_forward(x, w, eps)
 }
@@ -59,6 +60,7 @@ pub fn add_rmsnorm_forward(
         if let Some((Some(h), y, saved)) = cuda::forward(x, Some(delta), w, eps)? {
             return Ok((h, y, saved));
         }
+        super::declined("rmsnorm::residual_forward", x)?;
     }
     let h = (x + delta)?;
     let (y, saved) = reference_forward(&h, w, eps)?;
@@ -117,6 +119,7 @@ pub fn rmsnorm_backward_into(
         if let Some(r) = cuda::backward(dy, saved, x, w, dresidual, dw_into)? {
             return Ok(r);
         }
+        super::declined("rmsnorm::backward", dy)?;
     }
     let _ = dw_into;
     let sd = saved.rstd.dtype();
@@ -150,6 +153,7 @@ mod cuda {
     };
     use candle_core::cuda_backend::cudarc::driver::{DriverError, LaunchConfig};
     use candle_core::{DType, Tensor};
+    use kernels::Precision;
 
     /// Warps a CTA of the forward (one row each).
     const FWD_WARPS: usize = 4;
@@ -235,7 +239,13 @@ mod cuda {
             .map(|_| gpu::uninit((n, c), DType::BF16, &dev))
             .transpose()?;
         let rstd = gpu::uninit(n, DType::F32, &dev)?;
-        let func = gpu::function(&dev, &kernels::RMSNORM, &defines(c), "rmsnorm_forward")?;
+        let func = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::RMSNORM,
+            &defines(c),
+            "rmsnorm_forward",
+        )?;
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(FWD_WARPS) as u32, 1, 1),
             block_dim: ((FWD_WARPS * 32) as u32, 1, 1),
@@ -246,8 +256,7 @@ mod cuda {
         // SAFETY: y, h (when delta is given) (N, C) bf16 and rstd (N) f32 fresh; x, delta
         // (N, C) and w (C) bf16 contiguous and 16-byte aligned; arguments in kernel order.
         unsafe {
-            gpu::launch(
-                &func,
+            func.launch(
                 cfg,
                 &[&py, &ph, &pr, &px, &pdelta, &pw, &(n as i32), &(eps as f32)],
             )?;
@@ -286,7 +295,13 @@ mod cuda {
         let dev = gpu::device(x)?;
         let warps = bwd_warps(c);
         let smem = warps * c * 4;
-        let func = gpu::function(&dev, &kernels::RMSNORM, &defines(c), "rmsnorm_backward")?;
+        let func = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::RMSNORM,
+            &defines(c),
+            "rmsnorm_backward",
+        )?;
         if smem > SMEM_DEFAULT {
             func.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -321,8 +336,7 @@ mod cuda {
         // SAFETY: dx (N, C) bf16 and partials (grid, C) f32 fresh; dy, x, dresidual (N, C),
         // w (C) bf16 contiguous and aligned, rstd (N) f32; arguments in kernel order.
         unsafe {
-            gpu::launch(
-                &func,
+            func.launch(
                 LaunchConfig {
                     grid_dim: (grid as u32, 1, 1),
                     block_dim: (threads, 1, 1),
@@ -333,6 +347,7 @@ mod cuda {
         }
         let reduce = gpu::function(
             &dev,
+            Precision::Bf16,
             &kernels::RMSNORM,
             &defines(c),
             "rmsnorm_backward_reduce",
@@ -340,8 +355,7 @@ mod cuda {
         // SAFETY: dw (C) bf16 (fresh or a slot of the caller's); partials written above on
         // this stream; arguments in kernel order.
         unsafe {
-            gpu::launch(
-                &reduce,
+            reduce.launch(
                 LaunchConfig {
                     grid_dim: (c.div_ceil(32) as u32, 1, 1),
                     block_dim: (32, 8, 1),

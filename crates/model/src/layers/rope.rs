@@ -368,6 +368,7 @@ fn rope_qk(
         if cuda::turn_in_place(&qkv, tables, n_head + n_kv_head, sign)? {
             return Ok(qkv);
         }
+        super::declined("rope::turn_in_place", &qkv)?;
     }
     let turn = |x: &Tensor| {
         if sign > 0.0 {
@@ -401,6 +402,7 @@ mod cuda {
     use crate::gpu;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::{DType, Tensor};
+    use kernels::Precision;
 
     /// Turns the first `heads` heads of every row of `qkv (B, T, W)` in place; `false` (nothing
     /// queued) where the kernel does not take the inputs.
@@ -424,7 +426,7 @@ mod cuda {
         let n = b * t;
         let items = n * heads * hs / 4;
         let dev = gpu::device(qkv)?;
-        let func = gpu::function(&dev, &kernels::ROPE, &[], "rope_qk")?;
+        let func = gpu::function(&dev, Precision::Bf16, &kernels::ROPE, &[], "rope_qk")?;
         let (p, pc, ps) = (
             gpu::ptr(qkv)?,
             gpu::ptr(&tables.cos)?,
@@ -438,8 +440,7 @@ mod cuda {
         // SAFETY: qkv (N, W) bf16 contiguous, its first `heads * hs` columns turned in place;
         // the tables (>= T, hs) bf16; arguments in kernel order.
         unsafe {
-            gpu::launch(
-                &func,
+            func.launch(
                 cfg,
                 &[
                     &p,

@@ -57,6 +57,7 @@ pub fn swiglu_packed_forward(gu: &Tensor) -> Result<Tensor> {
         if let Some(r) = cuda::forward(gu)? {
             return Ok(r);
         }
+        super::declined("swiglu::forward", gu)?;
     }
     let f = gu.dim(1)? / 2;
     swiglu_forward(&gu.narrow(1, 0, f)?, &gu.narrow(1, f, f)?)
@@ -71,6 +72,7 @@ pub fn swiglu_packed_backward(dact: &Tensor, gu: &Tensor) -> Result<Tensor> {
         if let Some(r) = cuda::backward(dact, gu)? {
             return Ok(r);
         }
+        super::declined("swiglu::backward", dact)?;
     }
     let f = gu.dim(1)? / 2;
     let (dg, du) = swiglu_backward(dact, &gu.narrow(1, 0, f)?, &gu.narrow(1, f, f)?)?;
@@ -85,6 +87,7 @@ mod cuda {
     use crate::gpu;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::{DType, Tensor};
+    use kernels::Precision;
 
     const THREADS: u32 = 256;
 
@@ -117,11 +120,17 @@ mod cuda {
         };
         let dev = gpu::device(gu)?;
         let act = gpu::uninit((n, f), DType::BF16, &dev)?;
-        let func = gpu::function(&dev, &kernels::SWIGLU, &[], "swiglu_forward")?;
+        let func = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::SWIGLU,
+            &[],
+            "swiglu_forward",
+        )?;
         let (pa, pg) = (gpu::ptr(&act)?, gpu::ptr(gu)?);
         // SAFETY: act (N, F) bf16 fresh, gu (N, 2F) bf16 contiguous and aligned; arguments in
         // kernel order.
-        unsafe { gpu::launch(&func, grid(n, f), &[&pa, &pg, &(n as i32), &(f as i32)])? };
+        unsafe { func.launch(grid(n, f), &[&pa, &pg, &(n as i32), &(f as i32)])? };
         Ok(Some(act))
     }
 
@@ -138,17 +147,17 @@ mod cuda {
         }
         let dev = gpu::device(gu)?;
         let dgu = gpu::uninit((n, 2 * f), DType::BF16, &dev)?;
-        let func = gpu::function(&dev, &kernels::SWIGLU, &[], "swiglu_backward")?;
+        let func = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::SWIGLU,
+            &[],
+            "swiglu_backward",
+        )?;
         let (pd, pa, pg) = (gpu::ptr(&dgu)?, gpu::ptr(dact)?, gpu::ptr(gu)?);
         // SAFETY: dgu (N, 2F) bf16 fresh; dact (N, F), gu (N, 2F) bf16 contiguous and
         // aligned; arguments in kernel order.
-        unsafe {
-            gpu::launch(
-                &func,
-                grid(n, f),
-                &[&pd, &pa, &pg, &(n as i32), &(f as i32)],
-            )?
-        };
+        unsafe { func.launch(grid(n, f), &[&pd, &pa, &pg, &(n as i32), &(f as i32)])? };
         Ok(Some(dgu))
     }
 }
