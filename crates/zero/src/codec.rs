@@ -1,8 +1,9 @@
 //! Codecs: what a collective of a ZeRO++ step puts on the wire and keeps in memory, each
 //! technique answering for itself.
 //!
-//! A [`WeightCodec`] is what a gather sends of a unit's weights: the parameters as they are
-//! ([`PlainGather`]) or qwZ's INT8 codes and block scales ([`Int8Gather`]). A [`GradCodec`] is
+//! A [`WeightCodec`] is what a gather sends of a unit's weights and what hpZ keeps of it: the
+//! parameters as they are ([`PlainGather`]) or qwZ's INT8 codes and block scales
+//! ([`Int8Gather`]); it runs the gather itself inside the job of `gather.rs`. A [`GradCodec`] is
 //! what a reduction sends of a unit's gradient, hop by hop, and what it keeps between steps: the
 //! plain reduce-scatter in `zero.reduce_dtype` ([`PlainReduceScatter`]) or qgZ's two INT4 hops
 //! with their error feedback ([`Int4TwoHop`]). The step's plan says which codec a pass uses
@@ -23,7 +24,7 @@ mod weight;
 
 pub use grad::{Int4TwoHop, PlainReduceScatter};
 pub use state::{GradState, ReduceInput};
-pub use weight::{Int8Gather, PlainGather};
+pub use weight::{GatherInput, Int8Gather, NodeSlice, PlainGather};
 
 /// The bytes of a gathered buffer on the wire: its values and, for a quantised codec, their
 /// scales (gathered by a second collective).
@@ -39,11 +40,13 @@ impl Wire {
     }
 }
 
-/// What a gather sends of a unit's weights.
+/// What a gather sends of a unit's weights, and what hpZ keeps of it.
 ///
-/// Implementors give sizes only, as functions of an element count; they must agree with what
-/// the gather job of `gather.rs` sends for the plan's [`WeightGather`] (the byte counters of
-/// `comm` are tested equal to [`crate::volume`], which reads these).
+/// Implementors give sizes, as functions of an element count, and run the gather itself inside
+/// the job of `gather.rs` ([`WeightCodec::gather_from_world`], [`WeightCodec::gather_from_node`]):
+/// the sizes must agree with what those send (the byte counters of `comm` are tested equal to
+/// [`crate::volume`], which reads these). The job keeps the structure (lanes, prefetch, hpZ's
+/// stamp of the weights version); the codec what is encoded, sent, decoded and kept.
 pub trait WeightCodec {
     /// What `trainer plan` and the start-up lines call it.
     fn label(&self) -> String;
@@ -52,6 +55,36 @@ pub trait WeightCodec {
     /// The bytes the decode after the gather reads and writes for `n` elements (the codes and
     /// scales read, the buffer written at `param_bytes`); 0 where nothing is decoded.
     fn decode_traffic(&self, n: usize, param_bytes: usize) -> u64;
+
+    /// Whether a world gather reads my shard in the compute dtype ([`GatherInput::working`],
+    /// given where the optimizer wrote one for these weights) in place of casting the master;
+    /// the job then passes that copy, not the master, as its input.
+    fn reads_working(&self) -> bool {
+        false
+    }
+
+    /// One unit's world gather at any W, inside its job on `lane`: my shard encoded into my
+    /// slot, gathered over the world and decoded into `out` (the unit's padded buffer in the
+    /// compute dtype, allocated by the backend). Returns the gathered buffer (`out`, or a buffer
+    /// the codec already holds) and, where [`GatherInput::keep`], my node-local slice as this
+    /// codec keeps it for [`WeightCodec::gather_from_node`].
+    fn gather_from_world(
+        &self,
+        lane: &mut dyn Lane,
+        input: &GatherInput<'_>,
+        out: Tensor,
+    ) -> Result<(Tensor, Option<NodeSlice>)>;
+
+    /// hpZ: one unit's gather over my node from the slices this codec kept of a world gather of
+    /// the same weights (`kept`, mine), rebuilding into `out` exactly the buffer of that world
+    /// gather, so that hpZ changes no number. Returns the gathered buffer.
+    fn gather_from_node(
+        &self,
+        lane: &mut dyn Lane,
+        input: &GatherInput<'_>,
+        kept: &NodeSlice,
+        out: Tensor,
+    ) -> Result<Tensor>;
 }
 
 /// One collective of a reduction: its group and the bytes each rank puts in (its whole input;

@@ -1,8 +1,9 @@
-//! Parameter gathers, each one job on the communication side ([`comm::Job`]): plain (the shard
-//! cast into its slot of the gathered buffer, the rest gathered in place), qwZ (the shard
-//! quantised into its slot of an INT8 buffer and its scales', both gathered in place, then
-//! dequantised into the buffer the layer reads) and hpZ (the secondary partitions, over the ranks
-//! of my node only). The compute stream only waits for the finished buffer.
+//! Parameter gathers, each one job on the communication side ([`comm::Job`]): from the world
+//! (every rank's primary shard) or, with hpZ, from the secondary partitions over the ranks of my
+//! node only. What is encoded, sent, decoded and kept is the plan's weight codec's
+//! ([`crate::codec::WeightCodec`]: plain, or qwZ's INT8); this module keeps the job's structure:
+//! its inputs, its lane, the prefetch queue and hpZ's stamp of the weights version. The compute
+//! stream only waits for the finished buffer.
 //!
 //! hpZ: the first world gather of a unit in a training step leaves each rank holding its
 //! node-local slice of the gathered unit (its *secondary partition*: elements
@@ -19,30 +20,34 @@
 use std::collections::VecDeque;
 
 use candle_core::{DType, Device, Tensor};
-use comm::{Communicator, Group, Lane};
-use kernels::profile::Family;
+use comm::{Communicator, Lane};
 
+use crate::codec::{GatherInput, NodeSlice};
 use crate::typed_job::{self, TypedPending};
-use crate::{shard_passes, Partition, Result, WeightGather};
+use crate::{Partition, Result, WeightGather};
 
 /// What a gather job is reported as ([`comm::JobTime`]).
 pub const FORWARD_GATHER: &str = "forward gather";
 pub const BACKWARD_GATHER: &str = "backward gather";
 
 /// A rank's slice of a unit's gathered weights, kept between the forward and the backward, in
-/// its own buffer of the communication side, with the version of the weights it copies.
+/// buffers of the communication side that the codec which gathered it made, with the version
+/// of the weights it copies.
 #[derive(Clone, Debug)]
 pub(crate) struct Secondary {
     /// The engine's weights version when it was gathered (`Engine`'s counter: every optimizer
     /// step and every checkpoint load makes a new one).
     weights: u64,
-    data: SecondaryData,
+    /// The gather that made it, whose codec reads it back.
+    gather: WeightGather,
+    data: NodeSlice,
 }
 
 impl Secondary {
-    /// The slice, if it copies weights of version `weights`; `None` (refused) otherwise.
-    pub(crate) fn serve(&self, weights: u64) -> Option<&SecondaryData> {
-        (self.weights == weights).then_some(&self.data)
+    /// The slice and the gather that made it, if it copies weights of version `weights`; `None`
+    /// (refused) otherwise.
+    pub(crate) fn serve(&self, weights: u64) -> Option<(WeightGather, &NodeSlice)> {
+        (self.weights == weights).then_some((self.gather, &self.data))
     }
 }
 
@@ -69,19 +74,6 @@ impl Working {
     }
 }
 
-/// The values of a secondary partition.
-#[derive(Clone, Debug)]
-pub(crate) enum SecondaryData {
-    /// The gathered values themselves, in the compute dtype (hpZ without qwZ).
-    Plain(Tensor),
-    /// The INT8 codes (`u8`) and f32 scales of `block` elements as gathered (hpZ with qwZ).
-    Int8 {
-        codes: Tensor,
-        scales: Tensor,
-        block: usize,
-    },
-}
-
 /// Everything a gather of one unit needs to know besides its buffers.
 #[derive(Clone, Debug)]
 pub(crate) struct Spec {
@@ -99,6 +91,24 @@ pub(crate) struct Spec {
     pub label: &'static str,
 }
 
+impl Spec {
+    /// What the codec is handed of this gather.
+    fn input<'a>(&'a self, master: &'a Tensor, working: Option<&'a Tensor>) -> GatherInput<'a> {
+        GatherInput {
+            padded: self.partition.padded,
+            shard: self.partition.shard_len(),
+            rank: self.rank,
+            local: self.local,
+            ranks_per_node: self.ranks_per_node,
+            dtype: self.dtype,
+            device: &self.device,
+            master,
+            working,
+            keep: self.keep.is_some(),
+        }
+    }
+}
+
 /// What a gather job returns: the unit's full padded buffer in the compute dtype and, for a
 /// world gather that keeps it, my secondary partition.
 pub(crate) struct Gathered {
@@ -114,14 +124,14 @@ pub(crate) struct InFlight {
 }
 
 /// Submits the gather of `spec.unit`: from my node's secondary partitions if `secondary` is
-/// given, else from every rank's primary shard: `working`, my shard already in the compute
-/// dtype, where given and the gather is exact, else `master` (f32).
+/// given (with the gather that kept them), else from every rank's primary shard: `working`, my
+/// shard already in the compute dtype, where given and the codec reads it, else `master` (f32).
 pub(crate) fn submit(
     comm: &dyn Communicator,
     spec: Spec,
     master: &Tensor,
     working: Option<&Tensor>,
-    secondary: Option<&SecondaryData>,
+    secondary: Option<(WeightGather, &NodeSlice)>,
 ) -> InFlight {
     let (unit, padded, label, device) = (
         spec.unit,
@@ -130,19 +140,19 @@ pub(crate) fn submit(
         spec.device.clone(),
     );
     let outputs = vec![(spec.dtype, spec.partition.padded)];
-    let working = match spec.gather {
-        WeightGather::Exact => working.filter(|w| w.dtype() == spec.dtype).cloned(),
-        WeightGather::Int8 { .. } => None,
-    };
+    let reads = spec.gather.codec().reads_working();
+    let working = working
+        .filter(|w| reads && w.dtype() == spec.dtype)
+        .cloned();
     let (inputs, source) = match secondary {
         None => (
             vec![working.clone().unwrap_or_else(|| master.clone())],
             None,
         ),
-        Some(SecondaryData::Plain(v)) => (vec![v.clone()], secondary.cloned()),
-        Some(SecondaryData::Int8 { codes, scales, .. }) => {
-            (vec![codes.clone(), scales.clone()], secondary.cloned())
-        }
+        Some((gather, kept)) => (
+            kept.tensors().cloned().collect(),
+            Some((gather, kept.clone())),
+        ),
     };
     let master = master.clone();
     let pending = typed_job::submit(
@@ -155,7 +165,7 @@ pub(crate) fn submit(
             let out = outputs.into_iter().next().expect("one output");
             match source {
                 None => from_world_job(lane, &spec, &master, working.as_ref(), out),
-                Some(s) => from_node_job(lane, &spec, s, out),
+                Some((gather, kept)) => from_node_job(lane, &spec, &master, gather, &kept, out),
             }
         },
     );
@@ -166,9 +176,8 @@ pub(crate) fn submit(
     }
 }
 
-/// A world gather: my shard into my slot of `out` (with qwZ, of an INT8 buffer; exact, copied
-/// from `working` where given, else cast from `master`), the rest gathered in place; with
-/// `keep`, my node-local slice as well. At W = 1 an exact gather with `working` returns it.
+/// A world gather, run by the plan's codec; with `keep`, my node-local slice stamped with the
+/// weights version and the gather that made it.
 fn from_world_job(
     lane: &mut dyn Lane,
     spec: &Spec,
@@ -176,109 +185,27 @@ fn from_world_job(
     working: Option<&Tensor>,
     out: Tensor,
 ) -> Result<Gathered> {
-    let place = lane.place().clone();
-    let (padded, shard) = (spec.partition.padded, spec.partition.shard_len());
-    let at = spec.rank * shard;
-    let slice = padded / spec.ranks_per_node;
-    let from = spec.local * slice;
-    // Profile spans time the compute stream: they record only where the job runs there (one rank).
-    let span = |family| place.scope(&spec.device, family);
-    let (full, data) = match spec.gather {
-        WeightGather::Exact => {
-            let full = match working {
-                // W = 1: my shard is the whole padded unit.
-                Some(w) if shard == padded && w.elem_count() == padded => w.clone(),
-                _ => {
-                    {
-                        let _span = span(Family::ShardPasses);
-                        match working {
-                            Some(w) => shard_passes::copy_into(&place, w, 0, shard, &out, at)?,
-                            None => shard_passes::cast_into(&place, master, &out, at)?,
-                        }
-                    }
-                    lane.all_gather_in_place(Group::World, &out)?
-                }
-            };
-            let data = match spec.keep {
-                Some(_) => {
-                    let mine = lane.alloc(spec.dtype, slice)?;
-                    shard_passes::copy_into(&place, &full, from, slice, &mine, 0)?;
-                    Some(SecondaryData::Plain(mine))
-                }
-                None => None,
-            };
-            (full, data)
-        }
-        WeightGather::Int8 { block } => {
-            let codes = lane.alloc(DType::U8, padded)?;
-            let scales = lane.alloc(DType::F32, padded / block)?;
-            {
-                let _span = span(Family::Quantisation);
-                quant::tensor::quantize_int8_into(master, block, &codes, &scales, at, &place)?;
-            }
-            let codes = lane.all_gather_in_place(Group::World, &codes)?;
-            let scales = lane.all_gather_in_place(Group::World, &scales)?;
-            let full = {
-                let _span = span(Family::Quantisation);
-                quant::tensor::dequantize_int8_into(&codes, &scales, block, &out, &place)?
-            };
-            let data = match spec.keep {
-                Some(_) => {
-                    let blocks = slice / block;
-                    let my_codes = lane.alloc(DType::U8, slice)?;
-                    shard_passes::copy_into(&place, &codes, from, slice, &my_codes, 0)?;
-                    let my_scales = lane.alloc(DType::F32, blocks)?;
-                    shard_passes::copy_into(&place, &scales, from / block, blocks, &my_scales, 0)?;
-                    Some(SecondaryData::Int8 {
-                        codes: my_codes,
-                        scales: my_scales,
-                        block,
-                    })
-                }
-                None => None,
-            };
-            (full, data)
-        }
-    };
-    let secondary = spec
-        .keep
-        .zip(data)
-        .map(|(weights, data)| Secondary { weights, data });
+    let input = spec.input(master, working);
+    let (full, data) = spec.gather.codec().gather_from_world(lane, &input, out)?;
+    let secondary = spec.keep.zip(data).map(|(weights, data)| Secondary {
+        weights,
+        gather: spec.gather,
+        data,
+    });
     Ok(Gathered { full, secondary })
 }
 
-/// An hpZ gather: my secondary partition into my node slot of `out` (with qwZ, of the INT8
-/// buffers), the rest gathered in place over my node.
+/// An hpZ gather over my node, run by the codec of `gather`, which kept `kept`.
 fn from_node_job(
     lane: &mut dyn Lane,
     spec: &Spec,
-    source: SecondaryData,
+    master: &Tensor,
+    gather: WeightGather,
+    kept: &NodeSlice,
     out: Tensor,
 ) -> Result<Gathered> {
-    let place = lane.place().clone();
-    let padded = spec.partition.padded;
-    let slice = padded / spec.ranks_per_node;
-    let at = spec.local * slice;
-    let full = match source {
-        SecondaryData::Plain(values) => {
-            shard_passes::copy_into(&place, &values, 0, slice, &out, at)?;
-            lane.all_gather_in_place(Group::IntraNode, &out)?
-        }
-        SecondaryData::Int8 {
-            codes,
-            scales,
-            block,
-        } => {
-            let blocks = slice / block;
-            let all_codes = lane.alloc(DType::U8, padded)?;
-            shard_passes::copy_into(&place, &codes, 0, slice, &all_codes, at)?;
-            let all_scales = lane.alloc(DType::F32, padded / block)?;
-            shard_passes::copy_into(&place, &scales, 0, blocks, &all_scales, at / block)?;
-            let all_codes = lane.all_gather_in_place(Group::IntraNode, &all_codes)?;
-            let all_scales = lane.all_gather_in_place(Group::IntraNode, &all_scales)?;
-            quant::tensor::dequantize_int8_into(&all_codes, &all_scales, block, &out, &place)?
-        }
-    };
+    let input = spec.input(master, None);
+    let full = gather.codec().gather_from_node(lane, &input, kept, out)?;
     Ok(Gathered {
         full,
         secondary: None,
