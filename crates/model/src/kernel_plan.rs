@@ -221,16 +221,16 @@ mod tests {
 
     #[test]
     fn presets_are_accepted_in_bf16() {
-        for name in crate::config::PRESET_NAMES {
-            let cfg = crate::config::preset(name).unwrap();
+        for name in crate::preset_names() {
+            let cfg = crate::preset(name).unwrap();
             let plan = resolve_on(&cfg, DType::BF16).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(plan.precision, Precision::Bf16);
         }
-        let tiny = crate::config::preset("tiny").unwrap();
+        let tiny = crate::preset("tiny").unwrap();
         let plan = resolve_on(&tiny, DType::BF16).unwrap();
         assert_eq!(plan.attention, AttentionPath::CudnnThenKernel);
         assert_eq!(plan.head_size, 16);
-        let llama = crate::config::preset("llama-tiny").unwrap();
+        let llama = crate::preset("llama-tiny").unwrap();
         assert_eq!(
             resolve_on(&llama, DType::BF16).unwrap().attention,
             AttentionPath::Cudnn
@@ -239,7 +239,7 @@ mod tests {
 
     #[test]
     fn refusals_name_the_setting_in_one_line() {
-        let cfg = crate::config::preset("tiny").unwrap();
+        let cfg = crate::preset("tiny").unwrap();
         let e = refusal(&cfg, DType::F32);
         assert!(
             e.starts_with("train.precision = \"fp32\" on a GPU: "),
@@ -264,7 +264,7 @@ mod tests {
     /// layer an enforced plan lets decline.
     #[test]
     fn a_head_size_above_128_plans_the_reference_attention() {
-        let cfg = crate::config::preset("gpt18b").unwrap();
+        let cfg = crate::preset("gpt18b").unwrap();
         let plan = resolve_on(&cfg, DType::BF16).unwrap();
         assert_eq!(
             (plan.attention, plan.head_size),
@@ -279,7 +279,7 @@ mod tests {
 
     #[test]
     fn the_cpu_has_no_plan_and_nothing_is_enforced_without_one() {
-        let cfg = crate::config::preset("tiny").unwrap();
+        let cfg = crate::preset("tiny").unwrap();
         assert_eq!(
             KernelPlan::resolve(&cfg, DType::F32, &Device::Cpu).unwrap(),
             None

@@ -36,10 +36,10 @@
 //! assert_eq!(model.gather_order(Pass::Train), vec![0, 1, 2, 0, 2, 1]);
 //! ```
 
+use std::any::Any;
+
 use candle_core::Tensor;
 use kernels::profile::Phase;
-
-use std::any::Any;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};

@@ -382,7 +382,7 @@ fn reduce_dtype_note(plan: &ZeroPlan, steps: u64) -> Option<String> {
 
 /// The memory one rank of `run` holds at `topology`, as the report's `memory` section
 /// counts it: what a run compares with the memory at hand before it starts
-/// ([`crate::startup::check_memory`]).
+/// (`job::startup::check_memory`).
 pub fn rank_memory(run: &Run, topology: Topology) -> Result<Memory> {
     let (config, cfg) = (&run.config, &run.model);
     let plan = ZeroPlan::resolve(&config.zero, topology, config.train.steps)?;

@@ -253,10 +253,10 @@ impl Default for CheckpointSection {
     }
 }
 
-/// The keys of the settings that fix a run's trajectory ([`crate::resume::trajectory`] records
+/// The keys of the settings that fix a run's trajectory (`job::resume::trajectory` records
 /// them in each checkpoint), as config keys. `model.*` can never change on resume: the shards
 /// would not fit.
-pub const TRAJECTORY_KEYS: [&str; 29] = [
+pub const TRAJECTORY_KEYS: [&str; 30] = [
     "model.n_layer",
     "model.n_embd",
     "model.n_head",
@@ -267,6 +267,7 @@ pub const TRAJECTORY_KEYS: [&str; 29] = [
     "model.ffn_hidden",
     "model.norm_eps",
     "model.rope_theta",
+    "model.rope_scaling",
     "model.tie_embeddings",
     "data.train",
     "data.valid",
