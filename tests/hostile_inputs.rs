@@ -247,11 +247,11 @@ fn rates_and_shapes_are_checked_by_key() {
     check(
         "configs/llama-demo.toml",
         "model.n_embd=60",
-        "model.n_embd = 60 / model.n_head = 4 gives head_dim 15",
+        "model.head_dim = 15 (model.n_embd / model.n_head unless set)",
     );
     check(
         "configs/llama-demo.toml",
         "model.n_head=64",
-        "model.n_embd = 64 / model.n_head = 64 gives head_dim 1",
+        "model.head_dim = 1 (model.n_embd / model.n_head unless set)",
     );
 }

@@ -408,6 +408,7 @@ mod tests {
             seq_len: 8,
             vocab_size: 37,
             n_kv_head: Some(2),
+            head_dim: None,
             ffn_hidden: Some(24),
             tie_embeddings: None,
         });
@@ -464,6 +465,7 @@ mod tests {
             seq_len: 16,
             vocab_size: 97,
             n_kv_head: Some(2),
+            head_dim: None,
             ffn_hidden: Some(48),
             tie_embeddings: None,
         });

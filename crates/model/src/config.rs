@@ -61,8 +61,8 @@ impl std::fmt::Debug for Arch {
 /// Shape of a decoder-only transformer of any family.
 ///
 /// Size letters used throughout the crate: `L` = `n_layer`, `C` = `n_embd`, `NH` = `n_head`,
-/// `KV` = `n_kv_head`, `hs` = `C / NH`, `F` = `ffn_hidden`, `T` = `seq_len` (the longest
-/// sequence), `V` = `vocab_size`.
+/// `KV` = `n_kv_head`, `hs` = `head_dim` (`C / NH` but where a family sets its own, as Qwen3
+/// does), `F` = `ffn_hidden`, `T` = `seq_len` (the longest sequence), `V` = `vocab_size`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
     pub arch: Arch,
@@ -74,6 +74,9 @@ pub struct ModelConfig {
     pub n_head: usize,
     /// Key/value heads (KV, grouped-query attention); divides `n_head`. GPT-2: `n_head`.
     pub n_kv_head: usize,
+    /// Width of one attention head (hs): `n_embd / n_head` unless the family's config sets its
+    /// own (Qwen3 0.6B: 128 with `n_embd / n_head` = 64); q is `NH hs` wide, k and v `KV hs`.
+    pub head_dim: usize,
     /// Hidden width of the MLP (F). GPT-2: `4 C`.
     pub ffn_hidden: usize,
     /// Maximum sequence length (T): GPT-2's learned positions, Llama's rotary table.
@@ -88,14 +91,18 @@ pub struct ModelConfig {
     pub rope_scaling: RopeScaling,
     /// The LM head reads the token embedding (GPT-2 always; Llama 3.2 1B and 3B).
     pub tie_embeddings: bool,
+    /// q, k and v projections have biases (Qwen2 / Qwen2.5).
+    pub qkv_bias: bool,
+    /// Each query and key head is RMS-normalised (its own `hs` weights) before the rotation
+    /// (Qwen3).
+    pub qk_norm: bool,
+    /// Attention sees only the last this-many positions (Mistral 7B v0.1: 4096). Only a window
+    /// no shorter than `seq_len` is accepted ([`ModelConfig::validate`]): it then masks nothing
+    /// in training, and is kept so that an export says what the checkpoint said.
+    pub sliding_window: Option<usize>,
 }
 
 impl ModelConfig {
-    /// Per-head width `hs = C / NH`.
-    pub fn head_dim(&self) -> usize {
-        self.n_embd / self.n_head
-    }
-
     /// Checks that every size is positive, that `n_head` divides `n_embd` and `n_kv_head`
     /// divides `n_head`, then the family's own checks ([`crate::Family::validate`]: what GPT-2
     /// fixes, a Llama's even head width).
@@ -105,6 +112,7 @@ impl ModelConfig {
             ("n_embd", self.n_embd),
             ("n_head", self.n_head),
             ("n_kv_head", self.n_kv_head),
+            ("head_dim", self.head_dim),
             ("ffn_hidden", self.ffn_hidden),
             ("seq_len", self.seq_len),
             ("vocab_size", self.vocab_size),
@@ -134,6 +142,16 @@ impl ModelConfig {
                 format!(
                     "{} does not divide n_head = {}",
                     self.n_kv_head, self.n_head
+                ),
+            );
+        }
+        if let Some(w) = self.sliding_window.filter(|&w| w < self.seq_len) {
+            return bad(
+                "sliding_window",
+                format!(
+                    "{w} is shorter than seq_len = {}: windowed attention is not implemented \
+                     (train at seq_len <= {w}, or use a checkpoint without a window)",
+                    self.seq_len
                 ),
             );
         }

@@ -166,7 +166,7 @@ impl KvCache {
             });
         }
         let layers = (0..cfg.n_layer)
-            .map(|_| LayerCache::new(cfg.n_kv_head, cfg.head_dim(), capacity, dtype, device))
+            .map(|_| LayerCache::new(cfg.n_kv_head, cfg.head_dim, capacity, dtype, device))
             .collect::<Result<_>>()?;
         Ok(KvCache { layers })
     }
@@ -431,7 +431,7 @@ impl Decoder {
         let fits = cache.layers.len() == cfg.n_layer
             && cache.layers.iter().all(|l| {
                 l.n_kv_head() == cfg.n_kv_head
-                    && l.head_dim() == cfg.head_dim()
+                    && l.head_dim() == cfg.head_dim
                     && l.len == cache.len()
                     && l.k.dtype() == self.dtype()
                     && l.k.device().same_device(self.device())
@@ -450,7 +450,7 @@ impl Decoder {
                 l.map(|l| l.k.dtype()),
                 cfg.n_layer,
                 cfg.n_kv_head,
-                cfg.head_dim(),
+                cfg.head_dim,
                 self.dtype()
             ),
         })

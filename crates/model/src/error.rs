@@ -12,9 +12,9 @@ pub enum ModelError {
     /// `n_embd` is not a multiple of `n_head`.
     #[error("n_embd {n_embd} is not divisible by n_head {n_head}")]
     HeadsDoNotDivide { n_embd: usize, n_head: usize },
-    /// Rotary positions rotate pairs of a head's channels: `n_embd / n_head` must be even.
-    #[error("model.n_embd = {n_embd} / model.n_head = {n_head} gives head_dim {}: rotary positions rotate pairs, so it must be even", n_embd / n_head)]
-    OddHeadDim { n_embd: usize, n_head: usize },
+    /// Rotary positions rotate pairs of a head's channels: the head width must be even.
+    #[error("model.head_dim = {head_dim} (model.n_embd / model.n_head unless set): rotary positions rotate pairs, so it must be even")]
+    OddHeadDim { head_dim: usize },
     /// A size the family has no default for, and that neither the config nor a preset gives.
     #[error("model.{field} is required without model.preset")]
     Required { field: &'static str },

@@ -81,6 +81,13 @@ pub trait Family: Sync {
     /// as BOS and EOS).
     fn hf_config(&self, cfg: &ModelConfig, eod: Option<u32>) -> serde_json::Value;
 
+    /// The shape a `config.json` of this family's `model_type` describes, as transformers
+    /// builds it (its defaults where a key is absent), or what in it the family does not
+    /// implement, as the rest of a one-line message that names the key. `seq_len` is the
+    /// context where positions are learned (GPT-2's `n_positions`), else the
+    /// `max_position_embeddings` up to 2048, the length a run trains at unless it sets its own.
+    fn from_hf_config(&self, j: &serde_json::Value) -> std::result::Result<ModelConfig, String>;
+
     /// Checks a `config.json` of this family's `model_type` against `cfg`: the settings the
     /// tensors' shapes do not show (a rope's theta, a norm's epsilon, a tied head). The error
     /// is the rest of a one-line message that names the key.
@@ -199,11 +206,32 @@ pub trait Family: Sync {
 }
 
 /// Every family, in the order their names are listed to a user.
-pub static FAMILIES: &[&dyn Family] = &[&crate::gpt2::family::Gpt2, &crate::llama::family::Llama];
+pub static FAMILIES: &[&dyn Family] = &[
+    &crate::gpt2::family::Gpt2,
+    &crate::llama::family::LLAMA,
+    &crate::qwen2::QWEN2,
+    &crate::qwen3::QWEN3,
+    &crate::mistral::MISTRAL,
+];
 
 /// The family named `name` (`model.arch`, `model_type`).
 pub fn family(name: &str) -> Option<&'static dyn Family> {
     FAMILIES.iter().copied().find(|f| f.name() == name)
+}
+
+/// The shape a Hugging Face `config.json` describes, by its `model_type`
+/// ([`Family::from_hf_config`]); the error is the rest of a one-line message.
+pub fn from_hf_config(j: &serde_json::Value) -> std::result::Result<ModelConfig, String> {
+    let model_type = j["model_type"]
+        .as_str()
+        .ok_or("has no model_type".to_string())?;
+    let family = family(model_type).ok_or_else(|| {
+        format!(
+            "has model_type = {model_type:?}, not one of {}",
+            family_names().join(", ")
+        )
+    })?;
+    family.from_hf_config(j)
 }
 
 /// The registered families' names, for a message that lists them.
@@ -273,6 +301,8 @@ pub struct Sizes {
     pub seq_len: usize,
     pub vocab_size: usize,
     pub n_kv_head: Option<usize>,
+    /// A head width of its own (Qwen3); unset, `n_embd / n_head`.
+    pub head_dim: Option<usize>,
     pub ffn_hidden: Option<usize>,
     pub tie_embeddings: Option<bool>,
 }
@@ -341,6 +371,7 @@ impl ShapeRecord {
             seq_len: self.seq_len,
             vocab_size: self.vocab_size,
             n_kv_head: None,
+            head_dim: None,
             ffn_hidden: None,
             tie_embeddings: None,
         };

@@ -110,13 +110,10 @@ fn resolve_cuda(cfg: &ModelConfig, dtype: DType) -> Result<KernelPlan> {
                  of 8 (a tokenizer's vocabulary is padded to 128 when model.vocab_size is unset)",
         );
     }
-    let hs = cfg.head_dim();
+    let hs = cfg.head_dim;
     if !hs.is_multiple_of(per) {
         return refuse(
-            format!(
-                "model.n_embd / model.n_head = {} / {} = head size {hs}",
-                cfg.n_embd, cfg.n_head
-            ),
+            format!("model.head_dim (n_embd / n_head unless set) = head size {hs}"),
             "the GPU attention (cuDNN) and rotary kernels take head sizes that are a multiple \
              of 8",
         );
@@ -249,6 +246,7 @@ mod tests {
         let mut odd = cfg.clone();
         odd.n_embd = 100;
         odd.n_head = 4;
+        odd.head_dim = 25;
         assert!(refusal(&odd, DType::BF16).starts_with("model.n_embd = 100 on a GPU"));
         let mut v = cfg.clone();
         v.vocab_size = 50257;
@@ -256,6 +254,7 @@ mod tests {
         let mut h = cfg.clone();
         h.n_embd = 96;
         h.n_head = 8;
+        h.head_dim = 12;
         let e = refusal(&h, DType::BF16);
         assert!(e.contains("head size 12 on a GPU"), "{e}");
     }

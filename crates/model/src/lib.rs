@@ -1,4 +1,5 @@
-//! Decoder-only transformers for zeropp, GPT-2 and the Llama family: sizes and presets
+//! Decoder-only transformers for zeropp, GPT-2 and the families of Llama's block (Llama, Qwen2,
+//! Qwen3, Mistral): sizes and presets
 //! ([`ModelConfig`]), the flat parameter layout of each unit with named views ([`ModelLayout`]),
 //! partition-independent initialisation, each layer's forward and backward as plain functions
 //! written with candle [`candle_core::Tensor`] ops ([`layers`]), each architecture's units
@@ -26,6 +27,9 @@ mod kernel_plan;
 pub mod layers;
 mod layout;
 pub mod llama;
+pub mod mistral;
+pub mod qwen2;
+pub mod qwen3;
 mod schedule;
 mod units;
 
@@ -33,8 +37,8 @@ pub use config::{Arch, ModelConfig, MAX_LAYERS};
 pub use decode::{Decoder, KvCache, Sampling};
 pub use error::{ModelError, Result};
 pub use family::{
-    every_family, family, family_names, preset, preset_names, Family, HfTensor, ShapeRecord, Sizes,
-    FAMILIES,
+    every_family, family, family_names, from_hf_config, preset, preset_names, Family, HfTensor,
+    ShapeRecord, Sizes, FAMILIES,
 };
 pub use gpt2::family::{GPT2_NORM_EPS, PADDED_GPT2_VOCAB};
 pub use init::init_unit_range;
@@ -45,4 +49,5 @@ pub use llama::family::{
     LLAMA3_1_SCALING, LLAMA3_2_SCALING, LLAMA3_VOCAB, LLAMA_NORM_EPS, LLAMA_ROPE_THETA,
 };
 pub use llama::rope_config::Rope;
+pub use llama::style::{LlamaStyle, Window, HF_SEQ_LEN};
 pub use schedule::{Model, Pass, Saved, UnitSource};

@@ -30,6 +30,7 @@ fn configs() -> Vec<(String, ModelConfig)> {
         seq_len: SEQ,
         vocab_size: VOCAB,
         n_kv_head: Some(2),
+        head_dim: None,
         ffn_hidden: Some(24),
         tie_embeddings: None,
     };

@@ -1,8 +1,11 @@
 //! The Llama family's units and the whole model, checked in f64: every backward against
 //! central finite differences of `sum(out * dout)` (or the loss), recomputation bitwise,
-//! causality, and f32 / bf16 close to f64. Its layers: `llama_layers.rs`.
+//! causality, and f32 / bf16 close to f64. Its layers: `llama_layers.rs`. The block's
+//! additions of the other families of Llama's block (Qwen2's q/k/v biases, Qwen3's q/k norm
+//! and head width of its own) are checked the same way ([`block_shapes`]).
 //!
-//! Sizes don't coincide: B=2, T=5, seq_len=7, C=16, NH=4 (hs=4), KV=2, F=12, V=11, L=2.
+//! Sizes don't coincide: B=2, T=5, seq_len=7, C=16, NH=4 (hs=4; Qwen3's 6), KV=2, F=12, V=11,
+//! L=2.
 
 use candle_core::{DType, Device, Tensor};
 use model::{llama, ModelConfig, ModelLayout};
@@ -20,6 +23,27 @@ fn cfg(kv: usize, tied: bool) -> ModelConfig {
     c
 }
 
+/// Llama with grouped (KV=2) and multi-query (KV=1) attention, Qwen2 and Qwen3 (hs 6, wider
+/// than C / NH = 4): each family's block additions, at the small rotary base.
+fn block_shapes(tied: bool) -> Vec<(String, ModelConfig)> {
+    let small_base = |c: ModelConfig| ModelConfig {
+        rope_theta: 100.0,
+        ..c
+    };
+    vec![
+        ("llama kv=2".into(), cfg(2, tied)),
+        ("llama kv=1".into(), cfg(1, tied)),
+        (
+            "qwen2".into(),
+            small_base(model::qwen2::QWEN2.shape(2, 16, 4, 2, 4, 12, 7, 11, tied)),
+        ),
+        (
+            "qwen3 hs=6".into(),
+            small_base(model::qwen3::QWEN3.shape(2, 16, 4, 2, 6, 12, 7, 11, tied)),
+        ),
+    ]
+}
+
 fn t(v: &[f64], shape: &[usize]) -> Tensor {
     Tensor::from_slice(v, shape, &Device::Cpu).unwrap()
 }
@@ -29,12 +53,11 @@ fn t(v: &[f64], shape: &[usize]) -> Tensor {
 
 #[test]
 fn block_backward_matches_fd_and_recompute_is_bitwise() {
-    for kv in [2, 1] {
-        let cfg = cfg(kv, true);
+    for (n, (kv, cfg)) in block_shapes(true).into_iter().enumerate() {
         let layout = ModelLayout::new(&cfg);
         let unit = layout.block(1);
         let c = cfg.n_embd;
-        let mut rng = Rng(20 + kv as u64);
+        let mut rng = Rng(20 + n as u64);
         let p = rand_params(unit, &mut rng);
         let x = rng.vec(B * T * c, 1.0);
         let dout = t(&rng.vec(B * T * c, 1.0), &[B, T, c]);
@@ -221,8 +244,10 @@ fn model_loss_and_grads(
 
 #[test]
 fn whole_model_gradients_match_fd_tied_and_untied() {
-    for tied in [true, false] {
-        let cfg = cfg(2, tied);
+    let shapes = [true, false]
+        .into_iter()
+        .flat_map(|tied| block_shapes(tied).into_iter().map(move |s| (tied, s)));
+    for (tied, (name, cfg)) in shapes.filter(|(_, (name, _))| name != "llama kv=1") {
         let layout = ModelLayout::new(&cfg);
         let mut rng = Rng(50 + tied as u64);
         let ps: Vec<Vec<f64>> = layout
@@ -259,7 +284,7 @@ fn whole_model_gradients_match_fd_tied_and_untied() {
                 .collect();
             let got: Vec<f64> = idx.iter().map(|&i| g[i]).collect();
             assert_close(
-                &format!("model tied={tied} {}", unit.name),
+                &format!("{name} tied={tied} {}", unit.name),
                 &got,
                 &fd,
                 FD_RTOL,

@@ -256,7 +256,7 @@ impl Default for CheckpointSection {
 /// The keys of the settings that fix a run's trajectory (`job::resume::trajectory` records
 /// them in each checkpoint), as config keys. `model.*` can never change on resume: the shards
 /// would not fit.
-pub const TRAJECTORY_KEYS: [&str; 30] = [
+pub const TRAJECTORY_KEYS: [&str; 31] = [
     "model.n_layer",
     "model.n_embd",
     "model.n_head",
@@ -265,6 +265,7 @@ pub const TRAJECTORY_KEYS: [&str; 30] = [
     "model.arch",
     "model.n_kv_head",
     "model.ffn_hidden",
+    "model.head_dim",
     "model.norm_eps",
     "model.rope_theta",
     "model.rope_scaling",

@@ -18,6 +18,7 @@ fn shapes() -> Vec<(String, ModelConfig)> {
         seq_len: 8,
         vocab_size: 37,
         n_kv_head: Some(2),
+        head_dim: None,
         ffn_hidden: Some(24),
         tie_embeddings: None,
     });

@@ -161,6 +161,7 @@ fn counters_equal_the_logical_volume_of_every_walk() {
         seq_len: 8,
         vocab_size: 37,
         n_kv_head: Some(2),
+        head_dim: None,
         ffn_hidden: Some(24),
         tie_embeddings: None,
     });

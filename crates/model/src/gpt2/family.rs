@@ -36,6 +36,7 @@ impl ModelConfig {
             n_embd,
             n_head,
             n_kv_head: n_head,
+            head_dim: n_embd / n_head,
             ffn_hidden: 4 * n_embd,
             seq_len,
             vocab_size,
@@ -44,6 +45,9 @@ impl ModelConfig {
             rope_theta: 500_000.0,
             rope_scaling: RopeScaling::Default,
             tie_embeddings: true,
+            qkv_bias: false,
+            qk_norm: false,
+            sliding_window: None,
         }
     }
 }
@@ -138,6 +142,21 @@ impl Family for Gpt2 {
     /// GPT-2 fixes its heads, MLP and head: a config that sets them otherwise is refused.
     fn validate(&self, cfg: &ModelConfig) -> Result<()> {
         let bad = |field: &'static str, reason: String| Err(ModelError::Shape { field, reason });
+        if cfg.head_dim * cfg.n_head != cfg.n_embd {
+            return bad(
+                "head_dim",
+                format!(
+                    "GPT-2's heads are n_embd / n_head = {} wide",
+                    cfg.n_embd / cfg.n_head
+                ),
+            );
+        }
+        if cfg.qkv_bias || cfg.qk_norm || cfg.sliding_window.is_some() {
+            return bad(
+                "arch",
+                "GPT-2 has no q/k norm or sliding window, and biases on every projection".into(),
+            );
+        }
         if cfg.n_kv_head != cfg.n_head {
             return bad(
                 "n_kv_head",
@@ -240,6 +259,43 @@ impl Family for Gpt2 {
             "eos_token_id": eod.unwrap_or(50256),
             "torch_dtype": "float32"
         })
+    }
+
+    /// `n_layer`, `n_embd`, `n_head`, `n_positions` (the learned positions: `seq_len`) and
+    /// `vocab_size` padded to a multiple of 128, as our GPT-2 presets are; GPT-2's activation,
+    /// norm and tied head are fixed, and another is refused.
+    fn from_hf_config(&self, j: &serde_json::Value) -> std::result::Result<ModelConfig, String> {
+        let count = |key: &str, default: Option<usize>| match &j[key] {
+            serde_json::Value::Null => default.ok_or(format!("has no {key}")),
+            v => v
+                .as_u64()
+                .map(|n| n as usize)
+                .ok_or(format!("has {key} = {v}, not a count")),
+        };
+        let act = j["activation_function"].as_str().unwrap_or("gelu_new");
+        if act != "gelu_new" {
+            return Err(format!(
+                "has activation_function = {act:?}; GPT-2's MLP is \"gelu_new\""
+            ));
+        }
+        if j["tie_word_embeddings"].as_bool() == Some(false) {
+            return Err("has tie_word_embeddings = false; GPT-2's head is its embedding".into());
+        }
+        let n_inner = &j["n_inner"];
+        let n_embd = count("n_embd", Some(768))?;
+        if !n_inner.is_null() && n_inner.as_u64() != Some(4 * n_embd as u64) {
+            return Err(format!(
+                "has n_inner = {n_inner}; GPT-2's MLP is 4 x n_embd"
+            ));
+        }
+        let vocab = count("vocab_size", Some(50257))?;
+        Ok(ModelConfig::gpt2(
+            count("n_layer", Some(12))?,
+            n_embd,
+            count("n_head", Some(12))?,
+            count("n_positions", Some(1024))?,
+            vocab.div_ceil(128) * 128,
+        ))
     }
 
     /// Nothing beyond the tensors' shapes: GPT-2's settings are fixed.
@@ -379,7 +435,7 @@ mod tests {
         for (name, cfg) in crate::Family::presets(&super::Gpt2) {
             if cfg.n_embd >= 8192 {
                 // our chosen shapes; gpt18b keeps the published 32 heads of 192
-                assert_eq!(cfg.head_dim(), 128, "{name}");
+                assert_eq!(cfg.head_dim, 128, "{name}");
             }
         }
     }

@@ -1,5 +1,5 @@
 //! The layers of GPT-2 and of the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query
-//! attention), each as a forward and a backward free function side by side
+//! attention, Qwen3's per-head q/k norm), each as a forward and a backward free function side by side
 //! (the layout of llm.c's `train_gpt2.c`), one module a layer.
 //!
 //! Size letters: `B` batch, `T` sequence length of this batch, `N = B*T` positions,
@@ -25,6 +25,7 @@ mod gqa;
 mod layernorm;
 mod linear;
 mod projection;
+mod qk_norm;
 mod rmsnorm;
 mod rope;
 mod swiglu;
@@ -51,7 +52,8 @@ pub use linear::{
     matmul_gelu_backward_into, matmul_gelu_forward, matmul_gelu_forward_unfused,
     residual_matmul_forward,
 };
-pub use projection::{matmul_cols_backward, matmul_cols_forward};
+pub use projection::{matmul_cols_backward, matmul_cols_bias_forward, matmul_cols_forward};
+pub use qk_norm::{qk_norm_backward, qk_norm_forward, QkNormSaved};
 pub use rmsnorm::{
     add_rmsnorm_forward, rmsnorm_backward, rmsnorm_backward_into, rmsnorm_forward, RmsSaved,
 };

@@ -1,7 +1,9 @@
-//! Packed projections: several bias-free projections of one input written side by side into
-//! one buffer, so that the layer after them reads its operands in place (Llama's q|k|v, read by
-//! the rotation and the attention, and gate|up, read by SwiGLU), and their backward, which
-//! reads the packed gradient in place. Linear weights are stored `(in, out)`, as in linear.rs.
+//! Packed projections: several projections of one input written side by side into one buffer,
+//! so that the layer after them reads its operands in place (Llama's q|k|v, read by the
+//! rotation and the attention, and gate|up, read by SwiGLU), and their backward, which reads
+//! the packed gradient in place. Linear weights are stored `(in, out)`, as in linear.rs. A bias
+//! (Qwen2's on q, k and v) is added in the GEMM's epilogue on the GPU; its gradient is the
+//! packed gradient's column sums ([`super::bias_grad`]), which the caller takes.
 
 use candle_core::Tensor;
 
@@ -15,9 +17,21 @@ use crate::error::Result;
 /// Shapes: `x (N, IN)`, `w_i (IN, OUT_i)`. On the GPU one GEMM a weight, each writing its
 /// columns of the buffer (the residual as the GEMM's C); the reference concatenates.
 pub fn matmul_cols_forward(x: &Tensor, ws: &[Tensor], residual: Option<&Tensor>) -> Result<Tensor> {
+    matmul_cols_bias_forward(x, ws, None, residual)
+}
+
+/// [`matmul_cols_forward`] with `bias (sum OUT_i)` added to every row when given (the biases of
+/// the projections, side by side): `[x @ w_0 | x @ w_1 | ...] + bias (+ residual)`. On the GPU
+/// each GEMM adds its block of the bias in its epilogue.
+pub fn matmul_cols_bias_forward(
+    x: &Tensor,
+    ws: &[Tensor],
+    bias: Option<&Tensor>,
+    residual: Option<&Tensor>,
+) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
-        if let Some(r) = cuda::cols_forward(x, ws, residual)? {
+        if let Some(r) = cuda::cols_forward(x, ws, bias, residual)? {
             return Ok(r);
         }
         super::declined("projection::cols_forward", x)?;
@@ -30,6 +44,10 @@ pub fn matmul_cols_forward(x: &Tensor, ws: &[Tensor], residual: Option<&Tensor>)
         parts.into_iter().next().expect("one part")
     } else {
         Tensor::cat(&parts, 1)?
+    };
+    let y = match bias {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
     };
     Ok(match residual {
         Some(r) => (r + y)?,
@@ -105,12 +123,14 @@ mod cuda {
         Ok(inp % 8 == 0)
     }
 
-    /// `[x @ w_0 | x @ w_1 | ...] (+ residual)`, or `None` for inputs the GEMMs do not take.
-    /// Column-major: block i of `d^T (TOT, N)` is `w_i^T (OUT_i, IN) x^T (IN, N)`, at row
-    /// offset `off_i` with leading dimension TOT.
+    /// `[x @ w_0 | x @ w_1 | ...] (+ bias) (+ residual)`, or `None` for inputs the GEMMs do not
+    /// take. Column-major: block i of `d^T (TOT, N)` is `w_i^T (OUT_i, IN) x^T (IN, N)`, at row
+    /// offset `off_i` with leading dimension TOT; its bias is the bias' elements from `off_i`,
+    /// one a row of the block (cuBLASLt's BIAS epilogue).
     pub(super) fn cols_forward(
         x: &Tensor,
         ws: &[Tensor],
+        bias: Option<&Tensor>,
         residual: Option<&Tensor>,
     ) -> Result<Option<Tensor>> {
         if !cols_take(x, ws)? {
@@ -124,6 +144,10 @@ mod cuda {
         if residual.is_some_and(|r| !takes(&[r]) || r.dims() != [n, tot]) {
             return Ok(None);
         }
+        if bias.is_some_and(|b| !takes(&[b]) || b.dims() != [tot]) {
+            return Ok(None);
+        }
+        let pbias = bias.map(gpu::ptr).transpose()?;
         let dev = gpu::device(x)?;
         let d = gpu::uninit((n, tot), DType::BF16, &dev)?;
         let (px, pd) = (gpu::ptr(x)?, gpu::ptr(&d)?);
@@ -148,7 +172,10 @@ mod cuda {
                     d: pd + shift,
                     ldd: tot,
                     d_type: DType::BF16,
-                    epilogue: Epilogue::None,
+                    epilogue: match pbias {
+                        Some(p) => Epilogue::Bias(p + shift),
+                        None => Epilogue::None,
+                    },
                     c: pres.map(|p| p + shift),
                 },
             )?;

@@ -8,13 +8,16 @@
 //!
 //! Each unit's parameters arrive as its flat buffer (1-D, length `>= unit.numel`; the engine
 //! may pad the end), viewed by name through [`UnitLayout`] with the names of `llama_rows` in
-//! layout.rs. Linear weights are stored `(in, out)`, so a projection is `x.matmul(w)`; there
-//! are no biases. Each backward *returns* the unit's flat gradient, 1-D of length exactly
+//! `llama/style.rs`. Linear weights are stored `(in, out)`, so a projection is `x.matmul(w)`;
+//! Llama has no biases (Qwen2 has them on q, k and v: `cfg.qkv_bias`). Each backward *returns* the unit's flat gradient, 1-D of length exactly
 //! `unit.numel`, in the parameters' dtype; it never accumulates.
 //!
 //! A block is HF's `LlamaDecoderLayer`:
 //! `h = x + o_proj(attn(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1)))`, `n1 = rms(x)`;
-//! `out = h + down_proj(silu(gate_proj(n2)) * up_proj(n2))`, `n2 = rms(h)`.
+//! `out = h + down_proj(silu(gate_proj(n2)) * up_proj(n2))`, `n2 = rms(h)`. Qwen2's adds
+//! biases to q_proj, k_proj and v_proj; Qwen3's normalises each head of q and k before the
+//! rotation (`q_norm`, `k_norm`), and its heads may be wider than `C / NH` (q is `NH hs` wide,
+//! o_proj `(NH hs, C)`).
 //!
 //! ```
 //! use candle_core::{Device, Tensor};
@@ -38,16 +41,17 @@
 
 pub mod family;
 pub mod rope_config;
+pub mod style;
 use candle_core::Tensor;
 
 use crate::config::ModelConfig;
 use crate::decode::{cached_attention, check_one_sequence, LayerCache};
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    add_rmsnorm_forward, gqa_packed_backward, gqa_packed_forward, matmul_cols_backward,
-    matmul_cols_forward, rmsnorm_backward, rmsnorm_backward_into, rmsnorm_forward,
-    rope_qk_backward, rope_qk_forward, rope_tables, swiglu_packed_backward, swiglu_packed_forward,
-    Loss, TokenIndex,
+    add_rmsnorm_forward, bias_grad, gqa_packed_backward, gqa_packed_forward, matmul_cols_backward,
+    matmul_cols_bias_forward, matmul_cols_forward, qk_norm_backward, qk_norm_forward,
+    rmsnorm_backward, rmsnorm_backward_into, rmsnorm_forward, rope_qk_backward, rope_qk_forward,
+    rope_tables, swiglu_packed_backward, swiglu_packed_forward, Loss, QkNormSaved, TokenIndex,
 };
 use crate::layout::{UnitKind, UnitLayout};
 use crate::units::{self, check_acts, check_params, check_tokens, flatten_grads, FlatGrad, Kept};
@@ -111,6 +115,8 @@ struct LlamaBlockActs {
     /// `input_layernorm(x)` `(N, C)` and its statistics.
     n1: Tensor,
     rms1: RmsSaved,
+    /// With qk-norm: q's and k's heads before their norm, and the norms' statistics.
+    qk: Option<QkNormSaved>,
     /// Attention's packed input (q and k after the rotation) `(B, T, W)`, output and row
     /// log-sum-exps.
     att: GqaSaved,
@@ -141,6 +147,10 @@ struct BlockWeights {
     input_norm: Tensor,
     /// q_proj, k_proj, v_proj: one packed projection.
     qkv: [Tensor; 3],
+    /// Their biases side by side `(NH hs + 2 KV hs)` (Qwen2).
+    qkv_bias: Option<Tensor>,
+    /// q_norm and k_norm `(hs)` (Qwen3).
+    qk_norm: Option<[Tensor; 2]>,
     o: Tensor,
     post_norm: Tensor,
     /// gate_proj, up_proj: one packed projection.
@@ -155,13 +165,34 @@ const QKV_NAMES: [&str; 3] = [
     "self_attn.v_proj.weight",
 ];
 const GATE_UP_NAMES: [&str; 2] = ["mlp.gate_proj.weight", "mlp.up_proj.weight"];
+const QKV_BIAS_NAMES: [&str; 3] = [
+    "self_attn.q_proj.bias",
+    "self_attn.k_proj.bias",
+    "self_attn.v_proj.bias",
+];
+const QK_NORM_NAMES: [&str; 2] = ["self_attn.q_norm.weight", "self_attn.k_norm.weight"];
 
 impl BlockWeights {
-    fn view(unit: &UnitLayout, params: &Tensor) -> Result<BlockWeights> {
+    fn view(cfg: &ModelConfig, unit: &UnitLayout, params: &Tensor) -> Result<BlockWeights> {
         let p = |name: &str| unit.param(name).view(params);
+        // The three biases are consecutive rows of the table (style.rs): one view.
+        let qkv_bias = match cfg.qkv_bias {
+            true => {
+                let q = unit.param(QKV_BIAS_NAMES[0]);
+                let w = (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim;
+                Some(params.narrow(0, q.offset, w)?)
+            }
+            false => None,
+        };
+        let qk_norm = match cfg.qk_norm {
+            true => Some([p(QK_NORM_NAMES[0])?, p(QK_NORM_NAMES[1])?]),
+            false => None,
+        };
         Ok(BlockWeights {
             input_norm: p("input_layernorm.weight")?,
             qkv: [p(QKV_NAMES[0])?, p(QKV_NAMES[1])?, p(QKV_NAMES[2])?],
+            qkv_bias,
+            qk_norm,
             o: p("self_attn.o_proj.weight")?,
             post_norm: p("post_attention_layernorm.weight")?,
             gate_up: [p(GATE_UP_NAMES[0])?, p(GATE_UP_NAMES[1])?],
@@ -181,8 +212,8 @@ fn block_forward_full(
     let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
     check_params(params, &unit, "block")?;
     let (b, t) = check_acts(cfg, x, "block input")?;
-    let (c, nh, kv, hs) = (cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim());
-    let w = BlockWeights::view(&unit, params)?;
+    let (c, nh, kv, hs) = (cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim);
+    let w = BlockWeights::view(cfg, &unit, params)?;
     let rope = rope_tables(
         t,
         hs,
@@ -193,10 +224,22 @@ fn block_forward_full(
     )?;
     let xf = x.reshape((b * t, c))?;
     let (n1, rms1) = rmsnorm_forward(&xf, &w.input_norm, cfg.norm_eps)?;
-    let qkv = matmul_cols_forward(&n1, &w.qkv, None)?;
-    let qkv = rope_qk_forward(qkv.reshape((b, t, (nh + 2 * kv) * hs))?, &rope, nh, kv)?;
+    let qkv = matmul_cols_bias_forward(&n1, &w.qkv, w.qkv_bias.as_ref(), None)?.reshape((
+        b,
+        t,
+        (nh + 2 * kv) * hs,
+    ))?;
+    let (qkv, qk) = match &w.qk_norm {
+        Some([wq, wk]) => {
+            let (qkv, saved) = qk_norm_forward(&qkv, wq, wk, nh, kv, cfg.norm_eps)?;
+            (qkv, Some(saved))
+        }
+        None => (qkv, None),
+    };
+    let qkv = rope_qk_forward(qkv, &rope, nh, kv)?;
     let (y, att) = gqa_packed_forward(&qkv, nh, kv)?;
-    let attn_out = matmul_cols_forward(&y.reshape((b * t, c))?, std::slice::from_ref(&w.o), None)?;
+    let y = y.reshape((b * t, nh * hs))?;
+    let attn_out = matmul_cols_forward(&y, std::slice::from_ref(&w.o), None)?;
     // h = x + o_proj(y), then its norm, in one pass
     let (h, n2, rms2) = add_rmsnorm_forward(&xf, &attn_out, &w.post_norm, cfg.norm_eps)?;
     let gu = matmul_cols_forward(&n2, &w.gate_up, None)?;
@@ -212,6 +255,7 @@ fn block_forward_full(
         rope,
         n1,
         rms1,
+        qk,
         att,
         h,
         n2,
@@ -264,8 +308,8 @@ pub fn block_backward(
     check_params(params, &unit, "block")?;
     let (b, t) = check_acts(cfg, &a.x, "block input")?;
     check_dout(cfg, dout, (b, t), "block dout")?;
-    let (c, nh, kv, hs) = (cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim());
-    let w = BlockWeights::view(&unit, params)?;
+    let (c, nh, kv, hs) = (cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim);
+    let w = BlockWeights::view(cfg, &unit, params)?;
     let grads = FlatGrad::new(&unit, params.dtype(), params.device())?;
     let slots = |names: &[&str]| -> Result<Vec<Option<Tensor>>> {
         names.iter().map(|n| grads.slot(n).map(Some)).collect()
@@ -298,12 +342,33 @@ pub fn block_backward(
     grads.put(post, &dw_post)?;
     // h = x + y @ o_proj
     let o = ["self_attn.o_proj.weight"];
-    let y = a.att.y.reshape((b * t, c))?;
+    let y = a.att.y.reshape((b * t, nh * hs))?;
     let (dy, dw) = matmul_cols_backward(&dh, &y, std::slice::from_ref(&w.o), &slots(&o)?)?;
     put(&o, &dw)?;
     // y = attn(qkv), then q and k turned back by the rotation
-    let dqkv = gqa_packed_backward(&dy.reshape((b, t, c))?, &a.att)?;
-    let dqkv = rope_qk_backward(dqkv, &a.rope, nh, kv)?.reshape((b * t, (nh + 2 * kv) * hs))?;
+    let dqkv = gqa_packed_backward(&dy.reshape((b, t, nh * hs))?, &a.att)?;
+    let dqkv = rope_qk_backward(dqkv, &a.rope, nh, kv)?;
+    // q and k normalised per head (Qwen3)
+    let dqkv = match (&w.qk_norm, &a.qk) {
+        (Some([wq, wk]), Some(saved)) => {
+            let (dqkv, dwq, dwk) = qk_norm_backward(&dqkv, saved, wq, wk)?;
+            put(&QK_NORM_NAMES, &[dwq, dwk])?;
+            dqkv
+        }
+        _ => dqkv,
+    };
+    let dqkv = dqkv.reshape((b * t, (nh + 2 * kv) * hs))?;
+    // their biases (Qwen2): the packed gradient's column sums, one slot a projection
+    if w.qkv_bias.is_some() {
+        let db = bias_grad(&dqkv)?;
+        let (q, k) = (nh * hs, kv * hs);
+        let parts = [
+            db.narrow(0, 0, q)?,
+            db.narrow(0, q, k)?,
+            db.narrow(0, q + k, k)?,
+        ];
+        put(&QKV_BIAS_NAMES, &parts)?;
+    }
     // qkv = n1 @ [q_proj | k_proj | v_proj]
     let (dn1, dw) = matmul_cols_backward(&dqkv, &a.n1, &w.qkv, &slots(&QKV_NAMES)?)?;
     put(&QKV_NAMES, &dw)?;
@@ -433,7 +498,7 @@ pub fn block_decode(
     let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
     check_params(params, &unit, "block")?;
     let t = check_one_sequence(cfg, x, "block input")?;
-    let (c, nh, kv, hs) = (cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim());
+    let (c, nh, kv, hs) = (cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim);
     let start = cache.len();
     if start + t > rope.cos.dim(0)? {
         return Err(ModelError::SequenceTooLong {
@@ -441,15 +506,23 @@ pub fn block_decode(
             max: rope.cos.dim(0)?,
         });
     }
-    let w = BlockWeights::view(&unit, params)?;
+    let w = BlockWeights::view(cfg, &unit, params)?;
     let xf = x.reshape((t, c))?;
     let (n1, _) = rmsnorm_forward(&xf, &w.input_norm, cfg.norm_eps)?;
-    let qkv = matmul_cols_forward(&n1, &w.qkv, None)?.reshape((1, t, (nh + 2 * kv) * hs))?;
+    let qkv = matmul_cols_bias_forward(&n1, &w.qkv, w.qkv_bias.as_ref(), None)?.reshape((
+        1,
+        t,
+        (nh + 2 * kv) * hs,
+    ))?;
+    let qkv = match &w.qk_norm {
+        Some([wq, wk]) => qk_norm_forward(&qkv, wq, wk, nh, kv, cfg.norm_eps)?.0,
+        None => qkv,
+    };
     let qkv = rope_qk_forward(qkv, &rope.rows(start, t)?, nh, kv)?;
     let q = qkv.narrow(2, 0, nh * hs)?;
     let k = qkv.narrow(2, nh * hs, kv * hs)?;
     let v = qkv.narrow(2, (nh + kv) * hs, kv * hs)?;
-    let y = cached_attention(&q, &k, &v, nh, cache)?.reshape((t, c))?;
+    let y = cached_attention(&q, &k, &v, nh, cache)?.reshape((t, nh * hs))?;
     let attn_out = matmul_cols_forward(&y, std::slice::from_ref(&w.o), None)?;
     // h = x + o_proj(y), then its norm, in one pass
     let (h, n2, _) = add_rmsnorm_forward(&xf, &attn_out, &w.post_norm, cfg.norm_eps)?;

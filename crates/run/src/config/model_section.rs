@@ -11,10 +11,11 @@ pub const VOCAB_MULTIPLE: usize = 128;
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSection {
-    /// One of `model::preset_names()`; the sizes below override it. Without a preset the five
-    /// sizes (and a Llama's `ffn_hidden`) are required.
+    /// One of `model::preset_names()`; the sizes below override it. Without a preset or
+    /// `init_from` the five sizes (and a Llama-style `ffn_hidden`) are required.
     pub preset: Option<String>,
-    /// `"gpt2"` (the default) or `"llama"`; a preset names its own.
+    /// `"gpt2"` (the default), `"llama"`, `"qwen2"`, `"qwen3"` or `"mistral"`; a preset names
+    /// its own, and so does `init_from`'s config.json.
     pub arch: Option<String>,
     pub n_layer: Option<usize>,
     pub n_embd: Option<usize>,
@@ -27,6 +28,9 @@ pub struct ModelSection {
     pub n_kv_head: Option<usize>,
     /// Llama: the SwiGLU MLP's hidden width.
     pub ffn_hidden: Option<usize>,
+    /// Llama-style: the width of one attention head (default `n_embd / n_head`; Qwen3's
+    /// presets 128).
+    pub head_dim: Option<usize>,
     /// Llama: RMSNorm's epsilon (default 1e-5).
     pub norm_eps: Option<f64>,
     /// Llama: the rotary base (default 500,000).
@@ -40,8 +44,12 @@ pub struct ModelSection {
     pub tie_embeddings: Option<bool>,
     /// Activation checkpointing: blocks keep only their input and recompute in backward.
     pub recompute: bool,
-    /// Start from the weights of a Hugging Face GPT-2 or Llama safetensors folder (what
-    /// `trainer export` writes): continued pretraining or fine-tuning. A resume ignores it.
+    /// Start from the weights of a Hugging Face safetensors folder of a registered family
+    /// (what `trainer export` writes, or a checkpoint from the hub): continued pretraining or
+    /// fine-tuning. Without a preset its config.json gives the family and the shape, as a
+    /// preset would (`seq_len` its context up to 2048, the vocabulary its own); a key set here
+    /// overrides it, and one that contradicts the checkpoint is refused when the weights are
+    /// read. A resume ignores it.
     pub init_from: Option<PathBuf>,
 }
 
@@ -53,15 +61,24 @@ impl ModelSection {
     /// to a multiple of [`VOCAB_MULTIPLE`]; without it, the preset's size stands.
     pub fn resolve(&self, tokenizer_vocab: Option<usize>) -> Result<model::ModelConfig> {
         let m = self;
-        let base = match &m.preset {
-            Some(name) => Some(model::preset(name).with_context(|| {
-                format!(
-                    "model.preset = {name:?} is not one of {}",
-                    model::preset_names().join(", ")
-                )
-            })?),
-            None => None,
+        // What the explicit keys override: a preset, else init_from's config.json.
+        let (base, base_name) = match (&m.preset, &m.init_from) {
+            (Some(name), _) => (
+                Some(model::preset(name).with_context(|| {
+                    format!(
+                        "model.preset = {name:?} is not one of {}",
+                        model::preset_names().join(", ")
+                    )
+                })?),
+                format!("model.preset = {name:?}"),
+            ),
+            (None, Some(dir)) => (
+                Some(hf_shape(dir)?),
+                format!("model.init_from = {:?}", dir.display().to_string()),
+            ),
+            (None, None) => (None, String::new()),
         };
+        let from_checkpoint = m.preset.is_none() && m.init_from.is_some();
         let pick = |key: &str, explicit: Option<usize>, preset: Option<usize>| {
             explicit
                 .or(preset)
@@ -84,8 +101,7 @@ impl ModelSection {
         if let (Some(b), Some(name)) = (&base, &m.arch) {
             if b.arch != arch {
                 bail!(
-                    "model.arch = {name:?} contradicts model.preset = {:?}, a {} preset",
-                    m.preset.as_deref().unwrap_or_default(),
+                    "model.arch = {name:?} contradicts {base_name}, a {} model",
                     b.arch.name()
                 );
             }
@@ -94,10 +110,11 @@ impl ModelSection {
         let n_embd = pick("n_embd", m.n_embd, base.as_ref().map(|b| b.n_embd))?;
         let n_head = pick("n_head", m.n_head, base.as_ref().map(|b| b.n_head))?;
         let seq_len = pick("seq_len", m.seq_len, base.as_ref().map(|b| b.seq_len))?;
-        // The vocabulary: as set, else the tokenizer's padded to a multiple of 128 (as Megatron
-        // pads, for the GEMMs), else the preset's.
+        // The vocabulary: as set, else a checkpoint's own, else the tokenizer's padded to a
+        // multiple of 128 (as Megatron pads, for the GEMMs), else the preset's.
         let vocab_size = match (m.vocab_size, tokenizer_vocab, &base) {
             (Some(v), _, _) => v,
+            (None, _, Some(b)) if from_checkpoint => b.vocab_size,
             (None, Some(t), _) => t.div_ceil(VOCAB_MULTIPLE) * VOCAB_MULTIPLE,
             (None, None, Some(b)) => b.vocab_size,
             (None, None, None) => {
@@ -113,6 +130,11 @@ impl ModelSection {
             seq_len,
             vocab_size,
             n_kv_head: m.n_kv_head.or(base.as_ref().map(|b| b.n_kv_head)),
+            // A base's own head width; one that is n_embd / n_head follows a new n_embd.
+            head_dim: m.head_dim.or(base
+                .as_ref()
+                .filter(|b| b.head_dim * b.n_head != b.n_embd)
+                .map(|b| b.head_dim)),
             ffn_hidden: m.ffn_hidden.or(base.as_ref().map(|b| b.ffn_hidden)),
             tie_embeddings: base.as_ref().map(|b| b.tie_embeddings),
         };
@@ -122,6 +144,7 @@ impl ModelSection {
             cfg.norm_eps = b.norm_eps;
             cfg.rope_theta = b.rope_theta;
             cfg.rope_scaling = b.rope_scaling;
+            cfg.sliding_window = b.sliding_window;
         }
         // A family that fixes one of these refuses a value given for it (validate), rather
         // than ignoring it.
@@ -146,6 +169,18 @@ impl ModelSection {
         cfg.validate().map_err(model_error)?;
         Ok(cfg)
     }
+}
+
+/// The shape `dir/config.json` describes ([`model::from_hf_config`]), for a run whose
+/// `model.init_from` is its base.
+fn hf_shape(dir: &std::path::Path) -> Result<model::ModelConfig> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("model.init_from: cannot read {}", path.display()))?;
+    let j: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("model.init_from: {} is not JSON", path.display()))?;
+    model::from_hf_config(&j)
+        .map_err(|e| anyhow::anyhow!("model.init_from: {} {e}", path.display()))
 }
 
 /// A model shape error with the config keys it is about (`model.n_embd`), so that
