@@ -57,8 +57,8 @@ pub fn consolidate(ckpt: &Path) -> Result<(model::ModelConfig, UnitParameters)> 
 }
 
 /// Writes `units` (full, unpadded) to `output` with Hugging Face names, and `config.json`
-/// beside it, both or neither ([`write_all`]). The tests' export of parameters they made.
-#[cfg(test)]
+/// beside it, both or neither ([`write_all`]): the export of parameters made in memory (the
+/// tests' own).
 pub fn write_hf(
     cfg: &model::ModelConfig,
     units: &[(model::UnitLayout, Vec<f32>)],
@@ -444,8 +444,8 @@ mod tests {
         }
     }
 
-    /// transformers loads an export (`AutoModelForCausalLM`: `GPT2LMHeadModel`, and
-    /// `LlamaForCausalLM` tied and untied) and its loss on the same tokens equals ours within
+    /// transformers loads an export (`AutoModelForCausalLM`: `GPT2LMHeadModel`, and each
+    /// family of Llama's block, tied and untied) and its loss on the same tokens equals ours within
     /// 1e-5 relative. The weights are drawn far from the initialisation (uniform, large), so
     /// that a tensor in the wrong place or orientation moves the loss by far more than that.
     /// `ZEROPP_HF_PYTHON` names a python with torch and transformers (`.ci/run` makes one).
@@ -477,6 +477,13 @@ mod tests {
             original_max_position_embeddings: 4,
         };
         configs.push(("llama scaled".into(), scaled));
+        // Qwen3's heads wider than n_embd / n_head (16 against 8), and a Mistral whose window
+        // covers the whole context (kept, exported, and a full causal mask in transformers).
+        let wide = model::qwen3::QWEN3.shape(2, 32, 4, 2, 16, 48, 16, 97, false);
+        configs.push(("qwen3 head_dim 16".into(), wide));
+        let mut window = model::mistral::MISTRAL.shape(2, 32, 4, 2, 8, 48, 16, 97, false);
+        window.sliding_window = Some(16);
+        configs.push(("mistral window 16".into(), window));
         let mut state = 0x2545_f491_4f6c_dd1du64;
         let mut uniform = move || {
             state ^= state << 13;

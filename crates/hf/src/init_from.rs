@@ -176,10 +176,11 @@ fn read_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
 mod tests {
     use super::*;
 
-    /// A small tied Llama with the fixtures' rope theta (500000) and norm eps (1e-5), its
-    /// initial weights exported into `dir`.
+    /// The fixtures' small tied Llama (hidden 64, 4 heads of 16, 2 key/value heads, MLP 192,
+    /// vocabulary 1024) with their rope theta (500000) and norm eps (1e-5), its initial weights
+    /// exported into `dir`.
     fn exported(dir: &Path) -> (model::ModelConfig, Vec<Vec<f32>>) {
-        let mut cfg = model::ModelConfig::llama(2, 16, 4, 2, 24, 8, 37, true);
+        let mut cfg = model::ModelConfig::llama(2, 64, 4, 2, 192, 8, 1024, true);
         cfg.rope_theta = 500_000.0;
         cfg.norm_eps = 1e-5;
         let units = units(&cfg);

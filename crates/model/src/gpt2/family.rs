@@ -262,8 +262,9 @@ impl Family for Gpt2 {
     }
 
     /// `n_layer`, `n_embd`, `n_head`, `n_positions` (the learned positions: `seq_len`) and
-    /// `vocab_size` padded to a multiple of 128, as our GPT-2 presets are; GPT-2's activation,
-    /// norm and tied head are fixed, and another is refused.
+    /// `vocab_size` as it is (50,257: the GPU's kernels want `model.vocab_size = 50304`, whose
+    /// rows past the checkpoint's start at zero); GPT-2's activation, MLP width and tied head
+    /// are fixed, and another is refused.
     fn from_hf_config(&self, j: &serde_json::Value) -> std::result::Result<ModelConfig, String> {
         let count = |key: &str, default: Option<usize>| match &j[key] {
             serde_json::Value::Null => default.ok_or(format!("has no {key}")),
@@ -288,13 +289,12 @@ impl Family for Gpt2 {
                 "has n_inner = {n_inner}; GPT-2's MLP is 4 x n_embd"
             ));
         }
-        let vocab = count("vocab_size", Some(50257))?;
         Ok(ModelConfig::gpt2(
             count("n_layer", Some(12))?,
             n_embd,
             count("n_head", Some(12))?,
             count("n_positions", Some(1024))?,
-            vocab.div_ceil(128) * 128,
+            count("vocab_size", Some(50257))?,
         ))
     }
 
