@@ -11,8 +11,9 @@
 //! special token: the text "<|endoftext|>" inside a document is tokenised as plain text, so a
 //! document can never forge a document boundary. Only [`Tokenizer::eod_id`] marks boundaries.
 //! A `tokenizer.json` runs `tokenizers`' own pipeline without its post-processor (no BOS or
-//! EOS is added: the end-of-document token is ours to add) and with its special tokens encoded
-//! as plain text for the same reason.
+//! EOS is added: the end-of-document token is ours to add), with its special tokens encoded
+//! as plain text for the same reason, and with any truncation or padding saved in the file
+//! turned off (a document is whole).
 //!
 //! End of document: the token named (`data.eod_token`), else GPT-2's `<|endoftext|>`, else the
 //! first of [`EOD_CANDIDATES`] that is a special (added) token of the `tokenizer.json`.
@@ -297,6 +298,13 @@ impl Tokenizer {
         // Special tokens in a document's text are plain text: a document cannot forge a
         // boundary (see the module doc).
         inner.set_encode_special_tokens(true);
+        // A document is whole and unpadded: a file saved with truncation or padding on (a
+        // `max_length` of 512, padding to a fixed length) would otherwise cut or pad every
+        // document. transformers turns both off for each call unless asked, as here.
+        inner
+            .with_truncation(None)
+            .map_err(|e| err(format!("turning truncation off: {e}")))?;
+        inner.with_padding(None);
         let eod = match eod_token {
             Some(token) => inner
                 .token_to_id(token)

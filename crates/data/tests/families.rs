@@ -278,3 +278,41 @@ fn the_fixtures_depend_on_ignore_merges_and_nfc() {
     assert_ne!(nfc.encode(text).unwrap(), raw.encode(text).unwrap());
     assert_eq!(nfc.decode(&nfc.encode(text).unwrap()).unwrap(), "Caf\u{e9}");
 }
+
+#[test]
+fn a_saved_truncation_or_padding_is_not_applied() {
+    // A tokenizer.json keeps the truncation and padding it was saved with (a Llama 3 or Qwen
+    // file saved after `enable_truncation`, an encoder's 512). transformers turns them off for
+    // each call unless asked; for us a document is always whole and never padded.
+    use tokenizers::{PaddingParams, PaddingStrategy, TruncationParams};
+    let file = fixture("llama3").join("tokenizer.json");
+    let mut hf = tokenizers::Tokenizer::from_file(&file).unwrap();
+    hf.with_truncation(Some(TruncationParams {
+        max_length: 16,
+        ..Default::default()
+    }))
+    .unwrap();
+    hf.with_padding(Some(PaddingParams {
+        strategy: PaddingStrategy::Fixed(4096),
+        pad_id: 1502,
+        pad_token: "<|reserved_special_token_0|>".into(),
+        ..Default::default()
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let saved = dir.path().join("tokenizer.json");
+    hf.save(&saved, false).unwrap();
+    let json = std::fs::read_to_string(&saved).unwrap();
+    assert!(json.contains("\"max_length\":16") && json.contains("\"Fixed\":4096"));
+
+    let want = expected("llama3");
+    let tok = Tokenizer::open(&saved, None).unwrap();
+    for d in &want.documents {
+        if let Some(text) = &d.text {
+            assert_ids(
+                &tok.encode(text).unwrap(),
+                &d.ids,
+                "truncation and padding saved",
+            );
+        }
+    }
+}
