@@ -10,9 +10,14 @@
 //! byte-level decoding. `<|endoftext|>` (id 50256) is an ordinary vocabulary entry here, not a
 //! special token: the text "<|endoftext|>" inside a document is tokenised as plain text, so a
 //! document can never forge a document boundary. Only [`Tokenizer::eod_id`] marks boundaries.
-//! A `tokenizer.json` runs `tokenizers`' own pipeline without its post-processor (no BOS or
-//! EOS is added: the end-of-document token is ours to add) and with its special tokens encoded
-//! as plain text for the same reason.
+//! A `tokenizer.json` runs `tokenizers`' own pipeline (normalizer, pre-tokenizer, model)
+//! without the tokens its post-processor adds (no BOS or EOS, like Llama 3's
+//! `<|begin_of_text|>`: the end-of-document token is ours to add), with its special tokens
+//! encoded as plain text for the same reason, and with any truncation or padding saved in the
+//! file turned off (a document is whole). Added tokens that are not special (Qwen's `<think>`,
+//! `<tool_call>`) are still matched in the text, as in Python. The ids are the Python
+//! `tokenizers` library's with `add_special_tokens=False, encode_special_tokens=True`, checked
+//! on tokenizers in the styles of Llama 3 and Qwen (tests/families.rs).
 //!
 //! End of document: the token named (`data.eod_token`), else GPT-2's `<|endoftext|>`, else the
 //! first of [`EOD_CANDIDATES`] that is a special (added) token of the `tokenizer.json`.
@@ -62,8 +67,9 @@ use crate::fingerprint::tokenizer_fingerprint;
 pub const EOT_TOKEN: &str = "<|endoftext|>";
 
 /// The end-of-document tokens looked for among a `tokenizer.json`'s special (added) tokens,
-/// in this order, when none is named: Llama 3's, Llama 2's / T5's / Mistral's, GPT-2's,
-/// Gemma's, BERT's.
+/// in this order, when none is named: Llama 3's, Llama 2's / T5's / Mistral's, GPT-2's and
+/// Qwen's, Gemma's, BERT's. Chat turns' ends (Llama 3's `<|eot_id|>`, Qwen's `<|im_end|>`) are
+/// not candidates: they end a turn, not a pretraining document; name them to use them.
 pub const EOD_CANDIDATES: [&str; 5] =
     ["<|end_of_text|>", "</s>", "<|endoftext|>", "<eos>", "[SEP]"];
 
@@ -297,6 +303,13 @@ impl Tokenizer {
         // Special tokens in a document's text are plain text: a document cannot forge a
         // boundary (see the module doc).
         inner.set_encode_special_tokens(true);
+        // A document is whole and unpadded: a file saved with truncation or padding on (a
+        // `max_length` of 512, padding to a fixed length) would otherwise cut or pad every
+        // document. transformers turns both off for each call unless asked, as here.
+        inner
+            .with_truncation(None)
+            .map_err(|e| err(format!("turning truncation off: {e}")))?;
+        inner.with_padding(None);
         let eod = match eod_token {
             Some(token) => inner
                 .token_to_id(token)
