@@ -17,6 +17,9 @@
 #           W = 8 (2 x 4); the Llama 3.2 1B shape at seq 2048, 8 sequences a step (LLAMA_MB a
 #           micro-batch, default 8) with --profile, beside .gpu/torch_llama.py eager and
 #           torch.compile from the same call
+#   qwen    Qwen3 1.7B's and Qwen2.5 1.5B's shapes at seq 2048, 8 sequences a step (QWEN_MB a
+#           micro-batch, default 8) with --profile, each beside .gpu/torch_llama.py eager and
+#           torch.compile with the same blocks (--qk-norm --head-dim 128, --qkv-bias)
 #   llama-3b  the Llama 3.2 3B shape with recomputation (W = 1, seq 2048, 8 sequences) beside
 #           torch_llama.py eager and torch.compile with activation checkpointing
 #   calibrate  issue 28: trainer bench --profile --json at W = 1 for gpt350m (seq 1024) at 16, 8
@@ -106,6 +109,23 @@ for stage in $STAGES; do
       [[ -n ${NO_COMPILE:-} ]] || python3 .gpu/torch_llama.py --steps 20 --compile \
         | tee "$OUT/speed-torch-llama-compile.txt"
     fi
+    ;;
+  qwen)
+    # Qwen3 1.7B's and Qwen2.5 1.5B's shapes (issue 39), each beside torch_llama.py with the same
+    # blocks (--qk-norm --head-dim, --qkv-bias) in the same call; batch 8 x 2048, no recompute.
+    for q in "qwen3-1.7b:--layers 28 --dim 2048 --heads 16 --kv-heads 8 --head-dim 128 --ffn 6144 --vocab 151936 --qk-norm" \
+             "qwen2.5-1.5b:--layers 28 --dim 1536 --heads 12 --kv-heads 2 --ffn 8960 --vocab 151936 --qkv-bias"; do
+      preset=${q%%:*}; read -r -a shape <<< "${q#*:}"
+      "$T" "${llama_w1[@]}" --set "model.preset=\"$preset\"" --set model.vocab_size=151936 \
+        --set model.recompute=false --set "train.micro_batch=${QWEN_MB:-8}" --steps "${BENCH_STEPS:-5}" \
+        --profile "${bench_set[@]}" | tee "$OUT/speed-$preset${TAG:-}.txt"
+      if [[ -f .gpu/torch_llama.py ]]; then
+        [[ -n ${NO_EAGER:-} ]] || python3 .gpu/torch_llama.py --steps 20 "${shape[@]}" \
+          | tee "$OUT/speed-torch-$preset-eager.txt"
+        [[ -n ${NO_COMPILE:-} ]] || python3 .gpu/torch_llama.py --steps 20 "${shape[@]}" --compile \
+          | tee "$OUT/speed-torch-$preset-compile.txt"
+      fi
+    done
     ;;
   llama-3b)
     "$T" "${llama_w1[@]}" --set 'model.preset="llama3.2-3b"' --set model.recompute=true \

@@ -283,7 +283,7 @@ fn check_tensorboard(python: &str, run: &Path) {
     assert!(stdout(&out).contains("12 train/loss"), "{}", stdout(&out));
 }
 
-/// `trainer generate --temperature 0` on a GPT-2 and a Llama checkpoint gives the tokens
+/// `trainer generate --temperature 0` on a checkpoint of every family gives the tokens
 /// transformers' greedy `generate` gives on their exports (`scripts/generate-check.py`, with the
 /// python of `ZEROPP_HF_PYTHON`; `.ci/run` makes one).
 #[test]
@@ -302,6 +302,11 @@ fn transformers_generates_our_greedy_tokens() {
                 "model.tie_embeddings=false",
             ],
         ),
+        // Each family's block additions: Qwen2's q/k/v biases, Qwen3's q/k norms and heads
+        // wider than n_embd / n_head, Mistral's name.
+        ("qwen2", vec!["model.preset=\"qwen2-tiny\""]),
+        ("qwen3", vec!["model.preset=\"qwen3-tiny\""]),
+        ("mistral", vec!["model.preset=\"mistral-tiny\""]),
     ] {
         let run = dir.path().join(name);
         let mut sets = small_run(&run, &corpus, 8, 1);

@@ -146,6 +146,28 @@ fn tokenizer_prepare_train_export_and_init_from() {
     );
     std::fs::write(&config_path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
 
+    // `model.init_from` alone, without a preset: the family and the shape come from
+    // config.json, and the first evaluation is the same.
+    let alone = dir.path().join("alone.toml");
+    let demo = std::fs::read_to_string(repo().join("configs/llama-demo.toml")).unwrap();
+    let demo = demo.replace(
+        "preset = \"llama-tiny\"",
+        &format!("init_from = {:?}", s(&hf)),
+    );
+    std::fs::write(&alone, demo).unwrap();
+    let fourth = dir.path().join("fourth");
+    let mut d = sets.clone();
+    d.push(format!("log.dir={:?}", s(&fourth)));
+    d.push("train.steps=1".into());
+    let mut c = trainer();
+    c.args(["--config", s(&alone)]);
+    for set in &d {
+        c.args(["--set", set]);
+    }
+    assert_ok(&c.output().unwrap());
+    let from_json = val_losses(&fourth)[0];
+    assert_eq!((from_json.0, from_json.1.to_bits()), (0, again.1.to_bits()));
+
     // Another shape is refused in one line that names the tensor.
     let third = dir.path().join("third");
     let mut c = sets;
@@ -214,11 +236,19 @@ fn transformers_gives_our_loss_on_held_out_text() {
     );
 }
 
-/// A small Llama (untied head, grouped-query attention) on `world` ranks, `per_node` a node,
-/// each with `8 / world` sequences a step, to `steps` of an 8-step schedule.
-fn llama_run(run: &Path, corpus: &Path, steps: u64, world: usize, per_node: usize) -> Vec<String> {
+/// A small model of Llama's block (`preset`: `llama-tiny`, `qwen2-tiny`, ...; untied head,
+/// grouped-query attention) on `world` ranks, `per_node` a node, each with `8 / world`
+/// sequences a step, to `steps` of an 8-step schedule.
+fn llama_run(
+    preset: &str,
+    run: &Path,
+    corpus: &Path,
+    steps: u64,
+    world: usize,
+    per_node: usize,
+) -> Vec<String> {
     vec![
-        "model.preset=\"llama-tiny\"".into(),
+        format!("model.preset={preset:?}"),
         "model.tie_embeddings=false".into(),
         "model.seq_len=32".into(),
         format!("train.micro_batch={}", 8 / world),
@@ -241,12 +271,21 @@ fn llama_run(run: &Path, corpus: &Path, steps: u64, world: usize, per_node: usiz
     ]
 }
 
-/// A Llama run resumes bit for bit on its own world, and on another world size (4 ranks' shards
-/// re-sliced for 2) on the same curve.
+/// A run of each family of Llama's block resumes bit for bit on its own world, and on another
+/// world size (4 ranks' shards re-sliced for 2) on the same curve.
 #[test]
 fn a_llama_run_resumes_bit_for_bit_and_on_another_world_size() {
+    for preset in ["llama-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny"] {
+        resumes_on_its_world_and_another(preset);
+    }
+}
+
+fn resumes_on_its_world_and_another(preset: &str) {
     let dir = tempfile::tempdir().unwrap();
     let corpus = common::small_corpus(dir.path(), 6);
+    let llama_run = |run: &Path, corpus: &Path, steps, world, per_node| {
+        llama_run(preset, run, corpus, steps, world, per_node)
+    };
     let straight = dir.path().join("straight");
     assert_ok(&common::run_with(
         &llama_run(&straight, &corpus, 8, 4, 2),
@@ -263,7 +302,7 @@ fn a_llama_run_resumes_bit_for_bit_and_on_another_world_size() {
         .status()
         .unwrap();
     assert_ok(&common::run_with(&llama_run(&same, &corpus, 8, 4, 2), &[]));
-    assert_eq!(losses(&same), expected);
+    assert_eq!(losses(&same), expected, "{preset}");
     // Two ranks: the 4 ranks' shards re-sliced, the same sums in another order.
     let two = dir.path().join("two");
     std::process::Command::new("cp")
@@ -280,7 +319,7 @@ fn a_llama_run_resumes_bit_for_bit_and_on_another_world_size() {
     for ((step, loss), (_, want)) in losses(&two).iter().zip(&expected) {
         assert!(
             (loss - want).abs() <= 1e-5 * want,
-            "step {step}: {loss} vs {want}"
+            "{preset} step {step}: {loss} vs {want}"
         );
     }
 }

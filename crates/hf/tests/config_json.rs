@@ -90,7 +90,10 @@ fn a_setting_that_does_not_fit_is_named() {
         let e = model::from_hf_config(&with("model_type", "gemma".into())).unwrap_err();
         assert!(e.contains("model_type = \"gemma\", not one of"), "{e}");
         let e = model::from_hf_config(&with("num_hidden_layers", serde_json::Value::Null));
-        assert!(e.unwrap_err().contains("has no num_hidden_layers"), "{name}");
+        assert!(
+            e.unwrap_err().contains("has no num_hidden_layers"),
+            "{name}"
+        );
     }
 }
 
@@ -125,7 +128,10 @@ fn sliding_windows_are_kept_or_refused_by_name() {
     );
     // Absent, transformers' MistralConfig default of 4096 applies.
     j.as_object_mut().unwrap().remove("sliding_window");
-    assert_eq!(model::from_hf_config(&j).unwrap().sliding_window, Some(4096));
+    assert_eq!(
+        model::from_hf_config(&j).unwrap().sliding_window,
+        Some(4096)
+    );
     let short = model::ModelConfig {
         sliding_window: Some(4),
         ..mistral

@@ -40,10 +40,13 @@ fn write(python: &str, path: Option<&str>, out: &Path, family: &str, bf16_sharde
     let j = serde_json::json!({ "inputs": inputs, "targets": targets });
     std::fs::write(&file, j.to_string()).unwrap();
     let mut cmd = Command::new(python);
-    cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/hf-checkpoint.py"))
-        .arg(out)
-        .args(["--family", family, "--tokens"])
-        .arg(&file);
+    cmd.arg(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/hf-checkpoint.py"
+    ))
+    .arg(out)
+    .args(["--family", family, "--tokens"])
+    .arg(&file);
     if bf16_sharded {
         cmd.args(["--dtype", "bfloat16", "--shard"]);
     }
@@ -74,7 +77,9 @@ fn transformers_checkpoints_of_every_family_start_a_run_at_their_loss() {
                     "transformers {version} {family} {}",
                     if bf16_sharded { "bf16 sharded" } else { "fp32" }
                 );
-                let out = dir.path().join(format!("{version}-{family}-{bf16_sharded}"));
+                let out = dir
+                    .path()
+                    .join(format!("{version}-{family}-{bf16_sharded}"));
                 let theirs = write(&python, path, &out, family, bf16_sharded);
                 let text = std::fs::read_to_string(out.join("config.json")).unwrap();
                 let j: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -107,7 +112,8 @@ fn transformers_checkpoints_of_every_family_start_a_run_at_their_loss() {
                         "{what}"
                     );
                 }
-                let units = hf::init_from::read(&out, &cfg).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+                let units =
+                    hf::init_from::read(&out, &cfg).unwrap_or_else(|e| panic!("{what}: {e:#}"));
                 let model = model::Model::new(cfg.clone()).unwrap();
                 let params: Vec<Tensor> = units
                     .iter()

@@ -19,16 +19,23 @@ pub static MISTRAL: LlamaStyle = LlamaStyle {
 };
 
 /// Mistral 7B v0.3, no window (rope theta 1,000,000, eps 1e-5, vocabulary 32,768, untied;
-/// seq_len 2048):
+/// seq_len 2048), and ours for tests and demos, `mistral-tiny` (seq_len 64):
 ///
-/// | name         | n_layer | n_embd | n_head | n_kv_head | ffn_hidden | num_params    |
-/// |--------------|--------:|-------:|-------:|----------:|-----------:|--------------:|
+/// | name           | n_layer | n_embd | n_head | n_kv_head | ffn_hidden | num_params    |
+/// |----------------|--------:|-------:|-------:|----------:|-----------:|--------------:|
+/// | `mistral-tiny` |       2 |     64 |      4 |         2 |        192 |     4,292,928 |
 /// | `mistral-7b` |      32 |   4096 |     32 |         8 |      14336 | 7,248,023,552 |
 fn presets() -> Vec<(&'static str, ModelConfig)> {
-    vec![(
-        "mistral-7b",
-        MISTRAL.shape(32, 4096, 32, 8, 128, 14336, 2048, 32_768, false),
-    )]
+    vec![
+        (
+            "mistral-tiny",
+            MISTRAL.shape(2, 64, 4, 2, 16, 192, 64, 32_768, false),
+        ),
+        (
+            "mistral-7b",
+            MISTRAL.shape(32, 4096, 32, 8, 128, 14336, 2048, 32_768, false),
+        ),
+    ]
 }
 
 #[cfg(test)]
@@ -37,6 +44,9 @@ mod tests {
 
     #[test]
     fn presets_are_valid_and_near_nominal_size() {
-        crate::config::tests::check_presets(&MISTRAL, &[("mistral-7b", 7.25e9)]);
+        crate::config::tests::check_presets(
+            &MISTRAL,
+            &[("mistral-tiny", 4.29e6), ("mistral-7b", 7.25e9)],
+        );
     }
 }

@@ -23,16 +23,21 @@ pub static QWEN2: LlamaStyle = LlamaStyle {
 pub const QWEN_VOCAB: usize = 151_936;
 
 /// Qwen2.5's published shapes (seq_len 2048, the length the anchors train at; their
-/// config.json's context is 32,768):
+/// config.json's context is 32,768), and ours for tests and demos, `qwen2-tiny` (seq_len 64):
 ///
 /// | name           | n_layer | n_embd | n_head | n_kv_head | ffn_hidden | vocab   | tied | num_params    |
 /// |----------------|--------:|-------:|-------:|----------:|-----------:|--------:|:----:|--------------:|
+/// | `qwen2-tiny`   |       2 |     64 |      4 |         2 |        192 | 151,936 | yes  |     9,822,784 |
 /// | `qwen2.5-0.5b` |      24 |    896 |     14 |         2 |       4864 | 151,936 | yes  |   494,032,768 |
 /// | `qwen2.5-1.5b` |      28 |   1536 |     12 |         2 |       8960 | 151,936 | yes  | 1,543,714,304 |
 /// | `qwen2.5-7b`   |      28 |   3584 |     28 |         4 |      18944 | 152,064 | no   | 7,615,616,512 |
 fn presets() -> Vec<(&'static str, ModelConfig)> {
     let qwen = |l, c, h, kv, f, v, tied| QWEN2.shape(l, c, h, kv, c / h, f, 2048, v, tied);
     vec![
+        (
+            "qwen2-tiny",
+            QWEN2.shape(2, 64, 4, 2, 16, 192, 64, QWEN_VOCAB, true),
+        ),
         ("qwen2.5-0.5b", qwen(24, 896, 14, 2, 4864, QWEN_VOCAB, true)),
         (
             "qwen2.5-1.5b",
@@ -51,6 +56,7 @@ mod tests {
         crate::config::tests::check_presets(
             &QWEN2,
             &[
+                ("qwen2-tiny", 9.82e6),
                 ("qwen2.5-0.5b", 0.494e9),
                 ("qwen2.5-1.5b", 1.54e9),
                 ("qwen2.5-7b", 7.62e9),
