@@ -189,3 +189,59 @@ fn rope_scaling_comes_from_the_preset_or_the_section() {
     let e = format!("{:#}", RunConfig::load(&write(BASE).1, &gpt).unwrap_err());
     assert!(e.contains("rope_scaling") && e.contains("learned"), "{e}");
 }
+
+/// `model.init_from` without a preset: config.json gives the family and the shape (Qwen3's own
+/// head width, its context up to 2048 as seq_len, its vocabulary over the tokenizer's); a key
+/// set in `[model]` overrides it; another arch, or a folder without config.json, is one line.
+#[test]
+fn init_from_alone_gives_the_family_and_the_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = dir.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    let config = serde_json::json!({
+        "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "intermediate_size": 192, "vocab_size": 1000, "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": true
+    });
+    std::fs::write(hf.join("config.json"), config.to_string()).unwrap();
+    let text = format!(
+        "[model]\ninit_from = {:?}\n[data]\ntrain = [\"x.jsonl\"]\nvalid_fraction = 0.1\n",
+        hf.display().to_string()
+    );
+    let (_d, path) = write(&text);
+    let c = RunConfig::load(&path, &Overrides::default()).unwrap();
+    let m = c.model.resolve(Some(50257)).unwrap();
+    assert_eq!(
+        (m.arch.name(), m.n_layer, m.n_embd, m.head_dim, m.qk_norm),
+        ("qwen3", 2, 64, 32, true)
+    );
+    assert_eq!((m.seq_len, m.vocab_size, m.n_kv_head), (2048, 1000, 2));
+    assert_eq!(
+        (m.norm_eps, m.rope_theta, m.tie_embeddings),
+        (1e-6, 1e6, true)
+    );
+    let m = RunConfig::load(&path, &sets(&["model.seq_len=512"]))
+        .unwrap()
+        .model
+        .resolve(None)
+        .unwrap();
+    assert_eq!(m.seq_len, 512);
+    let e = format!(
+        "{:#}",
+        RunConfig::load(&path, &sets(&["model.arch=\"llama\""])).unwrap_err()
+    );
+    assert!(
+        e.contains("model.arch = \"llama\" contradicts model.init_from") && e.contains("qwen3"),
+        "{e}"
+    );
+    std::fs::remove_file(hf.join("config.json")).unwrap();
+    let e = format!(
+        "{:#}",
+        RunConfig::load(&path, &Overrides::default()).unwrap_err()
+    );
+    assert!(
+        e.contains("model.init_from: cannot read") && e.contains("config.json"),
+        "{e}"
+    );
+}
