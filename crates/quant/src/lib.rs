@@ -11,7 +11,12 @@
 //! scale is NaN and its codes 0, so it dequantises to NaN (on the CPU and the GPU alike), a
 //! NaN gradient survives qgZ's two hops, and the engine skips the step.
 //!
-//! [`tensor`] runs the same quantisers on candle tensors, on the CPU through this reference
+//! [`quantize_fp8_e4m3`] is the reference of FP8 E4M3 with one scale a block (issue 40's FP8
+//! compute and FP8 qwZ): codes are floats, not integers, so its arithmetic (torchao's dynamic
+//! scaling, saturating round to nearest even) is its own, in `fp8.rs`; the absmax and the
+//! inf/NaN rule are the ones above.
+//!
+//! [`tensor`] runs the INT8 and INT4 quantisers on candle tensors, on the CPU through this reference
 //! code and, with feature `cuda`, on the GPU through the kernels of `cuda` (bitwise equal to
 //! the reference); `bench` (feature `cuda`) measures their bandwidth against a device copy.
 //!
@@ -35,6 +40,7 @@ mod block;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
+mod fp8;
 mod fused;
 mod int4;
 mod int8;
@@ -42,6 +48,10 @@ mod swizzle;
 pub mod tensor;
 
 pub use error::{CandleError, QuantError, SharedKernelError};
+pub use fp8::{
+    dequantize_fp8_e4m3, e4m3_decode, e4m3_encode, fp8_e4m3_bound, fp8_e4m3_scale,
+    quantize_fp8_e4m3, E4M3_MAX,
+};
 pub use fused::{dequantize_sum_int4, dequantize_sum_requantize_int4, quantize_int4_swizzled};
 pub use int4::{dequantize_int4, int4_bound, quantize_int4};
 pub use int8::{dequantize_int8, int8_bound, quantize_int8};
