@@ -2,8 +2,8 @@
 //! (rounded to bf16 so that every side starts from the same values) decoded by a prefill of a
 //! prompt and then one token a forward, in f32 on the CPU (the reference), in f32 on the GPU
 //! (candle's CUDA ops: the logits within 1e-4, the greedy tokens the same) and in bf16 on the
-//! GPU (the fused kernels: the logits within 3e-2), for GPT-2 and Llama with grouped-query
-//! attention.
+//! GPU (the fused kernels: the logits within 3e-2), for GPT-2, Llama with grouped-query
+//! attention, Qwen3 and Qwen2.
 
 use candle_core::{DType, Device, Tensor};
 use model::decode::{Decoder, Sampling};
@@ -100,5 +100,15 @@ fn decoding_on_the_gpu_follows_the_cpu() {
     check(
         "llama gqa",
         ModelConfig::llama(2, 128, 4, 2, 256, 64, 320, false),
+    );
+    // Qwen3's per-head q/k norm (qk_norm.cu on bf16) at a head width of its own, and Qwen2's
+    // q, k and v biases.
+    check(
+        "qwen3",
+        model::qwen3::QWEN3.shape(2, 128, 4, 2, 128, 256, 64, 320, true),
+    );
+    check(
+        "qwen2",
+        model::qwen2::QWEN2.shape(2, 128, 4, 2, 32, 256, 64, 320, false),
     );
 }

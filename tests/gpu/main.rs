@@ -15,5 +15,6 @@ mod linear;
 mod llama_layers;
 mod model;
 mod nccl;
+mod qk_norm;
 mod quant;
 mod shard_passes;

@@ -60,6 +60,9 @@ sources! {
     RMSNORM = "rmsnorm.cu";
     /// Rotary embeddings turned in place on the packed q and k heads, forward and backward.
     ROPE = "rope.cu";
+    /// Qwen3's q/k norm in place on the packed q and k heads, forward and backward (with the
+    /// deterministic reduction of its two weights' gradients).
+    QK_NORM = "qk_norm.cu";
     /// SwiGLU on the packed gate/up projection, forward and backward.
     SWIGLU = "swiglu.cu";
     /// Bias add, GELU (tanh) and their backward, bias gradients (column sums), residual adds.
@@ -94,6 +97,7 @@ pub const TYPED: &[Source] = &[
     LAYERNORM,
     RMSNORM,
     ROPE,
+    QK_NORM,
     SWIGLU,
     ELEMENTWISE,
     ATTENTION,

@@ -118,6 +118,12 @@ fn resolve_cuda(cfg: &ModelConfig, dtype: DType) -> Result<KernelPlan> {
              of 8",
         );
     }
+    if cfg.qk_norm && hs > crate::layers::QK_NORM_MAX_HEAD_SIZE {
+        return refuse(
+            format!("model.head_dim = {hs} with the q/k norm"),
+            "the GPU q/k norm kernel takes heads of up to 256 channels",
+        );
+    }
     let grouped = cfg.n_kv_head != cfg.n_head;
     let attention = if !cudnn_takes_head_size(hs) {
         AttentionPath::Reference
@@ -257,6 +263,13 @@ mod tests {
         h.head_dim = 12;
         let e = refusal(&h, DType::BF16);
         assert!(e.contains("head size 12 on a GPU"), "{e}");
+        let mut wide = crate::preset("qwen3-0.6b").unwrap();
+        wide.head_dim = 264;
+        let e = refusal(&wide, DType::BF16);
+        assert!(
+            e.starts_with("model.head_dim = 264 with the q/k norm on a GPU"),
+            "{e}"
+        );
     }
 
     /// gpt18b's head size 192 takes no GPU attention: planned as the reference, and the one

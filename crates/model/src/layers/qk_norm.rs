@@ -4,28 +4,77 @@
 //! hs))`). v passes unchanged.
 //!
 //! Shapes: `qkv (B, T, W)`, `W = (NH + 2 KV) hs`, q in columns `0..NH hs`, k in the next
-//! `KV hs`; `wq, wk (hs)`. The norm is the RMSNorm of `rmsnorm.rs` on the `(B T NH, hs)` rows
-//! of q and the `(B T KV, hs)` rows of k (on the GPU its kernels, on those rows copied out of
-//! the packed buffer and back), so it matches that layer's reference and its GPU kernels to
-//! the same bounds; the statistics are f32 (f64 for f64).
+//! `KV hs`; `wq, wk (hs)`; `N = B T`. The reference is the RMSNorm of `rmsnorm.rs` on the
+//! `(N NH, hs)` rows of q and the `(N KV, hs)` rows of k, copied out of the packed buffer and
+//! back; the statistics are f32 (f64 for f64). On the GPU one kernel a direction
+//! (`kernels/cuda/qk_norm.cu`) normalises the heads in place in the packed buffer, with the
+//! reference's rounding points (the normalised head rounded to bf16 before the weight multiplies
+//! it), and reduces the weights' gradients deterministically.
 
 use candle_core::Tensor;
 
 use super::rmsnorm::{rmsnorm_backward, rmsnorm_forward, RmsSaved};
 use crate::error::{ModelError, Result};
 
-/// What [`qk_norm_backward`] reads: q's and k's rows before the norm and their statistics.
+/// The widest head the GPU kernel takes (one 16-byte vector a lane, a warp a head); the
+/// kernel plan refuses wider ones with qk-norm.
+pub(crate) const QK_NORM_MAX_HEAD_SIZE: usize = 256;
+
+/// What [`qk_norm_backward`] reads: q's and k's heads before the norm and their statistics,
+/// as the path that ran the forward keeps them.
 #[derive(Clone, Debug)]
 pub struct QkNormSaved {
-    q: Tensor,
-    k: Tensor,
-    q_rms: RmsSaved,
-    k_rms: RmsSaved,
+    kept: Kept,
     n_head: usize,
     n_kv_head: usize,
 }
 
-/// `(b, t, hs)` of a packed `qkv` of `n_head` query and `n_kv_head` key/value heads of width
+#[derive(Clone, Debug)]
+enum Kept {
+    /// The reference's: q's rows `(N NH, hs)` and k's `(N KV, hs)` before the norm, and their
+    /// RMSNorm statistics.
+    Rows {
+        q: Tensor,
+        k: Tensor,
+        q_rms: RmsSaved,
+        k_rms: RmsSaved,
+    },
+    /// The GPU kernel's: the q and k heads before the norm as the packed buffer holds them,
+    /// `x (N, (NH + KV) hs)` bf16, and each head's `rstd (N, NH + KV)` f32.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Packed { x: Tensor, rstd: Tensor },
+}
+
+impl QkNormSaved {
+    /// q's rows `(N NH, hs)` and k's `(N KV, hs)` before the norm, and their statistics
+    /// (`rstd (N NH)`, `(N KV)`), in the reference's layout whichever path kept them (copied
+    /// out of the kernel's packed ones when the GPU ran the forward): what the reference's
+    /// backward reads, and what the GPU tests compare.
+    pub fn rows(&self) -> Result<(Tensor, Tensor, RmsSaved, RmsSaved)> {
+        let (nh, kv) = (self.n_head, self.n_kv_head);
+        match &self.kept {
+            Kept::Rows { q, k, q_rms, k_rms } => {
+                Ok((q.clone(), k.clone(), q_rms.clone(), k_rms.clone()))
+            }
+            Kept::Packed { x, rstd } => {
+                let (n, width) = x.dims2()?;
+                let hs = width / (nh + kv);
+                let rows = |off: usize, heads: usize| -> Result<(Tensor, RmsSaved)> {
+                    let h = x
+                        .narrow(1, off * hs, heads * hs)?
+                        .contiguous()?
+                        .reshape((n * heads, hs))?;
+                    let r = rstd.narrow(1, off, heads)?.contiguous()?.flatten_all()?;
+                    Ok((h, RmsSaved { rstd: r }))
+                };
+                let ((q, q_rms), (k, k_rms)) = (rows(0, nh)?, rows(nh, kv)?);
+                Ok((q, k, q_rms, k_rms))
+            }
+        }
+    }
+}
+
+/// `(b, t)` of a packed `qkv` of `n_head` query and `n_kv_head` key/value heads of width
 /// `hs`, or an error naming what does not fit.
 fn sizes(qkv: &Tensor, hs: usize, n_head: usize, n_kv_head: usize) -> Result<(usize, usize)> {
     let (b, t, w) = qkv.dims3()?;
@@ -41,8 +90,43 @@ fn sizes(qkv: &Tensor, hs: usize, n_head: usize, n_kv_head: usize) -> Result<(us
 
 /// The packed `qkv` with each query head normalised by `wq`, each key head by `wk` (`eps` the
 /// model's RMSNorm epsilon); v unchanged. Returns the new packed buffer and what the backward
-/// reads (q's and k's rows before the norm, `2 (NH + KV) hs` elements a position).
+/// reads (q's and k's heads before the norm, `(NH + KV) hs` elements a position, and their
+/// statistics).
+///
+/// On the GPU the heads are normalised in place, in `qkv`'s own storage (so `qkv` is taken by
+/// value, as [`super::rope_qk_forward`] takes it: no other handle may still want the values
+/// before the norm), with no pass over v.
 pub fn qk_norm_forward(
+    qkv: Tensor,
+    wq: &Tensor,
+    wk: &Tensor,
+    n_head: usize,
+    n_kv_head: usize,
+    eps: f64,
+) -> Result<(Tensor, QkNormSaved)> {
+    let hs = wq.dim(0)?;
+    sizes(&qkv, hs, n_head, n_kv_head)?;
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(&qkv) {
+        let _span = kernels::profile::scope(qkv.device(), kernels::profile::Family::Norm);
+        if let Some((x, rstd)) = cuda::forward(&qkv, wq, wk, n_head, n_kv_head, eps)? {
+            let kept = Kept::Packed { x, rstd };
+            return Ok((
+                qkv,
+                QkNormSaved {
+                    kept,
+                    n_head,
+                    n_kv_head,
+                },
+            ));
+        }
+        super::declined("qk_norm::forward", &qkv)?;
+    }
+    reference_forward(&qkv, wq, wk, n_head, n_kv_head, eps)
+}
+
+/// [`qk_norm_forward`] with basic candle ops (and [`rmsnorm_forward`] on q's and k's rows).
+fn reference_forward(
     qkv: &Tensor,
     wq: &Tensor,
     wk: &Tensor,
@@ -71,10 +155,7 @@ pub fn qk_norm_forward(
         2,
     )?;
     let saved = QkNormSaved {
-        q,
-        k,
-        q_rms,
-        k_rms,
+        kept: Kept::Rows { q, k, q_rms, k_rms },
         n_head,
         n_kv_head,
     };
@@ -82,8 +163,35 @@ pub fn qk_norm_forward(
 }
 
 /// Gradients of [`qk_norm_forward`]: `dout (B, T, W)` -> `(dqkv (B, T, W), dwq (hs), dwk
-/// (hs))`; dv passes unchanged.
+/// (hs))`; dv passes unchanged. Returned, not accumulated.
+///
+/// On the GPU (when the kernel ran the forward) dq and dk are written in place over dout's q
+/// and k columns, like [`super::rope_qk_backward`], and `dwq`, `dwk` are deterministic
+/// (fixed-order partial sums).
 pub fn qk_norm_backward(
+    dout: Tensor,
+    saved: &QkNormSaved,
+    wq: &Tensor,
+    wk: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (nh, kv) = (saved.n_head, saved.n_kv_head);
+    let hs = wq.dim(0)?;
+    sizes(&dout, hs, nh, kv)?;
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(&dout) {
+        let _span = kernels::profile::scope(dout.device(), kernels::profile::Family::Norm);
+        if let Kept::Packed { x, rstd } = &saved.kept {
+            if let Some((dwq, dwk)) = cuda::backward(&dout, x, rstd, wq, wk, nh, kv)? {
+                return Ok((dout, dwq, dwk));
+            }
+        }
+        super::declined("qk_norm::backward", &dout)?;
+    }
+    reference_backward(&dout, saved, wq, wk)
+}
+
+/// [`qk_norm_backward`] with [`rmsnorm_backward`] on q's and k's rows.
+fn reference_backward(
     dout: &Tensor,
     saved: &QkNormSaved,
     wq: &Tensor,
@@ -98,8 +206,9 @@ pub fn qk_norm_backward(
             .contiguous()?
             .reshape((b * t * heads, hs))?)
     };
-    let (dq, dwq) = rmsnorm_backward(&rows(0, nh)?, &saved.q_rms, &saved.q, wq, None)?;
-    let (dk, dwk) = rmsnorm_backward(&rows(nh, kv)?, &saved.k_rms, &saved.k, wk, None)?;
+    let (q, k, q_rms, k_rms) = saved.rows()?;
+    let (dq, dwq) = rmsnorm_backward(&rows(0, nh)?, &q_rms, &q, wq, None)?;
+    let (dk, dwk) = rmsnorm_backward(&rows(nh, kv)?, &k_rms, &k, wk, None)?;
     let dv = dout.narrow(2, (nh + kv) * hs, kv * hs)?;
     let dqkv = Tensor::cat(
         &[
@@ -110,6 +219,226 @@ pub fn qk_norm_backward(
         2,
     )?;
     Ok((dqkv, dwq, dwk))
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    //! Launchers of `kernels/cuda/qk_norm.cu`: a head row a group of lanes, in place on the
+    //! packed buffer. They take bf16 `qkv` (or its gradient) and weights, contiguous and
+    //! 16-byte aligned, with `hs % 8 == 0` and `hs <= 256`; anything else returns `None` (the
+    //! reference runs).
+    use super::QK_NORM_MAX_HEAD_SIZE;
+    use crate::error::{ModelError, Result};
+    use crate::gpu;
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+    use candle_core::cuda_backend::cudarc::driver::{DriverError, LaunchConfig};
+    use candle_core::{DType, Tensor};
+    use kernels::Precision;
+
+    /// Threads a CTA (qk_norm.cu's THREADS).
+    const THREADS: usize = 256;
+    /// At most this many CTAs an SM in the backward's persistent grid.
+    const BWD_CTAS_PER_SM: u32 = 8;
+
+    fn driver(e: DriverError) -> ModelError {
+        ModelError::Candle(candle_core::Error::wrap(e))
+    }
+
+    /// Head rows a CTA holds at once (qk_norm.cu's GROUPS): a head is `hs / 8` lanes rounded
+    /// up to a power of two.
+    fn groups(hs: usize) -> usize {
+        THREADS / (hs / 8).next_power_of_two()
+    }
+
+    /// `(N, hs, W)` of a packed `(B, T, W)` buffer and weights the kernels take, with their
+    /// addresses `[qkv, wq, wk]`; `None` otherwise.
+    fn takes(
+        qkv: &Tensor,
+        wq: &Tensor,
+        wk: &Tensor,
+        heads: usize,
+    ) -> Result<Option<((usize, usize, usize), [u64; 3])>> {
+        let (b, t, w) = qkv.dims3()?;
+        let hs = wq.dim(0)?;
+        let n = b * t;
+        let fits = hs > 0
+            && hs % 8 == 0
+            && hs <= QK_NORM_MAX_HEAD_SIZE
+            && wk.dims() == [hs]
+            && n > 0
+            // Head rows and the grid's stride over them stay under 2^31 (int in the kernels).
+            && n * heads <= (i32::MAX / 2) as usize
+            && w <= i32::MAX as usize;
+        if !fits {
+            return Ok(None);
+        }
+        let mut ptrs = [0u64; 3];
+        for (p, t) in ptrs.iter_mut().zip([qkv, wq, wk]) {
+            if t.dtype() != DType::BF16 || !t.is_contiguous() {
+                return Ok(None);
+            }
+            *p = gpu::ptr(t)?;
+            if *p % 16 != 0 {
+                return Ok(None);
+            }
+        }
+        Ok(Some(((n, hs, w), ptrs)))
+    }
+
+    /// Normalises the first `NH + KV` heads of every row of `qkv` in place; returns what the
+    /// backward reads, `(x (N, (NH + KV) hs) bf16, rstd (N, NH + KV) f32)`, or `None` (nothing
+    /// queued) where the kernel does not take the inputs.
+    pub(super) fn forward(
+        qkv: &Tensor,
+        wq: &Tensor,
+        wk: &Tensor,
+        nh: usize,
+        kv: usize,
+        eps: f64,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        let heads = nh + kv;
+        let Some(((n, hs, w), [p, pq, pk])) = takes(qkv, wq, wk, heads)? else {
+            return Ok(None);
+        };
+        let dev = gpu::device(qkv)?;
+        let x = gpu::uninit((n, heads * hs), DType::BF16, &dev)?;
+        let rstd = gpu::uninit((n, heads), DType::F32, &dev)?;
+        let defines = [("HS", hs as i64)];
+        let func = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::QK_NORM,
+            &defines,
+            "qk_norm_forward",
+        )?;
+        let cfg = LaunchConfig {
+            grid_dim: ((n * heads).div_ceil(groups(hs)) as u32, 1, 1),
+            block_dim: (THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (px, pr) = (gpu::ptr(&x)?, gpu::ptr(&rstd)?);
+        // SAFETY: qkv (N, W) bf16 contiguous and 16-byte aligned, its first NH + KV heads
+        // normalised in place; x (N, (NH + KV) hs) bf16 and rstd (N, NH + KV) f32 fresh; wq, wk
+        // (hs) bf16 aligned; arguments in kernel order.
+        unsafe {
+            func.launch(
+                cfg,
+                &[
+                    &p,
+                    &px,
+                    &pr,
+                    &pq,
+                    &pk,
+                    &(n as i32),
+                    &(w as i32),
+                    &(nh as i32),
+                    &(heads as i32),
+                    &(eps as f32),
+                ],
+            )?;
+        }
+        Ok(Some((x, rstd)))
+    }
+
+    /// Writes dq and dk over dout's q and k heads in place from the forward's `x` and `rstd`;
+    /// returns `(dwq, dwk)`, or `None` (nothing queued) where the kernels do not take the
+    /// inputs.
+    pub(super) fn backward(
+        dout: &Tensor,
+        x: &Tensor,
+        rstd: &Tensor,
+        wq: &Tensor,
+        wk: &Tensor,
+        nh: usize,
+        kv: usize,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        let heads = nh + kv;
+        let Some(((n, hs, w), [p, pq, pk])) = takes(dout, wq, wk, heads)? else {
+            return Ok(None);
+        };
+        let saved_fits = x.dims() == [n, heads * hs]
+            && x.dtype() == DType::BF16
+            && x.is_contiguous()
+            && rstd.dims() == [n, heads]
+            && rstd.dtype() == DType::F32
+            && rstd.is_contiguous();
+        if !saved_fits {
+            return Ok(None);
+        }
+        let (px, pr) = (gpu::ptr(x)?, gpu::ptr(rstd)?);
+        if px % 16 != 0 {
+            return Ok(None);
+        }
+        let dev = gpu::device(dout)?;
+        let defines = [("HS", hs as i64)];
+        let func = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::QK_NORM,
+            &defines,
+            "qk_norm_backward",
+        )?;
+        let ctx = dev.cuda_stream().context().clone();
+        ctx.bind_to_thread().map_err(driver)?;
+        let per_sm = func
+            .occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, 0, None)
+            .map_err(driver)?
+            .clamp(1, BWD_CTAS_PER_SM) as usize;
+        let sms = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver)?
+            .max(1) as usize;
+        let grid = (sms * per_sm).min((n * heads).div_ceil(groups(hs)));
+        let partials = gpu::uninit((grid, 2 * hs), DType::F32, &dev)?;
+        let dwq = gpu::uninit(hs, DType::BF16, &dev)?;
+        let dwk = gpu::uninit(hs, DType::BF16, &dev)?;
+        let ppart = gpu::ptr(&partials)?;
+        // SAFETY: dout (N, W) bf16 contiguous and aligned, its first NH + KV heads rewritten
+        // in place; partials (grid, 2 hs) f32 fresh; x (N, (NH + KV) hs) bf16 aligned, rstd
+        // (N, NH + KV) f32, wq, wk (hs) bf16 aligned; arguments in kernel order.
+        unsafe {
+            func.launch(
+                LaunchConfig {
+                    grid_dim: (grid as u32, 1, 1),
+                    block_dim: (THREADS as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                },
+                &[
+                    &p,
+                    &ppart,
+                    &px,
+                    &pr,
+                    &pq,
+                    &pk,
+                    &(n as i32),
+                    &(w as i32),
+                    &(nh as i32),
+                    &(heads as i32),
+                ],
+            )?;
+        }
+        let reduce = gpu::function(
+            &dev,
+            Precision::Bf16,
+            &kernels::QK_NORM,
+            &defines,
+            "qk_norm_backward_reduce",
+        )?;
+        let (pdq, pdk) = (gpu::ptr(&dwq)?, gpu::ptr(&dwk)?);
+        // SAFETY: dwq, dwk (hs) bf16 fresh; partials written above on this stream; arguments
+        // in kernel order.
+        unsafe {
+            reduce.launch(
+                LaunchConfig {
+                    grid_dim: ((2 * hs).div_ceil(32) as u32, 1, 1),
+                    block_dim: (32, 8, 1),
+                    shared_mem_bytes: 0,
+                },
+                &[&pdq, &pdk, &ppart, &(grid as i32)],
+            )?;
+        }
+        Ok(Some((dwq, dwk)))
+    }
 }
 
 #[cfg(test)]
@@ -128,7 +457,7 @@ mod tests {
         let wq = Tensor::randn(1f64, 0.2, hs, &dev).unwrap();
         let wk = Tensor::randn(1f64, 0.2, hs, &dev).unwrap();
         let ones = Tensor::ones(hs, DType::F64, &dev).unwrap();
-        let (y, _) = qk_norm_forward(&qkv, &ones, &ones, nh, kv, 1e-6).unwrap();
+        let (y, _) = qk_norm_forward(qkv.clone(), &ones, &ones, nh, kv, 1e-6).unwrap();
         let heads = y
             .narrow(2, 0, (nh + kv) * hs)
             .unwrap()
@@ -156,7 +485,7 @@ mod tests {
 
         let probe = Tensor::randn(0f64, 1.0, (b, t, w), &dev).unwrap();
         let f = |qkv: &Tensor, wq: &Tensor, wk: &Tensor| -> f64 {
-            let (y, _) = qk_norm_forward(qkv, wq, wk, nh, kv, 1e-6).unwrap();
+            let (y, _) = qk_norm_forward(qkv.clone(), wq, wk, nh, kv, 1e-6).unwrap();
             (y * &probe)
                 .unwrap()
                 .sum_all()
@@ -164,8 +493,8 @@ mod tests {
                 .to_scalar()
                 .unwrap()
         };
-        let (_, saved) = qk_norm_forward(&qkv, &wq, &wk, nh, kv, 1e-6).unwrap();
-        let (dqkv, dwq, dwk) = qk_norm_backward(&probe, &saved, &wq, &wk).unwrap();
+        let (_, saved) = qk_norm_forward(qkv.clone(), &wq, &wk, nh, kv, 1e-6).unwrap();
+        let (dqkv, dwq, dwk) = qk_norm_backward(probe.clone(), &saved, &wq, &wk).unwrap();
         let h = 1e-6;
         let bump = |t: &Tensor, i: usize, by: f64| -> Tensor {
             let mut v: Vec<f64> = t.flatten_all().unwrap().to_vec1().unwrap();
@@ -192,7 +521,54 @@ mod tests {
             assert!((num - dwk[i]).abs() < 1e-6, "dwk[{i}]: {num} vs {}", dwk[i]);
         }
         // A packed width that is not (NH + 2 KV) hs is named.
-        let e = qk_norm_forward(&qkv, &wq, &wk, nh, kv + 1, 1e-6).unwrap_err();
+        let e = qk_norm_forward(qkv, &wq, &wk, nh, kv + 1, 1e-6).unwrap_err();
         assert!(e.to_string().contains("q/k norm input"), "{e}");
+    }
+
+    /// The reference backward reads the GPU kernel's packed copy (`Kept::Packed`) as it reads
+    /// its own rows: the same gradients, bit for bit, from the same values kept either way.
+    /// That is the path a GPU backward takes when its kernel declines after the forward's ran.
+    #[test]
+    fn the_packed_copy_gives_the_reference_the_same_gradients() {
+        let dev = Device::Cpu;
+        let (b, t, nh, kv, hs) = (2, 5, 4, 2, 8);
+        let (n, w) = (b * t, (nh + 2 * kv) * hs);
+        let qkv = Tensor::randn(0f32, 2.0, (b, t, w), &dev).unwrap();
+        let wq = Tensor::randn(1f32, 0.2, hs, &dev).unwrap();
+        let wk = Tensor::randn(1f32, 0.2, hs, &dev).unwrap();
+        let (_, saved) = qk_norm_forward(qkv.clone(), &wq, &wk, nh, kv, 1e-6).unwrap();
+        let Kept::Rows { q_rms, k_rms, .. } = &saved.kept else {
+            panic!("the CPU keeps rows");
+        };
+        let x = qkv
+            .narrow(2, 0, (nh + kv) * hs)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .reshape((n, (nh + kv) * hs))
+            .unwrap();
+        let rstd = Tensor::cat(
+            &[
+                q_rms.rstd.reshape((n, nh)).unwrap(),
+                k_rms.rstd.reshape((n, kv)).unwrap(),
+            ],
+            1,
+        )
+        .unwrap();
+        let packed = QkNormSaved {
+            kept: Kept::Packed { x, rstd },
+            n_head: nh,
+            n_kv_head: kv,
+        };
+        let dout = Tensor::randn(0f32, 1.0, (b, t, w), &dev).unwrap();
+        let (d1, q1, k1) = qk_norm_backward(dout.clone(), &saved, &wq, &wk).unwrap();
+        let (d2, q2, k2) = qk_norm_backward(dout, &packed, &wq, &wk).unwrap();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+            v.iter().map(|x| x.to_bits()).collect()
+        };
+        assert_eq!(bits(&d1), bits(&d2), "dqkv");
+        assert_eq!(bits(&q1), bits(&q2), "dwq");
+        assert_eq!(bits(&k1), bits(&k2), "dwk");
     }
 }

@@ -231,7 +231,7 @@ fn block_forward_full(
     ))?;
     let (qkv, qk) = match &w.qk_norm {
         Some([wq, wk]) => {
-            let (qkv, saved) = qk_norm_forward(&qkv, wq, wk, nh, kv, cfg.norm_eps)?;
+            let (qkv, saved) = qk_norm_forward(qkv, wq, wk, nh, kv, cfg.norm_eps)?;
             (qkv, Some(saved))
         }
         None => (qkv, None),
@@ -351,7 +351,7 @@ pub fn block_backward(
     // q and k normalised per head (Qwen3)
     let dqkv = match (&w.qk_norm, &a.qk) {
         (Some([wq, wk]), Some(saved)) => {
-            let (dqkv, dwq, dwk) = qk_norm_backward(&dqkv, saved, wq, wk)?;
+            let (dqkv, dwq, dwk) = qk_norm_backward(dqkv, saved, wq, wk)?;
             put(&QK_NORM_NAMES, &[dwq, dwk])?;
             dqkv
         }
@@ -515,7 +515,7 @@ pub fn block_decode(
         (nh + 2 * kv) * hs,
     ))?;
     let qkv = match &w.qk_norm {
-        Some([wq, wk]) => qk_norm_forward(&qkv, wq, wk, nh, kv, cfg.norm_eps)?.0,
+        Some([wq, wk]) => qk_norm_forward(qkv, wq, wk, nh, kv, cfg.norm_eps)?.0,
         None => qkv,
     };
     let qkv = rope_qk_forward(qkv, &rope.rows(start, t)?, nh, kv)?;
