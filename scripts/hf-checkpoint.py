@@ -3,10 +3,12 @@
 moved far from their initialisation, and prints transformers' loss on given tokens, so that
 tests can check that `model.init_from` reads it to the same loss.
 
-    hf-checkpoint.py OUT --family {llama,qwen2,qwen3,mistral,gpt2} --tokens FILE.json
-                     [--dtype {float32,bfloat16}] [--shard]
+    hf-checkpoint.py OUT --family {llama,qwen2,qwen3,mistral,gpt2} [--tokens FILE.json]
+                     [--dtype {float32,bfloat16}] [--shard] [--vocab V] [--context T]
 
-FILE.json: {"inputs": [[...], ...], "targets": [[...], ...]} (B x T token ids, T <= 16).
+FILE.json: {"inputs": [[...], ...], "targets": [[...], ...]} (B x T token ids, T <= the
+context); without it nothing is printed. --vocab (97) and --context (16) size the embedding
+and the positions.
 OUT gets config.json and model.safetensors, or with --shard the shards of a few KB each and
 model.safetensors.index.json, written by save_pretrained in the config style of the installed
 transformers (4.x: top-level rope_theta / rope_scaling and torch_dtype; 5.x: rope_parameters
@@ -32,13 +34,11 @@ from transformers import AutoConfig, AutoModelForCausalLM
 MAJOR = int(transformers.__version__.split(".")[0])
 
 COMMON = dict(
-    vocab_size=97,
     hidden_size=32,
     intermediate_size=48,
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
-    max_position_embeddings=16,
     hidden_act="silu",
 )
 
@@ -53,24 +53,25 @@ def rope(theta, scaling=None):
     return {"rope_theta": theta, "rope_scaling": scaling}
 
 
-def config(family):
+def config(family, vocab, context):
     if family == "gpt2":
         return AutoConfig.for_model(
-            "gpt2", vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=16
+            "gpt2", vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=context
         )
+    common = dict(COMMON, vocab_size=vocab, max_position_embeddings=context)
     if family == "llama":
         scaling = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
                    "high_freq_factor": 4.0, "original_max_position_embeddings": 4}
-        return AutoConfig.for_model("llama", **COMMON, **rope(500000.0, scaling),
+        return AutoConfig.for_model("llama", **common, **rope(500000.0, scaling),
                                     rms_norm_eps=1e-5, tie_word_embeddings=True)
     if family == "qwen2":
-        return AutoConfig.for_model("qwen2", **COMMON, **rope(1e6), rms_norm_eps=1e-6,
+        return AutoConfig.for_model("qwen2", **common, **rope(1e6), rms_norm_eps=1e-6,
                                     tie_word_embeddings=True, use_sliding_window=False)
     if family == "qwen3":
-        return AutoConfig.for_model("qwen3", **COMMON, **rope(1e6), head_dim=16,
+        return AutoConfig.for_model("qwen3", **common, **rope(1e6), head_dim=16,
                                     rms_norm_eps=1e-6, tie_word_embeddings=False)
     if family == "mistral":
-        return AutoConfig.for_model("mistral", **COMMON, **rope(1e6), rms_norm_eps=1e-5,
+        return AutoConfig.for_model("mistral", **common, **rope(1e6), rms_norm_eps=1e-5,
                                     sliding_window=None, tie_word_embeddings=False)
     raise SystemExit(f"unknown family {family}")
 
@@ -79,12 +80,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--family", required=True)
-    ap.add_argument("--tokens", required=True)
+    ap.add_argument("--tokens")
+    ap.add_argument("--vocab", type=int, default=97)
+    ap.add_argument("--context", type=int, default=16)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--shard", action="store_true")
     a = ap.parse_args()
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config(a.family), torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(
+        config(a.family, a.vocab, a.context), torch_dtype=torch.float32
+    )
     # Far from the initialisation: a tensor read into the wrong place or orientation moves the
     # loss by far more than the tests' 1e-5.
     with torch.no_grad():
@@ -99,6 +104,8 @@ def main():
     model = model.to(getattr(torch, a.dtype))
     kw = {"max_shard_size": "8KB"} if a.shard else {}
     model.save_pretrained(a.out, safe_serialization=True, **kw)
+    if not a.tokens:
+        return
     back = AutoModelForCausalLM.from_pretrained(a.out, torch_dtype=torch.float32).eval()
     j = json.load(open(a.tokens))
     x, y = torch.tensor(j["inputs"]), torch.tensor(j["targets"])

@@ -236,6 +236,90 @@ fn transformers_gives_our_loss_on_held_out_text() {
     );
 }
 
+/// A checkpoint transformers wrote of each family of Llama's block (`scripts/hf-checkpoint.py`:
+/// transformers 5's config style in fp32, and 4's sharded in bf16, its weights far from their
+/// initialisation), given as `model.init_from` alone: the run's first evaluation equals
+/// transformers' loss on the same held-out windows (`scripts/hf-check.py --bin`) within 1e-5
+/// relative. `ZEROPP_HF_PYTHON` and `ZEROPP_HF4_PATH` as `.ci/run` sets them.
+#[test]
+#[ignore = "needs torch and transformers 4 and 5: .ci/run sets ZEROPP_HF_PYTHON and ZEROPP_HF4_PATH"]
+fn a_transformers_checkpoint_of_each_family_starts_a_run_at_its_loss() {
+    let python = std::env::var("ZEROPP_HF_PYTHON").expect("ZEROPP_HF_PYTHON");
+    let hf4 = std::env::var("ZEROPP_HF4_PATH").expect("ZEROPP_HF4_PATH");
+    let dir = tempfile::tempdir().unwrap();
+    let (_, sets) = prepared(dir.path());
+    let valid = dir.path().join("ds/sotu_valid");
+    let demo = std::fs::read_to_string(repo().join("configs/llama-demo.toml")).unwrap();
+    for family in ["llama", "qwen2", "qwen3", "mistral"] {
+        for v4_bf16_sharded in [false, true] {
+            let what = format!(
+                "{family} {}",
+                ["5 fp32", "4 bf16 sharded"][v4_bf16_sharded as usize]
+            );
+            let hf = dir.path().join(format!("{family}-{v4_bf16_sharded}"));
+            let mut write = std::process::Command::new(&python);
+            write
+                .arg(repo().join("scripts/hf-checkpoint.py"))
+                .arg(&hf)
+                .args(["--family", family, "--vocab", "1024", "--context", "64"]);
+            if v4_bf16_sharded {
+                write
+                    .args(["--dtype", "bfloat16", "--shard"])
+                    .env("PYTHONPATH", &hf4);
+            }
+            let out = write.output().unwrap();
+            assert!(
+                out.status.success(),
+                "{what}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+
+            let config = dir.path().join(format!("{family}-{v4_bf16_sharded}.toml"));
+            let alone = demo.replace(
+                "preset = \"llama-tiny\"",
+                &format!("init_from = {:?}", s(&hf)),
+            );
+            std::fs::write(&config, alone).unwrap();
+            let run = dir.path().join(format!("run-{family}-{v4_bf16_sharded}"));
+            let mut c = trainer();
+            c.args(["--config", s(&config)]);
+            for set in sets.iter().cloned().chain([
+                format!("log.dir={:?}", s(&run)),
+                "zero.quantized_weights=false".into(),
+                "train.steps=1".into(),
+            ]) {
+                c.args(["--set", &set]);
+            }
+            assert_ok(&c.output().unwrap());
+            let ours = val_losses(&run)[0];
+            assert_eq!(ours.0, 0, "{what}");
+            let out = std::process::Command::new(&python)
+                .arg(repo().join("scripts/hf-check.py"))
+                .arg(&hf)
+                .args(["--bin", s(&valid), "--seq-len", "64", "--samples", "16"])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{what}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let got: serde_json::Value =
+                serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+            let theirs = got["loss"].as_f64().unwrap();
+            eprintln!(
+                "{what}: first evaluation {:.6}, transformers {theirs:.6}",
+                ours.1
+            );
+            assert!(
+                (theirs - ours.1).abs() <= 1e-5 * theirs,
+                "{what}: ours {} vs transformers {theirs}",
+                ours.1
+            );
+        }
+    }
+}
+
 /// A small model of Llama's block (`preset`: `llama-tiny`, `qwen2-tiny`, ...; untied head,
 /// grouped-query attention) on `world` ranks, `per_node` a node, each with `8 / world`
 /// sequences a step, to `steps` of an 8-step schedule.
