@@ -97,6 +97,26 @@ fn a_setting_that_does_not_fit_is_named() {
     }
 }
 
+/// GPT-2's settings are fixed: a config.json with another LayerNorm epsilon, activation or an
+/// untied head is refused by key, not trained as another model.
+#[test]
+fn a_gpt2_with_other_settings_is_refused_by_key() {
+    let cfg = model::ModelConfig::gpt2(2, 16, 4, 8, 37);
+    let dir = tempfile::tempdir().unwrap();
+    let j = export(dir.path(), &cfg);
+    let settings: [(&str, serde_json::Value); 3] = [
+        ("layer_norm_epsilon", 1e-6.into()),
+        ("activation_function", "relu".into()),
+        ("tie_word_embeddings", false.into()),
+    ];
+    for (key, v) in settings {
+        let mut bad = j.clone();
+        bad[key] = v;
+        let e = refusal(dir.path(), &bad, &cfg);
+        assert!(e.contains(&format!("has {key} = ")), "{e}");
+    }
+}
+
 /// Qwen's sliding window, on in no released checkpoint, is refused when on; Mistral's is kept
 /// when it covers `seq_len` and refused, naming it, when it does not.
 #[test]

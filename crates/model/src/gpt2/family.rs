@@ -279,6 +279,13 @@ impl Family for Gpt2 {
                 "has activation_function = {act:?}; GPT-2's MLP is \"gelu_new\""
             ));
         }
+        // GPT-2's LayerNorm epsilon is fixed: another would train another model without a word.
+        let eps = j["layer_norm_epsilon"].as_f64().unwrap_or(GPT2_NORM_EPS);
+        if (eps - GPT2_NORM_EPS).abs() > 1e-12 {
+            return Err(format!(
+                "has layer_norm_epsilon = {eps}; GPT-2's LayerNorm here is {GPT2_NORM_EPS}"
+            ));
+        }
         if j["tie_word_embeddings"].as_bool() == Some(false) {
             return Err("has tie_word_embeddings = false; GPT-2's head is its embedding".into());
         }
@@ -298,13 +305,14 @@ impl Family for Gpt2 {
         ))
     }
 
-    /// Nothing beyond the tensors' shapes: GPT-2's settings are fixed.
+    /// What [`Family::from_hf_config`] refuses (another activation, norm epsilon, MLP width
+    /// or an untied head); the rest is in the tensors' shapes.
     fn check_hf_config(
         &self,
-        _: &serde_json::Value,
+        j: &serde_json::Value,
         _: &ModelConfig,
     ) -> std::result::Result<(), String> {
-        Ok(())
+        self.from_hf_config(j).map(|_| ())
     }
 
     fn rows(&self, cfg: &ModelConfig, kind: UnitKind) -> UnitTable {
