@@ -235,6 +235,102 @@ pub fn dequantize_fp8_e4m3(codes: &[u8], scales: &[f32], block: usize) -> Vec<f3
     out
 }
 
+/// A tile of a row-major matrix that shares one FP8 scale: `rows x cols` elements, the last
+/// tile of each direction shorter where the matrix is not a multiple. The FP8 linear layers'
+/// three shapes (issue 40; DeepSeek-V3's and Transformer Engine's block scaling, which
+/// cuBLASLt takes on Hopper as `VEC128_32F` and `BLK128x128_32F`): `1 x 128` along a GEMM
+/// operand's contraction dimension when it is the row, `128 x 1` when it is the column, and
+/// `128 x 128` for weights, whose one set of codes and scales then serves both the GEMM that
+/// contracts over their rows and the one that contracts over their columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tile {
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// FP8 E4M3 quantisation of the row-major `rows x cols` matrix `x` with one scale a [`Tile`]:
+/// returns (codes \[rows x cols\], row-major like `x`; scales \[ceil(rows / tile.rows) x
+/// ceil(cols / tile.cols)\], row-major over the tiles). Each tile is quantised exactly as a
+/// block of [`quantize_fp8_e4m3`] holding its elements (same absmax rule, same codes, same
+/// scale, the same NaN rule), so `1 x cols` tiles are row-wise scaling and a tile as large as
+/// the matrix tensor-wise. Errors: `ZeroBlock` for an empty tile side, `BadLength` when `x`
+/// is not `rows x cols`.
+pub fn quantize_fp8_e4m3_tiles(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    tile: Tile,
+) -> Result<(Vec<u8>, Vec<f32>), QuantError> {
+    check_tiles(x.len(), rows, cols, tile)?;
+    let (tr, tc) = (rows.div_ceil(tile.rows), cols.div_ceil(tile.cols));
+    let mut codes = vec![0u8; x.len()];
+    let mut scales = vec![0f32; tr * tc];
+    let mut buf = Vec::with_capacity(tile.rows * tile.cols);
+    let mut out = Vec::with_capacity(tile.rows * tile.cols);
+    for ti in 0..tr {
+        let r = ti * tile.rows..((ti + 1) * tile.rows).min(rows);
+        for tj in 0..tc {
+            let c = tj * tile.cols..((tj + 1) * tile.cols).min(cols);
+            buf.clear();
+            for i in r.clone() {
+                buf.extend_from_slice(&x[i * cols + c.start..i * cols + c.end]);
+            }
+            out.clear();
+            out.resize(buf.len(), 0);
+            scales[ti * tc + tj] = fp8_block(&buf, &mut out);
+            for (k, i) in r.clone().enumerate() {
+                let w = c.len();
+                codes[i * cols + c.start..i * cols + c.end]
+                    .copy_from_slice(&out[k * w..(k + 1) * w]);
+            }
+        }
+    }
+    Ok((codes, scales))
+}
+
+/// Inverse of [`quantize_fp8_e4m3_tiles`]: each element e4m3_decode(code) x its tile's scale
+/// (one f32 product). Errors as [`quantize_fp8_e4m3_tiles`], and `BadLength` for `scales`.
+pub fn dequantize_fp8_e4m3_tiles(
+    codes: &[u8],
+    scales: &[f32],
+    rows: usize,
+    cols: usize,
+    tile: Tile,
+) -> Result<Vec<f32>, QuantError> {
+    check_tiles(codes.len(), rows, cols, tile)?;
+    let tc = cols.div_ceil(tile.cols);
+    let expected = rows.div_ceil(tile.rows) * tc;
+    if scales.len() != expected {
+        return Err(QuantError::BadLength {
+            what: "FP8 tile scales",
+            got: scales.len(),
+            expected,
+        });
+    }
+    Ok(codes
+        .iter()
+        .enumerate()
+        .map(|(k, &q)| {
+            let (i, j) = (k / cols, k % cols);
+            e4m3_decode(q) * scales[(i / tile.rows) * tc + j / tile.cols]
+        })
+        .collect())
+}
+
+fn check_tiles(len: usize, rows: usize, cols: usize, tile: Tile) -> Result<(), QuantError> {
+    if tile.rows == 0 || tile.cols == 0 {
+        return Err(QuantError::ZeroBlock);
+    }
+    if len != rows * cols {
+        return Err(QuantError::BadLength {
+            what: "FP8 tiled matrix",
+            got: len,
+            expected: rows * cols,
+        });
+    }
+    Ok(())
+}
+
 /// Largest |x - dequantize_fp8_e4m3(quantize_fp8_e4m3(x))| of an element `x` whose block has
 /// `scale`: half an ulp of the e4m3 grid at x's scaled magnitude, which is at most
 /// max(|x| / 16, scale / 1024) (relative 2^-4 for e4m3 normals, half the subnormal step 2^-9
@@ -269,6 +365,52 @@ mod tests {
         } else {
             (i + 1) as u8
         }
+    }
+
+    #[test]
+    fn tiles_are_blocks_of_their_elements() {
+        // A 5 x 7 matrix in 2 x 3 tiles (short last tiles both ways), magnitudes spread over
+        // 2^-12..2^12 so that each tile's scale is its own.
+        let (rows, cols) = (5, 7);
+        let mut seed = 7919u64;
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|k| {
+                let u = (next(&mut seed) >> 40) as f32 / (1u64 << 24) as f32;
+                (u - 0.5) * 2f32.powi((k % 25) as i32 - 12)
+            })
+            .collect();
+        let tile = Tile { rows: 2, cols: 3 };
+        let (q, s) = quantize_fp8_e4m3_tiles(&x, rows, cols, tile).unwrap();
+        assert_eq!(s.len(), 3 * 3);
+        for ti in 0..3 {
+            for tj in 0..3 {
+                let idx: Vec<usize> = (ti * 2..(ti * 2 + 2).min(rows))
+                    .flat_map(|i| (tj * 3..(tj * 3 + 3).min(cols)).map(move |j| i * cols + j))
+                    .collect();
+                let block: Vec<f32> = idx.iter().map(|&k| x[k]).collect();
+                let (bq, bs) = quantize_fp8_e4m3(&block, block.len()).unwrap();
+                assert_eq!(bs, vec![s[ti * 3 + tj]], "tile ({ti}, {tj})");
+                let got: Vec<u8> = idx.iter().map(|&k| q[k]).collect();
+                assert_eq!(got, bq, "tile ({ti}, {tj})");
+            }
+        }
+        let y = dequantize_fp8_e4m3_tiles(&q, &s, rows, cols, tile).unwrap();
+        for (k, (a, b)) in x.iter().zip(&y).enumerate() {
+            let scale = s[(k / cols / 2) * 3 + (k % cols) / 3];
+            assert!((a - b).abs() <= fp8_e4m3_bound(*a, scale), "element {k}");
+        }
+        // Row-wise is 1 x cols tiles, and equals blocks of one row.
+        let (qr, sr) = quantize_fp8_e4m3_tiles(&x, rows, cols, Tile { rows: 1, cols }).unwrap();
+        assert_eq!((qr, sr), quantize_fp8_e4m3(&x, cols).unwrap());
+        assert!(matches!(
+            quantize_fp8_e4m3_tiles(&x, rows, cols + 1, tile),
+            Err(QuantError::BadLength { .. })
+        ));
+        assert!(matches!(
+            quantize_fp8_e4m3_tiles(&x, rows, cols, Tile { rows: 0, cols: 3 }),
+            Err(QuantError::ZeroBlock)
+        ));
+        assert!(dequantize_fp8_e4m3_tiles(&q, &s[1..], rows, cols, tile).is_err());
     }
 
     #[test]

@@ -49,8 +49,8 @@ pub mod tensor;
 
 pub use error::{CandleError, QuantError, SharedKernelError};
 pub use fp8::{
-    dequantize_fp8_e4m3, e4m3_decode, e4m3_encode, fp8_e4m3_bound, fp8_e4m3_scale,
-    quantize_fp8_e4m3, E4M3_MAX,
+    dequantize_fp8_e4m3, dequantize_fp8_e4m3_tiles, e4m3_decode, e4m3_encode, fp8_e4m3_bound,
+    fp8_e4m3_scale, quantize_fp8_e4m3, quantize_fp8_e4m3_tiles, Tile, E4M3_MAX,
 };
 pub use fused::{dequantize_sum_int4, dequantize_sum_requantize_int4, quantize_int4_swizzled};
 pub use int4::{dequantize_int4, int4_bound, quantize_int4};
