@@ -144,6 +144,13 @@ fn bad_input_is_refused_with_one_line_and_nothing_lost() {
         assert_refused(&with("dist.backend=\"mpi\""), "--features mpi", &keep);
     }
     assert_refused(&with("dist.timeout_s=0"), "dist.timeout_s", &keep);
+    // FP8 has no GPU kernels yet; on the CPU it is another trajectory than this run's fp32.
+    let mut fp8_gpu = with("train.precision=\"fp8\"");
+    fp8_gpu.push("train.device=\"cuda\"".into());
+    assert_refused(&fp8_gpu, "train.precision = \"fp8\" on the GPU", &keep);
+    let mut fp8 = with("train.precision=\"fp8\"");
+    fp8.push("checkpoint.resume=true".into());
+    assert_refused(&fp8, "train.precision", &keep);
     // The run exists: starting it again without resume must not overwrite it.
     assert_refused(
         &with("checkpoint.resume=false"),

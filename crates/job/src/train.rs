@@ -432,6 +432,16 @@ impl<'a> RankRun<'a> {
             shared.corpora.train.tokens.len(),
             shared.sampler.num_samples(),
         ));
+        if config.linears() == model::LinearFormat::Fp8 {
+            self.say(&format!(
+                "precision fp8: the blocks' linear layers multiply in {}{}",
+                model::LinearFormat::Fp8.name(),
+                match t.device {
+                    run::config::DeviceKind::Cpu => ", emulated on the CPU (the rest in f32)",
+                    run::config::DeviceKind::Cuda => "",
+                }
+            ));
+        }
         if self.engine.plan().qgz.is_some() && topology.nodes == 1 {
             self.say("note: qgZ on one node runs its intra-node hop only (the inter-node hop has one member)");
         }

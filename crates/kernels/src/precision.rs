@@ -7,11 +7,13 @@
 //! element type `act` and its conversions. The kernel names stay the same for every precision:
 //! the module cache keys on the defines, so each precision is its own module.
 //!
-//! Only bf16 exists today. FP8 joins as a variant here (its code, its candle dtype), a branch
-//! of `common.cuh`'s `#if PRECISION` (the type, `act_to_f32`, `f32_to_act`, the 16-byte
-//! vector helpers), and, in each family that takes it, its kernels rewritten for 16 elements a
-//! vector and the file's `static_assert` on PRECISION lifted (attention's tensor-core MMA is
-//! bf16 only), and `model::KernelPlan::resolve` accepting the dtype.
+//! Only bf16 exists today. Another activation type joins as a variant here (its code, its
+//! candle dtype), a branch of `common.cuh`'s `#if PRECISION` (the type, `act_to_f32`,
+//! `f32_to_act`, the 16-byte vector helpers), and, in each family that takes it, its kernels
+//! rewritten for its vector width and the file's `static_assert` on PRECISION lifted
+//! (attention's tensor-core MMA is bf16 only), and `model::KernelPlan::resolve` accepting the
+//! dtype. FP8 compute is not an activation type: its activations stay bf16 and only the GEMMs'
+//! operands are FP8 (`model::LinearFormat`, docs/kernels.md "FP8 compute").
 
 use candle_core::DType;
 

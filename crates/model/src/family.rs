@@ -18,6 +18,7 @@ use crate::decode::LayerCache;
 use crate::error::{ModelError, Result};
 use crate::layers::{Loss, RopeTables, TokenIndex};
 use crate::layout::{ParamSpec, UnitKind, UnitTable};
+use crate::linears::LinearFormat;
 use crate::schedule::Saved;
 
 /// A model family: one architecture, everything about it.
@@ -121,9 +122,11 @@ pub trait Family: Sync {
 
     /// A block's forward of `x (B, T, C)`: its output, and what its backward reads (with
     /// `recompute`, the input alone: the backward recomputes the rest, to the same bits).
+    /// `lin` is the format its linear layers multiply in.
     fn block_forward(
         &self,
         cfg: &ModelConfig,
+        lin: LinearFormat,
         params: &Tensor,
         x: &Tensor,
         recompute: bool,
@@ -133,6 +136,7 @@ pub trait Family: Sync {
     fn block_backward(
         &self,
         cfg: &ModelConfig,
+        lin: LinearFormat,
         params: &Tensor,
         saved: &Saved,
         dout: &Tensor,

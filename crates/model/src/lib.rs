@@ -26,6 +26,7 @@ mod init;
 mod kernel_plan;
 pub mod layers;
 mod layout;
+mod linears;
 pub mod llama;
 pub mod mistral;
 pub mod qwen2;
@@ -45,6 +46,7 @@ pub use init::init_unit_range;
 pub use kernel_plan::{unenforced, AttentionPath, Enforced, KernelPlan};
 pub use layers::RopeScaling;
 pub use layout::{ModelLayout, ParamInit, ParamSpec, TableRow, UnitKind, UnitLayout, UnitTable};
+pub use linears::LinearFormat;
 pub use llama::family::{
     LLAMA3_1_SCALING, LLAMA3_2_SCALING, LLAMA3_VOCAB, LLAMA_NORM_EPS, LLAMA_ROPE_THETA,
 };

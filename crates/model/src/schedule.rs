@@ -46,6 +46,7 @@ use crate::error::{ModelError, Result};
 use crate::family::HfTensor;
 use crate::layers::{Loss, TokenIndex};
 use crate::layout::{ModelLayout, ParamSpec, UnitKind, UnitLayout};
+use crate::linears::LinearFormat;
 
 /// Which walk of the schedule: training (forward, head, backward) or evaluation (forward, head).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -99,6 +100,8 @@ pub trait UnitSource {
 pub struct Model {
     cfg: ModelConfig,
     layout: ModelLayout,
+    /// What the blocks' linear layers multiply in.
+    linears: LinearFormat,
 }
 
 impl Model {
@@ -106,7 +109,21 @@ impl Model {
     pub fn new(cfg: ModelConfig) -> Result<Self> {
         cfg.validate()?;
         let layout = ModelLayout::new(&cfg);
-        Ok(Model { cfg, layout })
+        Ok(Model {
+            cfg,
+            layout,
+            linears: LinearFormat::Dense,
+        })
+    }
+
+    /// This schedule with the blocks' linear layers multiplying in `linears` (FP8 compute).
+    pub fn with_linears(self, linears: LinearFormat) -> Self {
+        Model { linears, ..self }
+    }
+
+    /// What the blocks' linear layers multiply in.
+    pub fn linears(&self) -> LinearFormat {
+        self.linears
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -174,7 +191,7 @@ impl Model {
                 let out = family.embedding_forward(cfg, params, input)?;
                 Ok((out, Saved::new(index)))
             }
-            UnitKind::Block(_) => family.block_forward(cfg, params, input, recompute),
+            UnitKind::Block(_) => family.block_forward(cfg, self.linears, params, input, recompute),
             UnitKind::FinalNorm => family.final_norm_forward(cfg, params, input),
         }
     }
@@ -202,7 +219,7 @@ impl Model {
                 (None, family.embedding_backward(cfg, tokens, dout)?)
             }
             UnitKind::Block(_) => {
-                let (dx, g) = family.block_backward(cfg, params()?, saved, dout)?;
+                let (dx, g) = family.block_backward(cfg, self.linears, params()?, saved, dout)?;
                 (Some(dx), g)
             }
             UnitKind::FinalNorm => {

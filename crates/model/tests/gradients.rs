@@ -7,6 +7,7 @@
 
 use candle_core::{DType, Device, Tensor, Var, D};
 use model::gpt2::*;
+use model::LinearFormat::Dense;
 use model::*;
 
 mod common;
@@ -221,16 +222,16 @@ fn block_backward_matches_fd_and_autograd() {
     let dout = t3(&rng.vec(B * T * cfg.n_embd, 1.0));
 
     for recompute in [false, true] {
-        let (out, saved) = block_forward(&cfg, &t1(&p), &t3(&x), recompute).unwrap();
+        let (out, saved) = block_forward(&cfg, Dense, &t1(&p), &t3(&x), recompute).unwrap();
         assert_eq!(saved.is_recompute(), recompute);
         assert_eq!(out.dims(), [B, T, cfg.n_embd]);
-        let (dx, dp) = block_backward(&cfg, &t1(&p), &saved, &dout).unwrap();
+        let (dx, dp) = block_backward(&cfg, Dense, &t1(&p), &saved, &dout).unwrap();
         let (dx, dp) = (vec1(&dx), vec1(&dp));
         assert_eq!(dp.len(), unit.numel);
 
         let f = |p: &[f64], x: &[f64]| {
             dot(
-                &block_forward(&cfg, &t1(p), &t3(x), false).unwrap().0,
+                &block_forward(&cfg, Dense, &t1(p), &t3(x), false).unwrap().0,
                 &dout,
             )
         };
@@ -546,7 +547,9 @@ fn outputs_are_causal() {
     let hidden = |tokens: &Tensor| {
         let mut x = embedding_unit_forward(&cfg, &params[0], tokens).unwrap();
         for l in 0..cfg.n_layer {
-            x = block_forward(&cfg, &params[1 + l], &x, false).unwrap().0;
+            x = block_forward(&cfg, Dense, &params[1 + l], &x, false)
+                .unwrap()
+                .0;
         }
         final_norm_forward(&cfg, &params[cfg.n_layer + 1], &x)
             .unwrap()
@@ -562,7 +565,7 @@ fn bad_inputs_are_errors() {
     let short = Tensor::zeros(layout.block(0).numel - 1, DType::F64, &Device::Cpu).unwrap();
     let x = Tensor::zeros((B, T, cfg.n_embd), DType::F64, &Device::Cpu).unwrap();
     assert!(matches!(
-        block_forward(&cfg, &short, &x, false),
+        block_forward(&cfg, Dense, &short, &x, false),
         Err(ModelError::ParamsTooShort { .. })
     ));
     let emb = Tensor::zeros(layout.embedding().numel, DType::F64, &Device::Cpu).unwrap();

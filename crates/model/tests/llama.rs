@@ -8,6 +8,7 @@
 //! L=2.
 
 use candle_core::{DType, Device, Tensor};
+use model::LinearFormat::Dense;
 use model::{llama, ModelConfig, ModelLayout};
 
 mod common;
@@ -65,10 +66,11 @@ fn block_backward_matches_fd_and_recompute_is_bitwise() {
 
         let mut results = Vec::new();
         for recompute in [false, true] {
-            let (out, saved) = llama::block_forward(&cfg, &t1(&p), &xt(&x), recompute).unwrap();
+            let (out, saved) =
+                llama::block_forward(&cfg, Dense, &t1(&p), &xt(&x), recompute).unwrap();
             assert_eq!(saved.is_recompute(), recompute);
             assert_eq!(out.dims(), [B, T, c]);
-            let (dx, dp) = llama::block_backward(&cfg, &t1(&p), &saved, &dout).unwrap();
+            let (dx, dp) = llama::block_backward(&cfg, Dense, &t1(&p), &saved, &dout).unwrap();
             results.push((vec1(&out), vec1(&dx), vec1(&dp)));
         }
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -84,7 +86,9 @@ fn block_backward_matches_fd_and_recompute_is_bitwise() {
         assert_eq!(dp.len(), unit.numel);
         let f = |p: &[f64], x: &[f64]| {
             dot(
-                &llama::block_forward(&cfg, &t1(p), &xt(x), false).unwrap().0,
+                &llama::block_forward(&cfg, Dense, &t1(p), &xt(x), false)
+                    .unwrap()
+                    .0,
                 &dout,
             )
         };
@@ -217,7 +221,7 @@ fn model_loss_and_grads(
     let mut x = llama::embedding_forward(cfg, &ps[0], tokens).unwrap();
     let mut saved = Vec::new();
     for i in 0..l {
-        let (out, s) = llama::block_forward(cfg, &ps[1 + i], &x, i % 2 == 1).unwrap();
+        let (out, s) = llama::block_forward(cfg, Dense, &ps[1 + i], &x, i % 2 == 1).unwrap();
         saved.push(s);
         x = out;
     }
@@ -232,7 +236,7 @@ fn model_loss_and_grads(
     let (mut dx, gn) = llama::final_norm_backward(cfg, &ps[l + 1], &ns, &dxn).unwrap();
     grads[l + 1] = Some(gn);
     for i in (0..l).rev() {
-        let (d, g) = llama::block_backward(cfg, &ps[1 + i], &saved[i], &dx).unwrap();
+        let (d, g) = llama::block_backward(cfg, Dense, &ps[1 + i], &saved[i], &dx).unwrap();
         grads[1 + i] = Some(g);
         dx = d;
     }
@@ -336,7 +340,9 @@ fn outputs_are_causal() {
     let hidden = |tokens: &Tensor| {
         let mut x = llama::embedding_forward(&cfg, &ps[0], tokens).unwrap();
         for l in 0..cfg.n_layer {
-            x = llama::block_forward(&cfg, &ps[1 + l], &x, false).unwrap().0;
+            x = llama::block_forward(&cfg, Dense, &ps[1 + l], &x, false)
+                .unwrap()
+                .0;
         }
         llama::final_norm_forward(&cfg, &ps[cfg.n_layer + 1], &x)
             .unwrap()
@@ -361,8 +367,8 @@ fn block_runs_in_f32_and_bf16_close_to_f64() {
             x.to_dtype(dtype).unwrap(),
             dout.to_dtype(dtype).unwrap(),
         );
-        let (out, saved) = llama::block_forward(&cfg, &p, &x, true).unwrap();
-        let (dx, dp) = llama::block_backward(&cfg, &p, &saved, &dout).unwrap();
+        let (out, saved) = llama::block_forward(&cfg, Dense, &p, &x, true).unwrap();
+        let (dx, dp) = llama::block_backward(&cfg, Dense, &p, &saved, &dout).unwrap();
         for r in [&out, &dx, &dp] {
             assert_eq!(r.dtype(), dtype);
         }

@@ -26,6 +26,16 @@ fn precision_name(p: Precision) -> &'static str {
         Precision::Fp32 => "fp32",
         Precision::Bf16 => "bf16",
         Precision::Fp16 => "fp16",
+        Precision::Fp8 => "fp8",
+    }
+}
+
+/// The dtype the parameters are gathered and kept in: FP8 compute gathers bf16 (its GEMMs
+/// quantise what they read).
+fn parameter_dtype_name(p: Precision) -> &'static str {
+    match p {
+        Precision::Fp8 => "bf16",
+        p => precision_name(p),
     }
 }
 
@@ -122,7 +132,7 @@ fn human_run(o: &mut String, r: &Report) {
 /// The memory table.
 fn human_memory(o: &mut String, r: &Report) {
     let (t, z) = (&r.train, &r.zero);
-    let pname = precision_name(t.precision);
+    let pname = parameter_dtype_name(t.precision);
     let mem = &r.memory;
     let pct = |x: u64| 100.0 * x as f64 / mem.total.max(1) as f64;
     let _ = writeln!(

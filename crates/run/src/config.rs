@@ -67,6 +67,9 @@ pub enum Precision {
     Fp32,
     Bf16,
     Fp16,
+    /// The blocks' linear layers in FP8 E4M3 with block scales, the rest as `bf16` on the GPU;
+    /// on the CPU an emulation with the rest in f32 ([`model::LinearFormat::Fp8`]).
+    Fp8,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -520,6 +523,13 @@ impl RunConfig {
         if t.precision == Precision::Fp16 {
             bail!("train.precision = \"fp16\" needs dynamic loss scaling, not implemented yet: use \"bf16\"");
         }
+        if t.precision == Precision::Fp8 && t.device == DeviceKind::Cuda {
+            bail!(
+                "train.precision = \"fp8\" on the GPU needs the FP8 GEMM kernels, not written yet \
+                 (issue 40): use \"bf16\"; on train.device = \"cpu\" it runs as an emulation \
+                 (docs/kernels.md, \"FP8\")"
+            );
+        }
         if t.device == DeviceKind::Cuda && !cfg!(feature = "cuda") {
             return Err(not_built_with("train.device = \"cuda\"", "cuda"));
         }
@@ -563,6 +573,20 @@ impl RunConfig {
             Precision::Fp32 => candle_core::DType::F32,
             Precision::Bf16 => candle_core::DType::BF16,
             Precision::Fp16 => candle_core::DType::F16,
+            // Everything but the blocks' linear layers: bf16 on the GPU, and on the CPU the
+            // f32 of its reference, so that the emulation's only rounding is FP8's own.
+            Precision::Fp8 => match self.train.device {
+                DeviceKind::Cpu => candle_core::DType::F32,
+                DeviceKind::Cuda => candle_core::DType::BF16,
+            },
+        }
+    }
+
+    /// What the blocks' linear layers multiply in.
+    pub fn linears(&self) -> model::LinearFormat {
+        match self.train.precision {
+            Precision::Fp8 => model::LinearFormat::Fp8,
+            _ => model::LinearFormat::Dense,
         }
     }
 

@@ -57,5 +57,6 @@ pub fn engine_options(config: &RunConfig, device: &candle_core::Device) -> Engin
         grad_clip: t.grad_clip,
         device: device.clone(),
         compute_dtype: config.compute_dtype(),
+        linears: config.linears(),
     }
 }

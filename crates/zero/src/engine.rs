@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 
 use comm::{Communicator, Group};
 use kernels::profile::{scope, Family};
-use model::{Model, ModelConfig, Pass, UnitLayout};
+use model::{LinearFormat, Model, ModelConfig, Pass, UnitLayout};
 
 use crate::codec::GradState;
 use crate::gather::{Secondary, Working};
@@ -46,6 +46,8 @@ pub struct EngineOptions {
     /// dtype of the gathered parameters and of the compute (f32 on CPU, bf16 on GPU); the
     /// master weights, moments and gradient shards stay f32.
     pub compute_dtype: DType,
+    /// What the blocks' linear layers multiply in (FP8 compute: `train.precision = "fp8"`).
+    pub linears: LinearFormat,
 }
 
 impl Default for EngineOptions {
@@ -60,6 +62,7 @@ impl Default for EngineOptions {
             grad_clip: 1.0,
             device: Device::Cpu,
             compute_dtype: DType::F32,
+            linears: LinearFormat::Dense,
         }
     }
 }
@@ -134,7 +137,7 @@ pub struct Engine {
 impl Engine {
     /// Builds my shards and fills them from the seed, independently of the world size.
     pub fn new(cfg: ModelConfig, opts: EngineOptions, comm: Box<dyn Communicator>) -> Result<Self> {
-        let model = Model::new(cfg)?;
+        let model = Model::new(cfg)?.with_linears(opts.linears);
         let cfg = model.config();
         let plan = ZeroPlan::resolve(&opts.zero, comm.topology(), opts.total_steps)?;
         let rank = comm.rank();

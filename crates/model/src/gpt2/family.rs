@@ -10,6 +10,7 @@ use crate::error::{ModelError, Result};
 use crate::family::{Family, HfTensor, Sizes};
 use crate::layers::{Loss, RopeScaling, RopeTables, TokenIndex};
 use crate::layout::{init_stds, ParamInit, ParamSpec, UnitKind, UnitTable};
+use crate::linears::LinearFormat;
 use crate::schedule::Saved;
 
 /// The GPT-2 family.
@@ -340,22 +341,24 @@ impl Family for Gpt2 {
     fn block_forward(
         &self,
         cfg: &ModelConfig,
+        lin: LinearFormat,
         params: &Tensor,
         x: &Tensor,
         recompute: bool,
     ) -> Result<(Tensor, Saved)> {
-        let (y, s) = super::block_forward(cfg, params, x, recompute)?;
+        let (y, s) = super::block_forward(cfg, lin, params, x, recompute)?;
         Ok((y, Saved::new(s)))
     }
 
     fn block_backward(
         &self,
         cfg: &ModelConfig,
+        lin: LinearFormat,
         params: &Tensor,
         saved: &Saved,
         dout: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
-        super::block_backward(cfg, params, saved.get(self.name())?, dout)
+        super::block_backward(cfg, lin, params, saved.get(self.name())?, dout)
     }
 
     fn final_norm_forward(

@@ -20,11 +20,11 @@ use crate::config::ModelConfig;
 use crate::decode::{cached_attention, check_one_sequence, LayerCache};
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    attention_backward, attention_forward, layernorm_backward, layernorm_forward,
-    matmul_backward_into, matmul_forward, matmul_gelu_backward_into, matmul_gelu_forward,
-    residual_matmul_forward, AttSaved, LnSaved, Loss, TokenIndex,
+    attention_backward, attention_forward, layernorm_backward, layernorm_forward, matmul_forward,
+    matmul_gelu_forward, residual_matmul_forward, AttSaved, LnSaved, Loss, TokenIndex,
 };
 use crate::layout::{UnitKind, UnitLayout};
+use crate::linears::LinearFormat;
 use crate::units::{self, check_acts, check_params, check_tokens, flatten_grads, FlatGrad, Kept};
 
 // ------------------------------------------------------------------------------------------
@@ -108,6 +108,7 @@ impl BlockSaved {
 /// forward FLOPs, feeds only the output, which backward never reads.
 fn block_forward_full(
     cfg: &ModelConfig,
+    lin: LinearFormat,
     params: &Tensor,
     x: &Tensor,
     want_out: bool,
@@ -119,16 +120,19 @@ fn block_forward_full(
     let p = |name: &str| unit.param(name).view(params);
     let xf = x.reshape((b * t, c))?;
     let (ln1, ln1_saved) = layernorm_forward(&xf, &p("ln_1.weight")?, &p("ln_1.bias")?)?;
-    let qkv = matmul_forward(&ln1, &p("attn.c_attn.weight")?, &p("attn.c_attn.bias")?)?;
+    let qkv = lin.forward(&ln1, &p("attn.c_attn.weight")?, &p("attn.c_attn.bias")?)?;
     let (y, att) = attention_forward(&qkv.reshape((b, t, 3 * c))?, cfg.n_head)?;
     let y = y.reshape((b * t, c))?;
-    let x2 = residual_matmul_forward(&xf, &y, &p("attn.c_proj.weight")?, &p("attn.c_proj.bias")?)?;
+    let x2 = lin.residual_forward(&xf, &y, &p("attn.c_proj.weight")?, &p("attn.c_proj.bias")?)?;
     let (ln2, ln2_saved) = layernorm_forward(&x2, &p("ln_2.weight")?, &p("ln_2.bias")?)?;
-    let (h, hg) = matmul_gelu_forward(&ln2, &p("mlp.c_fc.weight")?, &p("mlp.c_fc.bias")?)?;
+    let (h, hg) = lin.gelu_forward(&ln2, &p("mlp.c_fc.weight")?, &p("mlp.c_fc.bias")?)?;
     let out = if want_out {
         let w = p("mlp.c_proj.weight")?;
         let bias = p("mlp.c_proj.bias")?;
-        Some(residual_matmul_forward(&x2, &hg, &w, &bias)?.reshape((b, t, c))?)
+        Some(
+            lin.residual_forward(&x2, &hg, &w, &bias)?
+                .reshape((b, t, c))?,
+        )
     } else {
         None
     };
@@ -155,11 +159,12 @@ fn block_forward_full(
 /// row log-sum-exps `(B, NH, T)` and the LayerNorm statistics.
 pub fn block_forward(
     cfg: &ModelConfig,
+    lin: LinearFormat,
     params: &Tensor,
     x: &Tensor,
     recompute: bool,
 ) -> Result<(Tensor, BlockSaved)> {
-    let (out, acts) = block_forward_full(cfg, params, x, true)?;
+    let (out, acts) = block_forward_full(cfg, lin, params, x, true)?;
     let out = out.expect("asked for the output");
     let saved = Kept::new(acts, |a| a.x, recompute);
     Ok((out, BlockSaved(saved)))
@@ -169,13 +174,14 @@ pub fn block_forward(
 /// The flat gradient has length exactly the block's numel; it is returned, not accumulated.
 pub fn block_backward(
     cfg: &ModelConfig,
+    lin: LinearFormat,
     params: &Tensor,
     saved: &BlockSaved,
     dout: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
     let acts = saved
         .0
-        .acts(|x| Ok(block_forward_full(cfg, params, x, false)?.1))?;
+        .acts(|x| Ok(block_forward_full(cfg, lin, params, x, false)?.1))?;
     let a: &BlockActs = &acts;
     let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
     check_params(params, &unit, "block")?;
@@ -194,7 +200,7 @@ pub fn block_backward(
     let dout = dout.reshape((b * t, c))?;
 
     // out = x2 + hg @ mlp.c_proj + b, hg = gelu(h): dh, and c_fc's bias gradient sum(dh)
-    let (dh, dw, db, db_fc) = matmul_gelu_backward_into(
+    let (dh, dw, db, db_fc) = lin.gelu_backward_into(
         &dout,
         &a.hg,
         &p("mlp.c_proj.weight")?,
@@ -206,7 +212,7 @@ pub fn block_backward(
     grads.put("mlp.c_fc.bias", &db_fc)?;
     // h = ln2 @ c_fc + b (its bias gradient came with dh)
     let fc = "mlp.c_fc.weight";
-    let (dln2, dw, _) = matmul_backward_into(&dh, &a.ln2, &p(fc)?, Some(&slot(fc)?), false)?;
+    let (dln2, dw, _) = lin.backward_into(&dh, &a.ln2, &p(fc)?, Some(&slot(fc)?), false)?;
     grads.put(fc, &dw)?;
     // ln2 = ln_2(x2); x2 also feeds the residual, whose gradient is dout
     let (dx2, dw, db) =
@@ -216,14 +222,14 @@ pub fn block_backward(
     // x2 = x + y @ c_proj + b
     let y = a.att.y.reshape((b * t, c))?;
     let proj = "attn.c_proj.weight";
-    let (dy, dw, db) = matmul_backward_into(&dx2, &y, &p(proj)?, Some(&slot(proj)?), true)?;
+    let (dy, dw, db) = lin.backward_into(&dx2, &y, &p(proj)?, Some(&slot(proj)?), true)?;
     grads.put(proj, &dw)?;
     grads.put("attn.c_proj.bias", &db.expect("asked for db"))?;
     // y = attention(qkv)
     let dqkv = attention_backward(&dy.reshape((b, t, c))?, &a.att)?.reshape((b * t, 3 * c))?;
     // qkv = ln1 @ c_attn + b
     let qkv = "attn.c_attn.weight";
-    let (dln1, dw, db) = matmul_backward_into(&dqkv, &a.ln1, &p(qkv)?, Some(&slot(qkv)?), true)?;
+    let (dln1, dw, db) = lin.backward_into(&dqkv, &a.ln1, &p(qkv)?, Some(&slot(qkv)?), true)?;
     grads.put(qkv, &dw)?;
     grads.put("attn.c_attn.bias", &db.expect("asked for db"))?;
     // ln1 = ln_1(x); x also feeds the residual, whose gradient is dx2

@@ -20,6 +20,7 @@
 mod attention;
 mod crossentropy;
 mod embedding;
+mod fp8_linear;
 mod gelu;
 mod gqa;
 mod layernorm;
@@ -38,6 +39,10 @@ pub use attention::{
 };
 pub use crossentropy::{crossentropy_chunked, crossentropy_forward_backward, Loss, CE_CHUNK_ELEMS};
 pub use embedding::{embedding_backward, embedding_forward, TokenIndex};
+pub use fp8_linear::{
+    fp8_linear_backward, fp8_linear_forward, fp8_matmul_backward, fp8_matmul_forward, fp8_round,
+    COL_BLOCK, ROW_BLOCK, WEIGHT_TILE,
+};
 pub use gelu::{gelu_backward, gelu_forward};
 #[cfg(feature = "cuda")]
 pub use gqa::gqa_cudnn_support;

@@ -21,7 +21,7 @@
 //!
 //! ```
 //! use candle_core::{Device, Tensor};
-//! use model::{init_unit_range, llama, ModelConfig, ModelLayout};
+//! use model::{init_unit_range, llama, LinearFormat, ModelConfig, ModelLayout};
 //! let cfg = ModelConfig::llama(1, 8, 2, 1, 12, 4, 10, true);
 //! let layout = ModelLayout::new(&cfg);
 //! let p: Vec<Tensor> = layout.units.iter().map(|u| {
@@ -32,7 +32,7 @@
 //! let tokens = Tensor::new(&[[1u32, 2, 3, 4]], &Device::Cpu).unwrap();
 //! let targets = Tensor::new(&[[2u32, 3, 4, 5]], &Device::Cpu).unwrap();
 //! let x = llama::embedding_forward(&cfg, &p[0], &tokens).unwrap();
-//! let (x, _) = llama::block_forward(&cfg, &p[1], &x, false).unwrap();
+//! let (x, _) = llama::block_forward(&cfg, LinearFormat::Dense, &p[1], &x, false).unwrap();
 //! let (x, _) = llama::final_norm_forward(&cfg, &p[2], &x).unwrap();
 //! let (loss, _) = llama::head_loss(&cfg, &p[0], &x, &targets, false).unwrap();
 //! let loss = loss.value().unwrap(); // read on the host here
@@ -48,12 +48,13 @@ use crate::config::ModelConfig;
 use crate::decode::{cached_attention, check_one_sequence, LayerCache};
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    add_rmsnorm_forward, bias_grad, gqa_packed_backward, gqa_packed_forward, matmul_cols_backward,
+    add_rmsnorm_forward, bias_grad, gqa_packed_backward, gqa_packed_forward,
     matmul_cols_bias_forward, matmul_cols_forward, qk_norm_backward, qk_norm_forward,
     rmsnorm_backward, rmsnorm_backward_into, rmsnorm_forward, rope_qk_backward, rope_qk_forward,
     rope_tables, swiglu_packed_backward, swiglu_packed_forward, Loss, QkNormSaved, TokenIndex,
 };
 use crate::layout::{UnitKind, UnitLayout};
+use crate::linears::LinearFormat;
 use crate::units::{self, check_acts, check_params, check_tokens, flatten_grads, FlatGrad, Kept};
 
 pub use crate::layers::{GqaSaved, RmsSaved, RopeTables};
@@ -205,6 +206,7 @@ impl BlockWeights {
 /// (backward's recomputation skips `down_proj`, whose output it never reads).
 fn block_forward_full(
     cfg: &ModelConfig,
+    lin: LinearFormat,
     params: &Tensor,
     x: &Tensor,
     want_out: bool,
@@ -224,11 +226,9 @@ fn block_forward_full(
     )?;
     let xf = x.reshape((b * t, c))?;
     let (n1, rms1) = rmsnorm_forward(&xf, &w.input_norm, cfg.norm_eps)?;
-    let qkv = matmul_cols_bias_forward(&n1, &w.qkv, w.qkv_bias.as_ref(), None)?.reshape((
-        b,
-        t,
-        (nh + 2 * kv) * hs,
-    ))?;
+    let qkv = lin
+        .cols_forward(&n1, &w.qkv, w.qkv_bias.as_ref(), None)?
+        .reshape((b, t, (nh + 2 * kv) * hs))?;
     let (qkv, qk) = match &w.qk_norm {
         Some([wq, wk]) => {
             let (qkv, saved) = qk_norm_forward(qkv, wq, wk, nh, kv, cfg.norm_eps)?;
@@ -239,13 +239,13 @@ fn block_forward_full(
     let qkv = rope_qk_forward(qkv, &rope, nh, kv)?;
     let (y, att) = gqa_packed_forward(&qkv, nh, kv)?;
     let y = y.reshape((b * t, nh * hs))?;
-    let attn_out = matmul_cols_forward(&y, std::slice::from_ref(&w.o), None)?;
+    let attn_out = lin.cols_forward(&y, std::slice::from_ref(&w.o), None, None)?;
     // h = x + o_proj(y), then its norm, in one pass
     let (h, n2, rms2) = add_rmsnorm_forward(&xf, &attn_out, &w.post_norm, cfg.norm_eps)?;
-    let gu = matmul_cols_forward(&n2, &w.gate_up, None)?;
+    let gu = lin.cols_forward(&n2, &w.gate_up, None, None)?;
     let act = swiglu_packed_forward(&gu)?;
     let out = if want_out {
-        let out = matmul_cols_forward(&act, std::slice::from_ref(&w.down), Some(&h))?;
+        let out = lin.cols_forward(&act, std::slice::from_ref(&w.down), None, Some(&h))?;
         Some(out.reshape((b, t, c))?)
     } else {
         None
@@ -281,11 +281,12 @@ fn block_forward_full(
 /// (N, 2F)`, `silu(gate)*up (N, F)`, the RMSNorm statistics and the rotary tables.
 pub fn block_forward(
     cfg: &ModelConfig,
+    lin: LinearFormat,
     params: &Tensor,
     x: &Tensor,
     recompute: bool,
 ) -> Result<(Tensor, LlamaBlockSaved)> {
-    let (out, acts) = block_forward_full(cfg, params, x, true)?;
+    let (out, acts) = block_forward_full(cfg, lin, params, x, true)?;
     let out = out.expect("asked for the output");
     let saved = Kept::new(acts, |a| a.x, recompute);
     Ok((out, LlamaBlockSaved(saved)))
@@ -296,13 +297,14 @@ pub fn block_forward(
 /// the GPU every weight gradient is written straight into its slot of the flat buffer.
 pub fn block_backward(
     cfg: &ModelConfig,
+    lin: LinearFormat,
     params: &Tensor,
     saved: &LlamaBlockSaved,
     dout: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
     let acts = saved
         .0
-        .acts(|x| Ok(block_forward_full(cfg, params, x, false)?.1))?;
+        .acts(|x| Ok(block_forward_full(cfg, lin, params, x, false)?.1))?;
     let a: &LlamaBlockActs = &acts;
     let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
     check_params(params, &unit, "block")?;
@@ -322,12 +324,12 @@ pub fn block_backward(
     // out = h + act @ down_proj
     let down = ["mlp.down_proj.weight"];
     let (dact, dw) =
-        matmul_cols_backward(&dout, &a.act, std::slice::from_ref(&w.down), &slots(&down)?)?;
+        lin.cols_backward(&dout, &a.act, std::slice::from_ref(&w.down), &slots(&down)?)?;
     put(&down, &dw)?;
     // act = silu(gate) * up
     let dgu = swiglu_packed_backward(&dact, &a.gu)?;
     // [gate | up] = n2 @ [gate_proj | up_proj]
-    let (dn2, dw) = matmul_cols_backward(&dgu, &a.n2, &w.gate_up, &slots(&GATE_UP_NAMES)?)?;
+    let (dn2, dw) = lin.cols_backward(&dgu, &a.n2, &w.gate_up, &slots(&GATE_UP_NAMES)?)?;
     put(&GATE_UP_NAMES, &dw)?;
     // n2 = post_attention_layernorm(h); h also feeds the residual, whose gradient is dout
     let post = "post_attention_layernorm.weight";
@@ -343,7 +345,7 @@ pub fn block_backward(
     // h = x + y @ o_proj
     let o = ["self_attn.o_proj.weight"];
     let y = a.att.y.reshape((b * t, nh * hs))?;
-    let (dy, dw) = matmul_cols_backward(&dh, &y, std::slice::from_ref(&w.o), &slots(&o)?)?;
+    let (dy, dw) = lin.cols_backward(&dh, &y, std::slice::from_ref(&w.o), &slots(&o)?)?;
     put(&o, &dw)?;
     // y = attn(qkv), then q and k turned back by the rotation
     let dqkv = gqa_packed_backward(&dy.reshape((b, t, nh * hs))?, &a.att)?;
@@ -370,7 +372,7 @@ pub fn block_backward(
         put(&QKV_BIAS_NAMES, &parts)?;
     }
     // qkv = n1 @ [q_proj | k_proj | v_proj]
-    let (dn1, dw) = matmul_cols_backward(&dqkv, &a.n1, &w.qkv, &slots(&QKV_NAMES)?)?;
+    let (dn1, dw) = lin.cols_backward(&dqkv, &a.n1, &w.qkv, &slots(&QKV_NAMES)?)?;
     put(&QKV_NAMES, &dw)?;
     // n1 = input_layernorm(x); x also feeds the residual, whose gradient is dh
     let xf = a.x.reshape((b * t, c))?;

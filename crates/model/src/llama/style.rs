@@ -14,6 +14,7 @@ use crate::error::{ModelError, Result};
 use crate::family::{Family, HfTensor, Sizes};
 use crate::layers::{rope_tables, Loss, RopeScaling, RopeTables, TokenIndex};
 use crate::layout::{init_stds, ParamInit, ParamSpec, UnitKind, UnitTable};
+use crate::linears::LinearFormat;
 use crate::schedule::Saved;
 
 /// A family of Llama's block: its names, what it adds to the block, its defaults, its presets.
@@ -605,22 +606,24 @@ impl Family for LlamaStyle {
     fn block_forward(
         &self,
         cfg: &ModelConfig,
+        lin: LinearFormat,
         params: &Tensor,
         x: &Tensor,
         recompute: bool,
     ) -> Result<(Tensor, Saved)> {
-        let (y, s) = super::block_forward(cfg, params, x, recompute)?;
+        let (y, s) = super::block_forward(cfg, lin, params, x, recompute)?;
         Ok((y, Saved::new(s)))
     }
 
     fn block_backward(
         &self,
         cfg: &ModelConfig,
+        lin: LinearFormat,
         params: &Tensor,
         saved: &Saved,
         dout: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
-        super::block_backward(cfg, params, saved.get(self.name())?, dout)
+        super::block_backward(cfg, lin, params, saved.get(self.name())?, dout)
     }
 
     fn final_norm_forward(

@@ -1,0 +1,178 @@
+//! The number format of the blocks' linear layers, and each projection of a block run in it.
+//!
+//! A run resolves it once from `train.precision` ([`crate::Model::with_linears`]); the
+//! families' blocks call their projections through it, so that a block's code is written once
+//! for every format. [`LinearFormat::Dense`] multiplies in the compute dtype through the layers
+//! of `linear.rs` and `projection.rs` (cuBLASLt on the GPU, with its epilogues);
+//! [`LinearFormat::Fp8`] multiplies in FP8 E4M3 with block scales (`layers/fp8_linear.rs`).
+//! Everything else (embedding, norms, attention, the head and its loss) is the compute dtype's
+//! in both. Only the blocks' linear layers change: a format is a compute recipe, not a shape,
+//! so a checkpoint and its export are the same for every format.
+
+use candle_core::Tensor;
+
+use crate::error::Result;
+use crate::layers::{
+    fp8_linear_backward, fp8_linear_forward, gelu_backward_bias_grad, gelu_forward,
+    matmul_backward_into, matmul_cols_backward, matmul_cols_bias_forward, matmul_forward,
+    matmul_gelu_backward_into, matmul_gelu_forward, residual_matmul_forward,
+};
+
+/// What the blocks' linear layers multiply in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LinearFormat {
+    /// The compute dtype (f32 on the CPU, bf16 on the GPU).
+    #[default]
+    Dense,
+    /// FP8 E4M3 with block scales: `128 x 128` for weights, `1 x 128` or `128 x 1` along the
+    /// contraction for activations and gradients (`layers/fp8_linear.rs`).
+    Fp8,
+}
+
+impl LinearFormat {
+    /// Its name in messages and `trainer plan`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinearFormat::Dense => "the compute dtype",
+            LinearFormat::Fp8 => "FP8 E4M3 (128-element block scales)",
+        }
+    }
+
+    // ---- packed projections (the Llama block), as projection.rs ----
+
+    /// `[x @ w_0 | x @ w_1 | ...] (+ bias) (+ residual)`: [`matmul_cols_bias_forward`].
+    pub fn cols_forward(
+        self,
+        x: &Tensor,
+        ws: &[Tensor],
+        bias: Option<&Tensor>,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        match self {
+            LinearFormat::Dense => matmul_cols_bias_forward(x, ws, bias, residual),
+            LinearFormat::Fp8 => {
+                // One GEMM a weight, each its own tiles, as on the GPU.
+                let mut off = 0;
+                let mut parts = Vec::with_capacity(ws.len());
+                for w in ws {
+                    let out = w.dim(1)?;
+                    let b = bias.map(|b| b.narrow(0, off, out)).transpose()?;
+                    let r = residual.map(|r| r.narrow(1, off, out)).transpose()?;
+                    parts.push(fp8_linear_forward(x, w, b.as_ref(), r.as_ref())?);
+                    off += out;
+                }
+                Ok(match parts.len() {
+                    1 => parts.pop().expect("one part"),
+                    _ => Tensor::cat(&parts, 1)?,
+                })
+            }
+        }
+    }
+
+    /// Gradients of [`LinearFormat::cols_forward`] without the bias's: `(dx, [dw_i])`, each
+    /// `dw_i` in `into[i]` where the dense GPU GEMM writes it there
+    /// ([`matmul_cols_backward`]).
+    pub fn cols_backward(
+        self,
+        dout: &Tensor,
+        x: &Tensor,
+        ws: &[Tensor],
+        into: &[Option<Tensor>],
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        match self {
+            LinearFormat::Dense => matmul_cols_backward(dout, x, ws, into),
+            LinearFormat::Fp8 => {
+                let mut off = 0;
+                let mut dx: Option<Tensor> = None;
+                let mut dws = Vec::with_capacity(ws.len());
+                for w in ws {
+                    let out = w.dim(1)?;
+                    let d = dout.narrow(1, off, out)?.contiguous()?;
+                    off += out;
+                    let (part, dw, _) = fp8_linear_backward(&d, x, w, false)?;
+                    dx = Some(match dx {
+                        Some(acc) => (acc + part)?,
+                        None => part,
+                    });
+                    dws.push(dw);
+                }
+                let dx = dx.ok_or_else(|| {
+                    candle_core::Error::Msg("LinearFormat::cols_backward: no weight".into())
+                })?;
+                Ok((dx, dws))
+            }
+        }
+    }
+
+    // ---- one projection with a bias (the GPT-2 block), as linear.rs ----
+
+    /// `x @ w + b`: [`matmul_forward`].
+    pub fn forward(self, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+        match self {
+            LinearFormat::Dense => matmul_forward(x, w, b),
+            LinearFormat::Fp8 => fp8_linear_forward(x, w, Some(b), None),
+        }
+    }
+
+    /// `residual + x @ w + b`: [`residual_matmul_forward`].
+    pub fn residual_forward(
+        self,
+        residual: &Tensor,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+    ) -> Result<Tensor> {
+        match self {
+            LinearFormat::Dense => residual_matmul_forward(residual, x, w, b),
+            LinearFormat::Fp8 => fp8_linear_forward(x, w, Some(b), Some(residual)),
+        }
+    }
+
+    /// `h = x @ w + b` and `gelu(h)`: [`matmul_gelu_forward`].
+    pub fn gelu_forward(self, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
+        match self {
+            LinearFormat::Dense => matmul_gelu_forward(x, w, b),
+            LinearFormat::Fp8 => {
+                let h = fp8_linear_forward(x, w, Some(b), None)?;
+                let g = gelu_forward(&h)?;
+                Ok((h, g))
+            }
+        }
+    }
+
+    /// Gradients of [`LinearFormat::forward`]: `(dx, dw, db when want_db)`
+    /// ([`matmul_backward_into`]).
+    pub fn backward_into(
+        self,
+        dout: &Tensor,
+        x: &Tensor,
+        w: &Tensor,
+        dw_into: Option<&Tensor>,
+        want_db: bool,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        match self {
+            LinearFormat::Dense => matmul_backward_into(dout, x, w, dw_into, want_db),
+            LinearFormat::Fp8 => fp8_linear_backward(dout, x, w, want_db),
+        }
+    }
+
+    /// Gradients of `out = gelu(h) @ w + b` and the GELU before it: `(dh, dw, db, dbias_h)`
+    /// ([`matmul_gelu_backward_into`]).
+    pub fn gelu_backward_into(
+        self,
+        dout: &Tensor,
+        g: &Tensor,
+        w: &Tensor,
+        h: &Tensor,
+        dw_into: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
+        match self {
+            LinearFormat::Dense => matmul_gelu_backward_into(dout, g, w, h, dw_into),
+            LinearFormat::Fp8 => {
+                let (dg, dw, db) = fp8_linear_backward(dout, g, w, true)?;
+                let (dh, dbias_h) = gelu_backward_bias_grad(&dg, h)?;
+                Ok((dh, dw, db.expect("asked for db"), dbias_h))
+            }
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! FP8 linear layers (layers/fp8_linear.rs, `LinearFormat::Fp8`): the product of exactly
+//! representable operands is the dense product bit for bit; each operand is scaled along the
+//! dimension its GEMM contracts (a row, a column or a weight tile), which a matrix whose rows
+//! or columns differ by 10^8 in magnitude tells apart; and every family's model trains in FP8
+//! close to its dense self, recomputation bitwise.
+
+use candle_core::{DType, Device, Tensor};
+use model::layers::{
+    fp8_linear_backward, fp8_linear_forward, fp8_round, matmul_backward, residual_matmul_forward,
+    COL_BLOCK, ROW_BLOCK, WEIGHT_TILE,
+};
+use model::{LinearFormat, Model, ModelLayout, Sizes};
+
+mod common;
+use common::*;
+
+/// An `r x c` matrix of k 2^q, k in -7..=7, with ±7 at every even i + j: every block (two elements or more) of
+/// any of the three shapes then holds ±7 2^q, so its scale is 2^q / 64 and each element's
+/// code k x 64 is exact: FP8 rounding leaves the matrix unchanged.
+fn representable(r: usize, c: usize, q: i32, rng: &mut Rng) -> Tensor {
+    let v: Vec<f32> = (0..r * c)
+        .map(|k| {
+            let (i, j) = (k / c, k % c);
+            let sign = if rng.unif() < 0.5 { -1.0 } else { 1.0 };
+            let m = match (i + j) % 2 {
+                0 => 7.0,
+                _ => (rng.unif() * 7.0).floor() as f32,
+            };
+            sign * m * 2f32.powi(q)
+        })
+        .collect();
+    Tensor::from_vec(v, (r, c), &Device::Cpu).unwrap()
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+fn f32s(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+fn rows(t: &Tensor) -> Vec<Vec<f32>> {
+    t.to_vec2::<f32>().unwrap()
+}
+
+#[test]
+fn representable_operands_multiply_as_the_dense_product() {
+    let mut rng = Rng(3);
+    // 130 x 260 crosses the 128 boundaries of every block shape.
+    let (n, k, m) = (130, 260, 140);
+    let x = representable(n, k, -3, &mut rng);
+    let w = representable(k, m, -9, &mut rng);
+    let b = representable(1, m, -4, &mut rng).reshape(m).unwrap();
+    let r = representable(n, m, 1, &mut rng);
+    let dout = representable(n, m, -6, &mut rng);
+    for tile in [ROW_BLOCK, COL_BLOCK, WEIGHT_TILE] {
+        let (a, b) = (bits(&fp8_round(&x, tile).unwrap()), bits(&x));
+        if let Some(k) = (0..a.len()).find(|&k| a[k] != b[k]) {
+            panic!(
+                "{tile:?} [{k}]: {} vs {}",
+                f32::from_bits(a[k]),
+                f32::from_bits(b[k])
+            );
+        }
+    }
+    let y = fp8_linear_forward(&x, &w, Some(&b), Some(&r)).unwrap();
+    assert_eq!(
+        bits(&y),
+        bits(&residual_matmul_forward(&r, &x, &w, &b).unwrap())
+    );
+    let (dx, dw, db) = fp8_linear_backward(&dout, &x, &w, true).unwrap();
+    let (ddx, ddw, ddb) = matmul_backward(&dout, &x, &w).unwrap();
+    assert_eq!(bits(&dx), bits(&ddx));
+    assert_eq!(bits(&dw), bits(&ddw));
+    assert_eq!(bits(&db.unwrap()), bits(&ddb));
+}
+
+/// A rank-one `x (N, K)` whose row `i` is `row_mag[i]` times a fixed pattern.
+fn scaled_rows(row_mag: &[f32], k: usize) -> Tensor {
+    let v: Vec<f32> = row_mag
+        .iter()
+        .flat_map(|&a| (0..k).map(move |j| a * (1.0 + (j % 5) as f32 / 7.0)))
+        .collect();
+    Tensor::from_vec(v, (row_mag.len(), k), &Device::Cpu).unwrap()
+}
+
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    let d: f32 = got.iter().zip(want).map(|(a, b)| (a - b).powi(2)).sum();
+    let n: f32 = want.iter().map(|b| b * b).sum();
+    (d / n).sqrt()
+}
+
+#[test]
+fn each_operand_is_scaled_along_what_its_gemm_contracts() {
+    // Rows of 1e4 and 1e-4 magnitude. Row-wise blocks (the forward's x, the input gradient's
+    // dout) keep the small rows to FP8's precision; one scale down a column would flush them to
+    // zero (1e-4 x 448 / 1e4 is below e4m3's smallest subnormal).
+    let mags = [1e4f32, 1e-4, 1e4, 1e-4];
+    let x = scaled_rows(&mags, 16);
+    let w = Tensor::from_vec(
+        (0..16 * 8)
+            .map(|i| ((i * 37 % 11) as f32 - 5.0) / 8.0)
+            .collect::<Vec<_>>(),
+        (16, 8),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let y = fp8_linear_forward(&x, &w, None, None).unwrap();
+    let want = x.matmul(&w).unwrap();
+    for (i, (g, e)) in rows(&y).iter().zip(rows(&want)).enumerate() {
+        assert!(rel_err(g, &e) < 0.07, "forward row {i}: {g:?} vs {e:?}");
+    }
+    let dout = scaled_rows(&mags, 8);
+    let (dx, _, _) = fp8_linear_backward(&dout, &x, &w, false).unwrap();
+    let want = dout.matmul(&w.t().unwrap()).unwrap();
+    for (i, (g, e)) in rows(&dx).iter().zip(rows(&want)).enumerate() {
+        assert!(rel_err(g, &e) < 0.07, "input gradient row {i}");
+    }
+    // The weight gradient contracts over positions: x and dout each take one scale down a
+    // column, so columns of 1e4 and 1e-4 both keep their precision (a scale a row would flush
+    // the small column).
+    let xt = scaled_rows(&mags, 6).t().unwrap().contiguous().unwrap(); // (6, 4): columns differ
+    let dt = scaled_rows(&[1.0, 1e-3, 1.0], 6)
+        .t()
+        .unwrap()
+        .contiguous()
+        .unwrap(); // (6, 3)
+    let wg = Tensor::zeros((4, 3), DType::F32, &Device::Cpu).unwrap();
+    let (_, dw, _) = fp8_linear_backward(&dt, &xt, &wg, false).unwrap();
+    let want = xt.t().unwrap().matmul(&dt).unwrap();
+    for (i, (g, e)) in rows(&dw).iter().zip(rows(&want)).enumerate() {
+        assert!(
+            rel_err(g, &e) < 0.07,
+            "weight gradient row {i}: {g:?} vs {e:?}"
+        );
+    }
+    // A weight takes one scale a 128 x 128 tile: with 1e4 at (0, 0) and 1e-4 elsewhere, the
+    // small entries of its tile go to zero while the tile of (128, 128) keeps its own; a scale
+    // a row would keep row 1.
+    let big = 129;
+    let v: Vec<f32> = (0..big * big)
+        .map(|k| if k == 0 { 1e4 } else { 1e-4 })
+        .collect();
+    let wt = Tensor::from_vec(v, (big, big), &Device::Cpu).unwrap();
+    let r = rows(&fp8_round(&wt, WEIGHT_TILE).unwrap());
+    assert_eq!(r[1][1], 0.0);
+    assert!((r[128][128] - 1e-4).abs() < 1e-4 / 16.0);
+    assert!((rows(&fp8_round(&wt, ROW_BLOCK).unwrap())[1][1] - 1e-4).abs() < 1e-4 / 16.0);
+}
+
+fn sizes() -> Sizes {
+    Sizes {
+        n_layer: 2,
+        n_embd: 16,
+        n_head: 4,
+        seq_len: 8,
+        vocab_size: 37,
+        n_kv_head: Some(2),
+        head_dim: None,
+        ffn_hidden: Some(24),
+        tie_embeddings: None,
+    }
+}
+
+#[test]
+fn every_family_trains_in_fp8_close_to_dense_and_recomputes_bitwise() {
+    for (name, cfg) in model::every_family(&sizes()) {
+        let mut rng = Rng(11);
+        // The model's own initialisation: FP8's error relative to a gradient depends on how
+        // much of it cancels, which uniform positive weights make far larger than a model has.
+        let params: Vec<Tensor> = ModelLayout::new(&cfg)
+            .units
+            .iter()
+            .map(|u| {
+                let mut buf = vec![0f32; u.numel];
+                model::init_unit_range(&cfg, u, 7, 0, &mut buf);
+                Tensor::from_vec(buf, u.numel, &Device::Cpu).unwrap()
+            })
+            .collect();
+        let tokens = rng.tokens((3, 8), cfg.vocab_size);
+        let targets = rng.tokens((3, 8), cfg.vocab_size);
+        let dense = Model::new(cfg.clone()).unwrap();
+        let fp8 = Model::new(cfg.clone())
+            .unwrap()
+            .with_linears(LinearFormat::Fp8);
+        assert_eq!(fp8.linears(), LinearFormat::Fp8);
+        let (l0, g0) = dense
+            .loss_and_grads(&params, &tokens, &targets, false)
+            .unwrap();
+        let (l1, g1) = fp8
+            .loss_and_grads(&params, &tokens, &targets, false)
+            .unwrap();
+        let (l2, g2) = fp8
+            .loss_and_grads(&params, &tokens, &targets, true)
+            .unwrap();
+        assert!(
+            (l1 - l0).abs() < 1e-3 * l0,
+            "{name}: loss {l1} vs dense {l0}"
+        );
+        assert_ne!(l1, l0, "{name}: FP8 computed nothing of its own");
+        assert_eq!(l2, l1, "{name}: recomputation");
+        for (u, ((a, b), c)) in g0.iter().zip(&g1).zip(&g2).enumerate() {
+            let (a, b) = (f32s(a), f32s(b));
+            assert_eq!(f32s(c), b, "{name}, unit {u}: recomputation");
+            let d: f32 = a.iter().zip(&b).map(|(x, y)| (x - y).powi(2)).sum();
+            let n: f32 = a.iter().map(|x| x * x).sum();
+            assert!(
+                d.sqrt() <= 0.1 * n.sqrt() + 1e-9,
+                "{name}, unit {u}: gradient"
+            );
+        }
+    }
+}
