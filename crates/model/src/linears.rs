@@ -12,6 +12,7 @@
 use candle_core::Tensor;
 
 use crate::error::Result;
+use crate::layers::projection::cols_backward_each;
 use crate::layers::{
     fp8_linear_backward, fp8_linear_forward, gelu_backward_bias_grad, gelu_forward,
     matmul_backward_into, matmul_cols_backward, matmul_cols_bias_forward, matmul_forward,
@@ -81,26 +82,10 @@ impl LinearFormat {
     ) -> Result<(Tensor, Vec<Tensor>)> {
         match self {
             LinearFormat::Dense => matmul_cols_backward(dout, x, ws, into),
-            LinearFormat::Fp8 => {
-                let mut off = 0;
-                let mut dx: Option<Tensor> = None;
-                let mut dws = Vec::with_capacity(ws.len());
-                for w in ws {
-                    let out = w.dim(1)?;
-                    let d = dout.narrow(1, off, out)?.contiguous()?;
-                    off += out;
-                    let (part, dw, _) = fp8_linear_backward(&d, x, w, false)?;
-                    dx = Some(match dx {
-                        Some(acc) => (acc + part)?,
-                        None => part,
-                    });
-                    dws.push(dw);
-                }
-                let dx = dx.ok_or_else(|| {
-                    candle_core::Error::Msg("LinearFormat::cols_backward: no weight".into())
-                })?;
-                Ok((dx, dws))
-            }
+            LinearFormat::Fp8 => cols_backward_each(dout, ws, |d, w| {
+                let (dx, dw, _) = fp8_linear_backward(d, x, w, false)?;
+                Ok((dx, dw))
+            }),
         }
     }
 

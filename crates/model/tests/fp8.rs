@@ -14,9 +14,9 @@ use model::{LinearFormat, Model, ModelLayout, Sizes};
 mod common;
 use common::*;
 
-/// An `r x c` matrix of k 2^q, k in -7..=7, with ±7 at every even i + j: every block (two elements or more) of
-/// any of the three shapes then holds ±7 2^q, so its scale is 2^q / 64 and each element's
-/// code k x 64 is exact: FP8 rounding leaves the matrix unchanged.
+/// An `r x c` matrix of k 2^q, k in -7..=7, with ±7 at every even i + j: every block of two
+/// elements or more, of any of the three shapes, then holds ±7 2^q, so its scale is 2^q / 64
+/// and each element's code k x 64 is exact: FP8 rounding leaves the matrix unchanged.
 fn representable(r: usize, c: usize, q: i32, rng: &mut Rng) -> Tensor {
     let v: Vec<f32> = (0..r * c)
         .map(|k| {

@@ -151,6 +151,7 @@ fn block_forward_full(
 }
 
 /// One transformer block: `x (B, T, C)` -> `out (B, T, C)` from the block's flat `params`.
+/// Its four projections multiply in `lin` ([`LinearFormat`]: the compute dtype, or FP8).
 ///
 /// With `recompute`, [`BlockSaved`] holds only `x` (activation checkpointing) and
 /// [`block_backward`] reruns this forward (all of it but the MLP projection, whose output it does

@@ -25,7 +25,7 @@ mod gelu;
 mod gqa;
 mod layernorm;
 mod linear;
-mod projection;
+pub(crate) mod projection;
 mod qk_norm;
 mod rmsnorm;
 mod rope;

@@ -74,6 +74,17 @@ pub fn matmul_cols_backward(
         super::declined("projection::cols_backward", dout)?;
     }
     let _ = into; // only the GPU's GEMMs write into slots
+    cols_backward_each(dout, ws, |d, w| Ok((d.matmul(&w.t()?)?, x.t()?.matmul(d)?)))
+}
+
+/// The backward of packed projections one weight at a time: `part(dout_i, w_i)` gives
+/// `(dout_i @ w_i^T, dw_i)` for the column block `dout_i` of `dout`; returns the sum of the
+/// first over `i` and every `dw_i`.
+pub(crate) fn cols_backward_each(
+    dout: &Tensor,
+    ws: &[Tensor],
+    part: impl Fn(&Tensor, &Tensor) -> Result<(Tensor, Tensor)>,
+) -> Result<(Tensor, Vec<Tensor>)> {
     let mut off = 0;
     let mut dx: Option<Tensor> = None;
     let mut dws = Vec::with_capacity(ws.len());
@@ -81,12 +92,12 @@ pub fn matmul_cols_backward(
         let out = w.dim(1)?;
         let d = dout.narrow(1, off, out)?.contiguous()?;
         off += out;
-        let part = d.matmul(&w.t()?)?;
+        let (p, dw) = part(&d, w)?;
         dx = Some(match dx {
-            Some(acc) => (acc + part)?,
-            None => part,
+            Some(acc) => (acc + p)?,
+            None => p,
         });
-        dws.push(x.t()?.matmul(&d)?);
+        dws.push(dw);
     }
     let dx = dx.ok_or_else(|| candle_core::Error::Msg("matmul_cols_backward: no weight".into()))?;
     Ok((dx, dws))

@@ -269,6 +269,8 @@ fn block_forward_full(
 /// One decoder block: `x (B, T, C)` -> `out (B, T, C)` from the block's flat `params`
 /// (`eps` = `cfg.norm_eps`, the rotary tables of `cfg.rope_theta` and `cfg.rope_scaling` for
 /// this batch's `T`).
+/// Its projections (q|k|v, o, gate|up, down) multiply in `lin` ([`LinearFormat`]: the
+/// compute dtype, or FP8).
 ///
 /// q, k and v come out of one packed projection `(N, (NH + 2 KV) hs)` that the rotation turns
 /// in place and the attention reads in place, gate and up out of another `(N, 2F)`; the residual
