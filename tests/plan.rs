@@ -264,6 +264,27 @@ fn throughput_predicts_five_variants() {
 
     // Without --throughput the key is null.
     assert!(plan_json(&["--config", "configs/paper/gpt18b-1k.toml"])["throughput"].is_null());
+
+    // FP8 compute on an H200: the blocks' linear layers at its FP8 peak, a shorter step.
+    let h200 = ["--config", "configs/paper/gpt18b-1k.toml", "--throughput"];
+    let bf16 = plan_json(&h200);
+    let fp8 = plan_json(&[&h200[..], &["--set", "train.precision=\"fp8\""]].concat());
+    assert_eq!(fp8["throughput"]["fp8_linears"], true);
+    assert_eq!(bf16["throughput"]["fp8_linears"], false);
+    assert_eq!(fp8["throughput"]["gpu"]["fp8_peak_tflops"], 1979.0);
+    let compute = |j: &Value| f(&j["throughput"], "/zero3/compute_s");
+    assert!(
+        compute(&fp8) < 0.6 * compute(&bf16),
+        "{} vs {}",
+        compute(&fp8),
+        compute(&bf16)
+    );
+    let out = plan(&[&h200[..], &["--set", "train.precision=\"fp8\""]].concat());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("the blocks' linear layers in FP8 at 1979 TFLOP/s"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -281,6 +302,16 @@ fn throughput_options_are_checked() {
             "--latency-us -1",
         ),
         (&["--gpu", "v100"][..], "--throughput"),
+        (
+            &[
+                "--throughput",
+                "--gpu",
+                "a100",
+                "--set",
+                "train.precision=\"fp8\"",
+            ][..],
+            "needs FP8 tensor cores: --gpu a100 has none",
+        ),
     ] {
         let out = plan(&[&base[..], extra].concat());
         assert!(!out.status.success(), "{extra:?}");

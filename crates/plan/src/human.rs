@@ -285,10 +285,16 @@ fn human_throughput(o: &mut String, t: &Throughput) {
             "{}, its units as measured in {file} (memory-bound kernels at {:.0} GB/s)",
             t.gpu.name, t.gpu.mem_bw_gbs
         ),
-        None => format!(
-            "{} at {} TFLOP/s x {}",
-            t.gpu.name, t.gpu.peak_tflops, t.mfu_fraction
-        ),
+        None => match (t.fp8_linears, t.gpu.fp8_peak_tflops) {
+            (true, Some(fp8)) => format!(
+                "{} at {} TFLOP/s x {} (the blocks' linear layers in FP8 at {} TFLOP/s x {})",
+                t.gpu.name, t.gpu.peak_tflops, t.mfu_fraction, fp8, t.mfu_fraction
+            ),
+            _ => format!(
+                "{} at {} TFLOP/s x {}",
+                t.gpu.name, t.gpu.peak_tflops, t.mfu_fraction
+            ),
+        },
     };
     let mut shared = match t.ranks_per_gpu > 1 {
         true => format!(", all {} ranks on one GPU", t.ranks_per_gpu),

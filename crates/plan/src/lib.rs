@@ -117,7 +117,7 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
     let pb = param_bytes(t.precision);
     let (mut throughput, mut sweep, mut advice) = (None, None, None);
     if let Some(a) = &args.throughput {
-        let model = model::Model::new(cfg.clone())?;
+        let model = model::Model::new(cfg.clone())?.with_linears(config.linears());
         let calibration = match &a.calibrate {
             Some(path) => Some(calibrate::load(
                 path,
@@ -136,6 +136,13 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
             calibration: calibration.as_ref(),
         };
         let cluster = cluster(a, topology, calibration.as_ref())?;
+        if model.linears() == model::LinearFormat::Fp8 && cluster.gpu.fp8_peak_tflops.is_none() {
+            bail!(
+                "train.precision = \"fp8\" needs FP8 tensor cores: --gpu {} has none \
+                 (h100 and h200 have them)",
+                cluster.gpu.name
+            );
+        }
         if let Some(k) = &calibration {
             notes.extend(k.notes.iter().cloned());
         }

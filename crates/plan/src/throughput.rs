@@ -9,7 +9,8 @@
 //!   `2 T C` (the convention of `Model::flops_per_token`, attention counted once); the LM head
 //!   `2 V C`; an embedding lookup and a norm 0. Backward is twice the forward; with
 //!   `model.recompute` a block's backward runs its forward again. Compute runs at
-//!   `peak_tflops x mfu_fraction`. The default fraction, 0.5, is the share of dense tensor peak
+//!   `peak_tflops x mfu_fraction`; with `train.precision = "fp8"` a block's linear layers (its
+//!   `2 x numel`) run at `fp8_peak_tflops x mfu_fraction` instead. The default fraction, 0.5, is the share of dense tensor peak
 //!   that large transformer matmuls reach end to end in well-tuned trainers (Megatron-LM, 52% of
 //!   A100 peak at 1T parameters, Narayanan et al. 2021); it is not fitted to the paper.
 //! - **Collectives.** [`ring_s`]: a ring all-gather or reduce-scatter of `S` bytes over `p`
@@ -49,7 +50,7 @@
 //! `model_tflops_per_gpu` is `Model::flops_per_token` (no recomputation), what training logs.
 
 use comm::{Group, Topology};
-use model::{Model, Pass, UnitKind};
+use model::{LinearFormat, Model, Pass, UnitKind};
 use serde::Serialize;
 use zero::volume::{unit_payload, UnitPayload};
 use zero::{GatherSlot, ZeroConfig, ZeroPlan, REDUCTIONS_IN_FLIGHT};
@@ -63,6 +64,9 @@ pub struct Gpu {
     pub name: &'static str,
     /// Dense tensor-core TFLOP/s in fp16/bf16 (no sparsity).
     pub peak_tflops: f64,
+    /// Dense tensor-core TFLOP/s in FP8 (E4M3), for the blocks' linear layers of
+    /// `train.precision = "fp8"`; `None` on a GPU without FP8 tensor cores (before Ada/Hopper).
+    pub fp8_peak_tflops: Option<f64>,
     /// GB/s (10^9 bytes) of device memory.
     pub mem_bw_gbs: f64,
     /// NVLink per GPU, one direction, Gb/s: the default of `--intra-gbps`.
@@ -72,7 +76,8 @@ pub struct Gpu {
     pub memory_gib: f64,
 }
 
-/// The presets of `--gpu`, from NVIDIA's data sheets. NVLink per direction is half the
+/// The presets of `--gpu`, from NVIDIA's data sheets (FP8: H100 and H200 SXM 1,979 TFLOP/s
+/// dense, twice bf16's; V100 and A100 have none). NVLink per direction is half the
 /// data sheet's bidirectional figure: V100 SXM2 300 GB/s (6 links, as in the DGX-2 of the
 /// paper), A100 SXM 600 GB/s, H100 and H200 SXM 900 GB/s. Memory: V100 32 GB (the paper's
 /// DGX-2), A100 and H100 80 GB, H200 141 GB (140 GiB as `nvidia-smi` counts it).
@@ -80,6 +85,7 @@ pub const GPUS: [Gpu; 4] = [
     Gpu {
         name: "v100",
         peak_tflops: 125.0,
+        fp8_peak_tflops: None,
         mem_bw_gbs: 900.0,
         nvlink_gbps: 1200.0,
         memory_gib: 32.0,
@@ -87,6 +93,7 @@ pub const GPUS: [Gpu; 4] = [
     Gpu {
         name: "a100",
         peak_tflops: 312.0,
+        fp8_peak_tflops: None,
         mem_bw_gbs: 2039.0,
         nvlink_gbps: 2400.0,
         memory_gib: 80.0,
@@ -94,6 +101,7 @@ pub const GPUS: [Gpu; 4] = [
     Gpu {
         name: "h100",
         peak_tflops: 989.0,
+        fp8_peak_tflops: Some(1979.0),
         mem_bw_gbs: 3350.0,
         nvlink_gbps: 3600.0,
         memory_gib: 80.0,
@@ -101,6 +109,7 @@ pub const GPUS: [Gpu; 4] = [
     Gpu {
         name: "h200",
         peak_tflops: 989.0,
+        fp8_peak_tflops: Some(1979.0),
         mem_bw_gbs: 4800.0,
         nvlink_gbps: 3600.0,
         memory_gib: 140.0,
@@ -171,6 +180,15 @@ pub fn all_to_all_s(per_rank: f64, p: usize, bytes_per_s: f64, latency_s: f64) -
 impl Cluster {
     fn flop_rate(&self) -> f64 {
         self.gpu.peak_tflops * 1e12 * self.mfu_fraction
+    }
+
+    /// FLOP/s of the blocks' linear layers in `linears`: FP8's peak for FP8 (the dense peak on
+    /// a GPU without one, which `trainer plan` refuses before it predicts).
+    fn linear_flop_rate(&self, linears: LinearFormat) -> f64 {
+        match (linears, self.gpu.fp8_peak_tflops) {
+            (LinearFormat::Fp8, Some(fp8)) => fp8 * 1e12 * self.mfu_fraction,
+            _ => self.flop_rate(),
+        }
     }
 
     fn intra(&self) -> f64 {
@@ -329,7 +347,7 @@ impl Workload<'_> {
     fn forward_s(&self, u: usize, c: &Cluster) -> f64 {
         c.shared(match self.calibration {
             Some(k) => k.forward_s[u],
-            None => self.forward_flops(u) * self.tokens_per_micro_batch() / c.flop_rate(),
+            None => self.compute_s(u, 1.0, c),
         })
     }
 
@@ -337,8 +355,16 @@ impl Workload<'_> {
     fn backward_s(&self, u: usize, c: &Cluster) -> f64 {
         c.shared(match self.calibration {
             Some(k) => k.backward_s[u],
-            None => self.backward_flops(u) * self.tokens_per_micro_batch() / c.flop_rate(),
+            None => self.compute_s(u, self.backward_factor(u), c),
         })
+    }
+
+    /// Seconds of `times` forwards of unit `u` in a micro-batch at the GPU's rates: its linear
+    /// layers at the rate of the model's [`LinearFormat`], the attention at the dense rate.
+    fn compute_s(&self, u: usize, times: f64, c: &Cluster) -> f64 {
+        let (linear, rest) = self.forward_flops_split(u);
+        let rate = c.linear_flop_rate(self.model.linears());
+        times * self.tokens_per_micro_batch() * (linear / rate + rest / c.flop_rate())
     }
 
     /// Seconds of the loss head's forward and backward in a micro-batch on `c`.
@@ -365,22 +391,36 @@ impl Workload<'_> {
 
     /// Forward FLOPs of unit `u`'s own layers per token (the head apart).
     fn forward_flops(&self, u: usize) -> f64 {
+        let (linear, rest) = self.forward_flops_split(u);
+        linear + rest
+    }
+
+    /// [`Workload::forward_flops`] as (the linear layers' `2 x numel`, the attention's
+    /// `2 T C`).
+    fn forward_flops_split(&self, u: usize) -> (f64, f64) {
         let cfg = self.model.config();
         let unit = &self.model.units()[u];
         match unit.kind {
-            UnitKind::Block(_) => 2.0 * (unit.numel + cfg.seq_len * cfg.n_embd) as f64,
-            UnitKind::Embedding | UnitKind::FinalNorm => 0.0,
+            UnitKind::Block(_) => (
+                2.0 * unit.numel as f64,
+                2.0 * (cfg.seq_len * cfg.n_embd) as f64,
+            ),
+            UnitKind::Embedding | UnitKind::FinalNorm => (0.0, 0.0),
         }
     }
 
-    /// Backward FLOPs of unit `u` per token: twice the forward, plus the forward again for a
+    /// Forwards' worth of unit `u`'s backward: twice the forward, plus the forward again for a
     /// recomputed block.
+    fn backward_factor(&self, u: usize) -> f64 {
+        match (self.recompute, self.model.units()[u].kind) {
+            (true, UnitKind::Block(_)) => 3.0,
+            _ => 2.0,
+        }
+    }
+
+    /// Backward FLOPs of unit `u` per token.
     fn backward_flops(&self, u: usize) -> f64 {
-        let again = match (self.recompute, self.model.units()[u].kind) {
-            (true, UnitKind::Block(_)) => 1.0,
-            _ => 0.0,
-        };
-        (2.0 + again) * self.forward_flops(u)
+        self.backward_factor(u) * self.forward_flops(u)
     }
 
     /// The LM head's forward and backward FLOPs per token: `3 x 2 V C`.
@@ -543,6 +583,8 @@ pub struct Throughput {
     pub overlap: bool,
     /// The `--calibrate` file whose unit times replaced the GPU's peak x fraction, else null.
     pub calibrated_from: Option<String>,
+    /// The blocks' linear layers run at the GPU's FP8 peak (`train.precision = "fp8"`).
+    pub fp8_linears: bool,
     /// Tokens a GPU trains a step: micro_batch x seq_len x accumulation.
     pub tokens_per_gpu_step: u64,
     /// FLOPs a GPU executes a step, recomputation included.
@@ -608,6 +650,7 @@ pub fn throughput(
         ranks_per_gpu: c.ranks_per_gpu,
         overlap: c.overlap,
         calibrated_from: None,
+        fp8_linears: work.model.linears() == LinearFormat::Fp8,
         tokens_per_gpu_step: tokens as u64,
         hardware_flops_per_gpu_step: work.hardware_flops_per_micro_batch()
             * work.accumulation as f64,

@@ -19,6 +19,7 @@ fn cluster(nodes: usize, d: usize, inter_gbps: f64) -> Cluster {
         gpu: Gpu {
             name: "test",
             peak_tflops: 100.0,
+            fp8_peak_tflops: Some(200.0),
             mem_bw_gbs: 1000.0,
             nvlink_gbps: 800.0,
             memory_gib: 80.0,
@@ -353,4 +354,41 @@ fn an_untied_head_runs_in_the_last_units_slot() {
     assert!(close(slots[n - 1].compute_s, head), "{:?}", slots[n - 1]);
     let total: f64 = slots.iter().map(|s| s.compute_s).sum();
     assert!(close(total, work.hardware_flops_per_micro_batch() / 50e12));
+}
+
+/// FP8 compute: a block's linear layers (`2 x numel` a token) run at the FP8 peak, its
+/// attention (`2 T C`) at the dense one, forward and backward; the embedding and the head are
+/// unchanged, and so are the FLOPs counted.
+#[test]
+fn fp8_runs_the_blocks_linear_layers_at_the_fp8_peak() {
+    let cfg = ModelConfig::gpt2(2, 256, 4, 128, 1000);
+    let dense = Model::new(cfg.clone()).unwrap();
+    let fp8 = Model::new(cfg).unwrap().with_linears(LinearFormat::Fp8);
+    let c = cluster(1, 1, 80.0);
+    let (wd, w8) = (
+        Workload::bf16(&dense, 2, 1, true),
+        Workload::bf16(&fp8, 2, 1, true),
+    );
+    let tokens = 2.0 * 128.0;
+    let block = dense.units()[1].numel as f64;
+    let (linear, attention) = (2.0 * block, 2.0 * 128.0 * 256.0);
+    let (dense_rate, fp8_rate) = (100e12 * 0.5, 200e12 * 0.5);
+    assert!(close(
+        wd.forward_s(1, &c),
+        tokens * (linear + attention) / dense_rate
+    ));
+    assert!(close(
+        w8.forward_s(1, &c),
+        tokens * (linear / fp8_rate + attention / dense_rate)
+    ));
+    // Recomputation: the backward is three forwards' worth.
+    assert!(close(w8.backward_s(1, &c), 3.0 * w8.forward_s(1, &c)));
+    assert!(close(w8.head_s(&c), wd.head_s(&c)));
+    assert!(close(w8.forward_s(0, &c), 0.0));
+    assert!(close(
+        w8.hardware_flops_per_micro_batch(),
+        wd.hardware_flops_per_micro_batch()
+    ));
+    let plan = ZeroPlan::resolve(&ZeroConfig::default(), c.topology, 10).unwrap();
+    assert!(predict(&w8, &plan, &c).step_s < predict(&wd, &plan, &c).step_s);
 }
