@@ -527,7 +527,7 @@ impl RunConfig {
             bail!(
                 "train.precision = \"fp8\" on the GPU needs the FP8 GEMM kernels, not written yet \
                  (issue 40): use \"bf16\"; on train.device = \"cpu\" it runs as an emulation \
-                 (docs/kernels.md, \"FP8\")"
+                 (docs/kernels.md, \"FP8 compute\")"
             );
         }
         if t.device == DeviceKind::Cuda && !cfg!(feature = "cuda") {
