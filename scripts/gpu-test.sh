@@ -20,6 +20,9 @@
 #   qwen    Qwen3 1.7B's and Qwen2.5 1.5B's shapes at seq 2048, 8 sequences a step (QWEN_MB a
 #           micro-batch, default 8) with --profile, each beside .gpu/torch_llama.py eager and
 #           torch.compile with the same blocks (--qk-norm --head-dim 128, --qkv-bias)
+#   fp8     issue 40: the FP8 kernels' tests with the GEMM timings at Llama 3.2 1B's shapes beside
+#           PyTorch's (scripts/fp8_gemm_torch.py), llama-tiny in FP8 on the GPU (plain and ZeRO++
+#           at W = 8), the Llama 3.2 1B shape in FP8 beside torch_llama.py --compile --float8
 #   llama-3b  the Llama 3.2 3B shape with recomputation (W = 1, seq 2048, 8 sequences) beside
 #           torch_llama.py eager and torch.compile with activation checkpointing
 #   calibrate  issue 28: trainer bench --profile --json at W = 1 for gpt350m (seq 1024) at 16, 8
@@ -126,6 +129,32 @@ for stage in $STAGES; do
           | tee "$OUT/speed-torch-$preset-compile.txt"
       fi
     done
+    ;;
+  fp8)
+    # Issue 40: the FP8 quantisers and layers against their CPU references and the FP8 GEMMs at
+    # Llama 3.2 1B's shapes beside bf16 and PyTorch's (scripts/fp8_gemm_torch.py); llama-tiny
+    # trained in FP8 on the GPU (plain, and ZeRO++ at W = 8 as 2 x 4: compare with the llama
+    # stage's bf16 runs and the CPU emulation, docs/kernels.md); the Llama 3.2 1B shape in FP8
+    # beside torch_llama.py --compile --float8 (torchao's row-wise recipe) from the same call.
+    .gpu/gpu-tests fp8 --test-threads=1 --nocapture 2>&1 | tee "$OUT/fp8-tests.log"
+    python3 scripts/fp8_gemm_torch.py 2>&1 | tee "$OUT/fp8-gemm-torch.txt" || true
+    base=(--config configs/tiny.toml --set 'model.preset="llama-tiny"' --set log.progress=false
+          --set checkpoint.resume=false --set "train.steps=$STEPS" --set log.interval=10
+          --set log.eval_interval=50)
+    gpu=(--set 'train.device="cuda"' --set 'train.precision="fp8"')
+    zeropp=(--set dist.world_size=8 --set dist.gpus_per_node=4 --set train.micro_batch=2
+            --set zero.quantized_weights=true --set zero.hpz_partition_size=4 --set zero.quantized_gradients=true)
+    if [[ -z ${NO_PARITY:-} ]]; then
+      run llama-tiny-gpu-fp8 "${base[@]}" "${gpu[@]}"
+      run llama-zeropp-w8-gpu-fp8 "${base[@]}" "${zeropp[@]}" "${gpu[@]}"
+    fi
+    "$T" "${llama_w1[@]}" --set 'model.preset="llama3.2-1b"' --set model.recompute=false \
+      --set 'train.precision="fp8"' --set "train.micro_batch=${LLAMA_MB:-8}" --steps "${BENCH_STEPS:-5}" \
+      --profile "${bench_set[@]}" | tee "$OUT/speed-llama1b-fp8${TAG:-}.txt"
+    if [[ -f .gpu/torch_llama.py ]]; then
+      python3 .gpu/torch_llama.py --steps 20 --compile --float8 \
+        | tee "$OUT/speed-torch-llama-compile-float8.txt"
+    fi
     ;;
   llama-3b)
     "$T" "${llama_w1[@]}" --set 'model.preset="llama3.2-3b"' --set model.recompute=true \

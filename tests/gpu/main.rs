@@ -10,6 +10,7 @@ mod decode;
 mod elementwise;
 mod embedding;
 mod engine;
+mod fp8;
 mod layernorm;
 mod linear;
 mod llama_layers;

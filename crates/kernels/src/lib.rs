@@ -80,6 +80,9 @@ sources! {
     /// The quantisers of `quant` (INT8, swizzled INT4, fused INT4 piece sums and requantisers),
     /// one module per block size `BLOCK`, bitwise equal to the CPU reference (`Flavour::Exact`).
     QUANT = "quant.cu";
+    /// The FP8 E4M3 quantisers of the FP8 linear layers (1 x 128, 128 x 1 and 128 x 128 block
+    /// scales), writing codes and scales in the layouts of cuBLASLt's block-scaled FP8 GEMMs.
+    FP8 = "fp8.cu";
     /// The AdamW update of `zero`, bitwise equal to the CPU one (`Flavour::Exact`).
     ADAMW = "adamw.cu";
     /// A one-thread kernel that holds a stream for a given time (`comm`'s emulated slow link).

@@ -1,8 +1,15 @@
 //! GEMMs on the GPU through cuBLASLt (feature `cuda`), in row-major terms, with the epilogues
 //! the layers use: a bias added to every row, a residual matrix added (`D = A B + bias + C`
-//! with C and D distinct), GELU with its input kept, and GELU's backward with a bias gradient. bf16 inputs, f32 accumulation and scaling, bf16 or f32 output. No
-//! transpose is ever copied: a row-major `(R, S)` matrix is cuBLAS's column-major `(S, R)`, so
-//! every product here is one cuBLASLt call with the right transpose flags.
+//! with C and D distinct), GELU with its input kept, and GELU's backward with a bias gradient.
+//! bf16 inputs, f32 accumulation and scaling, bf16 or f32 output. No transpose is ever copied:
+//! a row-major `(R, S)` matrix is cuBLAS's column-major `(S, R)`, so every product here is one
+//! cuBLASLt call with the right transpose flags.
+//!
+//! FP8 (issue 40): E4M3 inputs with [`BlockScales`], the block scaling cuBLASLt has on Hopper
+//! since CUDA 12.9 (`VEC128_32F` for 1 x 128 blocks along K, `BLK128x128_32F` for weight
+//! tiles; not both operands in tiles). Hopper's FP8 MMA reads both operands K-contiguous, so an
+//! FP8 product is always TN in cuBLAS terms (`trans_a`, not `trans_b`); the quantisers of
+//! `kernels/cuda/fp8.cu` write the codes that way, transposing where the layer needs it.
 //!
 //! One cuBLASLt handle and a 32 MiB workspace per CUDA stream, made at first use. Each shape's
 //! descriptors and algorithm (cuBLASLt's first heuristic pick) are made once and kept with the
@@ -39,8 +46,8 @@ fn lt_error(e: impl std::fmt::Debug) -> ModelError {
     ModelError::Candle(candle_core::Error::Msg(format!("cuBLASLt: {e:?}")))
 }
 
-/// Key of an algorithm choice: every argument of the heuristic query (the last pair: whether C
-/// is read, and the pointers' common alignment).
+/// Key of an algorithm choice: every argument of the heuristic query (then: whether C is read
+/// and the pointers' common alignment; the FP8 scale modes).
 type AlgoKey = (
     u64,
     u64,
@@ -53,7 +60,7 @@ type AlgoKey = (
     u8,
     u8,
     u8,
-    (bool, u32),
+    (bool, u32, Option<(u32, u32)>),
 );
 
 /// The largest power of two up to 256 that divides every matrix address of `g`: what the
@@ -95,6 +102,7 @@ fn cuda_type(d: DType) -> Result<sys::cudaDataType> {
     match d {
         DType::BF16 => Ok(sys::cudaDataType::CUDA_R_16BF),
         DType::F32 => Ok(sys::cudaDataType::CUDA_R_32F),
+        DType::F8E4M3 => Ok(sys::cudaDataType::CUDA_R_8F_E4M3),
         d => Err(candle_core::Error::UnsupportedDTypeForOp(d, "gemm").into()),
     }
 }
@@ -125,10 +133,40 @@ impl Epilogue {
     }
 }
 
+/// How an FP8 operand's f32 scales cover it (cuBLASLt's `cublasLtMatmulMatrixScale_t`), for an
+/// operand stored K-contiguous with `outer` rows of K: the layouts `kernels/cuda/fp8.cu` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScaleMode {
+    /// One scale a 128 elements along K, `(K block kb, outer o)` at `kb * outer + o`.
+    Vec128,
+    /// One scale a 128 x 128 tile, `(outer block ob, K block kb)` at `ob * round_up(KB, 4) + kb`.
+    Blk128x128,
+}
+
+impl ScaleMode {
+    /// cuBLASLt's value (`CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F` = 4, `_BLK128x128_32F` = 5 in
+    /// cublasLt.h since CUDA 12.9; cudarc names them only for some CUDA versions).
+    fn code(self) -> u32 {
+        match self {
+            ScaleMode::Vec128 => 4,
+            ScaleMode::Blk128x128 => 5,
+        }
+    }
+}
+
+/// The scales of an FP8 GEMM's two operands: device addresses and how each covers its operand.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockScales {
+    pub a: u64,
+    pub a_mode: ScaleMode,
+    pub b: u64,
+    pub b_mode: ScaleMode,
+}
+
 /// A column-major product `D (m, n) = op(A) op(B)` with an [`Epilogue`] and optionally `+ C`
 /// (cuBLAS terms).
-/// Pointers are device addresses; `a_type`/`b_type` are the inputs' dtypes (bf16), `d_type`
-/// the output's (bf16 or f32; C has D's type and leading dimension).
+/// Pointers are device addresses; `in_type` is the inputs' dtype (bf16, or F8E4M3 with
+/// `scales`), `d_type` the output's (bf16 or f32; C has D's type and leading dimension).
 pub(crate) struct Gemm {
     pub m: usize,
     pub n: usize,
@@ -146,6 +184,8 @@ pub(crate) struct Gemm {
     pub epilogue: Epilogue,
     /// `beta = 1` with this C.
     pub c: Option<u64>,
+    /// FP8 only: the operands' block scales.
+    pub scales: Option<BlockScales>,
 }
 
 struct Desc(sys::cublasLtMatmulDesc_t);
@@ -246,6 +286,14 @@ fn plan(handle: sys::cublasLtHandle_t, g: &Gemm, align: u32) -> Result<Plan> {
         &epilogue as *const _ as _,
         size_of_val(&epilogue),
     )?;
+    if let Some(s) = g.scales {
+        for (attr, mode) in [
+            (A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, s.a_mode.code()),
+            (A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, s.b_mode.code()),
+        ] {
+            set_attr(&desc, attr, &mode as *const u32 as _, size_of::<u32>())?;
+        }
+    }
     set_pointers(&desc, g)?;
     let (a_rows, a_cols) = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
     let (b_rows, b_cols) = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
@@ -306,6 +354,14 @@ fn set_pointers(desc: &Desc, g: &Gemm) -> Result<()> {
             size_of::<u64>(),
         )?;
     }
+    if let Some(s) = &g.scales {
+        for (attr, p) in [
+            (A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &s.a),
+            (A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &s.b),
+        ] {
+            set_attr(desc, attr, p as *const u64 as _, size_of::<u64>())?;
+        }
+    }
     if let Some(aux) = &aux {
         let aux_ld = g.ldd as i64;
         set_attr(
@@ -345,7 +401,11 @@ pub(crate) fn run(dev: &CudaDevice, g: &Gemm) -> Result<()> {
         g.in_type as u8,
         g.d_type as u8,
         g.epilogue.code(),
-        (g.c.is_some(), align),
+        (
+            g.c.is_some(),
+            align,
+            g.scales.map(|s| (s.a_mode.code(), s.b_mode.code())),
+        ),
     );
     if !lt_guard.plans.contains_key(&key) {
         let p = plan(lt_guard.handle, g, align)?;

@@ -12,11 +12,11 @@
 use candle_core::Tensor;
 
 use crate::error::Result;
-use crate::layers::projection::cols_backward_each;
 use crate::layers::{
-    fp8_linear_backward, fp8_linear_forward, gelu_backward_bias_grad, gelu_forward,
-    matmul_backward_into, matmul_cols_backward, matmul_cols_bias_forward, matmul_forward,
-    matmul_gelu_backward_into, matmul_gelu_forward, residual_matmul_forward,
+    fp8_linear_backward, fp8_linear_cols_backward, fp8_linear_cols_forward, fp8_linear_forward,
+    gelu_backward_bias_grad, gelu_forward, matmul_backward_into, matmul_cols_backward,
+    matmul_cols_bias_forward, matmul_forward, matmul_gelu_backward_into, matmul_gelu_forward,
+    residual_matmul_forward,
 };
 
 /// What the blocks' linear layers multiply in.
@@ -52,19 +52,10 @@ impl LinearFormat {
         match self {
             LinearFormat::Dense => matmul_cols_bias_forward(x, ws, bias, residual),
             LinearFormat::Fp8 => {
-                // One GEMM a weight, each its own tiles, as on the GPU.
-                let mut off = 0;
-                let mut parts = Vec::with_capacity(ws.len());
-                for w in ws {
-                    let out = w.dim(1)?;
-                    let b = bias.map(|b| b.narrow(0, off, out)).transpose()?;
-                    let r = residual.map(|r| r.narrow(1, off, out)).transpose()?;
-                    parts.push(fp8_linear_forward(x, w, b.as_ref(), r.as_ref())?);
-                    off += out;
-                }
-                Ok(match parts.len() {
-                    1 => parts.pop().expect("one part"),
-                    _ => Tensor::cat(&parts, 1)?,
+                let y = fp8_linear_cols_forward(x, ws, residual)?;
+                Ok(match bias {
+                    Some(b) => y.broadcast_add(b)?,
+                    None => y,
                 })
             }
         }
@@ -82,10 +73,7 @@ impl LinearFormat {
     ) -> Result<(Tensor, Vec<Tensor>)> {
         match self {
             LinearFormat::Dense => matmul_cols_backward(dout, x, ws, into),
-            LinearFormat::Fp8 => cols_backward_each(dout, ws, |d, w| {
-                let (dx, dw, _) = fp8_linear_backward(d, x, w, false)?;
-                Ok((dx, dw))
-            }),
+            LinearFormat::Fp8 => fp8_linear_cols_backward(dout, x, ws, into),
         }
     }
 

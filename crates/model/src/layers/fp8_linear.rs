@@ -1,8 +1,14 @@
 //! FP8 linear layers (issue 40): `x @ w` with both operands in FP8 E4M3 and f32 scales a
-//! block, the forward and the two backward GEMMs side by side. This is the reference of the
-//! recipe; the CPU runs it as an emulation (each operand quantised and dequantised in f32, the
-//! product in f32), which is what an FP8 GEMM with f32 accumulation computes up to the order of
-//! its sums.
+//! block, the forward and the two backward GEMMs side by side. The functions here are the
+//! reference of the recipe; the CPU runs it as an emulation (each operand quantised and
+//! dequantised in f32, the product in f32), which is what an FP8 GEMM with f32 accumulation
+//! computes up to the order of its sums. On the GPU (module `cuda`) the quantisers of
+//! `kernels/cuda/fp8.cu` write each operand's codes and scales, bitwise the CPU's, and
+//! cuBLASLt's block-scaled FP8 GEMMs multiply them (`crate::gemm`): the forward reads the
+//! weight's transposed codes, the weight gradient both operands' transposed codes (Hopper's FP8
+//! MMA reads both operands K-contiguous). There the output is bf16 and a bias is added after
+//! the GEMM's rounding, so a GPU result differs from the reference by the order of the sums and
+//! one bf16 rounding.
 //!
 //! The recipe is block scaling (DeepSeek-V3's, Transformer Engine's `Float8BlockScaling`),
 //! chosen for ZeRO++ rather than torchao's row-wise scales: a weight `w (IN, OUT)` takes one
@@ -37,13 +43,20 @@ pub const ROW_BLOCK: Tile = Tile { rows: 1, cols: 128 };
 /// The scale block of an operand contracted along its columns (the weight gradient's): `128 x 1`.
 pub const COL_BLOCK: Tile = Tile { rows: 128, cols: 1 };
 
+/// On the GPU every side of an FP8 GEMM's operands (tokens, IN, OUT) is a multiple of this:
+/// cuBLASLt's FP8 GEMMs want 16-byte leading dimensions.
+pub const GPU_MULTIPLE: usize = 16;
+
 /// `m (R, S)` quantised to FP8 with one scale a `tile` and dequantised: the values the FP8 GEMM
 /// multiplies, as f32.
 pub fn fp8_round(m: &Tensor, tile: Tile) -> Result<Tensor> {
     if m.device().is_cuda() {
-        return Err(ModelError::Candle(candle_core::Error::Msg(
-            "the FP8 linear layers have no GPU kernels yet (issue 40): FP8 runs on the CPU".into(),
-        )));
+        return Err(ModelError::Candle(candle_core::Error::Msg(format!(
+            "FP8 on the GPU takes bf16 operands whose sides are multiples of {GPU_MULTIPLE}; got a \
+             {:?} {:?} matrix",
+            m.dtype(),
+            m.dims()
+        ))));
     }
     let (r, s) = m.dims2()?;
     let v = m.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
@@ -82,6 +95,15 @@ pub fn fp8_linear_forward(
     bias: Option<&Tensor>,
     residual: Option<&Tensor>,
 ) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(x) {
+        if let Some(y) = cuda::cols_forward(x, std::slice::from_ref(w), residual)? {
+            return Ok(match bias {
+                Some(b) => y.broadcast_add(b)?,
+                None => y,
+            });
+        }
+    }
     let mut y = fp8_matmul_forward(x, w)?;
     if let Some(b) = bias {
         y = y.broadcast_add(&b.to_dtype(DType::F32)?)?;
@@ -101,9 +123,394 @@ pub fn fp8_linear_backward(
     want_db: bool,
 ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     let dt = x.dtype();
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(x) {
+        if let Some((dx, mut dws)) = cuda::cols_backward(dout, x, std::slice::from_ref(w), &[None])?
+        {
+            let db = want_db.then(|| super::bias_grad(dout)).transpose()?;
+            return Ok((dx, dws.pop().expect("one weight"), db));
+        }
+    }
     let (dx, dw) = fp8_matmul_backward(dout, x, w)?;
     let db = want_db
         .then(|| dout.to_dtype(DType::F32)?.sum(0)?.to_dtype(dt))
         .transpose()?;
     Ok((dx.to_dtype(dt)?, dw.to_dtype(dt)?, db))
+}
+
+/// Packed projections in FP8: `[x @ w_0 | x @ w_1 | ...] (+ residual)`, `x (N, IN)`, `w_i (IN,
+/// OUT_i)`, `residual (N, sum OUT_i)`: each column block [`fp8_linear_forward`] of its weight.
+/// On the GPU `x` is quantised once and each GEMM writes its columns of the one output.
+pub fn fp8_linear_cols_forward(
+    x: &Tensor,
+    ws: &[Tensor],
+    residual: Option<&Tensor>,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(x) {
+        if let Some(y) = cuda::cols_forward(x, ws, residual)? {
+            return Ok(y);
+        }
+    }
+    let mut off = 0;
+    let mut parts = Vec::with_capacity(ws.len());
+    for w in ws {
+        let out = w.dim(1)?;
+        let r = residual.map(|r| r.narrow(1, off, out)).transpose()?;
+        parts.push(fp8_linear_forward(x, w, None, r.as_ref())?);
+        off += out;
+    }
+    Ok(match parts.len() {
+        1 => parts.pop().expect("one part"),
+        _ => Tensor::cat(&parts, 1)?,
+    })
+}
+
+/// Gradients of [`fp8_linear_cols_forward`]: `(dx = sum_i dout_i @ w_i^T, [dw_i = x^T @
+/// dout_i])`, each term [`fp8_linear_backward`]'s; on the GPU `dw_i` goes into `into[i]` where
+/// given (a slot of the unit's flat gradient, then returned as that view).
+pub fn fp8_linear_cols_backward(
+    dout: &Tensor,
+    x: &Tensor,
+    ws: &[Tensor],
+    into: &[Option<Tensor>],
+) -> Result<(Tensor, Vec<Tensor>)> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(x) {
+        if let Some(r) = cuda::cols_backward(dout, x, ws, into)? {
+            return Ok(r);
+        }
+    }
+    let _ = into; // only the GPU's GEMMs write into slots
+    super::projection::cols_backward_each(dout, ws, |d, w| {
+        let (dx, dw, _) = fp8_linear_backward(d, x, w, false)?;
+        Ok((dx, dw))
+    })
+}
+
+#[cfg(feature = "cuda")]
+pub mod cuda {
+    //! The FP8 linear layers on the GPU: the quantisers of `kernels/cuda/fp8.cu` and
+    //! cuBLASLt's block-scaled FP8 GEMMs (`crate::gemm`), in cuBLAS's column-major terms (a
+    //! row-major `(R, S)` matrix is column-major `(S, R)` with leading dimension `S`):
+    //! - forward `y^T (OUT, N) = w^T x^T`: A = w's transposed codes `(OUT, IN)` row-major
+    //!   (tiles, K = IN), B = x's codes `(N, IN)` (1 x 128 blocks), D = y `(N, OUT)`;
+    //! - input gradient `dx^T (IN, N)`: A = w's codes `(IN, OUT)` (tiles, K = OUT), B = dout's
+    //!   codes `(N, OUT)` (1 x 128);
+    //! - weight gradient `dw^T (OUT, IN)`, i.e. `dw (IN, OUT)` row-major: A = dout^T's codes
+    //!   `(OUT, N)`, B = x^T's codes `(IN, N)`, both 128 x 1 blocks of the originals (K = N).
+    //! Everything is queued on the tensors' stream; the codes live until the GEMMs that read
+    //! them have been queued (stream order keeps them valid until those have run).
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::cuda_backend::CudaDevice;
+    use candle_core::{DType, Tensor};
+    use kernels::launch::{Kernel, Module};
+    use kernels::profile::Family;
+
+    use super::GPU_MULTIPLE;
+    use crate::error::Result;
+    use crate::gemm::{self, BlockScales, Epilogue, Gemm, ScaleMode};
+    use crate::gpu;
+
+    /// One CTA's threads in every quantiser (fp8.cu's launch bounds).
+    const THREADS: usize = 256;
+    /// The K-block and tile side of the scales.
+    const BLOCK: usize = 128;
+
+    fn kernel(dev: &CudaDevice, name: &str) -> Result<Kernel> {
+        Ok(Kernel::load(
+            dev,
+            Module::new(&kernels::FP8, &[], kernels::Flavour::Fast),
+            name,
+        )?)
+    }
+
+    /// FP8 codes of a GEMM operand stored K-contiguous, `(outer, K)` row-major (u8 tensors: the
+    /// E4M3 bits, which the GEMM reads as `CUDA_R_8F_E4M3`), and their f32 scales in cuBLASLt's
+    /// layout for `mode`.
+    pub struct Operand {
+        pub codes: Tensor,
+        pub scales: Tensor,
+        pub mode: ScaleMode,
+    }
+
+    /// A weight `w (IN, OUT)` in 128 x 128 tiles: its codes for the input gradient (`(IN, OUT)`,
+    /// K = OUT) and the transposed ones for the forward (`(OUT, IN)`, K = IN), one scale a
+    /// tile in each operand's layout.
+    pub struct Weight {
+        pub codes: Operand,
+        pub codes_t: Operand,
+    }
+
+    /// Whether a `(rows, cols)` bf16 matrix can be an FP8 operand: contiguous, both sides
+    /// multiples of [`GPU_MULTIPLE`], and small enough for the kernels' int indices.
+    fn takes(t: &Tensor) -> bool {
+        t.dtype() == DType::BF16
+            && t.is_contiguous()
+            && t.dims2().is_ok_and(|(r, c)| {
+                r.is_multiple_of(GPU_MULTIPLE)
+                    && c.is_multiple_of(GPU_MULTIPLE)
+                    && r > 0
+                    && c > 0
+                    && r <= i32::MAX as usize
+                    && c <= i32::MAX as usize
+            })
+    }
+
+    /// `(N, IN, sum OUT_i)` of packed projections the kernels take: `x (N, IN)`, every `w_i (IN,
+    /// OUT_i)` and `other` (the residual, or dout) `(N, sum OUT_i)` FP8 operands; else `None`.
+    fn packed_shape(
+        x: &Tensor,
+        ws: &[Tensor],
+        other: Option<&Tensor>,
+    ) -> Option<(usize, usize, usize)> {
+        let (n, inp) = x.dims2().ok()?;
+        let total: usize = ws.iter().map(|w| w.dim(1).unwrap_or(0)).sum();
+        let fits = takes(x)
+            && !ws.is_empty()
+            && ws.iter().all(|w| takes(w) && w.dim(0).ok() == Some(inp))
+            && other.is_none_or(|o| takes(o) && o.dims() == [n, total]);
+        fits.then_some((n, inp, total))
+    }
+
+    /// The `cols` columns from `col` of the row-major bf16 `x (R, ld)`, quantised: in 1 x 128
+    /// blocks along the columns (`fp8_quantize_rows`: codes `(R, cols)`, scales `[ceil(cols /
+    /// 128)][R]`), or with `transposed` in 128 x 1 blocks (`fp8_quantize_cols_t`: the codes of
+    /// the transpose, `(cols, R)`, scales `[ceil(R / 128)][cols]`).
+    fn quantize_view(x: &Tensor, col: usize, cols: usize, transposed: bool) -> Result<Operand> {
+        let dev = gpu::device(x)?;
+        let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
+        let (rows, ld) = x.dims2()?;
+        let (name, codes, scales, cfg) = if transposed {
+            let cfg = LaunchConfig {
+                grid_dim: (cols.div_ceil(32) as u32, rows.div_ceil(BLOCK) as u32, 1),
+                block_dim: (THREADS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (
+                "fp8_quantize_cols_t",
+                (cols, rows),
+                (rows.div_ceil(BLOCK), cols),
+                cfg,
+            )
+        } else {
+            // A warp a block.
+            let ctas = (rows * cols.div_ceil(BLOCK)).div_ceil(THREADS / 32);
+            let cfg = kernels::launch::grid(ctas, THREADS);
+            (
+                "fp8_quantize_rows",
+                (rows, cols),
+                (cols.div_ceil(BLOCK), rows),
+                cfg,
+            )
+        };
+        let codes = gpu::uninit(codes, DType::U8, &dev)?;
+        let scales = gpu::uninit(scales, DType::F32, &dev)?;
+        let func = kernel(&dev, name)?;
+        let px = gpu::ptr(x)? + 2 * col as u64;
+        let (pc, ps) = (gpu::ptr(&codes)?, gpu::ptr(&scales)?);
+        // SAFETY: x addresses rows x ld bf16 (this view: cols from col); codes rows x cols
+        // bytes and the scales, fresh, each written once by the kernel; arguments in kernel
+        // order.
+        unsafe {
+            func.launch(
+                cfg,
+                &[&px, &(ld as i64), &pc, &ps, &(rows as i32), &(cols as i32)],
+            )?;
+        }
+        Ok(Operand {
+            codes,
+            scales,
+            mode: ScaleMode::Vec128,
+        })
+    }
+
+    /// `x (R, S)` in 1 x 128 blocks along S: codes `(R, S)`, scales `[ceil(S / 128)][R]`.
+    pub fn quantize_rows(x: &Tensor) -> Result<Operand> {
+        quantize_view(x, 0, x.dim(1)?, false)
+    }
+
+    /// `x (R, S)` in 128 x 1 blocks: the codes of `x^T`, `(S, R)`, scales `[ceil(R / 128)][S]`.
+    pub fn quantize_cols_t(x: &Tensor) -> Result<Operand> {
+        quantize_view(x, 0, x.dim(1)?, true)
+    }
+
+    /// `w (IN, OUT)` in 128 x 128 tiles, both orientations.
+    pub fn quantize_weight(w: &Tensor) -> Result<Weight> {
+        let dev = gpu::device(w)?;
+        let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
+        let (inp, out) = w.dims2()?;
+        let (ib, ob) = (inp.div_ceil(BLOCK), out.div_ceil(BLOCK));
+        let (ld_fwd, ld_bwd) = (ib.next_multiple_of(4), ob.next_multiple_of(4));
+        let codes = gpu::uninit((inp, out), DType::U8, &dev)?;
+        let codes_t = gpu::uninit((out, inp), DType::U8, &dev)?;
+        // The padding of each scale row is never written: zeros, so that nothing undefined is
+        // ever handed to cuBLASLt.
+        let device = candle_core::Device::Cuda(dev.clone());
+        let scales_fwd = Tensor::zeros((ob, ld_fwd), DType::F32, &device)?;
+        let scales_bwd = Tensor::zeros((ib, ld_bwd), DType::F32, &device)?;
+        let func = kernel(&dev, "fp8_quantize_tiles")?;
+        let cfg = LaunchConfig {
+            grid_dim: (ob as u32, ib as u32, 1),
+            block_dim: (THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let pw = gpu::ptr(w)?;
+        let (pc, pt) = (gpu::ptr(&codes)?, gpu::ptr(&codes_t)?);
+        let (pf, pb) = (gpu::ptr(&scales_fwd)?, gpu::ptr(&scales_bwd)?);
+        // SAFETY: w (IN, OUT) bf16 contiguous; codes, codes_t IN x OUT bytes fresh, every one
+        // written; the scales ob x ld_fwd and ib x ld_bwd f32; arguments in kernel order.
+        unsafe {
+            func.launch(
+                cfg,
+                &[
+                    &pw,
+                    &(out as i64),
+                    &pc,
+                    &pt,
+                    &pf,
+                    &pb,
+                    &(inp as i32),
+                    &(out as i32),
+                    &(ld_fwd as i32),
+                    &(ld_bwd as i32),
+                ],
+            )?;
+        }
+        Ok(Weight {
+            codes: Operand {
+                codes,
+                scales: scales_bwd,
+                mode: ScaleMode::Blk128x128,
+            },
+            codes_t: Operand {
+                codes: codes_t,
+                scales: scales_fwd,
+                mode: ScaleMode::Blk128x128,
+            },
+        })
+    }
+
+    /// `D (m, n) = A^T B (+ C)` in cuBLAS terms with A stored `(m, k)` and B `(n, k)`, both
+    /// K-contiguous FP8 operands: D bf16 at `d` with leading dimension `ldd`, C (when given)
+    /// likewise.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_tn(
+        dev: &CudaDevice,
+        a: &Operand,
+        b: &Operand,
+        (m, n, k): (usize, usize, usize),
+        d: u64,
+        ldd: usize,
+        c: Option<u64>,
+    ) -> Result<()> {
+        gemm::run(
+            dev,
+            &Gemm {
+                m,
+                n,
+                k,
+                a: gpu::ptr(&a.codes)?,
+                lda: k,
+                trans_a: true,
+                b: gpu::ptr(&b.codes)?,
+                ldb: k,
+                trans_b: false,
+                in_type: DType::F8E4M3,
+                d,
+                ldd,
+                d_type: DType::BF16,
+                epilogue: Epilogue::None,
+                c,
+                scales: Some(BlockScales {
+                    a: gpu::ptr(&a.scales)?,
+                    a_mode: a.mode,
+                    b: gpu::ptr(&b.scales)?,
+                    b_mode: b.mode,
+                }),
+            },
+        )
+    }
+
+    /// `[x @ w_0 | x @ w_1 | ...] (+ residual)` in bf16, or `None` where the operands do not
+    /// fit (then the caller's reference refuses CUDA tensors in one line).
+    pub fn cols_forward(
+        x: &Tensor,
+        ws: &[Tensor],
+        residual: Option<&Tensor>,
+    ) -> Result<Option<Tensor>> {
+        let Some((n, inp, total)) = packed_shape(x, ws, residual) else {
+            return Ok(None);
+        };
+        let dev = gpu::device(x)?;
+        let xq = quantize_rows(x)?;
+        let y = gpu::uninit((n, total), DType::BF16, &dev)?;
+        let (py, pr) = (gpu::ptr(&y)?, residual.map(gpu::ptr).transpose()?);
+        let mut off = 0u64;
+        for w in ws {
+            let out = w.dim(1)?;
+            let wq = quantize_weight(w)?;
+            let shift = 2 * off;
+            gemm_tn(
+                &dev,
+                &wq.codes_t,
+                &xq,
+                (out, n, inp),
+                py + shift,
+                total,
+                pr.map(|p| p + shift),
+            )?;
+            off += out as u64;
+        }
+        Ok(Some(y))
+    }
+
+    /// Gradients of [`cols_forward`] without a residual's: `(dx, [dw_i])`, each `dw_i` written
+    /// into `into[i]` where it is a bf16 `(IN, OUT_i)` slot; `None` where the operands do not
+    /// fit.
+    pub fn cols_backward(
+        dout: &Tensor,
+        x: &Tensor,
+        ws: &[Tensor],
+        into: &[Option<Tensor>],
+    ) -> Result<Option<(Tensor, Vec<Tensor>)>> {
+        let Some((n, inp, _)) = packed_shape(x, ws, Some(dout)) else {
+            return Ok(None);
+        };
+        let dev = gpu::device(x)?;
+        let xt = quantize_cols_t(x)?;
+        let dx = gpu::uninit((n, inp), DType::BF16, &dev)?;
+        let pdx = gpu::ptr(&dx)?;
+        let mut dws = Vec::with_capacity(ws.len());
+        let mut off = 0;
+        for (i, w) in ws.iter().enumerate() {
+            let out = w.dim(1)?;
+            let wq = quantize_weight(w)?;
+            let dq = quantize_view(dout, off, out, false)?;
+            // dx (+)= dout_i @ w_i^T
+            gemm_tn(
+                &dev,
+                &wq.codes,
+                &dq,
+                (inp, n, out),
+                pdx,
+                inp,
+                (i > 0).then_some(pdx),
+            )?;
+            let dt = quantize_view(dout, off, out, true)?;
+            let dw = match into.get(i) {
+                Some(Some(v))
+                    if v.dtype() == DType::BF16 && v.is_contiguous() && v.dims() == [inp, out] =>
+                {
+                    v.clone()
+                }
+                _ => gpu::uninit((inp, out), DType::BF16, &dev)?,
+            };
+            // dw_i^T (OUT, IN) column-major is dw_i (IN, OUT) row-major.
+            gemm_tn(&dev, &dt, &xt, (out, inp, n), gpu::ptr(&dw)?, out, None)?;
+            dws.push(dw);
+            off += out;
+        }
+        Ok(Some((dx, dws)))
+    }
 }

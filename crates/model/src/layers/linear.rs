@@ -230,6 +230,7 @@ pub(super) mod cuda {
                 d_type: DType::BF16,
                 epilogue,
                 c,
+                scales: None,
             },
         )
     }
@@ -263,6 +264,7 @@ pub(super) mod cuda {
                 d_type: DType::BF16,
                 epilogue,
                 c: None,
+                scales: None,
             },
         )
     }
@@ -297,6 +299,7 @@ pub(super) mod cuda {
                 d_type: DType::BF16,
                 epilogue: Epilogue::None,
                 c: accumulate.then(|| gpu::ptr(dw)).transpose()?,
+                scales: None,
             },
         )
     }

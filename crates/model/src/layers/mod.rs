@@ -39,9 +39,13 @@ pub use attention::{
 };
 pub use crossentropy::{crossentropy_chunked, crossentropy_forward_backward, Loss, CE_CHUNK_ELEMS};
 pub use embedding::{embedding_backward, embedding_forward, TokenIndex};
+/// The FP8 linear layers' GPU quantisers and GEMMs (tests compare them with the references).
+#[cfg(feature = "cuda")]
+pub use fp8_linear::cuda as fp8_gpu;
 pub use fp8_linear::{
-    fp8_linear_backward, fp8_linear_forward, fp8_matmul_backward, fp8_matmul_forward, fp8_round,
-    COL_BLOCK, ROW_BLOCK, WEIGHT_TILE,
+    fp8_linear_backward, fp8_linear_cols_backward, fp8_linear_cols_forward, fp8_linear_forward,
+    fp8_matmul_backward, fp8_matmul_forward, fp8_round, COL_BLOCK, GPU_MULTIPLE, ROW_BLOCK,
+    WEIGHT_TILE,
 };
 pub use gelu::{gelu_backward, gelu_forward};
 #[cfg(feature = "cuda")]

@@ -188,6 +188,7 @@ mod cuda {
                         None => Epilogue::None,
                     },
                     c: pres.map(|p| p + shift),
+                    scales: None,
                 },
             )?;
             off += out;
@@ -242,6 +243,7 @@ mod cuda {
                     d_type: DType::BF16,
                     epilogue: Epilogue::None,
                     c: (i > 0).then_some(pdx),
+                    scales: None,
                 },
             )?;
             let dw = match into.get(i) {
@@ -267,6 +269,7 @@ mod cuda {
                     d_type: DType::BF16,
                     epilogue: Epilogue::None,
                     c: None,
+                    scales: None,
                 },
             )?;
             dws.push(dw);

@@ -1,0 +1,315 @@
+//! The FP8 linear layers on the GPU (issue 40). First fp8.cu's three quantisers against
+//! `quant::quantize_fp8_e4m3_tiles` bit for bit, codes and scales, each read in the layout
+//! cuBLASLt takes, on a matrix with an all-zero tile (signed zeros), a block below torchao's
+//! amax floor, a NaN and rows 2^22 apart in magnitude, with sides that are multiples of 16 but
+//! not of 128. Then the layers (packed projections with a residual, forward, input and weight
+//! gradients, a gradient written into its slot) against the CPU reference of `fp8_linear.rs` on
+//! the same bf16 values: rows and columns of different magnitudes, so that a scale read from
+//! the wrong block shows. Then the GEMMs at Llama 3.2 1B's shapes beside bf16 (printed:
+//! `--nocapture`).
+//!
+//! Tolerance of the layers: the GPU computes the reference's products of the same codes and
+//! scales, in another order of f32 sums, and rounds the output once to bf16 (2^-9 relative):
+//! 1e-2 of max |reference|.
+
+use crate::common::{assert_close, gpu, seconds_per_call, uniform};
+use candle_core::{DType, Device, Tensor};
+use model::layers::{
+    fp8_gpu, fp8_linear_cols_backward, fp8_linear_cols_forward, matmul_cols_backward,
+    matmul_cols_forward, COL_BLOCK, ROW_BLOCK, WEIGHT_TILE,
+};
+use quant::Tile;
+
+fn host_u8(t: &Tensor) -> Vec<u8> {
+    t.flatten_all()
+        .and_then(|t| t.to_device(&Device::Cpu))
+        .and_then(|t| t.to_vec1::<u8>())
+        .expect("u8 codes")
+}
+
+fn host_f32(t: &Tensor) -> Vec<f32> {
+    t.flatten_all()
+        .and_then(|t| t.to_device(&Device::Cpu))
+        .and_then(|t| t.to_vec1::<f32>())
+        .expect("f32 scales")
+}
+
+/// `v` (rows, cols) rounded to bf16: `(the rounded values, f32 on the CPU, bf16 on the GPU)`.
+fn upload(v: Vec<f32>, rows: usize, cols: usize) -> (Vec<f32>, Tensor, Tensor) {
+    let b = Tensor::from_vec(v, (rows, cols), &Device::Cpu)
+        .and_then(|t| t.to_dtype(DType::BF16))
+        .expect("bf16 values");
+    let f = b.to_dtype(DType::F32).expect("f32");
+    let host = f.flatten_all().and_then(|t| t.to_vec1()).expect("values");
+    (host, f, b.to_device(&gpu()).expect("to gpu"))
+}
+
+/// The quantisers' input: uniform values, row r scaled by 2^(r % 23 - 11); the first 128 x 128
+/// tile zero (every other one -0.0); row 130 at 1e-13 (below the amax floor of 1e-12); a NaN
+/// at (rows - 1, cols - 1).
+fn hostile(rows: usize, cols: usize, seed: u64) -> (Vec<f32>, Tensor) {
+    let mut v = uniform(rows * cols, seed, 1.0);
+    for (i, x) in v.iter_mut().enumerate() {
+        let (r, c) = (i / cols, i % cols);
+        *x *= 2f32.powi((r % 23) as i32 - 11);
+        if r < 128 && c < 128 {
+            *x = if i % 2 == 0 { 0.0 } else { -0.0 };
+        }
+        if r == 130 {
+            *x = if c % 2 == 0 { 1e-13 } else { -3e-14 };
+        }
+    }
+    v[rows * cols - 1] = f32::NAN;
+    let (host, _, g) = upload(v, rows, cols);
+    (host, g)
+}
+
+fn reference(x: &[f32], rows: usize, cols: usize, tile: Tile) -> (Vec<u8>, Vec<f32>) {
+    quant::quantize_fp8_e4m3_tiles(x, rows, cols, tile).expect("the CPU quantiser")
+}
+
+fn same_bits(what: &str, got: f32, want: f32) {
+    assert_eq!(got.to_bits(), want.to_bits(), "{what}: {got} vs {want}");
+}
+
+/// `got (cols, rows)` is the transpose of `want (rows, cols)`, both row-major.
+fn same_transposed(what: &str, got: &[u8], want: &[u8], rows: usize, cols: usize) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for r in 0..rows {
+        for c in 0..cols {
+            assert_eq!(
+                got[c * rows + r],
+                want[r * cols + c],
+                "{what} at ({r}, {c})"
+            );
+        }
+    }
+}
+
+#[test]
+fn fp8_quantisers_equal_the_cpu_bit_for_bit_in_cublaslt_layouts() {
+    for (rows, cols, seed) in [(272, 400, 1), (384, 256, 2), (144, 1040, 3)] {
+        let (x, g) = hostile(rows, cols, seed);
+        let what = |s: &str| format!("({rows}, {cols}) {s}");
+
+        // 1 x 128: codes as x, scales [S blocks][R].
+        let q = fp8_gpu::quantize_rows(&g).expect("quantize_rows");
+        let (codes, scales) = reference(&x, rows, cols, ROW_BLOCK);
+        assert_eq!(host_u8(&q.codes), codes, "{}", what("1 x 128 codes"));
+        let (sb, got) = (cols.div_ceil(128), host_f32(&q.scales));
+        for r in 0..rows {
+            for b in 0..sb {
+                same_bits(
+                    &what("1 x 128 scale"),
+                    got[b * rows + r],
+                    scales[r * sb + b],
+                );
+            }
+        }
+
+        // 128 x 1: codes of x^T, scales [R blocks][S].
+        let q = fp8_gpu::quantize_cols_t(&g).expect("quantize_cols_t");
+        let (codes, scales) = reference(&x, rows, cols, COL_BLOCK);
+        same_transposed(
+            &what("128 x 1 code"),
+            &host_u8(&q.codes),
+            &codes,
+            rows,
+            cols,
+        );
+        let got = host_f32(&q.scales);
+        assert_eq!(got.len(), scales.len(), "{}", what("128 x 1 scales"));
+        for (a, b) in got.iter().zip(&scales) {
+            same_bits(&what("128 x 1 scale"), *a, *b);
+        }
+
+        // 128 x 128 tiles: codes both ways, scales in both BLK128x128 layouts.
+        let w = fp8_gpu::quantize_weight(&g).expect("quantize_weight");
+        let (codes, scales) = reference(&x, rows, cols, WEIGHT_TILE);
+        assert_eq!(host_u8(&w.codes.codes), codes, "{}", what("tile codes"));
+        same_transposed(
+            &what("tile code^T"),
+            &host_u8(&w.codes_t.codes),
+            &codes,
+            rows,
+            cols,
+        );
+        let (ib, ob) = (rows.div_ceil(128), cols.div_ceil(128));
+        let (ld_f, ld_b) = (ib.next_multiple_of(4), ob.next_multiple_of(4));
+        let (fwd, bwd) = (host_f32(&w.codes_t.scales), host_f32(&w.codes.scales));
+        assert_eq!(
+            (fwd.len(), bwd.len()),
+            (ob * ld_f, ib * ld_b),
+            "{}",
+            what("tile scales")
+        );
+        for i in 0..ib {
+            for o in 0..ob {
+                same_bits(
+                    &what("tile scale (w)"),
+                    bwd[i * ld_b + o],
+                    scales[i * ob + o],
+                );
+                same_bits(
+                    &what("tile scale (w^T)"),
+                    fwd[o * ld_f + i],
+                    scales[i * ob + o],
+                );
+            }
+        }
+        // The cases the input was built for are there.
+        assert!(
+            scales[0] > 0.0 && scales[0] < 1e-14,
+            "the zero tile's floor scale"
+        );
+        assert!(scales.last().is_some_and(|s| s.is_nan()), "the NaN tile");
+    }
+}
+
+/// Uniform values, row r scaled by 2^(r % 5 - 2) and column c by 2^(c % 3).
+fn spread(rows: usize, cols: usize, seed: u64) -> (Tensor, Tensor) {
+    let v: Vec<f32> = uniform(rows * cols, seed, 1.0)
+        .into_iter()
+        .enumerate()
+        .map(|(i, x)| x * 2f32.powi((i / cols % 5) as i32 - 2 + (i % cols % 3) as i32))
+        .collect();
+    let (_, cpu, g) = upload(v, rows, cols);
+    (cpu, g)
+}
+
+#[test]
+fn fp8_linear_layers_match_the_cpu_reference() {
+    // Every side a multiple of 128 first, then of 16 only (tokens, IN and OUT 144).
+    layers_check(256, 384, &[128, 256]);
+    layers_check(272, 400, &[144, 256]);
+}
+
+/// `n` tokens of `inp` through packed weights of `outs` columns, with a residual, forward and
+/// backward, the first weight's gradient written into a slot.
+fn layers_check(n: usize, inp: usize, outs: &[usize]) {
+    let what = |s: &str| format!("({n} x {inp} -> {outs:?}) {s}");
+    let total: usize = outs.iter().sum();
+    let (x_c, x_g) = spread(n, inp, 10);
+    let (r_c, r_g) = spread(n, total, 11);
+    let (d_c, d_g) = spread(n, total, 12);
+    let (mut ws_c, mut ws_g) = (vec![], vec![]);
+    for (i, &out) in outs.iter().enumerate() {
+        let (c, g) = spread(inp, out, 20 + i as u64);
+        ws_c.push(c);
+        ws_g.push(g);
+    }
+
+    let y_c = fp8_linear_cols_forward(&x_c, &ws_c, Some(&r_c)).expect("CPU forward");
+    let y_g = fp8_linear_cols_forward(&x_g, &ws_g, Some(&r_g)).expect("GPU forward");
+    assert_eq!(y_g.dtype(), DType::BF16);
+    assert_close(&what("forward"), &y_g, &y_c, 1e-2);
+    // Without the residual, each weight's columns on their own.
+    let y_c = fp8_linear_cols_forward(&x_c, &ws_c, None).expect("CPU forward");
+    let y_g = fp8_linear_cols_forward(&x_g, &ws_g, None).expect("GPU forward");
+    let mut off = 0;
+    for (i, &out) in outs.iter().enumerate() {
+        let part = |t: &Tensor| t.narrow(1, off, out).expect("columns");
+        assert_close(
+            &what(&format!("forward, weight {i}")),
+            &part(&y_g),
+            &part(&y_c),
+            1e-2,
+        );
+        off += out;
+    }
+
+    let none = vec![None; outs.len()];
+    let (dx_c, dws_c) = fp8_linear_cols_backward(&d_c, &x_c, &ws_c, &none).expect("CPU backward");
+    let slot = Tensor::zeros((inp, outs[0]), DType::BF16, &gpu()).expect("slot");
+    let mut into = none.clone();
+    into[0] = Some(slot.clone());
+    let (dx_g, dws_g) = fp8_linear_cols_backward(&d_g, &x_g, &ws_g, &into).expect("GPU backward");
+    assert_close(&what("dx"), &dx_g, &dx_c, 1e-2);
+    for (i, (g, c)) in dws_g.iter().zip(&dws_c).enumerate() {
+        assert_close(&what(&format!("dw {i}")), g, c, 1e-2);
+    }
+    assert_close(&what("dw 0 in its slot"), &slot, &dws_c[0], 1e-2);
+}
+
+/// Llama 3.2 1B's projections at 8 sequences of 2048 tokens: each forward and backward in FP8
+/// (quantisers included) beside bf16, and the FP8 GEMMs alone. Printed, not asserted (speed is
+/// the benchmarks' to check): `gpu-tests fp8_gemms --nocapture`.
+#[test]
+fn fp8_gemms_at_llama_1b_shapes_beside_bf16() {
+    let dev = gpu();
+    let n = 8 * 2048;
+    let shapes: [(&str, usize, &[usize]); 4] = [
+        ("qkv", 2048, &[2048, 512, 512]),
+        ("o", 2048, &[2048]),
+        ("gate|up", 2048, &[8192, 8192]),
+        ("down", 8192, &[2048]),
+    ];
+    println!(
+        "{:<8} {:>12} {:>12} {:>8} {:>12} {:>12} {:>8} {:>14}",
+        "proj", "bf16 fwd", "fp8 fwd", "ratio", "bf16 bwd", "fp8 bwd", "ratio", "fp8 GEMM fwd"
+    );
+    for (name, inp, outs) in shapes {
+        let x = crate::common::randn_bf16(&dev, &[n, inp], 1.0);
+        let ws: Vec<Tensor> = outs
+            .iter()
+            .map(|&o| crate::common::randn_bf16(&dev, &[inp, o], 0.02))
+            .collect();
+        let total: usize = outs.iter().sum();
+        let dout = crate::common::randn_bf16(&dev, &[n, total], 1.0);
+        let none: Vec<Option<Tensor>> = vec![None; ws.len()];
+        let flops = 2.0 * (n * inp * total) as f64;
+        let tf = |s: f64, f: f64| f / s / 1e12;
+        let bf16_f = seconds_per_call(&dev, &|| {
+            matmul_cols_forward(&x, &ws, None).expect("bf16 forward");
+        });
+        let fp8_f = seconds_per_call(&dev, &|| {
+            fp8_linear_cols_forward(&x, &ws, None).expect("fp8 forward");
+        });
+        let bf16_b = seconds_per_call(&dev, &|| {
+            matmul_cols_backward(&dout, &x, &ws, &none).expect("bf16 backward");
+        });
+        let fp8_b = seconds_per_call(&dev, &|| {
+            fp8_linear_cols_backward(&dout, &x, &ws, &none).expect("fp8 backward");
+        });
+        // The GEMMs alone, on operands quantised once.
+        let xq = fp8_gpu::quantize_rows(&x).expect("x codes");
+        let wqs: Vec<_> = ws
+            .iter()
+            .map(|w| fp8_gpu::quantize_weight(w).expect("w codes"))
+            .collect();
+        let cuda = match &dev {
+            Device::Cuda(d) => d.clone(),
+            _ => unreachable!("gpu() is CUDA"),
+        };
+        let y = Tensor::zeros((n, total), DType::BF16, &dev).expect("y");
+        let py = kernels::place::address(&y).expect("y address");
+        let gemm_f = seconds_per_call(&dev, &|| {
+            let mut off = 0u64;
+            for (w, &o) in wqs.iter().zip(outs) {
+                fp8_gpu::gemm_tn(
+                    &cuda,
+                    &w.codes_t,
+                    &xq,
+                    (o, n, inp),
+                    py + 2 * off,
+                    total,
+                    None,
+                )
+                .expect("fp8 GEMM");
+                off += o as u64;
+            }
+        });
+        println!(
+            "{name:<8} {:>7.3} ms {:>7.3} ms {:>7.2}x {:>7.3} ms {:>7.3} ms {:>7.2}x {:>7.3} ms ({:.0} TFLOP/s; bf16 {:.0})",
+            bf16_f * 1e3,
+            fp8_f * 1e3,
+            bf16_f / fp8_f,
+            bf16_b * 1e3,
+            fp8_b * 1e3,
+            bf16_b / fp8_b,
+            gemm_f * 1e3,
+            tf(gemm_f, flops),
+            tf(bf16_f, flops),
+        );
+    }
+}
