@@ -152,12 +152,17 @@ pub fn fp8_linear_cols_forward(
             return Ok(y);
         }
     }
+    // The reference: x rounded once, each part fp8_linear_forward's arithmetic.
+    let xq = fp8_round(x, ROW_BLOCK)?;
     let mut off = 0;
     let mut parts = Vec::with_capacity(ws.len());
     for w in ws {
         let out = w.dim(1)?;
-        let r = residual.map(|r| r.narrow(1, off, out)).transpose()?;
-        parts.push(fp8_linear_forward(x, w, None, r.as_ref())?);
+        let mut y = xq.matmul(&fp8_round(w, WEIGHT_TILE)?)?;
+        if let Some(r) = residual {
+            y = (y + r.narrow(1, off, out)?.to_dtype(DType::F32)?)?;
+        }
+        parts.push(y.to_dtype(x.dtype())?);
         off += out;
     }
     Ok(match parts.len() {
@@ -182,9 +187,13 @@ pub fn fp8_linear_cols_backward(
         }
     }
     let _ = into; // only the GPU's GEMMs write into slots
+                  // The reference: x's 128 x 1 rounding once, each term fp8_matmul_backward's arithmetic.
+    let dt = x.dtype();
+    let xc = fp8_round(x, COL_BLOCK)?;
     super::projection::cols_backward_each(dout, ws, |d, w| {
-        let (dx, dw, _) = fp8_linear_backward(d, x, w, false)?;
-        Ok((dx, dw))
+        let dx = fp8_round(d, ROW_BLOCK)?.matmul(&fp8_round(w, WEIGHT_TILE)?.t()?)?;
+        let dw = xc.t()?.matmul(&fp8_round(d, COL_BLOCK)?)?;
+        Ok((dx.to_dtype(dt)?, dw.to_dtype(dt)?))
     })
 }
 
