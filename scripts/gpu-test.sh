@@ -64,6 +64,13 @@ llama_w1=(bench --config configs/gpt350m.toml --set 'dist.backend="local"' --set
           --set zero.hpz_partition_size=1 --set zero.quantized_weights=false
           --set zero.quantized_gradients=false)
 
+# The parity stages' runs: llama-tiny's 200 steps, and ZeRO++ at W = 8 as 2 x 4.
+llama_tiny=(--config configs/tiny.toml --set 'model.preset="llama-tiny"' --set log.progress=false
+            --set checkpoint.resume=false --set "train.steps=$STEPS" --set log.interval=10
+            --set log.eval_interval=50)
+zeropp=(--set dist.world_size=8 --set dist.gpus_per_node=4 --set train.micro_batch=2
+        --set zero.quantized_weights=true --set zero.hpz_partition_size=4 --set zero.quantized_gradients=true)
+
 for stage in $STAGES; do
   case $stage in
   tests)
@@ -73,8 +80,6 @@ for stage in $STAGES; do
     base=(--config configs/tiny.toml --set log.progress=false --set checkpoint.resume=false
           --set "train.steps=$STEPS" --set log.interval=10 --set log.eval_interval=50)
     gpu=(--set 'train.device="cuda"' --set 'train.precision="bf16"')
-    zeropp=(--set dist.world_size=8 --set dist.gpus_per_node=4 --set train.micro_batch=2
-            --set zero.quantized_weights=true --set zero.hpz_partition_size=4 --set zero.quantized_gradients=true)
     run tiny-cpu-fp32 "${base[@]}"
     run tiny-gpu-bf16 "${base[@]}" "${gpu[@]}"
     run zeropp-w8-cpu-fp32 "${base[@]}" "${zeropp[@]}"
@@ -93,12 +98,8 @@ for stage in $STAGES; do
       --set zero.hpz_partition_size=4 | tee "$OUT/bench-gpt350m-w8-zeropp.txt"
     ;;
   llama)
-    base=(--config configs/tiny.toml --set 'model.preset="llama-tiny"' --set log.progress=false
-          --set checkpoint.resume=false --set "train.steps=$STEPS" --set log.interval=10
-          --set log.eval_interval=50)
+    base=("${llama_tiny[@]}")
     gpu=(--set 'train.device="cuda"' --set 'train.precision="bf16"')
-    zeropp=(--set dist.world_size=8 --set dist.gpus_per_node=4 --set train.micro_batch=2
-            --set zero.quantized_weights=true --set zero.hpz_partition_size=4 --set zero.quantized_gradients=true)
     if [[ -z ${NO_PARITY:-} ]]; then
       run llama-tiny-cpu-fp32 "${base[@]}"
       run llama-tiny-gpu-bf16 "${base[@]}" "${gpu[@]}"
@@ -140,12 +141,8 @@ for stage in $STAGES; do
     # refuses until the tests above have passed once: lift it there when they do.
     .gpu/gpu-tests fp8 --test-threads=1 --nocapture 2>&1 | tee "$OUT/fp8-tests.log"
     python3 scripts/fp8_gemm_torch.py 2>&1 | tee "$OUT/fp8-gemm-torch.txt" || true
-    base=(--config configs/tiny.toml --set 'model.preset="llama-tiny"' --set log.progress=false
-          --set checkpoint.resume=false --set "train.steps=$STEPS" --set log.interval=10
-          --set log.eval_interval=50)
+    base=("${llama_tiny[@]}")
     gpu=(--set 'train.device="cuda"' --set 'train.precision="fp8"')
-    zeropp=(--set dist.world_size=8 --set dist.gpus_per_node=4 --set train.micro_batch=2
-            --set zero.quantized_weights=true --set zero.hpz_partition_size=4 --set zero.quantized_gradients=true)
     if [[ -z ${NO_PARITY:-} ]]; then
       run llama-tiny-gpu-fp8 "${base[@]}" "${gpu[@]}"
       run llama-zeropp-w8-gpu-fp8 "${base[@]}" "${zeropp[@]}" "${gpu[@]}"
