@@ -156,7 +156,7 @@ fp8_quantize_cols_t(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes_
 }
 
 // w (rows = IN, cols = OUT) bf16, row stride ldw -> codes (IN, OUT) row stride OUT, codes_t
-// (OUT, IN) row stride IN, and each 128 x 128 tile's scale at scales_fwd[ob * ld_fwd + ib]
+// (OUT, IN) row stride IN (either may be null: not written), and each 128 x 128 tile's scale at scales_fwd[ob * ld_fwd + ib]
 // (w^T's BLK128x128 layout, ld_fwd = round_up(ceil(IN / 128), 4)) and scales_bwd[ib * ld_bwd +
 // ob] (w's, ld_bwd = round_up(ceil(OUT / 128), 4)). A CTA of 256 threads a tile; grid
 // (ceil(OUT / 128), ceil(IN / 128)).
@@ -200,13 +200,15 @@ fp8_quantize_tiles(const bf16* __restrict__ w, i64 ldw, u8* __restrict__ codes,
     }
     __syncthreads();
     // Row-major codes, then the transposed ones, a byte a thread, consecutive threads on
-    // consecutive addresses.
-    for (int k = t; k < 128 * 128; k += 256) {
-        const int rr = k / 128, cc = k % 128, r = r0 + rr, c = c0 + cc;
-        if (r < rows && c < cols) codes[(i64)r * cols + c] = q[rr][cc];
-    }
-    for (int k = t; k < 128 * 128; k += 256) {
-        const int cc = k / 128, rr = k % 128, r = r0 + rr, c = c0 + cc;
-        if (r < rows && c < cols) codes_t[(i64)c * rows + r] = q[rr][cc];
-    }
+    // consecutive addresses; a null pointer skips its orientation (a pass reads only one).
+    if (codes != nullptr)
+        for (int k = t; k < 128 * 128; k += 256) {
+            const int rr = k / 128, cc = k % 128, r = r0 + rr, c = c0 + cc;
+            if (r < rows && c < cols) codes[(i64)r * cols + c] = q[rr][cc];
+        }
+    if (codes_t != nullptr)
+        for (int k = t; k < 128 * 128; k += 256) {
+            const int cc = k / 128, rr = k % 128, r = r0 + rr, c = c0 + cc;
+            if (r < rows && c < cols) codes_t[(i64)c * rows + r] = q[rr][cc];
+        }
 }

@@ -208,6 +208,7 @@ pub mod cuda {
     //!   codes `(N, OUT)` (1 x 128);
     //! - weight gradient `dw^T (OUT, IN)`, i.e. `dw (IN, OUT)` row-major: A = dout^T's codes
     //!   `(OUT, N)`, B = x^T's codes `(IN, N)`, both 128 x 1 blocks of the originals (K = N).
+    //!
     //! Everything is queued on the tensors' stream; the codes live until the GEMMs that read
     //! them have been queued (stream order keeps them valid until those have run).
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
@@ -346,13 +347,31 @@ pub mod cuda {
 
     /// `w (IN, OUT)` in 128 x 128 tiles, both orientations.
     pub fn quantize_weight(w: &Tensor) -> Result<Weight> {
+        let (codes, codes_t) = quantize_tiles(w, true, true)?;
+        Ok(Weight {
+            codes: codes.expect("asked for w's codes"),
+            codes_t: codes_t.expect("asked for w^T's codes"),
+        })
+    }
+
+    /// `w (IN, OUT)` in 128 x 128 tiles: the codes for the input gradient where `want_codes`,
+    /// the transposed ones for the forward where `want_codes_t` (a pass reads one of the two).
+    fn quantize_tiles(
+        w: &Tensor,
+        want_codes: bool,
+        want_codes_t: bool,
+    ) -> Result<(Option<Operand>, Option<Operand>)> {
         let dev = gpu::device(w)?;
         let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
         let (inp, out) = w.dims2()?;
         let (ib, ob) = (inp.div_ceil(BLOCK), out.div_ceil(BLOCK));
         let (ld_fwd, ld_bwd) = (ib.next_multiple_of(4), ob.next_multiple_of(4));
-        let codes = gpu::uninit((inp, out), DType::U8, &dev)?;
-        let codes_t = gpu::uninit((out, inp), DType::U8, &dev)?;
+        let codes = want_codes
+            .then(|| gpu::uninit((inp, out), DType::U8, &dev))
+            .transpose()?;
+        let codes_t = want_codes_t
+            .then(|| gpu::uninit((out, inp), DType::U8, &dev))
+            .transpose()?;
         // The padding of each scale row is never written: zeros, so that nothing undefined is
         // ever handed to cuBLASLt.
         let device = candle_core::Device::Cuda(dev.clone());
@@ -365,10 +384,13 @@ pub mod cuda {
             shared_mem_bytes: 0,
         };
         let pw = gpu::ptr(w)?;
-        let (pc, pt) = (gpu::ptr(&codes)?, gpu::ptr(&codes_t)?);
+        // A null address: the kernel skips that orientation.
+        let address = |t: &Option<Tensor>| t.as_ref().map_or(Ok(0), gpu::ptr);
+        let (pc, pt) = (address(&codes)?, address(&codes_t)?);
         let (pf, pb) = (gpu::ptr(&scales_fwd)?, gpu::ptr(&scales_bwd)?);
         // SAFETY: w (IN, OUT) bf16 contiguous; codes, codes_t IN x OUT bytes fresh, every one
-        // written; the scales ob x ld_fwd and ib x ld_bwd f32; arguments in kernel order.
+        // written (or null, then never touched); the scales ob x ld_fwd and ib x ld_bwd f32;
+        // arguments in kernel order.
         unsafe {
             func.launch(
                 cfg,
@@ -386,24 +408,20 @@ pub mod cuda {
                 ],
             )?;
         }
-        Ok(Weight {
-            codes: Operand {
-                codes,
-                scales: scales_bwd,
-                mode: ScaleMode::Blk128x128,
-            },
-            codes_t: Operand {
-                codes: codes_t,
-                scales: scales_fwd,
-                mode: ScaleMode::Blk128x128,
-            },
-        })
+        let operand = |codes: Tensor, scales: Tensor| Operand {
+            codes,
+            scales,
+            mode: ScaleMode::Blk128x128,
+        };
+        Ok((
+            codes.map(|c| operand(c, scales_bwd)),
+            codes_t.map(|c| operand(c, scales_fwd)),
+        ))
     }
 
     /// `D (m, n) = A^T B (+ C)` in cuBLAS terms with A stored `(m, k)` and B `(n, k)`, both
     /// K-contiguous FP8 operands: D bf16 at `d` with leading dimension `ldd`, C (when given)
     /// likewise.
-    #[allow(clippy::too_many_arguments)]
     pub fn gemm_tn(
         dev: &CudaDevice,
         a: &Operand,
@@ -458,11 +476,12 @@ pub mod cuda {
         let mut off = 0u64;
         for w in ws {
             let out = w.dim(1)?;
-            let wq = quantize_weight(w)?;
+            let (_, wq) = quantize_tiles(w, false, true)?;
+            let wq = wq.expect("asked for w^T's codes");
             let shift = 2 * off;
             gemm_tn(
                 &dev,
-                &wq.codes_t,
+                &wq,
                 &xq,
                 (out, n, inp),
                 py + shift,
@@ -494,12 +513,13 @@ pub mod cuda {
         let mut off = 0;
         for (i, w) in ws.iter().enumerate() {
             let out = w.dim(1)?;
-            let wq = quantize_weight(w)?;
+            let (wq, _) = quantize_tiles(w, true, false)?;
+            let wq = wq.expect("asked for w's codes");
             let dq = quantize_view(dout, off, out, false)?;
             // dx (+)= dout_i @ w_i^T
             gemm_tn(
                 &dev,
-                &wq.codes,
+                &wq,
                 &dq,
                 (inp, n, out),
                 pdx,
