@@ -19,7 +19,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::{Loss, RopeTables, TokenIndex};
 use crate::layout::{ParamSpec, UnitKind, UnitTable};
 use crate::linears::LinearFormat;
-use crate::schedule::Saved;
+use crate::schedule::{Saved, UnitParams};
 
 /// A model family: one architecture, everything about it.
 ///
@@ -127,7 +127,7 @@ pub trait Family: Sync {
         &self,
         cfg: &ModelConfig,
         lin: LinearFormat,
-        params: &Tensor,
+        params: &UnitParams,
         x: &Tensor,
         recompute: bool,
     ) -> Result<(Tensor, Saved)>;
@@ -137,7 +137,7 @@ pub trait Family: Sync {
         &self,
         cfg: &ModelConfig,
         lin: LinearFormat,
-        params: &Tensor,
+        params: &UnitParams,
         saved: &Saved,
         dout: &Tensor,
     ) -> Result<(Tensor, Tensor)>;

@@ -142,6 +142,18 @@ impl UnitLayout {
             .unwrap_or_else(|| panic!("unit `{}` has no unique parameter `{short}`", self.name))
     }
 
+    /// The weights of the unit's linear layers, which [`LinearFormat`] multiplies (FP8 compute
+    /// and FP8 qwZ take these): a block's 2-D parameters; none in the embedding and the final
+    /// norm, whose matrices (embedding, LM head) stay in the compute dtype.
+    ///
+    /// [`LinearFormat`]: crate::LinearFormat
+    pub fn linear_weights(&self) -> impl Iterator<Item = &ParamSpec> {
+        let block = matches!(self.kind, UnitKind::Block(_));
+        self.params
+            .iter()
+            .filter(move |p| block && p.shape.len() == 2)
+    }
+
     /// Like [`UnitLayout::param`], returning `None` when no parameter, or more than one, matches.
     pub fn try_param(&self, short: &str) -> Option<&ParamSpec> {
         let mut hits = self.params.iter().filter(|p| {

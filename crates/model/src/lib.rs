@@ -44,12 +44,12 @@ pub use family::{
 pub use gpt2::family::{GPT2_NORM_EPS, PADDED_GPT2_VOCAB};
 pub use init::init_unit_range;
 pub use kernel_plan::{unenforced, AttentionPath, Enforced, KernelPlan};
-pub use layers::RopeScaling;
+pub use layers::{Fp8Weight, RopeScaling};
 pub use layout::{ModelLayout, ParamInit, ParamSpec, TableRow, UnitKind, UnitLayout, UnitTable};
-pub use linears::LinearFormat;
+pub use linears::{LinearFormat, LinearWeight};
 pub use llama::family::{
     LLAMA3_1_SCALING, LLAMA3_2_SCALING, LLAMA3_VOCAB, LLAMA_NORM_EPS, LLAMA_ROPE_THETA,
 };
 pub use llama::rope_config::Rope;
 pub use llama::style::{LlamaStyle, Window, HF_SEQ_LEN};
-pub use schedule::{Model, Pass, Saved, UnitSource};
+pub use schedule::{Model, Pass, Saved, UnitParams, UnitSource};

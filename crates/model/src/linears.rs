@@ -11,12 +11,15 @@
 
 use candle_core::Tensor;
 
-use crate::error::Result;
+use crate::error::{ModelError, Result};
+use crate::layers::fp8_linear::{
+    rounded_cols_backward, rounded_cols_forward, rounded_linear_backward, rounded_linear_forward,
+};
 use crate::layers::{
     fp8_linear_backward, fp8_linear_cols_backward, fp8_linear_cols_forward, fp8_linear_forward,
-    gelu_backward_bias_grad, gelu_forward, matmul_backward_into, matmul_cols_backward,
+    fp8_round, gelu_backward_bias_grad, gelu_forward, matmul_backward_into, matmul_cols_backward,
     matmul_cols_bias_forward, matmul_forward, matmul_gelu_backward_into, matmul_gelu_forward,
-    residual_matmul_forward,
+    residual_matmul_forward, Fp8Weight, WEIGHT_TILE,
 };
 
 /// What the blocks' linear layers multiply in.
@@ -28,6 +31,55 @@ pub enum LinearFormat {
     /// FP8 E4M3 with block scales: `128 x 128` for weights, `1 x 128` or `128 x 1` along the
     /// contraction for activations and gradients (`layers/fp8_linear.rs`).
     Fp8,
+}
+
+/// A linear layer's weight `(IN, OUT)` as a block hands it to its layer: a view of the unit's
+/// dense buffer, or the FP8 codes and tile scales that FP8 qwZ gathered
+/// ([`crate::UnitParams::linear`]), which only [`LinearFormat::Fp8`] reads.
+#[derive(Clone, Debug)]
+pub enum LinearWeight {
+    Dense(Tensor),
+    Fp8(Fp8Weight),
+}
+
+impl LinearWeight {
+    /// The dense weight; a gathered FP8 weight is refused (a plan that gathers FP8 weights for
+    /// dense layers is a bug in the caller).
+    pub fn dense(&self) -> Result<&Tensor> {
+        match self {
+            LinearWeight::Dense(w) => Ok(w),
+            LinearWeight::Fp8(_) => Err(ModelError::Candle(candle_core::Error::Msg(
+                "an FP8-gathered weight reached a layer multiplying in the compute dtype".into(),
+            ))),
+        }
+    }
+
+    /// The values an FP8 GEMM multiplies, as f32: the dense weight rounded in 128 x 128 tiles,
+    /// or the gathered codes times their scales (the same numbers, bit for bit).
+    fn fp8_values(&self) -> Result<Tensor> {
+        match self {
+            LinearWeight::Dense(w) => fp8_round(w, WEIGHT_TILE),
+            LinearWeight::Fp8(q) => q.dequantize(),
+        }
+    }
+}
+
+/// Every weight dense, or `None` where one came gathered in FP8.
+fn all_dense(ws: &[LinearWeight]) -> Option<Vec<Tensor>> {
+    ws.iter()
+        .map(|w| match w {
+            LinearWeight::Dense(t) => Some(t.clone()),
+            LinearWeight::Fp8(_) => None,
+        })
+        .collect()
+}
+
+fn dense_all(ws: &[LinearWeight]) -> Result<Vec<Tensor>> {
+    ws.iter().map(|w| w.dense().cloned()).collect()
+}
+
+fn fp8_values(ws: &[LinearWeight]) -> Result<Vec<Tensor>> {
+    ws.iter().map(LinearWeight::fp8_values).collect()
 }
 
 impl LinearFormat {
@@ -45,14 +97,17 @@ impl LinearFormat {
     pub fn cols_forward(
         self,
         x: &Tensor,
-        ws: &[Tensor],
+        ws: &[LinearWeight],
         bias: Option<&Tensor>,
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
         match self {
-            LinearFormat::Dense => matmul_cols_bias_forward(x, ws, bias, residual),
+            LinearFormat::Dense => matmul_cols_bias_forward(x, &dense_all(ws)?, bias, residual),
             LinearFormat::Fp8 => {
-                let y = fp8_linear_cols_forward(x, ws, residual)?;
+                let y = match all_dense(ws) {
+                    Some(ws) => fp8_linear_cols_forward(x, &ws, residual)?,
+                    None => rounded_cols_forward(x, &fp8_values(ws)?, residual)?,
+                };
                 Ok(match bias {
                     Some(b) => y.broadcast_add(b)?,
                     None => y,
@@ -68,22 +123,51 @@ impl LinearFormat {
         self,
         dout: &Tensor,
         x: &Tensor,
-        ws: &[Tensor],
+        ws: &[LinearWeight],
         into: &[Option<Tensor>],
     ) -> Result<(Tensor, Vec<Tensor>)> {
         match self {
-            LinearFormat::Dense => matmul_cols_backward(dout, x, ws, into),
-            LinearFormat::Fp8 => fp8_linear_cols_backward(dout, x, ws, into),
+            LinearFormat::Dense => matmul_cols_backward(dout, x, &dense_all(ws)?, into),
+            LinearFormat::Fp8 => match all_dense(ws) {
+                Some(ws) => fp8_linear_cols_backward(dout, x, &ws, into),
+                None => rounded_cols_backward(dout, x, &fp8_values(ws)?),
+            },
         }
     }
 
     // ---- one projection with a bias (the GPT-2 block), as linear.rs ----
 
+    /// `x @ w + b` (+ `residual`) in FP8.
+    fn fp8_forward(
+        x: &Tensor,
+        w: &LinearWeight,
+        b: &Tensor,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        match w {
+            LinearWeight::Dense(w) => fp8_linear_forward(x, w, Some(b), residual),
+            LinearWeight::Fp8(_) => rounded_linear_forward(x, &w.fp8_values()?, Some(b), residual),
+        }
+    }
+
+    /// Gradients of [`LinearFormat::fp8_forward`].
+    fn fp8_backward(
+        dout: &Tensor,
+        x: &Tensor,
+        w: &LinearWeight,
+        want_db: bool,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        match w {
+            LinearWeight::Dense(w) => fp8_linear_backward(dout, x, w, want_db),
+            LinearWeight::Fp8(_) => rounded_linear_backward(dout, x, &w.fp8_values()?, want_db),
+        }
+    }
+
     /// `x @ w + b`: [`matmul_forward`].
-    pub fn forward(self, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    pub fn forward(self, x: &Tensor, w: &LinearWeight, b: &Tensor) -> Result<Tensor> {
         match self {
-            LinearFormat::Dense => matmul_forward(x, w, b),
-            LinearFormat::Fp8 => fp8_linear_forward(x, w, Some(b), None),
+            LinearFormat::Dense => matmul_forward(x, w.dense()?, b),
+            LinearFormat::Fp8 => Self::fp8_forward(x, w, b, None),
         }
     }
 
@@ -92,21 +176,26 @@ impl LinearFormat {
         self,
         residual: &Tensor,
         x: &Tensor,
-        w: &Tensor,
+        w: &LinearWeight,
         b: &Tensor,
     ) -> Result<Tensor> {
         match self {
-            LinearFormat::Dense => residual_matmul_forward(residual, x, w, b),
-            LinearFormat::Fp8 => fp8_linear_forward(x, w, Some(b), Some(residual)),
+            LinearFormat::Dense => residual_matmul_forward(residual, x, w.dense()?, b),
+            LinearFormat::Fp8 => Self::fp8_forward(x, w, b, Some(residual)),
         }
     }
 
     /// `h = x @ w + b` and `gelu(h)`: [`matmul_gelu_forward`].
-    pub fn gelu_forward(self, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
+    pub fn gelu_forward(
+        self,
+        x: &Tensor,
+        w: &LinearWeight,
+        b: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
         match self {
-            LinearFormat::Dense => matmul_gelu_forward(x, w, b),
+            LinearFormat::Dense => matmul_gelu_forward(x, w.dense()?, b),
             LinearFormat::Fp8 => {
-                let h = fp8_linear_forward(x, w, Some(b), None)?;
+                let h = Self::fp8_forward(x, w, b, None)?;
                 let g = gelu_forward(&h)?;
                 Ok((h, g))
             }
@@ -119,13 +208,13 @@ impl LinearFormat {
         self,
         dout: &Tensor,
         x: &Tensor,
-        w: &Tensor,
+        w: &LinearWeight,
         dw_into: Option<&Tensor>,
         want_db: bool,
     ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         match self {
-            LinearFormat::Dense => matmul_backward_into(dout, x, w, dw_into, want_db),
-            LinearFormat::Fp8 => fp8_linear_backward(dout, x, w, want_db),
+            LinearFormat::Dense => matmul_backward_into(dout, x, w.dense()?, dw_into, want_db),
+            LinearFormat::Fp8 => Self::fp8_backward(dout, x, w, want_db),
         }
     }
 
@@ -135,14 +224,14 @@ impl LinearFormat {
         self,
         dout: &Tensor,
         g: &Tensor,
-        w: &Tensor,
+        w: &LinearWeight,
         h: &Tensor,
         dw_into: Option<&Tensor>,
     ) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
         match self {
-            LinearFormat::Dense => matmul_gelu_backward_into(dout, g, w, h, dw_into),
+            LinearFormat::Dense => matmul_gelu_backward_into(dout, g, w.dense()?, h, dw_into),
             LinearFormat::Fp8 => {
-                let (dg, dw, db) = fp8_linear_backward(dout, g, w, true)?;
+                let (dg, dw, db) = Self::fp8_backward(dout, g, w, true)?;
                 let (dh, dbias_h) = gelu_backward_bias_grad(&dg, h)?;
                 Ok((dh, dw, db.expect("asked for db"), dbias_h))
             }

@@ -44,9 +44,10 @@ use kernels::profile::Phase;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::family::HfTensor;
+use crate::layers::Fp8Weight;
 use crate::layers::{Loss, TokenIndex};
 use crate::layout::{ModelLayout, ParamSpec, UnitKind, UnitLayout};
-use crate::linears::LinearFormat;
+use crate::linears::{LinearFormat, LinearWeight};
 
 /// Which walk of the schedule: training (forward, head, backward) or evaluation (forward, head).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -83,13 +84,65 @@ impl std::fmt::Debug for Saved {
     }
 }
 
+/// A unit's parameters as a walk hands them to the unit: its flat buffer (at least its numel
+/// elements, in the compute dtype) and, where the gather delivered them in FP8 (FP8 qwZ), its
+/// linear layers' weights as codes and tile scales, keyed by their offset in the unit. A layer
+/// reads such a weight through [`UnitParams::linear`] in place of the buffer's view; the buffer
+/// then holds everything else (norms, biases) and zeros where those weights lie.
+#[derive(Clone, Debug)]
+pub struct UnitParams {
+    flat: Tensor,
+    fp8: Vec<(usize, Fp8Weight)>,
+}
+
+impl UnitParams {
+    /// Every parameter in the flat buffer.
+    pub fn dense(flat: Tensor) -> UnitParams {
+        UnitParams {
+            flat,
+            fp8: Vec::new(),
+        }
+    }
+
+    /// The flat buffer with the weights at these offsets given in FP8.
+    pub fn with_fp8(flat: Tensor, fp8: Vec<(usize, Fp8Weight)>) -> UnitParams {
+        UnitParams { flat, fp8 }
+    }
+
+    /// The flat buffer.
+    pub fn flat(&self) -> &Tensor {
+        &self.flat
+    }
+
+    /// The FP8 weights, by offset.
+    pub fn fp8(&self) -> &[(usize, Fp8Weight)] {
+        &self.fp8
+    }
+
+    /// Linear weight `p`: its FP8 codes where the gather gave them, else its view of the
+    /// buffer.
+    pub fn linear(&self, p: &ParamSpec) -> Result<LinearWeight> {
+        match self.fp8.iter().find(|(at, _)| *at == p.offset) {
+            Some((_, w)) => Ok(LinearWeight::Fp8(w.clone())),
+            None => Ok(LinearWeight::Dense(p.view(&self.flat)?)),
+        }
+    }
+}
+
+impl From<Tensor> for UnitParams {
+    fn from(flat: Tensor) -> UnitParams {
+        UnitParams::dense(flat)
+    }
+}
+
 /// Where a walk of the schedule takes each unit's parameters and puts each unit's gradient: the
 /// ZeRO engine (gathers and reductions) or a slice of full buffers (the reference).
 pub trait UnitSource {
     type Error: From<ModelError>;
-    /// Unit `u`'s full parameters, a 1-D buffer of at least its numel elements. A walk asks in
-    /// exactly the order of [`Model::gather_order`] of its pass.
-    fn params(&mut self, u: usize) -> std::result::Result<Tensor, Self::Error>;
+    /// Unit `u`'s full parameters: a 1-D buffer of at least its numel elements, and any linear
+    /// weights gathered in FP8 ([`UnitParams`]). A walk asks in exactly the order of
+    /// [`Model::gather_order`] of its pass.
+    fn params(&mut self, u: usize) -> std::result::Result<UnitParams, Self::Error>;
     /// Unit `u`'s flat gradient (its numel elements), once per unit in a training walk, in
     /// backward order. Returned, not accumulated: accumulating is the source's business.
     fn grad(&mut self, u: usize, grad: Tensor) -> std::result::Result<(), Self::Error>;
@@ -178,7 +231,7 @@ impl Model {
     pub fn forward(
         &self,
         u: usize,
-        params: &Tensor,
+        params: &UnitParams,
         input: &Tensor,
         recompute: bool,
     ) -> Result<(Tensor, Saved)> {
@@ -188,11 +241,11 @@ impl Model {
             UnitKind::Embedding => {
                 // The index first: its read of the ids waits for less queued before it.
                 let index = TokenIndex::new(input, cfg.vocab_size)?;
-                let out = family.embedding_forward(cfg, params, input)?;
+                let out = family.embedding_forward(cfg, params.flat(), input)?;
                 Ok((out, Saved::new(index)))
             }
             UnitKind::Block(_) => family.block_forward(cfg, self.linears, params, input, recompute),
-            UnitKind::FinalNorm => family.final_norm_forward(cfg, params, input),
+            UnitKind::FinalNorm => family.final_norm_forward(cfg, params.flat(), input),
         }
     }
 
@@ -202,7 +255,7 @@ impl Model {
     pub fn backward(
         &self,
         u: usize,
-        params: Option<&Tensor>,
+        params: Option<&UnitParams>,
         saved: &Saved,
         dout: &Tensor,
     ) -> Result<(Option<Tensor>, Tensor)> {
@@ -223,7 +276,7 @@ impl Model {
                 (Some(dx), g)
             }
             UnitKind::FinalNorm => {
-                let (dx, g) = family.final_norm_backward(cfg, params()?, saved, dout)?;
+                let (dx, g) = family.final_norm_backward(cfg, params()?.flat(), saved, dout)?;
                 (Some(dx), g)
             }
         })
@@ -277,7 +330,7 @@ impl Model {
             None => source.params(head)?,
         };
         let span = phase(Phase::Head);
-        let (loss, grads) = self.head(&head_params, &x, targets, true)?;
+        let (loss, grads) = self.head(head_params.flat(), &x, targets, true)?;
         drop((span, x));
         let (mut dx, head_grad) = grads.expect("the head returns gradients when asked");
         let mut head_params = Some(head_params);
@@ -329,7 +382,10 @@ impl Model {
             }
         }
         let head_params = head_params.expect("the head's unit is one of the units");
-        Ok(self.head(&head_params, &x, targets, false)?.0.value()?)
+        Ok(self
+            .head(head_params.flat(), &x, targets, false)?
+            .0
+            .value()?)
     }
 
     /// Mean loss of the whole model on one device; `unit_params` are the flat buffers of
@@ -409,8 +465,8 @@ impl<'a> Buffers<'a> {
 
 impl UnitSource for Buffers<'_> {
     type Error = ModelError;
-    fn params(&mut self, u: usize) -> Result<Tensor> {
-        Ok(self.params[u].clone())
+    fn params(&mut self, u: usize) -> Result<UnitParams> {
+        Ok(UnitParams::dense(self.params[u].clone()))
     }
     fn grad(&mut self, u: usize, grad: Tensor) -> Result<()> {
         self.grads[u] = Some(grad);

@@ -87,7 +87,10 @@ fn full_logits(cfg: &ModelConfig, p: &[Tensor], tokens: &[u32]) -> Vec<Vec<f32>>
     let mut x = Tensor::from_slice(tokens, (1, t), &Device::Cpu).unwrap();
     let model = Model::new(cfg.clone()).unwrap();
     for (u, params) in p.iter().enumerate() {
-        x = model.forward(u, params, &x, false).unwrap().0;
+        x = model
+            .forward(u, &params.clone().into(), &x, false)
+            .unwrap()
+            .0;
     }
     let head = &model.units()[model.head_unit()];
     let w = head

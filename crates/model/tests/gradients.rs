@@ -222,16 +222,18 @@ fn block_backward_matches_fd_and_autograd() {
     let dout = t3(&rng.vec(B * T * cfg.n_embd, 1.0));
 
     for recompute in [false, true] {
-        let (out, saved) = block_forward(&cfg, Dense, &t1(&p), &t3(&x), recompute).unwrap();
+        let (out, saved) = block_forward(&cfg, Dense, &t1(&p).into(), &t3(&x), recompute).unwrap();
         assert_eq!(saved.is_recompute(), recompute);
         assert_eq!(out.dims(), [B, T, cfg.n_embd]);
-        let (dx, dp) = block_backward(&cfg, Dense, &t1(&p), &saved, &dout).unwrap();
+        let (dx, dp) = block_backward(&cfg, Dense, &t1(&p).into(), &saved, &dout).unwrap();
         let (dx, dp) = (vec1(&dx), vec1(&dp));
         assert_eq!(dp.len(), unit.numel);
 
         let f = |p: &[f64], x: &[f64]| {
             dot(
-                &block_forward(&cfg, Dense, &t1(p), &t3(x), false).unwrap().0,
+                &block_forward(&cfg, Dense, &t1(p).into(), &t3(x), false)
+                    .unwrap()
+                    .0,
                 &dout,
             )
         };
@@ -547,7 +549,7 @@ fn outputs_are_causal() {
     let hidden = |tokens: &Tensor| {
         let mut x = embedding_unit_forward(&cfg, &params[0], tokens).unwrap();
         for l in 0..cfg.n_layer {
-            x = block_forward(&cfg, Dense, &params[1 + l], &x, false)
+            x = block_forward(&cfg, Dense, &params[1 + l].clone().into(), &x, false)
                 .unwrap()
                 .0;
         }
@@ -565,7 +567,7 @@ fn bad_inputs_are_errors() {
     let short = Tensor::zeros(layout.block(0).numel - 1, DType::F64, &Device::Cpu).unwrap();
     let x = Tensor::zeros((B, T, cfg.n_embd), DType::F64, &Device::Cpu).unwrap();
     assert!(matches!(
-        block_forward(&cfg, Dense, &short, &x, false),
+        block_forward(&cfg, Dense, &short.clone().into(), &x, false),
         Err(ModelError::ParamsTooShort { .. })
     ));
     let emb = Tensor::zeros(layout.embedding().numel, DType::F64, &Device::Cpu).unwrap();

@@ -67,10 +67,11 @@ fn block_backward_matches_fd_and_recompute_is_bitwise() {
         let mut results = Vec::new();
         for recompute in [false, true] {
             let (out, saved) =
-                llama::block_forward(&cfg, Dense, &t1(&p), &xt(&x), recompute).unwrap();
+                llama::block_forward(&cfg, Dense, &t1(&p).into(), &xt(&x), recompute).unwrap();
             assert_eq!(saved.is_recompute(), recompute);
             assert_eq!(out.dims(), [B, T, c]);
-            let (dx, dp) = llama::block_backward(&cfg, Dense, &t1(&p), &saved, &dout).unwrap();
+            let (dx, dp) =
+                llama::block_backward(&cfg, Dense, &t1(&p).into(), &saved, &dout).unwrap();
             results.push((vec1(&out), vec1(&dx), vec1(&dp)));
         }
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -86,7 +87,7 @@ fn block_backward_matches_fd_and_recompute_is_bitwise() {
         assert_eq!(dp.len(), unit.numel);
         let f = |p: &[f64], x: &[f64]| {
             dot(
-                &llama::block_forward(&cfg, Dense, &t1(p), &xt(x), false)
+                &llama::block_forward(&cfg, Dense, &t1(p).into(), &xt(x), false)
                     .unwrap()
                     .0,
                 &dout,
@@ -221,7 +222,8 @@ fn model_loss_and_grads(
     let mut x = llama::embedding_forward(cfg, &ps[0], tokens).unwrap();
     let mut saved = Vec::new();
     for i in 0..l {
-        let (out, s) = llama::block_forward(cfg, Dense, &ps[1 + i], &x, i % 2 == 1).unwrap();
+        let (out, s) =
+            llama::block_forward(cfg, Dense, &ps[1 + i].clone().into(), &x, i % 2 == 1).unwrap();
         saved.push(s);
         x = out;
     }
@@ -236,7 +238,8 @@ fn model_loss_and_grads(
     let (mut dx, gn) = llama::final_norm_backward(cfg, &ps[l + 1], &ns, &dxn).unwrap();
     grads[l + 1] = Some(gn);
     for i in (0..l).rev() {
-        let (d, g) = llama::block_backward(cfg, Dense, &ps[1 + i], &saved[i], &dx).unwrap();
+        let (d, g) =
+            llama::block_backward(cfg, Dense, &ps[1 + i].clone().into(), &saved[i], &dx).unwrap();
         grads[1 + i] = Some(g);
         dx = d;
     }
@@ -340,7 +343,7 @@ fn outputs_are_causal() {
     let hidden = |tokens: &Tensor| {
         let mut x = llama::embedding_forward(&cfg, &ps[0], tokens).unwrap();
         for l in 0..cfg.n_layer {
-            x = llama::block_forward(&cfg, Dense, &ps[1 + l], &x, false)
+            x = llama::block_forward(&cfg, Dense, &ps[1 + l].clone().into(), &x, false)
                 .unwrap()
                 .0;
         }
@@ -367,8 +370,9 @@ fn block_runs_in_f32_and_bf16_close_to_f64() {
             x.to_dtype(dtype).unwrap(),
             dout.to_dtype(dtype).unwrap(),
         );
-        let (out, saved) = llama::block_forward(&cfg, Dense, &p, &x, true).unwrap();
-        let (dx, dp) = llama::block_backward(&cfg, Dense, &p, &saved, &dout).unwrap();
+        let (out, saved) = llama::block_forward(&cfg, Dense, &p.clone().into(), &x, true).unwrap();
+        let (dx, dp) =
+            llama::block_backward(&cfg, Dense, &p.clone().into(), &saved, &dout).unwrap();
         for r in [&out, &dx, &dp] {
             assert_eq!(r.dtype(), dtype);
         }

@@ -106,7 +106,7 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
     let run = Run::resolve(config, None)?;
     let (config, cfg) = (&run.config, &run.model);
     let t = &config.train;
-    let plan = ZeroPlan::resolve(&config.zero, topology, t.steps)?;
+    let plan = ZeroPlan::resolve(&config.zero, topology, t.steps)?.with_linears(config.linears());
     notes.extend(reduce_dtype_note(&plan, t.steps));
     let numels: Vec<usize> = model::ModelLayout::new(cfg)
         .units
@@ -393,7 +393,8 @@ fn reduce_dtype_note(plan: &ZeroPlan, steps: u64) -> Option<String> {
 /// (`job::startup::check_memory`).
 pub fn rank_memory(run: &Run, topology: Topology) -> Result<Memory> {
     let (config, cfg) = (&run.config, &run.model);
-    let plan = ZeroPlan::resolve(&config.zero, topology, config.train.steps)?;
+    let plan = ZeroPlan::resolve(&config.zero, topology, config.train.steps)?
+        .with_linears(config.linears());
     let numels: Vec<usize> = model::ModelLayout::new(cfg)
         .units
         .iter()

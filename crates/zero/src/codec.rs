@@ -15,13 +15,16 @@
 
 use candle_core::Tensor;
 use comm::{Group, Lane, Topology};
+use model::UnitParams;
 
 use crate::{GradReduction, Result, WeightGather};
 
+mod fp8;
 pub(crate) mod grad;
 mod state;
 mod weight;
 
+pub use fp8::{Fp8TileGather, LinearLayout, Matrix};
 pub use grad::{Int4TwoHop, PlainReduceScatter};
 pub use state::{GradState, ReduceInput};
 pub use weight::{GatherInput, Int8Gather, NodeSlice, PlainGather};
@@ -65,15 +68,16 @@ pub trait WeightCodec {
 
     /// One unit's world gather at any W, inside its job on `lane`: my shard encoded into my
     /// slot, gathered over the world and decoded into `out` (the unit's padded buffer in the
-    /// compute dtype, allocated by the backend). Returns the gathered buffer (`out`, or a buffer
-    /// the codec already holds) and, where [`GatherInput::keep`], my node-local slice as this
-    /// codec keeps it for [`WeightCodec::gather_from_node`].
+    /// compute dtype, allocated by the backend). Returns the gathered unit (`out`, or a buffer
+    /// the codec already holds, with any weights it hands the layers in FP8) and, where
+    /// [`GatherInput::keep`], my node-local slice as this codec keeps it for
+    /// [`WeightCodec::gather_from_node`].
     fn gather_from_world(
         &self,
         lane: &mut dyn Lane,
         input: &GatherInput<'_>,
         out: Tensor,
-    ) -> Result<(Tensor, Option<NodeSlice>)>;
+    ) -> Result<(UnitParams, Option<NodeSlice>)>;
 
     /// hpZ: one unit's gather over my node from the slices this codec kept of a world gather of
     /// the same weights (`kept`, mine), rebuilding into `out` exactly the buffer of that world
@@ -84,7 +88,7 @@ pub trait WeightCodec {
         input: &GatherInput<'_>,
         kept: &NodeSlice,
         out: Tensor,
-    ) -> Result<Tensor>;
+    ) -> Result<UnitParams>;
 }
 
 /// One collective of a reduction: its group and the bytes each rank puts in (its whole input;
@@ -142,6 +146,7 @@ impl WeightGather {
         match self {
             WeightGather::Exact => Box::new(PlainGather),
             WeightGather::Int8 { block } => Box::new(Int8Gather { block }),
+            WeightGather::Fp8Tiles { block } => Box::new(Fp8TileGather { block }),
         }
     }
 }

@@ -12,12 +12,13 @@
 
 use candle_core::{DType, Device, Tensor};
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use comm::{Communicator, Group};
 use kernels::profile::{scope, Family};
 use model::{LinearFormat, Model, ModelConfig, Pass, UnitLayout};
 
-use crate::codec::GradState;
+use crate::codec::{GradState, LinearLayout};
 use crate::gather::{Secondary, Working};
 use crate::memory::{rank_memory, RankMemory};
 use crate::{AdamW, DecayRanges, GradShard, Partition, Result, Techniques, ZeroConfig, ZeroPlan};
@@ -91,6 +92,8 @@ pub struct NamedShard {
 /// One rank's shard of one unit; every state is a 1-D f32 tensor on the compute device.
 struct UnitShard {
     layout: UnitLayout,
+    /// Where its linear weights lie in its flat buffer (FP8 qwZ encodes them).
+    linears: Arc<LinearLayout>,
     partition: Partition,
     /// fp32 master weights of my shard.
     master: Tensor,
@@ -139,7 +142,8 @@ impl Engine {
     pub fn new(cfg: ModelConfig, opts: EngineOptions, comm: Box<dyn Communicator>) -> Result<Self> {
         let model = Model::new(cfg)?.with_linears(opts.linears);
         let cfg = model.config();
-        let plan = ZeroPlan::resolve(&opts.zero, comm.topology(), opts.total_steps)?;
+        let plan = ZeroPlan::resolve(&opts.zero, comm.topology(), opts.total_steps)?
+            .with_linears(opts.linears);
         let rank = comm.rank();
         let dev = &opts.device;
         let units = model
@@ -160,6 +164,7 @@ impl Engine {
                     .collect();
                 Ok(UnitShard {
                     decay: DecayRanges::for_shard(&decayed, &range),
+                    linears: Arc::new(LinearLayout::of(&layout)),
                     layout,
                     master: Tensor::from_vec(master, n, dev)?,
                     exp_avg: Tensor::zeros(n, DType::F32, dev)?,
@@ -244,15 +249,19 @@ impl Engine {
     }
 
     /// Unit `u`'s full padded parameters exactly as the forward computes with them (with qwZ,
-    /// dequantised INT8), gathered from the world now.
+    /// dequantised INT8; with FP8 qwZ, each linear weight's codes times their scales), gathered
+    /// from the world now.
     pub fn gather_for_compute(&self, u: usize) -> Result<Vec<f32>> {
         let step = self.plan.step_plan(self.step + 1, Pass::Eval);
         let shards = Shards::Read(&self.units);
         let mut source = Source::new(self.parts(), step, shards, vec![u], 0, 1);
-        Ok(source
-            .next_gather(u)?
-            .to_dtype(DType::F32)?
-            .to_vec1::<f32>()?)
+        let params = source.next_gather(u)?;
+        let mut full = params.flat().to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        for (at, w) in params.fp8() {
+            let values = w.dequantize()?.flatten_all()?.to_vec1::<f32>()?;
+            full[*at..*at + values.len()].copy_from_slice(&values);
+        }
+        Ok(full)
     }
 
     /// Unit `u`'s full padded fp32 master weights, gathered exactly (never quantised).

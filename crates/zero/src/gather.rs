@@ -19,10 +19,13 @@
 
 use std::collections::VecDeque;
 
+use std::sync::Arc;
+
 use candle_core::{DType, Device, Tensor};
 use comm::{Communicator, Lane};
+use model::UnitParams;
 
-use crate::codec::{GatherInput, NodeSlice};
+use crate::codec::{GatherInput, LinearLayout, NodeSlice};
 use crate::typed_job::{self, TypedPending};
 use crate::{Partition, Result, WeightGather};
 
@@ -89,6 +92,8 @@ pub(crate) struct Spec {
     /// hpZ in training: keep my secondary partition of a world gather, stamped `weights`.
     pub keep: Option<u64>,
     pub label: &'static str,
+    /// Where the unit's linear weights lie (FP8 qwZ encodes them).
+    pub linears: Arc<LinearLayout>,
 }
 
 impl Spec {
@@ -105,14 +110,16 @@ impl Spec {
             master,
             working,
             keep: self.keep.is_some(),
+            linears: &self.linears,
         }
     }
 }
 
-/// What a gather job returns: the unit's full padded buffer in the compute dtype and, for a
-/// world gather that keeps it, my secondary partition.
+/// What a gather job returns: the unit's parameters (its full padded buffer in the compute
+/// dtype, and any weights in FP8) and, for a world gather that keeps it, my secondary
+/// partition.
 pub(crate) struct Gathered {
-    pub full: Tensor,
+    pub full: UnitParams,
     pub secondary: Option<Secondary>,
 }
 
@@ -217,7 +224,7 @@ fn from_node_job(
 pub(crate) fn finish(flight: InFlight) -> Result<Gathered> {
     let gathered = flight.pending.wait()?;
     debug_assert_eq!(
-        gathered.full.elem_count(),
+        gathered.full.flat().elem_count(),
         flight.padded,
         "unit {}",
         flight.unit

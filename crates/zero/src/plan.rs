@@ -8,10 +8,13 @@ use model::Pass;
 
 use crate::{Partition, ReduceDtype, Result, ZeroConfig, ZeroError};
 
-/// qwZ: weights gathered as block-wise INT8 with one f32 scale per `block` elements.
+/// qwZ: weights gathered as block-wise INT8 with one f32 scale per `block` elements; with
+/// `fp8` (FP8 compute, [`ZeroPlan::with_linears`]), the blocks' linear weights as FP8 E4M3
+/// codes in 128 x 128 tiles instead, which their FP8 layers multiply as they arrive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Qwz {
     pub block: usize,
+    pub fp8: bool,
 }
 
 /// qgZ: gradients reduced by the 2-hop INT4 all-to-all, for optimizer steps `1..=until_step`,
@@ -74,6 +77,15 @@ fn blocks_lcm(qwz: Option<Qwz>, qgz: Option<Qgz>) -> usize {
 }
 
 impl ZeroPlan {
+    /// This plan for blocks whose linear layers multiply in `linears`: with FP8 compute, qwZ
+    /// gathers their weights as FP8 tiles ([`WeightGather::Fp8Tiles`]).
+    pub fn with_linears(mut self, linears: model::LinearFormat) -> Self {
+        if let Some(q) = &mut self.qwz {
+            q.fp8 = linears == model::LinearFormat::Fp8;
+        }
+        self
+    }
+
     /// Resolves `cfg` for `topology` and a run of `total_steps` optimizer steps.
     ///
     /// hpZ's group is a node: `hpz_partition_size` must be 1 (off) or the ranks per node, as
@@ -100,6 +112,7 @@ impl ZeroPlan {
         }
         let qwz = cfg.quantized_weights.then_some(Qwz {
             block: cfg.weight_quant_block,
+            fp8: false,
         });
         let qgz = cfg.quantized_gradients.then(|| Qgz {
             block: cfg.grad_quant_block,
@@ -175,7 +188,8 @@ impl ZeroPlan {
     /// secondary partition (evaluation gathers each unit once) and reduces gradients.
     pub fn step_plan(&self, step: u64, pass: Pass) -> StepPlan {
         let gather = match self.qwz {
-            Some(q) => WeightGather::Int8 { block: q.block },
+            Some(Qwz { block, fp8: true }) => WeightGather::Fp8Tiles { block },
+            Some(Qwz { block, fp8: false }) => WeightGather::Int8 { block },
             None => WeightGather::Exact,
         };
         let train = pass == Pass::Train;
@@ -209,6 +223,11 @@ pub enum WeightGather {
     Exact,
     /// qwZ: block-wise INT8 codes and one f32 scale per `block` elements, dequantised after.
     Int8 { block: usize },
+    /// qwZ under FP8 compute: a block's linear weights as FP8 E4M3 codes with one scale a
+    /// 128 x 128 tile, which the FP8 layers read with no dequantisation; its norms and biases
+    /// exact; a unit with no linear weight (embedding, final norm) as `Int8 { block }`
+    /// ([`crate::codec::Fp8TileGather`]).
+    Fp8Tiles { block: usize },
 }
 
 /// Where the gathers of a unit after its first in a step come from.

@@ -11,7 +11,7 @@ use crate::family::{Family, HfTensor, Sizes};
 use crate::layers::{Loss, RopeScaling, RopeTables, TokenIndex};
 use crate::layout::{init_stds, ParamInit, ParamSpec, UnitKind, UnitTable};
 use crate::linears::LinearFormat;
-use crate::schedule::Saved;
+use crate::schedule::{Saved, UnitParams};
 
 /// The GPT-2 family.
 pub struct Gpt2;
@@ -342,7 +342,7 @@ impl Family for Gpt2 {
         &self,
         cfg: &ModelConfig,
         lin: LinearFormat,
-        params: &Tensor,
+        params: &UnitParams,
         x: &Tensor,
         recompute: bool,
     ) -> Result<(Tensor, Saved)> {
@@ -354,7 +354,7 @@ impl Family for Gpt2 {
         &self,
         cfg: &ModelConfig,
         lin: LinearFormat,
-        params: &Tensor,
+        params: &UnitParams,
         saved: &Saved,
         dout: &Tensor,
     ) -> Result<(Tensor, Tensor)> {

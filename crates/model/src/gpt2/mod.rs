@@ -25,6 +25,7 @@ use crate::layers::{
 };
 use crate::layout::{UnitKind, UnitLayout};
 use crate::linears::LinearFormat;
+use crate::schedule::UnitParams;
 use crate::units::{self, check_acts, check_params, check_tokens, flatten_grads, FlatGrad, Kept};
 
 // ------------------------------------------------------------------------------------------
@@ -109,25 +110,27 @@ impl BlockSaved {
 fn block_forward_full(
     cfg: &ModelConfig,
     lin: LinearFormat,
-    params: &Tensor,
+    params: &UnitParams,
     x: &Tensor,
     want_out: bool,
 ) -> Result<(Option<Tensor>, BlockActs)> {
     let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
-    check_params(params, &unit, "block")?;
+    let flat = params.flat();
+    check_params(flat, &unit, "block")?;
     let (b, t) = check_acts(cfg, x, "block input")?;
     let c = cfg.n_embd;
-    let p = |name: &str| unit.param(name).view(params);
+    let p = |name: &str| unit.param(name).view(flat);
+    let lw = |name: &str| params.linear(unit.param(name));
     let xf = x.reshape((b * t, c))?;
     let (ln1, ln1_saved) = layernorm_forward(&xf, &p("ln_1.weight")?, &p("ln_1.bias")?)?;
-    let qkv = lin.forward(&ln1, &p("attn.c_attn.weight")?, &p("attn.c_attn.bias")?)?;
+    let qkv = lin.forward(&ln1, &lw("attn.c_attn.weight")?, &p("attn.c_attn.bias")?)?;
     let (y, att) = attention_forward(&qkv.reshape((b, t, 3 * c))?, cfg.n_head)?;
     let y = y.reshape((b * t, c))?;
-    let x2 = lin.residual_forward(&xf, &y, &p("attn.c_proj.weight")?, &p("attn.c_proj.bias")?)?;
+    let x2 = lin.residual_forward(&xf, &y, &lw("attn.c_proj.weight")?, &p("attn.c_proj.bias")?)?;
     let (ln2, ln2_saved) = layernorm_forward(&x2, &p("ln_2.weight")?, &p("ln_2.bias")?)?;
-    let (h, hg) = lin.gelu_forward(&ln2, &p("mlp.c_fc.weight")?, &p("mlp.c_fc.bias")?)?;
+    let (h, hg) = lin.gelu_forward(&ln2, &lw("mlp.c_fc.weight")?, &p("mlp.c_fc.bias")?)?;
     let out = if want_out {
-        let w = p("mlp.c_proj.weight")?;
+        let w = lw("mlp.c_proj.weight")?;
         let bias = p("mlp.c_proj.bias")?;
         Some(
             lin.residual_forward(&x2, &hg, &w, &bias)?
@@ -161,7 +164,7 @@ fn block_forward_full(
 pub fn block_forward(
     cfg: &ModelConfig,
     lin: LinearFormat,
-    params: &Tensor,
+    params: &UnitParams,
     x: &Tensor,
     recompute: bool,
 ) -> Result<(Tensor, BlockSaved)> {
@@ -176,7 +179,7 @@ pub fn block_forward(
 pub fn block_backward(
     cfg: &ModelConfig,
     lin: LinearFormat,
-    params: &Tensor,
+    params: &UnitParams,
     saved: &BlockSaved,
     dout: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
@@ -185,7 +188,8 @@ pub fn block_backward(
         .acts(|x| Ok(block_forward_full(cfg, lin, params, x, false)?.1))?;
     let a: &BlockActs = &acts;
     let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
-    check_params(params, &unit, "block")?;
+    let flat = params.flat();
+    check_params(flat, &unit, "block")?;
     let (b, t) = check_acts(cfg, &a.x, "block input")?;
     let c = cfg.n_embd;
     if dout.dims() != [b, t, c] {
@@ -195,8 +199,9 @@ pub fn block_backward(
             got: dout.dims().to_vec(),
         });
     }
-    let p = |name: &str| unit.param(name).view(params);
-    let grads = FlatGrad::new(&unit, params.dtype(), params.device())?;
+    let p = |name: &str| unit.param(name).view(flat);
+    let lw = |name: &str| params.linear(unit.param(name));
+    let grads = FlatGrad::new(&unit, flat.dtype(), flat.device())?;
     let slot = |name: &str| grads.slot(name);
     let dout = dout.reshape((b * t, c))?;
 
@@ -204,7 +209,7 @@ pub fn block_backward(
     let (dh, dw, db, db_fc) = lin.gelu_backward_into(
         &dout,
         &a.hg,
-        &p("mlp.c_proj.weight")?,
+        &lw("mlp.c_proj.weight")?,
         &a.h,
         Some(&slot("mlp.c_proj.weight")?),
     )?;
@@ -213,7 +218,7 @@ pub fn block_backward(
     grads.put("mlp.c_fc.bias", &db_fc)?;
     // h = ln2 @ c_fc + b (its bias gradient came with dh)
     let fc = "mlp.c_fc.weight";
-    let (dln2, dw, _) = lin.backward_into(&dh, &a.ln2, &p(fc)?, Some(&slot(fc)?), false)?;
+    let (dln2, dw, _) = lin.backward_into(&dh, &a.ln2, &lw(fc)?, Some(&slot(fc)?), false)?;
     grads.put(fc, &dw)?;
     // ln2 = ln_2(x2); x2 also feeds the residual, whose gradient is dout
     let (dx2, dw, db) =
@@ -223,14 +228,14 @@ pub fn block_backward(
     // x2 = x + y @ c_proj + b
     let y = a.att.y.reshape((b * t, c))?;
     let proj = "attn.c_proj.weight";
-    let (dy, dw, db) = lin.backward_into(&dx2, &y, &p(proj)?, Some(&slot(proj)?), true)?;
+    let (dy, dw, db) = lin.backward_into(&dx2, &y, &lw(proj)?, Some(&slot(proj)?), true)?;
     grads.put(proj, &dw)?;
     grads.put("attn.c_proj.bias", &db.expect("asked for db"))?;
     // y = attention(qkv)
     let dqkv = attention_backward(&dy.reshape((b, t, c))?, &a.att)?.reshape((b * t, 3 * c))?;
     // qkv = ln1 @ c_attn + b
     let qkv = "attn.c_attn.weight";
-    let (dln1, dw, db) = lin.backward_into(&dqkv, &a.ln1, &p(qkv)?, Some(&slot(qkv)?), true)?;
+    let (dln1, dw, db) = lin.backward_into(&dqkv, &a.ln1, &lw(qkv)?, Some(&slot(qkv)?), true)?;
     grads.put(qkv, &dw)?;
     grads.put("attn.c_attn.bias", &db.expect("asked for db"))?;
     // ln1 = ln_1(x); x also feeds the residual, whose gradient is dx2

@@ -66,6 +66,83 @@ pub fn fp8_round(m: &Tensor, tile: Tile) -> Result<Tensor> {
     Ok(Tensor::from_vec(quantised, (r, s), m.device())?)
 }
 
+/// A weight `w (IN, OUT)` already in FP8 E4M3 with one scale a [`WEIGHT_TILE`]: its codes
+/// `(IN, OUT)` (u8, the E4M3 bits) and scales `(ceil(IN / 128), ceil(OUT / 128))` (f32, the
+/// dequantisation factors), exactly [`quant::quantize_fp8_e4m3_tiles`] of the weight. It is
+/// what FP8 qwZ's gather delivers (`zero`'s `Fp8TileGather`), so that a layer multiplies
+/// the gathered codes with no quantisation of its own: the same numbers as quantising the
+/// dense weight in the layer, bit for bit.
+#[derive(Clone, Debug)]
+pub struct Fp8Weight {
+    codes: Tensor,
+    scales: Tensor,
+}
+
+impl Fp8Weight {
+    /// From codes `(IN, OUT)` u8 and scales `(ceil(IN / 128), ceil(OUT / 128))` f32.
+    pub fn new(codes: Tensor, scales: Tensor) -> Result<Fp8Weight> {
+        let (r, c) = codes.dims2()?;
+        let tiles = [r.div_ceil(WEIGHT_TILE.rows), c.div_ceil(WEIGHT_TILE.cols)];
+        if codes.dtype() != DType::U8 || scales.dtype() != DType::F32 || scales.dims() != tiles {
+            return Err(ModelError::ShapeMismatch {
+                what: "FP8 weight: u8 codes (IN, OUT) and f32 scales, one a 128 x 128 tile",
+                expected: tiles.to_vec(),
+                got: scales.dims().to_vec(),
+            });
+        }
+        Ok(Fp8Weight { codes, scales })
+    }
+
+    /// `w (IN, OUT)` quantised in 128 x 128 tiles (the CPU reference of what FP8 qwZ sends).
+    pub fn quantize(w: &Tensor) -> Result<Fp8Weight> {
+        let (r, c) = w.dims2()?;
+        let v = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let (codes, scales) =
+            quant::quantize_fp8_e4m3_tiles(&v, r, c, WEIGHT_TILE).map_err(fp8_error)?;
+        let tiles = (r.div_ceil(WEIGHT_TILE.rows), c.div_ceil(WEIGHT_TILE.cols));
+        Fp8Weight::new(
+            Tensor::from_vec(codes, (r, c), w.device())?,
+            Tensor::from_vec(scales, tiles, w.device())?,
+        )
+    }
+
+    /// `(IN, OUT)`.
+    pub fn dims(&self) -> (usize, usize) {
+        let d = self.codes.dims();
+        (d[0], d[1])
+    }
+
+    pub fn codes(&self) -> &Tensor {
+        &self.codes
+    }
+
+    pub fn scales(&self) -> &Tensor {
+        &self.scales
+    }
+
+    /// The values the FP8 GEMM multiplies, as f32 (each code's value times its tile's scale,
+    /// one f32 product): [`fp8_round`] of the weight these codes were quantised from, bit for
+    /// bit. The CPU's emulation reads these; on the GPU the GEMMs are to read the codes.
+    pub fn dequantize(&self) -> Result<Tensor> {
+        if self.codes.device().is_cuda() {
+            return Err(ModelError::Candle(candle_core::Error::Msg(
+                "FP8 weights gathered by qwZ are multiplied on the CPU only so far (issue 40)"
+                    .into(),
+            )));
+        }
+        let (r, c) = self.dims();
+        let codes = self.codes.flatten_all()?.to_vec1::<u8>()?;
+        let scales = self.scales.flatten_all()?.to_vec1::<f32>()?;
+        let v = quant::dequantize_fp8_e4m3_tiles(&codes, &scales, r, c, WEIGHT_TILE)
+            .map_err(fp8_error)?;
+        Ok(Tensor::from_vec(v, (r, c), self.codes.device())?)
+    }
+}
+
+fn fp8_error(e: quant::QuantError) -> ModelError {
+    ModelError::Candle(candle_core::Error::Msg(format!("FP8: {e}")))
+}
+
 /// `x @ w` in FP8, as f32: `x (N, IN)` in `1 x 128` blocks, `w (IN, OUT)` in `128 x 128` tiles.
 pub fn fp8_matmul_forward(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let xq = fp8_round(x, ROW_BLOCK)?;
@@ -78,8 +155,12 @@ pub fn fp8_matmul_forward(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// `128 x 1` blocks along N). Quantisation passes the gradient straight through: these are the
 /// gradients of the product of the quantised operands.
 pub fn fp8_matmul_backward(dout: &Tensor, x: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {
+    rounded_matmul_backward(dout, x, &fp8_round(w, WEIGHT_TILE)?)
+}
+
+/// [`fp8_matmul_backward`] with the weight's FP8 values `wq` given.
+fn rounded_matmul_backward(dout: &Tensor, x: &Tensor, wq: &Tensor) -> Result<(Tensor, Tensor)> {
     let dq = fp8_round(dout, ROW_BLOCK)?;
-    let wq = fp8_round(w, WEIGHT_TILE)?;
     let dx = dq.matmul(&wq.t()?)?;
     let xc = fp8_round(x, COL_BLOCK)?;
     let dc = fp8_round(dout, COL_BLOCK)?;
@@ -104,7 +185,17 @@ pub fn fp8_linear_forward(
             });
         }
     }
-    let mut y = fp8_matmul_forward(x, w)?;
+    rounded_linear_forward(x, &fp8_round(w, WEIGHT_TILE)?, bias, residual)
+}
+
+/// [`fp8_linear_forward`]'s reference with the weight's FP8 values `wq` given.
+pub(crate) fn rounded_linear_forward(
+    x: &Tensor,
+    wq: &Tensor,
+    bias: Option<&Tensor>,
+    residual: Option<&Tensor>,
+) -> Result<Tensor> {
+    let mut y = fp8_round(x, ROW_BLOCK)?.matmul(wq)?;
     if let Some(b) = bias {
         y = y.broadcast_add(&b.to_dtype(DType::F32)?)?;
     }
@@ -122,7 +213,6 @@ pub fn fp8_linear_backward(
     w: &Tensor,
     want_db: bool,
 ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-    let dt = x.dtype();
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
         if let Some((dx, mut dws)) = cuda::cols_backward(dout, x, std::slice::from_ref(w), &[None])?
@@ -131,7 +221,18 @@ pub fn fp8_linear_backward(
             return Ok((dx, dws.pop().expect("one weight"), db));
         }
     }
-    let (dx, dw) = fp8_matmul_backward(dout, x, w)?;
+    rounded_linear_backward(dout, x, &fp8_round(w, WEIGHT_TILE)?, want_db)
+}
+
+/// [`fp8_linear_backward`]'s reference with the weight's FP8 values `wq` given.
+pub(crate) fn rounded_linear_backward(
+    dout: &Tensor,
+    x: &Tensor,
+    wq: &Tensor,
+    want_db: bool,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    let dt = x.dtype();
+    let (dx, dw) = rounded_matmul_backward(dout, x, wq)?;
     let db = want_db
         .then(|| dout.to_dtype(DType::F32)?.sum(0)?.to_dtype(dt))
         .transpose()?;
@@ -152,13 +253,26 @@ pub fn fp8_linear_cols_forward(
             return Ok(y);
         }
     }
-    // The reference: x rounded once, each part fp8_linear_forward's arithmetic.
+    let wqs = ws
+        .iter()
+        .map(|w| fp8_round(w, WEIGHT_TILE))
+        .collect::<Result<Vec<_>>>()?;
+    rounded_cols_forward(x, &wqs, residual)
+}
+
+/// [`fp8_linear_cols_forward`]'s reference with the weights' FP8 values `wqs` given: x rounded
+/// once, each part [`fp8_linear_forward`]'s arithmetic.
+pub(crate) fn rounded_cols_forward(
+    x: &Tensor,
+    wqs: &[Tensor],
+    residual: Option<&Tensor>,
+) -> Result<Tensor> {
     let xq = fp8_round(x, ROW_BLOCK)?;
     let mut off = 0;
-    let mut parts = Vec::with_capacity(ws.len());
-    for w in ws {
-        let out = w.dim(1)?;
-        let mut y = xq.matmul(&fp8_round(w, WEIGHT_TILE)?)?;
+    let mut parts = Vec::with_capacity(wqs.len());
+    for wq in wqs {
+        let out = wq.dim(1)?;
+        let mut y = xq.matmul(wq)?;
         if let Some(r) = residual {
             y = (y + r.narrow(1, off, out)?.to_dtype(DType::F32)?)?;
         }
@@ -187,11 +301,24 @@ pub fn fp8_linear_cols_backward(
         }
     }
     let _ = into; // only the GPU's GEMMs write into slots
-                  // The reference: x's 128 x 1 rounding once, each term fp8_matmul_backward's arithmetic.
+    let wqs = ws
+        .iter()
+        .map(|w| fp8_round(w, WEIGHT_TILE))
+        .collect::<Result<Vec<_>>>()?;
+    rounded_cols_backward(dout, x, &wqs)
+}
+
+/// [`fp8_linear_cols_backward`]'s reference with the weights' FP8 values `wqs` given: x's
+/// 128 x 1 rounding once, each term [`fp8_matmul_backward`]'s arithmetic.
+pub(crate) fn rounded_cols_backward(
+    dout: &Tensor,
+    x: &Tensor,
+    wqs: &[Tensor],
+) -> Result<(Tensor, Vec<Tensor>)> {
     let dt = x.dtype();
     let xc = fp8_round(x, COL_BLOCK)?;
-    super::projection::cols_backward_each(dout, ws, |d, w| {
-        let dx = fp8_round(d, ROW_BLOCK)?.matmul(&fp8_round(w, WEIGHT_TILE)?.t()?)?;
+    super::projection::cols_backward_each(dout, wqs, |d, wq| {
+        let dx = fp8_round(d, ROW_BLOCK)?.matmul(&wq.t()?)?;
         let dw = xc.t()?.matmul(&fp8_round(d, COL_BLOCK)?)?;
         Ok((dx.to_dtype(dt)?, dw.to_dtype(dt)?))
     })

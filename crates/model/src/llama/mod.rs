@@ -32,7 +32,7 @@
 //! let tokens = Tensor::new(&[[1u32, 2, 3, 4]], &Device::Cpu).unwrap();
 //! let targets = Tensor::new(&[[2u32, 3, 4, 5]], &Device::Cpu).unwrap();
 //! let x = llama::embedding_forward(&cfg, &p[0], &tokens).unwrap();
-//! let (x, _) = llama::block_forward(&cfg, LinearFormat::Dense, &p[1], &x, false).unwrap();
+//! let (x, _) = llama::block_forward(&cfg, LinearFormat::Dense, &p[1].clone().into(), &x, false).unwrap();
 //! let (x, _) = llama::final_norm_forward(&cfg, &p[2], &x).unwrap();
 //! let (loss, _) = llama::head_loss(&cfg, &p[0], &x, &targets, false).unwrap();
 //! let loss = loss.value().unwrap(); // read on the host here
@@ -48,13 +48,14 @@ use crate::config::ModelConfig;
 use crate::decode::{cached_attention, check_one_sequence, LayerCache};
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    add_rmsnorm_forward, bias_grad, gqa_packed_backward, gqa_packed_forward,
-    matmul_cols_bias_forward, matmul_cols_forward, qk_norm_backward, qk_norm_forward,
-    rmsnorm_backward, rmsnorm_backward_into, rmsnorm_forward, rope_qk_backward, rope_qk_forward,
-    rope_tables, swiglu_packed_backward, swiglu_packed_forward, Loss, QkNormSaved, TokenIndex,
+    add_rmsnorm_forward, bias_grad, gqa_packed_backward, gqa_packed_forward, qk_norm_backward,
+    qk_norm_forward, rmsnorm_backward, rmsnorm_backward_into, rmsnorm_forward, rope_qk_backward,
+    rope_qk_forward, rope_tables, swiglu_packed_backward, swiglu_packed_forward, Loss, QkNormSaved,
+    TokenIndex,
 };
 use crate::layout::{UnitKind, UnitLayout};
-use crate::linears::LinearFormat;
+use crate::linears::{LinearFormat, LinearWeight};
+use crate::schedule::UnitParams;
 use crate::units::{self, check_acts, check_params, check_tokens, flatten_grads, FlatGrad, Kept};
 
 pub use crate::layers::{GqaSaved, RmsSaved, RopeTables};
@@ -147,16 +148,16 @@ impl LlamaBlockSaved {
 struct BlockWeights {
     input_norm: Tensor,
     /// q_proj, k_proj, v_proj: one packed projection.
-    qkv: [Tensor; 3],
+    qkv: [LinearWeight; 3],
     /// Their biases side by side `(NH hs + 2 KV hs)` (Qwen2).
     qkv_bias: Option<Tensor>,
     /// q_norm and k_norm `(hs)` (Qwen3).
     qk_norm: Option<[Tensor; 2]>,
-    o: Tensor,
+    o: LinearWeight,
     post_norm: Tensor,
     /// gate_proj, up_proj: one packed projection.
-    gate_up: [Tensor; 2],
-    down: Tensor,
+    gate_up: [LinearWeight; 2],
+    down: LinearWeight,
 }
 
 /// Names of [`BlockWeights`]' projections, in their order.
@@ -174,7 +175,9 @@ const QKV_BIAS_NAMES: [&str; 3] = [
 const QK_NORM_NAMES: [&str; 2] = ["self_attn.q_norm.weight", "self_attn.k_norm.weight"];
 
 impl BlockWeights {
-    fn view(cfg: &ModelConfig, unit: &UnitLayout, params: &Tensor) -> Result<BlockWeights> {
+    fn view(cfg: &ModelConfig, unit: &UnitLayout, params: &UnitParams) -> Result<BlockWeights> {
+        let lw = |name: &str| params.linear(unit.param(name));
+        let params = params.flat();
         let p = |name: &str| unit.param(name).view(params);
         // The three biases are consecutive rows of the table (style.rs): one view.
         let qkv_bias = match cfg.qkv_bias {
@@ -191,13 +194,13 @@ impl BlockWeights {
         };
         Ok(BlockWeights {
             input_norm: p("input_layernorm.weight")?,
-            qkv: [p(QKV_NAMES[0])?, p(QKV_NAMES[1])?, p(QKV_NAMES[2])?],
+            qkv: [lw(QKV_NAMES[0])?, lw(QKV_NAMES[1])?, lw(QKV_NAMES[2])?],
             qkv_bias,
             qk_norm,
-            o: p("self_attn.o_proj.weight")?,
+            o: lw("self_attn.o_proj.weight")?,
             post_norm: p("post_attention_layernorm.weight")?,
-            gate_up: [p(GATE_UP_NAMES[0])?, p(GATE_UP_NAMES[1])?],
-            down: p("mlp.down_proj.weight")?,
+            gate_up: [lw(GATE_UP_NAMES[0])?, lw(GATE_UP_NAMES[1])?],
+            down: lw("mlp.down_proj.weight")?,
         })
     }
 }
@@ -207,12 +210,12 @@ impl BlockWeights {
 fn block_forward_full(
     cfg: &ModelConfig,
     lin: LinearFormat,
-    params: &Tensor,
+    params: &UnitParams,
     x: &Tensor,
     want_out: bool,
 ) -> Result<(Option<Tensor>, LlamaBlockActs)> {
     let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
-    check_params(params, &unit, "block")?;
+    check_params(params.flat(), &unit, "block")?;
     let (b, t) = check_acts(cfg, x, "block input")?;
     let (c, nh, kv, hs) = (cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim);
     let w = BlockWeights::view(cfg, &unit, params)?;
@@ -284,7 +287,7 @@ fn block_forward_full(
 pub fn block_forward(
     cfg: &ModelConfig,
     lin: LinearFormat,
-    params: &Tensor,
+    params: &UnitParams,
     x: &Tensor,
     recompute: bool,
 ) -> Result<(Tensor, LlamaBlockSaved)> {
@@ -300,7 +303,7 @@ pub fn block_forward(
 pub fn block_backward(
     cfg: &ModelConfig,
     lin: LinearFormat,
-    params: &Tensor,
+    params: &UnitParams,
     saved: &LlamaBlockSaved,
     dout: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
@@ -309,12 +312,12 @@ pub fn block_backward(
         .acts(|x| Ok(block_forward_full(cfg, lin, params, x, false)?.1))?;
     let a: &LlamaBlockActs = &acts;
     let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
-    check_params(params, &unit, "block")?;
+    check_params(params.flat(), &unit, "block")?;
     let (b, t) = check_acts(cfg, &a.x, "block input")?;
     check_dout(cfg, dout, (b, t), "block dout")?;
     let (c, nh, kv, hs) = (cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim);
     let w = BlockWeights::view(cfg, &unit, params)?;
-    let grads = FlatGrad::new(&unit, params.dtype(), params.device())?;
+    let grads = FlatGrad::new(&unit, params.flat().dtype(), params.flat().device())?;
     let slots = |names: &[&str]| -> Result<Vec<Option<Tensor>>> {
         names.iter().map(|n| grads.slot(n).map(Some)).collect()
     };
@@ -510,14 +513,14 @@ pub fn block_decode(
             max: rope.cos.dim(0)?,
         });
     }
-    let w = BlockWeights::view(cfg, &unit, params)?;
+    // Decoding multiplies in the compute dtype.
+    let dense = LinearFormat::Dense;
+    let w = BlockWeights::view(cfg, &unit, &UnitParams::dense(params.clone()))?;
     let xf = x.reshape((t, c))?;
     let (n1, _) = rmsnorm_forward(&xf, &w.input_norm, cfg.norm_eps)?;
-    let qkv = matmul_cols_bias_forward(&n1, &w.qkv, w.qkv_bias.as_ref(), None)?.reshape((
-        1,
-        t,
-        (nh + 2 * kv) * hs,
-    ))?;
+    let qkv = dense
+        .cols_forward(&n1, &w.qkv, w.qkv_bias.as_ref(), None)?
+        .reshape((1, t, (nh + 2 * kv) * hs))?;
     let qkv = match &w.qk_norm {
         Some([wq, wk]) => qk_norm_forward(qkv, wq, wk, nh, kv, cfg.norm_eps)?.0,
         None => qkv,
@@ -527,12 +530,12 @@ pub fn block_decode(
     let k = qkv.narrow(2, nh * hs, kv * hs)?;
     let v = qkv.narrow(2, (nh + kv) * hs, kv * hs)?;
     let y = cached_attention(&q, &k, &v, nh, cache)?.reshape((t, nh * hs))?;
-    let attn_out = matmul_cols_forward(&y, std::slice::from_ref(&w.o), None)?;
+    let attn_out = dense.cols_forward(&y, std::slice::from_ref(&w.o), None, None)?;
     // h = x + o_proj(y), then its norm, in one pass
     let (h, n2, _) = add_rmsnorm_forward(&xf, &attn_out, &w.post_norm, cfg.norm_eps)?;
-    let gu = matmul_cols_forward(&n2, &w.gate_up, None)?;
+    let gu = dense.cols_forward(&n2, &w.gate_up, None, None)?;
     let act = swiglu_packed_forward(&gu)?;
-    let out = matmul_cols_forward(&act, std::slice::from_ref(&w.down), Some(&h))?;
+    let out = dense.cols_forward(&act, std::slice::from_ref(&w.down), None, Some(&h))?;
     Ok(out.reshape((1, t, c))?)
 }
 

@@ -15,7 +15,7 @@ use crate::family::{Family, HfTensor, Sizes};
 use crate::layers::{rope_tables, Loss, RopeScaling, RopeTables, TokenIndex};
 use crate::layout::{init_stds, ParamInit, ParamSpec, UnitKind, UnitTable};
 use crate::linears::LinearFormat;
-use crate::schedule::Saved;
+use crate::schedule::{Saved, UnitParams};
 
 /// A family of Llama's block: its names, what it adds to the block, its defaults, its presets.
 pub struct LlamaStyle {
@@ -607,7 +607,7 @@ impl Family for LlamaStyle {
         &self,
         cfg: &ModelConfig,
         lin: LinearFormat,
-        params: &Tensor,
+        params: &UnitParams,
         x: &Tensor,
         recompute: bool,
     ) -> Result<(Tensor, Saved)> {
@@ -619,7 +619,7 @@ impl Family for LlamaStyle {
         &self,
         cfg: &ModelConfig,
         lin: LinearFormat,
-        params: &Tensor,
+        params: &UnitParams,
         saved: &Saved,
         dout: &Tensor,
     ) -> Result<(Tensor, Tensor)> {

@@ -4,8 +4,9 @@
 use candle_core::{DType, Device, Tensor};
 use comm::{Group, Lane};
 use kernels::profile::Family;
+use model::UnitParams;
 
-use super::{WeightCodec, Wire};
+use super::{LinearLayout, WeightCodec, Wire};
 use crate::{shard_passes, Result};
 
 /// One unit's gather as its job (`gather.rs`) hands it to the codec: the unit's layout over the
@@ -28,6 +29,8 @@ pub struct GatherInput<'a> {
     pub working: Option<&'a Tensor>,
     /// hpZ in training: a world gather returns my node-local slice as well.
     pub keep: bool,
+    /// Where the unit's linear weights lie (read by FP8 qwZ only).
+    pub linears: &'a LinearLayout,
 }
 
 impl GatherInput<'_> {
@@ -107,7 +110,7 @@ impl WeightCodec for PlainGather {
         lane: &mut dyn Lane,
         input: &GatherInput<'_>,
         out: Tensor,
-    ) -> Result<(Tensor, Option<NodeSlice>)> {
+    ) -> Result<(UnitParams, Option<NodeSlice>)> {
         let place = lane.place().clone();
         let (padded, shard, at) = (input.padded, input.shard, input.at());
         // Profile spans time the compute stream: they record only where the job runs there (one rank).
@@ -135,7 +138,7 @@ impl WeightCodec for PlainGather {
             }
             false => None,
         };
-        Ok((full, kept))
+        Ok((UnitParams::dense(full), kept))
     }
 
     fn gather_from_node(
@@ -144,11 +147,12 @@ impl WeightCodec for PlainGather {
         input: &GatherInput<'_>,
         kept: &NodeSlice,
         out: Tensor,
-    ) -> Result<Tensor> {
+    ) -> Result<UnitParams> {
         let place = lane.place().clone();
         let (slice, at) = (input.slice(), input.node_at());
         shard_passes::copy_into(&place, kept.buffer("values"), 0, slice, &out, at)?;
-        Ok(lane.all_gather_in_place(Group::IntraNode, &out)?)
+        let full = lane.all_gather_in_place(Group::IntraNode, &out)?;
+        Ok(UnitParams::dense(full))
     }
 }
 
@@ -183,7 +187,7 @@ impl WeightCodec for Int8Gather {
         lane: &mut dyn Lane,
         input: &GatherInput<'_>,
         out: Tensor,
-    ) -> Result<(Tensor, Option<NodeSlice>)> {
+    ) -> Result<(UnitParams, Option<NodeSlice>)> {
         let place = lane.place().clone();
         let (padded, block, at) = (input.padded, self.block, input.at());
         // Profile spans time the compute stream: they record only where the job runs there (one rank).
@@ -215,7 +219,7 @@ impl WeightCodec for Int8Gather {
             }
             false => None,
         };
-        Ok((full, kept))
+        Ok((UnitParams::dense(full), kept))
     }
 
     /// My slice's codes and scales into my node slots of INT8 buffers, gathered over my node,
@@ -226,7 +230,7 @@ impl WeightCodec for Int8Gather {
         input: &GatherInput<'_>,
         kept: &NodeSlice,
         out: Tensor,
-    ) -> Result<Tensor> {
+    ) -> Result<UnitParams> {
         let place = lane.place().clone();
         let (padded, block) = (input.padded, self.block);
         let (slice, at) = (input.slice(), input.node_at());
@@ -238,12 +242,8 @@ impl WeightCodec for Int8Gather {
         shard_passes::copy_into(&place, scales, 0, blocks, &all_scales, at / block)?;
         let all_codes = lane.all_gather_in_place(Group::IntraNode, &all_codes)?;
         let all_scales = lane.all_gather_in_place(Group::IntraNode, &all_scales)?;
-        Ok(quant::tensor::dequantize_int8_into(
-            &all_codes,
-            &all_scales,
-            block,
-            &out,
-            &place,
-        )?)
+        let full =
+            quant::tensor::dequantize_int8_into(&all_codes, &all_scales, block, &out, &place)?;
+        Ok(UnitParams::dense(full))
     }
 }

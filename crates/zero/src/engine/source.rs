@@ -9,7 +9,7 @@ use candle_core::Tensor;
 use comm::Communicator;
 use kernels::place::Place;
 use kernels::profile::{scope, Family};
-use model::UnitSource;
+use model::{UnitParams, UnitSource};
 
 use super::{EngineOptions, UnitShard, REDUCTIONS_IN_FLIGHT};
 use crate::gather::{self, GatherQueue};
@@ -113,6 +113,7 @@ impl<'a> Source<'a> {
             ranks_per_node: topology.ranks_per_node,
             keep: node.then_some(weights),
             label,
+            linears: unit.linears.clone(),
         };
         let working = unit.working.as_ref().and_then(|w| w.serve(weights));
         let flight = gather::submit(comm, spec, &unit.master, working, source);
@@ -121,7 +122,7 @@ impl<'a> Source<'a> {
 
     /// The gathered unit `expected` (the next in the order); then tops the gathers in flight up
     /// to the queue's depth.
-    pub(super) fn next_gather(&mut self, expected: usize) -> Result<Tensor> {
+    pub(super) fn next_gather(&mut self, expected: usize) -> Result<UnitParams> {
         if self.gathers.in_flight() == 0 {
             self.issue_gather();
         }
@@ -227,7 +228,7 @@ fn finish_reduce(
 
 impl UnitSource for Source<'_> {
     type Error = ZeroError;
-    fn params(&mut self, u: usize) -> Result<Tensor> {
+    fn params(&mut self, u: usize) -> Result<UnitParams> {
         self.next_gather(u)
     }
     fn grad(&mut self, u: usize, grad: Tensor) -> Result<()> {
