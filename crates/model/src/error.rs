@@ -85,6 +85,12 @@ pub enum ModelError {
         setting: String,
         reason: &'static str,
     },
+    /// A GPU older than the kernels' PTX target, which its driver cannot load.
+    #[error(
+        "this GPU has compute capability {major}.{minor}: the kernels are PTX for compute \
+         capability 9.0 (Hopper: H100, H200) and later; run there, or set train.device = \"cpu\""
+    )]
+    GpuTooOld { major: i32, minor: i32 },
     /// A layer's GPU kernel declined a CUDA tensor under an enforced kernel plan that said it
     /// takes it: an internal invariant, not a setting.
     #[error(

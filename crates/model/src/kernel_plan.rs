@@ -60,7 +60,11 @@ impl KernelPlan {
     /// everywhere), or an error naming the setting the GPU kernels cannot take.
     pub fn resolve(cfg: &ModelConfig, dtype: DType, device: &Device) -> Result<Option<KernelPlan>> {
         match device.is_cuda() {
-            true => resolve_cuda(cfg, dtype).map(Some),
+            true => {
+                #[cfg(feature = "cuda")]
+                check_capability(device)?;
+                resolve_cuda(cfg, dtype).map(Some)
+            }
             false => Ok(None),
         }
     }
@@ -70,6 +74,26 @@ impl KernelPlan {
     pub fn enforce(&self) -> Enforced {
         let before = ENFORCED.with(|e| e.replace(Some(*self)));
         Enforced { before }
+    }
+}
+
+/// The kernels are PTX for compute capability 9.0 (`kernels::Flavour`, crates/kernels/src/
+/// loader.rs), which the driver compiles for 9.0 and later GPUs and cannot for older ones
+/// (their FP8 instructions and cuBLASLt's block-scaled FP8 GEMMs are Hopper's too): an older
+/// GPU is refused here, in one line, before any kernel fails to load.
+#[cfg(feature = "cuda")]
+fn check_capability(device: &Device) -> Result<()> {
+    let Device::Cuda(dev) = device else {
+        return Ok(());
+    };
+    let (major, minor) = dev
+        .cuda_stream()
+        .context()
+        .compute_capability()
+        .map_err(|e| candle_core::Error::Msg(format!("the GPU's compute capability: {e}")))?;
+    match major >= 9 {
+        true => Ok(()),
+        false => Err(ModelError::GpuTooOld { major, minor }),
     }
 }
 
