@@ -372,6 +372,19 @@ fn an_fp8_llama_run_resumes_bit_for_bit_and_on_another_world_size() {
     resumes_on_its_world_and_another("llama-tiny", &["train.precision=\"fp8\""], 1e-4);
 }
 
+/// And with qwZ and hpZ on, the blocks' weights gathered as the FP8 codes their layers multiply
+/// (FP8 qwZ; the embedding as INT8 qwZ): tile codes do not depend on the world size, so the
+/// run resumes on another as FP8 compute does.
+#[test]
+fn an_fp8_qwz_llama_run_resumes_bit_for_bit_and_on_another_world_size() {
+    let fp8_qwz = [
+        "train.precision=\"fp8\"",
+        "zero.quantized_weights=true",
+        "zero.hpz_partition_size=2",
+    ];
+    resumes_on_its_world_and_another("llama-tiny", &fp8_qwz, 1e-4);
+}
+
 fn resumes_on_its_world_and_another(preset: &str, extra: &[&str], tol: f64) {
     let dir = tempfile::tempdir().unwrap();
     let corpus = common::small_corpus(dir.path(), 6);

@@ -18,6 +18,7 @@ use model::layers::{
     fp8_gpu, fp8_linear_cols_backward, fp8_linear_cols_forward, matmul_cols_backward,
     matmul_cols_forward, COL_BLOCK, ROW_BLOCK, WEIGHT_TILE,
 };
+use model::{Fp8Weight, LinearFormat, LinearWeight};
 use quant::Tile;
 
 fn host_u8(t: &Tensor) -> Vec<u8> {
@@ -229,6 +230,40 @@ fn layers_check(n: usize, inp: usize, outs: &[usize]) {
         assert_close(&what(&format!("dw {i}")), g, c, 1e-2);
     }
     assert_close(&what("dw 0 in its slot"), &slot, &dws_c[0], 1e-2);
+    gathered_weights_check(&what("gathered"), &x_g, &d_g, &ws_g);
+}
+
+/// FP8 qwZ's form of the weights (codes and tile scales as gathered, which are
+/// `quant::quantize_fp8_e4m3_tiles` of each weight: `Fp8Weight::quantize` here) gives the same
+/// bf16 outputs and gradients bit for bit as the bf16 weights quantised in the layer.
+fn gathered_weights_check(what: &str, x: &Tensor, dout: &Tensor, ws: &[Tensor]) {
+    let fp8 = LinearFormat::Fp8;
+    let dense: Vec<LinearWeight> = ws.iter().cloned().map(LinearWeight::Dense).collect();
+    let gathered: Vec<LinearWeight> = ws
+        .iter()
+        .map(|w| {
+            let host = w.to_device(&Device::Cpu).expect("to host");
+            let q = Fp8Weight::quantize(&host).expect("tiles");
+            let on_gpu = |t: &Tensor| t.to_device(&gpu()).expect("to gpu");
+            let q = Fp8Weight::new(on_gpu(q.codes()), on_gpu(q.scales())).expect("FP8 weight");
+            LinearWeight::Fp8(q)
+        })
+        .collect();
+    let bits = |t: &Tensor| host_f32(&t.to_dtype(DType::F32).expect("f32"));
+    let y = fp8.cols_forward(x, &dense, None, None).expect("forward");
+    let y_q = fp8
+        .cols_forward(x, &gathered, None, None)
+        .expect("forward, gathered");
+    assert_eq!(bits(&y_q), bits(&y), "{what}: forward");
+    let none = vec![None; ws.len()];
+    let (dx, dws) = fp8.cols_backward(dout, x, &dense, &none).expect("backward");
+    let (dx_q, dws_q) = fp8
+        .cols_backward(dout, x, &gathered, &none)
+        .expect("backward, gathered");
+    assert_eq!(bits(&dx_q), bits(&dx), "{what}: dx");
+    for (a, b) in dws_q.iter().zip(&dws) {
+        assert_eq!(bits(a), bits(b), "{what}: dw");
+    }
 }
 
 /// Llama 3.2 1B's projections at 8 sequences of 2048 tokens: each forward and backward in FP8

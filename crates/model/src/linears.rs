@@ -13,10 +13,9 @@ use candle_core::Tensor;
 
 use crate::error::{ModelError, Result};
 use crate::layers::fp8_linear::{
-    rounded_cols_backward, rounded_cols_forward, rounded_linear_backward, rounded_linear_forward,
+    cols_backward_of, cols_forward_of, linear_backward_of, linear_forward_of,
 };
 use crate::layers::{
-    fp8_linear_backward, fp8_linear_cols_backward, fp8_linear_cols_forward, fp8_linear_forward,
     fp8_round, gelu_backward_bias_grad, gelu_forward, matmul_backward_into, matmul_cols_backward,
     matmul_cols_bias_forward, matmul_forward, matmul_gelu_backward_into, matmul_gelu_forward,
     residual_matmul_forward, Fp8Weight, WEIGHT_TILE,
@@ -54,9 +53,10 @@ impl LinearWeight {
         }
     }
 
-    /// The values an FP8 GEMM multiplies, as f32: the dense weight rounded in 128 x 128 tiles,
-    /// or the gathered codes times their scales (the same numbers, bit for bit).
-    fn fp8_values(&self) -> Result<Tensor> {
+    /// The values an FP8 GEMM multiplies, as f32 (the CPU's reference): the dense weight
+    /// rounded in 128 x 128 tiles, or the gathered codes times their scales (the same numbers,
+    /// bit for bit).
+    pub(crate) fn fp8_values(&self) -> Result<Tensor> {
         match self {
             LinearWeight::Dense(w) => fp8_round(w, WEIGHT_TILE),
             LinearWeight::Fp8(q) => q.dequantize(),
@@ -64,22 +64,8 @@ impl LinearWeight {
     }
 }
 
-/// Every weight dense, or `None` where one came gathered in FP8.
-fn all_dense(ws: &[LinearWeight]) -> Option<Vec<Tensor>> {
-    ws.iter()
-        .map(|w| match w {
-            LinearWeight::Dense(t) => Some(t.clone()),
-            LinearWeight::Fp8(_) => None,
-        })
-        .collect()
-}
-
 fn dense_all(ws: &[LinearWeight]) -> Result<Vec<Tensor>> {
     ws.iter().map(|w| w.dense().cloned()).collect()
-}
-
-fn fp8_values(ws: &[LinearWeight]) -> Result<Vec<Tensor>> {
-    ws.iter().map(LinearWeight::fp8_values).collect()
 }
 
 impl LinearFormat {
@@ -104,10 +90,7 @@ impl LinearFormat {
         match self {
             LinearFormat::Dense => matmul_cols_bias_forward(x, &dense_all(ws)?, bias, residual),
             LinearFormat::Fp8 => {
-                let y = match all_dense(ws) {
-                    Some(ws) => fp8_linear_cols_forward(x, &ws, residual)?,
-                    None => rounded_cols_forward(x, &fp8_values(ws)?, residual)?,
-                };
+                let y = cols_forward_of(x, ws, residual)?;
                 Ok(match bias {
                     Some(b) => y.broadcast_add(b)?,
                     None => y,
@@ -128,46 +111,17 @@ impl LinearFormat {
     ) -> Result<(Tensor, Vec<Tensor>)> {
         match self {
             LinearFormat::Dense => matmul_cols_backward(dout, x, &dense_all(ws)?, into),
-            LinearFormat::Fp8 => match all_dense(ws) {
-                Some(ws) => fp8_linear_cols_backward(dout, x, &ws, into),
-                None => rounded_cols_backward(dout, x, &fp8_values(ws)?),
-            },
+            LinearFormat::Fp8 => cols_backward_of(dout, x, ws, into),
         }
     }
 
     // ---- one projection with a bias (the GPT-2 block), as linear.rs ----
 
-    /// `x @ w + b` (+ `residual`) in FP8.
-    fn fp8_forward(
-        x: &Tensor,
-        w: &LinearWeight,
-        b: &Tensor,
-        residual: Option<&Tensor>,
-    ) -> Result<Tensor> {
-        match w {
-            LinearWeight::Dense(w) => fp8_linear_forward(x, w, Some(b), residual),
-            LinearWeight::Fp8(_) => rounded_linear_forward(x, &w.fp8_values()?, Some(b), residual),
-        }
-    }
-
-    /// Gradients of [`LinearFormat::fp8_forward`].
-    fn fp8_backward(
-        dout: &Tensor,
-        x: &Tensor,
-        w: &LinearWeight,
-        want_db: bool,
-    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-        match w {
-            LinearWeight::Dense(w) => fp8_linear_backward(dout, x, w, want_db),
-            LinearWeight::Fp8(_) => rounded_linear_backward(dout, x, &w.fp8_values()?, want_db),
-        }
-    }
-
     /// `x @ w + b`: [`matmul_forward`].
     pub fn forward(self, x: &Tensor, w: &LinearWeight, b: &Tensor) -> Result<Tensor> {
         match self {
             LinearFormat::Dense => matmul_forward(x, w.dense()?, b),
-            LinearFormat::Fp8 => Self::fp8_forward(x, w, b, None),
+            LinearFormat::Fp8 => linear_forward_of(x, w, Some(b), None),
         }
     }
 
@@ -181,7 +135,7 @@ impl LinearFormat {
     ) -> Result<Tensor> {
         match self {
             LinearFormat::Dense => residual_matmul_forward(residual, x, w.dense()?, b),
-            LinearFormat::Fp8 => Self::fp8_forward(x, w, b, Some(residual)),
+            LinearFormat::Fp8 => linear_forward_of(x, w, Some(b), Some(residual)),
         }
     }
 
@@ -195,7 +149,7 @@ impl LinearFormat {
         match self {
             LinearFormat::Dense => matmul_gelu_forward(x, w.dense()?, b),
             LinearFormat::Fp8 => {
-                let h = Self::fp8_forward(x, w, b, None)?;
+                let h = linear_forward_of(x, w, Some(b), None)?;
                 let g = gelu_forward(&h)?;
                 Ok((h, g))
             }
@@ -214,7 +168,7 @@ impl LinearFormat {
     ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         match self {
             LinearFormat::Dense => matmul_backward_into(dout, x, w.dense()?, dw_into, want_db),
-            LinearFormat::Fp8 => Self::fp8_backward(dout, x, w, want_db),
+            LinearFormat::Fp8 => linear_backward_of(dout, x, w, want_db),
         }
     }
 
@@ -231,7 +185,7 @@ impl LinearFormat {
         match self {
             LinearFormat::Dense => matmul_gelu_backward_into(dout, g, w.dense()?, h, dw_into),
             LinearFormat::Fp8 => {
-                let (dg, dw, db) = Self::fp8_backward(dout, g, w, true)?;
+                let (dg, dw, db) = linear_backward_of(dout, g, w, true)?;
                 let (dh, dbias_h) = gelu_backward_bias_grad(&dg, h)?;
                 Ok((dh, dw, db.expect("asked for db"), dbias_h))
             }

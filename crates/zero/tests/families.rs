@@ -234,6 +234,16 @@ fn a_resume_from_the_state_continues_bit_for_bit() {
             resumes_bit_for_bit(LinearFormat::Fp8, &cfg, z.clone()),
             "{name}: FP8"
         );
+        let fp8_qwz = ZeroConfig {
+            quantized_weights: true,
+            hpz_partition_size: 2,
+            weight_quant_block: 64,
+            ..z.clone()
+        };
+        assert!(
+            resumes_bit_for_bit(LinearFormat::Fp8, &cfg, fp8_qwz),
+            "{name}: FP8 qwZ"
+        );
     }
 }
 

@@ -32,6 +32,7 @@ use candle_core::{DType, Tensor};
 use quant::Tile;
 
 use crate::error::{ModelError, Result};
+use crate::linears::LinearWeight;
 
 /// The scale block of weights: `128 x 128`.
 pub const WEIGHT_TILE: Tile = Tile {
@@ -122,15 +123,15 @@ impl Fp8Weight {
 
     /// The values the FP8 GEMM multiplies, as f32 (each code's value times its tile's scale,
     /// one f32 product): [`fp8_round`] of the weight these codes were quantised from, bit for
-    /// bit. The CPU's emulation reads these; on the GPU the GEMMs are to read the codes.
+    /// bit. The CPU's emulation reads these; on the GPU the GEMMs read the codes.
     pub fn dequantize(&self) -> Result<Tensor> {
-        if self.codes.device().is_cuda() {
-            return Err(ModelError::Candle(candle_core::Error::Msg(
-                "FP8 weights gathered by qwZ are multiplied on the CPU only so far (issue 40)"
-                    .into(),
-            )));
-        }
         let (r, c) = self.dims();
+        if self.codes.device().is_cuda() {
+            return Err(ModelError::Candle(candle_core::Error::Msg(format!(
+                "an FP8 weight ({r} x {c}) on the GPU is read by the FP8 GEMMs alone, which take \
+                 bf16 inputs and sides that are multiples of {GPU_MULTIPLE}"
+            ))));
+        }
         let codes = self.codes.flatten_all()?.to_vec1::<u8>()?;
         let scales = self.scales.flatten_all()?.to_vec1::<f32>()?;
         let v = quant::dequantize_fp8_e4m3_tiles(&codes, &scales, r, c, WEIGHT_TILE)
@@ -176,6 +177,16 @@ pub fn fp8_linear_forward(
     bias: Option<&Tensor>,
     residual: Option<&Tensor>,
 ) -> Result<Tensor> {
+    linear_forward_of(x, &LinearWeight::Dense(w.clone()), bias, residual)
+}
+
+/// [`fp8_linear_forward`] of a weight given either way: dense, or gathered in FP8.
+pub(crate) fn linear_forward_of(
+    x: &Tensor,
+    w: &LinearWeight,
+    bias: Option<&Tensor>,
+    residual: Option<&Tensor>,
+) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
         if let Some(y) = cuda::cols_forward(x, std::slice::from_ref(w), residual)? {
@@ -185,11 +196,11 @@ pub fn fp8_linear_forward(
             });
         }
     }
-    rounded_linear_forward(x, &fp8_round(w, WEIGHT_TILE)?, bias, residual)
+    rounded_linear_forward(x, &w.fp8_values()?, bias, residual)
 }
 
 /// [`fp8_linear_forward`]'s reference with the weight's FP8 values `wq` given.
-pub(crate) fn rounded_linear_forward(
+fn rounded_linear_forward(
     x: &Tensor,
     wq: &Tensor,
     bias: Option<&Tensor>,
@@ -213,6 +224,16 @@ pub fn fp8_linear_backward(
     w: &Tensor,
     want_db: bool,
 ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    linear_backward_of(dout, x, &LinearWeight::Dense(w.clone()), want_db)
+}
+
+/// [`fp8_linear_backward`] of a weight given either way.
+pub(crate) fn linear_backward_of(
+    dout: &Tensor,
+    x: &Tensor,
+    w: &LinearWeight,
+    want_db: bool,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
         if let Some((dx, mut dws)) = cuda::cols_backward(dout, x, std::slice::from_ref(w), &[None])?
@@ -221,18 +242,8 @@ pub fn fp8_linear_backward(
             return Ok((dx, dws.pop().expect("one weight"), db));
         }
     }
-    rounded_linear_backward(dout, x, &fp8_round(w, WEIGHT_TILE)?, want_db)
-}
-
-/// [`fp8_linear_backward`]'s reference with the weight's FP8 values `wq` given.
-pub(crate) fn rounded_linear_backward(
-    dout: &Tensor,
-    x: &Tensor,
-    wq: &Tensor,
-    want_db: bool,
-) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     let dt = x.dtype();
-    let (dx, dw) = rounded_matmul_backward(dout, x, wq)?;
+    let (dx, dw) = rounded_matmul_backward(dout, x, &w.fp8_values()?)?;
     let db = want_db
         .then(|| dout.to_dtype(DType::F32)?.sum(0)?.to_dtype(dt))
         .transpose()?;
@@ -247,32 +258,33 @@ pub fn fp8_linear_cols_forward(
     ws: &[Tensor],
     residual: Option<&Tensor>,
 ) -> Result<Tensor> {
+    cols_forward_of(x, &dense(ws), residual)
+}
+
+fn dense(ws: &[Tensor]) -> Vec<LinearWeight> {
+    ws.iter().cloned().map(LinearWeight::Dense).collect()
+}
+
+/// [`fp8_linear_cols_forward`] of weights given either way (dense, or gathered in FP8).
+pub(crate) fn cols_forward_of(
+    x: &Tensor,
+    ws: &[LinearWeight],
+    residual: Option<&Tensor>,
+) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
         if let Some(y) = cuda::cols_forward(x, ws, residual)? {
             return Ok(y);
         }
     }
-    let wqs = ws
-        .iter()
-        .map(|w| fp8_round(w, WEIGHT_TILE))
-        .collect::<Result<Vec<_>>>()?;
-    rounded_cols_forward(x, &wqs, residual)
-}
-
-/// [`fp8_linear_cols_forward`]'s reference with the weights' FP8 values `wqs` given: x rounded
-/// once, each part [`fp8_linear_forward`]'s arithmetic.
-pub(crate) fn rounded_cols_forward(
-    x: &Tensor,
-    wqs: &[Tensor],
-    residual: Option<&Tensor>,
-) -> Result<Tensor> {
+    // The reference: x rounded once, each part fp8_linear_forward's arithmetic.
     let xq = fp8_round(x, ROW_BLOCK)?;
     let mut off = 0;
-    let mut parts = Vec::with_capacity(wqs.len());
-    for wq in wqs {
+    let mut parts = Vec::with_capacity(ws.len());
+    for w in ws {
+        let wq = w.fp8_values()?;
         let out = wq.dim(1)?;
-        let mut y = xq.matmul(wq)?;
+        let mut y = xq.matmul(&wq)?;
         if let Some(r) = residual {
             y = (y + r.narrow(1, off, out)?.to_dtype(DType::F32)?)?;
         }
@@ -294,6 +306,16 @@ pub fn fp8_linear_cols_backward(
     ws: &[Tensor],
     into: &[Option<Tensor>],
 ) -> Result<(Tensor, Vec<Tensor>)> {
+    cols_backward_of(dout, x, &dense(ws), into)
+}
+
+/// [`fp8_linear_cols_backward`] of weights given either way.
+pub(crate) fn cols_backward_of(
+    dout: &Tensor,
+    x: &Tensor,
+    ws: &[LinearWeight],
+    into: &[Option<Tensor>],
+) -> Result<(Tensor, Vec<Tensor>)> {
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
         if let Some(r) = cuda::cols_backward(dout, x, ws, into)? {
@@ -301,23 +323,14 @@ pub fn fp8_linear_cols_backward(
         }
     }
     let _ = into; // only the GPU's GEMMs write into slots
-    let wqs = ws
-        .iter()
-        .map(|w| fp8_round(w, WEIGHT_TILE))
-        .collect::<Result<Vec<_>>>()?;
-    rounded_cols_backward(dout, x, &wqs)
-}
-
-/// [`fp8_linear_cols_backward`]'s reference with the weights' FP8 values `wqs` given: x's
-/// 128 x 1 rounding once, each term [`fp8_matmul_backward`]'s arithmetic.
-pub(crate) fn rounded_cols_backward(
-    dout: &Tensor,
-    x: &Tensor,
-    wqs: &[Tensor],
-) -> Result<(Tensor, Vec<Tensor>)> {
+                  // The reference: x's 128 x 1 rounding once, each term fp8_matmul_backward's arithmetic.
     let dt = x.dtype();
     let xc = fp8_round(x, COL_BLOCK)?;
-    super::projection::cols_backward_each(dout, wqs, |d, wq| {
+    let wqs = ws
+        .iter()
+        .map(LinearWeight::fp8_values)
+        .collect::<Result<Vec<_>>>()?;
+    super::projection::cols_backward_each(dout, &wqs, |d, wq| {
         let dx = fp8_round(d, ROW_BLOCK)?.matmul(&wq.t()?)?;
         let dw = xc.t()?.matmul(&fp8_round(d, COL_BLOCK)?)?;
         Ok((dx.to_dtype(dt)?, dw.to_dtype(dt)?))
@@ -348,6 +361,7 @@ pub mod cuda {
     use crate::error::Result;
     use crate::gemm::{self, BlockScales, Epilogue, Gemm, ScaleMode};
     use crate::gpu;
+    use crate::linears::LinearWeight;
 
     /// One CTA's threads in every quantiser (fp8.cu's launch bounds).
     const THREADS: usize = 256;
@@ -394,20 +408,79 @@ pub mod cuda {
             })
     }
 
+    /// Whether a weight `(inp, OUT)` can be an FP8 operand: a bf16 matrix the quantisers take,
+    /// or codes gathered in FP8 on the GPU with sides multiples of [`GPU_MULTIPLE`].
+    fn takes_weight(w: &LinearWeight, inp: usize) -> bool {
+        match w {
+            LinearWeight::Dense(t) => takes(t) && t.dim(0).ok() == Some(inp),
+            LinearWeight::Fp8(q) => {
+                let (r, c) = q.dims();
+                q.codes().device().is_cuda()
+                    && q.codes().is_contiguous()
+                    && r == inp
+                    && r.is_multiple_of(GPU_MULTIPLE)
+                    && c.is_multiple_of(GPU_MULTIPLE)
+                    && c > 0
+                    && c <= i32::MAX as usize
+            }
+        }
+    }
+
+    /// A weight's OUT.
+    fn out_of(w: &LinearWeight) -> usize {
+        match w {
+            LinearWeight::Dense(t) => t.dim(1).unwrap_or(0),
+            LinearWeight::Fp8(q) => q.dims().1,
+        }
+    }
+
     /// `(N, IN, sum OUT_i)` of packed projections the kernels take: `x (N, IN)`, every `w_i (IN,
     /// OUT_i)` and `other` (the residual, or dout) `(N, sum OUT_i)` FP8 operands; else `None`.
     fn packed_shape(
         x: &Tensor,
-        ws: &[Tensor],
+        ws: &[LinearWeight],
         other: Option<&Tensor>,
     ) -> Option<(usize, usize, usize)> {
         let (n, inp) = x.dims2().ok()?;
-        let total: usize = ws.iter().map(|w| w.dim(1).unwrap_or(0)).sum();
+        let total: usize = ws.iter().map(out_of).sum();
         let fits = takes(x)
             && !ws.is_empty()
-            && ws.iter().all(|w| takes(w) && w.dim(0).ok() == Some(inp))
+            && ws.iter().all(|w| takes_weight(w, inp))
             && other.is_none_or(|o| takes(o) && o.dims() == [n, total]);
         fits.then_some((n, inp, total))
+    }
+
+    /// A weight as the GEMM that contracts over its IN reads it (the forward: its transposed
+    /// codes `(OUT, IN)`, scales `[OB][round_up(IB, 4)]`), or with `!forward` as the input
+    /// gradient's reads it (its codes `(IN, OUT)`, scales `[IB][round_up(OB, 4)]`): quantised
+    /// here from bf16, or rearranged from the codes and tile scales FP8 qwZ gathered (the same
+    /// bytes: `fp8_quantize_tiles` is `quant::quantize_fp8_e4m3_tiles` bit for bit).
+    fn weight_operand(w: &LinearWeight, forward: bool) -> Result<Operand> {
+        match w {
+            LinearWeight::Dense(t) => {
+                let (codes, codes_t) = quantize_tiles(t, !forward, forward)?;
+                Ok(match forward {
+                    true => codes_t.expect("asked for w^T's codes"),
+                    false => codes.expect("asked for w's codes"),
+                })
+            }
+            LinearWeight::Fp8(q) => {
+                let (inp, out) = q.dims();
+                let (ib, ob) = (inp.div_ceil(BLOCK), out.div_ceil(BLOCK));
+                let (codes, scales, pad) = match forward {
+                    true => (q.codes().t()?.contiguous()?, q.scales().t()?, ib),
+                    false => (q.codes().clone(), q.scales().clone(), ob),
+                };
+                let scales = scales
+                    .pad_with_zeros(1, 0, pad.next_multiple_of(4) - pad)?
+                    .contiguous()?;
+                Ok(Operand {
+                    codes,
+                    scales,
+                    mode: ScaleMode::Blk128x128,
+                })
+            }
+        }
     }
 
     /// The `cols` columns from `col` of the row-major bf16 `x (R, ld)`, quantised: in 1 x 128
@@ -590,7 +663,7 @@ pub mod cuda {
     /// fit (then the caller's reference refuses CUDA tensors in one line).
     pub fn cols_forward(
         x: &Tensor,
-        ws: &[Tensor],
+        ws: &[LinearWeight],
         residual: Option<&Tensor>,
     ) -> Result<Option<Tensor>> {
         let Some((n, inp, total)) = packed_shape(x, ws, residual) else {
@@ -602,9 +675,8 @@ pub mod cuda {
         let (py, pr) = (gpu::ptr(&y)?, residual.map(gpu::ptr).transpose()?);
         let mut off = 0u64;
         for w in ws {
-            let out = w.dim(1)?;
-            let (_, wq) = quantize_tiles(w, false, true)?;
-            let wq = wq.expect("asked for w^T's codes");
+            let out = out_of(w);
+            let wq = weight_operand(w, true)?;
             let shift = 2 * off;
             gemm_tn(
                 &dev,
@@ -626,7 +698,7 @@ pub mod cuda {
     pub fn cols_backward(
         dout: &Tensor,
         x: &Tensor,
-        ws: &[Tensor],
+        ws: &[LinearWeight],
         into: &[Option<Tensor>],
     ) -> Result<Option<(Tensor, Vec<Tensor>)>> {
         let Some((n, inp, _)) = packed_shape(x, ws, Some(dout)) else {
@@ -639,9 +711,8 @@ pub mod cuda {
         let mut dws = Vec::with_capacity(ws.len());
         let mut off = 0;
         for (i, w) in ws.iter().enumerate() {
-            let out = w.dim(1)?;
-            let (wq, _) = quantize_tiles(w, true, false)?;
-            let wq = wq.expect("asked for w's codes");
+            let out = out_of(w);
+            let wq = weight_operand(w, false)?;
             let dq = quantize_view(dout, off, out, false)?;
             // dx (+)= dout_i @ w_i^T
             gemm_tn(
