@@ -98,7 +98,8 @@ pub fn advise(
     let (mut step_s, mut bytes) = ([0.0; 8], [0u64; 8]);
     for mask in 0..8 {
         let on = |t: usize| mask & (1 << t) != 0;
-        let plan = variant_plan(base, (on(0), on(1), on(2)), c.topology, steps)?;
+        let plan = variant_plan(base, (on(0), on(1), on(2)), c.topology, steps)?
+            .with_linears(work.model.linears(), work.model.layout());
         step_s[mask] = predict(work, &plan, c).step_s;
         bytes[mask] = memory(&plan);
     }

@@ -165,7 +165,14 @@ fn human_memory(o: &mut String, r: &Report) {
     row(
         match (z.hpz, z.qwz) {
             (false, _) => "hpZ secondary (off)".into(),
-            (true, true) => format!("hpZ secondary (INT8, 1/{})", r.topology.gpus_per_node),
+            (true, true) => format!(
+                "hpZ secondary ({}, 1/{})",
+                match precision_name(t.precision) {
+                    "fp8" => "FP8/INT8",
+                    _ => "INT8",
+                },
+                r.topology.gpus_per_node
+            ),
             (true, false) => format!("hpZ secondary ({pname}, 1/{})", r.topology.gpus_per_node),
         },
         mem.states.hpz_secondary,

@@ -106,13 +106,11 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
     let run = Run::resolve(config, None)?;
     let (config, cfg) = (&run.config, &run.model);
     let t = &config.train;
-    let plan = ZeroPlan::resolve(&config.zero, topology, t.steps)?.with_linears(config.linears());
+    let layout = model::ModelLayout::new(cfg);
+    let plan =
+        ZeroPlan::resolve(&config.zero, topology, t.steps)?.with_linears(config.linears(), &layout);
     notes.extend(reduce_dtype_note(&plan, t.steps));
-    let numels: Vec<usize> = model::ModelLayout::new(cfg)
-        .units
-        .iter()
-        .map(|u| u.numel)
-        .collect();
+    let numels: Vec<usize> = layout.units.iter().map(|u| u.numel).collect();
     let order = model::Model::new(cfg.clone())?.gather_order(Pass::Train);
     let pb = param_bytes(t.precision);
     let (mut throughput, mut sweep, mut advice) = (None, None, None);
@@ -393,13 +391,10 @@ fn reduce_dtype_note(plan: &ZeroPlan, steps: u64) -> Option<String> {
 /// (`job::startup::check_memory`).
 pub fn rank_memory(run: &Run, topology: Topology) -> Result<Memory> {
     let (config, cfg) = (&run.config, &run.model);
+    let layout = model::ModelLayout::new(cfg);
     let plan = ZeroPlan::resolve(&config.zero, topology, config.train.steps)?
-        .with_linears(config.linears());
-    let numels: Vec<usize> = model::ModelLayout::new(cfg)
-        .units
-        .iter()
-        .map(|u| u.numel)
-        .collect();
+        .with_linears(config.linears(), &layout);
+    let numels: Vec<usize> = layout.units.iter().map(|u| u.numel).collect();
     let pb = param_bytes(config.train.precision);
     Ok(memory(config, cfg, &plan, &numels, pb))
 }

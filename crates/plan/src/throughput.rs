@@ -262,11 +262,10 @@ pub struct UnitComm {
     pub reduce: f64,
 }
 
-/// The jobs of a unit with payload `p` under `plan`, gathers at `param_bytes` an element.
-pub fn unit_comm(plan: &ZeroPlan, p: &UnitPayload, param_bytes: usize, c: &Cluster) -> UnitComm {
+/// The jobs of a unit with payload `p` under `plan`.
+pub fn unit_comm(plan: &ZeroPlan, p: &UnitPayload, c: &Cluster) -> UnitComm {
     let (data, scales) = (p.gather_data as f64, p.gather_scales as f64);
-    let gather = plan.step_plan(1, Pass::Train).gather.codec();
-    let dequantise = match gather.decode_traffic(p.padded, param_bytes) {
+    let dequantise = match p.decode {
         0 => 0.0,
         bytes => c.memory_s(bytes as f64),
     };
@@ -516,12 +515,10 @@ pub fn predict(work: &Workload, plan: &ZeroPlan, c: &Cluster) -> Prediction {
         .model
         .units()
         .iter()
-        .map(|u| unit_payload(plan, u.numel, work.param_bytes))
+        .enumerate()
+        .map(|(i, u)| unit_payload(plan, i, u.numel, work.param_bytes))
         .collect();
-    let comm: Vec<UnitComm> = payloads
-        .iter()
-        .map(|p| unit_comm(plan, p, work.param_bytes, c))
-        .collect();
+    let comm: Vec<UnitComm> = payloads.iter().map(|p| unit_comm(plan, p, c)).collect();
     let depth = plan.prefetch_depth;
     let run = |first| {
         overlap(
@@ -635,7 +632,8 @@ pub fn throughput(
 ) -> zero::Result<Throughput> {
     let mut p = Vec::with_capacity(VARIANTS.len());
     for (_, qwz, hpz, qgz) in VARIANTS {
-        let plan = variant_plan(base, (qwz, hpz, qgz), c.topology, steps)?;
+        let plan = variant_plan(base, (qwz, hpz, qgz), c.topology, steps)?
+            .with_linears(work.model.linears(), work.model.layout());
         p.push(predict(work, &plan, c));
     }
     let zero3_s = p[0].step_s;

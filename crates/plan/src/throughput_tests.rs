@@ -84,8 +84,8 @@ fn unit_jobs_follow_their_closed_forms() {
     let e = 32768.0;
     let (intra, inter, mem, lat) = (1e11, 1e10, 1e12, 1e-6);
     let zero3 = plan(ZeroConfig::default(), 2, 4);
-    let p = unit_payload(&zero3, 32768, 2);
-    let j = unit_comm(&zero3, &p, 2, &c);
+    let p = unit_payload(&zero3, 0, 32768, 2);
+    let j = unit_comm(&zero3, &p, &c);
     assert!(close(
         j.world_gather,
         7.0 / 8.0 * 2.0 * e / inter + 7.0 * lat
@@ -97,9 +97,9 @@ fn unit_jobs_follow_their_closed_forms() {
     assert!(close(j.reduce, 7.0 / 8.0 * 4.0 * e / inter + 7.0 * lat));
 
     let pp = plan(zeropp(), 2, 4);
-    let p = unit_payload(&pp, 32768, 2);
+    let p = unit_payload(&pp, 0, 32768, 2);
     assert_eq!((p.gather_data, p.gather_scales), (32768, 16 * 4));
-    let j = unit_comm(&pp, &p, 2, &c);
+    let j = unit_comm(&pp, &p, &c);
     // Codes and scales: two world rings, then the dequantise (codes + scales in, bf16 out).
     let codes = 7.0 / 8.0 * e / inter + 7.0 * lat;
     let scales = 7.0 / 8.0 * 64.0 / inter + 7.0 * lat;
@@ -125,7 +125,7 @@ fn payloads_are_the_plans_logical_bytes() {
     let all_reduces = |peers: usize| (8 * peers) as u64;
 
     let p3 = plan(ZeroConfig::default(), n, d);
-    let p = unit_payload(&p3, numel, 2);
+    let p = unit_payload(&p3, 0, numel, 2);
     let logical = logical_step_bytes(&p3, &[numel], &[0, 0], 2, 1, 1);
     let per_peer = 2 * p.gather_data / w as u64 + p.reduce_scatter / w as u64;
     assert_eq!(
@@ -138,7 +138,7 @@ fn payloads_are_the_plans_logical_bytes() {
     );
 
     let pp = plan(zeropp(), n, d);
-    let p = unit_payload(&pp, numel, 2);
+    let p = unit_payload(&pp, 0, numel, 2);
     let logical = logical_step_bytes(&pp, &[numel], &[0, 0], 2, 1, 1);
     let gathered = p.gather_data + p.gather_scales;
     let inter = gathered / w as u64 * (w - d) as u64 + p.qgz_hop2 / n as u64 * (n - 1) as u64;
@@ -313,7 +313,7 @@ fn the_walk_follows_the_engines_order_and_hpz_rule() {
 fn one_rank_reduces_nothing() {
     let c = cluster(1, 1, 80.0);
     let pp = plan(zeropp_on_one(), 1, 1);
-    let j = unit_comm(&pp, &unit_payload(&pp, 32768, 2), 2, &c);
+    let j = unit_comm(&pp, &unit_payload(&pp, 0, 32768, 2), &c);
     assert_eq!(j.reduce, 0.0);
     assert!(close(j.world_gather, (32768.0 * 3.0 + 64.0) / 1e12));
 }

@@ -43,6 +43,21 @@ impl Wire {
     }
 }
 
+/// One gather of one unit as the weight codecs size it: `trainer plan`'s bytes, memory and
+/// times ([`crate::volume`], [`crate::memory`]) ask the codec with it.
+#[derive(Clone, Copy, Debug)]
+pub struct GatherSize<'a> {
+    /// The elements a rank puts in: its shard (padded / W) in a world gather, its node slice
+    /// (padded / D) in hpZ's; the whole padded unit for [`WeightCodec::decode_traffic`].
+    pub n: usize,
+    /// The bytes of an element of the plain parameters (the compute dtype's).
+    pub param_bytes: usize,
+    /// `Some(W)` for a gather from the world's `W` shards, `None` for hpZ's over the node.
+    pub world: Option<usize>,
+    /// Where the unit's linear weights lie (read by FP8 qwZ alone).
+    pub linears: &'a LinearLayout,
+}
+
 /// What a gather sends of a unit's weights, and what hpZ keeps of it.
 ///
 /// Implementors give sizes, as functions of an element count, and run the gather itself inside
@@ -53,11 +68,17 @@ impl Wire {
 pub trait WeightCodec {
     /// What `trainer plan` and the start-up lines call it.
     fn label(&self) -> String;
-    /// The bytes of `n` gathered elements, whose plain form is `param_bytes` an element.
-    fn wire(&self, n: usize, param_bytes: usize) -> Wire;
-    /// The bytes the decode after the gather reads and writes for `n` elements (the codes and
-    /// scales read, the buffer written at `param_bytes`); 0 where nothing is decoded.
-    fn decode_traffic(&self, n: usize, param_bytes: usize) -> u64;
+    /// The bytes a rank's part of one gather puts on the wire ([`GatherSize`]).
+    fn wire(&self, size: &GatherSize<'_>) -> Wire;
+    /// The bytes the decode after a gather of `size.n` elements (a whole unit) reads and writes
+    /// (the codes and scales read, the buffer written at `param_bytes`); 0 where nothing is
+    /// decoded.
+    fn decode_traffic(&self, size: &GatherSize<'_>) -> u64;
+    /// The bytes hpZ keeps of a node slice of `size.n` elements between the gathers of a step:
+    /// by default what the slice puts on the wire.
+    fn kept_bytes(&self, size: &GatherSize<'_>) -> u64 {
+        self.wire(size).total()
+    }
 
     /// Whether a world gather reads my shard in the compute dtype ([`GatherInput::working`],
     /// given where the optimizer wrote one for these weights) in place of casting the master;

@@ -18,7 +18,7 @@ use comm::{Communicator, Group};
 use kernels::profile::{scope, Family};
 use model::{LinearFormat, Model, ModelConfig, Pass, UnitLayout};
 
-use crate::codec::{GradState, LinearLayout};
+use crate::codec::GradState;
 use crate::gather::{Secondary, Working};
 use crate::memory::{rank_memory, RankMemory};
 use crate::{AdamW, DecayRanges, GradShard, Partition, Result, Techniques, ZeroConfig, ZeroPlan};
@@ -92,8 +92,9 @@ pub struct NamedShard {
 /// One rank's shard of one unit; every state is a 1-D f32 tensor on the compute device.
 struct UnitShard {
     layout: UnitLayout,
-    /// Where its linear weights lie in its flat buffer (FP8 qwZ encodes them).
-    linears: Arc<LinearLayout>,
+    /// Where its linear weights lie in its flat buffer, for FP8 qwZ to encode them (none
+    /// without it).
+    linears: Arc<crate::codec::LinearLayout>,
     partition: Partition,
     /// fp32 master weights of my shard.
     master: Tensor,
@@ -143,14 +144,15 @@ impl Engine {
         let model = Model::new(cfg)?.with_linears(opts.linears);
         let cfg = model.config();
         let plan = ZeroPlan::resolve(&opts.zero, comm.topology(), opts.total_steps)?
-            .with_linears(opts.linears);
+            .with_linears(opts.linears, model.layout());
         let rank = comm.rank();
         let dev = &opts.device;
         let units = model
             .units()
             .iter()
             .cloned()
-            .map(|layout| -> Result<UnitShard> {
+            .enumerate()
+            .map(|(u, layout)| -> Result<UnitShard> {
                 let partition = plan.partition(layout.numel);
                 let range = partition.shard_range(rank);
                 let n = range.len();
@@ -164,7 +166,7 @@ impl Engine {
                     .collect();
                 Ok(UnitShard {
                     decay: DecayRanges::for_shard(&decayed, &range),
-                    linears: Arc::new(LinearLayout::of(&layout)),
+                    linears: Arc::new(plan.linears(u).clone()),
                     layout,
                     master: Tensor::from_vec(master, n, dev)?,
                     exp_avg: Tensor::zeros(n, DType::F32, dev)?,

@@ -7,6 +7,7 @@
 
 use serde::Serialize;
 
+use crate::codec::GatherSize;
 use crate::{GradReduction, ZeroPlan, REDUCTIONS_IN_FLIGHT};
 
 /// Bytes one rank holds for the model's states (see [`rank_memory`]).
@@ -24,7 +25,8 @@ pub struct RankMemory {
     /// Whether `optimizer_states` holds the fp32 master (parameters in 16 bits).
     pub optimizer_includes_master: bool,
     /// hpZ's secondary partition: padded / D elements of every unit, as INT8 codes plus their
-    /// f32 scales with qwZ, else at `param_bytes`; 0 without hpZ.
+    /// f32 scales with qwZ (FP8 qwZ: a block's codes and its resolved tile absmax, norms and
+    /// biases), else at `param_bytes`; 0 without hpZ.
     pub hpz_secondary: u64,
     /// The 1 + `prefetch_depth` largest units' full (padded) buffers at `param_bytes`: the unit
     /// computing and those prefetched.
@@ -86,7 +88,15 @@ pub fn rank_memory(plan: &ZeroPlan, unit_numels: &[usize], param_bytes: usize) -
     let hpz_secondary = if plan.hpz {
         padded
             .iter()
-            .map(|&p| gather.wire(p / d, param_bytes).total())
+            .enumerate()
+            .map(|(u, &p)| {
+                gather.kept_bytes(&GatherSize {
+                    n: p / d,
+                    param_bytes,
+                    world: None,
+                    linears: plan.linears(u),
+                })
+            })
             .sum()
     } else {
         0

@@ -6,6 +6,7 @@
 use comm::Topology;
 use model::Pass;
 
+use crate::codec::LinearLayout;
 use crate::{Partition, ReduceDtype, Result, ZeroConfig, ZeroError};
 
 /// qwZ: weights gathered as block-wise INT8 with one f32 scale per `block` elements; with
@@ -49,7 +50,13 @@ pub struct ZeroPlan {
     pub prefetch_depth: usize,
     /// The dtype of the plain reduce-scatter (`zero.reduce_dtype`): the steps without qgZ.
     pub reduce_dtype: ReduceDtype,
+    /// FP8 qwZ: where each unit's linear weights lie, in unit order ([`ZeroPlan::with_linears`];
+    /// empty otherwise).
+    fp8_units: Vec<LinearLayout>,
 }
+
+/// A unit with no linear weight to encode.
+static NO_LINEARS: LinearLayout = LinearLayout::none();
 
 /// Every shard is a multiple of this many elements, so that every rank's slot of a gathered
 /// buffer starts 16-byte aligned in any dtype (the vector loads of the GPU kernels that write
@@ -77,13 +84,27 @@ fn blocks_lcm(qwz: Option<Qwz>, qgz: Option<Qgz>) -> usize {
 }
 
 impl ZeroPlan {
-    /// This plan for blocks whose linear layers multiply in `linears`: with FP8 compute, qwZ
-    /// gathers their weights as FP8 tiles ([`WeightGather::Fp8Tiles`]).
-    pub fn with_linears(mut self, linears: model::LinearFormat) -> Self {
+    /// This plan for the units of `layout`, whose blocks' linear layers multiply in `linears`:
+    /// with FP8 compute, qwZ gathers those weights as FP8 tiles ([`WeightGather::Fp8Tiles`]),
+    /// and the plan keeps where they lie for the codec's sizes.
+    pub fn with_linears(
+        mut self,
+        linears: model::LinearFormat,
+        layout: &model::ModelLayout,
+    ) -> Self {
+        let fp8 = linears == model::LinearFormat::Fp8;
         if let Some(q) = &mut self.qwz {
-            q.fp8 = linears == model::LinearFormat::Fp8;
+            q.fp8 = fp8;
+            if fp8 {
+                self.fp8_units = layout.units.iter().map(LinearLayout::of).collect();
+            }
         }
         self
+    }
+
+    /// Where unit `u`'s linear weights lie, for FP8 qwZ (none without it).
+    pub fn linears(&self, u: usize) -> &LinearLayout {
+        self.fp8_units.get(u).unwrap_or(&NO_LINEARS)
     }
 
     /// Resolves `cfg` for `topology` and a run of `total_steps` optimizer steps.
@@ -128,6 +149,7 @@ impl ZeroPlan {
             align,
             prefetch_depth: cfg.prefetch_depth,
             reduce_dtype: cfg.reduce_dtype,
+            fp8_units: Vec::new(),
         })
     }
 

@@ -10,7 +10,7 @@
 use comm::ByteCounters;
 use model::Pass;
 
-use crate::codec::peers;
+use crate::codec::{peers, GatherSize};
 use crate::{GatherSlot, GradReduction, ZeroPlan};
 
 /// Adds `bytes` sent to each of the `intra` and `inter` peers.
@@ -54,11 +54,17 @@ pub fn logical_step_bytes(
             let forward_position = forward.iter().position(|&v| v == u).unwrap_or(position);
             let depth = plan.prefetch_depth;
             let slot = GatherSlot::at(position, forward_position, depth, micro == 0);
+            let size = |n, world| GatherSize {
+                n,
+                param_bytes,
+                world,
+                linears: plan.linears(u),
+            };
             if secondary.serves(slot) {
-                let hpz_gather = weights.wire(padded(u) / d, param_bytes).total();
+                let hpz_gather = weights.wire(&size(padded(u) / d, None)).total();
                 send(&mut total, hpz_gather, d - 1, 0);
             } else {
-                let world_gather = weights.wire(padded(u) / w, param_bytes).total();
+                let world_gather = weights.wire(&size(padded(u) / w, Some(w))).total();
                 send(&mut total, world_gather, d - 1, w - d);
             }
         }
@@ -86,8 +92,12 @@ pub struct UnitPayload {
     pub padded: usize,
     /// The gathered buffer: the INT8 codes with qwZ, else the plain parameters at their bytes.
     pub gather_data: u64,
-    /// qwZ's f32 scales, gathered by a second all-gather; 0 without qwZ.
+    /// qwZ's f32 scales (FP8 qwZ: its tiles' absmax and the unit's norms and biases),
+    /// gathered by a second all-gather; 0 without qwZ.
     pub gather_scales: u64,
+    /// The bytes the decode after a gather reads and writes (qwZ's INT8 dequantisation); 0
+    /// where the layers read what was gathered.
+    pub decode: u64,
     /// The gradient that the reduce-scatter reduces, in the plan's `reduce_dtype`.
     pub reduce_scatter: u64,
     /// qgZ hop 1: each rank's whole gradient in INT4 with its scales, its all-to-all input over
@@ -98,12 +108,21 @@ pub struct UnitPayload {
     pub qgz_hop2: u64,
 }
 
-/// The payloads of a unit of `numel` elements under `plan` (qgZ as on, whatever the step), with
-/// plain gathers at `param_bytes` bytes an element.
-pub fn unit_payload(plan: &ZeroPlan, numel: usize, param_bytes: usize) -> UnitPayload {
+/// The payloads of unit `u` of `numel` elements under `plan` (qgZ as on, whatever the step),
+/// with plain gathers at `param_bytes` bytes an element: a world gather's, whose parts are
+/// each rank's (hpZ's gathers over the node are timed with the same payload).
+pub fn unit_payload(plan: &ZeroPlan, u: usize, numel: usize, param_bytes: usize) -> UnitPayload {
     let padded = plan.partition(numel).padded;
     let gather = plan.step_plan(1, Pass::Train).gather.codec();
-    let wire = gather.wire(padded, param_bytes);
+    let w = plan.topology.world();
+    let size = |n, world| GatherSize {
+        n,
+        param_bytes,
+        world,
+        linears: plan.linears(u),
+    };
+    let part = gather.wire(&size(padded / w, Some(w)));
+    let decode = gather.decode_traffic(&size(padded, Some(w)));
     // The run's reductions, qgZ's first where it is on: each its hops' inputs.
     let inputs: Vec<Vec<u64>> = plan
         .grad_reductions()
@@ -120,8 +139,9 @@ pub fn unit_payload(plan: &ZeroPlan, numel: usize, param_bytes: usize) -> UnitPa
     let hop = |i: usize| qgz.get(i).copied().unwrap_or(0);
     UnitPayload {
         padded,
-        gather_data: wire.data,
-        gather_scales: wire.scales,
+        gather_data: part.data * w as u64,
+        gather_scales: part.scales * w as u64,
+        decode,
         reduce_scatter: inputs.last().map_or(0, |plain| plain.iter().sum()),
         qgz_hop1: hop(0),
         qgz_hop2: hop(1),
@@ -213,8 +233,8 @@ mod tests {
             }),
         );
         let (a, b) = (
-            unit_payload(&fp32, units[0], 2),
-            unit_payload(&bf16, units[0], 2),
+            unit_payload(&fp32, 0, units[0], 2),
+            unit_payload(&bf16, 0, units[0], 2),
         );
         assert_eq!(a.reduce_scatter, 2 * b.reduce_scatter);
         assert_eq!((a.gather_data, a.padded), (b.gather_data, b.padded));

@@ -1,7 +1,7 @@
 //! ZeRO++ at W = 8 as 2 nodes x 4: each technique alone and all three against plain ZeRO-3.
 
 use comm::{Communicator, Topology};
-use model::{Model, ModelConfig, ModelLayout, Pass, Sizes};
+use model::{LinearFormat, Model, ModelConfig, ModelLayout, Pass, Sizes};
 use zero::{volume, Engine, EngineOptions, ZeroConfig};
 
 fn cfg() -> ModelConfig {
@@ -20,10 +20,15 @@ fn zero(qwz: bool, hpz: bool, qgz: bool) -> ZeroConfig {
 }
 
 fn options(z: ZeroConfig) -> EngineOptions {
+    options_in(LinearFormat::Dense, z)
+}
+
+fn options_in(linears: LinearFormat, z: ZeroConfig) -> EngineOptions {
     EngineOptions {
         zero: z,
         total_steps: 100,
         seed: 5,
+        linears,
         ..Default::default()
     }
 }
@@ -47,11 +52,16 @@ fn train(z: ZeroConfig, steps: usize) -> Outcome {
 
 /// [`train`] of the model `model` (T = 8, V = 37).
 fn train_model(model: &ModelConfig, z: ZeroConfig, steps: usize) -> Outcome {
+    train_in(LinearFormat::Dense, model, z, steps)
+}
+
+/// [`train_model`] with the blocks' linear layers in `linears`.
+fn train_in(linears: LinearFormat, model: &ModelConfig, z: ZeroConfig, steps: usize) -> Outcome {
     let out = comm::run_local(
         Topology::new(8, 4).unwrap(),
         |c| -> Result<_, zero::ZeroError> {
             let rank = c.rank();
-            let mut e = Engine::new(model.clone(), options(z.clone()), Box::new(c))?;
+            let mut e = Engine::new(model.clone(), options_in(linears, z.clone()), Box::new(c))?;
             let mut losses = Vec::new();
             let mut bytes = Vec::new();
             for _ in 0..steps {
@@ -200,6 +210,59 @@ fn counters_equal_the_logical_volume_of_every_walk() {
         deeper,
         "no walk issues a backward gather before its forward's wait"
     );
+}
+
+/// FP8 qwZ's bytes are what the counters count: a block's codes, and from the world each
+/// rank's slot of tile absmax and norms and biases (none over the node, where hpZ keeps them);
+/// the embedding and the final norm as INT8 qwZ. Every family, and with weights of two tiles
+/// a side; the engine's memory estimate keeps a block's node codes and resolved absmax.
+#[test]
+fn counters_equal_the_logical_volume_of_fp8_qwz() {
+    let topology = Topology::new(8, 4).unwrap();
+    let sizes = |n_embd, ffn| Sizes {
+        n_layer: 2,
+        n_embd,
+        n_head: 4,
+        seq_len: 8,
+        vocab_size: 37,
+        n_kv_head: Some(2),
+        head_dim: None,
+        ffn_hidden: Some(ffn),
+        tie_embeddings: None,
+    };
+    let shapes = model::every_family(&sizes(16, 24))
+        .into_iter()
+        .chain(model::every_family(&sizes(144, 272)).into_iter().take(2));
+    for (name, cfg) in shapes {
+        let model = Model::new(cfg.clone()).unwrap();
+        let numels: Vec<usize> = model.units().iter().map(|u| u.numel).collect();
+        let order = model.gather_order(Pass::Train);
+        for z in [zero(true, false, false), zero(true, true, true)] {
+            let plan = zero::ZeroPlan::resolve(&z, topology, 100)
+                .unwrap()
+                .with_linears(LinearFormat::Fp8, model.layout());
+            let int8 = zero::ZeroPlan::resolve(&z, topology, 100).unwrap();
+            let expected = volume::logical_step_bytes(&plan, &numels, &order, 4, 2, 1);
+            let as_int8 = volume::logical_step_bytes(&int8, &numels, &order, 4, 2, 1);
+            assert_ne!(expected, as_int8, "{name}: FP8 qwZ is counted as itself");
+            for b in &train_in(LinearFormat::Fp8, &cfg, z.clone(), 2).bytes {
+                assert_eq!(*b, expected, "{name}: {z:?}");
+            }
+            if z.hpz_partition_size > 1 {
+                let kept = zero::memory::rank_memory(&plan, &numels, 4).hpz_secondary;
+                let blocks: u64 = (0..numels.len())
+                    .filter(|&u| !plan.linears(u).matrices.is_empty())
+                    .map(|u| {
+                        let codes = plan.partition(numels[u]).padded / 4;
+                        (codes + 4 * plan.linears(u).resolved_len()) as u64
+                    })
+                    .sum();
+                assert!(kept > blocks, "{name}: hpZ keeps {kept} bytes");
+                let int8_kept = zero::memory::rank_memory(&int8, &numels, 4).hpz_secondary;
+                assert_ne!(kept, int8_kept, "{name}");
+            }
+        }
+    }
 }
 
 /// Every weight the forward sees under qwZ, for `tiny` at W = 8 (2 x 4).

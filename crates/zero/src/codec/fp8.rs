@@ -8,9 +8,10 @@
 //! collectives:
 //! 1. Each rank computes the partial absmax of every tile its shard touches (an inf or NaN
 //!    counts as inf, so that the tile's scale comes out NaN, as the one-device rule has it)
-//!    and copies its shard's other elements (norms, biases: the unit's *rest*) beside them;
-//!    one all-gather of these small buffers gives every rank every tile's absmax (the max over
-//!    the ranks) and the whole rest (each element from the rank that holds it).
+//!    and copies its shard's other elements (norms, biases: the unit's *rest*) beside them,
+//!    into a slot as long as the most any rank holds ([`LinearLayout::slot`]); one all-gather
+//!    of these small slots gives every rank every tile's absmax (the max over the ranks) and
+//!    the whole rest (each element from the rank that holds it).
 //! 2. Each rank encodes its shard with those scales ([`quant::fp8_e4m3_scale`],
 //!    [`quant::e4m3_encode`]): the codes are exactly [`quant::quantize_fp8_e4m3_tiles`] of the
 //!    whole weight, wherever the shard boundaries fall. One all-gather of the codes, 1 byte an
@@ -33,7 +34,7 @@ use comm::{Group, Lane};
 use kernels::profile::Family;
 use model::{Fp8Weight, UnitLayout, UnitParams};
 
-use super::{GatherInput, Int8Gather, NodeSlice, WeightCodec, Wire};
+use super::{GatherInput, GatherSize, Int8Gather, NodeSlice, WeightCodec, Wire};
 use crate::{shard_passes, Result};
 
 /// The side of a weight's scale tile.
@@ -82,6 +83,16 @@ pub struct LinearLayout {
 }
 
 impl LinearLayout {
+    /// No linear weight (the embedding, the final norm, any unit without FP8 qwZ).
+    pub const fn none() -> LinearLayout {
+        LinearLayout {
+            matrices: Vec::new(),
+            rest: Vec::new(),
+            tiles: 0,
+            rest_len: 0,
+        }
+    }
+
     /// The layout of `unit`'s linear weights (none for the embedding and the final norm).
     pub fn of(unit: &UnitLayout) -> LinearLayout {
         let mut matrices = Vec::new();
@@ -118,9 +129,67 @@ impl LinearLayout {
         }
     }
 
-    /// The length of each rank's buffer of the first all-gather: an absmax a tile, then the rest.
-    fn header(&self) -> usize {
+    /// The length of the resolved header: an absmax a tile, then the rest.
+    pub fn resolved_len(&self) -> usize {
         self.tiles + self.rest_len
+    }
+
+    /// What the part `[at, at + len)` of the unit holds: the tiles it touches (a contiguous
+    /// range: tiles are numbered in buffer order, row-major within a weight, and a range of
+    /// elements covers whole tile rows between its ends) and its pieces of the rest, each with
+    /// its place in the rest.
+    fn part(&self, at: usize, len: usize) -> Part {
+        let mut tiles: Option<Range<usize>> = None;
+        for m in &self.matrices {
+            let o = overlap(&m.range(), at, len);
+            if o.is_empty() {
+                continue;
+            }
+            let row = |e: usize| (e - m.offset) / m.cols / TILE;
+            let lo = m.first_tile + row(o.start) * m.tile_cols();
+            let hi = m.first_tile + (row(o.end - 1) + 1) * m.tile_cols();
+            tiles = Some(match tiles {
+                Some(t) => t.start..hi,
+                None => lo..hi,
+            });
+        }
+        let mut rest = Vec::new();
+        let mut k = 0;
+        for r in &self.rest {
+            let o = overlap(r, at, len);
+            if !o.is_empty() {
+                rest.push((o.clone(), k + o.start - r.start));
+            }
+            k += r.len();
+        }
+        Part {
+            tiles: tiles.unwrap_or(0..0),
+            rest,
+        }
+    }
+
+    /// The slot each of `w` ranks with shards of `shard` elements fills in the first
+    /// all-gather: room for the most tiles one touches, then for the most rest elements one
+    /// holds.
+    pub fn slot(&self, w: usize, shard: usize) -> (usize, usize) {
+        (0..w)
+            .map(|r| self.part(r * shard, shard))
+            .fold((0, 0), |(t, e), p| {
+                (t.max(p.tiles.len()), e.max(p.rest_len()))
+            })
+    }
+}
+
+/// A rank's part of a unit ([`LinearLayout::part`]): the tiles its elements touch and its
+/// pieces of the rest (unit offsets, and where each starts in the rest).
+struct Part {
+    tiles: Range<usize>,
+    rest: Vec<(Range<usize>, usize)>,
+}
+
+impl Part {
+    fn rest_len(&self) -> usize {
+        self.rest.iter().map(|(r, _)| r.len()).sum()
     }
 }
 
@@ -146,17 +215,40 @@ impl WeightCodec for Fp8TileGather {
         )
     }
 
-    /// Counted as INT8 qwZ's: 1 byte an element and a second, small all-gather. A block's
-    /// second gather carries its tiles' absmax and its norms and biases (4 bytes each) rather
-    /// than a scale per `block` elements; `trainer plan` does not count that difference yet.
-    fn wire(&self, n: usize, param_bytes: usize) -> Wire {
-        self.int8().wire(n, param_bytes)
+    /// A block: its codes, 1 byte an element, and from the world the first all-gather's slot
+    /// (4 bytes a tile and a norm or bias element of the most one rank holds); over the node
+    /// the codes alone (the absmax and the rest are kept). Anything else as INT8 qwZ.
+    fn wire(&self, size: &GatherSize<'_>) -> Wire {
+        if size.linears.matrices.is_empty() {
+            return self.int8().wire(size);
+        }
+        let slot = match size.world {
+            Some(w) => {
+                let (tiles, rest) = size.linears.slot(w, size.n);
+                tiles + rest
+            }
+            None => 0,
+        };
+        Wire {
+            data: size.n as u64,
+            scales: 4 * slot as u64,
+        }
     }
 
-    /// Nothing is dequantised for a block (its layers read the codes); the embedding and the
-    /// final norm are INT8 qwZ's, counted here as for every unit.
-    fn decode_traffic(&self, n: usize, param_bytes: usize) -> u64 {
-        self.int8().decode_traffic(n, param_bytes)
+    /// Nothing is dequantised for a block: its layers read the codes.
+    fn decode_traffic(&self, size: &GatherSize<'_>) -> u64 {
+        match size.linears.matrices.is_empty() {
+            true => self.int8().decode_traffic(size),
+            false => 0,
+        }
+    }
+
+    /// A block's node slice of codes and the resolved absmax and rest.
+    fn kept_bytes(&self, size: &GatherSize<'_>) -> u64 {
+        match size.linears.matrices.is_empty() {
+            true => self.int8().kept_bytes(size),
+            false => (size.n + 4 * size.linears.resolved_len()) as u64,
+        }
     }
 
     fn reads_working(&self) -> bool {
@@ -177,16 +269,17 @@ impl WeightCodec for Fp8TileGather {
         let span = |family| place.scope(input.device, family);
         let (w, at, shard) = (input.padded / input.shard, input.at(), input.shard);
         let mine = my_values(input)?;
-        let h = layout.header();
         // 1. every tile's absmax and the rest, from every rank's part of them
+        let slot = layout.slot(w, shard);
+        let h = slot.0 + slot.1;
         let header = {
             let _span = span(Family::Quantisation);
-            Tensor::from_vec(partial_header(layout, &mine, at), h, input.device)?
+            Tensor::from_vec(partial_header(layout, slot, &mine, at), h, input.device)?
         };
         let headers = lane.alloc(DType::F32, w * h)?;
         shard_passes::copy_into(&place, &header, 0, h, &headers, input.rank * h)?;
         let headers = lane.all_gather_in_place(Group::World, &headers)?;
-        let resolved = resolve(layout, &headers.to_vec1::<f32>()?, w, shard);
+        let resolved = resolve(layout, slot, &headers.to_vec1::<f32>()?, w, shard);
         // 2. my shard's codes with the common scales, gathered
         let codes = lane.alloc(DType::U8, input.padded)?;
         let mine = {
@@ -196,7 +289,7 @@ impl WeightCodec for Fp8TileGather {
         };
         shard_passes::copy_into(&place, &mine, 0, shard, &codes, at)?;
         let codes = lane.all_gather_in_place(Group::World, &codes)?;
-        let resolved = Tensor::from_vec(resolved, h, input.device)?;
+        let resolved = Tensor::from_vec(resolved, layout.resolved_len(), input.device)?;
         let params = unit_params(input, layout, &codes, &resolved)?;
         let kept = match input.keep {
             true => {
@@ -250,43 +343,56 @@ fn overlap(range: &Range<usize>, at: usize, len: usize) -> Range<usize> {
     range.start.max(at)..range.end.min(at + len)
 }
 
-/// My part of the first all-gather: the partial absmax of each tile over my shard's elements
-/// (0 for tiles I do not touch, inf where one of mine is inf or NaN), then my shard's rest
-/// elements at their places in the rest (0 elsewhere).
-fn partial_header(layout: &LinearLayout, values: &[f32], at: usize) -> Vec<f32> {
-    let mut header = vec![0f32; layout.header()];
+/// My slot of the first all-gather (`slot`: [`LinearLayout::slot`]): the partial absmax of
+/// each tile my shard touches (inf where one of mine is inf or NaN), then my shard's rest
+/// elements, each part padded with zeros to the slot.
+fn partial_header(
+    layout: &LinearLayout,
+    slot: (usize, usize),
+    values: &[f32],
+    at: usize,
+) -> Vec<f32> {
+    let part = layout.part(at, values.len());
+    let mut header = vec![0f32; slot.0 + slot.1];
+    let (amax, rest) = header.split_at_mut(slot.0);
     for m in &layout.matrices {
         for e in overlap(&m.range(), at, values.len()) {
             let v = values[e - at].abs();
             let v = if v.is_nan() { f32::INFINITY } else { v };
-            let t = m.tile_of(e);
-            header[t] = header[t].max(v);
+            let t = m.tile_of(e) - part.tiles.start;
+            amax[t] = amax[t].max(v);
         }
     }
-    let mut k = layout.tiles;
-    for r in &layout.rest {
-        let mine = overlap(r, at, values.len());
-        for e in mine.clone() {
-            header[k + e - r.start] = values[e - at];
-        }
+    let mut k = 0;
+    for (r, _) in &part.rest {
+        rest[k..k + r.len()].copy_from_slice(&values[r.start - at..r.end - at]);
         k += r.len();
     }
     header
 }
 
 /// Every tile's absmax (the max of the ranks' partial ones) and the rest (each element from
-/// the rank whose shard of `shard` elements holds it), from the gathered headers.
-fn resolve(layout: &LinearLayout, headers: &[f32], w: usize, shard: usize) -> Vec<f32> {
-    let h = layout.header();
-    let mut out = vec![0f32; h];
-    for (t, amax) in out.iter_mut().enumerate().take(layout.tiles) {
-        *amax = (0..w).map(|r| headers[r * h + t]).fold(0f32, f32::max);
-    }
-    let mut k = layout.tiles;
-    for r in &layout.rest {
-        for e in r.clone() {
-            out[k] = headers[(e / shard) * h + k];
-            k += 1;
+/// the rank whose shard holds it), from the gathered slots of `w` ranks with shards of `shard`
+/// elements: the resolved header, [`LinearLayout::resolved_len`] long.
+fn resolve(
+    layout: &LinearLayout,
+    slot: (usize, usize),
+    headers: &[f32],
+    w: usize,
+    shard: usize,
+) -> Vec<f32> {
+    let h = slot.0 + slot.1;
+    let mut out = vec![0f32; layout.resolved_len()];
+    let (amax, rest) = out.split_at_mut(layout.tiles);
+    for (r, theirs) in headers.chunks(h).take(w).enumerate() {
+        let part = layout.part(r * shard, shard);
+        for (i, t) in part.tiles.enumerate() {
+            amax[t] = amax[t].max(theirs[i]);
+        }
+        let mut k = slot.0;
+        for (piece, to) in &part.rest {
+            rest[*to..*to + piece.len()].copy_from_slice(&theirs[k..k + piece.len()]);
+            k += piece.len();
         }
     }
     out
@@ -408,10 +514,13 @@ mod tests {
     /// Every rank's codes, and the resolved absmax and rest, of a world of `w` ranks, as the
     /// codec computes them from its shards.
     fn world(layout: &LinearLayout, values: &[f32], w: usize, shard: usize) -> (Vec<u8>, Vec<f32>) {
+        let slot = layout.slot(w, shard);
         let headers: Vec<f32> = (0..w)
-            .flat_map(|r| partial_header(layout, &values[r * shard..(r + 1) * shard], r * shard))
+            .flat_map(|r| {
+                partial_header(layout, slot, &values[r * shard..(r + 1) * shard], r * shard)
+            })
             .collect();
-        let resolved = resolve(layout, &headers, w, shard);
+        let resolved = resolve(layout, slot, &headers, w, shard);
         let scales = tile_scales(layout, &resolved);
         let codes = (0..w)
             .flat_map(|r| {
@@ -464,6 +573,29 @@ mod tests {
                 .map(|v| v.to_bits())
                 .collect();
             assert_eq!(got, rest, "W={w}: the norms and biases");
+        }
+    }
+
+    /// Each rank's slot of the first all-gather holds its own tiles and rest elements: the
+    /// whole header at W = 1, a part of it at W > 1.
+    #[test]
+    fn the_first_gather_sends_each_rank_its_own_part() {
+        let (layout, _, shard) = unit(1);
+        assert_eq!(layout.slot(1, shard), (layout.tiles, layout.rest_len));
+        for w in [2, 5, 8] {
+            let (layout, _, shard) = unit(w);
+            let (tiles, rest) = layout.slot(w, shard);
+            assert!(tiles < layout.tiles, "W={w}: {tiles} tiles a slot");
+            assert!(rest <= layout.rest_len, "W={w}");
+            // every tile is touched by some rank's part, and only by those
+            let mut touched = vec![false; layout.tiles];
+            for r in 0..w {
+                layout
+                    .part(r * shard, shard)
+                    .tiles
+                    .for_each(|t| touched[t] = true);
+            }
+            assert!(touched.iter().all(|&t| t), "W={w}");
         }
     }
 

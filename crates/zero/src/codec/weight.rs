@@ -6,7 +6,7 @@ use comm::{Group, Lane};
 use kernels::profile::Family;
 use model::UnitParams;
 
-use super::{LinearLayout, WeightCodec, Wire};
+use super::{GatherSize, LinearLayout, WeightCodec, Wire};
 use crate::{shard_passes, Result};
 
 /// One unit's gather as its job (`gather.rs`) hands it to the codec: the unit's layout over the
@@ -87,14 +87,14 @@ impl WeightCodec for PlainGather {
         "exact gather".into()
     }
 
-    fn wire(&self, n: usize, param_bytes: usize) -> Wire {
+    fn wire(&self, size: &GatherSize<'_>) -> Wire {
         Wire {
-            data: (n * param_bytes) as u64,
+            data: (size.n * size.param_bytes) as u64,
             scales: 0,
         }
     }
 
-    fn decode_traffic(&self, _n: usize, _param_bytes: usize) -> u64 {
+    fn decode_traffic(&self, _size: &GatherSize<'_>) -> u64 {
         0
     }
 
@@ -167,16 +167,16 @@ impl WeightCodec for Int8Gather {
         format!("qwZ int8 gather (block {})", self.block)
     }
 
-    fn wire(&self, n: usize, _param_bytes: usize) -> Wire {
+    fn wire(&self, size: &GatherSize<'_>) -> Wire {
         Wire {
-            data: n as u64,
-            scales: (n / self.block * 4) as u64,
+            data: size.n as u64,
+            scales: (size.n / self.block * 4) as u64,
         }
     }
 
     /// The dequantise: codes and scales read, the buffer written in the compute dtype.
-    fn decode_traffic(&self, n: usize, param_bytes: usize) -> u64 {
-        self.wire(n, param_bytes).total() + (n * param_bytes) as u64
+    fn decode_traffic(&self, size: &GatherSize<'_>) -> u64 {
+        self.wire(size).total() + (size.n * size.param_bytes) as u64
     }
 
     /// My shard of `master` quantised into my slot of an INT8 buffer and of its scales', both
