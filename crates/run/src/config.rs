@@ -525,6 +525,15 @@ impl RunConfig {
         }
         if t.precision == Precision::Fp8 && t.device == DeviceKind::Cuda {
             self.check_fp8_gemm_sides()?;
+            if self.zero.quantized_weights {
+                // zero/src/codec/fp8.rs: the encoding runs on the host, between collectives a
+                // GPU queues on its communication stream.
+                bail!(
+                    "zero.quantized_weights with train.precision = \"fp8\" on the GPU: FP8 qwZ \
+                     encodes on the CPU only so far (issue 40); set zero.quantized_weights = \
+                     false on the GPU"
+                );
+            }
             // The kernels exist (fp8.cu, crate::gemm's FP8 GEMMs) but have not yet passed the
             // GPU suite (tests/gpu/fp8.rs, model.rs): no run uses them before it has.
             bail!(

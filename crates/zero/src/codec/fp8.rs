@@ -23,9 +23,10 @@
 //! the codes and the resolved absmax and rest, and rebuilds the same gather over the node.
 //! A unit with no linear weight (the embedding, the final norm) is gathered as INT8 qwZ.
 //!
-//! The encoding and the resolution run on the host here (the CPU's emulation of FP8 compute is
-//! what trains with them today; on the GPU, FP8 compute is refused until its kernels have run);
-//! the GPU version is one kernel per step of the same arithmetic.
+//! The encoding and the resolution run on the host: the CPU's emulation of FP8 compute is what
+//! trains with them today. On the GPU they would race the communication stream's collectives,
+//! so a GPU gather is refused in one line; its version is a kernel on that stream for each
+//! step of the same arithmetic (the partial absmax, the encoding), not written yet.
 
 use std::ops::Range;
 
@@ -35,7 +36,7 @@ use kernels::profile::Family;
 use model::{Fp8Weight, UnitLayout, UnitParams};
 
 use super::{GatherInput, GatherSize, Int8Gather, NodeSlice, WeightCodec, Wire};
-use crate::{shard_passes, Result};
+use crate::{shard_passes, Result, ZeroError};
 
 /// The side of a weight's scale tile.
 const TILE: usize = 128;
@@ -265,6 +266,7 @@ impl WeightCodec for Fp8TileGather {
         if layout.matrices.is_empty() {
             return self.int8().gather_from_world(lane, input, out);
         }
+        on_the_cpu(input)?;
         let place = lane.place().clone();
         let span = |family| place.scope(input.device, family);
         let (w, at, shard) = (input.padded / input.shard, input.at(), input.shard);
@@ -319,12 +321,28 @@ impl WeightCodec for Fp8TileGather {
         if layout.matrices.is_empty() {
             return self.int8().gather_from_node(lane, input, kept, out);
         }
+        on_the_cpu(input)?;
         let place = lane.place().clone();
         let (slice, at) = (input.slice(), input.node_at());
         let codes = lane.alloc(DType::U8, input.padded)?;
         shard_passes::copy_into(&place, kept.buffer("codes"), 0, slice, &codes, at)?;
         let codes = lane.all_gather_in_place(Group::IntraNode, &codes)?;
         unit_params(input, layout, &codes, kept.buffer("resolved"))
+    }
+}
+
+/// The encoding and the resolution run on the host, between collectives that a GPU job queues
+/// on its communication stream: only the CPU's jobs, which run in order, can read and write
+/// their buffers so. On the GPU they are kernels on that stream, not written yet.
+fn on_the_cpu(input: &GatherInput<'_>) -> Result<()> {
+    match input.device.is_cuda() {
+        true => Err(ZeroError::Config {
+            key: "quantized_weights",
+            reason: "FP8 qwZ (qwZ under train.precision = \"fp8\") encodes on the CPU only so \
+                     far; on the GPU set zero.quantized_weights = false"
+                .into(),
+        }),
+        false => Ok(()),
     }
 }
 
