@@ -18,8 +18,9 @@
 //!    element, completes each weight.
 //!
 //! The values encoded are the ones an exact gather would hand the layer (the compute dtype's
-//! working copy, or the master cast to it), so FP8 qwZ changes no number of FP8 compute with
-//! exact gathers: the tests hold the two runs equal bit for bit. hpZ keeps my node's slice of
+//! working copy, or the master cast to it), so FP8 qwZ changes no number a block multiplies
+//! under FP8 compute with exact gathers: the tests hold each block's gathered weights equal to
+//! those bit for bit (the embedding's INT8 codes still move a run). hpZ keeps my node's slice of
 //! the codes and the resolved absmax and rest, and rebuilds the same gather over the node.
 //! A unit with no linear weight (the embedding, the final norm) is gathered as INT8 qwZ.
 //!
