@@ -1,0 +1,401 @@
+//! The FP8 linear layers on the GPU: the quantisers of `kernels/cuda/fp8.cu` and
+//! cuBLASLt's block-scaled FP8 GEMMs (`crate::gemm`), in cuBLAS's column-major terms (a
+//! row-major `(R, S)` matrix is column-major `(S, R)` with leading dimension `S`):
+//! - forward `y^T (OUT, N) = w^T x^T`: A = w's transposed codes `(OUT, IN)` row-major
+//!   (tiles, K = IN), B = x's codes `(N, IN)` (1 x 128 blocks), D = y `(N, OUT)`;
+//! - input gradient `dx^T (IN, N)`: A = w's codes `(IN, OUT)` (tiles, K = OUT), B = dout's
+//!   codes `(N, OUT)` (1 x 128);
+//! - weight gradient `dw^T (OUT, IN)`, i.e. `dw (IN, OUT)` row-major: A = dout^T's codes
+//!   `(OUT, N)`, B = x^T's codes `(IN, N)`, both 128 x 1 blocks of the originals (K = N).
+//!
+//! Everything is queued on the tensors' stream; the codes live until the GEMMs that read
+//! them have been queued (stream order keeps them valid until those have run).
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+use candle_core::cuda_backend::CudaDevice;
+use candle_core::{DType, Tensor};
+use kernels::launch::{Kernel, Module};
+use kernels::profile::Family;
+
+use super::GPU_MULTIPLE;
+use crate::error::Result;
+use crate::gemm::{self, BlockScales, Epilogue, Gemm, ScaleMode};
+use crate::gpu;
+use crate::linears::LinearWeight;
+
+/// One CTA's threads in every quantiser (fp8.cu's launch bounds).
+const THREADS: usize = 256;
+/// The K-block and tile side of the scales.
+const BLOCK: usize = 128;
+
+fn kernel(dev: &CudaDevice, name: &str) -> Result<Kernel> {
+    Ok(Kernel::load(
+        dev,
+        Module::new(&kernels::FP8, &[], kernels::Flavour::Fast),
+        name,
+    )?)
+}
+
+/// FP8 codes of a GEMM operand stored K-contiguous, `(outer, K)` row-major (u8 tensors: the
+/// E4M3 bits, which the GEMM reads as `CUDA_R_8F_E4M3`), and their f32 scales in cuBLASLt's
+/// layout for `mode`.
+pub struct Operand {
+    pub codes: Tensor,
+    pub scales: Tensor,
+    pub mode: ScaleMode,
+}
+
+/// A weight `w (IN, OUT)` in 128 x 128 tiles: its codes for the input gradient (`(IN, OUT)`,
+/// K = OUT) and the transposed ones for the forward (`(OUT, IN)`, K = IN), one scale a
+/// tile in each operand's layout.
+pub struct Weight {
+    pub codes: Operand,
+    pub codes_t: Operand,
+}
+
+/// Whether a `(rows, cols)` bf16 matrix can be an FP8 operand: contiguous, both sides
+/// multiples of [`GPU_MULTIPLE`], and small enough for the kernels' int indices.
+fn takes(t: &Tensor) -> bool {
+    t.dtype() == DType::BF16
+        && t.is_contiguous()
+        && t.dims2().is_ok_and(|(r, c)| {
+            r.is_multiple_of(GPU_MULTIPLE)
+                && c.is_multiple_of(GPU_MULTIPLE)
+                && r > 0
+                && c > 0
+                && r <= i32::MAX as usize
+                && c <= i32::MAX as usize
+        })
+}
+
+/// Whether a weight `(inp, OUT)` can be an FP8 operand: a bf16 matrix the quantisers take,
+/// or codes gathered in FP8 on the GPU with sides multiples of [`GPU_MULTIPLE`].
+fn takes_weight(w: &LinearWeight, inp: usize) -> bool {
+    match w {
+        LinearWeight::Dense(t) => takes(t) && t.dim(0).ok() == Some(inp),
+        LinearWeight::Fp8(q) => {
+            let (r, c) = q.dims();
+            q.codes().device().is_cuda()
+                && q.codes().is_contiguous()
+                && r == inp
+                && r.is_multiple_of(GPU_MULTIPLE)
+                && c.is_multiple_of(GPU_MULTIPLE)
+                && c > 0
+                && c <= i32::MAX as usize
+        }
+    }
+}
+
+/// A weight's OUT.
+fn out_of(w: &LinearWeight) -> usize {
+    match w {
+        LinearWeight::Dense(t) => t.dim(1).unwrap_or(0),
+        LinearWeight::Fp8(q) => q.dims().1,
+    }
+}
+
+/// `(N, IN, sum OUT_i)` of packed projections the kernels take: `x (N, IN)`, every `w_i (IN,
+/// OUT_i)` and `other` (the residual, or dout) `(N, sum OUT_i)` FP8 operands; else `None`.
+fn packed_shape(
+    x: &Tensor,
+    ws: &[LinearWeight],
+    other: Option<&Tensor>,
+) -> Option<(usize, usize, usize)> {
+    let (n, inp) = x.dims2().ok()?;
+    let total: usize = ws.iter().map(out_of).sum();
+    let fits = takes(x)
+        && !ws.is_empty()
+        && ws.iter().all(|w| takes_weight(w, inp))
+        && other.is_none_or(|o| takes(o) && o.dims() == [n, total]);
+    fits.then_some((n, inp, total))
+}
+
+/// A weight as the GEMM that contracts over its IN reads it (the forward: its transposed
+/// codes `(OUT, IN)`, scales `[OB][round_up(IB, 4)]`), or with `!forward` as the input
+/// gradient's reads it (its codes `(IN, OUT)`, scales `[IB][round_up(OB, 4)]`): quantised
+/// here from bf16, or rearranged from the codes and tile scales FP8 qwZ gathered (the same
+/// bytes: `fp8_quantize_tiles` is `quant::quantize_fp8_e4m3_tiles` bit for bit).
+fn weight_operand(w: &LinearWeight, forward: bool) -> Result<Operand> {
+    match w {
+        LinearWeight::Dense(t) => {
+            let (codes, codes_t) = quantize_tiles(t, !forward, forward)?;
+            Ok(match forward {
+                true => codes_t.expect("asked for w^T's codes"),
+                false => codes.expect("asked for w's codes"),
+            })
+        }
+        LinearWeight::Fp8(q) => {
+            let (inp, out) = q.dims();
+            let (ib, ob) = (inp.div_ceil(BLOCK), out.div_ceil(BLOCK));
+            let (codes, scales, pad) = match forward {
+                true => (q.codes().t()?.contiguous()?, q.scales().t()?, ib),
+                false => (q.codes().clone(), q.scales().clone(), ob),
+            };
+            let scales = scales
+                .pad_with_zeros(1, 0, pad.next_multiple_of(4) - pad)?
+                .contiguous()?;
+            Ok(Operand {
+                codes,
+                scales,
+                mode: ScaleMode::Blk128x128,
+            })
+        }
+    }
+}
+
+/// The `cols` columns from `col` of the row-major bf16 `x (R, ld)`, quantised: in 1 x 128
+/// blocks along the columns (`fp8_quantize_rows`: codes `(R, cols)`, scales `[ceil(cols /
+/// 128)][R]`), or with `transposed` in 128 x 1 blocks (`fp8_quantize_cols_t`: the codes of
+/// the transpose, `(cols, R)`, scales `[ceil(R / 128)][cols]`).
+fn quantize_view(x: &Tensor, col: usize, cols: usize, transposed: bool) -> Result<Operand> {
+    let dev = gpu::device(x)?;
+    let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
+    let (rows, ld) = x.dims2()?;
+    let (name, codes, scales, cfg) = if transposed {
+        let cfg = LaunchConfig {
+            grid_dim: (cols.div_ceil(32) as u32, rows.div_ceil(BLOCK) as u32, 1),
+            block_dim: (THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        (
+            "fp8_quantize_cols_t",
+            (cols, rows),
+            (rows.div_ceil(BLOCK), cols),
+            cfg,
+        )
+    } else {
+        // A warp a block.
+        let ctas = (rows * cols.div_ceil(BLOCK)).div_ceil(THREADS / 32);
+        let cfg = kernels::launch::grid(ctas, THREADS);
+        (
+            "fp8_quantize_rows",
+            (rows, cols),
+            (cols.div_ceil(BLOCK), rows),
+            cfg,
+        )
+    };
+    let codes = gpu::uninit(codes, DType::U8, &dev)?;
+    let scales = gpu::uninit(scales, DType::F32, &dev)?;
+    let func = kernel(&dev, name)?;
+    let px = gpu::ptr(x)? + 2 * col as u64;
+    let (pc, ps) = (gpu::ptr(&codes)?, gpu::ptr(&scales)?);
+    // SAFETY: x addresses rows x ld bf16 (this view: cols from col); codes rows x cols
+    // bytes and the scales, fresh, each written once by the kernel; arguments in kernel
+    // order.
+    unsafe {
+        func.launch(
+            cfg,
+            &[&px, &(ld as i64), &pc, &ps, &(rows as i32), &(cols as i32)],
+        )?;
+    }
+    Ok(Operand {
+        codes,
+        scales,
+        mode: ScaleMode::Vec128,
+    })
+}
+
+/// `x (R, S)` in 1 x 128 blocks along S: codes `(R, S)`, scales `[ceil(S / 128)][R]`.
+pub fn quantize_rows(x: &Tensor) -> Result<Operand> {
+    quantize_view(x, 0, x.dim(1)?, false)
+}
+
+/// `x (R, S)` in 128 x 1 blocks: the codes of `x^T`, `(S, R)`, scales `[ceil(R / 128)][S]`.
+pub fn quantize_cols_t(x: &Tensor) -> Result<Operand> {
+    quantize_view(x, 0, x.dim(1)?, true)
+}
+
+/// `w (IN, OUT)` in 128 x 128 tiles, both orientations.
+pub fn quantize_weight(w: &Tensor) -> Result<Weight> {
+    let (codes, codes_t) = quantize_tiles(w, true, true)?;
+    Ok(Weight {
+        codes: codes.expect("asked for w's codes"),
+        codes_t: codes_t.expect("asked for w^T's codes"),
+    })
+}
+
+/// `w (IN, OUT)` in 128 x 128 tiles: the codes for the input gradient where `want_codes`,
+/// the transposed ones for the forward where `want_codes_t` (a pass reads one of the two).
+fn quantize_tiles(
+    w: &Tensor,
+    want_codes: bool,
+    want_codes_t: bool,
+) -> Result<(Option<Operand>, Option<Operand>)> {
+    let dev = gpu::device(w)?;
+    let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
+    let (inp, out) = w.dims2()?;
+    let (ib, ob) = (inp.div_ceil(BLOCK), out.div_ceil(BLOCK));
+    let (ld_fwd, ld_bwd) = (ib.next_multiple_of(4), ob.next_multiple_of(4));
+    let codes = want_codes
+        .then(|| gpu::uninit((inp, out), DType::U8, &dev))
+        .transpose()?;
+    let codes_t = want_codes_t
+        .then(|| gpu::uninit((out, inp), DType::U8, &dev))
+        .transpose()?;
+    // The padding of each scale row is never written: zeros, so that nothing undefined is
+    // ever handed to cuBLASLt.
+    let device = candle_core::Device::Cuda(dev.clone());
+    let scales_fwd = Tensor::zeros((ob, ld_fwd), DType::F32, &device)?;
+    let scales_bwd = Tensor::zeros((ib, ld_bwd), DType::F32, &device)?;
+    let func = kernel(&dev, "fp8_quantize_tiles")?;
+    let cfg = LaunchConfig {
+        grid_dim: (ob as u32, ib as u32, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let pw = gpu::ptr(w)?;
+    // A null address: the kernel skips that orientation.
+    let address = |t: &Option<Tensor>| t.as_ref().map_or(Ok(0), gpu::ptr);
+    let (pc, pt) = (address(&codes)?, address(&codes_t)?);
+    let (pf, pb) = (gpu::ptr(&scales_fwd)?, gpu::ptr(&scales_bwd)?);
+    // SAFETY: w (IN, OUT) bf16 contiguous; codes, codes_t IN x OUT bytes fresh, every one
+    // written (or null, then never touched); the scales ob x ld_fwd and ib x ld_bwd f32;
+    // arguments in kernel order.
+    unsafe {
+        func.launch(
+            cfg,
+            &[
+                &pw,
+                &(out as i64),
+                &pc,
+                &pt,
+                &pf,
+                &pb,
+                &(inp as i32),
+                &(out as i32),
+                &(ld_fwd as i32),
+                &(ld_bwd as i32),
+            ],
+        )?;
+    }
+    let operand = |codes: Tensor, scales: Tensor| Operand {
+        codes,
+        scales,
+        mode: ScaleMode::Blk128x128,
+    };
+    Ok((
+        codes.map(|c| operand(c, scales_bwd)),
+        codes_t.map(|c| operand(c, scales_fwd)),
+    ))
+}
+
+/// `D (m, n) = A^T B (+ C)` in cuBLAS terms with A stored `(m, k)` and B `(n, k)`, both
+/// K-contiguous FP8 operands: D bf16 at `d` with leading dimension `ldd`, C (when given)
+/// likewise.
+pub fn gemm_tn(
+    dev: &CudaDevice,
+    a: &Operand,
+    b: &Operand,
+    (m, n, k): (usize, usize, usize),
+    d: u64,
+    ldd: usize,
+    c: Option<u64>,
+) -> Result<()> {
+    gemm::run(
+        dev,
+        &Gemm {
+            m,
+            n,
+            k,
+            a: gpu::ptr(&a.codes)?,
+            lda: k,
+            trans_a: true,
+            b: gpu::ptr(&b.codes)?,
+            ldb: k,
+            trans_b: false,
+            in_type: DType::F8E4M3,
+            d,
+            ldd,
+            d_type: DType::BF16,
+            epilogue: Epilogue::None,
+            c,
+            scales: Some(BlockScales {
+                a: gpu::ptr(&a.scales)?,
+                a_mode: a.mode,
+                b: gpu::ptr(&b.scales)?,
+                b_mode: b.mode,
+            }),
+        },
+    )
+}
+
+/// `[x @ w_0 | x @ w_1 | ...] (+ residual)` in bf16, or `None` where the operands do not
+/// fit (then the caller's reference refuses CUDA tensors in one line).
+pub fn cols_forward(
+    x: &Tensor,
+    ws: &[LinearWeight],
+    residual: Option<&Tensor>,
+) -> Result<Option<Tensor>> {
+    let Some((n, inp, total)) = packed_shape(x, ws, residual) else {
+        return Ok(None);
+    };
+    let dev = gpu::device(x)?;
+    let xq = quantize_rows(x)?;
+    let y = gpu::uninit((n, total), DType::BF16, &dev)?;
+    let (py, pr) = (gpu::ptr(&y)?, residual.map(gpu::ptr).transpose()?);
+    let mut off = 0u64;
+    for w in ws {
+        let out = out_of(w);
+        let wq = weight_operand(w, true)?;
+        let shift = 2 * off;
+        gemm_tn(
+            &dev,
+            &wq,
+            &xq,
+            (out, n, inp),
+            py + shift,
+            total,
+            pr.map(|p| p + shift),
+        )?;
+        off += out as u64;
+    }
+    Ok(Some(y))
+}
+
+/// Gradients of [`cols_forward`] without a residual's: `(dx, [dw_i])`, each `dw_i` written
+/// into `into[i]` where it is a bf16 `(IN, OUT_i)` slot; `None` where the operands do not
+/// fit.
+pub fn cols_backward(
+    dout: &Tensor,
+    x: &Tensor,
+    ws: &[LinearWeight],
+    into: &[Option<Tensor>],
+) -> Result<Option<(Tensor, Vec<Tensor>)>> {
+    let Some((n, inp, _)) = packed_shape(x, ws, Some(dout)) else {
+        return Ok(None);
+    };
+    let dev = gpu::device(x)?;
+    let xt = quantize_cols_t(x)?;
+    let dx = gpu::uninit((n, inp), DType::BF16, &dev)?;
+    let pdx = gpu::ptr(&dx)?;
+    let mut dws = Vec::with_capacity(ws.len());
+    let mut off = 0;
+    for (i, w) in ws.iter().enumerate() {
+        let out = out_of(w);
+        let wq = weight_operand(w, false)?;
+        let dq = quantize_view(dout, off, out, false)?;
+        // dx (+)= dout_i @ w_i^T
+        gemm_tn(
+            &dev,
+            &wq,
+            &dq,
+            (inp, n, out),
+            pdx,
+            inp,
+            (i > 0).then_some(pdx),
+        )?;
+        let dt = quantize_view(dout, off, out, true)?;
+        let dw = match into.get(i) {
+            Some(Some(v))
+                if v.dtype() == DType::BF16 && v.is_contiguous() && v.dims() == [inp, out] =>
+            {
+                v.clone()
+            }
+            _ => gpu::uninit((inp, out), DType::BF16, &dev)?,
+        };
+        // dw_i^T (OUT, IN) column-major is dw_i (IN, OUT) row-major.
+        gemm_tn(&dev, &dt, &xt, (out, inp, n), gpu::ptr(&dw)?, out, None)?;
+        dws.push(dw);
+        off += out;
+    }
+    Ok(Some((dx, dws)))
+}
