@@ -137,8 +137,6 @@ for stage in $STAGES; do
     # trained in FP8 on the GPU (plain, and ZeRO++ at W = 8 as 2 x 4: compare with the llama
     # stage's bf16 runs and the CPU emulation, docs/kernels.md); the Llama 3.2 1B shape in FP8
     # beside torch_llama.py --compile --float8 (torchao's row-wise recipe) from the same call.
-    # The trainer runs need train.precision = "fp8" on the GPU, which RunConfig::check_supported
-    # refuses until the tests above have passed once: lift it there when they do.
     .gpu/gpu-tests fp8 --test-threads=1 --nocapture 2>&1 | tee "$OUT/fp8-tests.log"
     python3 scripts/fp8_gemm_torch.py 2>&1 | tee "$OUT/fp8-gemm-torch.txt" || true
     base=("${llama_tiny[@]}")

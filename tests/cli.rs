@@ -151,10 +151,10 @@ fn bad_input_is_refused_with_one_line_and_nothing_lost() {
     fp8_gpu.push("model.seq_len=31".into());
     assert_refused(&fp8_gpu, "model.seq_len a multiple of 16", &keep);
     fp8_gpu.pop();
-    fp8_gpu.push("zero.quantized_weights=true".into());
-    assert_refused(&fp8_gpu, "FP8 qwZ encodes on the CPU only", &keep);
-    fp8_gpu.pop();
     assert_refused(&fp8_gpu, "on the GPU is not enabled yet", &keep);
+    fp8_gpu.push("zero.quantized_weights=true".into());
+    assert_refused(&fp8_gpu, "on the GPU is not enabled yet", &keep);
+    fp8_gpu.pop();
     let mut fp8 = with("train.precision=\"fp8\"");
     fp8.push("checkpoint.resume=true".into());
     assert_refused(&fp8, "train.precision", &keep);

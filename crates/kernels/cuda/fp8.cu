@@ -212,3 +212,104 @@ fp8_quantize_tiles(const bf16* __restrict__ w, i64 ldw, u8* __restrict__ codes,
             if (r < rows && c < cols) codes_t[(i64)c * rows + r] = q[rr][cc];
         }
 }
+
+// ---- FP8 qwZ (zero/src/codec/fp8.rs, its `cuda` module the launchers) ----------------------
+// A gather job's steps on the communication stream: a rank's partial absmax of the 128 x 128
+// tiles its shard touches, the resolution of the gathered slots, the encoding of its shard with
+// the common scales, and the tiles' scales. Each equals the codec's CPU step bitwise (an absmax
+// is the max of |x| as u32 bits, NaN counted as inf; a scale is fp8_scale's; a code
+// fp8_pair's), which tests/gpu/fp8_qwz.rs asserts.
+// A weight (rows, cols) lies at unit offset `off`; x is my shard in bf16, element 0 at unit
+// offset `at`; the kernels see the weight's elements in [lo, hi), inside both. A warp a
+// segment: one row's elements in one 128-column tile, 4 a lane, over rows (lo - off) / cols to
+// (hi - 1 - off) / cols. Bound by memory bandwidth, 2 bytes read an element (the encoding 1
+// more written); these are scalar accesses because a shard starts anywhere in a row.
+
+__device__ __forceinline__ void fp8_segment(i64 off, i64 lo, i64 hi, int cols, int tile_cols,
+                                            i64 seg, i64* row, int* tcol) {
+    const i64 r0 = (lo - off) / cols;
+    *row = r0 + seg / tile_cols;
+    *tcol = (int)(seg % tile_cols);
+}
+
+// amax[tile - tile0] = max(amax[...], |x| bits) for the tiles of my elements (amax zeroed by
+// the caller; tile0 the first tile of my slot, minus the weight's first tile).
+extern "C" __global__ void fp8_gather_absmax(const bf16* __restrict__ x, i64 at, i64 off, i64 lo,
+                                             i64 hi, int cols, int tile_cols, i64 segs,
+                                             i64 tile0, u32* __restrict__ amax) {
+    const i64 seg = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (seg >= segs) return;  // whole warps
+    i64 r;
+    int j;
+    fp8_segment(off, lo, hi, cols, tile_cols, seg, &r, &j);
+    u32 m = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int c = j * 128 + lane * 4 + i;
+        const i64 e = off + r * cols + c;
+        if (c < cols && e >= lo && e < hi)
+            m = fp8_umax(m, min(fp8_absbits(bf16_to_f32(x[e - at])), FP8_NON_FINITE));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fp8_umax(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0 && m != 0) atomicMax(amax + tile0 + (r / 128) * tile_cols + j, m);
+}
+
+// codes[e - at] = the code of x[e - at] with its tile's multiplier (amax: every tile's resolved
+// absmax bits, tile0 the weight's first tile); 0 in a tile holding an inf or NaN.
+extern "C" __global__ void fp8_gather_encode(const bf16* __restrict__ x, i64 at, i64 off, i64 lo,
+                                             i64 hi, int cols, int tile_cols, i64 segs,
+                                             i64 tile0, const u32* __restrict__ amax,
+                                             u8* __restrict__ codes) {
+    const i64 seg = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (seg >= segs) return;
+    i64 r;
+    int j;
+    fp8_segment(off, lo, hi, cols, tile_cols, seg, &r, &j);
+    const u32 m = amax[tile0 + (r / 128) * tile_cols + j];
+    const Fp8Scale s = fp8_scale(m);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int c = j * 128 + lane * 4 + i;
+        const i64 e = off + r * cols + c;
+        if (c < cols && e >= lo && e < hi)
+            codes[e - at] = m >= FP8_NON_FINITE ? 0 : (u8)fp8_pair(bf16_to_f32(x[e - at]), 0.0f, s.mult);
+    }
+}
+
+// The gathered slots resolved: map[i] is where slot word i goes (-1: nowhere); below `tiles`
+// it is a tile's absmax, the max of the ranks' (resolved zeroed by the caller), else a norm or
+// bias element, copied.
+extern "C" __global__ void fp8_gather_resolve(const u32* __restrict__ headers,
+                                              const int* __restrict__ map, i64 n, int tiles,
+                                              u32* __restrict__ resolved) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        const int d = map[i];
+        if (d < 0) continue;
+        if (d < tiles) {
+            if (headers[i] != 0) atomicMax(resolved + d, headers[i]);
+        } else {
+            resolved[d] = headers[i];
+        }
+    }
+}
+
+// scales[i] = the scale of absmax bits amax[i] (NaN for an inf or NaN).
+extern "C" __global__ void fp8_gather_scales(const u32* __restrict__ amax, i64 n,
+                                             float* __restrict__ scales) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+        scales[i] = fp8_scale(amax[i]).scale;
+}
+
+// y = x widened (bf16 -> f32), and y = x narrowed (f32 -> bf16, nearest even): a unit's norm
+// and bias elements into and out of the f32 slots.
+extern "C" __global__ void fp8_gather_widen(const bf16* __restrict__ x, i64 n, float* __restrict__ y) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+        y[i] = bf16_to_f32(x[i]);
+}
+extern "C" __global__ void fp8_gather_narrow(const float* __restrict__ x, i64 n, bf16* __restrict__ y) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+        y[i] = f32_to_bf16(x[i]);
+}

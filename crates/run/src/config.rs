@@ -525,17 +525,9 @@ impl RunConfig {
         }
         if t.precision == Precision::Fp8 && t.device == DeviceKind::Cuda {
             self.check_fp8_gemm_sides()?;
-            if self.zero.quantized_weights {
-                // zero/src/codec/fp8.rs: the encoding runs on the host, between collectives a
-                // GPU queues on its communication stream.
-                bail!(
-                    "zero.quantized_weights with train.precision = \"fp8\" on the GPU: FP8 qwZ \
-                     encodes on the CPU only so far (issue 40); set zero.quantized_weights = \
-                     false on the GPU"
-                );
-            }
-            // The kernels exist (fp8.cu, crate::gemm's FP8 GEMMs) but have not yet passed the
-            // GPU suite (tests/gpu/fp8.rs, model.rs): no run uses them before it has.
+            // The kernels exist (fp8.cu: the quantisers and FP8 qwZ's steps; crate::gemm's FP8
+            // GEMMs) but have not yet passed the GPU suite (tests/gpu/fp8.rs, fp8_qwz.rs,
+            // model.rs): no run uses them before it has.
             bail!(
                 "train.precision = \"fp8\" on the GPU is not enabled yet: its kernels await their \
                  first pass of the GPU test suite (issue 40); use \"bf16\", or \"fp8\" on \

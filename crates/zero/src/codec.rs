@@ -13,7 +13,7 @@
 //! ask the codec, so that a technique's sizes are written once. docs/design.md section 3 says
 //! how to add one.
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use comm::{Group, Lane, Topology};
 use model::UnitParams;
 
@@ -24,7 +24,7 @@ pub(crate) mod grad;
 mod state;
 mod weight;
 
-pub use fp8::{Fp8TileGather, LinearLayout, Matrix};
+pub use fp8::{steps as fp8_steps, Fp8TileGather, LinearLayout, Matrix};
 pub use grad::{Int4TwoHop, PlainReduceScatter};
 pub use state::{GradState, ReduceInput};
 pub use weight::{GatherInput, Int8Gather, NodeSlice, PlainGather};
@@ -87,29 +87,45 @@ pub trait WeightCodec {
         false
     }
 
+    /// The buffers a gather of a unit of `padded` elements fills for compute to read, which the
+    /// job's backend allocates on the compute device (a buffer the compute stream reads must not
+    /// be freed in the communication stream's order): the unit's padded buffer in the compute
+    /// dtype first, then whatever else the codec hands the layers (FP8 qwZ's codes and scales).
+    fn outputs(&self, padded: usize, dtype: DType, linears: &LinearLayout) -> Vec<(DType, usize)> {
+        let _ = linears;
+        vec![(dtype, padded)]
+    }
+
     /// One unit's world gather at any W, inside its job on `lane`: my shard encoded into my
-    /// slot, gathered over the world and decoded into `out` (the unit's padded buffer in the
-    /// compute dtype, allocated by the backend). Returns the gathered unit (`out`, or a buffer
-    /// the codec already holds, with any weights it hands the layers in FP8) and, where
-    /// [`GatherInput::keep`], my node-local slice as this codec keeps it for
-    /// [`WeightCodec::gather_from_node`].
+    /// slot, gathered over the world and decoded into `outputs` ([`WeightCodec::outputs`]).
+    /// Returns the gathered unit (the first output, or a buffer the codec already holds, with
+    /// any weights it hands the layers in FP8) and, where [`GatherInput::keep`], my node-local
+    /// slice as this codec keeps it for [`WeightCodec::gather_from_node`].
     fn gather_from_world(
         &self,
         lane: &mut dyn Lane,
         input: &GatherInput<'_>,
-        out: Tensor,
+        outputs: Vec<Tensor>,
     ) -> Result<(UnitParams, Option<NodeSlice>)>;
 
     /// hpZ: one unit's gather over my node from the slices this codec kept of a world gather of
-    /// the same weights (`kept`, mine), rebuilding into `out` exactly the buffer of that world
-    /// gather, so that hpZ changes no number. Returns the gathered buffer.
+    /// the same weights (`kept`, mine), rebuilding into `outputs` exactly the unit of that world
+    /// gather, so that hpZ changes no number. Returns the gathered unit.
     fn gather_from_node(
         &self,
         lane: &mut dyn Lane,
         input: &GatherInput<'_>,
         kept: &NodeSlice,
-        out: Tensor,
+        outputs: Vec<Tensor>,
     ) -> Result<UnitParams>;
+}
+
+/// The flat buffer of a gather's outputs (the first, [`WeightCodec::outputs`]).
+fn flat_output(outputs: Vec<Tensor>) -> Tensor {
+    outputs
+        .into_iter()
+        .next()
+        .expect("a gather's first output is the unit's buffer")
 }
 
 /// One collective of a reduction: its group and the bytes each rank puts in (its whole input;

@@ -260,6 +260,9 @@ impl Engine {
         let params = source.next_gather(u)?;
         let mut full = params.flat().to_dtype(DType::F32)?.to_vec1::<f32>()?;
         for (at, w) in params.fp8() {
+            // Read on the host: on the GPU only the FP8 GEMMs read the codes.
+            let cpu = &Device::Cpu;
+            let w = model::Fp8Weight::new(w.codes().to_device(cpu)?, w.scales().to_device(cpu)?)?;
             let values = w.dequantize()?.flatten_all()?.to_vec1::<f32>()?;
             full[*at..*at + values.len()].copy_from_slice(&values);
         }

@@ -146,7 +146,9 @@ pub(crate) fn submit(
         spec.label,
         spec.device.clone(),
     );
-    let outputs = vec![(spec.dtype, spec.partition.padded)];
+    // The codec that runs: the plan's, or for hpZ the one that kept the node slices.
+    let codec = secondary.map_or(spec.gather, |(gather, _)| gather).codec();
+    let outputs = codec.outputs(spec.partition.padded, spec.dtype, &spec.linears);
     let reads = spec.gather.codec().reads_working();
     let working = working
         .filter(|w| reads && w.dtype() == spec.dtype)
@@ -168,12 +170,9 @@ pub(crate) fn submit(
         device,
         inputs,
         outputs,
-        move |lane, outputs| {
-            let out = outputs.into_iter().next().expect("one output");
-            match source {
-                None => from_world_job(lane, &spec, &master, working.as_ref(), out),
-                Some((gather, kept)) => from_node_job(lane, &spec, &master, gather, &kept, out),
-            }
+        move |lane, outputs| match source {
+            None => from_world_job(lane, &spec, &master, working.as_ref(), outputs),
+            Some((gather, kept)) => from_node_job(lane, &spec, &master, gather, &kept, outputs),
         },
     );
     InFlight {
@@ -190,10 +189,13 @@ fn from_world_job(
     spec: &Spec,
     master: &Tensor,
     working: Option<&Tensor>,
-    out: Tensor,
+    outputs: Vec<Tensor>,
 ) -> Result<Gathered> {
     let input = spec.input(master, working);
-    let (full, data) = spec.gather.codec().gather_from_world(lane, &input, out)?;
+    let (full, data) = spec
+        .gather
+        .codec()
+        .gather_from_world(lane, &input, outputs)?;
     let secondary = spec.keep.zip(data).map(|(weights, data)| Secondary {
         weights,
         gather: spec.gather,
@@ -209,10 +211,12 @@ fn from_node_job(
     master: &Tensor,
     gather: WeightGather,
     kept: &NodeSlice,
-    out: Tensor,
+    outputs: Vec<Tensor>,
 ) -> Result<Gathered> {
     let input = spec.input(master, None);
-    let full = gather.codec().gather_from_node(lane, &input, kept, out)?;
+    let full = gather
+        .codec()
+        .gather_from_node(lane, &input, kept, outputs)?;
     Ok(Gathered {
         full,
         secondary: None,

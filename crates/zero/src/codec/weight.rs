@@ -6,7 +6,7 @@ use comm::{Group, Lane};
 use kernels::profile::Family;
 use model::UnitParams;
 
-use super::{GatherSize, LinearLayout, WeightCodec, Wire};
+use super::{flat_output, GatherSize, LinearLayout, WeightCodec, Wire};
 use crate::{shard_passes, Result};
 
 /// One unit's gather as its job (`gather.rs`) hands it to the codec: the unit's layout over the
@@ -109,8 +109,9 @@ impl WeightCodec for PlainGather {
         &self,
         lane: &mut dyn Lane,
         input: &GatherInput<'_>,
-        out: Tensor,
+        outputs: Vec<Tensor>,
     ) -> Result<(UnitParams, Option<NodeSlice>)> {
+        let out = flat_output(outputs);
         let place = lane.place().clone();
         let (padded, shard, at) = (input.padded, input.shard, input.at());
         // Profile spans time the compute stream: they record only where the job runs there (one rank).
@@ -146,8 +147,9 @@ impl WeightCodec for PlainGather {
         lane: &mut dyn Lane,
         input: &GatherInput<'_>,
         kept: &NodeSlice,
-        out: Tensor,
+        outputs: Vec<Tensor>,
     ) -> Result<UnitParams> {
+        let out = flat_output(outputs);
         let place = lane.place().clone();
         let (slice, at) = (input.slice(), input.node_at());
         shard_passes::copy_into(&place, kept.buffer("values"), 0, slice, &out, at)?;
@@ -186,8 +188,9 @@ impl WeightCodec for Int8Gather {
         &self,
         lane: &mut dyn Lane,
         input: &GatherInput<'_>,
-        out: Tensor,
+        outputs: Vec<Tensor>,
     ) -> Result<(UnitParams, Option<NodeSlice>)> {
+        let out = flat_output(outputs);
         let place = lane.place().clone();
         let (padded, block, at) = (input.padded, self.block, input.at());
         // Profile spans time the compute stream: they record only where the job runs there (one rank).
@@ -229,8 +232,9 @@ impl WeightCodec for Int8Gather {
         lane: &mut dyn Lane,
         input: &GatherInput<'_>,
         kept: &NodeSlice,
-        out: Tensor,
+        outputs: Vec<Tensor>,
     ) -> Result<UnitParams> {
+        let out = flat_output(outputs);
         let place = lane.place().clone();
         let (padded, block) = (input.padded, self.block);
         let (slice, at) = (input.slice(), input.node_at());
