@@ -5,6 +5,7 @@
 //!
 //! [`Engine::memory_estimate`]: crate::Engine::memory_estimate
 
+use candle_core::DType;
 use serde::Serialize;
 
 use crate::codec::GatherSize;
@@ -28,8 +29,9 @@ pub struct RankMemory {
     /// f32 scales with qwZ (FP8 qwZ: a block's codes and its resolved tile absmax, norms and
     /// biases), else at `param_bytes`; 0 without hpZ.
     pub hpz_secondary: u64,
-    /// The 1 + `prefetch_depth` largest units' full (padded) buffers at `param_bytes`: the unit
-    /// computing and those prefetched.
+    /// The 1 + `prefetch_depth` largest gathered units (their full padded buffers at
+    /// `param_bytes`, and under FP8 qwZ a block's codes and tile scales beside: the gather's
+    /// outputs, [`crate::WeightCodec::outputs`]): the unit computing and those prefetched.
     pub gathered_working_set: u64,
     /// The full gradients of the [`REDUCTIONS_IN_FLIGHT`] largest units, held until their
     /// reduction completes: f32 (qgZ's input, or `reduce_dtype` fp32), bf16 with `reduce_dtype`
@@ -123,6 +125,21 @@ pub fn rank_memory(plan: &ZeroPlan, unit_numels: &[usize], param_bytes: usize) -
         .map(|r| r.input_bytes() as u64)
         .max()
         .unwrap_or(4);
+    // A gathered unit holds what its gather's outputs are (FP8 qwZ: a block's codes and tile
+    // scales beside its buffer at `param_bytes`).
+    let dtype = if fp32 { DType::F32 } else { DType::BF16 };
+    let mut gathered: Vec<u64> = padded
+        .iter()
+        .enumerate()
+        .map(|(u, &p)| {
+            let outputs = gather.outputs(p, dtype, plan.linears(u));
+            outputs
+                .iter()
+                .map(|(t, n)| (t.size_in_bytes() * n) as u64)
+                .sum()
+        })
+        .collect();
+    gathered.sort_unstable_by(|a, b| b.cmp(a));
     let mut largest = padded;
     largest.sort_unstable_by(|a, b| b.cmp(a));
     let sum_of =
@@ -134,7 +151,7 @@ pub fn rank_memory(plan: &ZeroPlan, unit_numels: &[usize], param_bytes: usize) -
         optimizer_states: if fp32 { 8 * shard } else { 12 * shard },
         optimizer_includes_master: !fp32,
         hpz_secondary,
-        gathered_working_set: sum_of(1 + plan.prefetch_depth, pb),
+        gathered_working_set: gathered.iter().take(1 + plan.prefetch_depth).sum(),
         reductions_in_flight: sum_of(REDUCTIONS_IN_FLIGHT, reduce_bytes),
         qgz_error_feedback,
     }
@@ -182,6 +199,33 @@ mod tests {
         assert_eq!(
             m.hpz_secondary,
             (secondary + secondary / q.block * 4) as u64
+        );
+    }
+
+    /// Under FP8 qwZ a gathered block holds its codes (a byte an element) and tile scales
+    /// beside its buffer; the embedding and the final norm their buffer alone.
+    #[test]
+    fn fp8_qwz_counts_a_gathered_blocks_codes_and_scales() {
+        let cfg = model::ModelConfig::llama(1, 256, 4, 2, 512, 16, 64, false);
+        let layout = model::ModelLayout::new(&cfg);
+        let zero = ZeroConfig {
+            quantized_weights: true,
+            prefetch_depth: 0,
+            ..Default::default()
+        };
+        let p = plan(zero, 2, 2).with_linears(model::LinearFormat::Fp8, &layout);
+        let numels: Vec<usize> = layout.units.iter().map(|u| u.numel).collect();
+        let block = p.partition(layout.units[1].numel).padded;
+        assert!(
+            numels.iter().all(|&n| p.partition(n).padded <= block),
+            "the block is largest"
+        );
+        let m = rank_memory(&p, &numels, 2);
+        let tiles = p.linears(1).tiles;
+        assert!(tiles > 0);
+        assert_eq!(
+            m.gathered_working_set,
+            (2 * block + block + 4 * tiles) as u64
         );
     }
 }
