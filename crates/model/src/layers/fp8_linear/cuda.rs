@@ -130,15 +130,24 @@ fn weight_operand(w: &LinearWeight, forward: bool) -> Result<Operand> {
                 true => (q.codes().t()?.contiguous()?, q.scales().t()?, ib),
                 false => (q.codes().clone(), q.scales().clone(), ob),
             };
-            let scales = scales
-                .pad_with_zeros(1, 0, pad.next_multiple_of(4) - pad)?
-                .contiguous()?;
+            let scales = scales.pad_with_zeros(1, 0, pad.next_multiple_of(4) - pad)?;
             Ok(Operand {
-                codes,
-                scales,
+                codes: aligned(codes)?,
+                scales: aligned(scales)?,
                 mode: ScaleMode::Blk128x128,
             })
         }
+    }
+}
+
+/// `t` contiguous from a 16-byte aligned address, as cuBLASLt reads an operand and its
+/// scales: a view into a gathered unit (FP8 qwZ's codes and tile scales) can start anywhere,
+/// and is copied (exactly: `1 x + 0`) where it does not start on 16 bytes.
+fn aligned(t: Tensor) -> Result<Tensor> {
+    let t = t.contiguous()?;
+    match gpu::ptr(&t)? % 16 {
+        0 => Ok(t),
+        _ => Ok(t.affine(1.0, 0.0)?),
     }
 }
 
