@@ -2,7 +2,8 @@
 # The GPU test suite, run on the H200 machine from the repository root with what
 # scripts/gpu-build.sh packed into .gpu/ (README, "GPU"). Stages (default: tests parity):
 #   tests   every GPU test: each kernel against its CPU reference, the local backend on one GPU,
-#           the ZeRO++ engine on GPU vs CPU, NCCL at world 1
+#           the ZeRO++ engine on GPU vs CPU, NCCL at world 1 (TESTS="a b": the tests whose
+#           names hold a or b)
 #   parity  200 steps of tiny, CPU fp32 vs GPU bf16, plain and ZeRO++ at W = 8 (2 x 4)
 #   bench   trainer bench --kernels, and gpt350m at W = 1 and W = 8 (bench.toml settings)
 #   speed   gpt350m at W = 1 (seq 1024, 16 sequences) with --profile, beside PyTorch eager and
@@ -74,7 +75,8 @@ zeropp=(--set dist.world_size=8 --set dist.gpus_per_node=4 --set train.micro_bat
 for stage in $STAGES; do
   case $stage in
   tests)
-    .gpu/gpu-tests --test-threads=1 2>&1 | tee "$OUT/gpu-tests.log"
+    # TESTS: name filters (e.g. TESTS="engine nccl"), every test without.
+    .gpu/gpu-tests ${TESTS:-} --test-threads=1 2>&1 | tee "$OUT/gpu-tests.log"
     ;;
   parity)
     base=(--config configs/tiny.toml --set log.progress=false --set checkpoint.resume=false
