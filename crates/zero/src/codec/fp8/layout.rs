@@ -42,7 +42,7 @@ impl Matrix {
 
 /// Where a unit's linear weights lie in its flat buffer, as FP8 qwZ encodes it: the weights
 /// ([`UnitLayout::linear_weights`]), their tiles, and the unit's other elements (the rest).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LinearLayout {
     pub matrices: Vec<Matrix>,
     /// The unit's elements outside the weights, in order (padding excluded).
@@ -76,11 +76,12 @@ impl LinearLayout {
             tiles += m.tiles();
             matrices.push(m);
         }
-        let mut sorted: Vec<Range<usize>> = matrices.iter().map(Matrix::range).collect();
-        sorted.sort_by_key(|r| r.start);
+        // The weights in buffer order (`UnitLayout::params` is, offsets increasing),
+        // which the tile numbering and `part` rely on.
+        debug_assert!(matrices.windows(2).all(|p| p[0].range().end <= p[1].offset));
         let mut rest = Vec::new();
         let mut at = 0;
-        for r in sorted {
+        for r in matrices.iter().map(Matrix::range) {
             if r.start > at {
                 rest.push(at..r.start);
             }
