@@ -24,6 +24,8 @@
 #   fp8     issue 40: the FP8 kernels' tests with the GEMM timings at Llama 3.2 1B's shapes beside
 #           PyTorch's (scripts/fp8_gemm_torch.py), llama-tiny in FP8 on the GPU (plain and ZeRO++
 #           at W = 8), the Llama 3.2 1B shape in FP8 beside torch_llama.py --compile --float8
+#   fp8-convergence  issue 40: FP8 against bf16 on the bundled corpus, same data and seed:
+#           configs/llama-100m.toml for 1,000 steps and Llama 3.2 1B's shape for 200
 #   llama-3b  the Llama 3.2 3B shape with recomputation (W = 1, seq 2048, 8 sequences) beside
 #           torch_llama.py eager and torch.compile with activation checkpointing
 #   calibrate  issue 28: trainer bench --profile --json at W = 1 for gpt350m (seq 1024) at 16, 8
@@ -157,6 +159,27 @@ for stage in $STAGES; do
       python3 .gpu/torch_llama.py --steps 20 --compile --float8 \
         | tee "$OUT/speed-torch-llama-compile-float8.txt"
     fi
+    ;;
+  fp8-convergence)
+    # Issue 40: FP8 against bf16 on the GPU, the same data (the bundled corpus) and seed:
+    # configs/llama-100m.toml for CONV_STEPS (1000) steps, and Llama 3.2 1B's shape (seq 2048,
+    # 8 sequences a step, the GPT-2 vocabulary) for CONV_1B_STEPS (200). Each run's metrics stay
+    # in $OUT/conv-NAME/ (no checkpoint): trainer plot $OUT/conv-100m-* and $OUT/conv-1b-*.
+    export ZEROPP_FP8_GPU_UNTESTED=1
+    quiet=(--set log.progress=false --set checkpoint.interval=0 --set checkpoint.resume=false)
+    for p in bf16 fp8; do
+      run "conv-100m-$p" --config configs/llama-100m.toml "${quiet[@]}" \
+        --set "train.precision=\"$p\"" --set "train.steps=${CONV_STEPS:-1000}"
+    done
+    for p in bf16 fp8; do
+      run "conv-1b-$p" --config configs/llama-demo.toml "${quiet[@]}" --set 'model.preset="llama3.2-1b"' \
+        --set model.vocab_size=50304 --set model.seq_len=2048 --set 'train.device="cuda"' \
+        --set "train.precision=\"$p\"" --set train.micro_batch=8 --set train.global_batch=8 \
+        --set dist.world_size=1 --set dist.gpus_per_node=1 --set zero.hpz_partition_size=1 \
+        --set zero.quantized_weights=false --set zero.quantized_gradients=false \
+        --set train.lr=3e-4 --set train.min_lr=3e-5 --set train.warmup_steps=20 \
+        --set "train.steps=${CONV_1B_STEPS:-200}" --set log.eval_interval=50
+    done
     ;;
   llama-3b)
     "$T" "${llama_w1[@]}" --set 'model.preset="llama3.2-3b"' --set model.recompute=true \
@@ -317,6 +340,6 @@ for stage in $STAGES; do
       rm -rf "$OUT/$run.log" "$OUT/$run/checkpoints" "$OUT/$run/trainer.lock"
     done
     ;;
-  *) echo "unknown stage $stage (tests, parity, bench, speed, speed-2k, speed-1.3b, speed-6.7b, speed-large, local-speed, ablation, llama, llama-3b, daily)" >&2; exit 2 ;;
+  *) echo "unknown stage $stage (tests, parity, bench, speed, speed-2k, speed-1.3b, speed-6.7b, speed-large, local-speed, ablation, llama, llama-3b, qwen, fp8, fp8-convergence, calibrate, daily)" >&2; exit 2 ;;
   esac
 done
