@@ -20,6 +20,13 @@ if [[ ! -f $stub/libcudnn.so ]]; then
 fi
 export LIBRARY_PATH=$stub:$LIBRARY_PATH
 cargo build --release --features cuda -p trainer
+# Every kernel source through NVRTC as the loader compiles it, so that a compile error shows
+# here and not on the device (no GPU needed: the driver stub stands in for libcuda.so.1).
+driver=$(realpath -m "$CARGO_TARGET_DIR/driver-stub")  # absolute: the test runs in its crate
+mkdir -p "$driver"
+ln -sf "$CUDA_ROOT/lib/libcuda.so" "$driver/libcuda.so.1"
+LD_LIBRARY_PATH=$driver:$CUDA_ROOT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+  cargo test --release --features cuda -p kernels nvrtc
 # cargo prints the test binary's path relative or absolute as CARGO_TARGET_DIR is given.
 tests=$(cargo test --release --features cuda -p trainer --test gpu --no-run 2>&1 |
         grep -o "[^ (]*/release/deps/gpu-[0-9a-f]*" | tail -1)
