@@ -88,7 +88,7 @@ pub fn run(args: &PlanArgs) -> Result<()> {
 fn param_bytes(p: Precision) -> usize {
     match p {
         Precision::Fp32 => 4,
-        // FP8 gathers its weights in bf16 (FP8 qwZ is not written yet).
+        // FP8 keeps and gathers its weights in bf16 (FP8 qwZ's codes are counted by its codec).
         Precision::Bf16 | Precision::Fp16 | Precision::Fp8 => 2,
     }
 }
