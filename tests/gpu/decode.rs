@@ -2,8 +2,9 @@
 //! (rounded to bf16 so that every side starts from the same values) decoded by a prefill of a
 //! prompt and then one token a forward, in f32 on the CPU (the reference), in f32 on the GPU
 //! (candle's CUDA ops: the logits within 1e-4, the greedy tokens the same) and in bf16 on the
-//! GPU (the fused kernels: the logits within 3e-2), for GPT-2, Llama with grouped-query
-//! attention, Qwen3 and Qwen2.
+//! GPU (the fused kernels: the logits within 3e-2 of the reference, or twice the distance of the
+//! CPU's own bf16 decoding where bf16's rounding alone moves a step's logits further), for GPT-2,
+//! Llama with grouped-query attention, Qwen3 and Qwen2.
 
 use candle_core::{DType, Device, Tensor};
 use model::decode::{Decoder, Sampling};
@@ -69,6 +70,7 @@ fn check(name: &str, cfg: ModelConfig) {
         Decoder::new(cfg.clone(), units).unwrap()
     };
     let cpu = on(&Device::Cpu, DType::F32);
+    let cpu_bf16 = on(&Device::Cpu, DType::BF16);
     let gpu_f32 = on(&gpu, DType::F32);
     let gpu_bf16 = on(&gpu, DType::BF16);
     let prompt: Vec<u32> = (0..13)
@@ -78,13 +80,24 @@ fn check(name: &str, cfg: ModelConfig) {
         .map(|i| (i * 101 + 3) % cfg.vocab_size as u32)
         .collect();
     let want = logits(&cpu, &prompt, &next);
+    // bf16's own distance from the reference at each step: with weights this large a step's
+    // logits can move 7e-2 (Qwen2's third on the CPU), which a bf16 kernel cannot beat.
+    let floor: Vec<f64> = logits(&cpu_bf16, &prompt, &next)
+        .iter()
+        .zip(&want)
+        .map(|(g, w)| relative_error(g, w))
+        .collect();
     for (dtype, dec, bound) in [("f32", &gpu_f32, 1e-4), ("bf16", &gpu_bf16, 3e-2)] {
         let got = logits(dec, &prompt, &next);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             let e = relative_error(g, w);
+            let bound = match dtype {
+                "bf16" => f64::max(bound, 2.0 * floor[i]),
+                _ => bound,
+            };
             assert!(
                 e < bound,
-                "{name} {dtype}: step {i}: relative error {e:.3e}"
+                "{name} {dtype}: step {i}: relative error {e:.3e} (bound {bound:.3e})"
             );
         }
     }
