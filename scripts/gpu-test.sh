@@ -145,9 +145,6 @@ for stage in $STAGES; do
     python3 scripts/fp8_gemm_torch.py 2>&1 | tee "$OUT/fp8-gemm-torch.txt" || true
     base=("${llama_tiny[@]}")
     gpu=(--set 'train.device="cuda"' --set 'train.precision="fp8"')
-    # FP8 on the GPU is refused until this suite has passed once (RunConfig::check_supported):
-    # this hook lifts it for these runs, so that the tests and the runs go in one call.
-    export ZEROPP_FP8_GPU_UNTESTED=1
     if [[ -z ${NO_PARITY:-} ]]; then
       run llama-tiny-gpu-fp8 "${base[@]}" "${gpu[@]}"
       run llama-zeropp-w8-gpu-fp8 "${base[@]}" "${zeropp[@]}" "${gpu[@]}"
@@ -165,7 +162,6 @@ for stage in $STAGES; do
     # configs/llama-100m.toml for CONV_STEPS (1000) steps, and Llama 3.2 1B's shape (seq 2048,
     # 8 sequences a step, the GPT-2 vocabulary) for CONV_1B_STEPS (200). Each run's metrics stay
     # in $OUT/conv-NAME/ (no checkpoint): trainer plot $OUT/conv-100m-* and $OUT/conv-1b-*.
-    export ZEROPP_FP8_GPU_UNTESTED=1
     quiet=(--set log.progress=false --set checkpoint.interval=0 --set checkpoint.resume=false)
     for p in bf16 fp8; do
       run "conv-100m-$p" --config configs/llama-100m.toml "${quiet[@]}" \

@@ -376,12 +376,6 @@ impl Overrides {
     }
 }
 
-/// Set (to anything), `train.precision = "fp8"` runs on the GPU before its kernels have passed
-/// the GPU suite: `scripts/gpu-test.sh fp8` sets it for that first pass, so that the suite and
-/// the FP8 runs go in one device call (README, "Environment hooks"). It goes with the refusal
-/// it lifts, once the suite has passed.
-pub const FP8_GPU_UNTESTED_ENV: &str = "ZEROPP_FP8_GPU_UNTESTED";
-
 impl RunConfig {
     /// Reads `path`, applies `overrides`, and checks the result.
     pub fn load(path: &Path, overrides: &Overrides) -> Result<Self> {
@@ -531,16 +525,6 @@ impl RunConfig {
         }
         if t.precision == Precision::Fp8 && t.device == DeviceKind::Cuda {
             self.check_fp8_gemm_sides()?;
-            // The kernels exist (fp8.cu: the quantisers and FP8 qwZ's steps; crate::gemm's FP8
-            // GEMMs) but have not yet passed the GPU suite (tests/gpu/fp8.rs, fp8_qwz.rs,
-            // model.rs): no run uses them before it has, but the suite's own first pass.
-            if std::env::var_os(FP8_GPU_UNTESTED_ENV).is_none() {
-                bail!(
-                    "train.precision = \"fp8\" on the GPU is not enabled yet: its kernels await \
-                     their first pass of the GPU test suite (issue 40); use \"bf16\", or \"fp8\" \
-                     on train.device = \"cpu\" (an emulation, docs/kernels.md, \"FP8 compute\")"
-                );
-            }
         }
         if t.device == DeviceKind::Cuda && !cfg!(feature = "cuda") {
             return Err(not_built_with("train.device = \"cuda\"", "cuda"));
