@@ -14,7 +14,7 @@ use zero::Engine;
 use crate::launch;
 use crate::world::World;
 use report::readable;
-use run::config::{Backend, RunConfig};
+use run::config::{Backend, Precision, RunConfig};
 use run::device_memory;
 use run::engine_options;
 use run::Run;
@@ -366,7 +366,11 @@ fn bench_steps(run: &Run, warmup: u64, steps: u64, profile: bool) -> Result<Opti
         nodes: topology.nodes,
         gpus,
         device: if on_gpu { "cuda" } else { "cpu" }.into(),
-        precision: format!("{:?}", config.compute_dtype()).to_lowercase(),
+        // FP8's blocks multiply in FP8 with the rest in the compute dtype: name the recipe.
+        precision: match config.train.precision {
+            Precision::Fp8 => "fp8".into(),
+            _ => format!("{:?}", config.compute_dtype()).to_lowercase(),
+        },
         techniques: if techniques.is_empty() {
             "ZeRO-3".into()
         } else {
