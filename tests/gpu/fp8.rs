@@ -1,4 +1,4 @@
-//! The FP8 linear layers on the GPU (issue 40). First fp8.cu's three quantisers against
+//! The FP8 linear layers on the GPU (issue 40). First fp8.cu's quantisers against
 //! `quant::quantize_fp8_e4m3_tiles` bit for bit, codes and scales, each read in the layout
 //! cuBLASLt takes, on a matrix with an all-zero tile (signed zeros), a block below torchao's
 //! amax floor, a NaN and rows 2^22 apart in magnitude, with sides that are multiples of 16 but
@@ -87,42 +87,44 @@ fn same_transposed(what: &str, got: &[u8], want: &[u8], rows: usize, cols: usize
     }
 }
 
+/// `q` is `x (rows, cols)` in 1 x 128 blocks: codes as x, scales [S blocks][R].
+fn check_rows(what: &str, q: &fp8_gpu::Operand, x: &[f32], rows: usize, cols: usize) {
+    let (codes, scales) = reference(x, rows, cols, ROW_BLOCK);
+    assert_eq!(host_u8(&q.codes), codes, "{what} 1 x 128 codes");
+    let (sb, got) = (cols.div_ceil(128), host_f32(&q.scales));
+    for r in 0..rows {
+        for b in 0..sb {
+            same_bits(
+                &format!("{what} 1 x 128 scale"),
+                got[b * rows + r],
+                scales[r * sb + b],
+            );
+        }
+    }
+}
+
+/// `q` is `x (rows, cols)` in 128 x 1 blocks: codes of x^T, scales [R blocks][S].
+fn check_cols_t(what: &str, q: &fp8_gpu::Operand, x: &[f32], rows: usize, cols: usize) {
+    let (codes, scales) = reference(x, rows, cols, COL_BLOCK);
+    let w = format!("{what} 128 x 1");
+    same_transposed(&w, &host_u8(&q.codes), &codes, rows, cols);
+    let got = host_f32(&q.scales);
+    assert_eq!(got.len(), scales.len(), "{w} scales");
+    for (a, b) in got.iter().zip(&scales) {
+        same_bits(&w, *a, *b);
+    }
+}
+
 #[test]
 fn fp8_quantisers_equal_the_cpu_bit_for_bit_in_cublaslt_layouts() {
     for (rows, cols, seed) in [(272, 400, 1), (384, 256, 2), (144, 1040, 3)] {
         let (x, g) = hostile(rows, cols, seed);
         let what = |s: &str| format!("({rows}, {cols}) {s}");
 
-        // 1 x 128: codes as x, scales [S blocks][R].
         let q = fp8_gpu::quantize_rows(&g).expect("quantize_rows");
-        let (codes, scales) = reference(&x, rows, cols, ROW_BLOCK);
-        assert_eq!(host_u8(&q.codes), codes, "{}", what("1 x 128 codes"));
-        let (sb, got) = (cols.div_ceil(128), host_f32(&q.scales));
-        for r in 0..rows {
-            for b in 0..sb {
-                same_bits(
-                    &what("1 x 128 scale"),
-                    got[b * rows + r],
-                    scales[r * sb + b],
-                );
-            }
-        }
-
-        // 128 x 1: codes of x^T, scales [R blocks][S].
+        check_rows(&what(""), &q, &x, rows, cols);
         let q = fp8_gpu::quantize_cols_t(&g).expect("quantize_cols_t");
-        let (codes, scales) = reference(&x, rows, cols, COL_BLOCK);
-        same_transposed(
-            &what("128 x 1 code"),
-            &host_u8(&q.codes),
-            &codes,
-            rows,
-            cols,
-        );
-        let got = host_f32(&q.scales);
-        assert_eq!(got.len(), scales.len(), "{}", what("128 x 1 scales"));
-        for (a, b) in got.iter().zip(&scales) {
-            same_bits(&what("128 x 1 scale"), *a, *b);
-        }
+        check_cols_t(&what(""), &q, &x, rows, cols);
 
         // 128 x 128 tiles: codes both ways, scales in both BLK128x128 layouts.
         let w = fp8_gpu::quantize_weight(&g).expect("quantize_weight");
@@ -165,6 +167,42 @@ fn fp8_quantisers_equal_the_cpu_bit_for_bit_in_cublaslt_layouts() {
         );
         assert!(scales.last().is_some_and(|s| s.is_nan()), "the NaN tile");
     }
+}
+
+/// The backward's quantiser of dout reads a view of columns (one projection of a packed
+/// gradient) in both orientations at once, and a matrix whose storage starts off 16 bytes is
+/// copied before the kernel's vector loads: each equals the CPU quantiser of those values.
+#[test]
+fn fp8_quantiser_reads_column_views_and_unaligned_starts() {
+    let (rows, cols) = (272, 400);
+    let (x, g) = hostile(rows, cols, 4);
+    for (col, width) in [(0, 400), (32, 336), (384, 16)] {
+        let sub: Vec<f32> = (0..rows)
+            .flat_map(|r| x[r * cols + col..r * cols + col + width].to_vec())
+            .collect();
+        let (q, qt) = fp8_gpu::quantize_both(&g, col, width).expect("quantize_both");
+        let what = format!("columns {col}..{}", col + width);
+        check_rows(&what, &q, &sub, rows, width);
+        check_cols_t(&what, &qt, &sub, rows, width);
+    }
+    // One element in: a contiguous (rows - 16, cols) matrix starting 2 bytes off 16.
+    let n = (rows - 16) * cols;
+    let off = g
+        .flatten_all()
+        .and_then(|t| t.narrow(0, 1, n))
+        .and_then(|t| t.reshape((rows - 16, cols)))
+        .expect("an offset view");
+    let q = fp8_gpu::quantize_rows(&off).expect("rows of an offset view");
+    check_rows("offset view", &q, &x[1..1 + n], rows - 16, cols);
+    let q = fp8_gpu::quantize_cols_t(&off).expect("columns of an offset view");
+    check_cols_t("offset view", &q, &x[1..1 + n], rows - 16, cols);
+    // The weights' quantiser reads such a start element by element (a weight inside a unit's
+    // buffer starts anywhere).
+    let w = fp8_gpu::quantize_weight(&off).expect("tiles of an offset view");
+    let (codes, _) = reference(&x[1..1 + n], rows - 16, cols, WEIGHT_TILE);
+    assert_eq!(host_u8(&w.codes.codes), codes, "offset view: tile codes");
+    let t = host_u8(&w.codes_t.codes);
+    same_transposed("offset view: tile code^T", &t, &codes, rows - 16, cols);
 }
 
 /// Uniform values, row r scaled by 2^(r % 5 - 2) and column c by 2^(c % 3).
@@ -345,6 +383,35 @@ fn fp8_gemms_at_llama_1b_shapes_beside_bf16() {
             gemm_f * 1e3,
             tf(gemm_f, flops),
             tf(bf16_f, flops),
+        );
+        // The quantisers alone, in GB/s of bf16 read and codes written (scales left out): x's
+        // row blocks (the forward), dout both ways in one read (the backward), the weights'
+        // tiles both ways.
+        let rows_s = seconds_per_call(&dev, &|| {
+            fp8_gpu::quantize_rows(&x).expect("x codes");
+        });
+        let both_s = seconds_per_call(&dev, &|| {
+            let mut off = 0;
+            for &o in outs {
+                fp8_gpu::quantize_both(&dout, off, o).expect("dout codes");
+                off += o;
+            }
+        });
+        let tiles_s = seconds_per_call(&dev, &|| {
+            for w in &ws {
+                fp8_gpu::quantize_weight(w).expect("w codes");
+            }
+        });
+        let gbs = |bytes: usize, s: f64| bytes as f64 / s / 1e9;
+        println!(
+            "{:<8} quantisers: x rows {:.0} GB/s ({:.3} ms), dout both {:.0} GB/s ({:.3} ms), w tiles {:.0} GB/s ({:.3} ms)",
+            "",
+            gbs(3 * n * inp, rows_s),
+            rows_s * 1e3,
+            gbs(4 * n * total, both_s),
+            both_s * 1e3,
+            gbs(4 * inp * total, tiles_s),
+            tiles_s * 1e3,
         );
     }
 }

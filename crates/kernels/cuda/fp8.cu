@@ -7,9 +7,10 @@
 //                  kb * OUTER + o (outer index fastest).
 //   BLK128x128_32F one scale a 128 x 128 tile; scale of (outer block ob, K block kb) at
 //                  ob * round_up(KB, 4) + kb.
-// fp8_quantize_rows: x (R, S) -> codes (R, S), 1 x 128 blocks along S (VEC128, outer R).
-// fp8_quantize_cols_t: x (R, S) -> codes of x^T (S, R), 128 x 1 blocks of x (VEC128, outer S):
-//   the weight gradient's two operands, contracted over the tokens.
+// fp8_quantize_act: x (R, S) read once -> codes (R, S) in 1 x 128 blocks along S (VEC128,
+//   outer R), and/or the codes of x^T (S, R) in 128 x 1 blocks of x (VEC128, outer S): the
+//   forward's and input gradient's left operands, the weight gradient's two operands (the
+//   backward asks for both orientations of dout in one pass).
 // fp8_quantize_tiles: w (IN, OUT) -> codes (IN, OUT) and codes^T (OUT, IN), one 128 x 128 tile
 //   scale in both BLK128x128 layouts: the input gradient reads w's codes (K = OUT), the
 //   forward w^T's (K = IN; Hopper's FP8 MMA is TN-only, so the forward needs them transposed).
@@ -19,10 +20,13 @@
 // gets scale NaN and codes 0), which tests/gpu/fp8.rs asserts. Compiled for compute_90 (the
 // e4m3x2 conversion needs sm_89) in the fast flavour: every operation whose rounding matters
 // is written out (__fdiv_rn, __fmul_rn), so contraction cannot change it, and nothing flushes.
-// Bound by memory bandwidth: 2 bytes read and 1 written an element (the tiles 2 written, both
-// orientations). How close they get is not measured yet: none of this has run on a GPU (no
-// device was lent when it was written, 2026-12-05); tests/gpu/fp8.rs's Llama-shape timing
-// (`gpu-tests fp8_gemms --nocapture`) prints each FP8 layer, quantisers included, beside bf16.
+// Bound by memory bandwidth: 2 bytes read and 1 written an element a orientation. How close,
+// on an H100 (3.35 TB/s) at Llama 3.2 1B's shapes, 16,384 tokens (tests/gpu/fp8.rs's timing,
+// `gpu-tests fp8_gemms --nocapture`, 2026-12-05): fp8_quantize_act 2.1-2.4 TB/s for the row
+// blocks alone (63-72%), 1.45-1.65 TB/s both ways at once (4 bytes an element, 43-49%; not
+// yet profiled: the column half's 128 shared-memory reads a thread are the first suspect);
+// fp8_quantize_tiles 1.5-1.6 TB/s on the large weights (down, gate|up) and 0.3-0.7 TB/s on
+// the small ones (o, k, v: 16 to 64 CTAs, too few for 132 SMs).
 #include "common.cuh"
 
 #define FP8_ABS_MASK 0x7fffffffu
@@ -72,111 +76,141 @@ __device__ __forceinline__ u32 fp8_pair(float lo, float hi, float mult) {
     return r;
 }
 
-// x (rows, cols) bf16, row stride ldx -> codes (rows, cols) row stride cols, scales
-// [ceil(cols / 128)][rows]. A warp a 1 x 128 block, 4 elements a lane.
-extern "C" __global__ void fp8_quantize_rows(const bf16* __restrict__ x, i64 ldx,
-                                             u8* __restrict__ codes, float* __restrict__ scales,
-                                             int rows, int cols) {
-    const int blocks = (cols + 127) / 128;
-    const i64 warp = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    const int lane = threadIdx.x & 31;
-    if (warp >= (i64)rows * blocks) return;  // whole warps: the shuffles below stay full
-    const int r = (int)(warp / blocks), b = (int)(warp % blocks);
-    const int c0 = b * 128 + lane * 4;
-    const bf16* p = x + (i64)r * ldx + c0;
-    float v[4];
-    u32 m = 0;
+// The codes of 8 values (lo byte first) with one multiplier, as two words.
+__device__ __forceinline__ uint2 fp8_pack8(const float* v, float mult) {
+    return make_uint2(fp8_pair(v[0], v[1], mult) | fp8_pair(v[2], v[3], mult) << 16,
+                      fp8_pair(v[4], v[5], mult) | fp8_pair(v[6], v[7], mult) << 16);
+}
+
+__device__ __forceinline__ void fp8_unpack8(uint4 raw, float* v) {
+    const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        v[i] = c0 + i < cols ? bf16_to_f32(p[i]) : 0.0f;
-        m = fp8_umax(m, fp8_absbits(v[i]));
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fp8_umax(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const Fp8Scale s = fp8_scale(m);
-    if (lane == 0) scales[(i64)b * rows + r] = s.scale;
-    const u32 q = m >= FP8_NON_FINITE ? 0u
-                                      : fp8_pair(v[0], v[1], s.mult) | fp8_pair(v[2], v[3], s.mult) << 16;
-    u8* out = codes + (i64)r * cols + c0;
-    if (c0 + 3 < cols && (cols & 3) == 0) {
-        *reinterpret_cast<u32*>(out) = q;
-    } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            if (c0 + i < cols) out[i] = (u8)(q >> (8 * i));
+        v[2 * i] = __uint_as_float(w[i] << 16);
+        v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
 }
 
-// x (rows, cols) bf16, row stride ldx -> codes_t (cols, rows) row stride rows (x^T's codes),
-// scales [ceil(rows / 128)][cols]: 128 x 1 blocks of x. A CTA of 256 threads a 128 x 32 piece
-// through shared memory; grid (ceil(cols / 32), ceil(rows / 128)).
+// An activation or gradient x (rows, cols) bf16 at row stride ldx (a view: its first element
+// and ldx on 16 bytes, cols a multiple of 8), read once, quantised in either or both blocks:
+//   codes (rows, cols) row stride cols in 1 x 128 blocks, scales [ceil(cols / 128)][rows]
+//     (the forward's and the input gradient's left operand: VEC128, outer R);
+//   codes_t (cols, rows) row stride rows, x^T's codes, in 128 x 1 blocks of x, scales_t
+//     [ceil(rows / 128)][cols] (the weight gradient's operands: VEC128, outer S).
+// A null codes pointer skips that orientation. A CTA of 256 threads a 128 x 128 tile; grid
+// (ceil(cols / 128), ceil(rows / 128)). 16 threads a row load it in 16-byte vectors (kept
+// in registers for the row blocks, copied to shared memory for the column blocks); a row
+// block's absmax is a shuffle over its 16 threads, a column's two half-column maxima a lane's
+// 64 reads of shared memory each, joined through shared memory.
 extern "C" __global__ void __launch_bounds__(256)
-fp8_quantize_cols_t(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes_t,
-                    float* __restrict__ scales, int rows, int cols) {
-    __shared__ float tile[128][33];
+fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
+                 float* __restrict__ scales, u8* __restrict__ codes_t,
+                 float* __restrict__ scales_t, int rows, int cols) {
+    // 8 bf16 of padding a row keep the 16-byte stores on 16 bytes and off each other's banks.
+    __shared__ __align__(16) bf16 tile[128][136];
+    __shared__ u32 half_amax[2][128];
     const int t = threadIdx.x;
-    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 32;
-    {
-        const int c = c0 + (t & 31);
-#pragma unroll 4
-        for (int i = 0; i < 16; ++i) {
-            const int rr = (t >> 5) + 8 * i, r = r0 + rr;
-            tile[rr][t & 31] = r < rows && c < cols ? bf16_to_f32(x[(i64)r * ldx + c]) : 0.0f;
+    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
+    const int vc = t & 15;  // the 8-column vector of a row this thread loads
+    const int c = c0 + vc * 8;
+    uint4 raw[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int rr = i * 16 + (t >> 4), r = r0 + rr;
+        raw[i] = r < rows && c < cols ? *reinterpret_cast<const uint4*>(x + (i64)r * ldx + c)
+                                      : make_uint4(0, 0, 0, 0);
+        if (codes_t != nullptr) *reinterpret_cast<uint4*>(&tile[rr][vc * 8]) = raw[i];
+    }
+    if (codes != nullptr) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            float v[8];
+            fp8_unpack8(raw[i], v);
+            u32 m = 0;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) m = fp8_umax(m, fp8_absbits(v[k]));
+            // The row's 16 threads are 16 consecutive lanes of one warp.
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) m = fp8_umax(m, __shfl_xor_sync(0xffffffffu, m, o));
+            const int r = r0 + i * 16 + (t >> 4);
+            if (r >= rows || c >= cols) continue;
+            const Fp8Scale s = fp8_scale(m);
+            if (vc == 0) scales[(i64)blockIdx.x * rows + r] = s.scale;
+            const uint2 q = m >= FP8_NON_FINITE ? make_uint2(0, 0) : fp8_pack8(v, s.mult);
+            *reinterpret_cast<uint2*>(codes + (i64)r * cols + c) = q;
         }
     }
+    if (codes_t == nullptr) return;
     __syncthreads();
-    // 8 consecutive lanes a column, 16 rows each.
-    const int col = t >> 3, part = t & 7;
-    float v[16];
+    // A lane a column, two warps a column: rows 0-63 and 64-127 of the tile.
+    const int warp = t >> 5, lane = t & 31;
+    const int cc = (warp & 3) * 32 + lane, half = warp >> 2;
     u32 m = 0;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        v[i] = tile[part * 16 + i][col];
-        m = fp8_umax(m, fp8_absbits(v[i]));
-    }
-#pragma unroll
-    for (int o = 4; o > 0; o >>= 1) m = fp8_umax(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const int c = c0 + col;
-    if (c >= cols) return;
+#pragma unroll 16
+    for (int k = 0; k < 64; ++k) m = fp8_umax(m, fp8_absbits(bf16_to_f32(tile[half * 64 + k][cc])));
+    half_amax[half][cc] = m;
+    __syncthreads();
+    m = fp8_umax(half_amax[0][cc], half_amax[1][cc]);
+    const int col = c0 + cc;
+    if (col >= cols) return;
     const Fp8Scale s = fp8_scale(m);
-    if (part == 0) scales[(i64)blockIdx.y * cols + c] = s.scale;
-    u32 q[4];
+    if (half == 0) scales_t[(i64)blockIdx.y * cols + col] = s.scale;
+    u8* out = codes_t + (i64)col * rows + r0 + half * 64;
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-        q[i] = m >= FP8_NON_FINITE ? 0u
-                                   : fp8_pair(v[4 * i], v[4 * i + 1], s.mult) |
-                                         fp8_pair(v[4 * i + 2], v[4 * i + 3], s.mult) << 16;
-    const int rs = r0 + part * 16;
-    u8* out = codes_t + (i64)c * rows + rs;
-    if (rs + 16 <= rows && (rows & 15) == 0) {
-        *reinterpret_cast<uint4*>(out) = make_uint4(q[0], q[1], q[2], q[3]);
-    } else {
-        for (int i = 0; i < 16 && rs + i < rows; ++i) out[i] = (u8)(q[i / 4] >> (8 * (i % 4)));
+    for (int q = 0; q < 4; ++q) {
+        const int rs = half * 64 + q * 16;  // the tile's row of this 16-byte piece
+        if (r0 + rs >= rows) break;
+        float v[16];
+#pragma unroll
+        for (int k = 0; k < 16; ++k) v[k] = bf16_to_f32(tile[rs + k][cc]);
+        uint2 lo = m >= FP8_NON_FINITE ? make_uint2(0, 0) : fp8_pack8(v, s.mult);
+        uint2 hi = m >= FP8_NON_FINITE ? make_uint2(0, 0) : fp8_pack8(v + 8, s.mult);
+        if (r0 + rs + 16 <= rows && (rows & 15) == 0) {
+            *reinterpret_cast<uint4*>(out + q * 16) = make_uint4(lo.x, lo.y, hi.x, hi.y);
+        } else {
+            const u32 w[4] = {lo.x, lo.y, hi.x, hi.y};
+            for (int k = 0; k < 16 && r0 + rs + k < rows; ++k) out[q * 16 + k] = (u8)(w[k / 4] >> (8 * (k % 4)));
+        }
     }
 }
 
 // w (rows = IN, cols = OUT) bf16, row stride ldw -> codes (IN, OUT) row stride OUT, codes_t
-// (OUT, IN) row stride IN (either may be null: not written), and each 128 x 128 tile's scale at scales_fwd[ob * ld_fwd + ib]
-// (w^T's BLK128x128 layout, ld_fwd = round_up(ceil(IN / 128), 4)) and scales_bwd[ib * ld_bwd +
-// ob] (w's, ld_bwd = round_up(ceil(OUT / 128), 4)). A CTA of 256 threads a tile; grid
-// (ceil(OUT / 128), ceil(IN / 128)).
+// (OUT, IN) row stride IN (either may be null: not written), and each 128 x 128 tile's scale
+// at scales_fwd[ob * ld_fwd + ib] (w^T's BLK128x128 layout, ld_fwd = round_up(ceil(IN / 128),
+// 4)) and scales_bwd[ib * ld_bwd + ob] (w's, ld_bwd = round_up(ceil(OUT / 128), 4)). A CTA of
+// 256 threads a tile; grid (ceil(OUT / 128), ceil(IN / 128)). 16 threads a row load it in
+// 16-byte vectors where w, ldw and OUT allow (else element by element), the codes go through
+// shared memory, and each orientation leaves in 16-byte pieces: w's codes a row's 8 pieces
+// from 8 neighbouring threads, w^T's a lane a column (conflict-free reads of shared memory).
 extern "C" __global__ void __launch_bounds__(256)
 fp8_quantize_tiles(const bf16* __restrict__ w, i64 ldw, u8* __restrict__ codes,
                    u8* __restrict__ codes_t, float* __restrict__ scales_fwd,
                    float* __restrict__ scales_bwd, int rows, int cols, int ld_fwd, int ld_bwd) {
-    __shared__ u8 q[128][132];
+    __shared__ __align__(16) u8 q[128][144];
     __shared__ u32 red[8];
     const int t = threadIdx.x;
     const int ib = blockIdx.y, ob = blockIdx.x;
     const int r0 = ib * 128, c0 = ob * 128;
-    // Element k of the tile (row k / 128, column k % 128) is thread k % 256's (k / 256)-th.
-    float v[64];
+    const int vc = t & 15, c = c0 + vc * 8;
+    const bool vec = (cols & 7) == 0 && (ldw & 7) == 0 && ((u64)w & 15) == 0;
+    // Row i * 16 + t / 16 of the tile, its columns vc * 8 to vc * 8 + 7, in v[i].
+    float v[8][8];
     u32 m = 0;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-        const int k = t + 256 * i, r = r0 + k / 128, c = c0 + k % 128;
-        v[i] = r < rows && c < cols ? bf16_to_f32(w[(i64)r * ldw + c]) : 0.0f;
-        m = fp8_umax(m, fp8_absbits(v[i]));
+    for (int i = 0; i < 8; ++i) {
+        const int r = r0 + i * 16 + (t >> 4);
+        if (vec) {
+            const uint4 raw = r < rows && c < cols
+                                  ? *reinterpret_cast<const uint4*>(w + (i64)r * ldw + c)
+                                  : make_uint4(0, 0, 0, 0);
+            fp8_unpack8(raw, v[i]);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k)
+                v[i][k] = r < rows && c + k < cols ? bf16_to_f32(w[(i64)r * ldw + c + k]) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) m = fp8_umax(m, fp8_absbits(v[i][k]));
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fp8_umax(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -191,25 +225,41 @@ fp8_quantize_tiles(const bf16* __restrict__ w, i64 ldw, u8* __restrict__ codes,
         scales_bwd[(i64)ib * ld_bwd + ob] = s.scale;
     }
 #pragma unroll
-    for (int i = 0; i < 64; i += 2) {
-        // Elements i and i + 1 of this thread are 256 apart: two rows, same column.
-        const u32 pair = m >= FP8_NON_FINITE ? 0u : fp8_pair(v[i], v[i + 1], s.mult);
-        const int k = t + 256 * i, rr = k / 128, cc = k % 128;
-        q[rr][cc] = (u8)pair;
-        q[rr + 2][cc] = (u8)(pair >> 8);
+    for (int i = 0; i < 8; ++i) {
+        const uint2 p = m >= FP8_NON_FINITE ? make_uint2(0, 0) : fp8_pack8(v[i], s.mult);
+        *reinterpret_cast<uint2*>(&q[i * 16 + (t >> 4)][vc * 8]) = p;
     }
     __syncthreads();
-    // Row-major codes, then the transposed ones, a byte a thread, consecutive threads on
-    // consecutive addresses; a null pointer skips its orientation (a pass reads only one).
+    // w's codes: piece k is row k / 8's bytes (k % 8) * 16 to + 15.
     if (codes != nullptr)
-        for (int k = t; k < 128 * 128; k += 256) {
-            const int rr = k / 128, cc = k % 128, r = r0 + rr, c = c0 + cc;
-            if (r < rows && c < cols) codes[(i64)r * cols + c] = q[rr][cc];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int k = t + 256 * j, rr = k >> 3, cc = (k & 7) * 16, r = r0 + rr;
+            if (r >= rows || c0 + cc >= cols) continue;
+            u8* out = codes + (i64)r * cols + c0 + cc;
+            if (c0 + cc + 16 <= cols && (cols & 15) == 0) {
+                *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(&q[rr][cc]);
+            } else {
+                for (int b = 0; b < 16 && c0 + cc + b < cols; ++b) out[b] = q[rr][cc + b];
+            }
         }
+    // w^T's: piece k is column k % 128's bytes of tile rows (k / 128) * 16 to + 15.
     if (codes_t != nullptr)
-        for (int k = t; k < 128 * 128; k += 256) {
-            const int cc = k / 128, rr = k % 128, r = r0 + rr, c = c0 + cc;
-            if (r < rows && c < cols) codes_t[(i64)c * rows + r] = q[rr][cc];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int k = t + 256 * j, cc = k & 127, rs = (k >> 7) * 16, col = c0 + cc;
+            if (col >= cols || r0 + rs >= rows) continue;
+            u32 p[4];
+#pragma unroll
+            for (int b = 0; b < 4; ++b)
+                p[b] = (u32)q[rs + 4 * b][cc] | (u32)q[rs + 4 * b + 1][cc] << 8 |
+                       (u32)q[rs + 4 * b + 2][cc] << 16 | (u32)q[rs + 4 * b + 3][cc] << 24;
+            u8* out = codes_t + (i64)col * rows + r0 + rs;
+            if (r0 + rs + 16 <= rows && (rows & 15) == 0) {
+                *reinterpret_cast<uint4*>(out) = make_uint4(p[0], p[1], p[2], p[3]);
+            } else {
+                for (int b = 0; b < 16 && r0 + rs + b < rows; ++b) out[b] = (u8)(p[b / 4] >> (8 * (b % 4)));
+            }
         }
 }
 

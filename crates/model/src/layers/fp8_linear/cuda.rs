@@ -142,75 +142,112 @@ fn weight_operand(w: &LinearWeight, forward: bool) -> Result<Operand> {
 
 /// `t` contiguous from a 16-byte aligned address, as cuBLASLt reads an operand and its
 /// scales: a view into a gathered unit (FP8 qwZ's codes and tile scales) can start anywhere,
-/// and is copied (exactly: `1 x + 0`) where it does not start on 16 bytes.
+/// and is copied (bit for bit, into a fresh allocation) where it does not start on 16 bytes.
 fn aligned(t: Tensor) -> Result<Tensor> {
     let t = t.contiguous()?;
     match gpu::ptr(&t)? % 16 {
         0 => Ok(t),
-        _ => Ok(t.affine(1.0, 0.0)?),
+        _ => Ok(t.force_contiguous()?),
     }
 }
 
-/// The `cols` columns from `col` of the row-major bf16 `x (R, ld)`, quantised: in 1 x 128
-/// blocks along the columns (`fp8_quantize_rows`: codes `(R, cols)`, scales `[ceil(cols /
-/// 128)][R]`), or with `transposed` in 128 x 1 blocks (`fp8_quantize_cols_t`: the codes of
-/// the transpose, `(cols, R)`, scales `[ceil(R / 128)][cols]`).
-fn quantize_view(x: &Tensor, col: usize, cols: usize, transposed: bool) -> Result<Operand> {
+/// The `cols` columns from `col` of the row-major bf16 `x (R, ld)`, read once and quantised
+/// (`fp8_quantize_act`) in 1 x 128 blocks along the columns where `rows` (codes `(R, cols)`,
+/// scales `[ceil(cols / 128)][R]`) and in 128 x 1 blocks where `transposed` (the codes of the
+/// transpose, `(cols, R)`, scales `[ceil(R / 128)][cols]`).
+fn quantize_view(
+    x: &Tensor,
+    col: usize,
+    cols: usize,
+    rows_blocks: bool,
+    transposed: bool,
+) -> Result<(Option<Operand>, Option<Operand>)> {
     let dev = gpu::device(x)?;
-    let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
     let (rows, ld) = x.dims2()?;
-    let (name, codes, scales, cfg) = if transposed {
-        let cfg = LaunchConfig {
-            grid_dim: (cols.div_ceil(32) as u32, rows.div_ceil(BLOCK) as u32, 1),
-            block_dim: (THREADS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        (
-            "fp8_quantize_cols_t",
-            (cols, rows),
-            (rows.div_ceil(BLOCK), cols),
-            cfg,
-        )
-    } else {
-        // A warp a block.
-        let ctas = (rows * cols.div_ceil(BLOCK)).div_ceil(THREADS / 32);
-        let cfg = kernels::launch::grid(ctas, THREADS);
-        (
-            "fp8_quantize_rows",
-            (rows, cols),
-            (cols.div_ceil(BLOCK), rows),
-            cfg,
-        )
+    // The kernel loads 16 bytes at a time: a view that does not start on 16 bytes (a storage
+    // offset, rare) is copied first.
+    if (gpu::ptr(x)? + 2 * col as u64) % 16 != 0 || ld % 8 != 0 || cols % 8 != 0 {
+        let copy = x.narrow(1, col, cols)?.force_contiguous()?;
+        if gpu::ptr(&copy)? % 16 == 0 && cols % 8 == 0 {
+            return quantize_view(&copy, 0, cols, rows_blocks, transposed);
+        }
+        return Err(crate::error::ModelError::Candle(candle_core::Error::Msg(format!(
+            "FP8: a ({rows}, {cols}) operand the quantiser cannot load in 16-byte vectors"
+        ))));
+    }
+    let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
+    let fresh = |want: bool, codes: (usize, usize), scales: (usize, usize)| -> Result<_> {
+        Ok(match want {
+            true => Some((
+                gpu::uninit(codes, DType::U8, &dev)?,
+                gpu::uninit(scales, DType::F32, &dev)?,
+            )),
+            false => None,
+        })
     };
-    let codes = gpu::uninit(codes, DType::U8, &dev)?;
-    let scales = gpu::uninit(scales, DType::F32, &dev)?;
-    let func = kernel(&dev, name)?;
+    let row_out = fresh(rows_blocks, (rows, cols), (cols.div_ceil(BLOCK), rows))?;
+    let col_out = fresh(transposed, (cols, rows), (rows.div_ceil(BLOCK), cols))?;
+    let address = |o: &Option<(Tensor, Tensor)>| -> Result<(u64, u64)> {
+        Ok(match o {
+            Some((c, s)) => (gpu::ptr(c)?, gpu::ptr(s)?),
+            None => (0, 0),
+        })
+    };
+    let ((pc, ps), (pt, pst)) = (address(&row_out)?, address(&col_out)?);
     let px = gpu::ptr(x)? + 2 * col as u64;
-    let (pc, ps) = (gpu::ptr(&codes)?, gpu::ptr(&scales)?);
-    // SAFETY: x addresses rows x ld bf16 (this view: cols from col); codes rows x cols
-    // bytes and the scales, fresh, each written once by the kernel; arguments in kernel
-    // order.
+    let cfg = LaunchConfig {
+        grid_dim: (cols.div_ceil(BLOCK) as u32, rows.div_ceil(BLOCK) as u32, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let func = kernel(&dev, "fp8_quantize_act")?;
+    // SAFETY: x addresses rows x ld bf16 (this view: cols from col, its first element and ld
+    // on 16 bytes, as checked above); each output fresh and written once by the kernel, a
+    // null one never touched; arguments in kernel order.
     unsafe {
         func.launch(
             cfg,
-            &[&px, &(ld as i64), &pc, &ps, &(rows as i32), &(cols as i32)],
+            &[
+                &px,
+                &(ld as i64),
+                &pc,
+                &ps,
+                &pt,
+                &pst,
+                &(rows as i32),
+                &(cols as i32),
+            ],
         )?;
     }
-    Ok(Operand {
-        codes,
-        scales,
-        mode: ScaleMode::Vec128,
-    })
+    let operand = |o: Option<(Tensor, Tensor)>| {
+        o.map(|(codes, scales)| Operand {
+            codes,
+            scales,
+            mode: ScaleMode::Vec128,
+        })
+    };
+    Ok((operand(row_out), operand(col_out)))
 }
 
 /// `x (R, S)` in 1 x 128 blocks along S: codes `(R, S)`, scales `[ceil(S / 128)][R]`.
 pub fn quantize_rows(x: &Tensor) -> Result<Operand> {
-    quantize_view(x, 0, x.dim(1)?, false)
+    let (q, _) = quantize_view(x, 0, x.dim(1)?, true, false)?;
+    Ok(q.expect("asked for the row blocks"))
 }
 
 /// `x (R, S)` in 128 x 1 blocks: the codes of `x^T`, `(S, R)`, scales `[ceil(R / 128)][S]`.
 pub fn quantize_cols_t(x: &Tensor) -> Result<Operand> {
-    quantize_view(x, 0, x.dim(1)?, true)
+    let (_, q) = quantize_view(x, 0, x.dim(1)?, false, true)?;
+    Ok(q.expect("asked for the column blocks"))
+}
+
+/// The `cols` columns from `col` of `x (R, ld)` both ways in one read: [`quantize_rows`] and
+/// [`quantize_cols_t`] of that view (the backward's dout, read by both of its GEMMs).
+pub fn quantize_both(x: &Tensor, col: usize, cols: usize) -> Result<(Operand, Operand)> {
+    match quantize_view(x, col, cols, true, true)? {
+        (Some(rows), Some(cols)) => Ok((rows, cols)),
+        _ => unreachable!("asked for both orientations"),
+    }
 }
 
 /// `w (IN, OUT)` in 128 x 128 tiles, both orientations.
@@ -381,7 +418,7 @@ pub fn cols_backward(
     for (i, w) in ws.iter().enumerate() {
         let out = out_of(w);
         let wq = weight_operand(w, false)?;
-        let dq = quantize_view(dout, off, out, false)?;
+        let (dq, dt) = quantize_both(dout, off, out)?;
         // dx (+)= dout_i @ w_i^T
         gemm_tn(
             &dev,
@@ -392,7 +429,6 @@ pub fn cols_backward(
             inp,
             (i > 0).then_some(pdx),
         )?;
-        let dt = quantize_view(dout, off, out, true)?;
         let dw = match into.get(i) {
             Some(Some(v))
                 if v.dtype() == DType::BF16 && v.is_contiguous() && v.dims() == [inp, out] =>
