@@ -160,15 +160,19 @@ for stage in $STAGES; do
   fp8-convergence)
     # Issue 40: FP8 against bf16 on the GPU, the same data (the bundled corpus) and seed:
     # configs/llama-100m.toml for CONV_STEPS (1000) steps, and Llama 3.2 1B's shape (seq 2048,
-    # 8 sequences a step, the GPT-2 vocabulary) for CONV_1B_STEPS (200). Each run's metrics stay
-    # in $OUT/conv-NAME/ (no checkpoint): trainer plot $OUT/conv-100m-* and $OUT/conv-1b-*.
+    # 8 sequences a step, the GPT-2 vocabulary) for CONV_1B_STEPS (200). What comes back (the
+    # device returns 8 files): each run's metrics as $OUT/conv-NAME.metrics.jsonl, the two
+    # figures of trainer plot ($OUT/conv-100m.png, conv-1b.png) and the logs in conv-logs.tgz;
+    # the final checkpoints are written outside $OUT and deleted.
     quiet=(--set log.progress=false --set checkpoint.interval=0 --set checkpoint.resume=false)
     for p in bf16 fp8; do
       run "conv-100m-$p" --config configs/llama-100m.toml "${quiet[@]}" \
+        --set "checkpoint.dir=\"/tmp/conv-100m-$p\"" \
         --set "train.precision=\"$p\"" --set "train.steps=${CONV_STEPS:-1000}"
     done
     for p in bf16 fp8; do
       run "conv-1b-$p" --config configs/llama-demo.toml "${quiet[@]}" --set 'model.preset="llama3.2-1b"' \
+        --set "checkpoint.dir=\"/tmp/conv-1b-$p\"" \
         --set model.vocab_size=50304 --set model.seq_len=2048 --set 'train.device="cuda"' \
         --set "train.precision=\"$p\"" --set train.micro_batch=8 --set train.global_batch=8 \
         --set dist.world_size=1 --set dist.gpus_per_node=1 --set zero.hpz_partition_size=1 \
@@ -176,6 +180,15 @@ for stage in $STAGES; do
         --set train.lr=3e-4 --set train.min_lr=3e-5 --set train.warmup_steps=20 \
         --set "train.steps=${CONV_1B_STEPS:-200}" --set log.eval_interval=50
     done
+    rm -rf /tmp/conv-100m-* /tmp/conv-1b-*
+    for n in 100m 1b; do
+      "$T" plot "$OUT/conv-$n-bf16" "$OUT/conv-$n-fp8" --label bf16 --label fp8 \
+        --output "$OUT/conv-$n.png" || echo "plot of conv-$n FAILED"
+    done
+    for r in "$OUT"/conv-*-bf16 "$OUT"/conv-*-fp8; do
+      if [[ -d $r ]]; then cp "$r/metrics.jsonl" "$r.metrics.jsonl"; rm -rf "$r"; fi
+    done
+    tar czf "$OUT/conv-logs.tgz" -C "$OUT" $(cd "$OUT" && ls conv-*.log) && rm -f "$OUT"/conv-*.log
     ;;
   llama-3b)
     "$T" "${llama_w1[@]}" --set 'model.preset="llama3.2-3b"' --set model.recompute=true \
