@@ -24,6 +24,8 @@
 #   fp8     issue 40: the FP8 kernels' tests with the GEMM timings at Llama 3.2 1B's shapes beside
 #           PyTorch's (scripts/fp8_gemm_torch.py), llama-tiny in FP8 on the GPU (plain and ZeRO++
 #           at W = 8), the Llama 3.2 1B shape in FP8 beside torch_llama.py --compile --float8
+#   fp8-speed  issue 40's other speed targets beside their anchors: gpt350m and Llama 3.2 3B
+#           (recomputation) in FP8, and Llama 3.2 1B as local 2 x 4 ZeRO++ in FP8 (FP8 qwZ) and bf16
 #   fp8-convergence  issue 40: FP8 against bf16 on the bundled corpus, same data and seed:
 #           configs/llama-100m.toml for 1,000 steps and Llama 3.2 1B's shape for 200
 #   llama-3b  the Llama 3.2 3B shape with recomputation (W = 1, seq 2048, 8 sequences) beside
@@ -156,6 +158,39 @@ for stage in $STAGES; do
       python3 .gpu/torch_llama.py --steps 20 --compile --float8 \
         | tee "$OUT/speed-torch-llama-compile-float8.txt"
     fi
+    ;;
+  fp8-speed)
+    # Issue 40's other speed targets, each beside its anchor from the same call: gpt350m in FP8
+    # (seq 1024, 16 sequences) beside torch_gpt.py --compile; Llama 3.2 3B in FP8 with
+    # recomputation beside torch_llama.py --compile --ckpt (bf16) and --compile --float8 --ckpt;
+    # Llama 3.2 1B as 2 x 4 ZeRO++ on the local backend (qwZ + hpZ + qgZ, one sequence a rank)
+    # in FP8 (FP8 qwZ: the gathered codes go to the GEMMs) and in bf16 (INT8 qwZ, dequantised),
+    # each with --profile: the dequantisation's time against FP8's.
+    fp8=(--set 'train.precision="fp8"')
+    "$T" bench --config configs/gpt350m.toml --set 'dist.backend="local"' --set model.seq_len=1024 \
+      --set model.recompute=false --set train.global_batch=16 --set train.micro_batch=16 \
+      --set dist.world_size=1 --set dist.gpus_per_node=1 --set zero.hpz_partition_size=1 \
+      --set zero.quantized_weights=false --set zero.quantized_gradients=false "${fp8[@]}" \
+      --steps "${BENCH_STEPS:-10}" --profile "${bench_set[@]}" | tee "$OUT/speed-gpt350m-fp8${TAG:-}.txt"
+    if [[ -f .gpu/torch_gpt.py ]]; then
+      python3 .gpu/torch_gpt.py --steps 30 --compile | tee "$OUT/speed-torch-compile.txt"
+    fi
+    "$T" "${llama_w1[@]}" --set 'model.preset="llama3.2-3b"' --set model.recompute=true "${fp8[@]}" \
+      --set "train.micro_batch=${LLAMA_MB:-8}" --steps "${BENCH_STEPS:-3}" --profile "${bench_set[@]}" \
+      | tee "$OUT/speed-llama3b-fp8${TAG:-}.txt"
+    if [[ -f .gpu/torch_llama.py ]]; then
+      l3=(--layers 28 --dim 3072 --heads 24 --kv-heads 8 --ffn 8192 --ckpt --compile)
+      python3 .gpu/torch_llama.py --steps 10 "${l3[@]}" | tee "$OUT/speed-torch-llama3b-compile.txt"
+      python3 .gpu/torch_llama.py --steps 10 "${l3[@]}" --float8 \
+        | tee "$OUT/speed-torch-llama3b-compile-float8.txt"
+    fi
+    w8=(bench --config configs/gpt350m.toml --set 'dist.backend="local"' --set 'model.preset="llama3.2-1b"'
+        --set model.seq_len=2048 --set model.recompute=false --set dist.world_size=8
+        --set dist.gpus_per_node=4 --set train.micro_batch=1 --set train.global_batch=8
+        --set zero.quantized_weights=true --set zero.hpz_partition_size=4
+        --set zero.quantized_gradients=true --steps "${BENCH_STEPS:-3}" --profile)
+    "$T" "${w8[@]}" "${fp8[@]}" | tee "$OUT/local-llama1b-w8-zeropp-fp8.txt"
+    "$T" "${w8[@]}" | tee "$OUT/local-llama1b-w8-zeropp-bf16.txt"
     ;;
   fp8-convergence)
     # Issue 40: FP8 against bf16 on the GPU, the same data (the bundled corpus) and seed:
