@@ -171,9 +171,9 @@ fn quantize_view(
         if gpu::ptr(&copy)? % 16 == 0 && cols % 8 == 0 {
             return quantize_view(&copy, 0, cols, rows_blocks, transposed);
         }
-        return Err(crate::error::ModelError::Candle(candle_core::Error::Msg(format!(
-            "FP8: a ({rows}, {cols}) operand the quantiser cannot load in 16-byte vectors"
-        ))));
+        return Err(crate::error::ModelError::Candle(candle_core::Error::Msg(
+            format!("FP8: a ({rows}, {cols}) operand the quantiser cannot load in 16-byte vectors"),
+        )));
     }
     let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
     let fresh = |want: bool, codes: (usize, usize), scales: (usize, usize)| -> Result<_> {
