@@ -265,7 +265,8 @@ fn throughput_predicts_five_variants() {
     // Without --throughput the key is null.
     assert!(plan_json(&["--config", "configs/paper/gpt18b-1k.toml"])["throughput"].is_null());
 
-    // FP8 compute on an H200: the blocks' linear layers at its FP8 peak, a shorter step.
+    // FP8 compute on an H200: the blocks' linear layers at its FP8 peak, their casts at its
+    // memory bandwidth: a shorter step, but not half of bf16's.
     let h200 = ["--config", "configs/paper/gpt18b-1k.toml", "--throughput"];
     let bf16 = plan_json(&h200);
     let fp8 = plan_json(&[&h200[..], &["--set", "train.precision=\"fp8\""]].concat());
@@ -274,7 +275,7 @@ fn throughput_predicts_five_variants() {
     assert_eq!(fp8["throughput"]["gpu"]["fp8_peak_tflops"], 1979.0);
     let compute = |j: &Value| f(&j["throughput"], "/zero3/compute_s");
     assert!(
-        compute(&fp8) < 0.6 * compute(&bf16),
+        compute(&fp8) < 0.7 * compute(&bf16) && compute(&fp8) > 0.5 * compute(&bf16),
         "{} vs {}",
         compute(&fp8),
         compute(&bf16)

@@ -59,6 +59,11 @@ pub trait Family: Sync {
         bytes: usize,
     ) -> u64;
 
+    /// The widths of the inputs a block's linear layers read, one an input: the layers of a
+    /// packed projection (q|k|v, gate|up) share theirs. FP8 quantises each input once a pass
+    /// ([`crate::Model::fp8_cast_bytes`]).
+    fn block_linear_inputs(&self, cfg: &ModelConfig) -> Vec<usize>;
+
     /// The settings beyond [`Sizes`]' common ones that fix a run's trajectory, as
     /// `(config key, value)`: a resume that changes one is refused by key.
     fn trajectory(&self, cfg: &ModelConfig) -> Vec<(&'static str, String)>;
@@ -411,6 +416,42 @@ mod tests {
             let back: ShapeRecord = serde_json::from_str(&json).unwrap();
             assert_eq!(back.config().unwrap(), cfg, "{name}: {json}");
         }
+    }
+
+    /// Every family's linear inputs are the IN sides of its blocks' linear weights, each once:
+    /// every weight reads one of them, and none is listed that no weight reads.
+    #[test]
+    fn block_linear_inputs_are_the_ins_of_the_linear_weights() {
+        for name in preset_names() {
+            let cfg = crate::preset(name).unwrap();
+            let layout = crate::ModelLayout::new(&cfg);
+            let ins: std::collections::BTreeSet<usize> = layout
+                .block(0)
+                .linear_weights()
+                .map(|p| p.shape[0])
+                .collect();
+            let listed = cfg.family().block_linear_inputs(&cfg);
+            let set: std::collections::BTreeSet<usize> = listed.iter().copied().collect();
+            assert_eq!(set, ins, "{name}: {listed:?}");
+            assert!(listed.len() <= layout.block(0).linear_weights().count());
+        }
+    }
+
+    /// FP8's casts in a small Llama block, counted by hand: inputs C + NH hs + C + F = 640,
+    /// outputs 128 + 64 + 64 (q|k|v) + 128 (o) + 256 + 256 (gate|up) + 128 (down) = 1024,
+    /// 147,456 weights; nothing for the embedding, nor for a dense model.
+    #[test]
+    fn fp8_cast_bytes_of_a_llama_block() {
+        let cfg = ModelConfig::llama(2, 128, 4, 2, 256, 64, 320, true);
+        let model = crate::Model::new(cfg).unwrap();
+        assert_eq!(model.fp8_cast_bytes(1, 10), (0, 0));
+        let fp8 = model.with_linears(LinearFormat::Fp8);
+        let weights = 3 * 147_456;
+        assert_eq!(
+            fp8.fp8_cast_bytes(1, 10),
+            (10 * 3 * 640 + weights, 10 * (3 * 640 + 4 * 1024) + weights)
+        );
+        assert_eq!(fp8.fp8_cast_bytes(0, 10), (0, 0));
     }
 
     /// GPT-2 records what trainers before the registry wrote (no `arch`, nothing more), and

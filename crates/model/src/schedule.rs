@@ -441,6 +441,36 @@ impl Model {
             .block_activation_bytes(&self.cfg, batch, seq_len, bytes)
     }
 
+    /// Bytes the FP8 quantisers move (bf16 read, codes written; scales left out) in unit `u`'s
+    /// forward and backward over `tokens` positions, `(forward, backward)`; `(0, 0)` for a
+    /// unit without linear layers or a model whose layers multiply in the compute dtype. Each
+    /// input of the block's linear layers ([`crate::Family::block_linear_inputs`]) is cast in
+    /// 1 x 128 blocks in the forward (3 bytes an element) and 128 x 1 blocks in the backward
+    /// (3), each output gradient both ways in one read (4), and each weight into its tiles in
+    /// each pass (3 bytes a parameter), as `layers/fp8_linear.rs` does on the GPU. Under FP8
+    /// qwZ the weights arrive as codes (the forward transposes them, 2 bytes a parameter, the
+    /// backward reads them as they are): counted as quantised here, an upper bound.
+    pub fn fp8_cast_bytes(&self, u: usize, tokens: usize) -> (u64, u64) {
+        let unit = &self.layout.units[u];
+        if self.linears != LinearFormat::Fp8 || unit.linear_weights().next().is_none() {
+            return (0, 0);
+        }
+        let inputs: usize = self
+            .cfg
+            .family()
+            .block_linear_inputs(&self.cfg)
+            .iter()
+            .sum();
+        let outputs: usize = unit.linear_weights().map(|p| p.shape[1]).sum();
+        let weights: usize = unit.linear_weights().map(|p| p.numel).sum();
+        let (t, inputs, outputs, weights) =
+            (tokens as u64, inputs as u64, outputs as u64, weights as u64);
+        (
+            t * 3 * inputs + 3 * weights,
+            t * (3 * inputs + 4 * outputs) + 3 * weights,
+        )
+    }
+
     /// The name and orientation of parameter `p` in the Hugging Face checkpoint of this
     /// model's family ([`crate::Family::hf_tensor`]).
     pub fn hf_tensor(&self, p: &ParamSpec) -> HfTensor {

@@ -10,7 +10,8 @@
 //!   `2 V C`; an embedding lookup and a norm 0. Backward is twice the forward; with
 //!   `model.recompute` a block's backward runs its forward again. Compute runs at
 //!   `peak_tflops x mfu_fraction`; with `train.precision = "fp8"` a block's linear layers (its
-//!   `2 x numel`) run at `fp8_peak_tflops x mfu_fraction` instead. The default fraction, 0.5, is the share of dense tensor peak
+//!   `2 x numel`) run at `fp8_peak_tflops x mfu_fraction` instead, and their FP8 casts
+//!   ([`Model::fp8_cast_bytes`]) at the memory bandwidth. The default fraction, 0.5, is the share of dense tensor peak
 //!   that large transformer matmuls reach end to end in well-tuned trainers (Megatron-LM, 52% of
 //!   A100 peak at 1T parameters, Narayanan et al. 2021); it is not fitted to the paper.
 //! - **Collectives.** [`ring_s`]: a ring all-gather or reduce-scatter of `S` bytes over `p`
@@ -346,7 +347,7 @@ impl Workload<'_> {
     fn forward_s(&self, u: usize, c: &Cluster) -> f64 {
         c.shared(match self.calibration {
             Some(k) => k.forward_s[u],
-            None => self.compute_s(u, 1.0, c),
+            None => self.compute_s(u, 1.0, c) + self.casts_s(u, false, c),
         })
     }
 
@@ -354,8 +355,22 @@ impl Workload<'_> {
     fn backward_s(&self, u: usize, c: &Cluster) -> f64 {
         c.shared(match self.calibration {
             Some(k) => k.backward_s[u],
-            None => self.compute_s(u, self.backward_factor(u), c),
+            None => self.compute_s(u, self.backward_factor(u), c) + self.casts_s(u, true, c),
         })
+    }
+
+    /// Seconds of unit `u`'s FP8 casts in a micro-batch's forward, or its backward (with the
+    /// forward's again for a recomputed block), at the GPU's memory bandwidth: the bytes of
+    /// [`Model::fp8_cast_bytes`], none for a model whose layers multiply in the compute dtype.
+    fn casts_s(&self, u: usize, backward: bool, c: &Cluster) -> f64 {
+        let tokens = self.micro_batch * self.model.config().seq_len;
+        let (forward, backward_bytes) = self.model.fp8_cast_bytes(u, tokens);
+        let bytes = match (backward, self.backward_factor(u) > 2.0) {
+            (false, _) => forward,
+            (true, false) => backward_bytes,
+            (true, true) => backward_bytes + forward,
+        };
+        bytes as f64 / (c.gpu.mem_bw_gbs * 1e9)
     }
 
     /// Seconds of `times` forwards of unit `u` in a micro-batch at the GPU's rates: its linear

@@ -357,8 +357,8 @@ fn an_untied_head_runs_in_the_last_units_slot() {
 }
 
 /// FP8 compute: a block's linear layers (`2 x numel` a token) run at the FP8 peak, its
-/// attention (`2 T C`) at the dense one, forward and backward; the embedding and the head are
-/// unchanged, and so are the FLOPs counted.
+/// attention (`2 T C`) at the dense one, forward and backward, and its FP8 casts at the memory
+/// bandwidth; the embedding and the head are unchanged, and so are the FLOPs counted.
 #[test]
 fn fp8_runs_the_blocks_linear_layers_at_the_fp8_peak() {
     let cfg = ModelConfig::gpt2(2, 256, 4, 128, 1000);
@@ -377,12 +377,18 @@ fn fp8_runs_the_blocks_linear_layers_at_the_fp8_peak() {
         wd.forward_s(1, &c),
         tokens * (linear + attention) / dense_rate
     ));
+    // The casts of GPT-2's block, by hand: inputs 256 x 3 + 1024 = 1792 wide, outputs 768 +
+    // 256 + 1024 + 256 = 2304, 786,432 weights; 1000 GB/s.
+    let weights = 3.0 * 786_432.0;
+    let cast_fwd = (tokens * 3.0 * 1792.0 + weights) / 1e12;
+    let cast_bwd = (tokens * (3.0 * 1792.0 + 4.0 * 2304.0) + weights) / 1e12;
+    let fp8_compute = tokens * (linear / fp8_rate + attention / dense_rate);
+    assert!(close(w8.forward_s(1, &c), fp8_compute + cast_fwd));
+    // Recomputation: the backward is three forwards' worth, and its casts the forward's again.
     assert!(close(
-        w8.forward_s(1, &c),
-        tokens * (linear / fp8_rate + attention / dense_rate)
+        w8.backward_s(1, &c),
+        3.0 * fp8_compute + cast_bwd + cast_fwd
     ));
-    // Recomputation: the backward is three forwards' worth.
-    assert!(close(w8.backward_s(1, &c), 3.0 * w8.forward_s(1, &c)));
     assert!(close(w8.head_s(&c), wd.head_s(&c)));
     assert!(close(w8.forward_s(0, &c), 0.0));
     assert!(close(

@@ -208,6 +208,12 @@ impl Family for Gpt2 {
         b * s * (34 * h + 5 * a * s) * bytes as u64 / 2
     }
 
+    /// c_attn's, attn.c_proj's and mlp.c_fc's `C`, mlp.c_proj's `4 C`.
+    fn block_linear_inputs(&self, cfg: &ModelConfig) -> Vec<usize> {
+        let c = cfg.n_embd;
+        vec![c, c, c, 4 * c]
+    }
+
     /// None beyond the common sizes, as trainers before the Llama family recorded.
     fn trajectory(&self, _: &ModelConfig) -> Vec<(&'static str, String)> {
         Vec::new()

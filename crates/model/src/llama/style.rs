@@ -336,6 +336,13 @@ impl Family for LlamaStyle {
         b * s * (4 * h + 2 * q + 2 * kv + 3 * f + normed) * bytes as u64 + 4 * b * a * s
     }
 
+    /// q|k|v's and gate|up's `C` (each packed projection reads one input), o's `NH hs`, down's
+    /// `F`.
+    fn block_linear_inputs(&self, cfg: &ModelConfig) -> Vec<usize> {
+        let c = cfg.n_embd;
+        vec![c, cfg.n_head * cfg.head_dim, c, cfg.ffn_hidden]
+    }
+
     /// Attention counted at its real width: `6 N + 6 L NH hs T`.
     fn flops_per_token(&self, cfg: &ModelConfig, seq_len: usize) -> f64 {
         let attn = cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len;
