@@ -23,8 +23,9 @@
 // Bound by memory bandwidth: 2 bytes read and 1 written an element a orientation. How close,
 // on an H100 (3.35 TB/s) at Llama 3.2 1B's shapes, 16,384 tokens (tests/gpu/fp8.rs's timing,
 // `gpu-tests fp8_gemms --nocapture`, 2026-12-05): fp8_quantize_act 2.1-2.4 TB/s for the row
-// blocks alone (63-72%), 1.45-1.65 TB/s both ways at once (4 bytes an element, 43-49%; not
-// yet profiled: the column half's 128 shared-memory reads a thread are the first suspect);
+// blocks alone (63-72%), 1.45-1.65 TB/s both ways at once (4 bytes an element, 43-49%, when
+// the column half read one bf16 a lane 128 times a thread; it now reads 32 words of two
+// columns a thread and keeps them, and that version is not measured yet);
 // fp8_quantize_tiles 1.5-1.6 TB/s on the large weights (down, gate|up) and 0.3-0.7 TB/s on
 // the small ones (o, k, v: 16 to 64 CTAs, too few for 132 SMs).
 #include "common.cuh"
@@ -100,15 +101,15 @@ __device__ __forceinline__ void fp8_unpack8(uint4 raw, float* v) {
 // A null codes pointer skips that orientation. A CTA of 256 threads a 128 x 128 tile; grid
 // (ceil(cols / 128), ceil(rows / 128)). 16 threads a row load it in 16-byte vectors (kept
 // in registers for the row blocks, copied to shared memory for the column blocks); a row
-// block's absmax is a shuffle over its 16 threads, a column's two half-column maxima a lane's
-// 64 reads of shared memory each, joined through shared memory.
+// block's absmax is a shuffle over its 16 threads; a thread takes two columns' words from
+// shared memory over 32 rows, and a column's four quarter maxima join through shared memory.
 extern "C" __global__ void __launch_bounds__(256)
 fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
                  float* __restrict__ scales, u8* __restrict__ codes_t,
                  float* __restrict__ scales_t, int rows, int cols) {
     // 8 bf16 of padding a row keep the 16-byte stores on 16 bytes and off each other's banks.
     __shared__ __align__(16) bf16 tile[128][136];
-    __shared__ u32 half_amax[2][128];
+    __shared__ u32 quarter_amax[4][128];
     const int t = threadIdx.x;
     const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
     const int vc = t & 15;  // the 8-column vector of a row this thread loads
@@ -142,34 +143,53 @@ fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
     }
     if (codes_t == nullptr) return;
     __syncthreads();
-    // A lane a column, two warps a column: rows 0-63 and 64-127 of the tile.
-    const int warp = t >> 5, lane = t & 31;
-    const int cc = (warp & 3) * 32 + lane, half = warp >> 2;
-    u32 m = 0;
-#pragma unroll 16
-    for (int k = 0; k < 64; ++k) m = fp8_umax(m, fp8_absbits(bf16_to_f32(tile[half * 64 + k][cc])));
-    half_amax[half][cc] = m;
+    // A thread two neighbouring columns (one 32-bit word of each tile row) over a quarter of
+    // the rows: 64 column pairs x 4 quarters of 32 rows. A warp reads 32 consecutive words of
+    // a row (no bank conflicts) and keeps its 32 words in registers for the encoding.
+    const int pair = t & 63, quarter = t >> 6;
+    u32 w[32];
+    u32 m0 = 0, m1 = 0;
+#pragma unroll
+    for (int k = 0; k < 32; ++k) {
+        w[k] = *reinterpret_cast<const u32*>(&tile[quarter * 32 + k][2 * pair]);
+        m0 = fp8_umax(m0, (w[k] << 16) & FP8_ABS_MASK);
+        m1 = fp8_umax(m1, w[k] & (FP8_ABS_MASK & 0xffff0000u));
+    }
+    quarter_amax[quarter][2 * pair] = m0;
+    quarter_amax[quarter][2 * pair + 1] = m1;
     __syncthreads();
-    m = fp8_umax(half_amax[0][cc], half_amax[1][cc]);
-    const int col = c0 + cc;
-    if (col >= cols) return;
-    const Fp8Scale s = fp8_scale(m);
-    if (half == 0) scales_t[(i64)blockIdx.y * cols + col] = s.scale;
-    u8* out = codes_t + (i64)col * rows + r0 + half * 64;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-        const int rs = half * 64 + q * 16;  // the tile's row of this 16-byte piece
-        if (r0 + rs >= rows) break;
-        float v[16];
+        m0 = fp8_umax(m0, quarter_amax[q][2 * pair]);
+        m1 = fp8_umax(m1, quarter_amax[q][2 * pair + 1]);
+    }
 #pragma unroll
-        for (int k = 0; k < 16; ++k) v[k] = bf16_to_f32(tile[rs + k][cc]);
-        uint2 lo = m >= FP8_NON_FINITE ? make_uint2(0, 0) : fp8_pack8(v, s.mult);
-        uint2 hi = m >= FP8_NON_FINITE ? make_uint2(0, 0) : fp8_pack8(v + 8, s.mult);
-        if (r0 + rs + 16 <= rows && (rows & 15) == 0) {
-            *reinterpret_cast<uint4*>(out + q * 16) = make_uint4(lo.x, lo.y, hi.x, hi.y);
-        } else {
-            const u32 w[4] = {lo.x, lo.y, hi.x, hi.y};
-            for (int k = 0; k < 16 && r0 + rs + k < rows; ++k) out[q * 16 + k] = (u8)(w[k / 4] >> (8 * (k % 4)));
+    for (int j = 0; j < 2; ++j) {
+        const int col = c0 + 2 * pair + j;
+        if (col >= cols) break;
+        const u32 m = j == 0 ? m0 : m1;
+        const Fp8Scale s = fp8_scale(m);
+        if (quarter == 0) scales_t[(i64)blockIdx.y * cols + col] = s.scale;
+        u8* out = codes_t + (i64)col * rows + r0 + quarter * 32;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int rs = quarter * 32 + h * 16;  // the tile's row of this 16-byte piece
+            if (r0 + rs >= rows) break;
+            float v[16];
+#pragma unroll
+            for (int k = 0; k < 16; ++k) {
+                const u32 word = w[h * 16 + k];
+                v[k] = __uint_as_float(j == 0 ? word << 16 : word & 0xffff0000u);
+            }
+            const uint2 lo = m >= FP8_NON_FINITE ? make_uint2(0, 0) : fp8_pack8(v, s.mult);
+            const uint2 hi = m >= FP8_NON_FINITE ? make_uint2(0, 0) : fp8_pack8(v + 8, s.mult);
+            if (r0 + rs + 16 <= rows && (rows & 15) == 0) {
+                *reinterpret_cast<uint4*>(out + h * 16) = make_uint4(lo.x, lo.y, hi.x, hi.y);
+            } else {
+                const u32 p[4] = {lo.x, lo.y, hi.x, hi.y};
+                for (int k = 0; k < 16 && r0 + rs + k < rows; ++k)
+                    out[h * 16 + k] = (u8)(p[k / 4] >> (8 * (k % 4)));
+            }
         }
     }
 }
@@ -223,6 +243,12 @@ fp8_quantize_tiles(const bf16* __restrict__ w, i64 ldw, u8* __restrict__ codes,
     if (t == 0) {
         scales_fwd[(i64)ob * ld_fwd + ib] = s.scale;
         scales_bwd[(i64)ib * ld_bwd + ob] = s.scale;
+        // The last tile of each scale row writes the row's padding (zeros: nothing undefined
+        // reaches cuBLASLt), so the scales need no fill of their own.
+        if (ib == (int)gridDim.y - 1)
+            for (int k = ib + 1; k < ld_fwd; ++k) scales_fwd[(i64)ob * ld_fwd + k] = 0.0f;
+        if (ob == (int)gridDim.x - 1)
+            for (int k = ob + 1; k < ld_bwd; ++k) scales_bwd[(i64)ib * ld_bwd + k] = 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) {

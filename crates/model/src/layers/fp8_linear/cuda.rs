@@ -277,11 +277,9 @@ fn quantize_tiles(
     let codes_t = want_codes_t
         .then(|| gpu::uninit((out, inp), DType::U8, &dev))
         .transpose()?;
-    // The padding of each scale row is never written: zeros, so that nothing undefined is
-    // ever handed to cuBLASLt.
-    let device = candle_core::Device::Cuda(dev.clone());
-    let scales_fwd = Tensor::zeros((ob, ld_fwd), DType::F32, &device)?;
-    let scales_bwd = Tensor::zeros((ib, ld_bwd), DType::F32, &device)?;
+    // Every scale, the padding of each row included (zeros), is written by the kernel.
+    let scales_fwd = gpu::uninit((ob, ld_fwd), DType::F32, &dev)?;
+    let scales_bwd = gpu::uninit((ib, ld_bwd), DType::F32, &dev)?;
     let func = kernel(&dev, "fp8_quantize_tiles")?;
     let cfg = LaunchConfig {
         grid_dim: (ob as u32, ib as u32, 1),
@@ -294,8 +292,8 @@ fn quantize_tiles(
     let (pc, pt) = (address(&codes)?, address(&codes_t)?);
     let (pf, pb) = (gpu::ptr(&scales_fwd)?, gpu::ptr(&scales_bwd)?);
     // SAFETY: w (IN, OUT) bf16 contiguous; codes, codes_t IN x OUT bytes fresh, every one
-    // written (or null, then never touched); the scales ob x ld_fwd and ib x ld_bwd f32;
-    // arguments in kernel order.
+    // written (or null, then never touched); the scales ob x ld_fwd and ib x ld_bwd f32,
+    // every one written (the padding by each row's last tile); arguments in kernel order.
     unsafe {
         func.launch(
             cfg,
