@@ -18,7 +18,7 @@ use model::layers::{
     fp8_gpu, fp8_linear_cols_backward, fp8_linear_cols_forward, matmul_cols_backward,
     matmul_cols_forward, COL_BLOCK, ROW_BLOCK, WEIGHT_TILE,
 };
-use model::{Fp8Weight, LinearFormat, LinearWeight};
+use model::{Fp8Weight, LinearFormat, LinearWeight, SavedInput};
 use quant::Tile;
 
 fn host_u8(t: &Tensor) -> Vec<u8> {
@@ -162,10 +162,14 @@ fn fp8_quantisers_equal_the_cpu_bit_for_bit_in_cublaslt_layouts() {
         }
         // The padding of each scale row is zeros, written by the kernel itself.
         for o in 0..ob {
-            assert!(fwd[o * ld_f + ib..(o + 1) * ld_f].iter().all(|&v| v.to_bits() == 0));
+            assert!(fwd[o * ld_f + ib..(o + 1) * ld_f]
+                .iter()
+                .all(|&v| v.to_bits() == 0));
         }
         for i in 0..ib {
-            assert!(bwd[i * ld_b + ob..(i + 1) * ld_b].iter().all(|&v| v.to_bits() == 0));
+            assert!(bwd[i * ld_b + ob..(i + 1) * ld_b]
+                .iter()
+                .all(|&v| v.to_bits() == 0));
         }
         // The cases the input was built for are there.
         assert!(
@@ -301,13 +305,37 @@ fn gathered_weights_check(what: &str, x: &Tensor, dout: &Tensor, ws: &[Tensor]) 
         .expect("forward, gathered");
     assert_eq!(bits(&y_q), bits(&y), "{what}: forward");
     let none = vec![None; ws.len()];
-    let (dx, dws) = fp8.cols_backward(dout, x, &dense, &none).expect("backward");
+    let xs = SavedInput::Dense(x.clone());
+    let (dx, dws) = fp8
+        .cols_backward(dout, &xs, &dense, &none)
+        .expect("backward");
     let (dx_q, dws_q) = fp8
-        .cols_backward(dout, x, &gathered, &none)
+        .cols_backward(dout, &xs, &gathered, &none)
         .expect("backward, gathered");
     assert_eq!(bits(&dx_q), bits(&dx), "{what}: dx");
     for (a, b) in dws_q.iter().zip(&dws) {
         assert_eq!(bits(a), bits(b), "{what}: dw");
+    }
+    // The forward that keeps x's column blocks (one read of x for both) gives the same output,
+    // and the backward from what it kept the same gradients, bit for bit; the codes it keeps
+    // are a byte an element.
+    let (y_s, kept) = fp8
+        .cols_forward_saving(x, &dense, None, None)
+        .expect("forward, saving");
+    assert_eq!(bits(&y_s), bits(&y), "{what}: forward, saving");
+    let kept_again = fp8.saved_input(x).expect("saved input alone");
+    for kept in [&kept, &kept_again] {
+        let (dx_s, dws_s) = fp8
+            .cols_backward(dout, kept, &dense, &none)
+            .expect("backward, saved");
+        assert_eq!(bits(&dx_s), bits(&dx), "{what}: dx, saved");
+        for (a, b) in dws_s.iter().zip(&dws) {
+            assert_eq!(bits(a), bits(b), "{what}: dw, saved");
+        }
+    }
+    match &kept {
+        SavedInput::Fp8(k) => assert_eq!(k.dims(), x.dims2().expect("x (N, IN)")),
+        SavedInput::Dense(_) => panic!("{what}: FP8 kept x itself"),
     }
 }
 

@@ -44,9 +44,9 @@ pub use family::{
 pub use gpt2::family::{GPT2_NORM_EPS, PADDED_GPT2_VOCAB};
 pub use init::init_unit_range;
 pub use kernel_plan::{unenforced, AttentionPath, Enforced, KernelPlan};
-pub use layers::{Fp8Weight, RopeScaling};
+pub use layers::{Fp8Input, Fp8Weight, RopeScaling};
 pub use layout::{ModelLayout, ParamInit, ParamSpec, TableRow, UnitKind, UnitLayout, UnitTable};
-pub use linears::{LinearFormat, LinearWeight};
+pub use linears::{LinearFormat, LinearWeight, SavedInput};
 pub use llama::family::{
     LLAMA3_1_SCALING, LLAMA3_2_SCALING, LLAMA3_VOCAB, LLAMA_NORM_EPS, LLAMA_ROPE_THETA,
 };

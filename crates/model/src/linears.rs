@@ -13,7 +13,8 @@ use candle_core::Tensor;
 
 use crate::error::{ModelError, Result};
 use crate::layers::fp8_linear::{
-    cols_backward_of, cols_forward_of, linear_backward_of, linear_forward_of,
+    cols_backward_of, cols_backward_saved_of, cols_forward_of, cols_forward_saving_of,
+    linear_backward_of, linear_forward_of, saved_input_of, Fp8Input,
 };
 use crate::layers::{
     fp8_round, gelu_backward_bias_grad, gelu_forward, matmul_backward_into, matmul_cols_backward,
@@ -30,6 +31,16 @@ pub enum LinearFormat {
     /// FP8 E4M3 with block scales: `128 x 128` for weights, `1 x 128` or `128 x 1` along the
     /// contraction for activations and gradients (`layers/fp8_linear.rs`).
     Fp8,
+}
+
+/// What a linear layer's backward reads of its input `x (N, IN)`, as its forward kept it: `x`
+/// itself, or under FP8 `x` in the weight gradient's 128 x 1 blocks, made in the forward's read
+/// of `x` ([`Fp8Input`]: 1 byte an element on the GPU, and no pass over `x` in the backward). A
+/// block keeps the second where the weight gradient is all it reads `x` for.
+#[derive(Clone, Debug)]
+pub enum SavedInput {
+    Dense(Tensor),
+    Fp8(Fp8Input),
 }
 
 /// A linear layer's weight `(IN, OUT)` as a block hands it to its layer: a view of the unit's
@@ -99,19 +110,62 @@ impl LinearFormat {
         }
     }
 
+    /// [`LinearFormat::cols_forward`], also returning what its backward reads of `x` where
+    /// that is all the caller keeps `x` for: `x` itself in the compute dtype, its FP8 column
+    /// blocks under FP8 ([`SavedInput`]).
+    pub fn cols_forward_saving(
+        self,
+        x: &Tensor,
+        ws: &[LinearWeight],
+        bias: Option<&Tensor>,
+        residual: Option<&Tensor>,
+    ) -> Result<(Tensor, SavedInput)> {
+        match self {
+            LinearFormat::Dense => Ok((
+                self.cols_forward(x, ws, bias, residual)?,
+                SavedInput::Dense(x.clone()),
+            )),
+            LinearFormat::Fp8 => {
+                let (y, saved) = cols_forward_saving_of(x, ws, residual)?;
+                let y = match bias {
+                    Some(b) => y.broadcast_add(b)?,
+                    None => y,
+                };
+                Ok((y, SavedInput::Fp8(saved)))
+            }
+        }
+    }
+
+    /// What [`LinearFormat::cols_forward_saving`] keeps of `x`, without the product (a
+    /// recomputation that never reads the layer's output).
+    pub fn saved_input(self, x: &Tensor) -> Result<SavedInput> {
+        Ok(match self {
+            LinearFormat::Dense => SavedInput::Dense(x.clone()),
+            LinearFormat::Fp8 => SavedInput::Fp8(saved_input_of(x)?),
+        })
+    }
+
     /// Gradients of [`LinearFormat::cols_forward`] without the bias's: `(dx, [dw_i])`, each
     /// `dw_i` in `into[i]` where the dense GPU GEMM writes it there
-    /// ([`matmul_cols_backward`]).
+    /// ([`matmul_cols_backward`]), from the input as the forward kept it.
     pub fn cols_backward(
         self,
         dout: &Tensor,
-        x: &Tensor,
+        x: &SavedInput,
         ws: &[LinearWeight],
         into: &[Option<Tensor>],
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        match self {
-            LinearFormat::Dense => matmul_cols_backward(dout, x, &dense_all(ws)?, into),
-            LinearFormat::Fp8 => cols_backward_of(dout, x, ws, into),
+        match (self, x) {
+            (LinearFormat::Dense, SavedInput::Dense(x)) => {
+                matmul_cols_backward(dout, x, &dense_all(ws)?, into)
+            }
+            (LinearFormat::Fp8, SavedInput::Dense(x)) => cols_backward_of(dout, x, ws, into),
+            (LinearFormat::Fp8, SavedInput::Fp8(x)) => cols_backward_saved_of(dout, x, ws, into),
+            (LinearFormat::Dense, SavedInput::Fp8(_)) => {
+                Err(ModelError::Candle(candle_core::Error::Msg(
+                    "an FP8-saved input reached a layer multiplying in the compute dtype".into(),
+                )))
+            }
         }
     }
 

@@ -9,7 +9,9 @@ use model::layers::{
     fp8_linear_backward, fp8_linear_forward, fp8_round, matmul_backward, residual_matmul_forward,
     COL_BLOCK, ROW_BLOCK, WEIGHT_TILE,
 };
-use model::{Fp8Weight, LinearFormat, Model, ModelLayout, Sizes, UnitParams};
+use model::{
+    Fp8Weight, LinearFormat, LinearWeight, Model, ModelLayout, SavedInput, Sizes, UnitParams,
+};
 
 mod common;
 use common::*;
@@ -277,6 +279,47 @@ fn a_block_reading_gathered_fp8_weights_equals_one_quantising_its_own() {
             assert_eq!(bits(&g1), bits(&g0), "{name}, C={}: gradients", cfg.n_embd);
         }
     }
+}
+
+/// A packed projection's backward from the column blocks its forward kept of `x` (in the same
+/// read as its row blocks), or that `saved_input` makes alone, equals the one from `x` bit for
+/// bit; a dense layer refuses such a kept input in one line.
+#[test]
+fn a_projection_backward_from_its_kept_input_equals_one_from_x() {
+    let mut rng = Rng(11);
+    let mut randn = |r: usize, c: usize, scale: f64| {
+        let v: Vec<f32> = rng.vec(r * c, scale).iter().map(|&v| v as f32).collect();
+        Tensor::from_vec(v, (r, c), &Device::Cpu).unwrap()
+    };
+    let x = randn(40, 130, 1.0);
+    let ws = [randn(130, 60, 0.1), randn(130, 70, 0.1)];
+    let dout = randn(40, 130, 1.0);
+    let ws: Vec<LinearWeight> = ws.into_iter().map(LinearWeight::Dense).collect();
+    let fp8 = LinearFormat::Fp8;
+    let none = [None, None];
+    let y = fp8.cols_forward(&x, &ws, None, None).unwrap();
+    let (dx, dws) = fp8
+        .cols_backward(&dout, &SavedInput::Dense(x.clone()), &ws, &none)
+        .unwrap();
+    let (y_kept, kept) = fp8.cols_forward_saving(&x, &ws, None, None).unwrap();
+    assert_eq!(bits(&y_kept), bits(&y), "forward");
+    for kept in [kept, fp8.saved_input(&x).unwrap()] {
+        assert!(matches!(&kept, SavedInput::Fp8(k) if k.dims() == (40, 130)));
+        let (dx_k, dws_k) = fp8.cols_backward(&dout, &kept, &ws, &none).unwrap();
+        assert_eq!(bits(&dx_k), bits(&dx), "dx");
+        for (a, b) in dws_k.iter().zip(&dws) {
+            assert_eq!(bits(a), bits(b), "dw");
+        }
+        let err = LinearFormat::Dense
+            .cols_backward(&dout, &kept, &ws, &none)
+            .unwrap_err();
+        assert!(err.to_string().contains("FP8-saved input"), "{err}");
+    }
+    // The dense format keeps x itself.
+    let (_, dense_kept) = LinearFormat::Dense
+        .cols_forward_saving(&x, &ws, None, None)
+        .unwrap();
+    assert!(matches!(dense_kept, SavedInput::Dense(t) if bits(&t) == bits(&x)));
 }
 
 /// A dense block refuses a weight gathered in FP8 in one line (a plan that sent FP8 weights to

@@ -144,6 +144,36 @@ fn fp8_error(e: quant::QuantError) -> ModelError {
     ModelError::Candle(candle_core::Error::Msg(format!("FP8: {e}")))
 }
 
+/// What an FP8 linear layer's backward reads of its input `x (N, IN)`: `x` in [`COL_BLOCK`]s,
+/// the weight gradient's operand, made in the forward's one read of `x`
+/// ([`cols_forward_saving_of`]). A block keeps it in place of `x` where the weight gradient is
+/// all its backward reads `x` for: on the GPU 1 byte an element (and a scale a 128) instead of
+/// 2, and no pass over `x` in the backward. The numbers are those the backward would make from
+/// `x`, bit for bit.
+#[derive(Clone, Debug)]
+pub struct Fp8Input {
+    /// `x`'s dtype (the backward's outputs are in it) and `(N, IN)`.
+    dtype: DType,
+    dims: (usize, usize),
+    cols: Fp8Cols,
+}
+
+#[derive(Clone, Debug)]
+enum Fp8Cols {
+    /// The CPU reference: `fp8_round(x, COL_BLOCK)`, f32 `(N, IN)`.
+    Values(Tensor),
+    /// `x^T`'s codes `(IN, N)` and their 128 x 1 scales (`cuda::quantize_cols_t`'s).
+    #[cfg(feature = "cuda")]
+    Codes(cuda::Operand),
+}
+
+impl Fp8Input {
+    /// `(N, IN)`.
+    pub fn dims(&self) -> (usize, usize) {
+        self.dims
+    }
+}
+
 /// `x @ w` in FP8, as f32: `x (N, IN)` in `1 x 128` blocks, `w (IN, OUT)` in `128 x 128` tiles.
 pub fn fp8_matmul_forward(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let xq = fp8_round(x, ROW_BLOCK)?;
@@ -297,6 +327,40 @@ pub(crate) fn cols_forward_of(
     })
 }
 
+/// [`cols_forward_of`], also returning what its backward reads of `x`
+/// ([`cols_backward_saved_of`]): on the GPU both blockings of `x` come from one read.
+pub(crate) fn cols_forward_saving_of(
+    x: &Tensor,
+    ws: &[LinearWeight],
+    residual: Option<&Tensor>,
+) -> Result<(Tensor, Fp8Input)> {
+    let (dtype, dims) = (x.dtype(), x.dims2()?);
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(x) {
+        if let Some((y, xt)) = cuda::cols_forward_saving(x, ws, residual)? {
+            let cols = Fp8Cols::Codes(xt);
+            return Ok((y, Fp8Input { dtype, dims, cols }));
+        }
+    }
+    let y = cols_forward_of(x, ws, residual)?;
+    let cols = Fp8Cols::Values(fp8_round(x, COL_BLOCK)?);
+    Ok((y, Fp8Input { dtype, dims, cols }))
+}
+
+/// What [`cols_forward_saving_of`] keeps of `x`, without the product.
+pub(crate) fn saved_input_of(x: &Tensor) -> Result<Fp8Input> {
+    let (dtype, dims) = (x.dtype(), x.dims2()?);
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(x) {
+        if let Some(xt) = cuda::cols_of(x)? {
+            let cols = Fp8Cols::Codes(xt);
+            return Ok(Fp8Input { dtype, dims, cols });
+        }
+    }
+    let cols = Fp8Cols::Values(fp8_round(x, COL_BLOCK)?);
+    Ok(Fp8Input { dtype, dims, cols })
+}
+
 /// Gradients of [`fp8_linear_cols_forward`]: `(dx = sum_i dout_i @ w_i^T, [dw_i = x^T @
 /// dout_i])`, each term [`fp8_linear_backward`]'s; on the GPU `dw_i` goes into `into[i]` where
 /// given (a slot of the unit's flat gradient, then returned as that view).
@@ -323,9 +387,42 @@ pub(crate) fn cols_backward_of(
         }
     }
     let _ = into; // only the GPU's GEMMs write into slots
-                  // The reference: x's 128 x 1 rounding once, each term fp8_matmul_backward's arithmetic.
-    let dt = x.dtype();
-    let xc = fp8_round(x, COL_BLOCK)?;
+    rounded_cols_backward(dout, &fp8_round(x, COL_BLOCK)?, x.dtype(), ws)
+}
+
+/// [`cols_backward_of`] from what [`cols_forward_saving_of`] kept of `x`: the same gradients,
+/// bit for bit.
+pub(crate) fn cols_backward_saved_of(
+    dout: &Tensor,
+    x: &Fp8Input,
+    ws: &[LinearWeight],
+    into: &[Option<Tensor>],
+) -> Result<(Tensor, Vec<Tensor>)> {
+    match &x.cols {
+        Fp8Cols::Values(xc) => {
+            let _ = into; // only the GPU's GEMMs write into slots
+            rounded_cols_backward(dout, xc, x.dtype, ws)
+        }
+        #[cfg(feature = "cuda")]
+        Fp8Cols::Codes(xt) => {
+            cuda::cols_backward_from(dout, xt, x.dims, ws, into)?.ok_or_else(|| {
+                ModelError::Candle(candle_core::Error::Msg(format!(
+                    "FP8: a saved ({}, {}) input whose gradient the GPU's GEMMs do not take",
+                    x.dims.0, x.dims.1
+                )))
+            })
+        }
+    }
+}
+
+/// The reference of the packed backward from `xc = fp8_round(x, COL_BLOCK)`: each term
+/// fp8_matmul_backward's arithmetic, the outputs in `dt`.
+fn rounded_cols_backward(
+    dout: &Tensor,
+    xc: &Tensor,
+    dt: DType,
+    ws: &[LinearWeight],
+) -> Result<(Tensor, Vec<Tensor>)> {
     let wqs = ws
         .iter()
         .map(LinearWeight::fp8_values)

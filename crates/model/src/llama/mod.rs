@@ -54,7 +54,7 @@ use crate::layers::{
     TokenIndex,
 };
 use crate::layout::{UnitKind, UnitLayout};
-use crate::linears::{LinearFormat, LinearWeight};
+use crate::linears::{LinearFormat, LinearWeight, SavedInput};
 use crate::schedule::UnitParams;
 use crate::units::{self, check_acts, check_params, check_tokens, flatten_grads, FlatGrad, Kept};
 
@@ -114,8 +114,9 @@ struct LlamaBlockActs {
     x: Tensor,
     /// The rotary tables for this batch's `T`.
     rope: RopeTables,
-    /// `input_layernorm(x)` `(N, C)` and its statistics.
-    n1: Tensor,
+    /// `input_layernorm(x)` `(N, C)` as q|k|v's backward reads it (FP8: its column blocks
+    /// alone), and the norm's statistics.
+    n1: SavedInput,
     rms1: RmsSaved,
     /// With qk-norm: q's and k's heads before their norm, and the norms' statistics.
     qk: Option<QkNormSaved>,
@@ -124,12 +125,14 @@ struct LlamaBlockActs {
     att: GqaSaved,
     /// Residual after attention, `(N, C)`.
     h: Tensor,
-    /// `post_attention_layernorm(h)` `(N, C)` and its statistics.
-    n2: Tensor,
+    /// `post_attention_layernorm(h)` `(N, C)` as gate|up's backward reads it, and the norm's
+    /// statistics.
+    n2: SavedInput,
     rms2: RmsSaved,
-    /// `[gate_proj(n2) | up_proj(n2)]` `(N, 2F)` and `silu(gate) * up` `(N, F)`.
+    /// `[gate_proj(n2) | up_proj(n2)]` `(N, 2F)`, and `silu(gate) * up` `(N, F)` as down's
+    /// backward reads it.
     gu: Tensor,
-    act: Tensor,
+    act: SavedInput,
 }
 
 /// What [`block_forward`] keeps for [`block_backward`]: every `LlamaBlockActs`, or the block's
@@ -229,9 +232,8 @@ fn block_forward_full(
     )?;
     let xf = x.reshape((b * t, c))?;
     let (n1, rms1) = rmsnorm_forward(&xf, &w.input_norm, cfg.norm_eps)?;
-    let qkv = lin
-        .cols_forward(&n1, &w.qkv, w.qkv_bias.as_ref(), None)?
-        .reshape((b, t, (nh + 2 * kv) * hs))?;
+    let (qkv, n1) = lin.cols_forward_saving(&n1, &w.qkv, w.qkv_bias.as_ref(), None)?;
+    let qkv = qkv.reshape((b, t, (nh + 2 * kv) * hs))?;
     let (qkv, qk) = match &w.qk_norm {
         Some([wq, wk]) => {
             let (qkv, saved) = qk_norm_forward(qkv, wq, wk, nh, kv, cfg.norm_eps)?;
@@ -245,13 +247,17 @@ fn block_forward_full(
     let attn_out = lin.cols_forward(&y, std::slice::from_ref(&w.o), None, None)?;
     // h = x + o_proj(y), then its norm, in one pass
     let (h, n2, rms2) = add_rmsnorm_forward(&xf, &attn_out, &w.post_norm, cfg.norm_eps)?;
-    let gu = lin.cols_forward(&n2, &w.gate_up, None, None)?;
+    let (gu, n2) = lin.cols_forward_saving(&n2, &w.gate_up, None, None)?;
     let act = swiglu_packed_forward(&gu)?;
-    let out = if want_out {
-        let out = lin.cols_forward(&act, std::slice::from_ref(&w.down), None, Some(&h))?;
-        Some(out.reshape((b, t, c))?)
-    } else {
-        None
+    // down's input: what its backward reads, made in the forward's read (a recomputation,
+    // which never reads the output, makes it alone).
+    let (out, act) = match want_out {
+        true => {
+            let (out, act) =
+                lin.cols_forward_saving(&act, std::slice::from_ref(&w.down), None, Some(&h))?;
+            (Some(out.reshape((b, t, c))?), act)
+        }
+        false => (None, lin.saved_input(&act)?),
     };
     let acts = LlamaBlockActs {
         x: x.clone(),
@@ -283,7 +289,9 @@ fn block_forward_full(
 /// [`block_backward`] reruns this forward (all but `down_proj`); gradients are bitwise the same
 /// either way. Without it, it holds `n1, n2, h (N, C)`, attention's packed rotated input
 /// `(N, (NH + 2 KV) hs)`, output `(N, C)` and row log-sum-exps `(B, NH, T)`, `[gate | up]
-/// (N, 2F)`, `silu(gate)*up (N, F)`, the RMSNorm statistics and the rotary tables.
+/// (N, 2F)`, `silu(gate)*up (N, F)`, the RMSNorm statistics and the rotary tables; under FP8,
+/// `n1`, `n2` and `silu(gate)*up` as their projections' backward reads them (their FP8 column
+/// blocks, [`SavedInput`]), which the forward makes in its one read of each.
 pub fn block_forward(
     cfg: &ModelConfig,
     lin: LinearFormat,
@@ -350,6 +358,7 @@ pub fn block_backward(
     // h = x + y @ o_proj
     let o = ["self_attn.o_proj.weight"];
     let y = a.att.y.reshape((b * t, nh * hs))?;
+    let y = SavedInput::Dense(y);
     let (dy, dw) = lin.cols_backward(&dh, &y, std::slice::from_ref(&w.o), &slots(&o)?)?;
     put(&o, &dw)?;
     // y = attn(qkv), then q and k turned back by the rotation

@@ -38,6 +38,7 @@ fn kernel(dev: &CudaDevice, name: &str) -> Result<Kernel> {
 /// FP8 codes of a GEMM operand stored K-contiguous, `(outer, K)` row-major (u8 tensors: the
 /// E4M3 bits, which the GEMM reads as `CUDA_R_8F_E4M3`), and their f32 scales in cuBLASLt's
 /// layout for `mode`.
+#[derive(Clone, Debug)]
 pub struct Operand {
     pub codes: Tensor,
     pub scales: Tensor,
@@ -100,10 +101,18 @@ fn packed_shape(
     ws: &[LinearWeight],
     other: Option<&Tensor>,
 ) -> Option<(usize, usize, usize)> {
-    let (n, inp) = x.dims2().ok()?;
+    let dims = x.dims2().ok()?;
+    takes(x).then(|| packed_fits(dims, ws, other)).flatten()
+}
+
+/// [`packed_shape`] for an input known by its dims `(N, IN)` (one the forward quantised).
+fn packed_fits(
+    (n, inp): (usize, usize),
+    ws: &[LinearWeight],
+    other: Option<&Tensor>,
+) -> Option<(usize, usize, usize)> {
     let total: usize = ws.iter().map(out_of).sum();
-    let fits = takes(x)
-        && !ws.is_empty()
+    let fits = !ws.is_empty()
         && ws.iter().all(|w| takes_weight(w, inp))
         && other.is_none_or(|o| takes(o) && o.dims() == [n, total]);
     fits.then_some((n, inp, total))
@@ -369,11 +378,40 @@ pub fn cols_forward(
     ws: &[LinearWeight],
     residual: Option<&Tensor>,
 ) -> Result<Option<Tensor>> {
+    Ok(forward(x, ws, residual, false)?.map(|(y, _)| y))
+}
+
+/// [`cols_forward`], also quantising `x` in 128 x 1 blocks in the same read: the weight
+/// gradient's operand ([`quantize_cols_t`]'s codes and scales), which the backward then takes
+/// in place of `x` ([`cols_backward_from`]).
+pub fn cols_forward_saving(
+    x: &Tensor,
+    ws: &[LinearWeight],
+    residual: Option<&Tensor>,
+) -> Result<Option<(Tensor, Operand)>> {
+    Ok(
+        forward(x, ws, residual, true)?
+            .map(|(y, xt)| (y, xt.expect("asked for x's column blocks"))),
+    )
+}
+
+fn forward(
+    x: &Tensor,
+    ws: &[LinearWeight],
+    residual: Option<&Tensor>,
+    saving: bool,
+) -> Result<Option<(Tensor, Option<Operand>)>> {
     let Some((n, inp, total)) = packed_shape(x, ws, residual) else {
         return Ok(None);
     };
     let dev = gpu::device(x)?;
-    let xq = quantize_rows(x)?;
+    let (xq, xt) = match saving {
+        true => {
+            let (xq, xt) = quantize_both(x, 0, inp)?;
+            (xq, Some(xt))
+        }
+        false => (quantize_rows(x)?, None),
+    };
     let y = gpu::uninit((n, total), DType::BF16, &dev)?;
     let (py, pr) = (gpu::ptr(&y)?, residual.map(gpu::ptr).transpose()?);
     let mut off = 0u64;
@@ -392,7 +430,7 @@ pub fn cols_forward(
         )?;
         off += out as u64;
     }
-    Ok(Some(y))
+    Ok(Some((y, xt)))
 }
 
 /// Gradients of [`cols_forward`] without a residual's: `(dx, [dw_i])`, each `dw_i` written
@@ -407,8 +445,31 @@ pub fn cols_backward(
     let Some((n, inp, _)) = packed_shape(x, ws, Some(dout)) else {
         return Ok(None);
     };
-    let dev = gpu::device(x)?;
-    let xt = quantize_cols_t(x)?;
+    cols_backward_from(dout, &quantize_cols_t(x)?, (n, inp), ws, into)
+}
+
+/// `x`'s 128 x 1 blocks as [`cols_forward_saving`] keeps them, without the product; `None`
+/// where `x` is no FP8 operand.
+pub fn cols_of(x: &Tensor) -> Result<Option<Operand>> {
+    match takes(x) {
+        true => Ok(Some(quantize_cols_t(x)?)),
+        false => Ok(None),
+    }
+}
+
+/// [`cols_backward`] from `x`'s 128 x 1 blocks as the forward kept them (`xt`, for an input
+/// `(N, IN)`): the same gradients, bit for bit.
+pub fn cols_backward_from(
+    dout: &Tensor,
+    xt: &Operand,
+    (n, inp): (usize, usize),
+    ws: &[LinearWeight],
+    into: &[Option<Tensor>],
+) -> Result<Option<(Tensor, Vec<Tensor>)>> {
+    if packed_fits((n, inp), ws, Some(dout)).is_none() || xt.codes.dims() != [inp, n] {
+        return Ok(None);
+    }
+    let dev = gpu::device(dout)?;
     let dx = gpu::uninit((n, inp), DType::BF16, &dev)?;
     let pdx = gpu::ptr(&dx)?;
     let mut dws = Vec::with_capacity(ws.len());
@@ -436,7 +497,7 @@ pub fn cols_backward(
             _ => gpu::uninit((inp, out), DType::BF16, &dev)?,
         };
         // dw_i^T (OUT, IN) column-major is dw_i (IN, OUT) row-major.
-        gemm_tn(&dev, &dt, &xt, (out, inp, n), gpu::ptr(&dw)?, out, None)?;
+        gemm_tn(&dev, &dt, xt, (out, inp, n), gpu::ptr(&dw)?, out, None)?;
         dws.push(dw);
         off += out;
     }
