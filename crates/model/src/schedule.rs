@@ -438,7 +438,7 @@ impl Model {
     pub fn block_activation_bytes(&self, batch: usize, seq_len: usize, bytes: usize) -> u64 {
         self.cfg
             .family()
-            .block_activation_bytes(&self.cfg, batch, seq_len, bytes)
+            .block_activation_bytes(&self.cfg, batch, seq_len, bytes, self.linears)
     }
 
     /// Bytes the FP8 quantisers move (bf16 read, codes written; scales left out) in unit `u`'s

@@ -416,6 +416,7 @@ fn memory(
         cfg.n_layer as u64,
     );
     let per_layer = model::Model::new(cfg.clone())
+        .map(|m| m.with_linears(config.linears()))
         .map(|m| m.block_activation_bytes(config.train.micro_batch, cfg.seq_len, pb))
         .unwrap_or(0);
     let (saved, working) = if config.model.recompute {

@@ -192,12 +192,14 @@ impl Family for Gpt2 {
     }
 
     /// Korthikanti et al. 2022: `s b h (34 + 5 a s / h)` at 16 bits.
+    /// The same in every format: the block keeps its inputs themselves.
     fn block_activation_bytes(
         &self,
         cfg: &ModelConfig,
         batch: usize,
         seq_len: usize,
         bytes: usize,
+        _: LinearFormat,
     ) -> u64 {
         let (b, s, h, a) = (
             batch as u64,

@@ -315,13 +315,15 @@ impl Family for LlamaStyle {
     /// What its block saves: the inputs of the two norms and their outputs, the residual, q,
     /// k, v, the attention output, the MLP's gate, up and product, `s b (4 C + 2 NH hs + 2 KV
     /// hs + 3 F)` (and q and k again before their norms, with qk-norm), plus the attention's
-    /// row statistics.
+    /// row statistics. Under FP8 the two norms' outputs and the product (`2 C + F`) are kept
+    /// as FP8 column blocks: a byte an element and an f32 scale a 128.
     fn block_activation_bytes(
         &self,
         cfg: &ModelConfig,
         batch: usize,
         seq_len: usize,
         bytes: usize,
+        linears: LinearFormat,
     ) -> u64 {
         let (b, s, h, a) = (
             batch as u64,
@@ -333,7 +335,15 @@ impl Family for LlamaStyle {
         let kv = (cfg.n_kv_head * cfg.head_dim) as u64;
         let f = cfg.ffn_hidden as u64;
         let normed = if cfg.qk_norm { q + kv } else { 0 };
-        b * s * (4 * h + 2 * q + 2 * kv + 3 * f + normed) * bytes as u64 + 4 * b * a * s
+        let stats = 4 * b * a * s;
+        let all = 4 * h + 2 * q + 2 * kv + 3 * f + normed;
+        match linears {
+            LinearFormat::Dense => b * s * all * bytes as u64 + stats,
+            LinearFormat::Fp8 => {
+                let codes = 2 * h + f;
+                b * s * ((all - codes) * bytes as u64 + codes * 33 / 32) + stats
+            }
+        }
     }
 
     /// q|k|v's and gate|up's `C` (each packed projection reads one input), o's `NH hs`, down's
