@@ -21,6 +21,17 @@ use crate::layout::{ParamSpec, UnitKind, UnitTable};
 use crate::linears::LinearFormat;
 use crate::schedule::{Saved, UnitParams};
 
+/// An input of a block's linear layers (see [`Family::block_linear_inputs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearInput {
+    /// Its width, the IN of the layers that read it.
+    pub width: usize,
+    /// Whether under FP8 the block keeps it as its FP8 column blocks (made in the forward's
+    /// read, [`crate::SavedInput`]) instead of itself: where the weight gradient is all the
+    /// backward reads it for.
+    pub fp8_kept: bool,
+}
+
 /// A model family: one architecture, everything about it.
 ///
 /// Units: every family's model is `[embedding, block 0, .., block L-1, final norm]`, each a
@@ -62,10 +73,11 @@ pub trait Family: Sync {
         linears: LinearFormat,
     ) -> u64;
 
-    /// The widths of the inputs a block's linear layers read, one an input: the layers of a
-    /// packed projection (q|k|v, gate|up) share theirs. FP8 quantises each input once a pass
-    /// ([`crate::Model::fp8_cast_bytes`]).
-    fn block_linear_inputs(&self, cfg: &ModelConfig) -> Vec<usize>;
+    /// The inputs a block's linear layers read, one an input: the layers of a packed
+    /// projection (q|k|v, gate|up) share theirs. FP8 quantises each input once a pass, or both
+    /// ways in the forward for one the block keeps as codes ([`crate::Model::fp8_cast_bytes`],
+    /// [`Family::block_activation_bytes`]).
+    fn block_linear_inputs(&self, cfg: &ModelConfig) -> Vec<LinearInput>;
 
     /// The settings beyond [`Sizes`]' common ones that fix a run's trajectory, as
     /// `(config key, value)`: a resume that changes one is refused by key.
@@ -434,7 +446,7 @@ mod tests {
                 .map(|p| p.shape[0])
                 .collect();
             let listed = cfg.family().block_linear_inputs(&cfg);
-            let set: std::collections::BTreeSet<usize> = listed.iter().copied().collect();
+            let set: std::collections::BTreeSet<usize> = listed.iter().map(|i| i.width).collect();
             assert_eq!(set, ins, "{name}: {listed:?}");
             assert!(listed.len() <= layout.block(0).linear_weights().count());
         }
@@ -459,9 +471,10 @@ mod tests {
         );
     }
 
-    /// FP8's casts in a small Llama block, counted by hand: inputs C + NH hs + C + F = 640,
-    /// outputs 128 + 64 + 64 (q|k|v) + 128 (o) + 256 + 256 (gate|up) + 128 (down) = 1024,
-    /// 147,456 weights; nothing for the embedding, nor for a dense model.
+    /// FP8's casts in a small Llama block, counted by hand: inputs C + C + F = 512 kept as codes
+    /// (cast both ways in the forward, 4 bytes, none in the backward) and NH hs = 128 not (3
+    /// bytes each way), outputs 128 + 64 + 64 (q|k|v) + 128 (o) + 256 + 256 (gate|up) + 128
+    /// (down) = 1024, 147,456 weights; nothing for the embedding, nor for a dense model.
     #[test]
     fn fp8_cast_bytes_of_a_llama_block() {
         let cfg = ModelConfig::llama(2, 128, 4, 2, 256, 64, 320, true);
@@ -471,7 +484,10 @@ mod tests {
         let weights = 3 * 147_456;
         assert_eq!(
             fp8.fp8_cast_bytes(1, 10),
-            (10 * 3 * 640 + weights, 10 * (3 * 640 + 4 * 1024) + weights)
+            (
+                10 * (4 * 512 + 3 * 128) + weights,
+                10 * (3 * 128 + 4 * 1024) + weights
+            )
         );
         assert_eq!(fp8.fp8_cast_bytes(0, 10), (0, 0));
     }

@@ -39,7 +39,7 @@ pub use decode::{Decoder, KvCache, Sampling};
 pub use error::{ModelError, Result};
 pub use family::{
     every_family, family, family_names, from_hf_config, preset, preset_names, Family, HfTensor,
-    ShapeRecord, Sizes, FAMILIES,
+    LinearInput, ShapeRecord, Sizes, FAMILIES,
 };
 pub use gpt2::family::{GPT2_NORM_EPS, PADDED_GPT2_VOCAB};
 pub use init::init_unit_range;

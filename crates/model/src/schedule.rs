@@ -446,7 +446,8 @@ impl Model {
     /// unit without linear layers or a model whose layers multiply in the compute dtype. Each
     /// input of the block's linear layers ([`crate::Family::block_linear_inputs`]) is cast in
     /// 1 x 128 blocks in the forward (3 bytes an element) and 128 x 1 blocks in the backward
-    /// (3), each output gradient both ways in one read (4), and each weight into its tiles in
+    /// (3), or both ways in the forward (4) where the block keeps its codes, each output
+    /// gradient both ways in one read (4), and each weight into its tiles in
     /// each pass (3 bytes a parameter), as `layers/fp8_linear.rs` does on the GPU. Under FP8
     /// qwZ the weights arrive as codes (the forward transposes them, 2 bytes a parameter, the
     /// backward reads them as they are): counted as quantised here, an upper bound.
@@ -455,19 +456,22 @@ impl Model {
         if self.linears != LinearFormat::Fp8 || unit.linear_weights().next().is_none() {
             return (0, 0);
         }
-        let inputs: usize = self
-            .cfg
-            .family()
-            .block_linear_inputs(&self.cfg)
-            .iter()
-            .sum();
+        let inputs = self.cfg.family().block_linear_inputs(&self.cfg);
+        let width = |kept: bool| -> u64 {
+            let w: usize = inputs
+                .iter()
+                .filter(|i| i.fp8_kept == kept)
+                .map(|i| i.width)
+                .sum();
+            w as u64
+        };
+        let (kept, other) = (width(true), width(false));
         let outputs: usize = unit.linear_weights().map(|p| p.shape[1]).sum();
         let weights: usize = unit.linear_weights().map(|p| p.numel).sum();
-        let (t, inputs, outputs, weights) =
-            (tokens as u64, inputs as u64, outputs as u64, weights as u64);
+        let (t, outputs, weights) = (tokens as u64, outputs as u64, weights as u64);
         (
-            t * 3 * inputs + 3 * weights,
-            t * (3 * inputs + 4 * outputs) + 3 * weights,
+            t * (4 * kept + 3 * other) + 3 * weights,
+            t * (3 * other + 4 * outputs) + 3 * weights,
         )
     }
 

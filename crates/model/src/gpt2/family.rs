@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::config::{Arch, ModelConfig};
 use crate::decode::LayerCache;
 use crate::error::{ModelError, Result};
-use crate::family::{Family, HfTensor, Sizes};
+use crate::family::{Family, HfTensor, LinearInput, Sizes};
 use crate::layers::{Loss, RopeScaling, RopeTables, TokenIndex};
 use crate::layout::{init_stds, ParamInit, ParamSpec, UnitKind, UnitTable};
 use crate::linears::LinearFormat;
@@ -210,10 +210,16 @@ impl Family for Gpt2 {
         b * s * (34 * h + 5 * a * s) * bytes as u64 / 2
     }
 
-    /// c_attn's, attn.c_proj's and mlp.c_fc's `C`, mlp.c_proj's `4 C`.
-    fn block_linear_inputs(&self, cfg: &ModelConfig) -> Vec<usize> {
+    /// c_attn's, attn.c_proj's and mlp.c_fc's `C`, mlp.c_proj's `4 C`, each kept as itself.
+    fn block_linear_inputs(&self, cfg: &ModelConfig) -> Vec<LinearInput> {
         let c = cfg.n_embd;
-        vec![c, c, c, 4 * c]
+        [c, c, c, 4 * c]
+            .into_iter()
+            .map(|width| LinearInput {
+                width,
+                fp8_kept: false,
+            })
+            .collect()
     }
 
     /// None beyond the common sizes, as trainers before the Llama family recorded.

@@ -11,7 +11,7 @@ use super::rope_config::Rope;
 use crate::config::{Arch, ModelConfig};
 use crate::decode::LayerCache;
 use crate::error::{ModelError, Result};
-use crate::family::{Family, HfTensor, Sizes};
+use crate::family::{Family, HfTensor, LinearInput, Sizes};
 use crate::layers::{rope_tables, Loss, RopeScaling, RopeTables, TokenIndex};
 use crate::layout::{init_stds, ParamInit, ParamSpec, UnitKind, UnitTable};
 use crate::linears::LinearFormat;
@@ -340,17 +340,30 @@ impl Family for LlamaStyle {
         match linears {
             LinearFormat::Dense => b * s * all * bytes as u64 + stats,
             LinearFormat::Fp8 => {
-                let codes = 2 * h + f;
+                let codes: usize = self
+                    .block_linear_inputs(cfg)
+                    .iter()
+                    .filter(|i| i.fp8_kept)
+                    .map(|i| i.width)
+                    .sum();
+                let codes = codes as u64;
                 b * s * ((all - codes) * bytes as u64 + codes * 33 / 32) + stats
             }
         }
     }
 
-    /// q|k|v's and gate|up's `C` (each packed projection reads one input), o's `NH hs`, down's
-    /// `F`.
-    fn block_linear_inputs(&self, cfg: &ModelConfig) -> Vec<usize> {
+    /// q|k|v's and gate|up's `C` (each packed projection reads one input) and down's `F`,
+    /// kept as FP8 codes under FP8 (`block_forward`); o's `NH hs`, attention's output, which
+    /// attention's backward reads too, kept as itself.
+    fn block_linear_inputs(&self, cfg: &ModelConfig) -> Vec<LinearInput> {
         let c = cfg.n_embd;
-        vec![c, cfg.n_head * cfg.head_dim, c, cfg.ffn_hidden]
+        let input = |width, fp8_kept| LinearInput { width, fp8_kept };
+        vec![
+            input(c, true),
+            input(cfg.n_head * cfg.head_dim, false),
+            input(c, true),
+            input(cfg.ffn_hidden, true),
+        ]
     }
 
     /// Attention counted at its real width: `6 N + 6 L NH hs T`.
