@@ -384,6 +384,6 @@ for stage in $STAGES; do
       rm -rf "$OUT/$run.log" "$OUT/$run/checkpoints" "$OUT/$run/trainer.lock"
     done
     ;;
-  *) echo "unknown stage $stage (tests, parity, bench, speed, speed-2k, speed-1.3b, speed-6.7b, speed-large, local-speed, ablation, llama, llama-3b, qwen, fp8, fp8-convergence, calibrate, daily)" >&2; exit 2 ;;
+  *) echo "unknown stage $stage (tests, parity, bench, speed, speed-2k, speed-1.3b, speed-6.7b, speed-large, local-speed, ablation, llama, llama-3b, qwen, fp8, fp8-speed, fp8-convergence, calibrate, daily)" >&2; exit 2 ;;
   esac
 done

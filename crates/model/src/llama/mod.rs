@@ -40,6 +40,7 @@
 //! ```
 
 pub mod family;
+mod hf_config;
 pub mod rope_config;
 pub mod style;
 use candle_core::Tensor;
