@@ -216,6 +216,38 @@ fn fp8_quantiser_reads_column_views_and_unaligned_starts() {
     same_transposed("offset view: tile code^T", &t, &codes, rows - 16, cols);
 }
 
+/// FP8 qwZ's gathered weight as the forward reads it (`fp8_transpose_tiles`): the CPU
+/// quantiser's codes transposed and its tile scales in w^T's BLK128x128 layout (padding zero),
+/// bit for bit: whole tiles, partial ones, rows not a multiple of 16 (byte stores), and codes
+/// starting off 16 bytes (byte loads, as a weight inside a gathered unit can).
+#[test]
+fn fp8_gathered_weights_transpose_bit_for_bit() {
+    for (rows, cols, shift) in [(256, 384, 0), (272, 400, 0), (200, 136, 0), (144, 168, 3)] {
+        let what = format!("gathered ({rows}, {cols}) at +{shift}");
+        let (x, _) = hostile(rows, cols, 9);
+        let (codes, scales) = reference(&x, rows, cols, WEIGHT_TILE);
+        let (ib, ob) = (rows.div_ceil(128), cols.div_ceil(128));
+        let mut buf = vec![0u8; shift];
+        buf.extend_from_slice(&codes);
+        let g = Tensor::from_vec(buf, shift + rows * cols, &gpu())
+            .and_then(|t| t.narrow(0, shift, rows * cols))
+            .and_then(|t| t.reshape((rows, cols)))
+            .expect("codes on the GPU");
+        let s = Tensor::from_vec(scales.clone(), (ib, ob), &gpu()).expect("scales on the GPU");
+        let q = Fp8Weight::new(g, s).expect("an FP8 weight");
+        let op = fp8_gpu::gathered_transposed(&q).expect("transposed");
+        same_transposed(&what, &host_u8(&op.codes), &codes, rows, cols);
+        let (got, ld) = (host_f32(&op.scales), ib.next_multiple_of(4));
+        assert_eq!(got.len(), ob * ld, "{what}: scales");
+        for o in 0..ob {
+            for i in 0..ld {
+                let want = if i < ib { scales[i * ob + o] } else { 0.0 };
+                same_bits(&format!("{what}: scale ({o}, {i})"), got[o * ld + i], want);
+            }
+        }
+    }
+}
+
 /// Uniform values, row r scaled by 2^(r % 5 - 2) and column c by 2^(c % 3).
 fn spread(rows: usize, cols: usize, seed: u64) -> (Tensor, Tensor) {
     let v: Vec<f32> = uniform(rows * cols, seed, 1.0)

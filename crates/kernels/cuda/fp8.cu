@@ -14,6 +14,7 @@
 // fp8_quantize_tiles: w (IN, OUT) -> codes (IN, OUT) and codes^T (OUT, IN), one 128 x 128 tile
 //   scale in both BLK128x128 layouts: the input gradient reads w's codes (K = OUT), the
 //   forward w^T's (K = IN; Hopper's FP8 MMA is TN-only, so the forward needs them transposed).
+// fp8_transpose_tiles: the same transposition of codes and scales FP8 qwZ gathered.
 // Every code and scale equals quant::quantize_fp8_e4m3_tiles bitwise (the block's absmax, the
 // multiplier 448 / a and the scale a / 448 as IEEE f32 divisions, one f32 product, then the
 // saturating round to nearest even of cvt.rn.satfinite.e4m3x2; a block holding an inf or NaN
@@ -287,6 +288,66 @@ fp8_quantize_tiles(const bf16* __restrict__ w, i64 ldw, u8* __restrict__ codes,
                 for (int b = 0; b < 16 && r0 + rs + b < rows; ++b) out[b] = (u8)(p[b / 4] >> (8 * (b % 4)));
             }
         }
+}
+
+// FP8 qwZ's gathered weight as the forward's operand: its codes (rows = IN, cols = OUT) row
+// stride cols and tile scales [ceil(rows / 128)][ceil(cols / 128)] (dense, as the codec lays
+// them out) -> codes_t (OUT, IN) row stride IN and scales_t[ob * ld_t + ib] (w^T's BLK128x128
+// layout, ld_t = round_up(ceil(IN / 128), 4), the padding zero): the bytes fp8_quantize_tiles
+// writes for the dense weight, moved, not recomputed. Grid (ceil(OUT / 128), ceil(IN / 128)),
+// 256 threads a tile: loaded in 16-byte pieces where codes and cols allow (else byte by byte),
+// through shared memory, and stored as fp8_quantize_tiles stores w^T's codes. Bound by memory
+// bandwidth: 1 byte read and 1 written an element. It replaces a strided byte copy (candle's
+// transpose) and three small copies of the scales for each GEMM of a gathered weight.
+extern "C" __global__ void __launch_bounds__(256)
+fp8_transpose_tiles(const u8* __restrict__ codes, const float* __restrict__ scales,
+                    u8* __restrict__ codes_t, float* __restrict__ scales_t, int rows, int cols,
+                    int ld_t) {
+    __shared__ __align__(16) u8 q[128][144];
+    const int t = threadIdx.x;
+    const int ib = blockIdx.y, ob = blockIdx.x;
+    const int r0 = ib * 128, c0 = ob * 128;
+    const bool vec = (cols & 15) == 0 && ((u64)codes & 15) == 0;
+    // Piece k is row k / 8's bytes (k % 8) * 16 to + 15 (zeros outside the matrix).
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int k = t + 256 * j, rr = k >> 3, cc = (k & 7) * 16, r = r0 + rr;
+        uint4 p = make_uint4(0, 0, 0, 0);
+        if (r < rows && c0 + cc < cols) {
+            const u8* in = codes + (i64)r * cols + c0 + cc;
+            if (vec) {
+                p = *reinterpret_cast<const uint4*>(in);
+            } else {
+                u32 w[4] = {0, 0, 0, 0};
+                for (int b = 0; b < 16 && c0 + cc + b < cols; ++b) w[b / 4] |= (u32)in[b] << (8 * (b % 4));
+                p = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        }
+        *reinterpret_cast<uint4*>(&q[rr][cc]) = p;
+    }
+    if (t == 0) {
+        scales_t[(i64)ob * ld_t + ib] = scales[(i64)ib * gridDim.x + ob];
+        if (ib == (int)gridDim.y - 1)
+            for (int k = ib + 1; k < ld_t; ++k) scales_t[(i64)ob * ld_t + k] = 0.0f;
+    }
+    __syncthreads();
+    // Piece k is column k % 128's bytes of tile rows (k / 128) * 16 to + 15.
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int k = t + 256 * j, cc = k & 127, rs = (k >> 7) * 16, col = c0 + cc;
+        if (col >= cols || r0 + rs >= rows) continue;
+        u32 p[4];
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+            p[b] = (u32)q[rs + 4 * b][cc] | (u32)q[rs + 4 * b + 1][cc] << 8 |
+                   (u32)q[rs + 4 * b + 2][cc] << 16 | (u32)q[rs + 4 * b + 3][cc] << 24;
+        u8* out = codes_t + (i64)col * rows + r0 + rs;
+        if (r0 + rs + 16 <= rows && (rows & 15) == 0) {
+            *reinterpret_cast<uint4*>(out) = make_uint4(p[0], p[1], p[2], p[3]);
+        } else {
+            for (int b = 0; b < 16 && r0 + rs + b < rows; ++b) out[b] = (u8)(p[b / 4] >> (8 * (b % 4)));
+        }
+    }
 }
 
 // ---- FP8 qwZ (zero/src/codec/fp8.rs, its `cuda` module the launchers) ----------------------

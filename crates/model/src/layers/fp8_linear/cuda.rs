@@ -20,6 +20,7 @@ use super::GPU_MULTIPLE;
 use crate::error::Result;
 use crate::gemm::{self, BlockScales, Epilogue, Gemm, ScaleMode};
 use crate::gpu;
+use crate::layers::Fp8Weight;
 use crate::linears::LinearWeight;
 
 /// One CTA's threads in every quantiser (fp8.cu's launch bounds).
@@ -132,21 +133,65 @@ fn weight_operand(w: &LinearWeight, forward: bool) -> Result<Operand> {
                 false => codes.expect("asked for w's codes"),
             })
         }
+        LinearWeight::Fp8(q) if forward => gathered_transposed(q),
         LinearWeight::Fp8(q) => {
-            let (inp, out) = q.dims();
-            let (ib, ob) = (inp.div_ceil(BLOCK), out.div_ceil(BLOCK));
-            let (codes, scales, pad) = match forward {
-                true => (q.codes().t()?.contiguous()?, q.scales().t()?, ib),
-                false => (q.codes().clone(), q.scales().clone(), ob),
-            };
-            let scales = scales.pad_with_zeros(1, 0, pad.next_multiple_of(4) - pad)?;
+            let ob = q.dims().1.div_ceil(BLOCK);
+            let scales = q
+                .scales()
+                .pad_with_zeros(1, 0, ob.next_multiple_of(4) - ob)?;
             Ok(Operand {
-                codes: aligned(codes)?,
+                codes: aligned(q.codes().clone())?,
                 scales: aligned(scales)?,
                 mode: ScaleMode::Blk128x128,
             })
         }
     }
+}
+
+/// A weight FP8 qwZ gathered, `(IN, OUT)` codes and `[IB][OB]` tile scales, as the forward
+/// reads it: `w^T`'s codes `(OUT, IN)` and scales `[OB][round_up(IB, 4)]`
+/// (`fp8_transpose_tiles`: the bytes [`quantize_tiles`] writes for the dense weight, moved).
+pub fn gathered_transposed(q: &Fp8Weight) -> Result<Operand> {
+    let dev = gpu::device(q.codes())?;
+    let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
+    let (inp, out) = q.dims();
+    let (ib, ob) = (inp.div_ceil(BLOCK), out.div_ceil(BLOCK));
+    let ld_t = ib.next_multiple_of(4);
+    // Fp8Weight::new checked the dtypes and that the scales are [IB][OB].
+    let (codes, scales) = (q.codes().contiguous()?, q.scales().contiguous()?);
+    let codes_t = gpu::uninit((out, inp), DType::U8, &dev)?;
+    // Every scale, the padding of each row included (zeros), is written by the kernel.
+    let scales_t = gpu::uninit((ob, ld_t), DType::F32, &dev)?;
+    let func = kernel(&dev, "fp8_transpose_tiles")?;
+    let cfg = LaunchConfig {
+        grid_dim: (ob as u32, ib as u32, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (pc, ps) = (gpu::ptr(&codes)?, gpu::ptr(&scales)?);
+    let (pt, pst) = (gpu::ptr(&codes_t)?, gpu::ptr(&scales_t)?);
+    // SAFETY: codes (IN, OUT) u8 and scales (IB, OB) f32 contiguous on this device; codes_t
+    // OUT x IN bytes and scales_t OB x ld_t f32 fresh, every one written (the padding by each
+    // row's last tile); IN, OUT fit i32 (takes_weight); arguments in kernel order.
+    unsafe {
+        func.launch(
+            cfg,
+            &[
+                &pc,
+                &ps,
+                &pt,
+                &pst,
+                &(inp as i32),
+                &(out as i32),
+                &(ld_t as i32),
+            ],
+        )?;
+    }
+    Ok(Operand {
+        codes: codes_t,
+        scales: scales_t,
+        mode: ScaleMode::Blk128x128,
+    })
 }
 
 /// `t` contiguous from a 16-byte aligned address, as cuBLASLt reads an operand and its
