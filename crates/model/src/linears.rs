@@ -14,12 +14,12 @@ use candle_core::Tensor;
 use crate::error::{ModelError, Result};
 use crate::layers::fp8_linear::{
     cols_backward_of, cols_backward_saved_of, cols_forward_of, cols_forward_saving_of,
-    linear_backward_of, linear_forward_of, saved_input_of, Fp8Input,
+    linear_backward_of, linear_forward_of, linear_gelu_forward_of, saved_input_of, Fp8Input,
 };
 use crate::layers::{
-    fp8_round, gelu_backward_bias_grad, gelu_forward, matmul_backward_into, matmul_cols_backward,
-    matmul_cols_bias_forward, matmul_forward, matmul_gelu_backward_into, matmul_gelu_forward,
-    residual_matmul_forward, Fp8Weight, WEIGHT_TILE,
+    bias_gelu_forward, fp8_round, gelu_backward_bias_grad, matmul_backward_into,
+    matmul_cols_backward, matmul_cols_bias_forward, matmul_forward, matmul_gelu_backward_into,
+    matmul_gelu_forward, residual_matmul_forward, Fp8Weight, WEIGHT_TILE,
 };
 
 /// What the blocks' linear layers multiply in.
@@ -103,7 +103,7 @@ impl LinearFormat {
             LinearFormat::Fp8 => {
                 let y = cols_forward_of(x, ws, residual)?;
                 Ok(match bias {
-                    Some(b) => y.broadcast_add(b)?,
+                    Some(b) => bias_gelu_forward(y, b, false)?.0,
                     None => y,
                 })
             }
@@ -128,7 +128,7 @@ impl LinearFormat {
             LinearFormat::Fp8 => {
                 let (y, saved) = cols_forward_saving_of(x, ws, residual)?;
                 let y = match bias {
-                    Some(b) => y.broadcast_add(b)?,
+                    Some(b) => bias_gelu_forward(y, b, false)?.0,
                     None => y,
                 };
                 Ok((y, SavedInput::Fp8(saved)))
@@ -202,11 +202,7 @@ impl LinearFormat {
     ) -> Result<(Tensor, Tensor)> {
         match self {
             LinearFormat::Dense => matmul_gelu_forward(x, w.dense()?, b),
-            LinearFormat::Fp8 => {
-                let h = linear_forward_of(x, w, Some(b), None)?;
-                let g = gelu_forward(&h)?;
-                Ok((h, g))
-            }
+            LinearFormat::Fp8 => linear_gelu_forward_of(x, w, b),
         }
     }
 

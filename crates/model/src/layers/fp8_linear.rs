@@ -221,12 +221,31 @@ pub(crate) fn linear_forward_of(
     if super::on_gpu(x) {
         if let Some(y) = cuda::cols_forward(x, std::slice::from_ref(w), residual)? {
             return Ok(match bias {
-                Some(b) => y.broadcast_add(b)?,
+                Some(b) => super::bias_gelu_forward(y, b, false)?.0,
                 None => y,
             });
         }
     }
     rounded_linear_forward(x, &w.fp8_values()?, bias, residual)
+}
+
+/// `h = x @ w + b` in FP8 and `gelu(h)`: `(h, gelu(h))`. On the GPU the bias and the GELU
+/// are one pass after the GEMM ([`super::bias_gelu_forward`]).
+pub(crate) fn linear_gelu_forward_of(
+    x: &Tensor,
+    w: &LinearWeight,
+    b: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(x) {
+        if let Some(y) = cuda::cols_forward(x, std::slice::from_ref(w), None)? {
+            let (h, g) = super::bias_gelu_forward(y, b, true)?;
+            return Ok((h, g.expect("asked for gelu(h)")));
+        }
+    }
+    let h = rounded_linear_forward(x, &w.fp8_values()?, Some(b), None)?;
+    let g = super::gelu_forward(&h)?;
+    Ok((h, g))
 }
 
 /// [`fp8_linear_forward`]'s reference with the weight's FP8 values `wq` given.
