@@ -25,8 +25,8 @@
 // on an H100 (3.35 TB/s) at Llama 3.2 1B's shapes, 16,384 tokens (tests/gpu/fp8.rs's timing,
 // `gpu-tests fp8_gemms --nocapture`, 2026-12-05): fp8_quantize_act 2.1-2.4 TB/s for the row
 // blocks alone (63-72%), 1.45-1.65 TB/s both ways at once (4 bytes an element, 43-49%, when
-// the column half read one bf16 a lane 128 times a thread; it now reads 32 words of two
-// columns a thread and keeps them, and that version is not measured yet);
+// the column half read one bf16 a lane 128 times a thread); reading 32 words of two columns a
+// thread and keeping them, 1.9-2.3 TB/s both ways on an H200 (4.8 TB/s: 40-48%, 2026-12-05);
 // fp8_quantize_tiles 1.5-1.6 TB/s on the large weights (down, gate|up) and 0.3-0.7 TB/s on
 // the small ones (o, k, v: 16 to 64 CTAs, too few for 132 SMs).
 #include "common.cuh"
