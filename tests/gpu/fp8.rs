@@ -16,7 +16,8 @@ use crate::common::{assert_close, gpu, seconds_per_call, uniform};
 use candle_core::{DType, Device, Tensor};
 use model::layers::{
     fp8_gpu, fp8_linear_cols_backward, fp8_linear_cols_forward, matmul_cols_backward,
-    matmul_cols_forward, COL_BLOCK, ROW_BLOCK, WEIGHT_TILE,
+    matmul_cols_forward, swiglu_packed_backward, swiglu_packed_forward, COL_BLOCK, ROW_BLOCK,
+    WEIGHT_TILE,
 };
 use model::{Fp8Weight, LinearFormat, LinearWeight, SavedInput};
 use quant::Tile;
@@ -244,6 +245,95 @@ fn fp8_gathered_weights_transpose_bit_for_bit() {
                 let want = if i < ib { scales[i * ob + o] } else { 0.0 };
                 same_bits(&format!("{what}: scale ({o}, {i})"), got[o * ld + i], want);
             }
+        }
+    }
+}
+
+/// Two operands hold the same codes and scales, bit for bit.
+fn same_operand(what: &str, got: &fp8_gpu::Operand, want: &fp8_gpu::Operand) {
+    assert_eq!(host_u8(&got.codes), host_u8(&want.codes), "{what}: codes");
+    let (g, w) = (host_f32(&got.scales), host_f32(&want.scales));
+    assert_eq!(g.len(), w.len(), "{what}: scales");
+    for (a, b) in g.iter().zip(&w) {
+        same_bits(&format!("{what}: scale"), *a, *b);
+    }
+}
+
+/// SwiGLU straight into FP8 (`fp8_quantize_swiglu`, `fp8_quantize_swiglu_grad`): the codes and
+/// scales that `quantize_both` makes of the bf16 act and dgu of swiglu.cu, bit for bit, on
+/// whole and partial tiles; and through the layers (`LinearFormat::swiglu_down_forward`,
+/// `swiglu_gate_up_backward`) the outputs and gradients of SwiGLU in bf16 then the FP8 layers,
+/// bit for bit.
+#[test]
+fn fp8_swiglu_quantisers_equal_the_unfused_path_bit_for_bit() {
+    let fp8 = LinearFormat::Fp8;
+    for (n, f, c) in [(256, 384, 128), (272, 400, 144)] {
+        let what = format!("SwiGLU ({n}, {f})");
+        let (_, gu) = spread(n, 2 * f, 31);
+        let (_, dact) = spread(n, f, 32);
+        let act = swiglu_packed_forward(&gu).expect("swiglu forward");
+        let (q, qt) = fp8_gpu::quantize_both(&act, 0, f).expect("act both ways");
+        let (fq, fqt) = fp8_gpu::swiglu::quantize_swiglu(&gu, true)
+            .expect("fused forward")
+            .expect("a shape the kernel takes");
+        same_operand(
+            &format!("{what}: act rows"),
+            &fq.expect("asked for rows"),
+            &q,
+        );
+        same_operand(&format!("{what}: act columns"), &fqt, &qt);
+        let dgu = swiglu_packed_backward(&dact, &gu).expect("swiglu backward");
+        let halves = fp8_gpu::swiglu::quantize_swiglu_grad(&dact, &gu)
+            .expect("fused backward")
+            .expect("a shape the kernel takes");
+        for (h, (rows, cols)) in halves.iter().enumerate() {
+            let (q, qt) = fp8_gpu::quantize_both(&dgu, h * f, f).expect("dgu both ways");
+            same_operand(&format!("{what}: dgu half {h} rows"), rows, &q);
+            same_operand(&format!("{what}: dgu half {h} columns"), cols, &qt);
+        }
+        // Through the layers: down (F, C) with a residual, gate and up (C, F) from x (N, C).
+        let bits = |t: &Tensor| host_f32(&t.to_dtype(DType::F32).expect("f32"));
+        let (_, w_down) = spread(f, c, 33);
+        let (_, res) = spread(n, c, 34);
+        let w_down = LinearWeight::Dense(w_down);
+        let (y, kept) = fp8
+            .swiglu_down_forward(&gu, &w_down, Some(&res), true)
+            .expect("fused down forward");
+        let (y_u, kept_u) = fp8
+            .cols_forward_saving(&act, std::slice::from_ref(&w_down), None, Some(&res))
+            .expect("down forward");
+        assert_eq!(
+            bits(&y.expect("asked for the output")),
+            bits(&y_u),
+            "{what}: down output"
+        );
+        let (_, dout) = spread(n, c, 35);
+        let none = [None];
+        let ws = std::slice::from_ref(&w_down);
+        let (dx, dw) = fp8
+            .cols_backward(&dout, &kept, ws, &none)
+            .expect("down backward");
+        let (dx_u, dw_u) = fp8
+            .cols_backward(&dout, &kept_u, ws, &none)
+            .expect("down, unfused");
+        assert_eq!(bits(&dx), bits(&dx_u), "{what}: dact");
+        assert_eq!(bits(&dw[0]), bits(&dw_u[0]), "{what}: dw_down");
+        let (_, x) = spread(n, c, 36);
+        let gate_up: Vec<LinearWeight> = [37, 38]
+            .into_iter()
+            .map(|seed| LinearWeight::Dense(spread(c, f, seed).1))
+            .collect();
+        let x_kept = fp8.saved_input(&x).expect("x's column blocks");
+        let none = [None, None];
+        let (dx, dws) = fp8
+            .swiglu_gate_up_backward(&dact, &gu, &x_kept, &gate_up, &none)
+            .expect("fused gate/up backward");
+        let (dx_u, dws_u) = fp8
+            .cols_backward(&dgu, &x_kept, &gate_up, &none)
+            .expect("gate/up backward");
+        assert_eq!(bits(&dx), bits(&dx_u), "{what}: dx");
+        for (a, b) in dws.iter().zip(&dws_u) {
+            assert_eq!(bits(a), bits(b), "{what}: dw_gate, dw_up");
         }
     }
 }

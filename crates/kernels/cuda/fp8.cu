@@ -15,6 +15,9 @@
 //   scale in both BLK128x128 layouts: the input gradient reads w's codes (K = OUT), the
 //   forward w^T's (K = IN; Hopper's FP8 MMA is TN-only, so the forward needs them transposed).
 // fp8_transpose_tiles: the same transposition of codes and scales FP8 qwZ gathered.
+// fp8_quantize_swiglu, fp8_quantize_swiglu_grad: fp8_quantize_act of SwiGLU's output and of
+//   its gradient, computed in the kernel from what SwiGLU reads (the cast fused into the
+//   producer: no bf16 act or dgu under FP8).
 // Every code and scale equals quant::quantize_fp8_e4m3_tiles bitwise (the block's absmax, the
 // multiplier 448 / a and the scale a / 448 as IEEE f32 divisions, one f32 product, then the
 // saturating round to nearest even of cvt.rn.satfinite.e4m3x2; a block holding an inf or NaN
@@ -30,6 +33,7 @@
 // fp8_quantize_tiles 1.5-1.6 TB/s on the large weights (down, gate|up) and 0.3-0.7 TB/s on
 // the small ones (o, k, v: 16 to 64 CTAs, too few for 132 SMs).
 #include "common.cuh"
+#include "swiglu.cuh"
 
 #define FP8_ABS_MASK 0x7fffffffu
 #define FP8_NON_FINITE 0x7f800000u
@@ -104,25 +108,25 @@ __device__ __forceinline__ void fp8_unpack8(uint4 raw, float* v) {
 // in registers for the row blocks, copied to shared memory for the column blocks); a row
 // block's absmax is a shuffle over its 16 threads; a thread takes two columns' words from
 // shared memory over 32 rows, and a column's four quarter maxima join through shared memory.
-extern "C" __global__ void __launch_bounds__(256)
-fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
-                 float* __restrict__ scales, u8* __restrict__ codes_t,
-                 float* __restrict__ scales_t, int rows, int cols) {
-    // 8 bf16 of padding a row keep the 16-byte stores on 16 bytes and off each other's banks.
-    __shared__ __align__(16) bf16 tile[128][136];
-    __shared__ u32 quarter_amax[4][128];
+// The two-way quantisation of one 128 x 128 tile of a (rows, cols) matrix at (r0, c0), as
+// fp8_quantize_act describes it, from the rows this thread loaded: raw[i] is the tile's row
+// i * 16 + t / 16, its columns vc * 8 to + 7 (bf16 bits, zeros outside the matrix). tile and
+// quarter_amax are the CTA's shared memory; tile_col is the tile's column index (the row
+// scales' outer index), the tile's row index is blockIdx.y. Every thread of the CTA calls it;
+// a caller that calls it twice synchronises the CTA between the calls.
+__device__ __forceinline__ void fp8_quantize_tile(const uint4 raw[8], bf16 (*tile)[136],
+                                                  u32 (*quarter_amax)[128], int r0, int c0,
+                                                  int tile_col, u8* __restrict__ codes,
+                                                  float* __restrict__ scales,
+                                                  u8* __restrict__ codes_t,
+                                                  float* __restrict__ scales_t, int rows,
+                                                  int cols) {
     const int t = threadIdx.x;
-    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
-    const int vc = t & 15;  // the 8-column vector of a row this thread loads
+    const int vc = t & 15;  // the 8-column vector of a row this thread loaded
     const int c = c0 + vc * 8;
-    uint4 raw[8];
+    if (codes_t != nullptr)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int rr = i * 16 + (t >> 4), r = r0 + rr;
-        raw[i] = r < rows && c < cols ? *reinterpret_cast<const uint4*>(x + (i64)r * ldx + c)
-                                      : make_uint4(0, 0, 0, 0);
-        if (codes_t != nullptr) *reinterpret_cast<uint4*>(&tile[rr][vc * 8]) = raw[i];
-    }
+        for (int i = 0; i < 8; ++i) *reinterpret_cast<uint4*>(&tile[i * 16 + (t >> 4)][vc * 8]) = raw[i];
     if (codes != nullptr) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -137,7 +141,7 @@ fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
             const int r = r0 + i * 16 + (t >> 4);
             if (r >= rows || c >= cols) continue;
             const Fp8Scale s = fp8_scale(m);
-            if (vc == 0) scales[(i64)blockIdx.x * rows + r] = s.scale;
+            if (vc == 0) scales[(i64)tile_col * rows + r] = s.scale;
             const uint2 q = m >= FP8_NON_FINITE ? make_uint2(0, 0) : fp8_pack8(v, s.mult);
             *reinterpret_cast<uint2*>(codes + (i64)r * cols + c) = q;
         }
@@ -193,6 +197,101 @@ fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
             }
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
+                 float* __restrict__ scales, u8* __restrict__ codes_t,
+                 float* __restrict__ scales_t, int rows, int cols) {
+    // 8 bf16 of padding a row keep the 16-byte stores on 16 bytes and off each other's banks.
+    __shared__ __align__(16) bf16 tile[128][136];
+    __shared__ u32 quarter_amax[4][128];
+    const int t = threadIdx.x;
+    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
+    const int c = c0 + (t & 15) * 8;
+    uint4 raw[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = r0 + i * 16 + (t >> 4);
+        raw[i] = r < rows && c < cols ? *reinterpret_cast<const uint4*>(x + (i64)r * ldx + c)
+                                      : make_uint4(0, 0, 0, 0);
+    }
+    fp8_quantize_tile(raw, tile, quarter_amax, r0, c0, blockIdx.x, codes, scales, codes_t,
+                      scales_t, rows, cols);
+}
+
+// SwiGLU's output act = silu(gate) * up (swiglu.cuh, rounded to bf16 as swiglu_forward rounds
+// it) of the packed gu (rows, 2F) bf16, quantised as fp8_quantize_act quantises act (rows, F):
+// the down projection's input in both blockings, without act in bf16 (swiglu_forward's write
+// and the quantiser's read of it, 4 bytes an element of 10, gone). F % 8 == 0, gu 16-byte
+// aligned. Grid (ceil(F / 128), ceil(rows / 128)).
+extern "C" __global__ void __launch_bounds__(256)
+fp8_quantize_swiglu(const bf16* __restrict__ gu, u8* __restrict__ codes,
+                    float* __restrict__ scales, u8* __restrict__ codes_t,
+                    float* __restrict__ scales_t, int rows, int F) {
+    __shared__ __align__(16) bf16 tile[128][136];
+    __shared__ u32 quarter_amax[4][128];
+    const int t = threadIdx.x;
+    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
+    const int c = c0 + (t & 15) * 8;
+    uint4 raw[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = r0 + i * 16 + (t >> 4);
+        raw[i] = make_uint4(0, 0, 0, 0);
+        if (r < rows && c < F) {
+            float g[8], u[8], a[8];
+            unpack8(ld16(gu + (i64)r * 2 * F + c), g);
+            unpack8(ld16(gu + (i64)r * 2 * F + F + c), u);
+            swiglu_act8(g, u, a);
+            raw[i] = pack8(a);
+        }
+    }
+    fp8_quantize_tile(raw, tile, quarter_amax, r0, c0, blockIdx.x, codes, scales, codes_t,
+                      scales_t, rows, F);
+}
+
+// SwiGLU's gradient dgu = [dgate | dup] (swiglu.cuh, rounded to bf16 as swiglu_backward rounds
+// it) from dact (rows, F) and gu (rows, 2F) bf16, each half quantised both ways as
+// fp8_quantize_act quantises a (rows, F) matrix: the gate and up projections' douts, without
+// dgu in bf16 (read 6 bytes a channel pair and write 4 of codes, where swiglu_backward and the
+// quantiser moved 18). Half 0 (dgate) at codes, scales, codes_t, scales_t; half 1 (dup) after
+// it in each: codes + rows F, scales + ceil(F / 128) rows, codes_t + F rows, scales_t +
+// ceil(rows / 128) F. A CTA computes both halves of its tile in one read and quantises them in
+// turn. F % 8 == 0, dact and gu 16-byte aligned. Grid (ceil(F / 128), ceil(rows / 128)).
+extern "C" __global__ void __launch_bounds__(256)
+fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__ gu,
+                         u8* __restrict__ codes, float* __restrict__ scales,
+                         u8* __restrict__ codes_t, float* __restrict__ scales_t, int rows,
+                         int F) {
+    __shared__ __align__(16) bf16 tile[128][136];
+    __shared__ u32 quarter_amax[4][128];
+    const int t = threadIdx.x;
+    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
+    const int c = c0 + (t & 15) * 8;
+    uint4 rg[8], ru[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = r0 + i * 16 + (t >> 4);
+        rg[i] = make_uint4(0, 0, 0, 0);
+        ru[i] = make_uint4(0, 0, 0, 0);
+        if (r < rows && c < F) {
+            float d[8], g[8], u[8], dg[8], du[8];
+            unpack8(ld16(dact + (i64)r * F + c), d);
+            unpack8(ld16(gu + (i64)r * 2 * F + c), g);
+            unpack8(ld16(gu + (i64)r * 2 * F + F + c), u);
+            swiglu_grad8(d, g, u, dg, du);
+            rg[i] = pack8(dg);
+            ru[i] = pack8(du);
+        }
+    }
+    fp8_quantize_tile(rg, tile, quarter_amax, r0, c0, blockIdx.x, codes, scales, codes_t,
+                      scales_t, rows, F);
+    __syncthreads();  // the second tile reuses the shared memory
+    const i64 rf = (i64)rows * F;
+    fp8_quantize_tile(ru, tile, quarter_amax, r0, c0, blockIdx.x, codes + rf,
+                      scales + (i64)((F + 127) / 128) * rows, codes_t + rf,
+                      scales_t + (i64)((rows + 127) / 128) * F, rows, F);
 }
 
 // w (rows = IN, cols = OUT) bf16, row stride ldw -> codes (IN, OUT) row stride OUT, codes_t

@@ -14,12 +14,14 @@ use candle_core::Tensor;
 use crate::error::{ModelError, Result};
 use crate::layers::fp8_linear::{
     cols_backward_of, cols_backward_saved_of, cols_forward_of, cols_forward_saving_of,
-    linear_backward_of, linear_forward_of, linear_gelu_forward_of, saved_input_of, Fp8Input,
+    linear_backward_of, linear_forward_of, linear_gelu_forward_of, saved_input_of,
+    swiglu_down_forward_of, swiglu_gate_up_backward_of, Fp8Input,
 };
 use crate::layers::{
     bias_gelu_forward, fp8_round, gelu_backward_bias_grad, matmul_backward_into,
     matmul_cols_backward, matmul_cols_bias_forward, matmul_forward, matmul_gelu_backward_into,
-    matmul_gelu_forward, residual_matmul_forward, Fp8Weight, WEIGHT_TILE,
+    matmul_gelu_forward, residual_matmul_forward, swiglu_packed_backward, swiglu_packed_forward,
+    Fp8Weight, WEIGHT_TILE,
 };
 
 /// What the blocks' linear layers multiply in.
@@ -165,6 +167,60 @@ impl LinearFormat {
                 Err(ModelError::Candle(candle_core::Error::Msg(
                     "an FP8-saved input reached a layer multiplying in the compute dtype".into(),
                 )))
+            }
+        }
+    }
+
+    /// SwiGLU of the packed `gu (N, 2F)` and the down projection after it: `(residual + act @
+    /// w_down when want_out, what down's backward keeps of act)`, `act = silu(gate) * up`. Under
+    /// FP8 on the GPU act exists only as FP8 codes, made from `gu` in one pass
+    /// (`swiglu_down_forward_of`); otherwise [`swiglu_packed_forward`] then
+    /// [`LinearFormat::cols_forward_saving`].
+    pub fn swiglu_down_forward(
+        self,
+        gu: &Tensor,
+        w_down: &LinearWeight,
+        residual: Option<&Tensor>,
+        want_out: bool,
+    ) -> Result<(Option<Tensor>, SavedInput)> {
+        let ws = std::slice::from_ref(w_down);
+        match self {
+            LinearFormat::Dense => {
+                let act = swiglu_packed_forward(gu)?;
+                match want_out {
+                    true => {
+                        let (y, kept) = self.cols_forward_saving(&act, ws, None, residual)?;
+                        Ok((Some(y), kept))
+                    }
+                    false => Ok((None, self.saved_input(&act)?)),
+                }
+            }
+            LinearFormat::Fp8 => {
+                let (y, kept) = swiglu_down_forward_of(gu, ws, residual, want_out)?;
+                Ok((y, SavedInput::Fp8(kept)))
+            }
+        }
+    }
+
+    /// Gradients of SwiGLU and of the gate and up projections before it (`gu = x @ [w_gate |
+    /// w_up]`, `x` as their forward kept it): `(dx, [dw_gate, dw_up])` from `dact (N, F)`. Under
+    /// FP8 on the GPU dgu exists only as FP8 codes (`swiglu_gate_up_backward_of`); otherwise
+    /// [`swiglu_packed_backward`] then [`LinearFormat::cols_backward`].
+    pub fn swiglu_gate_up_backward(
+        self,
+        dact: &Tensor,
+        gu: &Tensor,
+        x: &SavedInput,
+        ws: &[LinearWeight],
+        into: &[Option<Tensor>],
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        match (self, x) {
+            (LinearFormat::Fp8, SavedInput::Fp8(x)) => {
+                swiglu_gate_up_backward_of(dact, gu, x, ws, into)
+            }
+            _ => {
+                let dgu = swiglu_packed_backward(dact, gu)?;
+                self.cols_backward(&dgu, x, ws, into)
             }
         }
     }

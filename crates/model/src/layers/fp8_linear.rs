@@ -380,6 +380,80 @@ pub(crate) fn saved_input_of(x: &Tensor) -> Result<Fp8Input> {
     Ok(Fp8Input { dtype, dims, cols })
 }
 
+/// SwiGLU of the packed `gu (N, 2F)` into the down projection: `(residual + act @ w_down when
+/// want_out, what down's backward keeps of act)`, `act = silu(gate) * up`. On the GPU act is
+/// never made in bf16: `fp8_quantize_swiglu` writes its codes from `gu`. Elsewhere
+/// [`super::swiglu_packed_forward`] then [`cols_forward_saving_of`] (or [`saved_input_of`]).
+pub(crate) fn swiglu_down_forward_of(
+    gu: &Tensor,
+    w_down: &[LinearWeight],
+    residual: Option<&Tensor>,
+    want_out: bool,
+) -> Result<(Option<Tensor>, Fp8Input)> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(gu) {
+        if let Some((rows, xt)) = cuda::swiglu::quantize_swiglu(gu, want_out)? {
+            let dims = xt.codes.dims2().map(|(f, n)| (n, f))?;
+            let y = match rows {
+                Some(xq) => Some(
+                    cuda::cols_forward_quantised(&xq, w_down, residual)?.ok_or_else(|| {
+                        fp8_shape_error("the down projection of a SwiGLU output", dims)
+                    })?,
+                ),
+                None => None,
+            };
+            let cols = Fp8Cols::Codes(xt);
+            return Ok((
+                y,
+                Fp8Input {
+                    dtype: gu.dtype(),
+                    dims,
+                    cols,
+                },
+            ));
+        }
+    }
+    let act = super::swiglu_packed_forward(gu)?;
+    match want_out {
+        true => {
+            let (y, kept) = cols_forward_saving_of(&act, w_down, residual)?;
+            Ok((Some(y), kept))
+        }
+        false => Ok((None, saved_input_of(&act)?)),
+    }
+}
+
+/// The backward of SwiGLU and of the gate and up projections after it: `(dx, [dw_gate,
+/// dw_up])` from `dact (N, F)`, the packed `gu (N, 2F)` and what the projections kept of their
+/// input `x`. On the GPU dgu is never made in bf16: `fp8_quantize_swiglu_grad` writes both
+/// halves' codes from `dact` and `gu`. Elsewhere [`super::swiglu_packed_backward`] then
+/// [`cols_backward_saved_of`].
+pub(crate) fn swiglu_gate_up_backward_of(
+    dact: &Tensor,
+    gu: &Tensor,
+    x: &Fp8Input,
+    ws: &[LinearWeight],
+    into: &[Option<Tensor>],
+) -> Result<(Tensor, Vec<Tensor>)> {
+    #[cfg(feature = "cuda")]
+    if let (true, Fp8Cols::Codes(xt)) = (super::on_gpu(gu), &x.cols) {
+        if let Some(douts) = cuda::swiglu::quantize_swiglu_grad(dact, gu)? {
+            return cuda::cols_backward_quantised(&douts, xt, x.dims, ws, into)?
+                .ok_or_else(|| fp8_shape_error("the gate and up projections' input", x.dims));
+        }
+    }
+    let dgu = super::swiglu_packed_backward(dact, gu)?;
+    cols_backward_saved_of(&dgu, x, ws, into)
+}
+
+/// A shape the GPU's FP8 GEMMs do not take, where the quantiser before them did.
+#[cfg(feature = "cuda")]
+fn fp8_shape_error(what: &str, (n, k): (usize, usize)) -> ModelError {
+    ModelError::Candle(candle_core::Error::Msg(format!(
+        "FP8: {what} ({n}, {k}) and its weights do not fit the GPU's FP8 GEMMs"
+    )))
+}
+
 /// Gradients of [`fp8_linear_cols_forward`]: `(dx = sum_i dout_i @ w_i^T, [dw_i = x^T @
 /// dout_i])`, each term [`fp8_linear_backward`]'s; on the GPU `dw_i` goes into `into[i]` where
 /// given (a slot of the unit's flat gradient, then returned as that view).

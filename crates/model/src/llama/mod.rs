@@ -51,8 +51,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::{
     add_rmsnorm_forward, bias_grad, gqa_packed_backward, gqa_packed_forward, qk_norm_backward,
     qk_norm_forward, rmsnorm_backward, rmsnorm_backward_into, rmsnorm_forward, rope_qk_backward,
-    rope_qk_forward, rope_tables, swiglu_packed_backward, swiglu_packed_forward, Loss, QkNormSaved,
-    TokenIndex,
+    rope_qk_forward, rope_tables, swiglu_packed_forward, Loss, QkNormSaved, TokenIndex,
 };
 use crate::layout::{UnitKind, UnitLayout};
 use crate::linears::{LinearFormat, LinearWeight, SavedInput};
@@ -249,17 +248,10 @@ fn block_forward_full(
     // h = x + o_proj(y), then its norm, in one pass
     let (h, n2, rms2) = add_rmsnorm_forward(&xf, &attn_out, &w.post_norm, cfg.norm_eps)?;
     let (gu, n2) = lin.cols_forward_saving(&n2, &w.gate_up, None, None)?;
-    let act = swiglu_packed_forward(&gu)?;
-    // down's input: what its backward reads, made in the forward's read (a recomputation,
-    // which never reads the output, makes it alone).
-    let (out, act) = match want_out {
-        true => {
-            let (out, act) =
-                lin.cols_forward_saving(&act, std::slice::from_ref(&w.down), None, Some(&h))?;
-            (Some(out.reshape((b, t, c))?), act)
-        }
-        false => (None, lin.saved_input(&act)?),
-    };
+    // act = silu(gate) * up into down: what down's backward reads of act, made in the same
+    // pass (a recomputation, which never reads the output, makes that alone).
+    let (out, act) = lin.swiglu_down_forward(&gu, &w.down, Some(&h), want_out)?;
+    let out = out.map(|o| o.reshape((b, t, c))).transpose()?;
     let acts = LlamaBlockActs {
         x: x.clone(),
         rope,
@@ -340,10 +332,9 @@ pub fn block_backward(
     let (dact, dw) =
         lin.cols_backward(&dout, &a.act, std::slice::from_ref(&w.down), &slots(&down)?)?;
     put(&down, &dw)?;
-    // act = silu(gate) * up
-    let dgu = swiglu_packed_backward(&dact, &a.gu)?;
-    // [gate | up] = n2 @ [gate_proj | up_proj]
-    let (dn2, dw) = lin.cols_backward(&dgu, &a.n2, &w.gate_up, &slots(&GATE_UP_NAMES)?)?;
+    // act = silu(gate) * up, [gate | up] = n2 @ [gate_proj | up_proj]
+    let gate_up = slots(&GATE_UP_NAMES)?;
+    let (dn2, dw) = lin.swiglu_gate_up_backward(&dact, &a.gu, &a.n2, &w.gate_up, &gate_up)?;
     put(&GATE_UP_NAMES, &dw)?;
     // n2 = post_attention_layernorm(h); h also feeds the residual, whose gradient is dout
     let post = "post_attention_layernorm.weight";

@@ -23,6 +23,8 @@ use crate::gpu;
 use crate::layers::Fp8Weight;
 use crate::linears::LinearWeight;
 
+pub mod swiglu;
+
 /// One CTA's threads in every quantiser (fp8.cu's launch bounds).
 const THREADS: usize = 256;
 /// The K-block and tile side of the scales.
@@ -449,7 +451,6 @@ fn forward(
     let Some((n, inp, total)) = packed_shape(x, ws, residual) else {
         return Ok(None);
     };
-    let dev = gpu::device(x)?;
     let (xq, xt) = match saving {
         true => {
             let (xq, xt) = quantize_both(x, 0, inp)?;
@@ -457,6 +458,33 @@ fn forward(
         }
         false => (quantize_rows(x)?, None),
     };
+    let y = forward_gemms(&xq, (n, inp, total), ws, residual)?;
+    Ok(Some((y, xt)))
+}
+
+/// [`cols_forward`] of an input given as its 1 x 128 blocks (`xq`, codes `(N, IN)`: quantised
+/// where it was made, as `swiglu::quantize_swiglu` makes SwiGLU's output), or `None` where
+/// the weights and the residual do not fit.
+pub fn cols_forward_quantised(
+    xq: &Operand,
+    ws: &[LinearWeight],
+    residual: Option<&Tensor>,
+) -> Result<Option<Tensor>> {
+    let (n, inp) = xq.codes.dims2()?;
+    let Some(shape) = packed_fits((n, inp), ws, residual) else {
+        return Ok(None);
+    };
+    Ok(Some(forward_gemms(xq, shape, ws, residual)?))
+}
+
+/// The forward's GEMMs, one a weight into its columns of `y (N, total)`.
+fn forward_gemms(
+    xq: &Operand,
+    (n, inp, total): (usize, usize, usize),
+    ws: &[LinearWeight],
+    residual: Option<&Tensor>,
+) -> Result<Tensor> {
+    let dev = gpu::device(&xq.codes)?;
     let y = gpu::uninit((n, total), DType::BF16, &dev)?;
     let (py, pr) = (gpu::ptr(&y)?, residual.map(gpu::ptr).transpose()?);
     let mut off = 0u64;
@@ -467,7 +495,7 @@ fn forward(
         gemm_tn(
             &dev,
             &wq,
-            &xq,
+            xq,
             (out, n, inp),
             py + shift,
             total,
@@ -475,7 +503,7 @@ fn forward(
         )?;
         off += out as u64;
     }
-    Ok(Some((y, xt)))
+    Ok(y)
 }
 
 /// Gradients of [`cols_forward`] without a residual's: `(dx, [dw_i])`, each `dw_i` written
@@ -514,7 +542,46 @@ pub fn cols_backward_from(
     if packed_fits((n, inp), ws, Some(dout)).is_none() || xt.codes.dims() != [inp, n] {
         return Ok(None);
     }
-    let dev = gpu::device(dout)?;
+    let douts = |off, out| quantize_both(dout, off, out);
+    Ok(Some(backward_gemms(douts, xt, (n, inp), ws, into)?))
+}
+
+/// [`cols_backward_from`] with each weight's dout given in both blockings, `douts[i] =
+/// (rows, cols)` as [`quantize_both`] makes them of `dout_i (N, OUT_i)` (quantised where they
+/// were made, as `swiglu::quantize_swiglu_grad` makes SwiGLU's gradient), or `None` where the
+/// shapes do not fit.
+pub fn cols_backward_quantised(
+    douts: &[(Operand, Operand)],
+    xt: &Operand,
+    (n, inp): (usize, usize),
+    ws: &[LinearWeight],
+    into: &[Option<Tensor>],
+) -> Result<Option<(Tensor, Vec<Tensor>)>> {
+    let fits = douts.len() == ws.len()
+        && packed_fits((n, inp), ws, None).is_some()
+        && xt.codes.dims() == [inp, n]
+        && douts.iter().zip(ws).all(|((r, c), w)| {
+            r.codes.dims() == [n, out_of(w)] && c.codes.dims() == [out_of(w), n]
+        });
+    if !fits {
+        return Ok(None);
+    }
+    let mut each = douts.iter();
+    let douts = |_, _| Ok(each.next().expect("one dout a weight").clone());
+    Ok(Some(backward_gemms(douts, xt, (n, inp), ws, into)?))
+}
+
+/// The backward's GEMMs: `dx = sum_i dout_i @ w_i^T` and each `dw_i = x^T @ dout_i` (into
+/// `into[i]` where it is a bf16 `(IN, OUT_i)` slot), with `douts(off, out)` weight i's dout in
+/// both blockings (its columns `off..off + out` of the packed dout).
+fn backward_gemms(
+    mut douts: impl FnMut(usize, usize) -> Result<(Operand, Operand)>,
+    xt: &Operand,
+    (n, inp): (usize, usize),
+    ws: &[LinearWeight],
+    into: &[Option<Tensor>],
+) -> Result<(Tensor, Vec<Tensor>)> {
+    let dev = gpu::device(&xt.codes)?;
     let dx = gpu::uninit((n, inp), DType::BF16, &dev)?;
     let pdx = gpu::ptr(&dx)?;
     let mut dws = Vec::with_capacity(ws.len());
@@ -522,7 +589,7 @@ pub fn cols_backward_from(
     for (i, w) in ws.iter().enumerate() {
         let out = out_of(w);
         let wq = weight_operand(w, false)?;
-        let (dq, dt) = quantize_both(dout, off, out)?;
+        let (dq, dt) = douts(off, out)?;
         // dx (+)= dout_i @ w_i^T
         gemm_tn(
             &dev,
@@ -546,5 +613,5 @@ pub fn cols_backward_from(
         dws.push(dw);
         off += out;
     }
-    Ok(Some((dx, dws)))
+    Ok((dx, dws))
 }

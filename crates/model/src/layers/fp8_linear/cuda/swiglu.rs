@@ -1,0 +1,155 @@
+//! SwiGLU's output and gradient straight into FP8 (`fp8_quantize_swiglu`,
+//! `fp8_quantize_swiglu_grad` of `kernels/cuda/fp8.cu`): under FP8 compute the down
+//! projection reads `act = silu(gate) * up` only as FP8 codes, and the gate and up projections
+//! read `dgu` only as FP8 codes, so these kernels compute them from what SwiGLU reads and write
+//! the codes, never the bf16 tensors. The codes are those of [`super::quantize_both`] of the
+//! bf16 tensors `swiglu_packed_forward` and `swiglu_packed_backward` make, bit for bit (the
+//! arithmetic is `swiglu.cuh`'s, shared with `swiglu.cu`), which `tests/gpu/fp8.rs` asserts.
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+use candle_core::{DType, Tensor};
+use kernels::profile::Family;
+
+use super::{kernel, Operand, BLOCK, THREADS};
+use crate::error::Result;
+use crate::gemm::ScaleMode;
+use crate::gpu;
+use crate::layers::fp8_linear::GPU_MULTIPLE;
+
+/// `(N, F)` of a packed `gu (N, 2F)` the kernels take: bf16, contiguous, 16-byte aligned, N and
+/// F multiples of [`GPU_MULTIPLE`] (the GEMMs' sides) within i32.
+fn shape(gu: &Tensor) -> Result<Option<(usize, usize)>> {
+    let Ok((n, f2)) = gu.dims2() else {
+        return Ok(None);
+    };
+    let f = f2 / 2;
+    let fits = gu.dtype() == DType::BF16
+        && gu.is_contiguous()
+        && f2 % 2 == 0
+        && n > 0
+        && f > 0
+        && n.is_multiple_of(GPU_MULTIPLE)
+        && f.is_multiple_of(GPU_MULTIPLE)
+        && n <= i32::MAX as usize
+        && f2 <= i32::MAX as usize
+        && gpu::ptr(gu)? % 16 == 0;
+    Ok(fits.then_some((n, f)))
+}
+
+/// Fresh outputs of a `(n, f)` matrix quantised both ways, `halves` of them one after the
+/// other: row codes `(halves, n, f)` and scales `(halves, ceil(f / 128), n)`, column codes
+/// `(halves, f, n)` and scales `(halves, ceil(n / 128), f)`.
+struct Outputs {
+    codes: Tensor,
+    scales: Tensor,
+    codes_t: Tensor,
+    scales_t: Tensor,
+}
+
+impl Outputs {
+    fn new(
+        dev: &candle_core::cuda_backend::CudaDevice,
+        halves: usize,
+        n: usize,
+        f: usize,
+    ) -> Result<Outputs> {
+        Ok(Outputs {
+            codes: gpu::uninit((halves, n, f), DType::U8, dev)?,
+            scales: gpu::uninit((halves, f.div_ceil(BLOCK), n), DType::F32, dev)?,
+            codes_t: gpu::uninit((halves, f, n), DType::U8, dev)?,
+            scales_t: gpu::uninit((halves, n.div_ceil(BLOCK), f), DType::F32, dev)?,
+        })
+    }
+
+    /// Half `h` as the GEMMs' operands: `(rows, cols)` as [`super::quantize_both`] returns them.
+    fn half(&self, h: usize) -> Result<(Operand, Operand)> {
+        let operand = |codes: &Tensor, scales: &Tensor| -> Result<Operand> {
+            Ok(Operand {
+                codes: codes.get(h)?,
+                scales: scales.get(h)?,
+                mode: ScaleMode::Vec128,
+            })
+        };
+        Ok((
+            operand(&self.codes, &self.scales)?,
+            operand(&self.codes_t, &self.scales_t)?,
+        ))
+    }
+}
+
+fn config(n: usize, f: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (f.div_ceil(BLOCK) as u32, n.div_ceil(BLOCK) as u32, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// `act = silu(gate) * up` of the packed `gu (N, 2F)` as the down projection reads it: its
+/// 1 x 128 blocks where `rows_blocks` (the forward's operand; a recomputation, which never
+/// reads down's output, skips them) and its 128 x 1 blocks (what down's backward keeps); `None`
+/// where `gu` is not one the kernel takes.
+pub fn quantize_swiglu(
+    gu: &Tensor,
+    rows_blocks: bool,
+) -> Result<Option<(Option<Operand>, Operand)>> {
+    let Some((n, f)) = shape(gu)? else {
+        return Ok(None);
+    };
+    let dev = gpu::device(gu)?;
+    let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
+    let out = Outputs::new(&dev, 1, n, f)?;
+    let (pc, ps) = match rows_blocks {
+        true => (gpu::ptr(&out.codes)?, gpu::ptr(&out.scales)?),
+        false => (0, 0),
+    };
+    let (pt, pst, pgu) = (
+        gpu::ptr(&out.codes_t)?,
+        gpu::ptr(&out.scales_t)?,
+        gpu::ptr(gu)?,
+    );
+    let func = kernel(&dev, "fp8_quantize_swiglu")?;
+    // SAFETY: gu (N, 2F) bf16 contiguous and 16-byte aligned, F % 16 == 0 (shape); the outputs
+    // fresh, each written once by the kernel (null row outputs never touched); arguments in
+    // kernel order.
+    unsafe {
+        func.launch(
+            config(n, f),
+            &[&pgu, &pc, &ps, &pt, &pst, &(n as i32), &(f as i32)],
+        )?;
+    }
+    let (rows, cols) = out.half(0)?;
+    Ok(Some((rows_blocks.then_some(rows), cols)))
+}
+
+/// SwiGLU's gradient `dgu = [dgate | dup]` from `dact (N, F)` and `gu (N, 2F)`, each half in
+/// both blockings (`(rows, cols)`, as [`super::quantize_both`] of that half of `dgu`): the
+/// gate and up projections' douts; `None` where the kernel does not take the tensors.
+pub fn quantize_swiglu_grad(dact: &Tensor, gu: &Tensor) -> Result<Option<[(Operand, Operand); 2]>> {
+    let Some((n, f)) = shape(gu)? else {
+        return Ok(None);
+    };
+    let dact_fits = dact.dtype() == DType::BF16
+        && dact.is_contiguous()
+        && dact.dims() == [n, f]
+        && gpu::ptr(dact)? % 16 == 0;
+    if !dact_fits {
+        return Ok(None);
+    }
+    let dev = gpu::device(gu)?;
+    let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
+    let out = Outputs::new(&dev, 2, n, f)?;
+    let (pd, pgu) = (gpu::ptr(dact)?, gpu::ptr(gu)?);
+    let (pc, ps) = (gpu::ptr(&out.codes)?, gpu::ptr(&out.scales)?);
+    let (pt, pst) = (gpu::ptr(&out.codes_t)?, gpu::ptr(&out.scales_t)?);
+    let func = kernel(&dev, "fp8_quantize_swiglu_grad")?;
+    // SAFETY: dact (N, F) and gu (N, 2F) bf16 contiguous and 16-byte aligned, F % 16 == 0;
+    // each output holds both halves in the order the kernel writes them (fresh, every element
+    // written once); arguments in kernel order.
+    unsafe {
+        func.launch(
+            config(n, f),
+            &[&pd, &pgu, &pc, &ps, &pt, &pst, &(n as i32), &(f as i32)],
+        )?;
+    }
+    Ok(Some([out.half(0)?, out.half(1)?]))
+}
