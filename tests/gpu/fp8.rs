@@ -338,6 +338,59 @@ fn fp8_swiglu_quantisers_equal_the_unfused_path_bit_for_bit() {
     }
 }
 
+/// GPT-2's projections under FP8 keep their input as column blocks: the forward (with bias, a
+/// residual, GELU after it) gives the bits of the plain FP8 forward, and the backward from what
+/// it kept the bits of the backward from the input itself, the weight gradient written into
+/// the slot it is given.
+#[test]
+fn fp8_gpt2_projections_from_kept_codes_equal_from_the_input() {
+    let fp8 = LinearFormat::Fp8;
+    let bits = |t: &Tensor| host_f32(&t.to_dtype(DType::F32).expect("f32"));
+    let (n, c, o) = (272, 144, 400);
+    let (_, x) = spread(n, c, 41);
+    let (_, w) = spread(c, o, 42);
+    let (_, b) = spread(1, o, 43);
+    let b = b.reshape(o).expect("bias (OUT)");
+    let (_, res) = spread(n, o, 44);
+    let (_, dout) = spread(n, o, 45);
+    let w = LinearWeight::Dense(w);
+    let dense_x = SavedInput::Dense(x.clone());
+    let (y, kept) = fp8.forward(&x, &w, &b).expect("forward");
+    let plain = fp8
+        .cols_forward(&x, std::slice::from_ref(&w), Some(&b), None)
+        .expect("plain");
+    assert_eq!(bits(&y), bits(&plain), "forward with bias");
+    let (y_r, kept_r) = fp8
+        .residual_forward_saving(&res, &x, &w, &b)
+        .expect("residual");
+    let y_rp = fp8
+        .residual_forward(&res, &x, &w, &b)
+        .expect("residual, plain");
+    assert_eq!(bits(&y_r), bits(&y_rp), "forward with bias and residual");
+    let (h, g, kept_g) = fp8.gelu_forward(&x, &w, &b).expect("gelu forward");
+    assert_eq!(bits(&h), bits(&plain), "h = x @ w + b");
+    let g_plain = model::layers::gelu_forward(&plain).expect("gelu");
+    assert_eq!(bits(&g), bits(&g_plain), "gelu(h)");
+    let slot = Tensor::zeros((c, o), DType::BF16, &gpu()).expect("a slot");
+    for (what, k) in [("forward", &kept), ("residual", &kept_r), ("gelu", &kept_g)] {
+        assert!(matches!(k, SavedInput::Fp8(_)), "{what}: kept x itself");
+        let (dx, dw, db) = fp8
+            .backward_into(&dout, k, &w, Some(&slot), true)
+            .expect("backward from the kept codes");
+        let (dx_d, dw_d, db_d) = fp8
+            .backward_into(&dout, &dense_x, &w, None, true)
+            .expect("backward from x");
+        assert_eq!(bits(&dx), bits(&dx_d), "{what}: dx");
+        assert_eq!(bits(&dw), bits(&dw_d), "{what}: dw");
+        assert_eq!(bits(&slot), bits(&dw_d), "{what}: dw in its slot");
+        assert_eq!(
+            bits(&db.expect("db")),
+            bits(&db_d.expect("db")),
+            "{what}: db"
+        );
+    }
+}
+
 /// Uniform values, row r scaled by 2^(r % 5 - 2) and column c by 2^(c % 3).
 fn spread(rows: usize, cols: usize, seed: u64) -> (Tensor, Tensor) {
     let v: Vec<f32> = uniform(rows * cols, seed, 1.0)

@@ -14,11 +14,11 @@ use candle_core::Tensor;
 use crate::error::{ModelError, Result};
 use crate::layers::fp8_linear::{
     cols_backward_of, cols_backward_saved_of, cols_forward_of, cols_forward_saving_of,
-    linear_backward_of, linear_forward_of, linear_gelu_forward_of, saved_input_of,
+    linear_forward_of, linear_forward_saving_of, linear_gelu_forward_saving_of, saved_input_of,
     swiglu_down_forward_of, swiglu_gate_up_backward_of, Fp8Input,
 };
 use crate::layers::{
-    bias_gelu_forward, fp8_round, gelu_backward_bias_grad, matmul_backward_into,
+    bias_gelu_forward, bias_grad, fp8_round, gelu_backward_bias_grad, matmul_backward_into,
     matmul_cols_backward, matmul_cols_bias_forward, matmul_forward, matmul_gelu_backward_into,
     matmul_gelu_forward, residual_matmul_forward, swiglu_packed_backward, swiglu_packed_forward,
     Fp8Weight, WEIGHT_TILE,
@@ -227,15 +227,23 @@ impl LinearFormat {
 
     // ---- one projection with a bias (the GPT-2 block), as linear.rs ----
 
-    /// `x @ w + b`: [`matmul_forward`].
-    pub fn forward(self, x: &Tensor, w: &LinearWeight, b: &Tensor) -> Result<Tensor> {
+    /// `x @ w + b` ([`matmul_forward`]), and what its backward reads of `x` ([`SavedInput`]:
+    /// under FP8 its column blocks, made in the forward's read).
+    pub fn forward(self, x: &Tensor, w: &LinearWeight, b: &Tensor) -> Result<(Tensor, SavedInput)> {
         match self {
-            LinearFormat::Dense => matmul_forward(x, w.dense()?, b),
-            LinearFormat::Fp8 => linear_forward_of(x, w, Some(b), None),
+            LinearFormat::Dense => Ok((
+                matmul_forward(x, w.dense()?, b)?,
+                SavedInput::Dense(x.clone()),
+            )),
+            LinearFormat::Fp8 => {
+                let (y, kept) = linear_forward_saving_of(x, w, b, None)?;
+                Ok((y, SavedInput::Fp8(kept)))
+            }
         }
     }
 
-    /// `residual + x @ w + b`: [`residual_matmul_forward`].
+    /// `residual + x @ w + b`: [`residual_matmul_forward`], for an `x` the block keeps anyway
+    /// (attention's output).
     pub fn residual_forward(
         self,
         residual: &Tensor,
@@ -249,49 +257,85 @@ impl LinearFormat {
         }
     }
 
-    /// `h = x @ w + b` and `gelu(h)`: [`matmul_gelu_forward`].
+    /// [`LinearFormat::residual_forward`], also returning what its backward reads of `x`.
+    pub fn residual_forward_saving(
+        self,
+        residual: &Tensor,
+        x: &Tensor,
+        w: &LinearWeight,
+        b: &Tensor,
+    ) -> Result<(Tensor, SavedInput)> {
+        match self {
+            LinearFormat::Dense => Ok((
+                residual_matmul_forward(residual, x, w.dense()?, b)?,
+                SavedInput::Dense(x.clone()),
+            )),
+            LinearFormat::Fp8 => {
+                let (y, kept) = linear_forward_saving_of(x, w, b, Some(residual))?;
+                Ok((y, SavedInput::Fp8(kept)))
+            }
+        }
+    }
+
+    /// `h = x @ w + b`, `gelu(h)` ([`matmul_gelu_forward`]) and what the backward reads of `x`.
     pub fn gelu_forward(
         self,
         x: &Tensor,
         w: &LinearWeight,
         b: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
+    ) -> Result<(Tensor, Tensor, SavedInput)> {
         match self {
-            LinearFormat::Dense => matmul_gelu_forward(x, w.dense()?, b),
-            LinearFormat::Fp8 => linear_gelu_forward_of(x, w, b),
+            LinearFormat::Dense => {
+                let (h, g) = matmul_gelu_forward(x, w.dense()?, b)?;
+                Ok((h, g, SavedInput::Dense(x.clone())))
+            }
+            LinearFormat::Fp8 => {
+                let (h, g, kept) = linear_gelu_forward_saving_of(x, w, b)?;
+                Ok((h, g, SavedInput::Fp8(kept)))
+            }
         }
     }
 
-    /// Gradients of [`LinearFormat::forward`]: `(dx, dw, db when want_db)`
+    /// Gradients of [`LinearFormat::forward`] from what it kept of `x`: `(dx, dw, db when
+    /// want_db)`, `dw` written into `dw_into` where the GPU's GEMM can
     /// ([`matmul_backward_into`]).
     pub fn backward_into(
         self,
         dout: &Tensor,
-        x: &Tensor,
+        x: &SavedInput,
         w: &LinearWeight,
         dw_into: Option<&Tensor>,
         want_db: bool,
     ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-        match self {
-            LinearFormat::Dense => matmul_backward_into(dout, x, w.dense()?, dw_into, want_db),
-            LinearFormat::Fp8 => linear_backward_of(dout, x, w, want_db),
+        match (self, x) {
+            (LinearFormat::Dense, SavedInput::Dense(x)) => {
+                matmul_backward_into(dout, x, w.dense()?, dw_into, want_db)
+            }
+            _ => {
+                let ws = std::slice::from_ref(w);
+                let (dx, mut dws) = self.cols_backward(dout, x, ws, &[dw_into.cloned()])?;
+                let db = want_db.then(|| bias_grad(dout)).transpose()?;
+                Ok((dx, dws.pop().expect("one weight"), db))
+            }
         }
     }
 
-    /// Gradients of `out = gelu(h) @ w + b` and the GELU before it: `(dh, dw, db, dbias_h)`
-    /// ([`matmul_gelu_backward_into`]).
+    /// Gradients of `out = gelu(h) @ w + b` and the GELU before it, from what the forward kept
+    /// of `g = gelu(h)`: `(dh, dw, db, dbias_h)` ([`matmul_gelu_backward_into`]).
     pub fn gelu_backward_into(
         self,
         dout: &Tensor,
-        g: &Tensor,
+        g: &SavedInput,
         w: &LinearWeight,
         h: &Tensor,
         dw_into: Option<&Tensor>,
     ) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
-        match self {
-            LinearFormat::Dense => matmul_gelu_backward_into(dout, g, w.dense()?, h, dw_into),
-            LinearFormat::Fp8 => {
-                let (dg, dw, db) = linear_backward_of(dout, g, w, true)?;
+        match (self, g) {
+            (LinearFormat::Dense, SavedInput::Dense(g)) => {
+                matmul_gelu_backward_into(dout, g, w.dense()?, h, dw_into)
+            }
+            _ => {
+                let (dg, dw, db) = self.backward_into(dout, g, w, dw_into, true)?;
                 let (dh, dbias_h) = gelu_backward_bias_grad(&dg, h)?;
                 Ok((dh, dw, db.expect("asked for db"), dbias_h))
             }

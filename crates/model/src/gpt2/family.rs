@@ -210,15 +210,14 @@ impl Family for Gpt2 {
         b * s * (34 * h + 5 * a * s) * bytes as u64 / 2
     }
 
-    /// c_attn's, attn.c_proj's and mlp.c_fc's `C`, mlp.c_proj's `4 C`, each kept as itself.
+    /// c_attn's, attn.c_proj's and mlp.c_fc's `C`, mlp.c_proj's `4 C`. Under FP8 `ln_1(x)`,
+    /// `ln_2(x2)` and `gelu(h)` are kept as column blocks; attn.c_proj's input is attention's
+    /// output, which attention's backward reads, so it stays itself.
     fn block_linear_inputs(&self, cfg: &ModelConfig) -> Vec<LinearInput> {
         let c = cfg.n_embd;
-        [c, c, c, 4 * c]
+        [(c, true), (c, false), (c, true), (4 * c, true)]
             .into_iter()
-            .map(|width| LinearInput {
-                width,
-                fp8_kept: false,
-            })
+            .map(|(width, fp8_kept)| LinearInput { width, fp8_kept })
             .collect()
     }
 
