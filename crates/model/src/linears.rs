@@ -82,6 +82,14 @@ fn dense_all(ws: &[LinearWeight]) -> Result<Vec<Tensor>> {
 }
 
 impl LinearFormat {
+    /// Its key in files that record it (`trainer bench --json`'s calibration): `dense`, `fp8`.
+    pub fn key(self) -> &'static str {
+        match self {
+            LinearFormat::Dense => "dense",
+            LinearFormat::Fp8 => "fp8",
+        }
+    }
+
     /// Its name in messages and `trainer plan`.
     pub fn name(self) -> &'static str {
         match self {

@@ -86,6 +86,15 @@ pub fn scale(
             shape
         );
     }
+    // A file from before the format was recorded measured the dense layers.
+    let measured = phases.linears.as_deref().unwrap_or("dense");
+    if measured != model.linears().key() {
+        bail!(
+            "measured with the blocks' linear layers in {measured}, this config multiplies them in \
+             {}: bench at the config's train.precision",
+            model.linears().key()
+        );
+    }
     if phases.world != 1 {
         bail!(
             "measured at world size {}: a calibration wants W = 1, where no rank shares the GPU \
@@ -175,6 +184,7 @@ mod tests {
             model: ModelShape::from(m.config()),
             micro_batch_tokens: 64,
             recompute,
+            linears: Some("dense".into()),
             world: 1,
             optimizer_params: 1000,
             optimizer_seconds: 1e-3,
@@ -240,5 +250,34 @@ mod tests {
         let mut p = phases(&m, false);
         p.units[0].backward_seconds = f64::NAN;
         assert!(scale(&p, &m, 64, false).is_err());
+    }
+
+    /// A bench of the dense layers does not calibrate an FP8 plan, nor one of FP8 a dense plan;
+    /// a file that predates the record measured the dense layers.
+    #[test]
+    fn another_linear_format_is_refused() {
+        let m = tiny();
+        let fp8 = tiny().with_linears(model::LinearFormat::Fp8);
+        let e = scale(&phases(&m, false), &fp8, 64, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("in dense, this config multiplies them in fp8"),
+            "{e}"
+        );
+        let mut p = phases(&m, false);
+        p.linears = Some("fp8".into());
+        assert!(scale(&p, &fp8, 64, false).is_ok());
+        let e = scale(&p, &m, 64, false).unwrap_err().to_string();
+        assert!(
+            e.contains("in fp8, this config multiplies them in dense"),
+            "{e}"
+        );
+        let mut old: serde_json::Value = serde_json::to_value(phases(&m, false)).unwrap();
+        old.as_object_mut().unwrap().remove("linears");
+        let old: PhaseTimes = serde_json::from_value(old).unwrap();
+        assert_eq!(old.linears, None);
+        assert!(scale(&old, &m, 64, false).is_ok());
+        assert!(scale(&old, &fp8, 64, false).is_err());
     }
 }

@@ -14,6 +14,11 @@ pub struct PhaseTimes {
     /// Tokens a micro-batch: micro_batch x seq_len.
     pub micro_batch_tokens: usize,
     pub recompute: bool,
+    /// What the blocks' linear layers multiplied in (`LinearFormat::key`: `dense`, `fp8`): a
+    /// calibration holds for that format only. Absent from files written before FP8 ran on
+    /// the GPU (2026-12-05), which were all `dense`.
+    #[serde(default)]
+    pub linears: Option<String>,
     /// The world the bench ran (a calibration wants 1: no rank's time shared with another's).
     pub world: usize,
     /// Parameters the optimizer updated on rank 0 (its shards, padding included).

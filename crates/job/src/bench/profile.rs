@@ -53,6 +53,7 @@ impl PhaseSums {
             model: model.config().into(),
             micro_batch_tokens,
             recompute,
+            linears: Some(model.linears().key().to_string()),
             world,
             optimizer_params,
             optimizer_seconds: family(Family::Optimizer),
