@@ -8,8 +8,8 @@
 //!
 //! Sizes and constants that Rust and C share are passed as `-D` defines by the launcher
 //! ([`Define`]), never written in both languages. NVRTC errors name the real file and line:
-//! the loader pastes a header ([`HEADERS`]: `common.cuh`, `swiglu.cuh`) where a file includes
-//! it and marks both with `#line`.
+//! the loader pastes a header ([`HEADERS`]: `common.cuh`, `swiglu.cuh`, `rope.cuh`) where a
+//! file includes it and marks both with `#line`.
 //!
 //! ```
 //! let text = kernels::LAYERNORM.nvrtc_text(&[("C", 768)]);
@@ -51,6 +51,8 @@ pub const HEADERS: &[(&str, &str)] = &[
     // SwiGLU's arithmetic, shared by swiglu.cu and fp8.cu's SwiGLU quantisers, so that the
     // fused kernels compute the very bits of the unfused ones.
     ("swiglu.cuh", include_str!("../cuda/swiglu.cuh")),
+    // A rotary pair's rotation, shared by rope.cu and qk_norm.cu's fused rotation.
+    ("rope.cuh", include_str!("../cuda/rope.cuh")),
 ];
 
 macro_rules! sources {

@@ -49,9 +49,10 @@ use crate::config::ModelConfig;
 use crate::decode::{cached_attention, check_one_sequence, LayerCache};
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    add_rmsnorm_forward, bias_grad, gqa_packed_backward, gqa_packed_forward, qk_norm_backward,
-    qk_norm_forward, rmsnorm_backward, rmsnorm_backward_into, rmsnorm_forward, rope_qk_backward,
-    rope_qk_forward, rope_tables, swiglu_packed_forward, Loss, QkNormSaved, TokenIndex,
+    add_rmsnorm_forward, bias_grad, gqa_packed_backward, gqa_packed_forward, qk_norm_forward,
+    qk_norm_rope_backward, qk_norm_rope_forward, rmsnorm_backward, rmsnorm_backward_into,
+    rmsnorm_forward, rope_qk_backward, rope_qk_forward, rope_tables, swiglu_packed_forward, Loss,
+    QkNormSaved, TokenIndex,
 };
 use crate::layout::{UnitKind, UnitLayout};
 use crate::linears::{LinearFormat, LinearWeight, SavedInput};
@@ -234,14 +235,14 @@ fn block_forward_full(
     let (n1, rms1) = rmsnorm_forward(&xf, &w.input_norm, cfg.norm_eps)?;
     let (qkv, n1) = lin.cols_forward_saving(&n1, &w.qkv, w.qkv_bias.as_ref(), None)?;
     let qkv = qkv.reshape((b, t, (nh + 2 * kv) * hs))?;
+    // q and k normalised per head (Qwen3), then turned by the rotation: one pass on the GPU
     let (qkv, qk) = match &w.qk_norm {
         Some([wq, wk]) => {
-            let (qkv, saved) = qk_norm_forward(qkv, wq, wk, nh, kv, cfg.norm_eps)?;
+            let (qkv, saved) = qk_norm_rope_forward(qkv, wq, wk, &rope, nh, kv, cfg.norm_eps)?;
             (qkv, Some(saved))
         }
-        None => (qkv, None),
+        None => (rope_qk_forward(qkv, &rope, nh, kv)?, None),
     };
-    let qkv = rope_qk_forward(qkv, &rope, nh, kv)?;
     let (y, att) = gqa_packed_forward(&qkv, nh, kv)?;
     let y = y.reshape((b * t, nh * hs))?;
     let attn_out = lin.cols_forward(&y, std::slice::from_ref(&w.o), None, None)?;
@@ -355,15 +356,14 @@ pub fn block_backward(
     put(&o, &dw)?;
     // y = attn(qkv), then q and k turned back by the rotation
     let dqkv = gqa_packed_backward(&dy.reshape((b, t, nh * hs))?, &a.att)?;
-    let dqkv = rope_qk_backward(dqkv, &a.rope, nh, kv)?;
-    // q and k normalised per head (Qwen3)
+    // (and before the rotation, q and k normalised per head (Qwen3): one pass on the GPU)
     let dqkv = match (&w.qk_norm, &a.qk) {
         (Some([wq, wk]), Some(saved)) => {
-            let (dqkv, dwq, dwk) = qk_norm_backward(dqkv, saved, wq, wk)?;
+            let (dqkv, dwq, dwk) = qk_norm_rope_backward(dqkv, saved, wq, wk, &a.rope)?;
             put(&QK_NORM_NAMES, &[dwq, dwk])?;
             dqkv
         }
-        _ => dqkv,
+        _ => rope_qk_backward(dqkv, &a.rope, nh, kv)?,
     };
     let dqkv = dqkv.reshape((b * t, (nh + 2 * kv) * hs))?;
     // their biases (Qwen2): the packed gradient's column sums, one slot a projection
