@@ -294,6 +294,31 @@ fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__
                       scales_t + (i64)((rows + 127) / 128) * F, rows, F);
 }
 
+// The transpose of a 128 x 128 tile of codes q (shared memory, the tile at (r0, c0) of a
+// (rows, cols) matrix) into codes_t (cols, rows) row stride rows: piece k (of 1024, four a
+// thread) is column k % 128's bytes of tile rows (k / 128) * 16 to + 15, a lane a column (reads
+// of q free of bank conflicts), stored in 16 bytes where rows allows, else byte by byte.
+__device__ __forceinline__ void fp8_store_tile_t(u8 (*q)[144], u8* __restrict__ codes_t,
+                                                 int r0, int c0, int rows, int cols) {
+    const int t = threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int k = t + 256 * j, cc = k & 127, rs = (k >> 7) * 16, col = c0 + cc;
+        if (col >= cols || r0 + rs >= rows) continue;
+        u32 p[4];
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+            p[b] = (u32)q[rs + 4 * b][cc] | (u32)q[rs + 4 * b + 1][cc] << 8 |
+                   (u32)q[rs + 4 * b + 2][cc] << 16 | (u32)q[rs + 4 * b + 3][cc] << 24;
+        u8* out = codes_t + (i64)col * rows + r0 + rs;
+        if (r0 + rs + 16 <= rows && (rows & 15) == 0) {
+            *reinterpret_cast<uint4*>(out) = make_uint4(p[0], p[1], p[2], p[3]);
+        } else {
+            for (int b = 0; b < 16 && r0 + rs + b < rows; ++b) out[b] = (u8)(p[b / 4] >> (8 * (b % 4)));
+        }
+    }
+}
+
 // w (rows = IN, cols = OUT) bf16, row stride ldw -> codes (IN, OUT) row stride OUT, codes_t
 // (OUT, IN) row stride IN (either may be null: not written), and each 128 x 128 tile's scale
 // at scales_fwd[ob * ld_fwd + ib] (w^T's BLK128x128 layout, ld_fwd = round_up(ceil(IN / 128),
@@ -369,24 +394,7 @@ fp8_quantize_tiles(const bf16* __restrict__ w, i64 ldw, u8* __restrict__ codes,
                 for (int b = 0; b < 16 && c0 + cc + b < cols; ++b) out[b] = q[rr][cc + b];
             }
         }
-    // w^T's: piece k is column k % 128's bytes of tile rows (k / 128) * 16 to + 15.
-    if (codes_t != nullptr)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int k = t + 256 * j, cc = k & 127, rs = (k >> 7) * 16, col = c0 + cc;
-            if (col >= cols || r0 + rs >= rows) continue;
-            u32 p[4];
-#pragma unroll
-            for (int b = 0; b < 4; ++b)
-                p[b] = (u32)q[rs + 4 * b][cc] | (u32)q[rs + 4 * b + 1][cc] << 8 |
-                       (u32)q[rs + 4 * b + 2][cc] << 16 | (u32)q[rs + 4 * b + 3][cc] << 24;
-            u8* out = codes_t + (i64)col * rows + r0 + rs;
-            if (r0 + rs + 16 <= rows && (rows & 15) == 0) {
-                *reinterpret_cast<uint4*>(out) = make_uint4(p[0], p[1], p[2], p[3]);
-            } else {
-                for (int b = 0; b < 16 && r0 + rs + b < rows; ++b) out[b] = (u8)(p[b / 4] >> (8 * (b % 4)));
-            }
-        }
+    if (codes_t != nullptr) fp8_store_tile_t(q, codes_t, r0, c0, rows, cols);
 }
 
 // FP8 qwZ's gathered weight as the forward's operand: its codes (rows = IN, cols = OUT) row
@@ -430,23 +438,7 @@ fp8_transpose_tiles(const u8* __restrict__ codes, const float* __restrict__ scal
             for (int k = ib + 1; k < ld_t; ++k) scales_t[(i64)ob * ld_t + k] = 0.0f;
     }
     __syncthreads();
-    // Piece k is column k % 128's bytes of tile rows (k / 128) * 16 to + 15.
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int k = t + 256 * j, cc = k & 127, rs = (k >> 7) * 16, col = c0 + cc;
-        if (col >= cols || r0 + rs >= rows) continue;
-        u32 p[4];
-#pragma unroll
-        for (int b = 0; b < 4; ++b)
-            p[b] = (u32)q[rs + 4 * b][cc] | (u32)q[rs + 4 * b + 1][cc] << 8 |
-                   (u32)q[rs + 4 * b + 2][cc] << 16 | (u32)q[rs + 4 * b + 3][cc] << 24;
-        u8* out = codes_t + (i64)col * rows + r0 + rs;
-        if (r0 + rs + 16 <= rows && (rows & 15) == 0) {
-            *reinterpret_cast<uint4*>(out) = make_uint4(p[0], p[1], p[2], p[3]);
-        } else {
-            for (int b = 0; b < 16 && r0 + rs + b < rows; ++b) out[b] = (u8)(p[b / 4] >> (8 * (b % 4)));
-        }
-    }
+    fp8_store_tile_t(q, codes_t, r0, c0, rows, cols);
 }
 
 // ---- FP8 qwZ (zero/src/codec/fp8.rs, its `cuda` module the launchers) ----------------------

@@ -30,6 +30,16 @@ const THREADS: usize = 256;
 /// The K-block and tile side of the scales.
 const BLOCK: usize = 128;
 
+/// The grid of fp8.cu's tile kernels: a CTA of [`THREADS`] a 128 x 128 tile, `x` tiles along
+/// the columns by `y` along the rows.
+fn tile_grid(x: usize, y: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (x as u32, y as u32, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 fn kernel(dev: &CudaDevice, name: &str) -> Result<Kernel> {
     Ok(Kernel::load(
         dev,
@@ -165,11 +175,7 @@ pub fn gathered_transposed(q: &Fp8Weight) -> Result<Operand> {
     // Every scale, the padding of each row included (zeros), is written by the kernel.
     let scales_t = gpu::uninit((ob, ld_t), DType::F32, &dev)?;
     let func = kernel(&dev, "fp8_transpose_tiles")?;
-    let cfg = LaunchConfig {
-        grid_dim: (ob as u32, ib as u32, 1),
-        block_dim: (THREADS as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = tile_grid(ob, ib);
     let (pc, ps) = (gpu::ptr(&codes)?, gpu::ptr(&scales)?);
     let (pt, pst) = (gpu::ptr(&codes_t)?, gpu::ptr(&scales_t)?);
     // SAFETY: codes (IN, OUT) u8 and scales (IB, OB) f32 contiguous on this device; codes_t
@@ -251,11 +257,7 @@ fn quantize_view(
     };
     let ((pc, ps), (pt, pst)) = (address(&row_out)?, address(&col_out)?);
     let px = gpu::ptr(x)? + 2 * col as u64;
-    let cfg = LaunchConfig {
-        grid_dim: (cols.div_ceil(BLOCK) as u32, rows.div_ceil(BLOCK) as u32, 1),
-        block_dim: (THREADS as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = tile_grid(cols.div_ceil(BLOCK), rows.div_ceil(BLOCK));
     let func = kernel(&dev, "fp8_quantize_act")?;
     // SAFETY: x addresses rows x ld bf16 (this view: cols from col, its first element and ld
     // on 16 bytes, as checked above); each output fresh and written once by the kernel, a
@@ -337,11 +339,7 @@ fn quantize_tiles(
     let scales_fwd = gpu::uninit((ob, ld_fwd), DType::F32, &dev)?;
     let scales_bwd = gpu::uninit((ib, ld_bwd), DType::F32, &dev)?;
     let func = kernel(&dev, "fp8_quantize_tiles")?;
-    let cfg = LaunchConfig {
-        grid_dim: (ob as u32, ib as u32, 1),
-        block_dim: (THREADS as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = tile_grid(ob, ib);
     let pw = gpu::ptr(w)?;
     // A null address: the kernel skips that orientation.
     let address = |t: &Option<Tensor>| t.as_ref().map_or(Ok(0), gpu::ptr);

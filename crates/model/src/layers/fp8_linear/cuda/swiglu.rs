@@ -9,7 +9,7 @@ use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Tensor};
 use kernels::profile::Family;
 
-use super::{kernel, Operand, BLOCK, THREADS};
+use super::{kernel, tile_grid, Operand, BLOCK};
 use crate::error::Result;
 use crate::gemm::ScaleMode;
 use crate::gpu;
@@ -76,12 +76,9 @@ impl Outputs {
     }
 }
 
+/// The grid over act's (or a half of dgu's) `(n, f)` tiles.
 fn config(n: usize, f: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (f.div_ceil(BLOCK) as u32, n.div_ceil(BLOCK) as u32, 1),
-        block_dim: (THREADS as u32, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    tile_grid(f.div_ceil(BLOCK), n.div_ceil(BLOCK))
 }
 
 /// `act = silu(gate) * up` of the packed `gu (N, 2F)` as the down projection reads it: its
