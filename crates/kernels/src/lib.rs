@@ -253,6 +253,17 @@ mod nvrtc_tests {
         }
     }
 
+    /// qk_norm.cu compiles for the head widths its launcher passes as HS (a multiple of 8 up
+    /// to 256; the fused rotation's partner lanes depend on it), not only the default 128.
+    #[test]
+    fn nvrtc_compiles_qk_norm_for_every_head_width() {
+        for hs in (8..=256).step_by(8) {
+            let defines = [crate::Precision::Bf16.define(), ("HS", hs)];
+            crate::loader::ptx(&crate::QK_NORM, &defines, crate::Flavour::Fast)
+                .unwrap_or_else(|e| panic!("qk_norm.cu at HS = {hs}: {e}"));
+        }
+    }
+
     /// Every typed family compiles for every precision, and its PTX there is the PTX of the
     /// file on its own (which defaults to bf16): the define selects, it adds nothing.
     #[test]
