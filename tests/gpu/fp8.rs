@@ -15,9 +15,9 @@
 use crate::common::{assert_close, gpu, seconds_per_call, uniform};
 use candle_core::{DType, Device, Tensor};
 use model::layers::{
-    fp8_gpu, fp8_linear_cols_backward, fp8_linear_cols_forward, matmul_cols_backward,
-    matmul_cols_forward, swiglu_packed_backward, swiglu_packed_forward, COL_BLOCK, ROW_BLOCK,
-    WEIGHT_TILE,
+    add_rmsnorm_forward, fp8_gpu, fp8_linear_cols_backward, fp8_linear_cols_forward,
+    matmul_cols_backward, matmul_cols_forward, rmsnorm_forward, swiglu_packed_backward,
+    swiglu_packed_forward, COL_BLOCK, ROW_BLOCK, WEIGHT_TILE,
 };
 use model::{Fp8Weight, LinearFormat, LinearWeight, SavedInput};
 use quant::Tile;
@@ -273,7 +273,7 @@ fn fp8_swiglu_quantisers_equal_the_unfused_path_bit_for_bit() {
         let (_, dact) = spread(n, f, 32);
         let act = swiglu_packed_forward(&gu).expect("swiglu forward");
         let (q, qt) = fp8_gpu::quantize_both(&act, 0, f).expect("act both ways");
-        let (fq, fqt) = fp8_gpu::swiglu::quantize_swiglu(&gu, true)
+        let (fq, fqt) = fp8_gpu::fused::quantize_swiglu(&gu, true)
             .expect("fused forward")
             .expect("a shape the kernel takes");
         same_operand(
@@ -283,7 +283,7 @@ fn fp8_swiglu_quantisers_equal_the_unfused_path_bit_for_bit() {
         );
         same_operand(&format!("{what}: act columns"), &fqt, &qt);
         let dgu = swiglu_packed_backward(&dact, &gu).expect("swiglu backward");
-        let halves = fp8_gpu::swiglu::quantize_swiglu_grad(&dact, &gu)
+        let halves = fp8_gpu::fused::quantize_swiglu_grad(&dact, &gu)
             .expect("fused backward")
             .expect("a shape the kernel takes");
         for (h, (rows, cols)) in halves.iter().enumerate() {
@@ -336,6 +336,105 @@ fn fp8_swiglu_quantisers_equal_the_unfused_path_bit_for_bit() {
             assert_eq!(bits(a), bits(b), "{what}: dw_gate, dw_up");
         }
     }
+}
+
+/// RMSNorm straight into FP8 (`fp8_quantize_rmsnorm` after the norm's kernel without its
+/// output): the codes and scales that `quantize_both` makes of the bf16 rows rmsnorm.cu writes,
+/// bit for bit, on whole and partial tiles; and through the layers
+/// (`LinearFormat::rmsnorm_cols_forward_saving`, with and without the residual add, with a
+/// bias) the norm's h and statistics, the projections' output and the backward from what they
+/// kept, bit for bit those of the norm then the FP8 layers. Prints both paths' time at Llama
+/// 3.2 1B's norm (16,384 x 2048).
+#[test]
+fn fp8_rmsnorm_quantiser_equals_the_unfused_path_bit_for_bit() {
+    let fp8 = LinearFormat::Fp8;
+    let bits = |t: &Tensor| host_f32(&t.to_dtype(DType::F32).expect("f32"));
+    for (n, c, o) in [(256, 2048, 384), (272, 144, 416)] {
+        let what = format!("RMSNorm ({n}, {c})");
+        let (_, x) = spread(n, c, 51);
+        let (_, delta) = spread(n, c, 52);
+        let w = spread(1, c, 53).1.reshape(c).expect("norm weight (C)");
+        let (h, normed, rms) = add_rmsnorm_forward(&x, &delta, &w, 1e-5).expect("norm");
+        let (q, qt) = fp8_gpu::quantize_both(&normed, 0, c).expect("n both ways");
+        let (fq, fqt) = fp8_gpu::fused::quantize_rmsnorm(&h, &rms.rstd, &w)
+            .expect("fused quantiser")
+            .expect("a shape the kernel takes");
+        same_operand(&format!("{what}: rows"), &fq, &q);
+        same_operand(&format!("{what}: columns"), &fqt, &qt);
+        // Through the layers: two projections (C, O / 2 + 16) and (C, O / 2 - 16), a bias.
+        let ws: Vec<LinearWeight> = [(54, o / 2 + 16), (55, o / 2 - 16)]
+            .into_iter()
+            .map(|(seed, out)| LinearWeight::Dense(spread(c, out, seed).1))
+            .collect();
+        let b = spread(1, o, 56).1.reshape(o).expect("bias (O)");
+        let (_, dout) = spread(n, o, 57);
+        let none = [None, None];
+        for delta in [None, Some(&delta)] {
+            let what = format!("{what}, residual add {}", delta.is_some());
+            let fused = fp8
+                .rmsnorm_cols_forward_saving(&x, delta, &w, 1e-5, &ws, Some(&b))
+                .expect("fused norm and projections");
+            let (h_u, n_u, rms_u) = match delta {
+                Some(d) => add_rmsnorm_forward(&x, d, &w, 1e-5).expect("norm"),
+                None => {
+                    let (n_u, rms_u) = rmsnorm_forward(&x, &w, 1e-5).expect("norm");
+                    (x.clone(), n_u, rms_u)
+                }
+            };
+            let (y_u, kept_u) = fp8
+                .cols_forward_saving(&n_u, &ws, Some(&b), None)
+                .expect("projections");
+            assert_eq!(bits(&fused.h), bits(&h_u), "{what}: h");
+            assert_eq!(
+                host_f32(&fused.rms.rstd),
+                host_f32(&rms_u.rstd),
+                "{what}: rstd"
+            );
+            assert_eq!(bits(&fused.y), bits(&y_u), "{what}: output");
+            let (dn, dws) = fp8
+                .cols_backward(&dout, &fused.n, &ws, &none)
+                .expect("backward from the fused codes");
+            let (dn_u, dws_u) = fp8
+                .cols_backward(&dout, &kept_u, &ws, &none)
+                .expect("backward, unfused");
+            assert_eq!(bits(&dn), bits(&dn_u), "{what}: dn");
+            for (a, b) in dws.iter().zip(&dws_u) {
+                assert_eq!(bits(a), bits(b), "{what}: dw");
+            }
+        }
+    }
+    // Llama 3.2 1B's second norm (the residual add in it) at 16,384 tokens: the norm writing n
+    // then quantise_both of it, against the norm's statistics then the fused quantiser.
+    let (n, c) = (16_384, 2048);
+    let dev = gpu();
+    let (_, x) = spread(n, c, 58);
+    let (_, delta) = spread(n, c, 59);
+    let w = spread(1, c, 60).1.reshape(c).expect("norm weight (C)");
+    let unfused = seconds_per_call(&dev, &|| {
+        let (_, normed, _) = add_rmsnorm_forward(&x, &delta, &w, 1e-5).expect("norm");
+        fp8_gpu::quantize_both(&normed, 0, c).expect("n both ways");
+    });
+    let (h, _, rms) = add_rmsnorm_forward(&x, &delta, &w, 1e-5).expect("norm");
+    let quantiser = seconds_per_call(&dev, &|| {
+        fp8_gpu::fused::quantize_rmsnorm(&h, &rms.rstd, &w)
+            .expect("fused quantiser")
+            .expect("a shape the kernel takes");
+    });
+    let ws = [LinearWeight::Dense(spread(c, 128, 61).1)];
+    let through = seconds_per_call(&dev, &|| {
+        LinearFormat::Fp8
+            .rmsnorm_cols_forward_saving(&x, Some(&delta), &w, 1e-5, &ws, None)
+            .expect("fused");
+    });
+    println!(
+        "RMSNorm into FP8 at ({n}, {c}): norm then quantise_both {:.3} ms; fused quantiser \
+         alone {:.3} ms ({:.2} TB/s of h read and codes written); norm's statistics, quantiser \
+         and a (C, 128) projection {:.3} ms",
+        unfused * 1e3,
+        quantiser * 1e3,
+        (4 * n * c) as f64 / quantiser / 1e12,
+        through * 1e3
+    );
 }
 
 /// GPT-2's projections under FP8 keep their input as column blocks: the forward (with bias, a

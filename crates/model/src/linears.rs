@@ -14,14 +14,15 @@ use candle_core::Tensor;
 use crate::error::{ModelError, Result};
 use crate::layers::fp8_linear::{
     cols_backward_of, cols_backward_saved_of, cols_forward_of, cols_forward_saving_of,
-    linear_forward_of, linear_forward_saving_of, linear_gelu_forward_saving_of, saved_input_of,
-    swiglu_down_forward_of, swiglu_gate_up_backward_of, Fp8Input,
+    linear_forward_of, linear_forward_saving_of, linear_gelu_forward_saving_of,
+    rmsnorm_cols_forward_saving_of, saved_input_of, swiglu_down_forward_of,
+    swiglu_gate_up_backward_of, Fp8Input,
 };
 use crate::layers::{
-    bias_gelu_forward, bias_grad, fp8_round, gelu_backward_bias_grad, matmul_backward_into,
-    matmul_cols_backward, matmul_cols_bias_forward, matmul_forward, matmul_gelu_backward_into,
-    matmul_gelu_forward, residual_matmul_forward, swiglu_packed_backward, swiglu_packed_forward,
-    Fp8Weight, WEIGHT_TILE,
+    add_rmsnorm_forward, bias_gelu_forward, bias_grad, fp8_round, gelu_backward_bias_grad,
+    matmul_backward_into, matmul_cols_backward, matmul_cols_bias_forward, matmul_forward,
+    matmul_gelu_backward_into, matmul_gelu_forward, residual_matmul_forward, rmsnorm_forward,
+    swiglu_packed_backward, swiglu_packed_forward, Fp8Weight, RmsSaved, WEIGHT_TILE,
 };
 
 /// What the blocks' linear layers multiply in.
@@ -43,6 +44,17 @@ pub enum LinearFormat {
 pub enum SavedInput {
     Dense(Tensor),
     Fp8(Fp8Input),
+}
+
+/// What [`LinearFormat::rmsnorm_cols_forward_saving`] makes: the norm's input `h` (after the
+/// residual add), its statistics, the projections' output `y`, and what their backward keeps
+/// of the normalised rows `n`.
+#[derive(Clone, Debug)]
+pub struct NormedProjection {
+    pub h: Tensor,
+    pub rms: RmsSaved,
+    pub y: Tensor,
+    pub n: SavedInput,
 }
 
 /// A linear layer's weight `(IN, OUT)` as a block hands it to its layer: a view of the unit's
@@ -177,6 +189,45 @@ impl LinearFormat {
                 )))
             }
         }
+    }
+
+    /// RMSNorm into packed projections (a Llama block's two norms): `n = rmsnorm(h)` with `h
+    /// = x + delta` where `delta` is given (the residual add fused into the norm, as
+    /// [`add_rmsnorm_forward`]) or `x` itself, then `[n @ w_0 | ...] (+ bias)`. Under FP8 on
+    /// the GPU n exists only as FP8 codes, made from h and the norm's statistics in one pass
+    /// (`rmsnorm_cols_forward_saving_of`); otherwise the norm, then
+    /// [`LinearFormat::cols_forward_saving`].
+    pub fn rmsnorm_cols_forward_saving(
+        self,
+        x: &Tensor,
+        delta: Option<&Tensor>,
+        norm_w: &Tensor,
+        eps: f64,
+        ws: &[LinearWeight],
+        bias: Option<&Tensor>,
+    ) -> Result<NormedProjection> {
+        let (h, rms, y, n) = match self {
+            LinearFormat::Dense => {
+                let (h, n, rms) = match delta {
+                    Some(d) => add_rmsnorm_forward(x, d, norm_w, eps)?,
+                    None => {
+                        let (n, rms) = rmsnorm_forward(x, norm_w, eps)?;
+                        (x.clone(), n, rms)
+                    }
+                };
+                let (y, n) = self.cols_forward_saving(&n, ws, bias, None)?;
+                (h, rms, y, n)
+            }
+            LinearFormat::Fp8 => {
+                let (h, rms, y, n) = rmsnorm_cols_forward_saving_of(x, delta, norm_w, eps, ws)?;
+                let y = match bias {
+                    Some(b) => bias_gelu_forward(y, b, false)?.0,
+                    None => y,
+                };
+                (h, rms, y, SavedInput::Fp8(n))
+            }
+        };
+        Ok(NormedProjection { h, rms, y, n })
     }
 
     /// SwiGLU of the packed `gu (N, 2F)` and the down projection after it: `(residual + act @

@@ -32,6 +32,7 @@ use candle_core::{DType, Tensor};
 use quant::Tile;
 
 use crate::error::{ModelError, Result};
+use crate::layers::RmsSaved;
 use crate::linears::LinearWeight;
 
 /// The scale block of weights: `128 x 128`.
@@ -418,7 +419,7 @@ pub(crate) fn swiglu_down_forward_of(
 ) -> Result<(Option<Tensor>, Fp8Input)> {
     #[cfg(feature = "cuda")]
     if super::on_gpu(gu) {
-        if let Some((rows, xt)) = cuda::swiglu::quantize_swiglu(gu, want_out)? {
+        if let Some((rows, xt)) = cuda::fused::quantize_swiglu(gu, want_out)? {
             let dims = xt.codes.dims2().map(|(f, n)| (n, f))?;
             let y = match rows {
                 Some(xq) => Some(
@@ -449,6 +450,43 @@ pub(crate) fn swiglu_down_forward_of(
     }
 }
 
+/// RMSNorm (after the residual add, where `delta` is given) into packed projections: `(h, the
+/// norm's statistics, [n @ w_0 | n @ w_1 | ...], what their backward keeps of n)`, `n =
+/// rmsnorm(h)`, `h = x + delta` or `x` itself. On the GPU n is never made in bf16: the norm's
+/// kernel writes h and the statistics alone, and `fp8_quantize_rmsnorm` makes n's codes from
+/// them in one read. Elsewhere [`super::add_rmsnorm_forward`] or [`super::rmsnorm_forward`],
+/// then [`cols_forward_saving_of`]: the same numbers.
+pub(crate) fn rmsnorm_cols_forward_saving_of(
+    x: &Tensor,
+    delta: Option<&Tensor>,
+    norm_w: &Tensor,
+    eps: f64,
+    ws: &[LinearWeight],
+) -> Result<(Tensor, RmsSaved, Tensor, Fp8Input)> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(x) {
+        if let Some((h, rms)) = super::rmsnorm::rmsnorm_statistics(x, delta, norm_w, eps)? {
+            if let Some((nq, nt)) = cuda::fused::quantize_rmsnorm(&h, &rms.rstd, norm_w)? {
+                let dims = h.dims2()?;
+                let y = cuda::cols_forward_quantised(&nq, ws, None)?
+                    .ok_or_else(|| fp8_shape_error("the projections after an RMSNorm", dims))?;
+                let cols = Fp8Cols::Codes(nt);
+                let dtype = x.dtype();
+                return Ok((h, rms, y, Fp8Input { dtype, dims, cols }));
+            }
+        }
+    }
+    let (h, n, rms) = match delta {
+        Some(d) => super::add_rmsnorm_forward(x, d, norm_w, eps)?,
+        None => {
+            let (n, rms) = super::rmsnorm_forward(x, norm_w, eps)?;
+            (x.clone(), n, rms)
+        }
+    };
+    let (y, kept) = cols_forward_saving_of(&n, ws, None)?;
+    Ok((h, rms, y, kept))
+}
+
 /// The backward of SwiGLU and of the gate and up projections after it: `(dx, [dw_gate,
 /// dw_up])` from `dact (N, F)`, the packed `gu (N, 2F)` and what the projections kept of their
 /// input `x`. On the GPU dgu is never made in bf16: `fp8_quantize_swiglu_grad` writes both
@@ -463,7 +501,7 @@ pub(crate) fn swiglu_gate_up_backward_of(
 ) -> Result<(Tensor, Vec<Tensor>)> {
     #[cfg(feature = "cuda")]
     if let (true, Fp8Cols::Codes(xt)) = (super::on_gpu(gu), &x.cols) {
-        if let Some(douts) = cuda::swiglu::quantize_swiglu_grad(dact, gu)? {
+        if let Some(douts) = cuda::fused::quantize_swiglu_grad(dact, gu)? {
             return cuda::cols_backward_quantised(&douts, xt, x.dims, ws, into)?
                 .ok_or_else(|| fp8_shape_error("the gate and up projections' input", x.dims));
         }

@@ -232,9 +232,12 @@ fn block_forward_full(
         x.device(),
     )?;
     let xf = x.reshape((b * t, c))?;
-    let (n1, rms1) = rmsnorm_forward(&xf, &w.input_norm, cfg.norm_eps)?;
-    let (qkv, n1) = lin.cols_forward_saving(&n1, &w.qkv, w.qkv_bias.as_ref(), None)?;
-    let qkv = qkv.reshape((b, t, (nh + 2 * kv) * hs))?;
+    // n1 = input_layernorm(x), into [q_proj | k_proj | v_proj]
+    let eps = cfg.norm_eps;
+    let bias = w.qkv_bias.as_ref();
+    let first = lin.rmsnorm_cols_forward_saving(&xf, None, &w.input_norm, eps, &w.qkv, bias)?;
+    let (n1, rms1) = (first.n, first.rms);
+    let qkv = first.y.reshape((b, t, (nh + 2 * kv) * hs))?;
     // q and k normalised per head (Qwen3), then turned by the rotation: one pass on the GPU
     let (qkv, qk) = match &w.qk_norm {
         Some([wq, wk]) => {
@@ -246,9 +249,10 @@ fn block_forward_full(
     let (y, att) = gqa_packed_forward(&qkv, nh, kv)?;
     let y = y.reshape((b * t, nh * hs))?;
     let attn_out = lin.cols_forward(&y, std::slice::from_ref(&w.o), None, None)?;
-    // h = x + o_proj(y), then its norm, in one pass
-    let (h, n2, rms2) = add_rmsnorm_forward(&xf, &attn_out, &w.post_norm, cfg.norm_eps)?;
-    let (gu, n2) = lin.cols_forward_saving(&n2, &w.gate_up, None, None)?;
+    // h = x + o_proj(y), then its norm in the same pass, into [gate_proj | up_proj]
+    let second =
+        lin.rmsnorm_cols_forward_saving(&xf, Some(&attn_out), &w.post_norm, eps, &w.gate_up, None)?;
+    let (h, n2, rms2, gu) = (second.h, second.n, second.rms, second.y);
     // act = silu(gate) * up into down: what down's backward reads of act, made in the same
     // pass (a recomputation, which never reads the output, makes that alone).
     let (out, act) = lin.swiglu_down_forward(&gu, &w.down, Some(&h), want_out)?;

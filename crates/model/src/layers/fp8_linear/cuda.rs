@@ -23,7 +23,7 @@ use crate::gpu;
 use crate::layers::Fp8Weight;
 use crate::linears::LinearWeight;
 
-pub mod swiglu;
+pub mod fused;
 
 /// One CTA's threads in every quantiser (fp8.cu's launch bounds).
 const THREADS: usize = 256;
@@ -461,7 +461,7 @@ fn forward(
 }
 
 /// [`cols_forward`] of an input given as its 1 x 128 blocks (`xq`, codes `(N, IN)`: quantised
-/// where it was made, as `swiglu::quantize_swiglu` makes SwiGLU's output), or `None` where
+/// where it was made, as `fused::quantize_swiglu` makes SwiGLU's output), or `None` where
 /// the weights and the residual do not fit.
 pub fn cols_forward_quantised(
     xq: &Operand,
@@ -546,7 +546,7 @@ pub fn cols_backward_from(
 
 /// [`cols_backward_from`] with each weight's dout given in both blockings, `douts[i] =
 /// (rows, cols)` as [`quantize_both`] makes them of `dout_i (N, OUT_i)` (quantised where they
-/// were made, as `swiglu::quantize_swiglu_grad` makes SwiGLU's gradient), or `None` where the
+/// were made, as `fused::quantize_swiglu_grad` makes SwiGLU's gradient), or `None` where the
 /// shapes do not fit.
 pub fn cols_backward_quantised(
     douts: &[(Operand, Operand)],

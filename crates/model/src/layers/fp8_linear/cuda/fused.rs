@@ -1,10 +1,12 @@
-//! SwiGLU's output and gradient straight into FP8 (`fp8_quantize_swiglu`,
-//! `fp8_quantize_swiglu_grad` of `kernels/cuda/fp8.cu`): under FP8 compute the down
-//! projection reads `act = silu(gate) * up` only as FP8 codes, and the gate and up projections
-//! read `dgu` only as FP8 codes, so these kernels compute them from what SwiGLU reads and write
-//! the codes, never the bf16 tensors. The codes are those of [`super::quantize_both`] of the
-//! bf16 tensors `swiglu_packed_forward` and `swiglu_packed_backward` make, bit for bit (the
-//! arithmetic is `swiglu.cuh`'s, shared with `swiglu.cu`), which `tests/gpu/fp8.rs` asserts.
+//! The FP8 quantisers fused into the kernel that makes their tensor (`kernels/cuda/fp8.cu`),
+//! for tensors that under FP8 compute only FP8 GEMMs read, so that they are never written in
+//! bf16: SwiGLU's output and gradient (`fp8_quantize_swiglu`, `fp8_quantize_swiglu_grad`: the
+//! down projection reads `act = silu(gate) * up` only as codes, the gate and up projections
+//! `dgu`), and RMSNorm's output (`fp8_quantize_rmsnorm`: the projections after a norm read it
+//! only as codes). The codes are those of [`super::quantize_both`] of the bf16 tensors
+//! `swiglu_packed_forward`, `swiglu_packed_backward` and `rmsnorm_forward` make, bit for bit
+//! (the arithmetic is `swiglu.cuh`'s and `rmsnorm.cuh`'s, shared with `swiglu.cu` and
+//! `rmsnorm.cu`), which `tests/gpu/fp8.rs` asserts.
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Tensor};
 use kernels::profile::Family;
@@ -76,7 +78,7 @@ impl Outputs {
     }
 }
 
-/// The grid over act's (or a half of dgu's) `(n, f)` tiles.
+/// The grid over the `(n, f)` tiles of act, a half of dgu, or a norm's output.
 fn config(n: usize, f: usize) -> LaunchConfig {
     tile_grid(f.div_ceil(BLOCK), n.div_ceil(BLOCK))
 }
@@ -149,4 +151,53 @@ pub fn quantize_swiglu_grad(dact: &Tensor, gu: &Tensor) -> Result<Option<[(Opera
         )?;
     }
     Ok(Some([out.half(0)?, out.half(1)?]))
+}
+
+/// RMSNorm's output `n = bf16(bf16(h * rstd) * w)` of `h (N, C)` with its rows' `rstd (N)` f32
+/// and the norm's weight `w (C)`, in both blockings (`(rows, cols)`, as
+/// [`super::quantize_both`] of the `n` that `rmsnorm_forward` writes): the input of the
+/// projections after the norm; `None` where the kernel does not take the tensors.
+pub fn quantize_rmsnorm(
+    h: &Tensor,
+    rstd: &Tensor,
+    w: &Tensor,
+) -> Result<Option<(Operand, Operand)>> {
+    let Ok((n, c)) = h.dims2() else {
+        return Ok(None);
+    };
+    let bf16_fits = |t: &Tensor| -> Result<bool> {
+        Ok(t.dtype() == DType::BF16 && t.is_contiguous() && gpu::ptr(t)? % 16 == 0)
+    };
+    let fits = bf16_fits(h)?
+        && bf16_fits(w)?
+        && w.dims() == [c]
+        && rstd.dtype() == DType::F32
+        && rstd.is_contiguous()
+        && rstd.dims() == [n]
+        && n > 0
+        && c > 0
+        && n.is_multiple_of(GPU_MULTIPLE)
+        && c.is_multiple_of(GPU_MULTIPLE)
+        && n <= i32::MAX as usize
+        && c <= i32::MAX as usize;
+    if !fits {
+        return Ok(None);
+    }
+    let dev = gpu::device(h)?;
+    let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
+    let out = Outputs::new(&dev, 1, n, c)?;
+    let (ph, pr, pw) = (gpu::ptr(h)?, gpu::ptr(rstd)?, gpu::ptr(w)?);
+    let (pc, ps) = (gpu::ptr(&out.codes)?, gpu::ptr(&out.scales)?);
+    let (pt, pst) = (gpu::ptr(&out.codes_t)?, gpu::ptr(&out.scales_t)?);
+    let func = kernel(&dev, "fp8_quantize_rmsnorm")?;
+    // SAFETY: h (N, C) and w (C) bf16 contiguous and 16-byte aligned, rstd (N) f32
+    // contiguous, C % 16 == 0; the outputs fresh, each element written once by the kernel;
+    // arguments in kernel order.
+    unsafe {
+        func.launch(
+            config(n, c),
+            &[&ph, &pr, &pw, &pc, &ps, &pt, &pst, &(n as i32), &(c as i32)],
+        )?;
+    }
+    Ok(Some(out.half(0)?))
 }
