@@ -265,25 +265,32 @@ fn throughput_predicts_five_variants() {
     // Without --throughput the key is null.
     assert!(plan_json(&["--config", "configs/paper/gpt18b-1k.toml"])["throughput"].is_null());
 
-    // FP8 compute on an H200: the blocks' linear layers at its FP8 peak, their casts at its
-    // memory bandwidth: a shorter step, but not half of bf16's.
+    // FP8 compute on an H200: the GEMMs of the blocks' linear layers 1.63x faster, the rest of
+    // their time as in bf16, their casts at half the memory bandwidth. At 1,024 tokens a
+    // micro-batch the weights' casts take most of the GEMMs' gain; under FP8 qwZ the layers
+    // quantise no weight, and more of it is kept.
     let h200 = ["--config", "configs/paper/gpt18b-1k.toml", "--throughput"];
     let bf16 = plan_json(&h200);
     let fp8 = plan_json(&[&h200[..], &["--set", "train.precision=\"fp8\""]].concat());
     assert_eq!(fp8["throughput"]["fp8_linears"], true);
     assert_eq!(bf16["throughput"]["fp8_linears"], false);
     assert_eq!(fp8["throughput"]["gpu"]["fp8_peak_tflops"], 1979.0);
-    let compute = |j: &Value| f(&j["throughput"], "/zero3/compute_s");
+    let compute = |j: &Value, variant: &str| f(&j["throughput"], &format!("/{variant}/compute_s"));
+    let (dense, quantised, gathered) = (
+        compute(&bf16, "zero3"),
+        compute(&fp8, "zero3"),
+        compute(&fp8, "qwz"),
+    );
     assert!(
-        compute(&fp8) < 0.7 * compute(&bf16) && compute(&fp8) > 0.5 * compute(&bf16),
-        "{} vs {}",
-        compute(&fp8),
-        compute(&bf16)
+        gathered < quantised && quantised < dense && gathered > 0.75 * dense,
+        "{gathered} < {quantised} < {dense}"
     );
     let out = plan(&[&h200[..], &["--set", "train.precision=\"fp8\""]].concat());
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
-        text.contains("the blocks' linear layers in FP8 at 1979 TFLOP/s"),
+        text.contains(
+            "the blocks' linear layers in FP8: their GEMMs, 0.7 of the peak in bf16, 1.63x"
+        ),
         "{text}"
     );
 }

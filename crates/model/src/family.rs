@@ -479,17 +479,20 @@ mod tests {
     fn fp8_cast_bytes_of_a_llama_block() {
         let cfg = ModelConfig::llama(2, 128, 4, 2, 256, 64, 320, true);
         let model = crate::Model::new(cfg).unwrap();
-        assert_eq!(model.fp8_cast_bytes(1, 10), (0, 0));
+        assert_eq!(model.fp8_cast_bytes(1, 10, false), (0, 0));
         let fp8 = model.with_linears(LinearFormat::Fp8);
-        let weights = 3 * 147_456;
+        let weights = 147_456;
+        let (inputs, gradients) = (10 * (4 * 512 + 3 * 128), 10 * (3 * 128 + 4 * 1024));
         assert_eq!(
-            fp8.fp8_cast_bytes(1, 10),
-            (
-                10 * (4 * 512 + 3 * 128) + weights,
-                10 * (3 * 128 + 4 * 1024) + weights
-            )
+            fp8.fp8_cast_bytes(1, 10, false),
+            (inputs + 3 * weights, gradients + 3 * weights)
         );
-        assert_eq!(fp8.fp8_cast_bytes(0, 10), (0, 0));
+        // FP8 qwZ's codes: transposed in the forward, read as they are in the backward.
+        assert_eq!(
+            fp8.fp8_cast_bytes(1, 10, true),
+            (inputs + 2 * weights, gradients)
+        );
+        assert_eq!(fp8.fp8_cast_bytes(0, 10, false), (0, 0));
     }
 
     /// GPT-2 records what trainers before the registry wrote (no `arch`, nothing more), and

@@ -447,11 +447,11 @@ impl Model {
     /// input of the block's linear layers ([`crate::Family::block_linear_inputs`]) is cast in
     /// 1 x 128 blocks in the forward (3 bytes an element) and 128 x 1 blocks in the backward
     /// (3), or both ways in the forward (4) where the block keeps its codes, each output
-    /// gradient both ways in one read (4), and each weight into its tiles in
-    /// each pass (3 bytes a parameter), as `layers/fp8_linear.rs` does on the GPU. Under FP8
-    /// qwZ the weights arrive as codes (the forward transposes them, 2 bytes a parameter, the
-    /// backward reads them as they are): counted as quantised here, an upper bound.
-    pub fn fp8_cast_bytes(&self, u: usize, tokens: usize) -> (u64, u64) {
+    /// gradient both ways in one read (4), and each weight into its tiles in each pass (3
+    /// bytes a parameter), as `layers/fp8_linear.rs` does on the GPU. With `gathered_codes`
+    /// (FP8 qwZ) the weights arrive as codes: the forward transposes them (2 bytes a
+    /// parameter) and the backward reads them as they are.
+    pub fn fp8_cast_bytes(&self, u: usize, tokens: usize, gathered_codes: bool) -> (u64, u64) {
         let unit = &self.layout.units[u];
         if self.linears != LinearFormat::Fp8 || unit.linear_weights().next().is_none() {
             return (0, 0);
@@ -469,9 +469,13 @@ impl Model {
         let outputs: usize = unit.linear_weights().map(|p| p.shape[1]).sum();
         let weights: usize = unit.linear_weights().map(|p| p.numel).sum();
         let (t, outputs, weights) = (tokens as u64, outputs as u64, weights as u64);
+        let (forward_weights, backward_weights) = match gathered_codes {
+            true => (2 * weights, 0),
+            false => (3 * weights, 3 * weights),
+        };
         (
-            t * (4 * kept + 3 * other) + 3 * weights,
-            t * (3 * other + 4 * outputs) + 3 * weights,
+            t * (4 * kept + 3 * other) + forward_weights,
+            t * (3 * other + 4 * outputs) + backward_weights,
         )
     }
 

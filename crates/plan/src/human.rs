@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::throughput::Throughput;
+use super::throughput::{Throughput, FP8_CAST_BANDWIDTH_FRACTION, FP8_GEMM_SPEEDUP, GEMM_FRACTION};
 use super::{Bytes, Report};
 use report::readable;
 use run::config::Precision;
@@ -293,9 +293,16 @@ fn human_throughput(o: &mut String, t: &Throughput) {
             t.gpu.name, t.gpu.mem_bw_gbs
         ),
         None => match (t.fp8_linears, t.gpu.fp8_peak_tflops) {
-            (true, Some(fp8)) => format!(
-                "{} at {} TFLOP/s x {} (the blocks' linear layers in FP8 at {} TFLOP/s x {})",
-                t.gpu.name, t.gpu.peak_tflops, t.mfu_fraction, fp8, t.mfu_fraction
+            (true, Some(_)) => format!(
+                "{} at {} TFLOP/s x {} (the blocks' linear layers in FP8: their GEMMs, {} of the \
+                 peak in bf16, {}x faster; the casts at {} of {:.0} GB/s)",
+                t.gpu.name,
+                t.gpu.peak_tflops,
+                t.mfu_fraction,
+                GEMM_FRACTION,
+                FP8_GEMM_SPEEDUP,
+                FP8_CAST_BANDWIDTH_FRACTION,
+                t.gpu.mem_bw_gbs
             ),
             _ => format!(
                 "{} at {} TFLOP/s x {}",

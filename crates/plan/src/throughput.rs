@@ -9,9 +9,11 @@
 //!   `2 T C` (the convention of `Model::flops_per_token`, attention counted once); the LM head
 //!   `2 V C`; an embedding lookup and a norm 0. Backward is twice the forward; with
 //!   `model.recompute` a block's backward runs its forward again. Compute runs at
-//!   `peak_tflops x mfu_fraction`; with `train.precision = "fp8"` a block's linear layers (its
-//!   `2 x numel`) run at `fp8_peak_tflops x mfu_fraction` instead, and their FP8 casts
-//!   ([`Model::fp8_cast_bytes`]) at the memory bandwidth. The default fraction, 0.5, is the share of dense tensor peak
+//!   `peak_tflops x mfu_fraction`. With `train.precision = "fp8"` the GEMMs' share of a block's
+//!   linear layers (its `2 x numel`; the GEMMs alone reach [`GEMM_FRACTION`] of the peak) runs
+//!   [`FP8_GEMM_SPEEDUP`] times faster, as measured, the rest of their time does not change,
+//!   and their FP8 casts ([`Model::fp8_cast_bytes`]) run at [`FP8_CAST_BANDWIDTH_FRACTION`] of
+//!   the memory bandwidth. The default fraction, 0.5, is the share of dense tensor peak
 //!   that large transformer matmuls reach end to end in well-tuned trainers (Megatron-LM, 52% of
 //!   A100 peak at 1T parameters, Narayanan et al. 2021); it is not fitted to the paper.
 //! - **Collectives.** [`ring_s`]: a ring all-gather or reduce-scatter of `S` bytes over `p`
@@ -128,6 +130,20 @@ pub fn gpu(name: &str) -> Option<Gpu> {
 pub const DEFAULT_GPU: &str = "h200";
 /// Default `--mfu-fraction` (module doc).
 pub const DEFAULT_MFU_FRACTION: f64 = 0.5;
+/// The share of the dense peak that a linear layer's GEMMs reach by themselves at a
+/// transformer's shapes: cuBLASLt's bf16 GEMMs ran at about 700 TFLOP/s of the H200's 989 at
+/// Llama 3.2 1B's (docs/results.md). The rest of the gap to `--mfu-fraction` is what the
+/// fraction folds into the linear layers (norms, elementwise kernels, launch gaps), and under
+/// FP8 only the GEMMs' part of a linear layer's time gets faster.
+pub const GEMM_FRACTION: f64 = 0.7;
+/// FP8 E4M3 GEMMs over bf16's at the same shapes on Hopper, measured (issue 40,
+/// `torch._scaled_mm`): 1.63x at Llama 3.2 1B's linear shapes, 1.80x at 3B's, 1.91x at 8B's;
+/// our block-scaled cuBLASLt GEMMs ran as fast as torch's (docs/results.md). The smallest of
+/// the three, so that a prediction errs towards bf16; never above the data sheets' ratio.
+pub const FP8_GEMM_SPEEDUP: f64 = 1.63;
+/// The share of the memory bandwidth the FP8 quantisers reach: 1.45 to 2.95 TB/s on the
+/// H100's 3.35 and the H200's 4.8 (kernels/cuda/fp8.cu's header), about half.
+pub const FP8_CAST_BANDWIDTH_FRACTION: f64 = 0.5;
 /// Default `--inter-gbps`: one 100 Gb/s InfiniBand link a node, the paper's slowest cluster.
 pub const DEFAULT_INTER_GBPS: f64 = 100.0;
 /// Default `--latency-us`: a few µs a message, between NCCL's own per-hop estimates over
@@ -183,12 +199,20 @@ impl Cluster {
         self.gpu.peak_tflops * 1e12 * self.mfu_fraction
     }
 
-    /// FLOP/s of the blocks' linear layers in `linears`: FP8's peak for FP8 (the dense peak on
-    /// a GPU without one, which `trainer plan` refuses before it predicts).
-    fn linear_flop_rate(&self, linears: LinearFormat) -> f64 {
+    /// Seconds a FLOP of the blocks' linear layers in `linears` takes. In the compute dtype,
+    /// `1 / (peak x mfu-fraction)`. In FP8 the GEMMs' share of that, `1 / (peak x
+    /// GEMM_FRACTION)`, runs [`FP8_GEMM_SPEEDUP`] times faster (at most the data sheets'
+    /// ratio), and the rest (the work the fraction folds in) does not change. A GPU without
+    /// FP8 (which `trainer plan` refuses before it predicts) gets the dense time.
+    fn linear_s_per_flop(&self, linears: LinearFormat) -> f64 {
+        let dense = 1.0 / self.flop_rate();
         match (linears, self.gpu.fp8_peak_tflops) {
-            (LinearFormat::Fp8, Some(fp8)) => fp8 * 1e12 * self.mfu_fraction,
-            _ => self.flop_rate(),
+            (LinearFormat::Fp8, Some(fp8)) => {
+                let gemm = dense.min(1.0 / (self.gpu.peak_tflops * 1e12 * GEMM_FRACTION));
+                let speedup = FP8_GEMM_SPEEDUP.min(fp8 / self.gpu.peak_tflops);
+                gemm / speedup + (dense - gemm)
+            }
+            _ => dense,
         }
     }
 
@@ -343,42 +367,44 @@ impl<'a> Workload<'a> {
 }
 
 impl Workload<'_> {
-    /// Seconds of unit `u`'s forward in a micro-batch on `c`.
-    fn forward_s(&self, u: usize, c: &Cluster) -> f64 {
+    /// Seconds of unit `u`'s forward in a micro-batch on `c`; `codes`: its weights arrive as
+    /// FP8 codes (FP8 qwZ), which its FP8 layers do not quantise.
+    fn forward_s(&self, u: usize, codes: bool, c: &Cluster) -> f64 {
         c.shared(match self.calibration {
             Some(k) => k.forward_s[u],
-            None => self.compute_s(u, 1.0, c) + self.casts_s(u, false, c),
+            None => self.compute_s(u, 1.0, c) + self.casts_s(u, false, codes, c),
         })
     }
 
-    /// Seconds of unit `u`'s backward in a micro-batch on `c`.
-    fn backward_s(&self, u: usize, c: &Cluster) -> f64 {
+    /// Seconds of unit `u`'s backward in a micro-batch on `c` (`codes` as for the forward).
+    fn backward_s(&self, u: usize, codes: bool, c: &Cluster) -> f64 {
         c.shared(match self.calibration {
             Some(k) => k.backward_s[u],
-            None => self.compute_s(u, self.backward_factor(u), c) + self.casts_s(u, true, c),
+            None => self.compute_s(u, self.backward_factor(u), c) + self.casts_s(u, true, codes, c),
         })
     }
 
     /// Seconds of unit `u`'s FP8 casts in a micro-batch's forward, or its backward (with the
-    /// forward's again for a recomputed block), at the GPU's memory bandwidth: the bytes of
-    /// [`Model::fp8_cast_bytes`], none for a model whose layers multiply in the compute dtype.
-    fn casts_s(&self, u: usize, backward: bool, c: &Cluster) -> f64 {
+    /// forward's again for a recomputed block), at [`FP8_CAST_BANDWIDTH_FRACTION`] of the GPU's
+    /// memory bandwidth: the bytes of [`Model::fp8_cast_bytes`], none for a model whose layers
+    /// multiply in the compute dtype.
+    fn casts_s(&self, u: usize, backward: bool, codes: bool, c: &Cluster) -> f64 {
         let tokens = self.micro_batch * self.model.config().seq_len;
-        let (forward, backward_bytes) = self.model.fp8_cast_bytes(u, tokens);
+        let (forward, backward_bytes) = self.model.fp8_cast_bytes(u, tokens, codes);
         let bytes = match (backward, self.backward_factor(u) > 2.0) {
             (false, _) => forward,
             (true, false) => backward_bytes,
             (true, true) => backward_bytes + forward,
         };
-        bytes as f64 / (c.gpu.mem_bw_gbs * 1e9)
+        bytes as f64 / (c.gpu.mem_bw_gbs * 1e9 * FP8_CAST_BANDWIDTH_FRACTION)
     }
 
     /// Seconds of `times` forwards of unit `u` in a micro-batch at the GPU's rates: its linear
     /// layers at the rate of the model's [`LinearFormat`], the attention at the dense rate.
     fn compute_s(&self, u: usize, times: f64, c: &Cluster) -> f64 {
         let (linear, rest) = self.forward_flops_split(u);
-        let rate = c.linear_flop_rate(self.model.linears());
-        times * self.tokens_per_micro_batch() * (linear / rate + rest / c.flop_rate())
+        let linear_s = linear * c.linear_s_per_flop(self.model.linears());
+        times * self.tokens_per_micro_batch() * (linear_s + rest / c.flop_rate())
     }
 
     /// Seconds of the loss head's forward and backward in a micro-batch on `c`.
@@ -461,6 +487,7 @@ impl Workload<'_> {
         let head = self.model.head_unit();
         let depth = plan.prefetch_depth;
         let secondary = plan.step_plan(1, Pass::Train).secondary;
+        let codes = plan.qwz.is_some_and(|q| q.fp8);
         let mut reduced = vec![false; n];
         let mut slots = Vec::with_capacity(order.len() + 1);
         for (k, &u) in order.iter().enumerate() {
@@ -473,14 +500,14 @@ impl Workload<'_> {
             };
             let (compute, reduce) = if forward && u == head && u == n - 1 {
                 // The last unit holds the head: forward, head, its own backward.
-                let s = self.forward_s(u, c) + self.head_s(c) + self.backward_s(u, c);
+                let s = self.forward_s(u, codes, c) + self.head_s(c) + self.backward_s(u, codes, c);
                 (s, true)
             } else if forward {
-                (self.forward_s(u, c), false)
+                (self.forward_s(u, codes, c), false)
             } else if u == head {
                 (self.head_s(c), false)
             } else {
-                (self.backward_s(u, c), true)
+                (self.backward_s(u, codes, c), true)
             };
             reduced[u] |= reduce;
             slots.push(Slot {
@@ -493,7 +520,7 @@ impl Workload<'_> {
         for u in (0..n).rev().filter(|&u| !reduced[u]) {
             slots.push(Slot {
                 gather_s: None,
-                compute_s: self.backward_s(u, c),
+                compute_s: self.backward_s(u, codes, c),
                 reduce_s: Some(comm[u].reduce),
             });
         }
@@ -595,7 +622,8 @@ pub struct Throughput {
     pub overlap: bool,
     /// The `--calibrate` file whose unit times replaced the GPU's peak x fraction, else null.
     pub calibrated_from: Option<String>,
-    /// The blocks' linear layers run at the GPU's FP8 peak (`train.precision = "fp8"`).
+    /// The blocks' linear layers multiply in FP8 (`train.precision = "fp8"`): their GEMMs
+    /// [`FP8_GEMM_SPEEDUP`] times faster, their casts at [`FP8_CAST_BANDWIDTH_FRACTION`].
     pub fp8_linears: bool,
     /// Tokens a GPU trains a step: micro_batch x seq_len x accumulation.
     pub tokens_per_gpu_step: u64,

@@ -356,11 +356,13 @@ fn an_untied_head_runs_in_the_last_units_slot() {
     assert!(close(total, work.hardware_flops_per_micro_batch() / 50e12));
 }
 
-/// FP8 compute: a block's linear layers (`2 x numel` a token) run at the FP8 peak, its
-/// attention (`2 T C`) at the dense one, forward and backward, and its FP8 casts at the memory
-/// bandwidth; the embedding and the head are unchanged, and so are the FLOPs counted.
+/// FP8 compute: the GEMMs' share of a block's linear layers (`2 x numel` a token) runs
+/// `FP8_GEMM_SPEEDUP` times faster and the rest of their time does not change, its attention
+/// (`2 T C`) runs at the dense rate, forward and backward, and its FP8 casts at
+/// `FP8_CAST_BANDWIDTH_FRACTION` of the memory bandwidth; the embedding and the head are
+/// unchanged, and so are the FLOPs counted.
 #[test]
-fn fp8_runs_the_blocks_linear_layers_at_the_fp8_peak() {
+fn fp8_speeds_up_the_gemms_of_the_blocks_linear_layers() {
     let cfg = ModelConfig::gpt2(2, 256, 4, 128, 1000);
     let dense = Model::new(cfg.clone()).unwrap();
     let fp8 = Model::new(cfg).unwrap().with_linears(LinearFormat::Fp8);
@@ -372,31 +374,47 @@ fn fp8_runs_the_blocks_linear_layers_at_the_fp8_peak() {
     let tokens = 2.0 * 128.0;
     let block = dense.units()[1].numel as f64;
     let (linear, attention) = (2.0 * block, 2.0 * 128.0 * 256.0);
-    let (dense_rate, fp8_rate) = (100e12 * 0.5, 200e12 * 0.5);
+    // 100 TFLOP/s x 0.5 in all, of which the GEMMs 100 TFLOP/s x 0.7: 1 / 50 - 1 / 70 of
+    // each second a TFLOP does not get faster.
+    let dense_rate = 100e12 * 0.5;
+    let gemm_s = 1.0 / (100e12 * 0.7);
+    let fp8_s_per_flop = gemm_s / 1.63 + (1.0 / dense_rate - gemm_s);
     assert!(close(
-        wd.forward_s(1, &c),
+        wd.forward_s(1, false, &c),
         tokens * (linear + attention) / dense_rate
     ));
     // The casts of GPT-2's block, by hand: inputs ln_1, ln_2 (256 each) and gelu(h) (1024) kept
     // as codes (both ways in the forward, 4 bytes, none in the backward) and attn.c_proj's 256
     // not (3 bytes each way), outputs 768 + 256 + 1024 + 256 = 2304, 786,432 weights;
-    // 1000 GB/s.
+    // 1000 GB/s, half of it reached.
     let weights = 3.0 * 786_432.0;
-    let cast_fwd = (tokens * (4.0 * 1536.0 + 3.0 * 256.0) + weights) / 1e12;
-    let cast_bwd = (tokens * (3.0 * 256.0 + 4.0 * 2304.0) + weights) / 1e12;
-    let fp8_compute = tokens * (linear / fp8_rate + attention / dense_rate);
-    assert!(close(w8.forward_s(1, &c), fp8_compute + cast_fwd));
+    let cast_fwd = (tokens * (4.0 * 1536.0 + 3.0 * 256.0) + weights) / 0.5e12;
+    let cast_bwd = (tokens * (3.0 * 256.0 + 4.0 * 2304.0) + weights) / 0.5e12;
+    let fp8_compute = tokens * (linear * fp8_s_per_flop + attention / dense_rate);
+    assert!(close(w8.forward_s(1, false, &c), fp8_compute + cast_fwd));
     // Recomputation: the backward is three forwards' worth, and its casts the forward's again.
     assert!(close(
-        w8.backward_s(1, &c),
+        w8.backward_s(1, false, &c),
         3.0 * fp8_compute + cast_bwd + cast_fwd
     ));
+    // Under FP8 qwZ the weights arrive as codes: transposed in the forward (2 bytes a
+    // parameter, not 3), read as they are in the backward.
+    let params = 786_432.0;
+    assert!(close(
+        w8.forward_s(1, true, &c),
+        fp8_compute + cast_fwd - params / 0.5e12
+    ));
+    assert!(close(
+        w8.backward_s(1, true, &c),
+        3.0 * fp8_compute + cast_bwd - 3.0 * params / 0.5e12 + cast_fwd - params / 0.5e12
+    ));
     assert!(close(w8.head_s(&c), wd.head_s(&c)));
-    assert!(close(w8.forward_s(0, &c), 0.0));
+    assert!(close(w8.forward_s(0, false, &c), 0.0));
     assert!(close(
         w8.hardware_flops_per_micro_batch(),
         wd.hardware_flops_per_micro_batch()
     ));
     let plan = ZeroPlan::resolve(&ZeroConfig::default(), c.topology, 10).unwrap();
-    assert!(predict(&w8, &plan, &c).step_s < predict(&wd, &plan, &c).step_s);
+    // At 256 wide the casts cost more than the GEMMs gain (gpt350m measured the same sign).
+    assert!(predict(&w8, &plan, &c).step_s > predict(&wd, &plan, &c).step_s);
 }
