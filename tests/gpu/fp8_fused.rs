@@ -1,13 +1,15 @@
-//! FP8's casts fused into the kernels that make their tensors, and the codes a block keeps for
-//! its backward (issue 40), on the GPU: each against the unfused path (the bf16 tensor, then
-//! `quantize_both` or the plain FP8 layer), bit for bit, on whole and partial tiles, and
-//! through the layers that use them, forward and backward.
+//! FP8's casts fused into the kernels that make their tensors (SwiGLU's output and gradient,
+//! the norms' outputs), and the codes a block keeps for its backward (issue 40), on the GPU:
+//! each against the unfused path (the bf16 tensor, then `quantize_both` or the plain FP8
+//! layer), bit for bit, on whole and partial tiles, and through the layers that use them,
+//! forward and backward.
 
 use crate::common::{gpu, seconds_per_call};
 use crate::fp8::{host_f32, host_u8, same_bits, spread};
 use candle_core::{DType, Tensor};
 use model::layers::{
-    add_rmsnorm_forward, fp8_gpu, rmsnorm_forward, swiglu_packed_backward, swiglu_packed_forward,
+    add_rmsnorm_forward, fp8_gpu, layernorm_forward, rmsnorm_forward, swiglu_packed_backward,
+    swiglu_packed_forward,
 };
 use model::{LinearFormat, LinearWeight, SavedInput};
 
@@ -197,6 +199,59 @@ fn fp8_rmsnorm_quantiser_equals_the_unfused_path_bit_for_bit() {
         (4 * n * c) as f64 / quantiser / 1e12,
         through * 1e3
     );
+}
+
+/// LayerNorm straight into FP8 (`fp8_quantize_layernorm` after the norm's kernel without its
+/// output): the codes and scales that `quantize_both` makes of the bf16 rows layernorm.cu
+/// writes, bit for bit, on whole and partial tiles; and through GPT-2's layers
+/// (`LinearFormat::layernorm_linear_forward`, `layernorm_gelu_forward`) the norm's statistics,
+/// the layer's output (and GELU's), and the backward from what it kept, bit for bit those of
+/// the norm then the FP8 layer.
+#[test]
+fn fp8_layernorm_quantiser_equals_the_unfused_path_bit_for_bit() {
+    let fp8 = LinearFormat::Fp8;
+    let bits = |t: &Tensor| host_f32(&t.to_dtype(DType::F32).expect("f32"));
+    for (n, c, o) in [(256, 1024, 384), (272, 144, 416)] {
+        let what = format!("LayerNorm ({n}, {c})");
+        let (_, x) = spread(n, c, 71);
+        let w = spread(1, c, 72).1.reshape(c).expect("norm weight (C)");
+        let b = spread(1, c, 73).1.reshape(c).expect("norm bias (C)");
+        let (normed, ln) = layernorm_forward(&x, &w, &b).expect("norm");
+        let (q, qt) = fp8_gpu::quantize_both(&normed, 0, c).expect("n both ways");
+        let (fq, fqt) = fp8_gpu::fused::quantize_layernorm(&x, &ln.mean, &ln.rstd, &w, &b)
+            .expect("fused quantiser")
+            .expect("a shape the kernel takes");
+        same_operand(&format!("{what}: rows"), &fq, &q);
+        same_operand(&format!("{what}: columns"), &fqt, &qt);
+        let lw = LinearWeight::Dense(spread(c, o, 74).1);
+        let bias = spread(1, o, 75).1.reshape(o).expect("bias (O)");
+        let (_, dout) = spread(n, o, 76);
+        let slot = [None];
+        let ws = std::slice::from_ref(&lw);
+        let check_backward = |what: &str, kept: &SavedInput, kept_u: &SavedInput| {
+            let (dn, dw) = fp8.cols_backward(&dout, kept, ws, &slot).expect("backward");
+            let (dn_u, dw_u) = fp8
+                .cols_backward(&dout, kept_u, ws, &slot)
+                .expect("unfused");
+            assert_eq!(bits(&dn), bits(&dn_u), "{what}: dn");
+            assert_eq!(bits(&dw[0]), bits(&dw_u[0]), "{what}: dw");
+        };
+        let (saved, y, kept) = fp8
+            .layernorm_linear_forward(&x, (&w, &b), &lw, &bias)
+            .expect("fused norm and layer");
+        let (y_u, kept_u) = fp8.forward(&normed, &lw, &bias).expect("layer");
+        assert_eq!(host_f32(&saved.mean), host_f32(&ln.mean), "{what}: mean");
+        assert_eq!(host_f32(&saved.rstd), host_f32(&ln.rstd), "{what}: rstd");
+        assert_eq!(bits(&y), bits(&y_u), "{what}: output");
+        check_backward(&what, &kept, &kept_u);
+        let (_, h, g, kept) = fp8
+            .layernorm_gelu_forward(&x, (&w, &b), &lw, &bias)
+            .expect("fused norm, layer and GELU");
+        let (h_u, g_u, kept_u) = fp8.gelu_forward(&normed, &lw, &bias).expect("layer, GELU");
+        assert_eq!(bits(&h), bits(&h_u), "{what}: h");
+        assert_eq!(bits(&g), bits(&g_u), "{what}: gelu(h)");
+        check_backward(&format!("{what}, GELU"), &kept, &kept_u);
+    }
 }
 
 /// GPT-2's projections under FP8 keep their input as column blocks: the forward (with bias, a

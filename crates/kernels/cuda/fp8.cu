@@ -20,9 +20,9 @@
 // fp8_quantize_swiglu, fp8_quantize_swiglu_grad: fp8_quantize_act of SwiGLU's output and of
 //   its gradient, computed in the kernel from what SwiGLU reads (the cast fused into the
 //   producer: no bf16 act or dgu under FP8).
-// fp8_quantize_rmsnorm: fp8_quantize_act of RMSNorm's output, computed from the norm's input
-//   and the row statistics rmsnorm_forward wrote without its output (no bf16 normalised rows
-//   under FP8).
+// fp8_quantize_rmsnorm, fp8_quantize_layernorm: fp8_quantize_act of a norm's output, computed
+//   from the norm's input and the row statistics its forward wrote without its output (no
+//   bf16 normalised rows under FP8).
 // Every code and scale equals quant::quantize_fp8_e4m3_tiles bitwise (the block's absmax, the
 // multiplier 448 / a and the scale a / 448 as IEEE f32 divisions, one f32 product, then the
 // saturating round to nearest even of cvt.rn.satfinite.e4m3x2; a block holding an inf or NaN
@@ -37,12 +37,14 @@
 // thread and keeping them, 1.9-2.3 TB/s both ways on an H200 (4.8 TB/s: 40-48%, 2026-12-05);
 // fp8_quantize_tiles 1.5-1.6 TB/s on the large weights (down, gate|up) and 0.3-0.7 TB/s on
 // the small ones (o, k, v: 16 to 64 CTAs, too few for 132 SMs). The fused quantisers
-// (SwiGLU's, RMSNorm's) move fp8_quantize_act's bytes both ways plus what they read to make
-// their tile (SwiGLU: gate and up; RMSNorm: h, a weight vector a thread and an rstd a row);
+// (SwiGLU's, the norms') move fp8_quantize_act's bytes both ways plus what they read to make
+// their tile (SwiGLU: gate and up; a norm: its input, its weight (and bias) vector a thread
+// and its statistics a row);
 // not yet timed on a GPU.
 #include "common.cuh"
 #include "swiglu.cuh"
 #include "rmsnorm.cuh"
+#include "layernorm.cuh"
 
 #define FP8_ABS_MASK 0x7fffffffu
 #define FP8_NON_FINITE 0x7f800000u
@@ -327,6 +329,35 @@ fp8_quantize_rmsnorm(const bf16* __restrict__ h, const float* __restrict__ rstd,
         const int r = r0 + i * 16 + (t >> 4);
         raw[i] = r < rows && c < cols ? rms_out8(ld16(h + (i64)r * cols + c), wv, rstd[r])
                                       : make_uint4(0, 0, 0, 0);
+    }
+    fp8_quantize_tile(raw, tile, quarter_amax, r0, c0, blockIdx.x, codes, scales, codes_t,
+                      scales_t, rows, cols);
+}
+
+// LayerNorm's output n = (x - mean) * rstd * w + b (layernorm.cuh: the bits layernorm_forward
+// writes) of x (rows, cols) bf16 with each row's mean and rstd (f32) and the norm's weight and
+// bias (cols) bf16, quantised as fp8_quantize_act quantises n: GPT-2's projections' input
+// after a norm in both blockings, without n in bf16. cols % 8 == 0, x, w and b 16-byte aligned.
+// Grid (ceil(cols / 128), ceil(rows / 128)).
+extern "C" __global__ void __launch_bounds__(256)
+fp8_quantize_layernorm(const bf16* __restrict__ x, const float* __restrict__ mean,
+                       const float* __restrict__ rstd, const bf16* __restrict__ w,
+                       const bf16* __restrict__ b, u8* __restrict__ codes,
+                       float* __restrict__ scales, u8* __restrict__ codes_t,
+                       float* __restrict__ scales_t, int rows, int cols) {
+    __shared__ __align__(16) bf16 tile[128][136];
+    __shared__ u32 quarter_amax[4][128];
+    const int t = threadIdx.x;
+    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
+    const int c = c0 + (t & 15) * 8;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    const uint4 wv = c < cols ? ld16(w + c) : zero, bv = c < cols ? ld16(b + c) : zero;
+    uint4 raw[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = r0 + i * 16 + (t >> 4);
+        raw[i] = r < rows && c < cols ? ln_out8(ld16(x + (i64)r * cols + c), wv, bv, mean[r], rstd[r])
+                                      : zero;
     }
     fp8_quantize_tile(raw, tile, quarter_amax, r0, c0, blockIdx.x, codes, scales, codes_t,
                       scales_t, rows, cols);

@@ -9,7 +9,7 @@
 //! Sizes and constants that Rust and C share are passed as `-D` defines by the launcher
 //! ([`Define`]), never written in both languages. NVRTC errors name the real file and line:
 //! the loader pastes a header ([`HEADERS`]: `common.cuh`, `swiglu.cuh`, `rope.cuh`,
-//! `rmsnorm.cuh`) where a file includes it and marks both with `#line`.
+//! `rmsnorm.cuh`, `layernorm.cuh`) where a file includes it and marks both with `#line`.
 //!
 //! ```
 //! let text = kernels::LAYERNORM.nvrtc_text(&[("C", 768)]);
@@ -53,8 +53,9 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("swiglu.cuh", include_str!("../cuda/swiglu.cuh")),
     // A rotary pair's rotation, shared by rope.cu and qk_norm.cu's fused rotation.
     ("rope.cuh", include_str!("../cuda/rope.cuh")),
-    // RMSNorm's output, shared by rmsnorm.cu and fp8.cu's RMSNorm quantiser.
+    // The norms' outputs, shared by rmsnorm.cu and layernorm.cu and fp8.cu's norm quantisers.
     ("rmsnorm.cuh", include_str!("../cuda/rmsnorm.cuh")),
+    ("layernorm.cuh", include_str!("../cuda/layernorm.cuh")),
 ];
 
 macro_rules! sources {

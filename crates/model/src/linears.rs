@@ -14,15 +14,16 @@ use candle_core::Tensor;
 use crate::error::{ModelError, Result};
 use crate::layers::fp8_linear::{
     cols_backward_of, cols_backward_saved_of, cols_forward_of, cols_forward_saving_of,
-    linear_forward_of, linear_forward_saving_of, linear_gelu_forward_saving_of,
-    rmsnorm_cols_forward_saving_of, saved_input_of, swiglu_down_forward_of,
-    swiglu_gate_up_backward_of, Fp8Input,
+    layernorm_linear_forward_saving_of, linear_forward_of, linear_forward_saving_of,
+    linear_gelu_forward_saving_of, rmsnorm_cols_forward_saving_of, saved_input_of,
+    swiglu_down_forward_of, swiglu_gate_up_backward_of, Fp8Input,
 };
 use crate::layers::{
     add_rmsnorm_forward, bias_gelu_forward, bias_grad, fp8_round, gelu_backward_bias_grad,
-    matmul_backward_into, matmul_cols_backward, matmul_cols_bias_forward, matmul_forward,
-    matmul_gelu_backward_into, matmul_gelu_forward, residual_matmul_forward, rmsnorm_forward,
-    swiglu_packed_backward, swiglu_packed_forward, Fp8Weight, RmsSaved, WEIGHT_TILE,
+    layernorm_forward, matmul_backward_into, matmul_cols_backward, matmul_cols_bias_forward,
+    matmul_forward, matmul_gelu_backward_into, matmul_gelu_forward, residual_matmul_forward,
+    rmsnorm_forward, swiglu_packed_backward, swiglu_packed_forward, Fp8Weight, LnSaved, RmsSaved,
+    WEIGHT_TILE,
 };
 
 /// What the blocks' linear layers multiply in.
@@ -297,6 +298,66 @@ impl LinearFormat {
             LinearFormat::Fp8 => {
                 let (y, kept) = linear_forward_saving_of(x, w, b, None)?;
                 Ok((y, SavedInput::Fp8(kept)))
+            }
+        }
+    }
+
+    /// LayerNorm into a linear layer with a bias: `(the norm's statistics, layernorm(x) @ w +
+    /// b, what the layer's backward keeps of the normalised rows)`. Under FP8 on the GPU the
+    /// normalised rows exist only as FP8 codes, made from `x` and the norm's statistics in one
+    /// pass (`layernorm_linear_forward_saving_of`); otherwise [`layernorm_forward`], then
+    /// [`LinearFormat::forward`].
+    pub fn layernorm_linear_forward(
+        self,
+        x: &Tensor,
+        ln: (&Tensor, &Tensor),
+        w: &LinearWeight,
+        b: &Tensor,
+    ) -> Result<(LnSaved, Tensor, SavedInput)> {
+        let (saved, y, _, kept) = self.layernorm_linear(x, ln, w, b, false)?;
+        Ok((saved, y, kept))
+    }
+
+    /// [`LinearFormat::layernorm_linear_forward`] with GELU after the layer: `(the norm's
+    /// statistics, h, gelu(h), what the layer's backward keeps)`, as
+    /// [`LinearFormat::gelu_forward`] after the norm.
+    pub fn layernorm_gelu_forward(
+        self,
+        x: &Tensor,
+        ln: (&Tensor, &Tensor),
+        w: &LinearWeight,
+        b: &Tensor,
+    ) -> Result<(LnSaved, Tensor, Tensor, SavedInput)> {
+        let (saved, h, g, kept) = self.layernorm_linear(x, ln, w, b, true)?;
+        Ok((saved, h, g.expect("asked for gelu(h)"), kept))
+    }
+
+    fn layernorm_linear(
+        self,
+        x: &Tensor,
+        (ln_w, ln_b): (&Tensor, &Tensor),
+        w: &LinearWeight,
+        b: &Tensor,
+        gelu: bool,
+    ) -> Result<(LnSaved, Tensor, Option<Tensor>, SavedInput)> {
+        match self {
+            LinearFormat::Dense => {
+                let (n, ln) = layernorm_forward(x, ln_w, ln_b)?;
+                Ok(match gelu {
+                    true => {
+                        let (h, g, kept) = self.gelu_forward(&n, w, b)?;
+                        (ln, h, Some(g), kept)
+                    }
+                    false => {
+                        let (y, kept) = self.forward(&n, w, b)?;
+                        (ln, y, None, kept)
+                    }
+                })
+            }
+            LinearFormat::Fp8 => {
+                let (ln, h, g, kept) =
+                    layernorm_linear_forward_saving_of(x, (ln_w, ln_b), w, b, gelu)?;
+                Ok((ln, h, g, SavedInput::Fp8(kept)))
             }
         }
     }

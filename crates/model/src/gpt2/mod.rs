@@ -125,13 +125,17 @@ fn block_forward_full(
     let p = |name: &str| unit.param(name).view(flat);
     let lw = |name: &str| params.linear(unit.param(name));
     let xf = x.reshape((b * t, c))?;
-    let (ln1, ln1_saved) = layernorm_forward(&xf, &p("ln_1.weight")?, &p("ln_1.bias")?)?;
-    let (qkv, ln1) = lin.forward(&ln1, &lw("attn.c_attn.weight")?, &p("attn.c_attn.bias")?)?;
+    // ln_1 into c_attn (under FP8 its output exists only as the layer's codes)
+    let ln_1 = (&p("ln_1.weight")?, &p("ln_1.bias")?);
+    let (w, bias) = (lw("attn.c_attn.weight")?, p("attn.c_attn.bias")?);
+    let (ln1_saved, qkv, ln1) = lin.layernorm_linear_forward(&xf, ln_1, &w, &bias)?;
     let (y, att) = attention_forward(&qkv.reshape((b, t, 3 * c))?, cfg.n_head)?;
     let y = y.reshape((b * t, c))?;
     let x2 = lin.residual_forward(&xf, &y, &lw("attn.c_proj.weight")?, &p("attn.c_proj.bias")?)?;
-    let (ln2, ln2_saved) = layernorm_forward(&x2, &p("ln_2.weight")?, &p("ln_2.bias")?)?;
-    let (h, hg, ln2) = lin.gelu_forward(&ln2, &lw("mlp.c_fc.weight")?, &p("mlp.c_fc.bias")?)?;
+    // ln_2 into c_fc and GELU
+    let ln_2 = (&p("ln_2.weight")?, &p("ln_2.bias")?);
+    let (w, bias) = (lw("mlp.c_fc.weight")?, p("mlp.c_fc.bias")?);
+    let (ln2_saved, h, hg, ln2) = lin.layernorm_gelu_forward(&x2, ln_2, &w, &bias)?;
     // mlp.c_proj's input: what its backward reads, made in the forward's read (a
     // recomputation, which never reads the output, makes it alone).
     let (out, hg) = match want_out {

@@ -32,7 +32,7 @@ use candle_core::{DType, Tensor};
 use quant::Tile;
 
 use crate::error::{ModelError, Result};
-use crate::layers::RmsSaved;
+use crate::layers::{LnSaved, RmsSaved};
 use crate::linears::LinearWeight;
 
 /// The scale block of weights: `128 x 128`.
@@ -485,6 +485,47 @@ pub(crate) fn rmsnorm_cols_forward_saving_of(
     };
     let (y, kept) = cols_forward_saving_of(&n, ws, None)?;
     Ok((h, rms, y, kept))
+}
+
+/// LayerNorm into a linear layer with a bias (GPT-2's ln_1 into c_attn, ln_2 into c_fc with
+/// GELU after it): `(the norm's statistics, h = n @ w + b, gelu(h) where gelu, what the layer's
+/// backward keeps of n)`, `n = layernorm(x)`. On the GPU n is never made in bf16: the norm's
+/// kernel writes its statistics alone and `fp8_quantize_layernorm` makes n's codes from x and
+/// them in one read. Elsewhere [`super::layernorm_forward`], then [`linear_forward_saving_of`]
+/// or [`linear_gelu_forward_saving_of`]: the same numbers.
+pub(crate) fn layernorm_linear_forward_saving_of(
+    x: &Tensor,
+    (ln_w, ln_b): (&Tensor, &Tensor),
+    w: &LinearWeight,
+    b: &Tensor,
+    gelu: bool,
+) -> Result<(LnSaved, Tensor, Option<Tensor>, Fp8Input)> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(x) {
+        if let Some(ln) = super::layernorm::layernorm_statistics(x, ln_w, ln_b)? {
+            let quantised = cuda::fused::quantize_layernorm(x, &ln.mean, &ln.rstd, ln_w, ln_b)?;
+            if let Some((nq, nt)) = quantised {
+                let dims = x.dims2()?;
+                let y = cuda::cols_forward_quantised(&nq, std::slice::from_ref(w), None)?
+                    .ok_or_else(|| fp8_shape_error("the projection after a LayerNorm", dims))?;
+                let (h, g) = super::bias_gelu_forward(y, b, gelu)?;
+                let cols = Fp8Cols::Codes(nt);
+                let dtype = x.dtype();
+                return Ok((ln, h, g, Fp8Input { dtype, dims, cols }));
+            }
+        }
+    }
+    let (n, ln) = super::layernorm_forward(x, ln_w, ln_b)?;
+    Ok(match gelu {
+        true => {
+            let (h, g, kept) = linear_gelu_forward_saving_of(&n, w, b)?;
+            (ln, h, Some(g), kept)
+        }
+        false => {
+            let (y, kept) = linear_forward_saving_of(&n, w, b, None)?;
+            (ln, y, None, kept)
+        }
+    })
 }
 
 /// The backward of SwiGLU and of the gate and up projections after it: `(dx, [dw_gate,

@@ -9,6 +9,7 @@
 //! `rmsnorm.cu`), which `tests/gpu/fp8.rs` asserts.
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Tensor};
+use kernels::launch::Arg;
 use kernels::profile::Family;
 
 use super::{kernel, tile_grid, Operand, BLOCK};
@@ -153,6 +154,37 @@ pub fn quantize_swiglu_grad(dact: &Tensor, gu: &Tensor) -> Result<Option<[(Opera
     Ok(Some([out.half(0)?, out.half(1)?]))
 }
 
+/// `(N, C)` of a norm's input `x` that the norm quantisers take, with its per-row statistics
+/// `stats` (`N` f32 each) and its per-channel `vectors` (weight, bias: `(C)` bf16 each): every
+/// tensor contiguous, the bf16 ones 16-byte aligned, N and C multiples of [`GPU_MULTIPLE`]
+/// within i32.
+fn norm_shape(
+    x: &Tensor,
+    stats: &[&Tensor],
+    vectors: &[&Tensor],
+) -> Result<Option<(usize, usize)>> {
+    let Ok((n, c)) = x.dims2() else {
+        return Ok(None);
+    };
+    let bf16_fits = |t: &Tensor| -> Result<bool> {
+        Ok(t.dtype() == DType::BF16 && t.is_contiguous() && gpu::ptr(t)? % 16 == 0)
+    };
+    let mut fits = bf16_fits(x)?
+        && n > 0
+        && c > 0
+        && n.is_multiple_of(GPU_MULTIPLE)
+        && c.is_multiple_of(GPU_MULTIPLE)
+        && n <= i32::MAX as usize
+        && c <= i32::MAX as usize;
+    for v in vectors {
+        fits = fits && bf16_fits(v)? && v.dims() == [c];
+    }
+    for s in stats {
+        fits = fits && s.dtype() == DType::F32 && s.is_contiguous() && s.elem_count() == n;
+    }
+    Ok(fits.then_some((n, c)))
+}
+
 /// RMSNorm's output `n = bf16(bf16(h * rstd) * w)` of `h (N, C)` with its rows' `rstd (N)` f32
 /// and the norm's weight `w (C)`, in both blockings (`(rows, cols)`, as
 /// [`super::quantize_both`] of the `n` that `rmsnorm_forward` writes): the input of the
@@ -162,42 +194,64 @@ pub fn quantize_rmsnorm(
     rstd: &Tensor,
     w: &Tensor,
 ) -> Result<Option<(Operand, Operand)>> {
-    let Ok((n, c)) = h.dims2() else {
+    let Some((n, c)) = norm_shape(h, &[rstd], &[w])? else {
         return Ok(None);
     };
-    let bf16_fits = |t: &Tensor| -> Result<bool> {
-        Ok(t.dtype() == DType::BF16 && t.is_contiguous() && gpu::ptr(t)? % 16 == 0)
-    };
-    let fits = bf16_fits(h)?
-        && bf16_fits(w)?
-        && w.dims() == [c]
-        && rstd.dtype() == DType::F32
-        && rstd.is_contiguous()
-        && rstd.dims() == [n]
-        && n > 0
-        && c > 0
-        && n.is_multiple_of(GPU_MULTIPLE)
-        && c.is_multiple_of(GPU_MULTIPLE)
-        && n <= i32::MAX as usize
-        && c <= i32::MAX as usize;
-    if !fits {
+    let args = [gpu::ptr(h)?, gpu::ptr(rstd)?, gpu::ptr(w)?];
+    // SAFETY (the launch): h (N, C) and w (C) bf16 contiguous and 16-byte aligned, rstd (N)
+    // f32 contiguous (norm_shape); the kernel's arguments are these, then the outputs.
+    unsafe { quantize_norm(h, "fp8_quantize_rmsnorm", &args, (n, c)) }
+}
+
+/// LayerNorm's output `n = (x - mean) * rstd * w + b` of `x (N, C)` with its rows' `mean` and
+/// `rstd` (`N` f32 each) and the norm's weight and bias `(C)`, in both blockings (as
+/// [`super::quantize_both`] of the `n` that `layernorm_forward` writes): GPT-2's projections'
+/// input after a norm; `None` where the kernel does not take the tensors.
+pub fn quantize_layernorm(
+    x: &Tensor,
+    mean: &Tensor,
+    rstd: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+) -> Result<Option<(Operand, Operand)>> {
+    let Some((n, c)) = norm_shape(x, &[mean, rstd], &[w, b])? else {
         return Ok(None);
-    }
-    let dev = gpu::device(h)?;
+    };
+    let args = [
+        gpu::ptr(x)?,
+        gpu::ptr(mean)?,
+        gpu::ptr(rstd)?,
+        gpu::ptr(w)?,
+        gpu::ptr(b)?,
+    ];
+    // SAFETY (the launch): x (N, C), w and b (C) bf16 contiguous and 16-byte aligned, mean and
+    // rstd N f32 contiguous (norm_shape); the kernel's arguments are these, then the outputs.
+    unsafe { quantize_norm(x, "fp8_quantize_layernorm", &args, (n, c)) }
+}
+
+/// Launches the norm quantiser `name` over `(n, c)` with `inputs` (its leading arguments),
+/// then fresh outputs both ways and `n`, `c`.
+///
+/// # Safety
+/// `inputs` are the device addresses `name` takes first, valid for `(n, c)` as it reads them.
+unsafe fn quantize_norm(
+    x: &Tensor,
+    name: &str,
+    inputs: &[u64],
+    (n, c): (usize, usize),
+) -> Result<Option<(Operand, Operand)>> {
+    let dev = gpu::device(x)?;
     let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
     let out = Outputs::new(&dev, 1, n, c)?;
-    let (ph, pr, pw) = (gpu::ptr(h)?, gpu::ptr(rstd)?, gpu::ptr(w)?);
     let (pc, ps) = (gpu::ptr(&out.codes)?, gpu::ptr(&out.scales)?);
     let (pt, pst) = (gpu::ptr(&out.codes_t)?, gpu::ptr(&out.scales_t)?);
-    let func = kernel(&dev, "fp8_quantize_rmsnorm")?;
-    // SAFETY: h (N, C) and w (C) bf16 contiguous and 16-byte aligned, rstd (N) f32
-    // contiguous, C % 16 == 0; the outputs fresh, each element written once by the kernel;
-    // arguments in kernel order.
-    unsafe {
-        func.launch(
-            config(n, c),
-            &[&ph, &pr, &pw, &pc, &ps, &pt, &pst, &(n as i32), &(c as i32)],
-        )?;
-    }
+    let (rows, cols) = (n as i32, c as i32);
+    let func = kernel(&dev, name)?;
+    let mut args: Vec<&dyn Arg> = inputs.iter().map(|p| p as &dyn Arg).collect();
+    let outputs: [&dyn Arg; 6] = [&pc, &ps, &pt, &pst, &rows, &cols];
+    args.extend(outputs);
+    // SAFETY: the inputs as the caller promises; the outputs fresh, each element written once
+    // by the kernel; arguments in kernel order.
+    unsafe { func.launch(config(n, c), &args)? };
     Ok(Some(out.half(0)?))
 }
