@@ -248,8 +248,9 @@ fn fp8_gathered_weights_transpose_bit_for_bit() {
     }
 }
 
-/// A packed projection's weights quantised in one launch (`fp8_quantize_tiles_batch`, as the
-/// layers quantise q|k|v and gate|up) give the bytes of one launch a weight, both orientations,
+/// A packed projection's weights quantised in one launch (`fp8_quantize_tiles` of up to four,
+/// as the layers quantise q|k|v and gate|up) give the bytes of one launch a weight (the same
+/// kernel over one weight, which the CPU test above holds to the reference), both orientations,
 /// codes and scales with their padding, bit for bit: weights of different OUT with partial
 /// tiles, a zero tile, a NaN. Prints both at Llama 3.2 1B's q|k|v (2048 x 2048, 512, 512).
 #[test]

@@ -14,8 +14,8 @@
 // fp8_quantize_tiles: w (IN, OUT) -> codes (IN, OUT) and codes^T (OUT, IN), one 128 x 128 tile
 //   scale in both BLK128x128 layouts: the input gradient reads w's codes (K = OUT), the
 //   forward w^T's (K = IN; Hopper's FP8 MMA is TN-only, so the forward needs them transposed).
-// fp8_quantize_tiles_batch: fp8_quantize_tiles of a packed projection's weights (q|k|v,
-//   gate|up) in one launch, so that the small ones do not run alone on a few SMs.
+//   One launch takes a packed projection's weights (q|k|v, gate|up) together, so that the
+//   small ones do not run alone on a few SMs.
 // fp8_transpose_tiles: the same transposition of codes and scales FP8 qwZ gathered.
 // fp8_quantize_swiglu, fp8_quantize_swiglu_grad: fp8_quantize_act of SwiGLU's output and of
 //   its gradient, computed in the kernel from what SwiGLU reads (the cast fused into the
@@ -121,17 +121,19 @@ __device__ __forceinline__ void fp8_unpack8(uint4 raw, float* v) {
 // shared memory over 32 rows, and a column's four quarter maxima join through shared memory.
 // The two-way quantisation of one 128 x 128 tile of a (rows, cols) matrix at (r0, c0), as
 // fp8_quantize_act describes it, from the rows this thread loaded: raw[i] is the tile's row
-// i * 16 + t / 16, its columns vc * 8 to + 7 (bf16 bits, zeros outside the matrix). tile and
-// quarter_amax are the CTA's shared memory; tile_col is the tile's column index (the row
-// scales' outer index), the tile's row index is blockIdx.y. Every thread of the CTA calls it;
-// a caller that calls it twice synchronises the CTA between the calls.
-__device__ __forceinline__ void fp8_quantize_tile(const uint4 raw[8], bf16 (*tile)[136],
-                                                  u32 (*quarter_amax)[128], int r0, int c0,
+// i * 16 + t / 16, its columns vc * 8 to + 7 (bf16 bits, zeros outside the matrix). tile_col
+// is the tile's column index (the row scales' outer index), the tile's row index is
+// blockIdx.y. Every thread of the CTA calls it; a caller that calls it twice synchronises the
+// CTA between the calls (the shared memory is the same).
+__device__ __forceinline__ void fp8_quantize_tile(const uint4 raw[8], int r0, int c0,
                                                   int tile_col, u8* __restrict__ codes,
                                                   float* __restrict__ scales,
                                                   u8* __restrict__ codes_t,
                                                   float* __restrict__ scales_t, int rows,
                                                   int cols) {
+    // 8 bf16 of padding a row keep the 16-byte stores on 16 bytes and off each other's banks.
+    __shared__ __align__(16) bf16 tile[128][136];
+    __shared__ u32 quarter_amax[4][128];
     const int t = threadIdx.x;
     const int vc = t & 15;  // the 8-column vector of a row this thread loaded
     const int c = c0 + vc * 8;
@@ -214,9 +216,6 @@ extern "C" __global__ void __launch_bounds__(256)
 fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
                  float* __restrict__ scales, u8* __restrict__ codes_t,
                  float* __restrict__ scales_t, int rows, int cols) {
-    // 8 bf16 of padding a row keep the 16-byte stores on 16 bytes and off each other's banks.
-    __shared__ __align__(16) bf16 tile[128][136];
-    __shared__ u32 quarter_amax[4][128];
     const int t = threadIdx.x;
     const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
     const int c = c0 + (t & 15) * 8;
@@ -227,7 +226,7 @@ fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
         raw[i] = r < rows && c < cols ? *reinterpret_cast<const uint4*>(x + (i64)r * ldx + c)
                                       : make_uint4(0, 0, 0, 0);
     }
-    fp8_quantize_tile(raw, tile, quarter_amax, r0, c0, blockIdx.x, codes, scales, codes_t,
+    fp8_quantize_tile(raw, r0, c0, blockIdx.x, codes, scales, codes_t,
                       scales_t, rows, cols);
 }
 
@@ -240,8 +239,6 @@ extern "C" __global__ void __launch_bounds__(256)
 fp8_quantize_swiglu(const bf16* __restrict__ gu, u8* __restrict__ codes,
                     float* __restrict__ scales, u8* __restrict__ codes_t,
                     float* __restrict__ scales_t, int rows, int F) {
-    __shared__ __align__(16) bf16 tile[128][136];
-    __shared__ u32 quarter_amax[4][128];
     const int t = threadIdx.x;
     const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
     const int c = c0 + (t & 15) * 8;
@@ -258,7 +255,7 @@ fp8_quantize_swiglu(const bf16* __restrict__ gu, u8* __restrict__ codes,
             raw[i] = pack8(a);
         }
     }
-    fp8_quantize_tile(raw, tile, quarter_amax, r0, c0, blockIdx.x, codes, scales, codes_t,
+    fp8_quantize_tile(raw, r0, c0, blockIdx.x, codes, scales, codes_t,
                       scales_t, rows, F);
 }
 
@@ -275,8 +272,6 @@ fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__
                          u8* __restrict__ codes, float* __restrict__ scales,
                          u8* __restrict__ codes_t, float* __restrict__ scales_t, int rows,
                          int F) {
-    __shared__ __align__(16) bf16 tile[128][136];
-    __shared__ u32 quarter_amax[4][128];
     const int t = threadIdx.x;
     const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
     const int c = c0 + (t & 15) * 8;
@@ -296,11 +291,11 @@ fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__
             ru[i] = pack8(du);
         }
     }
-    fp8_quantize_tile(rg, tile, quarter_amax, r0, c0, blockIdx.x, codes, scales, codes_t,
+    fp8_quantize_tile(rg, r0, c0, blockIdx.x, codes, scales, codes_t,
                       scales_t, rows, F);
     __syncthreads();  // the second tile reuses the shared memory
     const i64 rf = (i64)rows * F;
-    fp8_quantize_tile(ru, tile, quarter_amax, r0, c0, blockIdx.x, codes + rf,
+    fp8_quantize_tile(ru, r0, c0, blockIdx.x, codes + rf,
                       scales + (i64)((F + 127) / 128) * rows, codes_t + rf,
                       scales_t + (i64)((rows + 127) / 128) * F, rows, F);
 }
@@ -317,8 +312,6 @@ fp8_quantize_rmsnorm(const bf16* __restrict__ h, const float* __restrict__ rstd,
                      const bf16* __restrict__ w, u8* __restrict__ codes,
                      float* __restrict__ scales, u8* __restrict__ codes_t,
                      float* __restrict__ scales_t, int rows, int cols) {
-    __shared__ __align__(16) bf16 tile[128][136];
-    __shared__ u32 quarter_amax[4][128];
     const int t = threadIdx.x;
     const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
     const int c = c0 + (t & 15) * 8;
@@ -330,7 +323,7 @@ fp8_quantize_rmsnorm(const bf16* __restrict__ h, const float* __restrict__ rstd,
         raw[i] = r < rows && c < cols ? rms_out8(ld16(h + (i64)r * cols + c), wv, rstd[r])
                                       : make_uint4(0, 0, 0, 0);
     }
-    fp8_quantize_tile(raw, tile, quarter_amax, r0, c0, blockIdx.x, codes, scales, codes_t,
+    fp8_quantize_tile(raw, r0, c0, blockIdx.x, codes, scales, codes_t,
                       scales_t, rows, cols);
 }
 
@@ -345,8 +338,6 @@ fp8_quantize_layernorm(const bf16* __restrict__ x, const float* __restrict__ mea
                        const bf16* __restrict__ b, u8* __restrict__ codes,
                        float* __restrict__ scales, u8* __restrict__ codes_t,
                        float* __restrict__ scales_t, int rows, int cols) {
-    __shared__ __align__(16) bf16 tile[128][136];
-    __shared__ u32 quarter_amax[4][128];
     const int t = threadIdx.x;
     const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
     const int c = c0 + (t & 15) * 8;
@@ -359,7 +350,7 @@ fp8_quantize_layernorm(const bf16* __restrict__ x, const float* __restrict__ mea
         raw[i] = r < rows && c < cols ? ln_out8(ld16(x + (i64)r * cols + c), wv, bv, mean[r], rstd[r])
                                       : zero;
     }
-    fp8_quantize_tile(raw, tile, quarter_amax, r0, c0, blockIdx.x, codes, scales, codes_t,
+    fp8_quantize_tile(raw, r0, c0, blockIdx.x, codes, scales, codes_t,
                       scales_t, rows, cols);
 }
 
@@ -392,7 +383,8 @@ __device__ __forceinline__ void fp8_store_tile_t(u8 (*q)[144], u8* __restrict__ 
 // (OUT, IN) row stride IN (either may be null: not written), and each 128 x 128 tile's scale
 // at scales_fwd[ob * ld_fwd + ib] (w^T's BLK128x128 layout, ld_fwd = round_up(ceil(IN / 128),
 // 4)) and scales_bwd[ib * ld_bwd + ob] (w's, ld_bwd = round_up(ceil(OUT / 128), 4)). A CTA of
-// 256 threads a tile; grid (ceil(OUT / 128), ceil(IN / 128)). 16 threads a row load it in
+// 256 threads a tile (fp8_quantize_tiles runs the grid of every weight's tiles). 16 threads a
+// row load it in
 // 16-byte vectors where w, ldw and OUT allow (else element by element), the codes go through
 // shared memory, and each orientation leaves in 16-byte pieces: w's codes a row's 8 pieces
 // from 8 neighbouring threads, w^T's a lane a column (conflict-free reads of shared memory).
@@ -468,19 +460,11 @@ __device__ __forceinline__ void fp8_weight_tile(const bf16* __restrict__ w, i64 
     if (codes_t != nullptr) fp8_store_tile_t(q, codes_t, r0, c0, rows, cols);
 }
 
-extern "C" __global__ void __launch_bounds__(256)
-fp8_quantize_tiles(const bf16* __restrict__ w, i64 ldw, u8* __restrict__ codes,
-                   u8* __restrict__ codes_t, float* __restrict__ scales_fwd,
-                   float* __restrict__ scales_bwd, int rows, int cols, int ld_fwd, int ld_bwd) {
-    fp8_weight_tile(w, ldw, codes, codes_t, scales_fwd, scales_bwd, rows, cols, ld_fwd, ld_bwd,
-                    blockIdx.y, blockIdx.x, gridDim.y, gridDim.x);
-}
-
-// The weights of one packed projection (the same IN, each its own OUT), each as
-// fp8_quantize_tiles takes it, in one launch: k and v of a Llama block are 16 to 64 tiles each,
-// too few CTAs to fill the GPU alone (fp8_quantize_tiles reached 0.44 TB/s on q|k|v's three
-// launches, 2 TB/s on gate|up's). Passed by value; its layout is the Rust launcher's
-// (fp8_linear/cuda.rs, TileBatch), which asserts the same size.
+// One to four weights of the same IN (a packed projection's: q|k|v, gate|up), each as
+// fp8_weight_tile takes it, in one launch: k and v of a Llama block are 16 to 64 tiles each,
+// too few CTAs to fill the GPU alone (a launch a weight reached 0.44 TB/s on q|k|v, 2 TB/s on
+// gate|up). Passed by value; its layout is the Rust launcher's (fp8_linear/cuda/weights.rs,
+// TileBatch), which asserts the same size.
 #define FP8_TILE_BATCH 4
 struct Fp8TileBatch {
     const bf16* w[FP8_TILE_BATCH];
@@ -500,7 +484,7 @@ static_assert(sizeof(Fp8TileBatch) == 248, "Fp8TileBatch: the Rust launcher's Ti
 // Grid (the weights' column tiles together, ceil(IN / 128)): CTA x belongs to the last weight
 // whose first_ob is at most x.
 extern "C" __global__ void __launch_bounds__(256)
-fp8_quantize_tiles_batch(const Fp8TileBatch b, int rows, int ld_fwd) {
+fp8_quantize_tiles(const Fp8TileBatch b, int rows, int ld_fwd) {
     int j = 0;
 #pragma unroll
     for (int k = 1; k < FP8_TILE_BATCH; ++k)

@@ -1,7 +1,6 @@
 //! A linear layer's weight as the FP8 GEMMs read it: quantised from bf16 into 128 x 128 tiles
-//! (`fp8_quantize_tiles`, and `fp8_quantize_tiles_batch` for a packed projection's weights in
-//! one launch), or the codes FP8 qwZ gathered, rearranged for the forward
-//! (`fp8_transpose_tiles`). The forward reads `w^T`'s codes `(OUT, IN)` (K = IN), the input
+//! (`fp8_quantize_tiles`, one launch for all of a packed projection's weights), or the codes
+//! FP8 qwZ gathered, rearranged for the forward (`fp8_transpose_tiles`). The forward reads `w^T`'s codes `(OUT, IN)` (K = IN), the input
 //! gradient `w`'s `(IN, OUT)` (K = OUT); each pass quantises the one it reads.
 use candle_core::cuda_backend::cudarc::driver::DeviceRepr;
 use candle_core::{DType, Tensor};
@@ -125,7 +124,7 @@ pub(super) fn weight_operands(ws: &[LinearWeight], forward: bool) -> Result<Vec<
         })
         .collect();
     match dense {
-        Some(ts) if ts.len() > 1 && ts.len() <= TILE_BATCH => {
+        Some(ts) if !ts.is_empty() && ts.len() <= TILE_BATCH => {
             let both = quantize_tiles_batch(&ts, !forward, forward)?;
             Ok(both
                 .into_iter()
@@ -140,7 +139,7 @@ pub(super) fn weight_operands(ws: &[LinearWeight], forward: bool) -> Result<Vec<
 }
 
 /// [`quantize_weight`] of each of `ws` (at most four, sharing IN), in one launch: the same
-/// bytes, as `tests/gpu/fp8.rs` asserts.
+/// bytes as a launch a weight, as `tests/gpu/fp8.rs` asserts.
 pub fn quantize_weights(ws: &[&Tensor]) -> Result<Vec<Weight>> {
     Ok(quantize_tiles_batch(ws, true, true)?
         .into_iter()
@@ -152,8 +151,8 @@ pub fn quantize_weights(ws: &[&Tensor]) -> Result<Vec<Weight>> {
 }
 
 /// [`quantize_tiles`] of each of `ws` (`(IN, OUT_i)` bf16 contiguous, at most [`TILE_BATCH`])
-/// in one launch of `fp8_quantize_tiles_batch`, whose grid runs the weights' column tiles side
-/// by side.
+/// in one launch of `fp8_quantize_tiles`, whose grid runs the weights' column tiles side by
+/// side.
 fn quantize_tiles_batch(
     ws: &[&Tensor],
     want_codes: bool,
@@ -211,7 +210,7 @@ fn quantize_tiles_batch(
             codes_t.map(|c| operand(c, scales_fwd)),
         ));
     }
-    let func = kernel(&dev, "fp8_quantize_tiles_batch")?;
+    let func = kernel(&dev, "fp8_quantize_tiles")?;
     // SAFETY: each w (IN, OUT_j) bf16 contiguous on this device; its codes, codes_t IN x OUT_j
     // bytes fresh, every one written (or null, never touched), its scales ob_j x ld_fwd and
     // ib x ld_bwd_j f32, every one written (the padding by each row's last tile); the grid's
@@ -248,54 +247,6 @@ fn quantize_tiles(
     want_codes: bool,
     want_codes_t: bool,
 ) -> Result<(Option<Operand>, Option<Operand>)> {
-    let dev = gpu::device(w)?;
-    let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
-    let (inp, out) = w.dims2()?;
-    let (ib, ob) = (inp.div_ceil(BLOCK), out.div_ceil(BLOCK));
-    let (ld_fwd, ld_bwd) = (ib.next_multiple_of(4), ob.next_multiple_of(4));
-    let codes = want_codes
-        .then(|| gpu::uninit((inp, out), DType::U8, &dev))
-        .transpose()?;
-    let codes_t = want_codes_t
-        .then(|| gpu::uninit((out, inp), DType::U8, &dev))
-        .transpose()?;
-    // Every scale, the padding of each row included (zeros), is written by the kernel.
-    let scales_fwd = gpu::uninit((ob, ld_fwd), DType::F32, &dev)?;
-    let scales_bwd = gpu::uninit((ib, ld_bwd), DType::F32, &dev)?;
-    let func = kernel(&dev, "fp8_quantize_tiles")?;
-    let cfg = tile_grid(ob, ib);
-    let pw = gpu::ptr(w)?;
-    // A null address: the kernel skips that orientation.
-    let address = |t: &Option<Tensor>| t.as_ref().map_or(Ok(0), gpu::ptr);
-    let (pc, pt) = (address(&codes)?, address(&codes_t)?);
-    let (pf, pb) = (gpu::ptr(&scales_fwd)?, gpu::ptr(&scales_bwd)?);
-    // SAFETY: w (IN, OUT) bf16 contiguous; codes, codes_t IN x OUT bytes fresh, every one
-    // written (or null, then never touched); the scales ob x ld_fwd and ib x ld_bwd f32,
-    // every one written (the padding by each row's last tile); arguments in kernel order.
-    unsafe {
-        func.launch(
-            cfg,
-            &[
-                &pw,
-                &(out as i64),
-                &pc,
-                &pt,
-                &pf,
-                &pb,
-                &(inp as i32),
-                &(out as i32),
-                &(ld_fwd as i32),
-                &(ld_bwd as i32),
-            ],
-        )?;
-    }
-    let operand = |codes: Tensor, scales: Tensor| Operand {
-        codes,
-        scales,
-        mode: ScaleMode::Blk128x128,
-    };
-    Ok((
-        codes.map(|c| operand(c, scales_bwd)),
-        codes_t.map(|c| operand(c, scales_fwd)),
-    ))
+    let mut one = quantize_tiles_batch(&[w], want_codes, want_codes_t)?;
+    Ok(one.pop().expect("one weight in, one out"))
 }
