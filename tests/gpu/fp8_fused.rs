@@ -1,15 +1,15 @@
 //! FP8's casts fused into the kernels that make their tensors (SwiGLU's output and gradient,
-//! the norms' outputs), and the codes a block keeps for its backward (issue 40), on the GPU:
-//! each against the unfused path (the bf16 tensor, then `quantize_both` or the plain FP8
-//! layer), bit for bit, on whole and partial tiles, and through the layers that use them,
-//! forward and backward.
+//! the norms' outputs, GELU's output), and the codes a block keeps for its backward (issue
+//! 40), on the GPU: each against the unfused path (the bf16 tensor, then `quantize_both` or
+//! the plain FP8 layer), bit for bit, on whole and partial tiles, and through the layers that
+//! use them, forward and backward.
 
 use crate::common::{gpu, seconds_per_call};
 use crate::fp8::{host_f32, host_u8, same_bits, spread};
 use candle_core::{DType, Tensor};
 use model::layers::{
-    add_rmsnorm_forward, fp8_gpu, layernorm_forward, rmsnorm_forward, swiglu_packed_backward,
-    swiglu_packed_forward,
+    add_rmsnorm_forward, bias_gelu_forward, fp8_gpu, layernorm_forward, rmsnorm_forward,
+    swiglu_packed_backward, swiglu_packed_forward,
 };
 use model::{LinearFormat, LinearWeight, SavedInput};
 
@@ -251,6 +251,86 @@ fn fp8_layernorm_quantiser_equals_the_unfused_path_bit_for_bit() {
         assert_eq!(bits(&h), bits(&h_u), "{what}: h");
         assert_eq!(bits(&g), bits(&g_u), "{what}: gelu(h)");
         check_backward(&format!("{what}, GELU"), &kept, &kept_u);
+    }
+}
+
+/// GELU straight into FP8 after an FP8 layer (`fp8_quantize_bias_gelu`): `h = y + bias` written
+/// over `y` and the codes and scales of `gelu(h)` are those `bias_gelu_forward` then
+/// `quantize_both` make, bit for bit; and GPT-2's MLP through the layers
+/// (`LinearFormat::layernorm_mlp_forward`, with and without c_proj's output) gives the bits of
+/// the norm, c_fc and GELU, then c_proj, in bf16 between them: h, the output, and the
+/// backward from what c_fc and c_proj kept.
+#[test]
+fn fp8_gelu_quantiser_equals_the_unfused_path_bit_for_bit() {
+    let fp8 = LinearFormat::Fp8;
+    let bits = |t: &Tensor| host_f32(&t.to_dtype(DType::F32).expect("f32"));
+    for (n, c) in [(256, 256), (272, 144)] {
+        let f = 4 * c;
+        let what = format!("GELU ({n}, {f})");
+        let (_, y) = spread(n, f, 81);
+        let bias = spread(1, f, 82).1.reshape(f).expect("bias (F)");
+        let (h, g) = bias_gelu_forward(y.copy().expect("copy"), &bias, true).expect("unfused");
+        let g = g.expect("asked for gelu(h)");
+        let (q, qt) = fp8_gpu::quantize_both(&g, 0, f).expect("g both ways");
+        let fused = y.copy().expect("copy");
+        let (fq, fqt) = fp8_gpu::fused::quantize_bias_gelu(&fused, &bias, true)
+            .expect("fused quantiser")
+            .expect("a shape the kernel takes");
+        assert_eq!(bits(&fused), bits(&h), "{what}: h over y");
+        same_operand(&format!("{what}: rows"), &fq.expect("asked for rows"), &q);
+        same_operand(&format!("{what}: columns"), &fqt, &qt);
+        // GPT-2's MLP: ln_2 (C), c_fc (C, F), c_proj (F, C), the residual x (N, C).
+        let (_, x) = spread(n, c, 83);
+        let ln = (
+            &spread(1, c, 84).1.reshape(c).expect("ln weight"),
+            &spread(1, c, 85).1.reshape(c).expect("ln bias"),
+        );
+        let fc = (LinearWeight::Dense(spread(c, f, 86).1), bias.clone());
+        let proj_b = spread(1, c, 87).1.reshape(c).expect("c_proj bias");
+        let proj = (LinearWeight::Dense(spread(f, c, 88).1), proj_b);
+        let (_, dout) = spread(n, c, 89);
+        let (_, dh) = spread(n, f, 90);
+        for want_out in [true, false] {
+            let what = format!("{what}, output {want_out}");
+            let mlp = fp8
+                .layernorm_mlp_forward(&x, ln, (&fc.0, &fc.1), (&proj.0, &proj.1), want_out)
+                .expect("fused MLP");
+            let (_, h_u, g_u, n_u) = fp8
+                .layernorm_gelu_forward(&x, ln, &fc.0, &fc.1)
+                .expect("norm, c_fc, GELU");
+            assert_eq!(bits(&mlp.h), bits(&h_u), "{what}: h");
+            let g_kept_u = match want_out {
+                true => {
+                    let (out_u, kept) = fp8
+                        .residual_forward_saving(&x, &g_u, &proj.0, &proj.1)
+                        .expect("c_proj");
+                    let out = mlp.out.as_ref().expect("asked for the output");
+                    assert_eq!(bits(out), bits(&out_u), "{what}: output");
+                    kept
+                }
+                false => {
+                    assert!(mlp.out.is_none(), "{what}: no output asked for");
+                    fp8.saved_input(&g_u).expect("g's column blocks")
+                }
+            };
+            let slot = [None];
+            let (dg, dw) = fp8
+                .cols_backward(&dout, &mlp.g, std::slice::from_ref(&proj.0), &slot)
+                .expect("c_proj backward");
+            let (dg_u, dw_u) = fp8
+                .cols_backward(&dout, &g_kept_u, std::slice::from_ref(&proj.0), &slot)
+                .expect("c_proj backward, unfused");
+            assert_eq!(bits(&dg), bits(&dg_u), "{what}: dgelu");
+            assert_eq!(bits(&dw[0]), bits(&dw_u[0]), "{what}: dw c_proj");
+            let (dn, dw) = fp8
+                .cols_backward(&dh, &mlp.n, std::slice::from_ref(&fc.0), &slot)
+                .expect("c_fc backward");
+            let (dn_u, dw_u) = fp8
+                .cols_backward(&dh, &n_u, std::slice::from_ref(&fc.0), &slot)
+                .expect("c_fc backward, unfused");
+            assert_eq!(bits(&dn), bits(&dn_u), "{what}: dn");
+            assert_eq!(bits(&dw[0]), bits(&dw_u[0]), "{what}: dw c_fc");
+        }
     }
 }
 

@@ -20,6 +20,8 @@
 // fp8_quantize_swiglu, fp8_quantize_swiglu_grad: fp8_quantize_act of SwiGLU's output and of
 //   its gradient, computed in the kernel from what SwiGLU reads (the cast fused into the
 //   producer: no bf16 act or dgu under FP8).
+// fp8_quantize_bias_gelu: the FP8 layers' bias add written over their output, and
+//   fp8_quantize_act of GELU of it (no bf16 gelu(h) under FP8).
 // fp8_quantize_rmsnorm, fp8_quantize_layernorm: fp8_quantize_act of a norm's output, computed
 //   from the norm's input and the row statistics its forward wrote without its output (no
 //   bf16 normalised rows under FP8).
@@ -45,6 +47,7 @@
 #include "swiglu.cuh"
 #include "rmsnorm.cuh"
 #include "layernorm.cuh"
+#include "gelu.cuh"
 
 #define FP8_ABS_MASK 0x7fffffffu
 #define FP8_NON_FINITE 0x7f800000u
@@ -298,6 +301,41 @@ fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__
     fp8_quantize_tile(ru, r0, c0, blockIdx.x, codes + rf,
                       scales + (i64)((F + 127) / 128) * rows, codes_t + rf,
                       scales_t + (i64)((rows + 127) / 128) * F, rows, F);
+}
+
+// The bias add and GELU after an FP8 layer (bias_add_gelu's arithmetic, gelu.cuh): h =
+// bf16(y + bias) written over y (rows, cols) bf16 (GELU's backward reads it), and g = gelu(h)
+// quantised as fp8_quantize_act quantises it (codes null: the column blocks alone): the next
+// projection's input in both blockings, without g in bf16 (bias_add_gelu's write of g and the
+// quantiser's read of it, 4 bytes an element, gone). cols % 8 == 0, y and bias 16-byte
+// aligned. Grid (ceil(cols / 128), ceil(rows / 128)).
+extern "C" __global__ void __launch_bounds__(256)
+fp8_quantize_bias_gelu(bf16* __restrict__ y, const bf16* __restrict__ bias,
+                       u8* __restrict__ codes, float* __restrict__ scales,
+                       u8* __restrict__ codes_t, float* __restrict__ scales_t, int rows,
+                       int cols, float a, float s) {
+    const int t = threadIdx.x;
+    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
+    const int c = c0 + (t & 15) * 8;
+    float b[8];
+    unpack8(c < cols ? ld16(bias + c) : make_uint4(0, 0, 0, 0), b);
+    uint4 raw[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = r0 + i * 16 + (t >> 4);
+        raw[i] = make_uint4(0, 0, 0, 0);
+        if (r < rows && c < cols) {
+            float v[8];
+            unpack8(ld16(y + (i64)r * cols + c), v);
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = act_to_f32(f32_to_act(v[k] + b[k]));
+            st16(y + (i64)r * cols + c, pack8(v));
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = gelu_f(v[k], a, s);
+            raw[i] = pack8(v);
+        }
+    }
+    fp8_quantize_tile(raw, r0, c0, blockIdx.x, codes, scales, codes_t, scales_t, rows, cols);
 }
 
 // RMSNorm's output n = bf16(bf16(h * rstd) * w) (rmsnorm.cuh: the bits rmsnorm_forward writes)

@@ -9,7 +9,8 @@
 //! Sizes and constants that Rust and C share are passed as `-D` defines by the launcher
 //! ([`Define`]), never written in both languages. NVRTC errors name the real file and line:
 //! the loader pastes a header ([`HEADERS`]: `common.cuh`, `swiglu.cuh`, `rope.cuh`,
-//! `rmsnorm.cuh`, `layernorm.cuh`) where a file includes it and marks both with `#line`.
+//! `rmsnorm.cuh`, `layernorm.cuh`, `gelu.cuh`) where a file includes it and marks both with
+//! `#line`.
 //!
 //! ```
 //! let text = kernels::LAYERNORM.nvrtc_text(&[("C", 768)]);
@@ -56,6 +57,8 @@ pub const HEADERS: &[(&str, &str)] = &[
     // The norms' outputs, shared by rmsnorm.cu and layernorm.cu and fp8.cu's norm quantisers.
     ("rmsnorm.cuh", include_str!("../cuda/rmsnorm.cuh")),
     ("layernorm.cuh", include_str!("../cuda/layernorm.cuh")),
+    // GELU's forward, shared by elementwise.cu and fp8.cu's bias-and-GELU quantiser.
+    ("gelu.cuh", include_str!("../cuda/gelu.cuh")),
 ];
 
 macro_rules! sources {

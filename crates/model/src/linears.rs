@@ -14,9 +14,9 @@ use candle_core::Tensor;
 use crate::error::{ModelError, Result};
 use crate::layers::fp8_linear::{
     cols_backward_of, cols_backward_saved_of, cols_forward_of, cols_forward_saving_of,
-    layernorm_linear_forward_saving_of, linear_forward_of, linear_forward_saving_of,
-    linear_gelu_forward_saving_of, rmsnorm_cols_forward_saving_of, saved_input_of,
-    swiglu_down_forward_of, swiglu_gate_up_backward_of, Fp8Input,
+    layernorm_linear_forward_saving_of, layernorm_mlp_forward_of, linear_forward_of,
+    linear_forward_saving_of, linear_gelu_forward_saving_of, rmsnorm_cols_forward_saving_of,
+    saved_input_of, swiglu_down_forward_of, swiglu_gate_up_backward_of, Fp8Input,
 };
 use crate::layers::{
     add_rmsnorm_forward, bias_gelu_forward, bias_grad, fp8_round, gelu_backward_bias_grad,
@@ -56,6 +56,18 @@ pub struct NormedProjection {
     pub rms: RmsSaved,
     pub y: Tensor,
     pub n: SavedInput,
+}
+
+/// What [`LinearFormat::layernorm_mlp_forward`] makes: the norm's statistics, c_fc's output
+/// after its bias `h` (GELU's backward reads it), c_fc's and c_proj's kept inputs (the
+/// normalised rows `n`, `gelu(h)` as `g`) and the block's output where it was asked for.
+#[derive(Clone, Debug)]
+pub struct MlpForward {
+    pub ln: LnSaved,
+    pub h: Tensor,
+    pub n: SavedInput,
+    pub out: Option<Tensor>,
+    pub g: SavedInput,
 }
 
 /// A linear layer's weight `(IN, OUT)` as a block hands it to its layer: a view of the unit's
@@ -359,6 +371,35 @@ impl LinearFormat {
                     layernorm_linear_forward_saving_of(x, (ln_w, ln_b), w, b, gelu)?;
                 Ok((ln, h, g, SavedInput::Fp8(kept)))
             }
+        }
+    }
+
+    /// GPT-2's MLP after its norm: `ln_2(x)` into c_fc and GELU, then into c_proj with the
+    /// residual `x` where `want_out` (a recomputation never reads the block's output). Under FP8
+    /// on the GPU neither the normalised rows nor `gelu(h)` exists in bf16
+    /// (`layernorm_mlp_forward_of`); otherwise [`LinearFormat::layernorm_gelu_forward`], then
+    /// [`LinearFormat::residual_forward_saving`] (or [`LinearFormat::saved_input`]).
+    pub fn layernorm_mlp_forward(
+        self,
+        x: &Tensor,
+        ln: (&Tensor, &Tensor),
+        fc: (&LinearWeight, &Tensor),
+        proj: (&LinearWeight, &Tensor),
+        want_out: bool,
+    ) -> Result<MlpForward> {
+        match self {
+            LinearFormat::Dense => {
+                let (ln, h, g, n) = self.layernorm_gelu_forward(x, ln, fc.0, fc.1)?;
+                let (out, g) = match want_out {
+                    true => {
+                        let (out, g) = self.residual_forward_saving(x, &g, proj.0, proj.1)?;
+                        (Some(out), g)
+                    }
+                    false => (None, self.saved_input(&g)?),
+                };
+                Ok(MlpForward { ln, h, n, out, g })
+            }
+            LinearFormat::Fp8 => layernorm_mlp_forward_of(x, ln, fc, proj, want_out),
         }
     }
 

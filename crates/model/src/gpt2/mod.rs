@@ -132,21 +132,14 @@ fn block_forward_full(
     let (y, att) = attention_forward(&qkv.reshape((b, t, 3 * c))?, cfg.n_head)?;
     let y = y.reshape((b * t, c))?;
     let x2 = lin.residual_forward(&xf, &y, &lw("attn.c_proj.weight")?, &p("attn.c_proj.bias")?)?;
-    // ln_2 into c_fc and GELU
+    // ln_2 into c_fc and GELU, into c_proj with the residual (c_proj only where the output is
+    // wanted: a recomputation never reads it)
     let ln_2 = (&p("ln_2.weight")?, &p("ln_2.bias")?);
-    let (w, bias) = (lw("mlp.c_fc.weight")?, p("mlp.c_fc.bias")?);
-    let (ln2_saved, h, hg, ln2) = lin.layernorm_gelu_forward(&x2, ln_2, &w, &bias)?;
-    // mlp.c_proj's input: what its backward reads, made in the forward's read (a
-    // recomputation, which never reads the output, makes it alone).
-    let (out, hg) = match want_out {
-        true => {
-            let w = lw("mlp.c_proj.weight")?;
-            let bias = p("mlp.c_proj.bias")?;
-            let (out, hg) = lin.residual_forward_saving(&x2, &hg, &w, &bias)?;
-            (Some(out.reshape((b, t, c))?), hg)
-        }
-        false => (None, lin.saved_input(&hg)?),
-    };
+    let fc = (&lw("mlp.c_fc.weight")?, &p("mlp.c_fc.bias")?);
+    let proj = (&lw("mlp.c_proj.weight")?, &p("mlp.c_proj.bias")?);
+    let mlp = lin.layernorm_mlp_forward(&x2, ln_2, fc, proj, want_out)?;
+    let out = mlp.out.map(|o| o.reshape((b, t, c))).transpose()?;
+    let (ln2, ln2_saved, h, hg) = (mlp.n, mlp.ln, mlp.h, mlp.g);
     let acts = BlockActs {
         x: x.clone(),
         ln1,

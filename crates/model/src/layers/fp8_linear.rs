@@ -32,7 +32,6 @@ use candle_core::{DType, Tensor};
 use quant::Tile;
 
 use crate::error::{ModelError, Result};
-use crate::layers::{LnSaved, RmsSaved};
 use crate::linears::LinearWeight;
 
 /// The scale block of weights: `128 x 128`.
@@ -407,150 +406,6 @@ pub(crate) fn saved_input_of(x: &Tensor) -> Result<Fp8Input> {
     Ok(Fp8Input { dtype, dims, cols })
 }
 
-/// SwiGLU of the packed `gu (N, 2F)` into the down projection: `(residual + act @ w_down when
-/// want_out, what down's backward keeps of act)`, `act = silu(gate) * up`. On the GPU act is
-/// never made in bf16: `fp8_quantize_swiglu` writes its codes from `gu`. Elsewhere
-/// [`super::swiglu_packed_forward`] then [`cols_forward_saving_of`] (or [`saved_input_of`]).
-pub(crate) fn swiglu_down_forward_of(
-    gu: &Tensor,
-    w_down: &[LinearWeight],
-    residual: Option<&Tensor>,
-    want_out: bool,
-) -> Result<(Option<Tensor>, Fp8Input)> {
-    #[cfg(feature = "cuda")]
-    if super::on_gpu(gu) {
-        if let Some((rows, xt)) = cuda::fused::quantize_swiglu(gu, want_out)? {
-            let dims = xt.codes.dims2().map(|(f, n)| (n, f))?;
-            let y = match rows {
-                Some(xq) => Some(
-                    cuda::cols_forward_quantised(&xq, w_down, residual)?.ok_or_else(|| {
-                        fp8_shape_error("the down projection of a SwiGLU output", dims)
-                    })?,
-                ),
-                None => None,
-            };
-            let cols = Fp8Cols::Codes(xt);
-            return Ok((
-                y,
-                Fp8Input {
-                    dtype: gu.dtype(),
-                    dims,
-                    cols,
-                },
-            ));
-        }
-    }
-    let act = super::swiglu_packed_forward(gu)?;
-    match want_out {
-        true => {
-            let (y, kept) = cols_forward_saving_of(&act, w_down, residual)?;
-            Ok((Some(y), kept))
-        }
-        false => Ok((None, saved_input_of(&act)?)),
-    }
-}
-
-/// RMSNorm (after the residual add, where `delta` is given) into packed projections: `(h, the
-/// norm's statistics, [n @ w_0 | n @ w_1 | ...], what their backward keeps of n)`, `n =
-/// rmsnorm(h)`, `h = x + delta` or `x` itself. On the GPU n is never made in bf16: the norm's
-/// kernel writes h and the statistics alone, and `fp8_quantize_rmsnorm` makes n's codes from
-/// them in one read. Elsewhere [`super::add_rmsnorm_forward`] or [`super::rmsnorm_forward`],
-/// then [`cols_forward_saving_of`]: the same numbers.
-pub(crate) fn rmsnorm_cols_forward_saving_of(
-    x: &Tensor,
-    delta: Option<&Tensor>,
-    norm_w: &Tensor,
-    eps: f64,
-    ws: &[LinearWeight],
-) -> Result<(Tensor, RmsSaved, Tensor, Fp8Input)> {
-    #[cfg(feature = "cuda")]
-    if super::on_gpu(x) {
-        if let Some((h, rms)) = super::rmsnorm::rmsnorm_statistics(x, delta, norm_w, eps)? {
-            if let Some((nq, nt)) = cuda::fused::quantize_rmsnorm(&h, &rms.rstd, norm_w)? {
-                let dims = h.dims2()?;
-                let y = cuda::cols_forward_quantised(&nq, ws, None)?
-                    .ok_or_else(|| fp8_shape_error("the projections after an RMSNorm", dims))?;
-                let cols = Fp8Cols::Codes(nt);
-                let dtype = x.dtype();
-                return Ok((h, rms, y, Fp8Input { dtype, dims, cols }));
-            }
-        }
-    }
-    let (h, n, rms) = match delta {
-        Some(d) => super::add_rmsnorm_forward(x, d, norm_w, eps)?,
-        None => {
-            let (n, rms) = super::rmsnorm_forward(x, norm_w, eps)?;
-            (x.clone(), n, rms)
-        }
-    };
-    let (y, kept) = cols_forward_saving_of(&n, ws, None)?;
-    Ok((h, rms, y, kept))
-}
-
-/// LayerNorm into a linear layer with a bias (GPT-2's ln_1 into c_attn, ln_2 into c_fc with
-/// GELU after it): `(the norm's statistics, h = n @ w + b, gelu(h) where gelu, what the layer's
-/// backward keeps of n)`, `n = layernorm(x)`. On the GPU n is never made in bf16: the norm's
-/// kernel writes its statistics alone and `fp8_quantize_layernorm` makes n's codes from x and
-/// them in one read. Elsewhere [`super::layernorm_forward`], then [`linear_forward_saving_of`]
-/// or [`linear_gelu_forward_saving_of`]: the same numbers.
-pub(crate) fn layernorm_linear_forward_saving_of(
-    x: &Tensor,
-    (ln_w, ln_b): (&Tensor, &Tensor),
-    w: &LinearWeight,
-    b: &Tensor,
-    gelu: bool,
-) -> Result<(LnSaved, Tensor, Option<Tensor>, Fp8Input)> {
-    #[cfg(feature = "cuda")]
-    if super::on_gpu(x) {
-        if let Some(ln) = super::layernorm::layernorm_statistics(x, ln_w, ln_b)? {
-            let quantised = cuda::fused::quantize_layernorm(x, &ln.mean, &ln.rstd, ln_w, ln_b)?;
-            if let Some((nq, nt)) = quantised {
-                let dims = x.dims2()?;
-                let y = cuda::cols_forward_quantised(&nq, std::slice::from_ref(w), None)?
-                    .ok_or_else(|| fp8_shape_error("the projection after a LayerNorm", dims))?;
-                let (h, g) = super::bias_gelu_forward(y, b, gelu)?;
-                let cols = Fp8Cols::Codes(nt);
-                let dtype = x.dtype();
-                return Ok((ln, h, g, Fp8Input { dtype, dims, cols }));
-            }
-        }
-    }
-    let (n, ln) = super::layernorm_forward(x, ln_w, ln_b)?;
-    Ok(match gelu {
-        true => {
-            let (h, g, kept) = linear_gelu_forward_saving_of(&n, w, b)?;
-            (ln, h, Some(g), kept)
-        }
-        false => {
-            let (y, kept) = linear_forward_saving_of(&n, w, b, None)?;
-            (ln, y, None, kept)
-        }
-    })
-}
-
-/// The backward of SwiGLU and of the gate and up projections after it: `(dx, [dw_gate,
-/// dw_up])` from `dact (N, F)`, the packed `gu (N, 2F)` and what the projections kept of their
-/// input `x`. On the GPU dgu is never made in bf16: `fp8_quantize_swiglu_grad` writes both
-/// halves' codes from `dact` and `gu`. Elsewhere [`super::swiglu_packed_backward`] then
-/// [`cols_backward_saved_of`].
-pub(crate) fn swiglu_gate_up_backward_of(
-    dact: &Tensor,
-    gu: &Tensor,
-    x: &Fp8Input,
-    ws: &[LinearWeight],
-    into: &[Option<Tensor>],
-) -> Result<(Tensor, Vec<Tensor>)> {
-    #[cfg(feature = "cuda")]
-    if let (true, Fp8Cols::Codes(xt)) = (super::on_gpu(gu), &x.cols) {
-        if let Some(douts) = cuda::fused::quantize_swiglu_grad(dact, gu)? {
-            return cuda::cols_backward_quantised(&douts, xt, x.dims, ws, into)?
-                .ok_or_else(|| fp8_shape_error("the gate and up projections' input", x.dims));
-        }
-    }
-    let dgu = super::swiglu_packed_backward(dact, gu)?;
-    cols_backward_saved_of(&dgu, x, ws, into)
-}
-
 /// A shape the GPU's FP8 GEMMs do not take, where the quantiser before them did.
 #[cfg(feature = "cuda")]
 fn fp8_shape_error(what: &str, (n, k): (usize, usize)) -> ModelError {
@@ -634,3 +489,9 @@ fn rounded_cols_backward(
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod producers;
+
+pub(crate) use producers::{
+    layernorm_linear_forward_saving_of, layernorm_mlp_forward_of, rmsnorm_cols_forward_saving_of,
+    swiglu_down_forward_of, swiglu_gate_up_backward_of,
+};

@@ -1,12 +1,13 @@
-//! The FP8 quantisers fused into the kernel that makes their tensor (`kernels/cuda/fp8.cu`),
-//! for tensors that under FP8 compute only FP8 GEMMs read, so that they are never written in
-//! bf16: SwiGLU's output and gradient (`fp8_quantize_swiglu`, `fp8_quantize_swiglu_grad`: the
-//! down projection reads `act = silu(gate) * up` only as codes, the gate and up projections
-//! `dgu`), and RMSNorm's output (`fp8_quantize_rmsnorm`: the projections after a norm read it
-//! only as codes). The codes are those of [`super::quantize_both`] of the bf16 tensors
-//! `swiglu_packed_forward`, `swiglu_packed_backward` and `rmsnorm_forward` make, bit for bit
-//! (the arithmetic is `swiglu.cuh`'s and `rmsnorm.cuh`'s, shared with `swiglu.cu` and
-//! `rmsnorm.cu`), which `tests/gpu/fp8.rs` asserts.
+//! The FP8 quantisers fused into the kernel that makes their tensor (`kernels/cuda/fp8.cu`), for
+//! tensors that under FP8 compute only FP8 GEMMs read, so that they are never written in bf16:
+//! SwiGLU's output and gradient (`fp8_quantize_swiglu`, `fp8_quantize_swiglu_grad`: the down
+//! projection reads `act = silu(gate) * up` only as codes, the gate and up projections `dgu`), the
+//! norms' outputs (`fp8_quantize_rmsnorm`, `fp8_quantize_layernorm`: the projections after a norm
+//! read them only as codes), and GELU's output after GPT-2's c_fc (`fp8_quantize_bias_gelu`). The
+//! codes are those of [`super::quantize_both`] of the bf16 tensors that `swiglu_packed_forward`,
+//! `swiglu_packed_backward`, `rmsnorm_forward`, `layernorm_forward` and `bias_gelu_forward` make,
+//! bit for bit (the arithmetic is `swiglu.cuh`'s, `rmsnorm.cuh`'s, `layernorm.cuh`'s and
+//! `gelu.cuh`'s, shared with the unfused kernels), which `tests/gpu/fp8_fused.rs` asserts.
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Tensor};
 use kernels::launch::Arg;
@@ -17,6 +18,7 @@ use crate::error::Result;
 use crate::gemm::ScaleMode;
 use crate::gpu;
 use crate::layers::fp8_linear::GPU_MULTIPLE;
+use crate::layers::gelu::{GELU_A, GELU_S};
 
 /// `(N, F)` of a packed `gu (N, 2F)` the kernels take: bf16, contiguous, 16-byte aligned, N and
 /// F multiples of [`GPU_MULTIPLE`] (the GEMMs' sides) within i32.
@@ -154,11 +156,11 @@ pub fn quantize_swiglu_grad(dact: &Tensor, gu: &Tensor) -> Result<Option<[(Opera
     Ok(Some([out.half(0)?, out.half(1)?]))
 }
 
-/// `(N, C)` of a norm's input `x` that the norm quantisers take, with its per-row statistics
-/// `stats` (`N` f32 each) and its per-channel `vectors` (weight, bias: `(C)` bf16 each): every
-/// tensor contiguous, the bf16 ones 16-byte aligned, N and C multiples of [`GPU_MULTIPLE`]
-/// within i32.
-fn norm_shape(
+/// `(N, C)` of a tile quantiser's input `x` (a norm's input, a layer's output), with its
+/// per-row statistics `stats` (`N` f32 each) and its per-channel `vectors` (weight, bias: `(C)`
+/// bf16 each): every tensor contiguous, the bf16 ones 16-byte aligned, N and C multiples of
+/// [`GPU_MULTIPLE`] within i32.
+fn tile_shape(
     x: &Tensor,
     stats: &[&Tensor],
     vectors: &[&Tensor],
@@ -194,13 +196,15 @@ pub fn quantize_rmsnorm(
     rstd: &Tensor,
     w: &Tensor,
 ) -> Result<Option<(Operand, Operand)>> {
-    let Some((n, c)) = norm_shape(h, &[rstd], &[w])? else {
+    let Some((n, c)) = tile_shape(h, &[rstd], &[w])? else {
         return Ok(None);
     };
     let args = [gpu::ptr(h)?, gpu::ptr(rstd)?, gpu::ptr(w)?];
     // SAFETY (the launch): h (N, C) and w (C) bf16 contiguous and 16-byte aligned, rstd (N)
-    // f32 contiguous (norm_shape); the kernel's arguments are these, then the outputs.
-    unsafe { quantize_norm(h, "fp8_quantize_rmsnorm", &args, (n, c)) }
+    // f32 contiguous (tile_shape); the kernel's arguments are these, then the outputs.
+    let (rows, cols) =
+        unsafe { quantize_tiles_of(h, "fp8_quantize_rmsnorm", &args, (n, c), true, &[])? };
+    Ok(Some((rows.expect("asked for the row blocks"), cols)))
 }
 
 /// LayerNorm's output `n = (x - mean) * rstd * w + b` of `x (N, C)` with its rows' `mean` and
@@ -214,7 +218,7 @@ pub fn quantize_layernorm(
     w: &Tensor,
     b: &Tensor,
 ) -> Result<Option<(Operand, Operand)>> {
-    let Some((n, c)) = norm_shape(x, &[mean, rstd], &[w, b])? else {
+    let Some((n, c)) = tile_shape(x, &[mean, rstd], &[w, b])? else {
         return Ok(None);
     };
     let args = [
@@ -225,33 +229,75 @@ pub fn quantize_layernorm(
         gpu::ptr(b)?,
     ];
     // SAFETY (the launch): x (N, C), w and b (C) bf16 contiguous and 16-byte aligned, mean and
-    // rstd N f32 contiguous (norm_shape); the kernel's arguments are these, then the outputs.
-    unsafe { quantize_norm(x, "fp8_quantize_layernorm", &args, (n, c)) }
+    // rstd N f32 contiguous (tile_shape); the kernel's arguments are these, then the outputs.
+    let (rows, cols) =
+        unsafe { quantize_tiles_of(x, "fp8_quantize_layernorm", &args, (n, c), true, &[])? };
+    Ok(Some((rows.expect("asked for the row blocks"), cols)))
 }
 
-/// Launches the norm quantiser `name` over `(n, c)` with `inputs` (its leading arguments),
-/// then fresh outputs both ways and `n`, `c`.
+/// The bias add and GELU after an FP8 layer, `h = y + bias` written over `y (N, OUT)` (the
+/// bits of `bias_gelu_forward`, which GELU's backward reads), and `gelu(h)` as the next
+/// projection reads it: its 1 x 128 blocks where `rows_blocks` (a recomputation, which never
+/// reads that projection's output, skips them) and its 128 x 1 blocks (what the projection's
+/// backward keeps), as [`super::quantize_both`] of the `gelu(h)` that `bias_gelu_forward`
+/// writes; `None` (and `y` untouched) where the kernel does not take the tensors.
+pub fn quantize_bias_gelu(
+    y: &Tensor,
+    bias: &Tensor,
+    rows_blocks: bool,
+) -> Result<Option<(Option<Operand>, Operand)>> {
+    let Some((n, c)) = tile_shape(y, &[], &[bias])? else {
+        return Ok(None);
+    };
+    let args = [gpu::ptr(y)?, gpu::ptr(bias)?];
+    let (a, s) = (GELU_A as f32, GELU_S as f32);
+    // SAFETY (the launch): y (N, OUT) and bias (OUT) bf16 contiguous and 16-byte aligned
+    // (tile_shape), y written in place; the kernel's arguments are these, the outputs, then
+    // GELU's constants.
+    let quantised = unsafe {
+        quantize_tiles_of(
+            y,
+            "fp8_quantize_bias_gelu",
+            &args,
+            (n, c),
+            rows_blocks,
+            &[&a, &s],
+        )?
+    };
+    Ok(Some(quantised))
+}
+
+/// Launches the tile quantiser `name` over `(n, c)` with `inputs` (its leading arguments),
+/// then fresh outputs (the row blocks' null unless `rows_blocks`), `n`, `c` and `extra`.
 ///
 /// # Safety
-/// `inputs` are the device addresses `name` takes first, valid for `(n, c)` as it reads them.
-unsafe fn quantize_norm(
+/// `inputs` and `extra` are what `name` takes before and after the outputs, the addresses
+/// valid for `(n, c)` as it reads and writes them.
+unsafe fn quantize_tiles_of(
     x: &Tensor,
     name: &str,
     inputs: &[u64],
     (n, c): (usize, usize),
-) -> Result<Option<(Operand, Operand)>> {
+    rows_blocks: bool,
+    extra: &[&dyn Arg],
+) -> Result<(Option<Operand>, Operand)> {
     let dev = gpu::device(x)?;
     let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
     let out = Outputs::new(&dev, 1, n, c)?;
-    let (pc, ps) = (gpu::ptr(&out.codes)?, gpu::ptr(&out.scales)?);
+    let (pc, ps) = match rows_blocks {
+        true => (gpu::ptr(&out.codes)?, gpu::ptr(&out.scales)?),
+        false => (0, 0),
+    };
     let (pt, pst) = (gpu::ptr(&out.codes_t)?, gpu::ptr(&out.scales_t)?);
     let (rows, cols) = (n as i32, c as i32);
     let func = kernel(&dev, name)?;
     let mut args: Vec<&dyn Arg> = inputs.iter().map(|p| p as &dyn Arg).collect();
     let outputs: [&dyn Arg; 6] = [&pc, &ps, &pt, &pst, &rows, &cols];
     args.extend(outputs);
+    args.extend_from_slice(extra);
     // SAFETY: the inputs as the caller promises; the outputs fresh, each element written once
-    // by the kernel; arguments in kernel order.
+    // by the kernel (the row blocks' not at all when null); arguments in kernel order.
     unsafe { func.launch(config(n, c), &args)? };
-    Ok(Some(out.half(0)?))
+    let (rows, cols) = out.half(0)?;
+    Ok((rows_blocks.then_some(rows), cols))
 }
