@@ -215,22 +215,37 @@ __device__ __forceinline__ void fp8_quantize_tile(const uint4 raw[8], int r0, in
     }
 }
 
+// The column of the 8-vector this thread loads in a tile quantiser (grid (column tiles, row
+// tiles), 16 threads a row).
+__device__ __forceinline__ int fp8_vector_col() { return blockIdx.x * 128 + (threadIdx.x & 15) * 8; }
+
+// A tile quantiser's CTA: load(r, c) gives the bf16 bits of row r, columns c to c + 7 of the
+// (rows, cols) matrix it quantises (called only inside it; zeros stand outside), and the tile
+// goes through fp8_quantize_tile. The producers below are this with their load.
+template <class Load>
+__device__ __forceinline__ void fp8_quantize_loaded(Load load, u8* __restrict__ codes,
+                                                    float* __restrict__ scales,
+                                                    u8* __restrict__ codes_t,
+                                                    float* __restrict__ scales_t, int rows,
+                                                    int cols) {
+    const int r0 = blockIdx.y * 128, c = fp8_vector_col();
+    uint4 raw[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = r0 + i * 16 + (threadIdx.x >> 4);
+        raw[i] = r < rows && c < cols ? load(r, c) : make_uint4(0, 0, 0, 0);
+    }
+    fp8_quantize_tile(raw, r0, blockIdx.x * 128, blockIdx.x, codes, scales, codes_t, scales_t,
+                      rows, cols);
+}
+
 extern "C" __global__ void __launch_bounds__(256)
 fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
                  float* __restrict__ scales, u8* __restrict__ codes_t,
                  float* __restrict__ scales_t, int rows, int cols) {
-    const int t = threadIdx.x;
-    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
-    const int c = c0 + (t & 15) * 8;
-    uint4 raw[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int r = r0 + i * 16 + (t >> 4);
-        raw[i] = r < rows && c < cols ? *reinterpret_cast<const uint4*>(x + (i64)r * ldx + c)
-                                      : make_uint4(0, 0, 0, 0);
-    }
-    fp8_quantize_tile(raw, r0, c0, blockIdx.x, codes, scales, codes_t,
-                      scales_t, rows, cols);
+    fp8_quantize_loaded(
+        [=](int r, int c) { return *reinterpret_cast<const uint4*>(x + (i64)r * ldx + c); },
+        codes, scales, codes_t, scales_t, rows, cols);
 }
 
 // SwiGLU's output act = silu(gate) * up (swiglu.cuh, rounded to bf16 as swiglu_forward rounds
@@ -242,24 +257,15 @@ extern "C" __global__ void __launch_bounds__(256)
 fp8_quantize_swiglu(const bf16* __restrict__ gu, u8* __restrict__ codes,
                     float* __restrict__ scales, u8* __restrict__ codes_t,
                     float* __restrict__ scales_t, int rows, int F) {
-    const int t = threadIdx.x;
-    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
-    const int c = c0 + (t & 15) * 8;
-    uint4 raw[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int r = r0 + i * 16 + (t >> 4);
-        raw[i] = make_uint4(0, 0, 0, 0);
-        if (r < rows && c < F) {
+    fp8_quantize_loaded(
+        [=](int r, int c) {
             float g[8], u[8], a[8];
             unpack8(ld16(gu + (i64)r * 2 * F + c), g);
             unpack8(ld16(gu + (i64)r * 2 * F + F + c), u);
             swiglu_act8(g, u, a);
-            raw[i] = pack8(a);
-        }
-    }
-    fp8_quantize_tile(raw, r0, c0, blockIdx.x, codes, scales, codes_t,
-                      scales_t, rows, F);
+            return pack8(a);
+        },
+        codes, scales, codes_t, scales_t, rows, F);
 }
 
 // SwiGLU's gradient dgu = [dgate | dup] (swiglu.cuh, rounded to bf16 as swiglu_backward rounds
@@ -314,17 +320,11 @@ fp8_quantize_bias_gelu(bf16* __restrict__ y, const bf16* __restrict__ bias,
                        u8* __restrict__ codes, float* __restrict__ scales,
                        u8* __restrict__ codes_t, float* __restrict__ scales_t, int rows,
                        int cols, float a, float s) {
-    const int t = threadIdx.x;
-    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
-    const int c = c0 + (t & 15) * 8;
+    const int c = fp8_vector_col();
     float b[8];
     unpack8(c < cols ? ld16(bias + c) : make_uint4(0, 0, 0, 0), b);
-    uint4 raw[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int r = r0 + i * 16 + (t >> 4);
-        raw[i] = make_uint4(0, 0, 0, 0);
-        if (r < rows && c < cols) {
+    fp8_quantize_loaded(
+        [=](int r, int c) {
             float v[8];
             unpack8(ld16(y + (i64)r * cols + c), v);
 #pragma unroll
@@ -332,10 +332,9 @@ fp8_quantize_bias_gelu(bf16* __restrict__ y, const bf16* __restrict__ bias,
             st16(y + (i64)r * cols + c, pack8(v));
 #pragma unroll
             for (int k = 0; k < 8; k++) v[k] = gelu_f(v[k], a, s);
-            raw[i] = pack8(v);
-        }
-    }
-    fp8_quantize_tile(raw, r0, c0, blockIdx.x, codes, scales, codes_t, scales_t, rows, cols);
+            return pack8(v);
+        },
+        codes, scales, codes_t, scales_t, rows, cols);
 }
 
 // RMSNorm's output n = bf16(bf16(h * rstd) * w) (rmsnorm.cuh: the bits rmsnorm_forward writes)
@@ -350,19 +349,11 @@ fp8_quantize_rmsnorm(const bf16* __restrict__ h, const float* __restrict__ rstd,
                      const bf16* __restrict__ w, u8* __restrict__ codes,
                      float* __restrict__ scales, u8* __restrict__ codes_t,
                      float* __restrict__ scales_t, int rows, int cols) {
-    const int t = threadIdx.x;
-    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
-    const int c = c0 + (t & 15) * 8;
+    const int c = fp8_vector_col();
     const uint4 wv = c < cols ? ld16(w + c) : make_uint4(0, 0, 0, 0);
-    uint4 raw[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int r = r0 + i * 16 + (t >> 4);
-        raw[i] = r < rows && c < cols ? rms_out8(ld16(h + (i64)r * cols + c), wv, rstd[r])
-                                      : make_uint4(0, 0, 0, 0);
-    }
-    fp8_quantize_tile(raw, r0, c0, blockIdx.x, codes, scales, codes_t,
-                      scales_t, rows, cols);
+    fp8_quantize_loaded(
+        [=](int r, int c) { return rms_out8(ld16(h + (i64)r * cols + c), wv, rstd[r]); },
+        codes, scales, codes_t, scales_t, rows, cols);
 }
 
 // LayerNorm's output n = (x - mean) * rstd * w + b (layernorm.cuh: the bits layernorm_forward
@@ -376,20 +367,14 @@ fp8_quantize_layernorm(const bf16* __restrict__ x, const float* __restrict__ mea
                        const bf16* __restrict__ b, u8* __restrict__ codes,
                        float* __restrict__ scales, u8* __restrict__ codes_t,
                        float* __restrict__ scales_t, int rows, int cols) {
-    const int t = threadIdx.x;
-    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
-    const int c = c0 + (t & 15) * 8;
+    const int c = fp8_vector_col();
     const uint4 zero = make_uint4(0, 0, 0, 0);
     const uint4 wv = c < cols ? ld16(w + c) : zero, bv = c < cols ? ld16(b + c) : zero;
-    uint4 raw[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int r = r0 + i * 16 + (t >> 4);
-        raw[i] = r < rows && c < cols ? ln_out8(ld16(x + (i64)r * cols + c), wv, bv, mean[r], rstd[r])
-                                      : zero;
-    }
-    fp8_quantize_tile(raw, r0, c0, blockIdx.x, codes, scales, codes_t,
-                      scales_t, rows, cols);
+    fp8_quantize_loaded(
+        [=](int r, int c) {
+            return ln_out8(ld16(x + (i64)r * cols + c), wv, bv, mean[r], rstd[r]);
+        },
+        codes, scales, codes_t, scales_t, rows, cols);
 }
 
 // The transpose of a 128 x 128 tile of codes q (shared memory, the tile at (r0, c0) of a

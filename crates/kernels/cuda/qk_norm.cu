@@ -43,6 +43,8 @@
 
 #include "common.cuh"
 #include "rope.cuh"
+// rms_out8: a head's out = bf16(bf16(x * rstd) * w), the bits of rmsnorm.cu.
+#include "rmsnorm.cuh"
 static_assert(PRECISION == PRECISION_BF16, "qk_norm.cu: bf16 only: its heads are vectors of 8 (unpack8, pack8)");
 
 #ifndef HS
@@ -72,15 +74,6 @@ __device__ __forceinline__ float sum_sq8(uint4 v) {
     return q;
 }
 
-// out = bf16(bf16(x * rstd) * w) for one vector (rmsnorm.cu's rms_out8).
-__device__ __forceinline__ uint4 norm_out8(uint4 xv, uint4 wv, float rstd) {
-    float f[8], wf[8];
-    unpack8(xv, f);
-    unpack8(wv, wf);
-#pragma unroll
-    for (int k = 0; k < 8; k++) f[k] = act_to_f32(f32_to_act(f[k] * rstd)) * wf[k];
-    return pack8(f);
-}
 
 // The rotary embedding of a head's channels sub * 8 to + 7 (bf16 bits v) at position t, by
 // sign times the angle (rope.cuh; rope.cu's rotation, the same bits): the pair partners of a
@@ -131,7 +124,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) qk_norm_forward(
     const uint4 zero = uint4{0u, 0u, 0u, 0u};
     const uint4 xv = live ? ld16(xr) : zero;
     const float rstd = 1.f / sqrtf(head_sum(sum_sq8(xv)) * (1.f / HS) + eps);
-    uint4 out = live ? norm_out8(xv, ld16((h < NH ? wq : wk) + sub * 8), rstd) : zero;
+    uint4 out = live ? rms_out8(xv, ld16((h < NH ? wq : wk) + sub * 8), rstd) : zero;
     if (cos_t != nullptr) out = rope8(out, sub, n % T, cos_t, sin_t, 1.f);
     if (!live) return;
     st16(x_out + (i64)r * HS + sub * 8, xv);
