@@ -356,7 +356,7 @@ mod cuda {
         let t = qkv.dim(1)?;
         let mut ptrs = [0u64; 2];
         for (p, table) in ptrs.iter_mut().zip([&tables.cos, &tables.sin]) {
-            let fits = hs % 16 == 0
+            let fits = hs.is_multiple_of(16)
                 && table.dtype() == DType::BF16
                 && table.is_contiguous()
                 && table

@@ -34,7 +34,10 @@ pub fn rmsnorm_forward(x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, RmsS
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
         let _span = kernels::profile::scope(x.device(), kernels::profile::Family::Norm);
-        if let Some((_, Some(y), saved)) = cuda::forward(x, None, w, eps, true)? {
+        if let Some(cuda::Forward {
+            y: Some(y), saved, ..
+        }) = cuda::forward(x, None, w, eps, true)?
+        {
             return Ok((y, saved));
         }
         super::declined("rmsnorm::forward", x)?;
@@ -57,7 +60,12 @@ pub fn add_rmsnorm_forward(
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
         let _span = kernels::profile::scope(x.device(), kernels::profile::Family::Norm);
-        if let Some((Some(h), Some(y), saved)) = cuda::forward(x, Some(delta), w, eps, true)? {
+        if let Some(cuda::Forward {
+            h: Some(h),
+            y: Some(y),
+            saved,
+        }) = cuda::forward(x, Some(delta), w, eps, true)?
+        {
             return Ok((h, y, saved));
         }
         super::declined("rmsnorm::residual_forward", x)?;
@@ -84,8 +92,10 @@ pub(crate) fn rmsnorm_statistics(
     }
     let _span = kernels::profile::scope(x.device(), kernels::profile::Family::Norm);
     Ok(match cuda::forward(x, delta, w, eps, false)? {
-        Some((Some(h), _, saved)) => Some((h, saved)),
-        Some((None, _, saved)) if delta.is_none() => Some((x.clone(), saved)),
+        Some(cuda::Forward {
+            h: Some(h), saved, ..
+        }) => Some((h, saved)),
+        Some(cuda::Forward { h: None, saved, .. }) if delta.is_none() => Some((x.clone(), saved)),
         _ => None,
     })
 }
@@ -237,15 +247,24 @@ mod cuda {
         }
     }
 
-    /// `(h when delta is given, y when want_y, saved)`, or `None` for inputs the kernel does
-    /// not take.
+    /// What [`forward`] writes.
+    pub(super) struct Forward {
+        /// `x + delta`, when delta is given.
+        pub h: Option<Tensor>,
+        /// The normalised rows, when asked for.
+        pub y: Option<Tensor>,
+        pub saved: RmsSaved,
+    }
+
+    /// The norm's outputs ([`Forward`]; `y` when `want_y`), or `None` for inputs the kernel
+    /// does not take.
     pub(super) fn forward(
         x: &Tensor,
         delta: Option<&Tensor>,
         w: &Tensor,
         eps: f64,
         want_y: bool,
-    ) -> Result<Option<(Option<Tensor>, Option<Tensor>, RmsSaved)>> {
+    ) -> Result<Option<Forward>> {
         let Some((n, c)) = rows(x) else {
             return Ok(None);
         };
@@ -290,7 +309,11 @@ mod cuda {
                 &[&py, &ph, &pr, &px, &pdelta, &pw, &(n as i32), &(eps as f32)],
             )?;
         }
-        Ok(Some((h, y, RmsSaved { rstd })))
+        Ok(Some(Forward {
+            h,
+            y,
+            saved: RmsSaved { rstd },
+        }))
     }
 
     /// `(dx, dw)`, or `None` for inputs the kernels do not take. `dw` goes to `dw_into` when

@@ -160,9 +160,12 @@ fn quantize_view(
     let (rows, ld) = x.dims2()?;
     // The kernel loads 16 bytes at a time: a view that does not start on 16 bytes (a storage
     // offset, rare) is copied first.
-    if (gpu::ptr(x)? + 2 * col as u64) % 16 != 0 || ld % 8 != 0 || cols % 8 != 0 {
+    if !(gpu::ptr(x)? + 2 * col as u64).is_multiple_of(16)
+        || !ld.is_multiple_of(8)
+        || !cols.is_multiple_of(8)
+    {
         let copy = x.narrow(1, col, cols)?.force_contiguous()?;
-        if gpu::ptr(&copy)? % 16 == 0 && cols % 8 == 0 {
+        if gpu::ptr(&copy)?.is_multiple_of(16) && cols.is_multiple_of(8) {
             return quantize_view(&copy, 0, cols, rows_blocks, transposed);
         }
         return Err(crate::error::ModelError::Candle(candle_core::Error::Msg(
