@@ -39,10 +39,10 @@
 // thread and keeping them, 1.9-2.3 TB/s both ways on an H200 (4.8 TB/s: 40-48%, 2026-12-05);
 // fp8_quantize_tiles 1.5-1.6 TB/s on the large weights (down, gate|up) and 0.3-0.7 TB/s on
 // the small ones (o, k, v: 16 to 64 CTAs, too few for 132 SMs). The fused quantisers
-// (SwiGLU's, the norms') move fp8_quantize_act's bytes both ways plus what they read to make
-// their tile (SwiGLU: gate and up; a norm: its input, its weight (and bias) vector a thread
-// and its statistics a row);
-// not yet timed on a GPU.
+// (SwiGLU's, the norms', GELU's) move fp8_quantize_act's bytes both ways plus what they read
+// to make their tile (SwiGLU: gate and up; a norm: its input, its weight (and bias) vector a
+// thread and its statistics a row; GELU: the layer's output, written back with its bias) and
+// one weight-tile launch takes a packed projection's weights; not yet timed on a GPU.
 #include "common.cuh"
 #include "swiglu.cuh"
 #include "rmsnorm.cuh"
@@ -320,9 +320,9 @@ fp8_quantize_bias_gelu(bf16* __restrict__ y, const bf16* __restrict__ bias,
                        u8* __restrict__ codes, float* __restrict__ scales,
                        u8* __restrict__ codes_t, float* __restrict__ scales_t, int rows,
                        int cols, float a, float s) {
-    const int c = fp8_vector_col();
+    const int col = fp8_vector_col();
     float b[8];
-    unpack8(c < cols ? ld16(bias + c) : make_uint4(0, 0, 0, 0), b);
+    unpack8(col < cols ? ld16(bias + col) : make_uint4(0, 0, 0, 0), b);
     fp8_quantize_loaded(
         [=](int r, int c) {
             float v[8];
@@ -349,8 +349,8 @@ fp8_quantize_rmsnorm(const bf16* __restrict__ h, const float* __restrict__ rstd,
                      const bf16* __restrict__ w, u8* __restrict__ codes,
                      float* __restrict__ scales, u8* __restrict__ codes_t,
                      float* __restrict__ scales_t, int rows, int cols) {
-    const int c = fp8_vector_col();
-    const uint4 wv = c < cols ? ld16(w + c) : make_uint4(0, 0, 0, 0);
+    const int col = fp8_vector_col();
+    const uint4 wv = col < cols ? ld16(w + col) : make_uint4(0, 0, 0, 0);
     fp8_quantize_loaded(
         [=](int r, int c) { return rms_out8(ld16(h + (i64)r * cols + c), wv, rstd[r]); },
         codes, scales, codes_t, scales_t, rows, cols);
@@ -367,9 +367,9 @@ fp8_quantize_layernorm(const bf16* __restrict__ x, const float* __restrict__ mea
                        const bf16* __restrict__ b, u8* __restrict__ codes,
                        float* __restrict__ scales, u8* __restrict__ codes_t,
                        float* __restrict__ scales_t, int rows, int cols) {
-    const int c = fp8_vector_col();
+    const int col = fp8_vector_col();
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    const uint4 wv = c < cols ? ld16(w + c) : zero, bv = c < cols ? ld16(b + c) : zero;
+    const uint4 wv = col < cols ? ld16(w + col) : zero, bv = col < cols ? ld16(b + col) : zero;
     fp8_quantize_loaded(
         [=](int r, int c) {
             return ln_out8(ld16(x + (i64)r * cols + c), wv, bv, mean[r], rstd[r]);
@@ -403,14 +403,14 @@ __device__ __forceinline__ void fp8_store_tile_t(u8 (*q)[144], u8* __restrict__ 
 }
 
 // w (rows = IN, cols = OUT) bf16, row stride ldw -> codes (IN, OUT) row stride OUT, codes_t
-// (OUT, IN) row stride IN (either may be null: not written), and each 128 x 128 tile's scale
-// at scales_fwd[ob * ld_fwd + ib] (w^T's BLK128x128 layout, ld_fwd = round_up(ceil(IN / 128),
-// 4)) and scales_bwd[ib * ld_bwd + ob] (w's, ld_bwd = round_up(ceil(OUT / 128), 4)). A CTA of
-// 256 threads a tile (fp8_quantize_tiles runs the grid of every weight's tiles). 16 threads a
-// row load it in
-// 16-byte vectors where w, ldw and OUT allow (else element by element), the codes go through
-// shared memory, and each orientation leaves in 16-byte pieces: w's codes a row's 8 pieces
-// from 8 neighbouring threads, w^T's a lane a column (conflict-free reads of shared memory).
+// (OUT, IN) row stride IN (either may be null: not written), and each 128 x 128 tile's scale at
+// scales_fwd[ob * ld_fwd + ib] (w^T's BLK128x128 layout, ld_fwd = round_up(ceil(IN / 128), 4))
+// and scales_bwd[ib * ld_bwd + ob] (w's, ld_bwd = round_up(ceil(OUT / 128), 4)). A CTA of 256
+// threads a tile (fp8_quantize_tiles runs the grid of every weight's tiles). 16 threads a row
+// load it in 16-byte vectors where w, ldw and OUT allow (else element by element), the codes go
+// through shared memory, and each orientation leaves in 16-byte pieces: w's codes a row's 8
+// pieces from 8 neighbouring threads, w^T's a lane a column (conflict-free reads of shared
+// memory).
 // fp8_weight_tile is one CTA's tile (ib, ob) of the nib x nob; every thread of the CTA calls it.
 __device__ __forceinline__ void fp8_weight_tile(const bf16* __restrict__ w, i64 ldw,
                                                 u8* __restrict__ codes, u8* __restrict__ codes_t,
