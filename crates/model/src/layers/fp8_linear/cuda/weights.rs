@@ -171,7 +171,10 @@ fn quantize_tiles_batch(
         count: ws.len() as i32,
         ..TileBatch::default()
     };
-    let mut outs = Vec::with_capacity(ws.len());
+    // Every buffer the kernel writes stays alive until the launch has been queued: one dropped
+    // before it (a scale the caller does not want) would go back to the allocator while its
+    // address sits in the batch, and the next weight's buffers could be handed that memory.
+    let mut buffers = Vec::with_capacity(ws.len());
     let mut tiles = 0;
     for (j, w) in ws.iter().enumerate() {
         let (rows, out) = w.dims2()?;
@@ -200,29 +203,35 @@ fn quantize_tiles_batch(
         batch.ld_bwd[j] = ld_bwd as i32;
         batch.first_ob[j] = tiles as i32;
         tiles += ob;
-        let operand = |codes: Tensor, scales: Tensor| Operand {
-            codes,
-            scales,
-            mode: ScaleMode::Blk128x128,
-        };
-        outs.push((
-            codes.map(|c| operand(c, scales_bwd)),
-            codes_t.map(|c| operand(c, scales_fwd)),
-        ));
+        buffers.push((codes, codes_t, scales_fwd, scales_bwd));
     }
     let func = kernel(&dev, "fp8_quantize_tiles")?;
     // SAFETY: each w (IN, OUT_j) bf16 contiguous on this device; its codes, codes_t IN x OUT_j
     // bytes fresh, every one written (or null, never touched), its scales ob_j x ld_fwd and
-    // ib x ld_bwd_j f32, every one written (the padding by each row's last tile); the grid's
-    // columns are the weights' tiles in order (first_ob); IN and each OUT fit i32 (the
-    // callers' takes_weight); arguments in kernel order.
+    // ib x ld_bwd_j f32, every one written (the padding by each row's last tile), all held in
+    // `buffers` until the launch is queued (a later free is ordered after the kernel on the
+    // stream); the grid's columns are the weights' tiles in order (first_ob); IN and each OUT
+    // fit i32 (the callers' takes_weight); arguments in kernel order.
     unsafe {
         func.launch(
             tile_grid(tiles, ib),
             &[&batch, &(inp as i32), &(ld_fwd as i32)],
         )?;
     }
-    Ok(outs)
+    let operand = |codes: Tensor, scales: Tensor| Operand {
+        codes,
+        scales,
+        mode: ScaleMode::Blk128x128,
+    };
+    Ok(buffers
+        .into_iter()
+        .map(|(codes, codes_t, scales_fwd, scales_bwd)| {
+            (
+                codes.map(|c| operand(c, scales_bwd)),
+                codes_t.map(|c| operand(c, scales_fwd)),
+            )
+        })
+        .collect())
 }
 
 fn batch_error(what: &str) -> crate::error::ModelError {
