@@ -21,14 +21,14 @@ use model::layers::{
 use model::{Fp8Weight, LinearFormat, LinearWeight, SavedInput};
 use quant::Tile;
 
-fn host_u8(t: &Tensor) -> Vec<u8> {
+pub(crate) fn host_u8(t: &Tensor) -> Vec<u8> {
     t.flatten_all()
         .and_then(|t| t.to_device(&Device::Cpu))
         .and_then(|t| t.to_vec1::<u8>())
         .expect("u8 codes")
 }
 
-fn host_f32(t: &Tensor) -> Vec<f32> {
+pub(crate) fn host_f32(t: &Tensor) -> Vec<f32> {
     t.flatten_all()
         .and_then(|t| t.to_device(&Device::Cpu))
         .and_then(|t| t.to_vec1::<f32>())
@@ -69,7 +69,7 @@ fn reference(x: &[f32], rows: usize, cols: usize, tile: Tile) -> (Vec<u8>, Vec<f
     quant::quantize_fp8_e4m3_tiles(x, rows, cols, tile).expect("the CPU quantiser")
 }
 
-fn same_bits(what: &str, got: f32, want: f32) {
+pub(crate) fn same_bits(what: &str, got: f32, want: f32) {
     assert_eq!(got.to_bits(), want.to_bits(), "{what}: {got} vs {want}");
 }
 
@@ -248,8 +248,62 @@ fn fp8_gathered_weights_transpose_bit_for_bit() {
     }
 }
 
+/// A packed projection's weights quantised in one launch (`fp8_quantize_tiles` of up to four,
+/// as the layers quantise q|k|v and gate|up) give the bytes of one launch a weight (the same
+/// kernel over one weight, which the CPU test above holds to the reference), both orientations,
+/// codes and scales with their padding, bit for bit: weights of different OUT with partial
+/// tiles, a zero tile, a NaN. Prints both at Llama 3.2 1B's q|k|v (2048 x 2048, 512, 512).
+#[test]
+fn fp8_weight_tiles_in_one_launch_equal_one_by_one() {
+    let same = |what: &str, a: &fp8_gpu::Operand, b: &fp8_gpu::Operand| {
+        assert_eq!(host_u8(&a.codes), host_u8(&b.codes), "{what}: codes");
+        let (x, y) = (host_f32(&a.scales), host_f32(&b.scales));
+        assert_eq!(x.len(), y.len(), "{what}: scales");
+        for (k, (p, q)) in x.iter().zip(&y).enumerate() {
+            same_bits(&format!("{what}: scale {k}"), *p, *q);
+        }
+    };
+    let ws: Vec<Tensor> = [(400, 21), (144, 22), (256, 23), (16, 24)]
+        .into_iter()
+        .map(|(out, seed)| hostile(272, out, seed).1)
+        .collect();
+    for count in [2, 3, 4] {
+        let refs: Vec<&Tensor> = ws[..count].iter().collect();
+        let batch = fp8_gpu::quantize_weights(&refs).expect("one launch");
+        for (j, (w, got)) in refs.iter().zip(&batch).enumerate() {
+            let want = fp8_gpu::quantize_weight(w).expect("one weight");
+            let what = format!("weight {j} of {count}");
+            same(&format!("{what}, w"), &got.codes, &want.codes);
+            same(&format!("{what}, w^T"), &got.codes_t, &want.codes_t);
+        }
+    }
+    let dev = gpu();
+    let qkv: Vec<Tensor> = [(2048, 31), (512, 32), (512, 33)]
+        .into_iter()
+        .map(|(out, seed)| spread(2048, out, seed).1)
+        .collect();
+    let refs: Vec<&Tensor> = qkv.iter().collect();
+    let one_by_one = seconds_per_call(&dev, &|| {
+        for w in &refs {
+            fp8_gpu::quantize_weight(w).expect("one weight");
+        }
+    });
+    let together = seconds_per_call(&dev, &|| {
+        fp8_gpu::quantize_weights(&refs).expect("one launch");
+    });
+    let bytes = 4.0 * (2048 * 3072) as f64;
+    println!(
+        "q|k|v weight tiles at Llama 3.2 1B's shapes, both orientations: three launches {:.1} us \
+         ({:.0} GB/s), one {:.1} us ({:.0} GB/s)",
+        one_by_one * 1e6,
+        bytes / one_by_one / 1e9,
+        together * 1e6,
+        bytes / together / 1e9
+    );
+}
+
 /// Uniform values, row r scaled by 2^(r % 5 - 2) and column c by 2^(c % 3).
-fn spread(rows: usize, cols: usize, seed: u64) -> (Tensor, Tensor) {
+pub(crate) fn spread(rows: usize, cols: usize, seed: u64) -> (Tensor, Tensor) {
     let v: Vec<f32> = uniform(rows * cols, seed, 1.0)
         .into_iter()
         .enumerate()

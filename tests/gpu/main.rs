@@ -11,6 +11,7 @@ mod elementwise;
 mod embedding;
 mod engine;
 mod fp8;
+mod fp8_fused;
 mod fp8_qwz;
 mod layernorm;
 mod linear;

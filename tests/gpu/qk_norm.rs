@@ -3,7 +3,9 @@
 //! saved heads and statistics, dqkv, dwq and dwk, with v and dv untouched and dw the same bits
 //! run to run. Each check runs under an enforced kernel plan, so a kernel that declined (and
 //! left the work to the reference on the GPU) fails it. Then both directions at Qwen3 1.7B's
-//! shape beside a device copy and beside the path they replace (printed: `--nocapture`).
+//! shape beside a device copy and beside the path they replace (printed: `--nocapture`). And the
+//! norm with the rotary embedding fused into it against the two kernels one after the other, bit
+//! for bit both ways.
 //!
 //! Tolerances, as qk_norm.cu's header argues them: y within 1e-2 of max |y| (two bf16
 //! roundings), dqkv, dwq, dwk within 1e-2 (one rounding, 2^-8), rstd within 2e-5 (f32 sums in
@@ -11,7 +13,10 @@
 
 use crate::common::{assert_close, f32_bits, gpu, seconds_per_call};
 use candle_core::{DType, Device, Tensor};
-use model::layers::{qk_norm_backward, qk_norm_forward, rmsnorm_backward, rmsnorm_forward};
+use model::layers::{
+    qk_norm_backward, qk_norm_forward, qk_norm_rope_backward, qk_norm_rope_forward,
+    rmsnorm_backward, rmsnorm_forward, rope_qk_backward, rope_qk_forward, rope_tables, RopeScaling,
+};
 use model::KernelPlan;
 
 /// `offset + scale * u`, u uniform in [-1, 1), rounded to bf16, as `(f32 on the CPU, bf16 on
@@ -102,6 +107,79 @@ fn qk_norm_small_shapes() {
 #[test]
 fn qk_norm_qwen3_1_7b() {
     qk_norm_check(8, 2048, 16, 8, 128, 5); // Qwen3 1.7B, 8 sequences of 2048
+}
+
+/// The q/k norm with the rotation fused into its kernels (`qk_norm_rope_forward`, `_backward`)
+/// against `qk_norm_forward` then `rope_qk_forward` (and `rope_qk_backward` then
+/// `qk_norm_backward`), bit for bit: the output, the saved heads, dqkv, dwq and dwk. Heads of
+/// 16 (a pair of lanes), 80 (idle lanes), 64, 256 and 128 channels; each runs enforced, so a
+/// fused launch that declined would fall to the two kernels and the check would still hold,
+/// which is why the Qwen3 shape also times both (printed).
+fn qk_norm_rope_check(b: usize, t: usize, nh: usize, kv: usize, hs: usize, seed: u64) {
+    let what = |s: &str| format!("qk_norm + rope ({b}, {t}, {nh}/{kv} x {hs}) {s}");
+    let _enforced = plan().enforce();
+    let eps = 1e-6;
+    let w = (nh + 2 * kv) * hs;
+    let (_, x) = pair(&[b, t, w], seed, 0.1, 4.0);
+    let (_, wq) = pair(&[hs], seed + 1, 1.0, 0.3);
+    let (_, wk) = pair(&[hs], seed + 2, 1.0, 0.3);
+    let (_, dy) = pair(&[b, t, w], seed + 3, 0.0, 1.0);
+    let rope = rope_tables(t, hs, 1e6, &RopeScaling::Default, DType::BF16, &gpu()).unwrap();
+    let (y, s) = qk_norm_rope_forward(x.copy().unwrap(), &wq, &wk, &rope, nh, kv, eps).unwrap();
+    let (y2, s2) = qk_norm_forward(x.copy().unwrap(), &wq, &wk, nh, kv, eps).unwrap();
+    let y2 = rope_qk_forward(y2, &rope, nh, kv).unwrap();
+    assert_eq!(f32_bits(&y), f32_bits(&y2), "{}", what("y"));
+    let (q, k, qr, kr) = s.rows().unwrap();
+    let (q2, k2, qr2, kr2) = s2.rows().unwrap();
+    assert_eq!(f32_bits(&q), f32_bits(&q2), "{}", what("saved q"));
+    assert_eq!(f32_bits(&k), f32_bits(&k2), "{}", what("saved k"));
+    assert_eq!(
+        f32_bits(&qr.rstd),
+        f32_bits(&qr2.rstd),
+        "{}",
+        what("rstd of q")
+    );
+    assert_eq!(
+        f32_bits(&kr.rstd),
+        f32_bits(&kr2.rstd),
+        "{}",
+        what("rstd of k")
+    );
+    let (dx, dwq, dwk) = qk_norm_rope_backward(dy.copy().unwrap(), &s, &wq, &wk, &rope).unwrap();
+    let d2 = rope_qk_backward(dy.copy().unwrap(), &rope, nh, kv).unwrap();
+    let (dx2, dwq2, dwk2) = qk_norm_backward(d2, &s2, &wq, &wk).unwrap();
+    assert_eq!(f32_bits(&dx), f32_bits(&dx2), "{}", what("dqkv"));
+    assert_eq!(f32_bits(&dwq), f32_bits(&dwq2), "{}", what("dwq"));
+    assert_eq!(f32_bits(&dwk), f32_bits(&dwk2), "{}", what("dwk"));
+}
+
+#[test]
+fn qk_norm_with_rope_fused_equals_the_two_kernels() {
+    qk_norm_rope_check(2, 37, 4, 2, 16, 11);
+    qk_norm_rope_check(1, 19, 3, 1, 80, 12);
+    qk_norm_rope_check(3, 17, 6, 2, 64, 13);
+    qk_norm_rope_check(2, 33, 5, 5, 256, 14);
+    qk_norm_rope_check(8, 2048, 16, 8, 128, 15); // Qwen3 1.7B, 8 sequences of 2048
+                                                 // Timed at that shape (printed): the fused pair beside the two kernels.
+    let (nh, kv, hs, t) = (16, 8, 128, 2048);
+    let (_, x) = pair(&[8, t, (nh + 2 * kv) * hs], 16, 0.1, 4.0);
+    let (_, wq) = pair(&[hs], 17, 1.0, 0.3);
+    let (_, wk) = pair(&[hs], 18, 1.0, 0.3);
+    let rope = rope_tables(t, hs, 1e6, &RopeScaling::Default, DType::BF16, &gpu()).unwrap();
+    let buf = x.copy().unwrap();
+    let dev = gpu();
+    let fused = seconds_per_call(&dev, &|| {
+        qk_norm_rope_forward(buf.clone(), &wq, &wk, &rope, nh, kv, 1e-6).unwrap();
+    });
+    let two = seconds_per_call(&dev, &|| {
+        let (y, _) = qk_norm_forward(buf.clone(), &wq, &wk, nh, kv, 1e-6).unwrap();
+        rope_qk_forward(y, &rope, nh, kv).unwrap();
+    });
+    println!(
+        "qk_norm + rope forward at (8 x 2048, 16/8 x 128): fused {:.1} us, two kernels {:.1} us",
+        fused * 1e6,
+        two * 1e6
+    );
 }
 
 /// The forward the kernel replaces: q's and k's rows copied out, RMSNorm's kernel on them, the

@@ -33,21 +33,9 @@
 // no tanh call. a, s come in as arguments (GELU_A, GELU_S of gelu.rs).
 
 #include "common.cuh"
+#include "gelu.cuh"
 static_assert(PRECISION == PRECISION_BF16, "elementwise.cu: bf16 only: its vectors are 8 elements (unpack8, pack8)");
 
-// rcp.approx: 1 ulp; rcp(+inf) = +0.
-__device__ __forceinline__ float rcp_approx(float x) {
-    float y;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// g = sigmoid(2 s (h + a h^3)) = 0.5 (1 + tanh(s (h + a h^3))).
-__device__ __forceinline__ float gelu_gate(float h, float a, float s) {
-    const float u = s * fmaf(a * h, h * h, h);
-    return rcp_approx(1.f + ex2(-2.8853900817779268f * u));  // 2 log2(e)
-}
-__device__ __forceinline__ float gelu_f(float h, float a, float s) { return h * gelu_gate(h, a, s); }
 __device__ __forceinline__ float gelu_grad(float h, float a, float s) {
     const float g = gelu_gate(h, a, s);
     return fmaf(2.f * h * g * (1.f - g), s * fmaf(3.f * a, h * h, 1.f), g);

@@ -14,7 +14,17 @@
 // fp8_quantize_tiles: w (IN, OUT) -> codes (IN, OUT) and codes^T (OUT, IN), one 128 x 128 tile
 //   scale in both BLK128x128 layouts: the input gradient reads w's codes (K = OUT), the
 //   forward w^T's (K = IN; Hopper's FP8 MMA is TN-only, so the forward needs them transposed).
+//   One launch takes a packed projection's weights (q|k|v, gate|up) together, so that the
+//   small ones do not run alone on a few SMs.
 // fp8_transpose_tiles: the same transposition of codes and scales FP8 qwZ gathered.
+// fp8_quantize_swiglu, fp8_quantize_swiglu_grad: fp8_quantize_act of SwiGLU's output and of
+//   its gradient, computed in the kernel from what SwiGLU reads (the cast fused into the
+//   producer: no bf16 act or dgu under FP8).
+// fp8_quantize_bias_gelu: the FP8 layers' bias add written over their output, and
+//   fp8_quantize_act of GELU of it (no bf16 gelu(h) under FP8).
+// fp8_quantize_rmsnorm, fp8_quantize_layernorm: fp8_quantize_act of a norm's output, computed
+//   from the norm's input and the row statistics its forward wrote without its output (no
+//   bf16 normalised rows under FP8).
 // Every code and scale equals quant::quantize_fp8_e4m3_tiles bitwise (the block's absmax, the
 // multiplier 448 / a and the scale a / 448 as IEEE f32 divisions, one f32 product, then the
 // saturating round to nearest even of cvt.rn.satfinite.e4m3x2; a block holding an inf or NaN
@@ -28,8 +38,16 @@
 // the column half read one bf16 a lane 128 times a thread); reading 32 words of two columns a
 // thread and keeping them, 1.9-2.3 TB/s both ways on an H200 (4.8 TB/s: 40-48%, 2026-12-05);
 // fp8_quantize_tiles 1.5-1.6 TB/s on the large weights (down, gate|up) and 0.3-0.7 TB/s on
-// the small ones (o, k, v: 16 to 64 CTAs, too few for 132 SMs).
+// the small ones (o, k, v: 16 to 64 CTAs, too few for 132 SMs). The fused quantisers
+// (SwiGLU's, the norms', GELU's) move fp8_quantize_act's bytes both ways plus what they read
+// to make their tile (SwiGLU: gate and up; a norm: its input, its weight (and bias) vector a
+// thread and its statistics a row; GELU: the layer's output, written back with its bias) and
+// one weight-tile launch takes a packed projection's weights; not yet timed on a GPU.
 #include "common.cuh"
+#include "swiglu.cuh"
+#include "rmsnorm.cuh"
+#include "layernorm.cuh"
+#include "gelu.cuh"
 
 #define FP8_ABS_MASK 0x7fffffffu
 #define FP8_NON_FINITE 0x7f800000u
@@ -104,25 +122,27 @@ __device__ __forceinline__ void fp8_unpack8(uint4 raw, float* v) {
 // in registers for the row blocks, copied to shared memory for the column blocks); a row
 // block's absmax is a shuffle over its 16 threads; a thread takes two columns' words from
 // shared memory over 32 rows, and a column's four quarter maxima join through shared memory.
-extern "C" __global__ void __launch_bounds__(256)
-fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
-                 float* __restrict__ scales, u8* __restrict__ codes_t,
-                 float* __restrict__ scales_t, int rows, int cols) {
+// The two-way quantisation of one 128 x 128 tile of a (rows, cols) matrix at (r0, c0), as
+// fp8_quantize_act describes it, from the rows this thread loaded: raw[i] is the tile's row
+// i * 16 + t / 16, its columns vc * 8 to + 7 (bf16 bits, zeros outside the matrix). tile_col
+// is the tile's column index (the row scales' outer index), the tile's row index is
+// blockIdx.y. Every thread of the CTA calls it; a caller that calls it twice synchronises the
+// CTA between the calls (the shared memory is the same).
+__device__ __forceinline__ void fp8_quantize_tile(const uint4 raw[8], int r0, int c0,
+                                                  int tile_col, u8* __restrict__ codes,
+                                                  float* __restrict__ scales,
+                                                  u8* __restrict__ codes_t,
+                                                  float* __restrict__ scales_t, int rows,
+                                                  int cols) {
     // 8 bf16 of padding a row keep the 16-byte stores on 16 bytes and off each other's banks.
     __shared__ __align__(16) bf16 tile[128][136];
     __shared__ u32 quarter_amax[4][128];
     const int t = threadIdx.x;
-    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
-    const int vc = t & 15;  // the 8-column vector of a row this thread loads
+    const int vc = t & 15;  // the 8-column vector of a row this thread loaded
     const int c = c0 + vc * 8;
-    uint4 raw[8];
+    if (codes_t != nullptr)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int rr = i * 16 + (t >> 4), r = r0 + rr;
-        raw[i] = r < rows && c < cols ? *reinterpret_cast<const uint4*>(x + (i64)r * ldx + c)
-                                      : make_uint4(0, 0, 0, 0);
-        if (codes_t != nullptr) *reinterpret_cast<uint4*>(&tile[rr][vc * 8]) = raw[i];
-    }
+        for (int i = 0; i < 8; ++i) *reinterpret_cast<uint4*>(&tile[i * 16 + (t >> 4)][vc * 8]) = raw[i];
     if (codes != nullptr) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -137,7 +157,7 @@ fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
             const int r = r0 + i * 16 + (t >> 4);
             if (r >= rows || c >= cols) continue;
             const Fp8Scale s = fp8_scale(m);
-            if (vc == 0) scales[(i64)blockIdx.x * rows + r] = s.scale;
+            if (vc == 0) scales[(i64)tile_col * rows + r] = s.scale;
             const uint2 q = m >= FP8_NON_FINITE ? make_uint2(0, 0) : fp8_pack8(v, s.mult);
             *reinterpret_cast<uint2*>(codes + (i64)r * cols + c) = q;
         }
@@ -195,22 +215,212 @@ fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
     }
 }
 
-// w (rows = IN, cols = OUT) bf16, row stride ldw -> codes (IN, OUT) row stride OUT, codes_t
-// (OUT, IN) row stride IN (either may be null: not written), and each 128 x 128 tile's scale
-// at scales_fwd[ob * ld_fwd + ib] (w^T's BLK128x128 layout, ld_fwd = round_up(ceil(IN / 128),
-// 4)) and scales_bwd[ib * ld_bwd + ob] (w's, ld_bwd = round_up(ceil(OUT / 128), 4)). A CTA of
-// 256 threads a tile; grid (ceil(OUT / 128), ceil(IN / 128)). 16 threads a row load it in
-// 16-byte vectors where w, ldw and OUT allow (else element by element), the codes go through
-// shared memory, and each orientation leaves in 16-byte pieces: w's codes a row's 8 pieces
-// from 8 neighbouring threads, w^T's a lane a column (conflict-free reads of shared memory).
+// The column of the 8-vector this thread loads in a tile quantiser (grid (column tiles, row
+// tiles), 16 threads a row).
+__device__ __forceinline__ int fp8_vector_col() { return blockIdx.x * 128 + (threadIdx.x & 15) * 8; }
+
+// A tile quantiser's CTA: load(r, c) gives the bf16 bits of row r, columns c to c + 7 of the
+// (rows, cols) matrix it quantises (called only inside it; zeros stand outside), and the tile
+// goes through fp8_quantize_tile. The producers below are this with their load.
+template <class Load>
+__device__ __forceinline__ void fp8_quantize_loaded(Load load, u8* __restrict__ codes,
+                                                    float* __restrict__ scales,
+                                                    u8* __restrict__ codes_t,
+                                                    float* __restrict__ scales_t, int rows,
+                                                    int cols) {
+    const int r0 = blockIdx.y * 128, c = fp8_vector_col();
+    uint4 raw[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = r0 + i * 16 + (threadIdx.x >> 4);
+        raw[i] = r < rows && c < cols ? load(r, c) : make_uint4(0, 0, 0, 0);
+    }
+    fp8_quantize_tile(raw, r0, blockIdx.x * 128, blockIdx.x, codes, scales, codes_t, scales_t,
+                      rows, cols);
+}
+
 extern "C" __global__ void __launch_bounds__(256)
-fp8_quantize_tiles(const bf16* __restrict__ w, i64 ldw, u8* __restrict__ codes,
-                   u8* __restrict__ codes_t, float* __restrict__ scales_fwd,
-                   float* __restrict__ scales_bwd, int rows, int cols, int ld_fwd, int ld_bwd) {
+fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
+                 float* __restrict__ scales, u8* __restrict__ codes_t,
+                 float* __restrict__ scales_t, int rows, int cols) {
+    fp8_quantize_loaded(
+        [=](int r, int c) { return *reinterpret_cast<const uint4*>(x + (i64)r * ldx + c); },
+        codes, scales, codes_t, scales_t, rows, cols);
+}
+
+// SwiGLU's output act = silu(gate) * up (swiglu.cuh, rounded to bf16 as swiglu_forward rounds
+// it) of the packed gu (rows, 2F) bf16, quantised as fp8_quantize_act quantises act (rows, F):
+// the down projection's input in both blockings, without act in bf16 (swiglu_forward's write
+// and the quantiser's read of it, 4 bytes an element of 10, gone). F % 8 == 0, gu 16-byte
+// aligned. Grid (ceil(F / 128), ceil(rows / 128)).
+extern "C" __global__ void __launch_bounds__(256)
+fp8_quantize_swiglu(const bf16* __restrict__ gu, u8* __restrict__ codes,
+                    float* __restrict__ scales, u8* __restrict__ codes_t,
+                    float* __restrict__ scales_t, int rows, int F) {
+    fp8_quantize_loaded(
+        [=](int r, int c) {
+            float g[8], u[8], a[8];
+            unpack8(ld16(gu + (i64)r * 2 * F + c), g);
+            unpack8(ld16(gu + (i64)r * 2 * F + F + c), u);
+            swiglu_act8(g, u, a);
+            return pack8(a);
+        },
+        codes, scales, codes_t, scales_t, rows, F);
+}
+
+// SwiGLU's gradient dgu = [dgate | dup] (swiglu.cuh, rounded to bf16 as swiglu_backward rounds
+// it) from dact (rows, F) and gu (rows, 2F) bf16, each half quantised both ways as
+// fp8_quantize_act quantises a (rows, F) matrix: the gate and up projections' douts, without
+// dgu in bf16 (read 6 bytes a channel pair and write 4 of codes, where swiglu_backward and the
+// quantiser moved 18). Half 0 (dgate) at codes, scales, codes_t, scales_t; half 1 (dup) after
+// it in each: codes + rows F, scales + ceil(F / 128) rows, codes_t + F rows, scales_t +
+// ceil(rows / 128) F. A CTA computes both halves of its tile in one read and quantises them in
+// turn. F % 8 == 0, dact and gu 16-byte aligned. Grid (ceil(F / 128), ceil(rows / 128)).
+extern "C" __global__ void __launch_bounds__(256)
+fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__ gu,
+                         u8* __restrict__ codes, float* __restrict__ scales,
+                         u8* __restrict__ codes_t, float* __restrict__ scales_t, int rows,
+                         int F) {
+    const int t = threadIdx.x;
+    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
+    const int c = c0 + (t & 15) * 8;
+    uint4 rg[8], ru[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = r0 + i * 16 + (t >> 4);
+        rg[i] = make_uint4(0, 0, 0, 0);
+        ru[i] = make_uint4(0, 0, 0, 0);
+        if (r < rows && c < F) {
+            float d[8], g[8], u[8], dg[8], du[8];
+            unpack8(ld16(dact + (i64)r * F + c), d);
+            unpack8(ld16(gu + (i64)r * 2 * F + c), g);
+            unpack8(ld16(gu + (i64)r * 2 * F + F + c), u);
+            swiglu_grad8(d, g, u, dg, du);
+            rg[i] = pack8(dg);
+            ru[i] = pack8(du);
+        }
+    }
+    fp8_quantize_tile(rg, r0, c0, blockIdx.x, codes, scales, codes_t,
+                      scales_t, rows, F);
+    __syncthreads();  // the second tile reuses the shared memory
+    const i64 rf = (i64)rows * F;
+    fp8_quantize_tile(ru, r0, c0, blockIdx.x, codes + rf,
+                      scales + (i64)((F + 127) / 128) * rows, codes_t + rf,
+                      scales_t + (i64)((rows + 127) / 128) * F, rows, F);
+}
+
+// The bias add and GELU after an FP8 layer (bias_add_gelu's arithmetic, gelu.cuh): h =
+// bf16(y + bias) written over y (rows, cols) bf16 (GELU's backward reads it), and g = gelu(h)
+// quantised as fp8_quantize_act quantises it (codes null: the column blocks alone): the next
+// projection's input in both blockings, without g in bf16 (bias_add_gelu's write of g and the
+// quantiser's read of it, 4 bytes an element, gone). cols % 8 == 0, y and bias 16-byte
+// aligned. Grid (ceil(cols / 128), ceil(rows / 128)).
+extern "C" __global__ void __launch_bounds__(256)
+fp8_quantize_bias_gelu(bf16* __restrict__ y, const bf16* __restrict__ bias,
+                       u8* __restrict__ codes, float* __restrict__ scales,
+                       u8* __restrict__ codes_t, float* __restrict__ scales_t, int rows,
+                       int cols, float a, float s) {
+    const int col = fp8_vector_col();
+    float b[8];
+    unpack8(col < cols ? ld16(bias + col) : make_uint4(0, 0, 0, 0), b);
+    fp8_quantize_loaded(
+        [=](int r, int c) {
+            float v[8];
+            unpack8(ld16(y + (i64)r * cols + c), v);
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = act_to_f32(f32_to_act(v[k] + b[k]));
+            st16(y + (i64)r * cols + c, pack8(v));
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = gelu_f(v[k], a, s);
+            return pack8(v);
+        },
+        codes, scales, codes_t, scales_t, rows, cols);
+}
+
+// RMSNorm's output n = bf16(bf16(h * rstd) * w) (rmsnorm.cuh: the bits rmsnorm_forward writes)
+// of h (rows, cols) bf16 with each row's rstd (f32) and the norm's weight w (cols) bf16,
+// quantised as fp8_quantize_act quantises n: the input of the projections after the norm in
+// both blockings, without n in bf16 (the norm's write of n and the quantiser's read of it, 4
+// bytes an element, gone; the norm still reads its input for the statistics, and this kernel
+// reads it again). cols % 8 == 0, h and w 16-byte aligned. Grid (ceil(cols / 128),
+// ceil(rows / 128)).
+extern "C" __global__ void __launch_bounds__(256)
+fp8_quantize_rmsnorm(const bf16* __restrict__ h, const float* __restrict__ rstd,
+                     const bf16* __restrict__ w, u8* __restrict__ codes,
+                     float* __restrict__ scales, u8* __restrict__ codes_t,
+                     float* __restrict__ scales_t, int rows, int cols) {
+    const int col = fp8_vector_col();
+    const uint4 wv = col < cols ? ld16(w + col) : make_uint4(0, 0, 0, 0);
+    fp8_quantize_loaded(
+        [=](int r, int c) { return rms_out8(ld16(h + (i64)r * cols + c), wv, rstd[r]); },
+        codes, scales, codes_t, scales_t, rows, cols);
+}
+
+// LayerNorm's output n = (x - mean) * rstd * w + b (layernorm.cuh: the bits layernorm_forward
+// writes) of x (rows, cols) bf16 with each row's mean and rstd (f32) and the norm's weight and
+// bias (cols) bf16, quantised as fp8_quantize_act quantises n: GPT-2's projections' input
+// after a norm in both blockings, without n in bf16. cols % 8 == 0, x, w and b 16-byte aligned.
+// Grid (ceil(cols / 128), ceil(rows / 128)).
+extern "C" __global__ void __launch_bounds__(256)
+fp8_quantize_layernorm(const bf16* __restrict__ x, const float* __restrict__ mean,
+                       const float* __restrict__ rstd, const bf16* __restrict__ w,
+                       const bf16* __restrict__ b, u8* __restrict__ codes,
+                       float* __restrict__ scales, u8* __restrict__ codes_t,
+                       float* __restrict__ scales_t, int rows, int cols) {
+    const int col = fp8_vector_col();
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    const uint4 wv = col < cols ? ld16(w + col) : zero, bv = col < cols ? ld16(b + col) : zero;
+    fp8_quantize_loaded(
+        [=](int r, int c) {
+            return ln_out8(ld16(x + (i64)r * cols + c), wv, bv, mean[r], rstd[r]);
+        },
+        codes, scales, codes_t, scales_t, rows, cols);
+}
+
+// The transpose of a 128 x 128 tile of codes q (shared memory, the tile at (r0, c0) of a
+// (rows, cols) matrix) into codes_t (cols, rows) row stride rows: piece k (of 1024, four a
+// thread) is column k % 128's bytes of tile rows (k / 128) * 16 to + 15, a lane a column (reads
+// of q free of bank conflicts), stored in 16 bytes where rows allows, else byte by byte.
+__device__ __forceinline__ void fp8_store_tile_t(u8 (*q)[144], u8* __restrict__ codes_t,
+                                                 int r0, int c0, int rows, int cols) {
+    const int t = threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int k = t + 256 * j, cc = k & 127, rs = (k >> 7) * 16, col = c0 + cc;
+        if (col >= cols || r0 + rs >= rows) continue;
+        u32 p[4];
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+            p[b] = (u32)q[rs + 4 * b][cc] | (u32)q[rs + 4 * b + 1][cc] << 8 |
+                   (u32)q[rs + 4 * b + 2][cc] << 16 | (u32)q[rs + 4 * b + 3][cc] << 24;
+        u8* out = codes_t + (i64)col * rows + r0 + rs;
+        if (r0 + rs + 16 <= rows && (rows & 15) == 0) {
+            *reinterpret_cast<uint4*>(out) = make_uint4(p[0], p[1], p[2], p[3]);
+        } else {
+            for (int b = 0; b < 16 && r0 + rs + b < rows; ++b) out[b] = (u8)(p[b / 4] >> (8 * (b % 4)));
+        }
+    }
+}
+
+// w (rows = IN, cols = OUT) bf16, row stride ldw -> codes (IN, OUT) row stride OUT, codes_t
+// (OUT, IN) row stride IN (either may be null: not written), and each 128 x 128 tile's scale at
+// scales_fwd[ob * ld_fwd + ib] (w^T's BLK128x128 layout, ld_fwd = round_up(ceil(IN / 128), 4))
+// and scales_bwd[ib * ld_bwd + ob] (w's, ld_bwd = round_up(ceil(OUT / 128), 4)). A CTA of 256
+// threads a tile (fp8_quantize_tiles runs the grid of every weight's tiles). 16 threads a row
+// load it in 16-byte vectors where w, ldw and OUT allow (else element by element), the codes go
+// through shared memory, and each orientation leaves in 16-byte pieces: w's codes a row's 8
+// pieces from 8 neighbouring threads, w^T's a lane a column (conflict-free reads of shared
+// memory).
+// fp8_weight_tile is one CTA's tile (ib, ob) of the nib x nob; every thread of the CTA calls it.
+__device__ __forceinline__ void fp8_weight_tile(const bf16* __restrict__ w, i64 ldw,
+                                                u8* __restrict__ codes, u8* __restrict__ codes_t,
+                                                float* __restrict__ scales_fwd,
+                                                float* __restrict__ scales_bwd, int rows,
+                                                int cols, int ld_fwd, int ld_bwd, int ib, int ob,
+                                                int nib, int nob) {
     __shared__ __align__(16) u8 q[128][144];
     __shared__ u32 red[8];
     const int t = threadIdx.x;
-    const int ib = blockIdx.y, ob = blockIdx.x;
     const int r0 = ib * 128, c0 = ob * 128;
     const int vc = t & 15, c = c0 + vc * 8;
     const bool vec = (cols & 7) == 0 && (ldw & 7) == 0 && ((u64)w & 15) == 0;
@@ -246,9 +456,9 @@ fp8_quantize_tiles(const bf16* __restrict__ w, i64 ldw, u8* __restrict__ codes,
         scales_bwd[(i64)ib * ld_bwd + ob] = s.scale;
         // The last tile of each scale row writes the row's padding (zeros: nothing undefined
         // reaches cuBLASLt), so the scales need no fill of their own.
-        if (ib == (int)gridDim.y - 1)
+        if (ib == nib - 1)
             for (int k = ib + 1; k < ld_fwd; ++k) scales_fwd[(i64)ob * ld_fwd + k] = 0.0f;
-        if (ob == (int)gridDim.x - 1)
+        if (ob == nob - 1)
             for (int k = ob + 1; k < ld_bwd; ++k) scales_bwd[(i64)ib * ld_bwd + k] = 0.0f;
     }
 #pragma unroll
@@ -270,24 +480,42 @@ fp8_quantize_tiles(const bf16* __restrict__ w, i64 ldw, u8* __restrict__ codes,
                 for (int b = 0; b < 16 && c0 + cc + b < cols; ++b) out[b] = q[rr][cc + b];
             }
         }
-    // w^T's: piece k is column k % 128's bytes of tile rows (k / 128) * 16 to + 15.
-    if (codes_t != nullptr)
+    if (codes_t != nullptr) fp8_store_tile_t(q, codes_t, r0, c0, rows, cols);
+}
+
+// One to four weights of the same IN (a packed projection's: q|k|v, gate|up), each as
+// fp8_weight_tile takes it, in one launch: k and v of a Llama block are 16 to 64 tiles each,
+// too few CTAs to fill the GPU alone (a launch a weight reached 0.44 TB/s on q|k|v, 2 TB/s on
+// gate|up). Passed by value; its layout is the Rust launcher's (fp8_linear/cuda/weights.rs,
+// TileBatch), which asserts the same size.
+#define FP8_TILE_BATCH 4
+struct Fp8TileBatch {
+    const bf16* w[FP8_TILE_BATCH];
+    u8* codes[FP8_TILE_BATCH];
+    u8* codes_t[FP8_TILE_BATCH];
+    float* scales_fwd[FP8_TILE_BATCH];
+    float* scales_bwd[FP8_TILE_BATCH];
+    i64 ldw[FP8_TILE_BATCH];
+    int cols[FP8_TILE_BATCH];
+    int ld_bwd[FP8_TILE_BATCH];
+    int first_ob[FP8_TILE_BATCH];  // the launch's first column of tiles that is weight j's
+    int count;
+    int pad;
+};
+static_assert(sizeof(Fp8TileBatch) == 248, "Fp8TileBatch: the Rust launcher's TileBatch layout");
+
+// Grid (the weights' column tiles together, ceil(IN / 128)): CTA x belongs to the last weight
+// whose first_ob is at most x.
+extern "C" __global__ void __launch_bounds__(256)
+fp8_quantize_tiles(const Fp8TileBatch b, int rows, int ld_fwd) {
+    int j = 0;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int k = t + 256 * j, cc = k & 127, rs = (k >> 7) * 16, col = c0 + cc;
-            if (col >= cols || r0 + rs >= rows) continue;
-            u32 p[4];
-#pragma unroll
-            for (int b = 0; b < 4; ++b)
-                p[b] = (u32)q[rs + 4 * b][cc] | (u32)q[rs + 4 * b + 1][cc] << 8 |
-                       (u32)q[rs + 4 * b + 2][cc] << 16 | (u32)q[rs + 4 * b + 3][cc] << 24;
-            u8* out = codes_t + (i64)col * rows + r0 + rs;
-            if (r0 + rs + 16 <= rows && (rows & 15) == 0) {
-                *reinterpret_cast<uint4*>(out) = make_uint4(p[0], p[1], p[2], p[3]);
-            } else {
-                for (int b = 0; b < 16 && r0 + rs + b < rows; ++b) out[b] = (u8)(p[b / 4] >> (8 * (b % 4)));
-            }
-        }
+    for (int k = 1; k < FP8_TILE_BATCH; ++k)
+        if (k < b.count && b.first_ob[k] <= (int)blockIdx.x) j = k;
+    const int nob = (b.cols[j] + 127) / 128;
+    fp8_weight_tile(b.w[j], b.ldw[j], b.codes[j], b.codes_t[j], b.scales_fwd[j],
+                    b.scales_bwd[j], rows, b.cols[j], ld_fwd, b.ld_bwd[j], blockIdx.y,
+                    blockIdx.x - b.first_ob[j], gridDim.y, nob);
 }
 
 // FP8 qwZ's gathered weight as the forward's operand: its codes (rows = IN, cols = OUT) row
@@ -331,23 +559,7 @@ fp8_transpose_tiles(const u8* __restrict__ codes, const float* __restrict__ scal
             for (int k = ib + 1; k < ld_t; ++k) scales_t[(i64)ob * ld_t + k] = 0.0f;
     }
     __syncthreads();
-    // Piece k is column k % 128's bytes of tile rows (k / 128) * 16 to + 15.
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int k = t + 256 * j, cc = k & 127, rs = (k >> 7) * 16, col = c0 + cc;
-        if (col >= cols || r0 + rs >= rows) continue;
-        u32 p[4];
-#pragma unroll
-        for (int b = 0; b < 4; ++b)
-            p[b] = (u32)q[rs + 4 * b][cc] | (u32)q[rs + 4 * b + 1][cc] << 8 |
-                   (u32)q[rs + 4 * b + 2][cc] << 16 | (u32)q[rs + 4 * b + 3][cc] << 24;
-        u8* out = codes_t + (i64)col * rows + r0 + rs;
-        if (r0 + rs + 16 <= rows && (rows & 15) == 0) {
-            *reinterpret_cast<uint4*>(out) = make_uint4(p[0], p[1], p[2], p[3]);
-        } else {
-            for (int b = 0; b < 16 && r0 + rs + b < rows; ++b) out[b] = (u8)(p[b / 4] >> (8 * (b % 4)));
-        }
-    }
+    fp8_store_tile_t(q, codes_t, r0, c0, rows, cols);
 }
 
 // ---- FP8 qwZ (zero/src/codec/fp8.rs, its `cuda` module the launchers) ----------------------

@@ -23,6 +23,7 @@
 // the copy, short of the aim.
 
 #include "common.cuh"
+#include "layernorm.cuh"
 static_assert(PRECISION == PRECISION_BF16, "layernorm.cu: bf16 only: its rows are vectors of 8 (unpack8, pack8)");
 
 #ifndef C
@@ -41,18 +42,9 @@ constexpr bool FULL = NV % 32 == 0;      // every lane has VPL vectors (no guard
 constexpr int FWD_REG_V = 16;            // forward keeps rows of C <= 4096 in registers
 constexpr int BWD_REG_V = 8;             // backward keeps rows of C <= 2048 in registers
 
-// out = (x - mean) * rstd * w + b for one 16-byte vector.
-__device__ __forceinline__ uint4 ln_out8(uint4 xv, uint4 wv, uint4 bv, float mean, float rstd) {
-    float xf[8], wf[8], bf[8], o[8];
-    unpack8(xv, xf);
-    unpack8(wv, wf);
-    unpack8(bv, bf);
-#pragma unroll
-    for (int k = 0; k < 8; k++) o[k] = (xf[k] - mean) * rstd * wf[k] + bf[k];
-    return pack8(o);
-}
-
-// x (N, C), w (C), b (C) bf16 -> out (N, C) bf16, mean (N), rstd (N) f32;
+// x (N, C), w (C), b (C) bf16 -> out (N, C) bf16 (null: not written, for a consumer that
+// makes the normalised rows itself from x, mean and rstd, as fp8_quantize_layernorm does),
+// mean (N), rstd (N) f32;
 // rstd = 1 / sqrt(mean((x - mean)^2) + eps). Block: 4 warps (any multiple of 32 works).
 extern "C" __global__ void __launch_bounds__(128) layernorm_forward(
     act_t* __restrict__ out, float* __restrict__ mean_out, float* __restrict__ rstd_out,
@@ -62,7 +54,7 @@ extern "C" __global__ void __launch_bounds__(128) layernorm_forward(
     const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= N) return;
     const act_t* xr = x + row * C;
-    act_t* outr = out + row * C;
+    act_t* outr = out == nullptr ? nullptr : out + row * C;
     float mean, rstd;
     if constexpr (VPL <= FWD_REG_V) {
         uint4 xv[VPL];
@@ -95,10 +87,12 @@ extern "C" __global__ void __launch_bounds__(128) layernorm_forward(
             }
         }
         rstd = 1.f / sqrtf(warp_sum(q) * (1.f / C) + eps);
+        if (outr != nullptr) {
 #pragma unroll
-        for (int v = 0; v < VPL; v++) {
-            const int i = v * 32 + lane;
-            if (FULL || i < NV) st16(outr + i * 8, ln_out8(xv[v], ld16(w + i * 8), ld16(b + i * 8), mean, rstd));
+            for (int v = 0; v < VPL; v++) {
+                const int i = v * 32 + lane;
+                if (FULL || i < NV) st16(outr + i * 8, ln_out8(xv[v], ld16(w + i * 8), ld16(b + i * 8), mean, rstd));
+            }
         }
     } else {
         // Wide rows: three passes over global memory (the row, 2C bytes, mostly stays in L1).
@@ -123,9 +117,10 @@ extern "C" __global__ void __launch_bounds__(128) layernorm_forward(
             }
         }
         rstd = 1.f / sqrtf(warp_sum(q) * (1.f / C) + eps);
+        if (outr != nullptr)
 #pragma unroll 4
-        for (int i = lane; i < NV; i += 32)
-            st16(outr + i * 8, ln_out8(ld16(xr + i * 8), ld16(w + i * 8), ld16(b + i * 8), mean, rstd));
+            for (int i = lane; i < NV; i += 32)
+                st16(outr + i * 8, ln_out8(ld16(xr + i * 8), ld16(w + i * 8), ld16(b + i * 8), mean, rstd));
     }
     if (lane == 0) {
         mean_out[row] = mean;

@@ -29,7 +29,9 @@
 // Bounds (both memory-bound; a few FMAs a byte): the forward reads the q and k heads (2 N HQK HS
 // bytes) and writes them in place and their saved copy (4 N HQK HS), plus rstd (4 N HQK); the
 // backward reads dy and x (4 N HQK HS) and rstd, and writes dx (2 N HQK HS). Both 6 N HQK HS +
-// 4 N HQK bytes; w is an L1 hit. v is neither read nor written.
+// 4 N HQK bytes; w is an L1 hit. v is neither read nor written. With the rotary embedding fused
+// (cos_t not null; rope.cuh's arithmetic, partners by shuffles) the bytes are the same, and
+// rope.cu's pass over q and k (4 N HQK HS bytes each way) is gone: not measured yet.
 // Measured: not yet (tests/gpu/qk_norm.rs, qk_norm_against_the_copy, prints both at Qwen3 1.7B's
 // N = 16384 (B 8 x T 2048), NH 16, KV 8, HS 128: 304 MB a pass, ~95 us at the 3.2 TB/s copy).
 //
@@ -40,6 +42,9 @@
 // stride over the head rows, then qk_norm_backward_reduce: grid ceil(2 HS / 32), block (32, 8).
 
 #include "common.cuh"
+#include "rope.cuh"
+// rms_out8: a head's out = bf16(bf16(x * rstd) * w), the bits of rmsnorm.cu.
+#include "rmsnorm.cuh"
 static_assert(PRECISION == PRECISION_BF16, "qk_norm.cu: bf16 only: its heads are vectors of 8 (unpack8, pack8)");
 
 #ifndef HS
@@ -69,34 +74,61 @@ __device__ __forceinline__ float sum_sq8(uint4 v) {
     return q;
 }
 
-// out = bf16(bf16(x * rstd) * w) for one vector (rmsnorm.cu's rms_out8).
-__device__ __forceinline__ uint4 norm_out8(uint4 xv, uint4 wv, float rstd) {
-    float f[8], wf[8];
-    unpack8(xv, f);
-    unpack8(wv, wf);
+
+// The rotary embedding of a head's channels sub * 8 to + 7 (bf16 bits v) at position t, by
+// sign times the angle (rope.cuh; rope.cu's rotation, the same bits): the pair partners of a
+// lane's channels are in the lane HS / 16 away, fetched by shuffles, so every lane of the warp
+// calls it (a lane past the head's NV with zeros, returned as they are). HS % 16 == 0 (the
+// launcher's condition for the fused rotation); cos_t, sin_t (>= T, HS) bf16, 16-byte aligned.
+__device__ __forceinline__ uint4 rope8(uint4 v, int sub, int t, const act_t* __restrict__ cos_t,
+                                       const act_t* __restrict__ sin_t, float sign) {
+    constexpr int H8 = HS / 16;  // lanes between a channel and its partner
+    const bool lower = sub < H8;
+    const int lane = threadIdx.x & 31;
+    const int src = sub < NV ? (lower ? lane + H8 : lane - H8) : lane;
+    uint4 p;
+    p.x = __shfl_sync(0xffffffffu, v.x, src);
+    p.y = __shfl_sync(0xffffffffu, v.y, src);
+    p.z = __shfl_sync(0xffffffffu, v.z, src);
+    p.w = __shfl_sync(0xffffffffu, v.w, src);
+    if (sub >= NV) return v;
+    const int i = (lower ? sub : sub - H8) * 8;  // the pair's lower channel: the tables' column
+    float f[8], q[8], c[8], sn[8];
+    unpack8(v, f);
+    unpack8(p, q);
+    unpack8(ld16(cos_t + (i64)t * HS + i), c);
+    unpack8(ld16(sin_t + (i64)t * HS + i), sn);
 #pragma unroll
-    for (int k = 0; k < 8; k++) f[k] = act_to_f32(f32_to_act(f[k] * rstd)) * wf[k];
+    for (int k = 0; k < 8; k++) {
+        const float sk = sign * sn[k];
+        f[k] = lower ? rope_lower(f[k], q[k], c[k], sk) : rope_upper(f[k], q[k], c[k], sk);
+    }
     return pack8(f);
 }
 
 // qkv (N, W) bf16, its first HQK heads normalised in place; x_out (N, HQK * HS) bf16: those
-// heads before the norm; rstd_out (N, HQK) f32; wq, wk (HS) bf16. Heads h < NH take wq.
+// heads before the norm; rstd_out (N, HQK) f32; wq, wk (HS) bf16. Heads h < NH take wq. With
+// cos_t not null the normalised heads are also turned by the rotary embedding of position n % T
+// (rope8: the bits of rope.cu after this kernel, one pass fewer over q and k).
 // Block: THREADS, grid ceil(N * HQK / GROUPS). Lanes of a head row past the last take part in
-// the sum (with zeros) and store nothing: no lane returns before the shuffles.
+// the sum and the rotation's shuffles (with zeros) and store nothing: no lane returns before.
 extern "C" __global__ void __launch_bounds__(THREADS) qk_norm_forward(
     act_t* __restrict__ qkv, act_t* __restrict__ x_out, float* __restrict__ rstd_out,
-    const act_t* __restrict__ wq, const act_t* __restrict__ wk, int N, int W, int NH, int HQK,
-    float eps) {
+    const act_t* __restrict__ wq, const act_t* __restrict__ wk, const act_t* __restrict__ cos_t,
+    const act_t* __restrict__ sin_t, int T, int N, int W, int NH, int HQK, float eps) {
     const int sub = threadIdx.x & (LANES - 1);
     const int r = blockIdx.x * GROUPS + threadIdx.x / LANES;  // N * HQK < 2^31 (the launcher's)
     const bool live = r < N * HQK && sub < NV;
     const int n = r / HQK, h = r - n * HQK;
     act_t* xr = qkv + (i64)n * W + h * HS + sub * 8;
-    const uint4 xv = live ? ld16(xr) : uint4{0u, 0u, 0u, 0u};
+    const uint4 zero = uint4{0u, 0u, 0u, 0u};
+    const uint4 xv = live ? ld16(xr) : zero;
     const float rstd = 1.f / sqrtf(head_sum(sum_sq8(xv)) * (1.f / HS) + eps);
+    uint4 out = live ? rms_out8(xv, ld16((h < NH ? wq : wk) + sub * 8), rstd) : zero;
+    if (cos_t != nullptr) out = rope8(out, sub, n % T, cos_t, sin_t, 1.f);
     if (!live) return;
     st16(x_out + (i64)r * HS + sub * 8, xv);
-    st16(xr, norm_out8(xv, ld16((h < NH ? wq : wk) + sub * 8), rstd));
+    st16(xr, out);
     if (sub == 0) rstd_out[r] = rstd;
 }
 
@@ -108,10 +140,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) qk_norm_forward(
 // then a grid's worth of rows further, ... Every group of a CTA makes the same trips (the bound
 // is the CTA's), so each head's shuffles see all its lanes. Each lane sums its 8 channels' dw
 // in registers (one set for q heads, one for k), then the CTA adds its groups in order.
+// With cos_t not null dy first turns back by the rotary embedding of position n % T (rope8 by
+// minus the angle, rounded to bf16: the bits rope.cu's backward writes before this kernel).
 extern "C" __global__ void __launch_bounds__(THREADS) qk_norm_backward(
     act_t* __restrict__ dqkv, float* __restrict__ partials, const act_t* __restrict__ x,
     const float* __restrict__ rstd, const act_t* __restrict__ wq, const act_t* __restrict__ wk,
-    int N, int W, int NH, int HQK) {
+    const act_t* __restrict__ cos_t, const act_t* __restrict__ sin_t, int T, int N, int W,
+    int NH, int HQK) {
     __shared__ float sh[GROUPS][2 * HS];  // at most 16 KB (GROUPS * HS <= 8 * THREADS)
     const int sub = threadIdx.x & (LANES - 1), grp = threadIdx.x / LANES;
     const int rows = N * HQK;  // < 2^31 - GROUPS * gridDim.x (the launcher's)
@@ -125,10 +160,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) qk_norm_backward(
         const int n = r / HQK, h = r - n * HQK;
         const bool is_q = h < NH;
         act_t* dr = dqkv + (i64)n * W + h * HS + sub * 8;
+        uint4 dv = live ? ld16(dr) : uint4{0u, 0u, 0u, 0u};
+        if (cos_t != nullptr) dv = rope8(dv, sub, n % T, cos_t, sin_t, -1.f);
         float d[8], xf[8], wf[8];
         float rs = 0.f;
         if (live) {
-            unpack8(ld16(dr), d);
+            unpack8(dv, d);
             unpack8(ld16(x + (i64)r * HS + sub * 8), xf);
             unpack8(ld16((is_q ? wq : wk) + sub * 8), wf);
             rs = rstd[r];

@@ -26,6 +26,7 @@
 // re-read from L1 instead of kept in registers: 64% and 78%.)
 
 #include "common.cuh"
+#include "rmsnorm.cuh"
 static_assert(PRECISION == PRECISION_BF16, "rmsnorm.cu: bf16 only: its rows are vectors of 8 (unpack8, pack8)");
 
 #ifndef C
@@ -50,17 +51,6 @@ __device__ __forceinline__ uint4 add8(uint4 a, uint4 b) {
     return pack8(fa);
 }
 
-// out = bf16(bf16(h * rstd) * w) for one vector: normed rounded to bf16 before the weight
-// multiplies it (HF's order).
-__device__ __forceinline__ uint4 rms_out8(uint4 hv, uint4 wv, float rstd) {
-    float f[8], wf[8];
-    unpack8(hv, f);
-    unpack8(wv, wf);
-#pragma unroll
-    for (int k = 0; k < 8; k++) f[k] = act_to_f32(f32_to_act(f[k] * rstd)) * wf[k];
-    return pack8(f);
-}
-
 __device__ __forceinline__ float sum_sq8(uint4 v) {
     float f[8], q = 0.f;
     unpack8(v, f);
@@ -74,7 +64,9 @@ constexpr bool FULL = NV % 32 == 0;   // every lane has VPL vectors (no guard ne
 constexpr int FWD_REG_V = 16;         // rows of C <= 4096 stay in registers
 
 // x (N, C), delta (N, C) or null, w (C) bf16 -> h (N, C) bf16 = x + delta (written only when
-// delta is given; h may be null otherwise), out (N, C) bf16, rstd (N) f32.
+// delta is given; h may be null otherwise), out (N, C) bf16 (null: not written, for a consumer
+// that makes the normalised rows itself from h and rstd, as fp8_quantize_rmsnorm does), rstd
+// (N) f32.
 // Block: 4 warps (any multiple of 32 works), grid ceil(N / warps a CTA). Rows of C <= 4096 are
 // read once into registers (every load issued before the first use); wider rows are read again
 // for the second pass (an L1 hit).
@@ -88,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(128) rmsnorm_forward(
     const act_t* xr = x + row * C;
     const act_t* dr = delta == nullptr ? nullptr : delta + row * C;
     act_t* hr = delta == nullptr ? nullptr : h + row * C;
-    act_t* outr = out + row * C;
+    act_t* outr = out == nullptr ? nullptr : out + row * C;
     float q = 0.f;
     if constexpr (VPL <= FWD_REG_V) {
         uint4 hv[VPL];
@@ -110,10 +102,12 @@ extern "C" __global__ void __launch_bounds__(128) rmsnorm_forward(
 #pragma unroll
         for (int v = 0; v < VPL; v++) q += sum_sq8(hv[v]);  // padding vectors add 0
         const float rstd = 1.f / sqrtf(warp_sum(q) * (1.f / C) + eps);
+        if (outr != nullptr) {
 #pragma unroll
-        for (int v = 0; v < VPL; v++) {
-            const int i = v * 32 + lane;
-            if (FULL || i < NV) st16(outr + i * 8, rms_out8(hv[v], ld16(w + i * 8), rstd));
+            for (int v = 0; v < VPL; v++) {
+                const int i = v * 32 + lane;
+                if (FULL || i < NV) st16(outr + i * 8, rms_out8(hv[v], ld16(w + i * 8), rstd));
+            }
         }
         if (lane == 0) rstd_out[row] = rstd;
     } else {
@@ -130,8 +124,9 @@ extern "C" __global__ void __launch_bounds__(128) rmsnorm_forward(
             for (int i = lane; i < NV; i += 32) q += sum_sq8(ld16(xr + i * 8));
         }
         const float rstd = 1.f / sqrtf(warp_sum(q) * (1.f / C) + eps);
-        for (int i = lane; i < NV; i += 32)
-            st16(outr + i * 8, rms_out8(ld16(src + i * 8), ld16(w + i * 8), rstd));
+        if (outr != nullptr)
+            for (int i = lane; i < NV; i += 32)
+                st16(outr + i * 8, rms_out8(ld16(src + i * 8), ld16(w + i * 8), rstd));
         if (lane == 0) rstd_out[row] = rstd;
     }
 }

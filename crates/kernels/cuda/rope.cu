@@ -9,7 +9,8 @@
 // sign = +1 is the forward (x * cos + rotate_half(x) * sin); sign = -1 the backward (the
 // transpose: the turn by minus the angle), applied to dq and dk where the attention's backward
 // wrote them. cos and sin are the reference's bf16 tables `(>= T, hs)` (their halves are equal);
-// the math is f32 and each output is rounded once.
+// the math is f32 (rope.cuh's, shared with qk_norm.cu's fused rotation) and each output is
+// rounded once.
 //
 // Bound: bytes. Reads and writes the q and k columns once (4 N (NH + KV) hs bytes) and reads the
 // tables (L2 hits). One thread turns two adjacent pairs (i, i+1) with 4-byte accesses.
@@ -18,6 +19,7 @@
 // Launch: grid ceil(N * (NH + KV) * hs / 4 / 256), block 256.
 
 #include "common.cuh"
+#include "rope.cuh"
 static_assert(PRECISION == PRECISION_BF16, "rope.cu: bf16 only: it turns bf16x2 words");
 
 // qkv (N, W) bf16, in place; cos, sin (>= T, HS) bf16; HQK = NH + KV heads turned.
@@ -43,6 +45,8 @@ extern "C" __global__ void __launch_bounds__(256) rope_qk(act_t* __restrict__ qk
     const float x2a = bf16x2_lo(hi), x2b = bf16x2_hi(hi);
     const float ca = bf16x2_lo(cw), cb = bf16x2_hi(cw);
     const float sa = sign * bf16x2_lo(sw), sb = sign * bf16x2_hi(sw);
-    *reinterpret_cast<u32*>(x + i) = pack_bf16x2(x1a * ca - x2a * sa, x1b * cb - x2b * sb);
-    *reinterpret_cast<u32*>(x + i + half) = pack_bf16x2(x2a * ca + x1a * sa, x2b * cb + x1b * sb);
+    *reinterpret_cast<u32*>(x + i) =
+        pack_bf16x2(rope_lower(x1a, x2a, ca, sa), rope_lower(x1b, x2b, cb, sb));
+    *reinterpret_cast<u32*>(x + i + half) =
+        pack_bf16x2(rope_upper(x2a, x1a, ca, sa), rope_upper(x2b, x1b, cb, sb));
 }

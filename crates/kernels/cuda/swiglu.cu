@@ -2,10 +2,8 @@
 // `gu (N, 2F)` = [gate | up] per row: forward act = silu(gate) * up, backward dgate, dup into the
 // same packed layout (what the backward's GEMMs read). Launchers: model/src/layers/swiglu.rs.
 //
-// Rounding, as the CPU reference (and PyTorch's bf16 silu) does it: silu(g) = g / (1 + exp(-g))
-// in f32 rounded to bf16 once, then the product with up rounded once. Backward in f32 from the
-// bf16 inputs: dup = dact * silu(g), dgate = dact * up * silu'(g),
-// silu'(g) = s * (1 + g * (1 - s)), s = sigmoid(g); each output rounded once.
+// The arithmetic and its rounding are swiglu.cuh's (shared with fp8.cu's SwiGLU quantisers,
+// which write FP8 codes of act or dgu in place of these kernels' bf16 under FP8 compute).
 //
 // Bound: bytes (a handful of flops and one exp a value). Forward reads gu (4NF bytes) and
 // writes act (2NF); backward reads dact and gu (6NF) and writes dgu (4NF). One thread does 8
@@ -15,9 +13,8 @@
 // tests/gpu/llama_layers.rs).
 
 #include "common.cuh"
+#include "swiglu.cuh"
 static_assert(PRECISION == PRECISION_BF16, "swiglu.cu: bf16 only: its rows are vectors of 8 (unpack8, pack8)");
-
-__device__ __forceinline__ float sigmoid_f(float g) { return 1.f / (1.f + __expf(-g)); }
 
 // gu (N, 2F) bf16 -> act (N, F) bf16.
 extern "C" __global__ void __launch_bounds__(256) swiglu_forward(act_t* __restrict__ act,
@@ -28,15 +25,11 @@ extern "C" __global__ void __launch_bounds__(256) swiglu_forward(act_t* __restri
     if (item >= (i64)N * nv) return;
     const i64 n = item / nv;
     const int j = (int)(item - n * nv) * 8;
-    float g[8], u[8];
+    float g[8], u[8], a[8];
     unpack8(ld16(gu + n * 2 * F + j), g);
     unpack8(ld16(gu + n * 2 * F + F + j), u);
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        const float s = act_to_f32(f32_to_act(g[k] * sigmoid_f(g[k])));
-        g[k] = s * u[k];
-    }
-    st16(act + n * F + j, pack8(g));
+    swiglu_act8(g, u, a);
+    st16(act + n * F + j, pack8(a));
 }
 
 // dact (N, F), gu (N, 2F) bf16 -> dgu (N, 2F) bf16 = [dgate | dup].
@@ -53,12 +46,7 @@ extern "C" __global__ void __launch_bounds__(256) swiglu_backward(act_t* __restr
     unpack8(ld16(dact + n * F + j), d);
     unpack8(ld16(gu + n * 2 * F + j), g);
     unpack8(ld16(gu + n * 2 * F + F + j), u);
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        const float s = sigmoid_f(g[k]);
-        du[k] = d[k] * g[k] * s;
-        dg[k] = d[k] * u[k] * (s * (1.f + g[k] * (1.f - s)));
-    }
+    swiglu_grad8(d, g, u, dg, du);
     st16(dgu + n * 2 * F + j, pack8(dg));
     st16(dgu + n * 2 * F + F + j, pack8(du));
 }

@@ -8,7 +8,9 @@
 //!
 //! Sizes and constants that Rust and C share are passed as `-D` defines by the launcher
 //! ([`Define`]), never written in both languages. NVRTC errors name the real file and line:
-//! the loader pastes `common.cuh` where a file includes it and marks both with `#line`.
+//! the loader pastes a header ([`HEADERS`]: `common.cuh`, `swiglu.cuh`, `rope.cuh`,
+//! `rmsnorm.cuh`, `layernorm.cuh`, `gelu.cuh`) where a file includes it and marks both with
+//! `#line`.
 //!
 //! ```
 //! let text = kernels::LAYERNORM.nvrtc_text(&[("C", 768)]);
@@ -41,6 +43,23 @@ pub type Define = (&'static str, i64);
 
 /// The header every kernel file includes.
 pub const COMMON: &str = include_str!("../cuda/common.cuh");
+
+/// The headers a kernel file may include, by the name it includes them with; the loader
+/// pastes each in place of its `#include` line. A header other than common.cuh comes after
+/// common.cuh and includes nothing itself.
+pub const HEADERS: &[(&str, &str)] = &[
+    ("common.cuh", COMMON),
+    // SwiGLU's arithmetic, shared by swiglu.cu and fp8.cu's SwiGLU quantisers, so that the
+    // fused kernels compute the very bits of the unfused ones.
+    ("swiglu.cuh", include_str!("../cuda/swiglu.cuh")),
+    // A rotary pair's rotation, shared by rope.cu and qk_norm.cu's fused rotation.
+    ("rope.cuh", include_str!("../cuda/rope.cuh")),
+    // The norms' outputs, shared by rmsnorm.cu and layernorm.cu and fp8.cu's norm quantisers.
+    ("rmsnorm.cuh", include_str!("../cuda/rmsnorm.cuh")),
+    ("layernorm.cuh", include_str!("../cuda/layernorm.cuh")),
+    // GELU's forward, shared by elementwise.cu and fp8.cu's bias-and-GELU quantiser.
+    ("gelu.cuh", include_str!("../cuda/gelu.cuh")),
+];
 
 macro_rules! sources {
     ($($(#[$doc:meta])* $name:ident = $file:literal;)*) => {
@@ -109,17 +128,23 @@ pub const TYPED: &[Source] = &[
 ];
 
 impl Source {
-    /// The text NVRTC compiles: the defines, then the file with `#include "common.cuh"` replaced
-    /// by the header itself, `#line` marks keeping error positions true in both.
+    /// The text NVRTC compiles: the defines, then the file with each `#include` of one of
+    /// [`HEADERS`] replaced by the header itself, `#line` marks keeping error positions true in
+    /// all of them.
     pub fn nvrtc_text(&self, defines: &[Define]) -> String {
         let mut out = String::with_capacity(COMMON.len() + self.text.len() + 256);
         for (name, value) in defines {
             out.push_str(&format!("#define {name} {value}\n"));
         }
+        let header = |line: &str| {
+            HEADERS
+                .iter()
+                .find(|(name, _)| line.trim() == format!("#include \"{name}\""))
+        };
         for (i, line) in self.text.lines().enumerate() {
-            if line.trim() == "#include \"common.cuh\"" {
-                out.push_str("#line 1 \"common.cuh\"\n");
-                out.push_str(COMMON);
+            if let Some((name, text)) = header(line) {
+                out.push_str(&format!("#line 1 \"{name}\"\n"));
+                out.push_str(text);
                 out.push_str(&format!("\n#line {} \"{}\"\n", i + 2, self.file));
             } else {
                 if i == 0 {
@@ -162,25 +187,31 @@ mod tests {
         for src in ALL {
             let text = src.nvrtc_text(&[("X", 3)]);
             assert!(text.starts_with("#define X 3\n"), "{}", src.file);
+            // NVRTC has no include path: every include is pasted.
             assert!(
-                !text.lines().any(|l| l.trim() == "#include \"common.cuh\""),
-                "{}: the include is left",
+                !text.lines().any(|l| l.trim().starts_with("#include")),
+                "{}: an include is left",
                 src.file
             );
-            // The line after the include is numbered as in the file.
+            // The line after each include is numbered as in the file (or is the next header's).
             let lines: Vec<&str> = src.text.lines().collect();
-            if let Some(i) = lines
+            for (i, _) in lines
                 .iter()
-                .position(|l| l.trim() == "#include \"common.cuh\"")
+                .enumerate()
+                .filter(|(_, l)| l.trim().starts_with("#include"))
             {
                 let mark = format!("#line {} \"{}\"", i + 2, src.file);
                 let after = text.split(&mark).nth(1).expect("a #line after the header");
-                assert_eq!(
-                    after.lines().nth(1),
-                    lines.get(i + 1).copied(),
-                    "{}",
-                    src.file
-                );
+                let next = lines.get(i + 1).copied().unwrap_or_default();
+                match next.trim().strip_prefix("#include \"") {
+                    Some(name) => assert_eq!(
+                        after.lines().nth(1),
+                        Some(format!("#line 1 \"{}", name).as_str()),
+                        "{}",
+                        src.file
+                    ),
+                    None => assert_eq!(after.lines().nth(1), Some(next), "{}", src.file),
+                }
             }
         }
     }
@@ -225,6 +256,17 @@ mod nvrtc_tests {
         for src in crate::ALL {
             crate::loader::ptx(src, &[], crate::Flavour::Fast)
                 .unwrap_or_else(|e| panic!("{}: {e}", src.file));
+        }
+    }
+
+    /// qk_norm.cu compiles for the head widths its launcher passes as HS (a multiple of 8 up
+    /// to 256; the fused rotation's partner lanes depend on it), not only the default 128.
+    #[test]
+    fn nvrtc_compiles_qk_norm_for_every_head_width() {
+        for hs in (8..=256).step_by(8) {
+            let defines = [crate::Precision::Bf16.define(), ("HS", hs)];
+            crate::loader::ptx(&crate::QK_NORM, &defines, crate::Flavour::Fast)
+                .unwrap_or_else(|e| panic!("qk_norm.cu at HS = {hs}: {e}"));
         }
     }
 

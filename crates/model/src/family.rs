@@ -454,7 +454,7 @@ mod tests {
 
     /// Under FP8 a Llama block keeps n1, n2 and silu(gate)*up (2 C + F an element) as codes
     /// and scales, 33/32 bytes an element instead of 2: 186 MiB less a block at Llama 3.2 1B's
-    /// shape and 8 sequences of 2048; GPT-2's block keeps the same in both formats.
+    /// shape and 8 sequences of 2048; GPT-2's upper-end estimate is the same in both formats.
     #[test]
     fn an_fp8_llama_block_keeps_its_projection_inputs_as_codes() {
         let llama = crate::Model::new(crate::preset("llama3.2-1b").unwrap()).unwrap();

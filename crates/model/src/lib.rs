@@ -46,7 +46,7 @@ pub use init::init_unit_range;
 pub use kernel_plan::{unenforced, AttentionPath, Enforced, KernelPlan};
 pub use layers::{Fp8Input, Fp8Weight, RopeScaling};
 pub use layout::{ModelLayout, ParamInit, ParamSpec, TableRow, UnitKind, UnitLayout, UnitTable};
-pub use linears::{LinearFormat, LinearWeight, SavedInput};
+pub use linears::{LinearFormat, LinearWeight, MlpForward, NormedProjection, SavedInput};
 pub use llama::family::{
     LLAMA3_1_SCALING, LLAMA3_2_SCALING, LLAMA3_VOCAB, LLAMA_NORM_EPS, LLAMA_ROPE_THETA,
 };

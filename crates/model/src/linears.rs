@@ -14,12 +14,16 @@ use candle_core::Tensor;
 use crate::error::{ModelError, Result};
 use crate::layers::fp8_linear::{
     cols_backward_of, cols_backward_saved_of, cols_forward_of, cols_forward_saving_of,
-    linear_backward_of, linear_forward_of, linear_gelu_forward_of, saved_input_of, Fp8Input,
+    layernorm_linear_forward_saving_of, layernorm_mlp_forward_of, linear_forward_of,
+    linear_forward_saving_of, linear_gelu_forward_saving_of, rmsnorm_cols_forward_saving_of,
+    saved_input_of, swiglu_down_forward_of, swiglu_gate_up_backward_of, Fp8Input,
 };
 use crate::layers::{
-    bias_gelu_forward, fp8_round, gelu_backward_bias_grad, matmul_backward_into,
-    matmul_cols_backward, matmul_cols_bias_forward, matmul_forward, matmul_gelu_backward_into,
-    matmul_gelu_forward, residual_matmul_forward, Fp8Weight, WEIGHT_TILE,
+    add_rmsnorm_forward, bias_gelu_forward, bias_grad, fp8_round, gelu_backward_bias_grad,
+    layernorm_forward, matmul_backward_into, matmul_cols_backward, matmul_cols_bias_forward,
+    matmul_forward, matmul_gelu_backward_into, matmul_gelu_forward, residual_matmul_forward,
+    rmsnorm_forward, swiglu_packed_backward, swiglu_packed_forward, Fp8Weight, LnSaved, RmsSaved,
+    WEIGHT_TILE,
 };
 
 /// What the blocks' linear layers multiply in.
@@ -41,6 +45,29 @@ pub enum LinearFormat {
 pub enum SavedInput {
     Dense(Tensor),
     Fp8(Fp8Input),
+}
+
+/// What [`LinearFormat::rmsnorm_cols_forward_saving`] makes: the norm's input `h` (after the
+/// residual add), its statistics, the projections' output `y`, and what their backward keeps
+/// of the normalised rows `n`.
+#[derive(Clone, Debug)]
+pub struct NormedProjection {
+    pub h: Tensor,
+    pub rms: RmsSaved,
+    pub y: Tensor,
+    pub n: SavedInput,
+}
+
+/// What [`LinearFormat::layernorm_mlp_forward`] makes: the norm's statistics, c_fc's output
+/// after its bias `h` (GELU's backward reads it), c_fc's and c_proj's kept inputs (the
+/// normalised rows `n`, `gelu(h)` as `g`) and the block's output where it was asked for.
+#[derive(Clone, Debug)]
+pub struct MlpForward {
+    pub ln: LnSaved,
+    pub h: Tensor,
+    pub n: SavedInput,
+    pub out: Option<Tensor>,
+    pub g: SavedInput,
 }
 
 /// A linear layer's weight `(IN, OUT)` as a block hands it to its layer: a view of the unit's
@@ -177,17 +204,207 @@ impl LinearFormat {
         }
     }
 
-    // ---- one projection with a bias (the GPT-2 block), as linear.rs ----
+    /// RMSNorm into packed projections (a Llama block's two norms): `n = rmsnorm(h)` with `h
+    /// = x + delta` where `delta` is given (the residual add fused into the norm, as
+    /// [`add_rmsnorm_forward`]) or `x` itself, then `[n @ w_0 | ...] (+ bias)`. Under FP8 on
+    /// the GPU n exists only as FP8 codes, made from h and the norm's statistics in one pass
+    /// (`rmsnorm_cols_forward_saving_of`); otherwise the norm, then
+    /// [`LinearFormat::cols_forward_saving`].
+    pub fn rmsnorm_cols_forward_saving(
+        self,
+        x: &Tensor,
+        delta: Option<&Tensor>,
+        norm_w: &Tensor,
+        eps: f64,
+        ws: &[LinearWeight],
+        bias: Option<&Tensor>,
+    ) -> Result<NormedProjection> {
+        let (h, rms, y, n) = match self {
+            LinearFormat::Dense => {
+                let (h, n, rms) = match delta {
+                    Some(d) => add_rmsnorm_forward(x, d, norm_w, eps)?,
+                    None => {
+                        let (n, rms) = rmsnorm_forward(x, norm_w, eps)?;
+                        (x.clone(), n, rms)
+                    }
+                };
+                let (y, n) = self.cols_forward_saving(&n, ws, bias, None)?;
+                (h, rms, y, n)
+            }
+            LinearFormat::Fp8 => {
+                let (h, rms, y, n) = rmsnorm_cols_forward_saving_of(x, delta, norm_w, eps, ws)?;
+                let y = match bias {
+                    Some(b) => bias_gelu_forward(y, b, false)?.0,
+                    None => y,
+                };
+                (h, rms, y, SavedInput::Fp8(n))
+            }
+        };
+        Ok(NormedProjection { h, rms, y, n })
+    }
 
-    /// `x @ w + b`: [`matmul_forward`].
-    pub fn forward(self, x: &Tensor, w: &LinearWeight, b: &Tensor) -> Result<Tensor> {
+    /// SwiGLU of the packed `gu (N, 2F)` and the down projection after it: `(residual + act @
+    /// w_down when want_out, what down's backward keeps of act)`, `act = silu(gate) * up`. Under
+    /// FP8 on the GPU act exists only as FP8 codes, made from `gu` in one pass
+    /// (`swiglu_down_forward_of`); otherwise [`swiglu_packed_forward`] then
+    /// [`LinearFormat::cols_forward_saving`].
+    pub fn swiglu_down_forward(
+        self,
+        gu: &Tensor,
+        w_down: &LinearWeight,
+        residual: Option<&Tensor>,
+        want_out: bool,
+    ) -> Result<(Option<Tensor>, SavedInput)> {
+        let ws = std::slice::from_ref(w_down);
         match self {
-            LinearFormat::Dense => matmul_forward(x, w.dense()?, b),
-            LinearFormat::Fp8 => linear_forward_of(x, w, Some(b), None),
+            LinearFormat::Dense => {
+                let act = swiglu_packed_forward(gu)?;
+                match want_out {
+                    true => {
+                        let (y, kept) = self.cols_forward_saving(&act, ws, None, residual)?;
+                        Ok((Some(y), kept))
+                    }
+                    false => Ok((None, self.saved_input(&act)?)),
+                }
+            }
+            LinearFormat::Fp8 => {
+                let (y, kept) = swiglu_down_forward_of(gu, ws, residual, want_out)?;
+                Ok((y, SavedInput::Fp8(kept)))
+            }
         }
     }
 
-    /// `residual + x @ w + b`: [`residual_matmul_forward`].
+    /// Gradients of SwiGLU and of the gate and up projections before it (`gu = x @ [w_gate |
+    /// w_up]`, `x` as their forward kept it): `(dx, [dw_gate, dw_up])` from `dact (N, F)`. Under
+    /// FP8 on the GPU dgu exists only as FP8 codes (`swiglu_gate_up_backward_of`); otherwise
+    /// [`swiglu_packed_backward`] then [`LinearFormat::cols_backward`].
+    pub fn swiglu_gate_up_backward(
+        self,
+        dact: &Tensor,
+        gu: &Tensor,
+        x: &SavedInput,
+        ws: &[LinearWeight],
+        into: &[Option<Tensor>],
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        match (self, x) {
+            (LinearFormat::Fp8, SavedInput::Fp8(x)) => {
+                swiglu_gate_up_backward_of(dact, gu, x, ws, into)
+            }
+            _ => {
+                let dgu = swiglu_packed_backward(dact, gu)?;
+                self.cols_backward(&dgu, x, ws, into)
+            }
+        }
+    }
+
+    // ---- one projection with a bias (the GPT-2 block), as linear.rs ----
+
+    /// `x @ w + b` ([`matmul_forward`]), and what its backward reads of `x` ([`SavedInput`]:
+    /// under FP8 its column blocks, made in the forward's read).
+    pub fn forward(self, x: &Tensor, w: &LinearWeight, b: &Tensor) -> Result<(Tensor, SavedInput)> {
+        match self {
+            LinearFormat::Dense => Ok((
+                matmul_forward(x, w.dense()?, b)?,
+                SavedInput::Dense(x.clone()),
+            )),
+            LinearFormat::Fp8 => {
+                let (y, kept) = linear_forward_saving_of(x, w, b, None)?;
+                Ok((y, SavedInput::Fp8(kept)))
+            }
+        }
+    }
+
+    /// LayerNorm into a linear layer with a bias: `(the norm's statistics, layernorm(x) @ w +
+    /// b, what the layer's backward keeps of the normalised rows)`. Under FP8 on the GPU the
+    /// normalised rows exist only as FP8 codes, made from `x` and the norm's statistics in one
+    /// pass (`layernorm_linear_forward_saving_of`); otherwise [`layernorm_forward`], then
+    /// [`LinearFormat::forward`].
+    pub fn layernorm_linear_forward(
+        self,
+        x: &Tensor,
+        ln: (&Tensor, &Tensor),
+        w: &LinearWeight,
+        b: &Tensor,
+    ) -> Result<(LnSaved, Tensor, SavedInput)> {
+        let (saved, y, _, kept) = self.layernorm_linear(x, ln, w, b, false)?;
+        Ok((saved, y, kept))
+    }
+
+    /// [`LinearFormat::layernorm_linear_forward`] with GELU after the layer: `(the norm's
+    /// statistics, h, gelu(h), what the layer's backward keeps)`, as
+    /// [`LinearFormat::gelu_forward`] after the norm.
+    pub fn layernorm_gelu_forward(
+        self,
+        x: &Tensor,
+        ln: (&Tensor, &Tensor),
+        w: &LinearWeight,
+        b: &Tensor,
+    ) -> Result<(LnSaved, Tensor, Tensor, SavedInput)> {
+        let (saved, h, g, kept) = self.layernorm_linear(x, ln, w, b, true)?;
+        Ok((saved, h, g.expect("asked for gelu(h)"), kept))
+    }
+
+    fn layernorm_linear(
+        self,
+        x: &Tensor,
+        (ln_w, ln_b): (&Tensor, &Tensor),
+        w: &LinearWeight,
+        b: &Tensor,
+        gelu: bool,
+    ) -> Result<(LnSaved, Tensor, Option<Tensor>, SavedInput)> {
+        match self {
+            LinearFormat::Dense => {
+                let (n, ln) = layernorm_forward(x, ln_w, ln_b)?;
+                Ok(match gelu {
+                    true => {
+                        let (h, g, kept) = self.gelu_forward(&n, w, b)?;
+                        (ln, h, Some(g), kept)
+                    }
+                    false => {
+                        let (y, kept) = self.forward(&n, w, b)?;
+                        (ln, y, None, kept)
+                    }
+                })
+            }
+            LinearFormat::Fp8 => {
+                let (ln, h, g, kept) =
+                    layernorm_linear_forward_saving_of(x, (ln_w, ln_b), w, b, gelu)?;
+                Ok((ln, h, g, SavedInput::Fp8(kept)))
+            }
+        }
+    }
+
+    /// GPT-2's MLP after its norm: `ln_2(x)` into c_fc and GELU, then into c_proj with the
+    /// residual `x` where `want_out` (a recomputation never reads the block's output). Under FP8
+    /// on the GPU neither the normalised rows nor `gelu(h)` exists in bf16
+    /// (`layernorm_mlp_forward_of`); otherwise [`LinearFormat::layernorm_gelu_forward`], then
+    /// [`LinearFormat::residual_forward_saving`] (or [`LinearFormat::saved_input`]).
+    pub fn layernorm_mlp_forward(
+        self,
+        x: &Tensor,
+        ln: (&Tensor, &Tensor),
+        fc: (&LinearWeight, &Tensor),
+        proj: (&LinearWeight, &Tensor),
+        want_out: bool,
+    ) -> Result<MlpForward> {
+        match self {
+            LinearFormat::Dense => {
+                let (ln, h, g, n) = self.layernorm_gelu_forward(x, ln, fc.0, fc.1)?;
+                let (out, g) = match want_out {
+                    true => {
+                        let (out, g) = self.residual_forward_saving(x, &g, proj.0, proj.1)?;
+                        (Some(out), g)
+                    }
+                    false => (None, self.saved_input(&g)?),
+                };
+                Ok(MlpForward { ln, h, n, out, g })
+            }
+            LinearFormat::Fp8 => layernorm_mlp_forward_of(x, ln, fc, proj, want_out),
+        }
+    }
+
+    /// `residual + x @ w + b`: [`residual_matmul_forward`], for an `x` the block keeps anyway
+    /// (attention's output).
     pub fn residual_forward(
         self,
         residual: &Tensor,
@@ -201,49 +418,85 @@ impl LinearFormat {
         }
     }
 
-    /// `h = x @ w + b` and `gelu(h)`: [`matmul_gelu_forward`].
+    /// [`LinearFormat::residual_forward`], also returning what its backward reads of `x`.
+    pub fn residual_forward_saving(
+        self,
+        residual: &Tensor,
+        x: &Tensor,
+        w: &LinearWeight,
+        b: &Tensor,
+    ) -> Result<(Tensor, SavedInput)> {
+        match self {
+            LinearFormat::Dense => Ok((
+                residual_matmul_forward(residual, x, w.dense()?, b)?,
+                SavedInput::Dense(x.clone()),
+            )),
+            LinearFormat::Fp8 => {
+                let (y, kept) = linear_forward_saving_of(x, w, b, Some(residual))?;
+                Ok((y, SavedInput::Fp8(kept)))
+            }
+        }
+    }
+
+    /// `h = x @ w + b`, `gelu(h)` ([`matmul_gelu_forward`]) and what the backward reads of `x`.
     pub fn gelu_forward(
         self,
         x: &Tensor,
         w: &LinearWeight,
         b: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
+    ) -> Result<(Tensor, Tensor, SavedInput)> {
         match self {
-            LinearFormat::Dense => matmul_gelu_forward(x, w.dense()?, b),
-            LinearFormat::Fp8 => linear_gelu_forward_of(x, w, b),
+            LinearFormat::Dense => {
+                let (h, g) = matmul_gelu_forward(x, w.dense()?, b)?;
+                Ok((h, g, SavedInput::Dense(x.clone())))
+            }
+            LinearFormat::Fp8 => {
+                let (h, g, kept) = linear_gelu_forward_saving_of(x, w, b)?;
+                Ok((h, g, SavedInput::Fp8(kept)))
+            }
         }
     }
 
-    /// Gradients of [`LinearFormat::forward`]: `(dx, dw, db when want_db)`
+    /// Gradients of [`LinearFormat::forward`] from what it kept of `x`: `(dx, dw, db when
+    /// want_db)`, `dw` written into `dw_into` where the GPU's GEMM can
     /// ([`matmul_backward_into`]).
     pub fn backward_into(
         self,
         dout: &Tensor,
-        x: &Tensor,
+        x: &SavedInput,
         w: &LinearWeight,
         dw_into: Option<&Tensor>,
         want_db: bool,
     ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-        match self {
-            LinearFormat::Dense => matmul_backward_into(dout, x, w.dense()?, dw_into, want_db),
-            LinearFormat::Fp8 => linear_backward_of(dout, x, w, want_db),
+        match (self, x) {
+            (LinearFormat::Dense, SavedInput::Dense(x)) => {
+                matmul_backward_into(dout, x, w.dense()?, dw_into, want_db)
+            }
+            _ => {
+                let ws = std::slice::from_ref(w);
+                let (dx, mut dws) = self.cols_backward(dout, x, ws, &[dw_into.cloned()])?;
+                let db = want_db.then(|| bias_grad(dout)).transpose()?;
+                Ok((dx, dws.pop().expect("one weight"), db))
+            }
         }
     }
 
-    /// Gradients of `out = gelu(h) @ w + b` and the GELU before it: `(dh, dw, db, dbias_h)`
-    /// ([`matmul_gelu_backward_into`]).
+    /// Gradients of `out = gelu(h) @ w + b` and the GELU before it, from what the forward kept
+    /// of `g = gelu(h)`: `(dh, dw, db, dbias_h)` ([`matmul_gelu_backward_into`]).
     pub fn gelu_backward_into(
         self,
         dout: &Tensor,
-        g: &Tensor,
+        g: &SavedInput,
         w: &LinearWeight,
         h: &Tensor,
         dw_into: Option<&Tensor>,
     ) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
-        match self {
-            LinearFormat::Dense => matmul_gelu_backward_into(dout, g, w.dense()?, h, dw_into),
-            LinearFormat::Fp8 => {
-                let (dg, dw, db) = linear_backward_of(dout, g, w, true)?;
+        match (self, g) {
+            (LinearFormat::Dense, SavedInput::Dense(g)) => {
+                matmul_gelu_backward_into(dout, g, w.dense()?, h, dw_into)
+            }
+            _ => {
+                let (dg, dw, db) = self.backward_into(dout, g, w, dw_into, true)?;
                 let (dh, dbias_h) = gelu_backward_bias_grad(&dg, h)?;
                 Ok((dh, dw, db.expect("asked for db"), dbias_h))
             }

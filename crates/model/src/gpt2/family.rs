@@ -191,8 +191,9 @@ impl Family for Gpt2 {
         v * c + cfg.seq_len * c + l * (12 * c * c + 13 * c) + 2 * c
     }
 
-    /// Korthikanti et al. 2022: `s b h (34 + 5 a s / h)` at 16 bits.
-    /// The same in every format: the block keeps its inputs themselves.
+    /// Korthikanti et al. 2022: `s b h (34 + 5 a s / h)` at 16 bits, in every format: an
+    /// upper-end estimate (it counts attention scores and dropout masks this model does not
+    /// keep) that does not take off what FP8 saves by keeping three inputs as codes.
     fn block_activation_bytes(
         &self,
         cfg: &ModelConfig,
@@ -210,15 +211,14 @@ impl Family for Gpt2 {
         b * s * (34 * h + 5 * a * s) * bytes as u64 / 2
     }
 
-    /// c_attn's, attn.c_proj's and mlp.c_fc's `C`, mlp.c_proj's `4 C`, each kept as itself.
+    /// c_attn's, attn.c_proj's and mlp.c_fc's `C`, mlp.c_proj's `4 C`. Under FP8 `ln_1(x)`,
+    /// `ln_2(x2)` and `gelu(h)` are kept as column blocks; attn.c_proj's input is attention's
+    /// output, which attention's backward reads, so it stays itself.
     fn block_linear_inputs(&self, cfg: &ModelConfig) -> Vec<LinearInput> {
         let c = cfg.n_embd;
-        [c, c, c, 4 * c]
+        [(c, true), (c, false), (c, true), (4 * c, true)]
             .into_iter()
-            .map(|width| LinearInput {
-                width,
-                fp8_kept: false,
-            })
+            .map(|(width, fp8_kept)| LinearInput { width, fp8_kept })
             .collect()
     }
 

@@ -24,7 +24,7 @@ use crate::layers::{
     matmul_gelu_forward, residual_matmul_forward, AttSaved, LnSaved, Loss, TokenIndex,
 };
 use crate::layout::{UnitKind, UnitLayout};
-use crate::linears::LinearFormat;
+use crate::linears::{LinearFormat, SavedInput};
 use crate::schedule::UnitParams;
 use crate::units::{self, check_acts, check_params, check_tokens, flatten_grads, FlatGrad, Kept};
 
@@ -76,20 +76,23 @@ pub fn embedding_unit_backward(
 struct BlockActs {
     /// Block input `(B, T, C)`.
     x: Tensor,
-    /// `ln_1(x)` `(N, C)` and its statistics.
-    ln1: Tensor,
+    /// `ln_1(x)` `(N, C)` as c_attn's backward reads it (FP8: its column blocks alone), and
+    /// the norm's statistics.
+    ln1: SavedInput,
     ln1_saved: LnSaved,
     /// Attention's input `qkv`, output `y (B, T, C)` (heads merged) and row log-sum-exps.
     att: AttSaved,
     /// Residual after attention, `(N, C)`.
     x2: Tensor,
-    /// `ln_2(x2)` `(N, C)` and its statistics.
-    ln2: Tensor,
+    /// `ln_2(x2)` `(N, C)` as c_fc's backward reads it, and the norm's statistics.
+    ln2: SavedInput,
     ln2_saved: LnSaved,
-    /// `c_fc` output (pre-GELU) `(N, 4C)`, and after GELU: both come out of one GEMM on the
-    /// GPU, and backward reads both (recomputing `gelu(h)` would cost a pass over `(N, 4C)`).
+    /// `c_fc` output (pre-GELU) `(N, 4C)`, and after GELU as mlp.c_proj's backward reads it:
+    /// both come out of one GEMM on the GPU in bf16, and backward reads both (recomputing
+    /// `gelu(h)` would cost a pass over `(N, 4C)`); under FP8 `gelu(h)` is kept as its column
+    /// blocks.
     h: Tensor,
-    hg: Tensor,
+    hg: SavedInput,
 }
 
 /// What [`block_forward`] keeps for [`block_backward`]: every `BlockActs`, or the block's
@@ -122,23 +125,21 @@ fn block_forward_full(
     let p = |name: &str| unit.param(name).view(flat);
     let lw = |name: &str| params.linear(unit.param(name));
     let xf = x.reshape((b * t, c))?;
-    let (ln1, ln1_saved) = layernorm_forward(&xf, &p("ln_1.weight")?, &p("ln_1.bias")?)?;
-    let qkv = lin.forward(&ln1, &lw("attn.c_attn.weight")?, &p("attn.c_attn.bias")?)?;
+    // ln_1 into c_attn (under FP8 its output exists only as the layer's codes)
+    let ln_1 = (&p("ln_1.weight")?, &p("ln_1.bias")?);
+    let (w, bias) = (lw("attn.c_attn.weight")?, p("attn.c_attn.bias")?);
+    let (ln1_saved, qkv, ln1) = lin.layernorm_linear_forward(&xf, ln_1, &w, &bias)?;
     let (y, att) = attention_forward(&qkv.reshape((b, t, 3 * c))?, cfg.n_head)?;
     let y = y.reshape((b * t, c))?;
     let x2 = lin.residual_forward(&xf, &y, &lw("attn.c_proj.weight")?, &p("attn.c_proj.bias")?)?;
-    let (ln2, ln2_saved) = layernorm_forward(&x2, &p("ln_2.weight")?, &p("ln_2.bias")?)?;
-    let (h, hg) = lin.gelu_forward(&ln2, &lw("mlp.c_fc.weight")?, &p("mlp.c_fc.bias")?)?;
-    let out = if want_out {
-        let w = lw("mlp.c_proj.weight")?;
-        let bias = p("mlp.c_proj.bias")?;
-        Some(
-            lin.residual_forward(&x2, &hg, &w, &bias)?
-                .reshape((b, t, c))?,
-        )
-    } else {
-        None
-    };
+    // ln_2 into c_fc and GELU, into c_proj with the residual (c_proj only where the output is
+    // wanted: a recomputation never reads it)
+    let ln_2 = (&p("ln_2.weight")?, &p("ln_2.bias")?);
+    let fc = (&lw("mlp.c_fc.weight")?, &p("mlp.c_fc.bias")?);
+    let proj = (&lw("mlp.c_proj.weight")?, &p("mlp.c_proj.bias")?);
+    let mlp = lin.layernorm_mlp_forward(&x2, ln_2, fc, proj, want_out)?;
+    let out = mlp.out.map(|o| o.reshape((b, t, c))).transpose()?;
+    let (ln2, ln2_saved, h, hg) = (mlp.n, mlp.ln, mlp.h, mlp.g);
     let acts = BlockActs {
         x: x.clone(),
         ln1,
@@ -228,6 +229,7 @@ pub fn block_backward(
     // x2 = x + y @ c_proj + b
     let y = a.att.y.reshape((b * t, c))?;
     let proj = "attn.c_proj.weight";
+    let y = SavedInput::Dense(y);
     let (dy, dw, db) = lin.backward_into(&dx2, &y, &lw(proj)?, Some(&slot(proj)?), true)?;
     grads.put(proj, &dw)?;
     grads.put("attn.c_proj.bias", &db.expect("asked for db"))?;

@@ -229,23 +229,49 @@ pub(crate) fn linear_forward_of(
     rounded_linear_forward(x, &w.fp8_values()?, bias, residual)
 }
 
-/// `h = x @ w + b` in FP8 and `gelu(h)`: `(h, gelu(h))`. On the GPU the bias and the GELU
-/// are one pass after the GEMM ([`super::bias_gelu_forward`]).
-pub(crate) fn linear_gelu_forward_of(
+/// [`linear_forward_of`] with a bias, also returning what its backward reads of `x`
+/// ([`cols_backward_saved_of`]): on the GPU both blockings of `x` come from one read.
+pub(crate) fn linear_forward_saving_of(
+    x: &Tensor,
+    w: &LinearWeight,
+    bias: &Tensor,
+    residual: Option<&Tensor>,
+) -> Result<(Tensor, Fp8Input)> {
+    let (dtype, dims) = (x.dtype(), x.dims2()?);
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(x) {
+        if let Some((y, xt)) = cuda::cols_forward_saving(x, std::slice::from_ref(w), residual)? {
+            let y = super::bias_gelu_forward(y, bias, false)?.0;
+            let cols = Fp8Cols::Codes(xt);
+            return Ok((y, Fp8Input { dtype, dims, cols }));
+        }
+    }
+    let y = rounded_linear_forward(x, &w.fp8_values()?, Some(bias), residual)?;
+    let cols = Fp8Cols::Values(fp8_round(x, COL_BLOCK)?);
+    Ok((y, Fp8Input { dtype, dims, cols }))
+}
+
+/// `h = x @ w + b` in FP8, `gelu(h)`, and what the backward reads of `x`. On the GPU the bias
+/// and the GELU are one pass after the GEMM ([`super::bias_gelu_forward`]).
+pub(crate) fn linear_gelu_forward_saving_of(
     x: &Tensor,
     w: &LinearWeight,
     b: &Tensor,
-) -> Result<(Tensor, Tensor)> {
+) -> Result<(Tensor, Tensor, Fp8Input)> {
+    let (dtype, dims) = (x.dtype(), x.dims2()?);
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
-        if let Some(y) = cuda::cols_forward(x, std::slice::from_ref(w), None)? {
+        if let Some((y, xt)) = cuda::cols_forward_saving(x, std::slice::from_ref(w), None)? {
             let (h, g) = super::bias_gelu_forward(y, b, true)?;
-            return Ok((h, g.expect("asked for gelu(h)")));
+            let cols = Fp8Cols::Codes(xt);
+            let kept = Fp8Input { dtype, dims, cols };
+            return Ok((h, g.expect("asked for gelu(h)"), kept));
         }
     }
     let h = rounded_linear_forward(x, &w.fp8_values()?, Some(b), None)?;
     let g = super::gelu_forward(&h)?;
-    Ok((h, g))
+    let cols = Fp8Cols::Values(fp8_round(x, COL_BLOCK)?);
+    Ok((h, g, Fp8Input { dtype, dims, cols }))
 }
 
 /// [`fp8_linear_forward`]'s reference with the weight's FP8 values `wq` given.
@@ -380,6 +406,14 @@ pub(crate) fn saved_input_of(x: &Tensor) -> Result<Fp8Input> {
     Ok(Fp8Input { dtype, dims, cols })
 }
 
+/// A shape the GPU's FP8 GEMMs do not take, where the quantiser before them did.
+#[cfg(feature = "cuda")]
+fn fp8_shape_error(what: &str, (n, k): (usize, usize)) -> ModelError {
+    ModelError::Candle(candle_core::Error::Msg(format!(
+        "FP8: {what} ({n}, {k}) and its weights do not fit the GPU's FP8 GEMMs"
+    )))
+}
+
 /// Gradients of [`fp8_linear_cols_forward`]: `(dx = sum_i dout_i @ w_i^T, [dw_i = x^T @
 /// dout_i])`, each term [`fp8_linear_backward`]'s; on the GPU `dw_i` goes into `into[i]` where
 /// given (a slot of the unit's flat gradient, then returned as that view).
@@ -455,3 +489,9 @@ fn rounded_cols_backward(
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod producers;
+
+pub(crate) use producers::{
+    layernorm_linear_forward_saving_of, layernorm_mlp_forward_of, rmsnorm_cols_forward_saving_of,
+    swiglu_down_forward_of, swiglu_gate_up_backward_of,
+};

@@ -23,12 +23,25 @@ pub fn layernorm_forward(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<(Tensor, 
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
         let _span = kernels::profile::scope(x.device(), kernels::profile::Family::Norm);
-        if let Some(r) = cuda::layernorm_forward(x, w, b)? {
-            return Ok(r);
+        if let Some((Some(out), saved)) = cuda::layernorm_forward(x, w, b, true)? {
+            return Ok((out, saved));
         }
         super::declined("layernorm::layernorm_forward", x)?;
     }
     reference_forward(x, w, b)
+}
+
+/// The statistics of [`layernorm_forward`] without its output, for a consumer that makes the
+/// normalised rows itself from `x` and them (GPT-2's FP8 projections after a norm,
+/// `fp8_quantize_layernorm`): one pass of the norm's kernel that does not write its output;
+/// `None` where the kernel does not take the inputs (or on the CPU).
+#[cfg(feature = "cuda")]
+pub(crate) fn layernorm_statistics(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Option<LnSaved>> {
+    if !super::on_gpu(x) {
+        return Ok(None);
+    }
+    let _span = kernels::profile::scope(x.device(), kernels::profile::Family::Norm);
+    Ok(cuda::layernorm_forward(x, w, b, false)?.map(|(_, saved)| saved))
 }
 
 /// Gradients of [`layernorm_forward`]: returns `(dx (N, C), dw (C), db (C))`, where `dx` also
@@ -184,7 +197,8 @@ mod cuda {
         x: &Tensor,
         w: &Tensor,
         b: &Tensor,
-    ) -> Result<Option<(Tensor, LnSaved)>> {
+        want_out: bool,
+    ) -> Result<Option<(Option<Tensor>, LnSaved)>> {
         if !all_bf16(&[x, w, b]) {
             return Ok(None);
         }
@@ -199,7 +213,9 @@ mod cuda {
             return Ok(None);
         };
         let dev = gpu::device(&x)?;
-        let out = gpu::uninit(x.shape(), DType::BF16, &dev)?;
+        let out = want_out
+            .then(|| gpu::uninit(x.shape(), DType::BF16, &dev))
+            .transpose()?;
         let mut stat_dims = x.dims().to_vec();
         if let Some(last) = stat_dims.last_mut() {
             *last = 1;
@@ -218,9 +234,11 @@ mod cuda {
             block_dim: ((FWD_WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (po, pm, pr) = (gpu::ptr(&out)?, gpu::ptr(&mean)?, gpu::ptr(&rstd)?);
-        // SAFETY: out (N, C) bf16, mean, rstd (N) f32 fresh; x (N, C), w, b (C) bf16, all
-        // contiguous and 16-byte aligned; the arguments match layernorm_forward's list.
+        let (pm, pr) = (gpu::ptr(&mean)?, gpu::ptr(&rstd)?);
+        let po = out.as_ref().map(gpu::ptr).transpose()?.unwrap_or(0);
+        // SAFETY: out (N, C) bf16 (or null, which the kernel does not write), mean, rstd (N)
+        // f32 fresh; x (N, C), w, b (C) bf16, all contiguous and 16-byte aligned; the
+        // arguments match layernorm_forward's list.
         unsafe {
             func.launch(
                 cfg,

@@ -63,7 +63,9 @@ pub use linear::{
 };
 pub use projection::{matmul_cols_backward, matmul_cols_bias_forward, matmul_cols_forward};
 pub(crate) use qk_norm::QK_NORM_MAX_HEAD_SIZE;
-pub use qk_norm::{qk_norm_backward, qk_norm_forward, QkNormSaved};
+pub use qk_norm::{
+    qk_norm_backward, qk_norm_forward, qk_norm_rope_backward, qk_norm_rope_forward, QkNormSaved,
+};
 pub use rmsnorm::{
     add_rmsnorm_forward, rmsnorm_backward, rmsnorm_backward_into, rmsnorm_forward, RmsSaved,
 };

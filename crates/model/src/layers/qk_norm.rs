@@ -14,6 +14,7 @@
 use candle_core::Tensor;
 
 use super::rmsnorm::{rmsnorm_backward, rmsnorm_forward, RmsSaved};
+use super::rope::RopeTables;
 use crate::error::{ModelError, Result};
 
 /// The widest head the GPU kernel takes (one 16-byte vector a lane, a warp a head); the
@@ -109,7 +110,7 @@ pub fn qk_norm_forward(
     #[cfg(feature = "cuda")]
     if super::on_gpu(&qkv) {
         let _span = kernels::profile::scope(qkv.device(), kernels::profile::Family::Norm);
-        if let Some((x, rstd)) = cuda::forward(&qkv, wq, wk, n_head, n_kv_head, eps)? {
+        if let Some((x, rstd)) = cuda::forward(&qkv, wq, wk, None, n_head, n_kv_head, eps)? {
             let kept = Kept::Packed { x, rstd };
             return Ok((
                 qkv,
@@ -181,7 +182,7 @@ pub fn qk_norm_backward(
     if super::on_gpu(&dout) {
         let _span = kernels::profile::scope(dout.device(), kernels::profile::Family::Norm);
         if let Kept::Packed { x, rstd } = &saved.kept {
-            if let Some((dwq, dwk)) = cuda::backward(&dout, x, rstd, wq, wk, nh, kv)? {
+            if let Some((dwq, dwk)) = cuda::backward(&dout, x, rstd, wq, wk, None, nh, kv)? {
                 return Ok((dout, dwq, dwk));
             }
         }
@@ -221,13 +222,68 @@ fn reference_backward(
     Ok((dqkv, dwq, dwk))
 }
 
+/// [`qk_norm_forward`] and then [`super::rope_qk_forward`] with `rope` on the q and k heads
+/// (Qwen3's attention input). On the GPU one pass: the norm's kernel turns each head after
+/// normalising it (the bits of the two kernels, `rope.cuh`'s arithmetic in both), one read and
+/// write of q and k fewer.
+pub fn qk_norm_rope_forward(
+    qkv: Tensor,
+    wq: &Tensor,
+    wk: &Tensor,
+    rope: &RopeTables,
+    n_head: usize,
+    n_kv_head: usize,
+    eps: f64,
+) -> Result<(Tensor, QkNormSaved)> {
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(&qkv) {
+        sizes(&qkv, wq.dim(0)?, n_head, n_kv_head)?;
+        let _span = kernels::profile::scope(qkv.device(), kernels::profile::Family::Norm);
+        let fused = cuda::forward(&qkv, wq, wk, Some(rope), n_head, n_kv_head, eps)?;
+        if let Some((x, rstd)) = fused {
+            let kept = Kept::Packed { x, rstd };
+            let saved = QkNormSaved {
+                kept,
+                n_head,
+                n_kv_head,
+            };
+            return Ok((qkv, saved));
+        }
+    }
+    let (qkv, saved) = qk_norm_forward(qkv, wq, wk, n_head, n_kv_head, eps)?;
+    Ok((super::rope_qk_forward(qkv, rope, n_head, n_kv_head)?, saved))
+}
+
+/// Gradients of [`qk_norm_rope_forward`]: [`super::rope_qk_backward`] and then
+/// [`qk_norm_backward`], `(dqkv, dwq, dwk)`. On the GPU (when the kernel kept the heads) one
+/// pass, in place over dout's q and k columns.
+pub fn qk_norm_rope_backward(
+    dout: Tensor,
+    saved: &QkNormSaved,
+    wq: &Tensor,
+    wk: &Tensor,
+    rope: &RopeTables,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (nh, kv) = (saved.n_head, saved.n_kv_head);
+    #[cfg(feature = "cuda")]
+    if let (true, Kept::Packed { x, rstd }) = (super::on_gpu(&dout), &saved.kept) {
+        sizes(&dout, wq.dim(0)?, nh, kv)?;
+        let _span = kernels::profile::scope(dout.device(), kernels::profile::Family::Norm);
+        if let Some((dwq, dwk)) = cuda::backward(&dout, x, rstd, wq, wk, Some(rope), nh, kv)? {
+            return Ok((dout, dwq, dwk));
+        }
+    }
+    let dout = super::rope_qk_backward(dout, rope, nh, kv)?;
+    qk_norm_backward(dout, saved, wq, wk)
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     //! Launchers of `kernels/cuda/qk_norm.cu`: a head row a group of lanes, in place on the
     //! packed buffer. They take bf16 `qkv` (or its gradient) and weights, contiguous and
     //! 16-byte aligned, with `hs % 8 == 0` and `hs <= 256`; anything else returns `None` (the
     //! reference runs).
-    use super::QK_NORM_MAX_HEAD_SIZE;
+    use super::{RopeTables, QK_NORM_MAX_HEAD_SIZE};
     use crate::error::{ModelError, Result};
     use crate::gpu;
     use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
@@ -285,19 +341,54 @@ mod cuda {
         Ok(Some(((n, hs, w), ptrs)))
     }
 
-    /// Normalises the first `NH + KV` heads of every row of `qkv` in place; returns what the
-    /// backward reads, `(x (N, (NH + KV) hs) bf16, rstd (N, NH + KV) f32)`, or `None` (nothing
-    /// queued) where the kernel does not take the inputs.
+    /// The rotary tables as the fused rotation reads them: `(cos, sin, T)` addresses and the
+    /// positions a sequence, for `qkv (B, T, W)` of heads `hs` wide; `Ok(None)` where the kernel
+    /// cannot fuse them (`hs % 16 != 0`, tables not bf16 `(>= T, hs)` contiguous and aligned),
+    /// and `(0, 0, 1)` (no rotation) without tables.
+    fn rope_args(
+        rope: Option<&RopeTables>,
+        qkv: &Tensor,
+        hs: usize,
+    ) -> Result<Option<(u64, u64, i32)>> {
+        let Some(tables) = rope else {
+            return Ok(Some((0, 0, 1)));
+        };
+        let t = qkv.dim(1)?;
+        let mut ptrs = [0u64; 2];
+        for (p, table) in ptrs.iter_mut().zip([&tables.cos, &tables.sin]) {
+            let fits = hs.is_multiple_of(16)
+                && table.dtype() == DType::BF16
+                && table.is_contiguous()
+                && table
+                    .dims2()
+                    .is_ok_and(|(rows, cols)| rows >= t && cols == hs)
+                && gpu::ptr(table)? % 16 == 0;
+            if !fits {
+                return Ok(None);
+            }
+            *p = gpu::ptr(table)?;
+        }
+        Ok(Some((ptrs[0], ptrs[1], t as i32)))
+    }
+
+    /// Normalises the first `NH + KV` heads of every row of `qkv` in place, and with `rope`
+    /// turns them by their positions' angles in the same pass; returns what the backward
+    /// reads, `(x (N, (NH + KV) hs) bf16, rstd (N, NH + KV) f32)`, or `None` (nothing queued)
+    /// where the kernel does not take the inputs.
     pub(super) fn forward(
         qkv: &Tensor,
         wq: &Tensor,
         wk: &Tensor,
+        rope: Option<&RopeTables>,
         nh: usize,
         kv: usize,
         eps: f64,
     ) -> Result<Option<(Tensor, Tensor)>> {
         let heads = nh + kv;
         let Some(((n, hs, w), [p, pq, pk])) = takes(qkv, wq, wk, heads)? else {
+            return Ok(None);
+        };
+        let Some((pc, psn, t)) = rope_args(rope, qkv, hs)? else {
             return Ok(None);
         };
         let dev = gpu::device(qkv)?;
@@ -329,6 +420,9 @@ mod cuda {
                     &pr,
                     &pq,
                     &pk,
+                    &pc,
+                    &psn,
+                    &t,
                     &(n as i32),
                     &(w as i32),
                     &(nh as i32),
@@ -340,20 +434,26 @@ mod cuda {
         Ok(Some((x, rstd)))
     }
 
-    /// Writes dq and dk over dout's q and k heads in place from the forward's `x` and `rstd`;
+    /// Writes dq and dk over dout's q and k heads in place from the forward's `x` and `rstd`
+    /// (with `rope`, dout turned back by its positions' angles first, in the same pass);
     /// returns `(dwq, dwk)`, or `None` (nothing queued) where the kernels do not take the
     /// inputs.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn backward(
         dout: &Tensor,
         x: &Tensor,
         rstd: &Tensor,
         wq: &Tensor,
         wk: &Tensor,
+        rope: Option<&RopeTables>,
         nh: usize,
         kv: usize,
     ) -> Result<Option<(Tensor, Tensor)>> {
         let heads = nh + kv;
         let Some(((n, hs, w), [p, pq, pk])) = takes(dout, wq, wk, heads)? else {
+            return Ok(None);
+        };
+        let Some((pc, psn, t)) = rope_args(rope, dout, hs)? else {
             return Ok(None);
         };
         let saved_fits = x.dims() == [n, heads * hs]
@@ -410,6 +510,9 @@ mod cuda {
                     &pr,
                     &pq,
                     &pk,
+                    &pc,
+                    &psn,
+                    &t,
                     &(n as i32),
                     &(w as i32),
                     &(nh as i32),

@@ -34,7 +34,10 @@ pub fn rmsnorm_forward(x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, RmsS
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
         let _span = kernels::profile::scope(x.device(), kernels::profile::Family::Norm);
-        if let Some((_, y, saved)) = cuda::forward(x, None, w, eps)? {
+        if let Some(cuda::Forward {
+            y: Some(y), saved, ..
+        }) = cuda::forward(x, None, w, eps, true)?
+        {
             return Ok((y, saved));
         }
         super::declined("rmsnorm::forward", x)?;
@@ -57,7 +60,12 @@ pub fn add_rmsnorm_forward(
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
         let _span = kernels::profile::scope(x.device(), kernels::profile::Family::Norm);
-        if let Some((Some(h), y, saved)) = cuda::forward(x, Some(delta), w, eps)? {
+        if let Some(cuda::Forward {
+            h: Some(h),
+            y: Some(y),
+            saved,
+        }) = cuda::forward(x, Some(delta), w, eps, true)?
+        {
             return Ok((h, y, saved));
         }
         super::declined("rmsnorm::residual_forward", x)?;
@@ -65,6 +73,31 @@ pub fn add_rmsnorm_forward(
     let h = (x + delta)?;
     let (y, saved) = reference_forward(&h, w, eps)?;
     Ok((h, y, saved))
+}
+
+/// What [`add_rmsnorm_forward`] (where `delta` is given) or [`rmsnorm_forward`] computes
+/// besides the normalised rows: `(h, saved)`, `h = x + delta` (or `x` itself), for a consumer
+/// that makes the rows itself from `h` and the statistics (the FP8 projections after a norm,
+/// `fp8_quantize_rmsnorm`). One pass of the norm's kernel that does not write its output;
+/// `None` where the kernel does not take the inputs.
+#[cfg(feature = "cuda")]
+pub(crate) fn rmsnorm_statistics(
+    x: &Tensor,
+    delta: Option<&Tensor>,
+    w: &Tensor,
+    eps: f64,
+) -> Result<Option<(Tensor, RmsSaved)>> {
+    if !super::on_gpu(x) {
+        return Ok(None);
+    }
+    let _span = kernels::profile::scope(x.device(), kernels::profile::Family::Norm);
+    Ok(match cuda::forward(x, delta, w, eps, false)? {
+        Some(cuda::Forward {
+            h: Some(h), saved, ..
+        }) => Some((h, saved)),
+        Some(cuda::Forward { h: None, saved, .. }) if delta.is_none() => Some((x.clone(), saved)),
+        _ => None,
+    })
 }
 
 /// [`rmsnorm_forward`] with basic candle ops.
@@ -214,13 +247,24 @@ mod cuda {
         }
     }
 
-    /// `(h when delta is given, y, saved)`, or `None` for inputs the kernel does not take.
+    /// What [`forward`] writes.
+    pub(super) struct Forward {
+        /// `x + delta`, when delta is given.
+        pub h: Option<Tensor>,
+        /// The normalised rows, when asked for.
+        pub y: Option<Tensor>,
+        pub saved: RmsSaved,
+    }
+
+    /// The norm's outputs ([`Forward`]; `y` when `want_y`), or `None` for inputs the kernel
+    /// does not take.
     pub(super) fn forward(
         x: &Tensor,
         delta: Option<&Tensor>,
         w: &Tensor,
         eps: f64,
-    ) -> Result<Option<(Option<Tensor>, Tensor, RmsSaved)>> {
+        want_y: bool,
+    ) -> Result<Option<Forward>> {
         let Some((n, c)) = rows(x) else {
             return Ok(None);
         };
@@ -234,7 +278,9 @@ mod cuda {
             return Ok(None);
         };
         let dev = gpu::device(x)?;
-        let y = gpu::uninit((n, c), DType::BF16, &dev)?;
+        let y = want_y
+            .then(|| gpu::uninit((n, c), DType::BF16, &dev))
+            .transpose()?;
         let h = delta
             .map(|_| gpu::uninit((n, c), DType::BF16, &dev))
             .transpose()?;
@@ -251,17 +297,23 @@ mod cuda {
             block_dim: ((FWD_WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (py, pr) = (gpu::ptr(&y)?, gpu::ptr(&rstd)?);
+        let pr = gpu::ptr(&rstd)?;
+        let py = y.as_ref().map(gpu::ptr).transpose()?.unwrap_or(0);
         let ph = h.as_ref().map(gpu::ptr).transpose()?.unwrap_or(0);
-        // SAFETY: y, h (when delta is given) (N, C) bf16 and rstd (N) f32 fresh; x, delta
-        // (N, C) and w (C) bf16 contiguous and 16-byte aligned; arguments in kernel order.
+        // SAFETY: y (when wanted; null otherwise, which the kernel does not write), h (when
+        // delta is given) (N, C) bf16 and rstd (N) f32 fresh; x, delta (N, C) and w (C) bf16
+        // contiguous and 16-byte aligned; arguments in kernel order.
         unsafe {
             func.launch(
                 cfg,
                 &[&py, &ph, &pr, &px, &pdelta, &pw, &(n as i32), &(eps as f32)],
             )?;
         }
-        Ok(Some((h, y, RmsSaved { rstd })))
+        Ok(Some(Forward {
+            h,
+            y,
+            saved: RmsSaved { rstd },
+        }))
     }
 
     /// `(dx, dw)`, or `None` for inputs the kernels do not take. `dw` goes to `dw_into` when

@@ -49,10 +49,10 @@ use crate::config::ModelConfig;
 use crate::decode::{cached_attention, check_one_sequence, LayerCache};
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    add_rmsnorm_forward, bias_grad, gqa_packed_backward, gqa_packed_forward, qk_norm_backward,
-    qk_norm_forward, rmsnorm_backward, rmsnorm_backward_into, rmsnorm_forward, rope_qk_backward,
-    rope_qk_forward, rope_tables, swiglu_packed_backward, swiglu_packed_forward, Loss, QkNormSaved,
-    TokenIndex,
+    add_rmsnorm_forward, bias_grad, gqa_packed_backward, gqa_packed_forward, qk_norm_forward,
+    qk_norm_rope_backward, qk_norm_rope_forward, rmsnorm_backward, rmsnorm_backward_into,
+    rmsnorm_forward, rope_qk_backward, rope_qk_forward, rope_tables, swiglu_packed_forward, Loss,
+    QkNormSaved, TokenIndex,
 };
 use crate::layout::{UnitKind, UnitLayout};
 use crate::linears::{LinearFormat, LinearWeight, SavedInput};
@@ -232,34 +232,31 @@ fn block_forward_full(
         x.device(),
     )?;
     let xf = x.reshape((b * t, c))?;
-    let (n1, rms1) = rmsnorm_forward(&xf, &w.input_norm, cfg.norm_eps)?;
-    let (qkv, n1) = lin.cols_forward_saving(&n1, &w.qkv, w.qkv_bias.as_ref(), None)?;
-    let qkv = qkv.reshape((b, t, (nh + 2 * kv) * hs))?;
+    // n1 = input_layernorm(x), into [q_proj | k_proj | v_proj]
+    let eps = cfg.norm_eps;
+    let bias = w.qkv_bias.as_ref();
+    let first = lin.rmsnorm_cols_forward_saving(&xf, None, &w.input_norm, eps, &w.qkv, bias)?;
+    let (n1, rms1) = (first.n, first.rms);
+    let qkv = first.y.reshape((b, t, (nh + 2 * kv) * hs))?;
+    // q and k normalised per head (Qwen3), then turned by the rotation: one pass on the GPU
     let (qkv, qk) = match &w.qk_norm {
         Some([wq, wk]) => {
-            let (qkv, saved) = qk_norm_forward(qkv, wq, wk, nh, kv, cfg.norm_eps)?;
+            let (qkv, saved) = qk_norm_rope_forward(qkv, wq, wk, &rope, nh, kv, cfg.norm_eps)?;
             (qkv, Some(saved))
         }
-        None => (qkv, None),
+        None => (rope_qk_forward(qkv, &rope, nh, kv)?, None),
     };
-    let qkv = rope_qk_forward(qkv, &rope, nh, kv)?;
     let (y, att) = gqa_packed_forward(&qkv, nh, kv)?;
     let y = y.reshape((b * t, nh * hs))?;
     let attn_out = lin.cols_forward(&y, std::slice::from_ref(&w.o), None, None)?;
-    // h = x + o_proj(y), then its norm, in one pass
-    let (h, n2, rms2) = add_rmsnorm_forward(&xf, &attn_out, &w.post_norm, cfg.norm_eps)?;
-    let (gu, n2) = lin.cols_forward_saving(&n2, &w.gate_up, None, None)?;
-    let act = swiglu_packed_forward(&gu)?;
-    // down's input: what its backward reads, made in the forward's read (a recomputation,
-    // which never reads the output, makes it alone).
-    let (out, act) = match want_out {
-        true => {
-            let (out, act) =
-                lin.cols_forward_saving(&act, std::slice::from_ref(&w.down), None, Some(&h))?;
-            (Some(out.reshape((b, t, c))?), act)
-        }
-        false => (None, lin.saved_input(&act)?),
-    };
+    // h = x + o_proj(y), then its norm in the same pass, into [gate_proj | up_proj]
+    let second =
+        lin.rmsnorm_cols_forward_saving(&xf, Some(&attn_out), &w.post_norm, eps, &w.gate_up, None)?;
+    let (h, n2, rms2, gu) = (second.h, second.n, second.rms, second.y);
+    // act = silu(gate) * up into down: what down's backward reads of act, made in the same
+    // pass (a recomputation, which never reads the output, makes that alone).
+    let (out, act) = lin.swiglu_down_forward(&gu, &w.down, Some(&h), want_out)?;
+    let out = out.map(|o| o.reshape((b, t, c))).transpose()?;
     let acts = LlamaBlockActs {
         x: x.clone(),
         rope,
@@ -340,10 +337,9 @@ pub fn block_backward(
     let (dact, dw) =
         lin.cols_backward(&dout, &a.act, std::slice::from_ref(&w.down), &slots(&down)?)?;
     put(&down, &dw)?;
-    // act = silu(gate) * up
-    let dgu = swiglu_packed_backward(&dact, &a.gu)?;
-    // [gate | up] = n2 @ [gate_proj | up_proj]
-    let (dn2, dw) = lin.cols_backward(&dgu, &a.n2, &w.gate_up, &slots(&GATE_UP_NAMES)?)?;
+    // act = silu(gate) * up, [gate | up] = n2 @ [gate_proj | up_proj]
+    let gate_up = slots(&GATE_UP_NAMES)?;
+    let (dn2, dw) = lin.swiglu_gate_up_backward(&dact, &a.gu, &a.n2, &w.gate_up, &gate_up)?;
     put(&GATE_UP_NAMES, &dw)?;
     // n2 = post_attention_layernorm(h); h also feeds the residual, whose gradient is dout
     let post = "post_attention_layernorm.weight";
@@ -364,15 +360,14 @@ pub fn block_backward(
     put(&o, &dw)?;
     // y = attn(qkv), then q and k turned back by the rotation
     let dqkv = gqa_packed_backward(&dy.reshape((b, t, nh * hs))?, &a.att)?;
-    let dqkv = rope_qk_backward(dqkv, &a.rope, nh, kv)?;
-    // q and k normalised per head (Qwen3)
+    // (and before the rotation, q and k normalised per head (Qwen3): one pass on the GPU)
     let dqkv = match (&w.qk_norm, &a.qk) {
         (Some([wq, wk]), Some(saved)) => {
-            let (dqkv, dwq, dwk) = qk_norm_backward(dqkv, saved, wq, wk)?;
+            let (dqkv, dwq, dwk) = qk_norm_rope_backward(dqkv, saved, wq, wk, &a.rope)?;
             put(&QK_NORM_NAMES, &[dwq, dwk])?;
             dqkv
         }
-        _ => dqkv,
+        _ => rope_qk_backward(dqkv, &a.rope, nh, kv)?,
     };
     let dqkv = dqkv.reshape((b * t, (nh + 2 * kv) * hs))?;
     // their biases (Qwen2): the packed gradient's column sums, one slot a projection

@@ -20,13 +20,28 @@ use super::GPU_MULTIPLE;
 use crate::error::Result;
 use crate::gemm::{self, BlockScales, Epilogue, Gemm, ScaleMode};
 use crate::gpu;
-use crate::layers::Fp8Weight;
 use crate::linears::LinearWeight;
+
+pub mod fused;
+mod weights;
+
+use weights::weight_operands;
+pub use weights::{gathered_transposed, quantize_weight, quantize_weights};
 
 /// One CTA's threads in every quantiser (fp8.cu's launch bounds).
 const THREADS: usize = 256;
 /// The K-block and tile side of the scales.
 const BLOCK: usize = 128;
+
+/// The grid of fp8.cu's tile kernels: a CTA of [`THREADS`] a 128 x 128 tile, `x` tiles along
+/// the columns by `y` along the rows.
+fn tile_grid(x: usize, y: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (x as u32, y as u32, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
 
 fn kernel(dev: &CudaDevice, name: &str) -> Result<Kernel> {
     Ok(Kernel::load(
@@ -119,85 +134,10 @@ fn packed_fits(
     fits.then_some((n, inp, total))
 }
 
-/// A weight as the GEMM that contracts over its IN reads it (the forward: its transposed
-/// codes `(OUT, IN)`, scales `[OB][round_up(IB, 4)]`), or with `!forward` as the input
-/// gradient's reads it (its codes `(IN, OUT)`, scales `[IB][round_up(OB, 4)]`): quantised
-/// here from bf16, or rearranged from the codes and tile scales FP8 qwZ gathered (the same
-/// bytes: `fp8_quantize_tiles` is `quant::quantize_fp8_e4m3_tiles` bit for bit).
-fn weight_operand(w: &LinearWeight, forward: bool) -> Result<Operand> {
-    match w {
-        LinearWeight::Dense(t) => {
-            let (codes, codes_t) = quantize_tiles(t, !forward, forward)?;
-            Ok(match forward {
-                true => codes_t.expect("asked for w^T's codes"),
-                false => codes.expect("asked for w's codes"),
-            })
-        }
-        LinearWeight::Fp8(q) if forward => gathered_transposed(q),
-        LinearWeight::Fp8(q) => {
-            let ob = q.dims().1.div_ceil(BLOCK);
-            let scales = q
-                .scales()
-                .pad_with_zeros(1, 0, ob.next_multiple_of(4) - ob)?;
-            Ok(Operand {
-                codes: aligned(q.codes().clone())?,
-                scales: aligned(scales)?,
-                mode: ScaleMode::Blk128x128,
-            })
-        }
-    }
-}
-
-/// A weight FP8 qwZ gathered, `(IN, OUT)` codes and `[IB][OB]` tile scales, as the forward
-/// reads it: `w^T`'s codes `(OUT, IN)` and scales `[OB][round_up(IB, 4)]`
-/// (`fp8_transpose_tiles`: the bytes [`quantize_tiles`] writes for the dense weight, moved).
-pub fn gathered_transposed(q: &Fp8Weight) -> Result<Operand> {
-    let dev = gpu::device(q.codes())?;
-    let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
-    let (inp, out) = q.dims();
-    let (ib, ob) = (inp.div_ceil(BLOCK), out.div_ceil(BLOCK));
-    let ld_t = ib.next_multiple_of(4);
-    // Fp8Weight::new checked the dtypes and that the scales are [IB][OB].
-    let (codes, scales) = (q.codes().contiguous()?, q.scales().contiguous()?);
-    let codes_t = gpu::uninit((out, inp), DType::U8, &dev)?;
-    // Every scale, the padding of each row included (zeros), is written by the kernel.
-    let scales_t = gpu::uninit((ob, ld_t), DType::F32, &dev)?;
-    let func = kernel(&dev, "fp8_transpose_tiles")?;
-    let cfg = LaunchConfig {
-        grid_dim: (ob as u32, ib as u32, 1),
-        block_dim: (THREADS as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let (pc, ps) = (gpu::ptr(&codes)?, gpu::ptr(&scales)?);
-    let (pt, pst) = (gpu::ptr(&codes_t)?, gpu::ptr(&scales_t)?);
-    // SAFETY: codes (IN, OUT) u8 and scales (IB, OB) f32 contiguous on this device; codes_t
-    // OUT x IN bytes and scales_t OB x ld_t f32 fresh, every one written (the padding by each
-    // row's last tile); IN, OUT fit i32 (takes_weight); arguments in kernel order.
-    unsafe {
-        func.launch(
-            cfg,
-            &[
-                &pc,
-                &ps,
-                &pt,
-                &pst,
-                &(inp as i32),
-                &(out as i32),
-                &(ld_t as i32),
-            ],
-        )?;
-    }
-    Ok(Operand {
-        codes: codes_t,
-        scales: scales_t,
-        mode: ScaleMode::Blk128x128,
-    })
-}
-
 /// `t` contiguous from a 16-byte aligned address, as cuBLASLt reads an operand and its
 /// scales: a view into a gathered unit (FP8 qwZ's codes and tile scales) can start anywhere,
 /// and is copied (bit for bit, into a fresh allocation) where it does not start on 16 bytes.
-fn aligned(t: Tensor) -> Result<Tensor> {
+pub(super) fn aligned(t: Tensor) -> Result<Tensor> {
     let t = t.contiguous()?;
     match gpu::ptr(&t)? % 16 {
         0 => Ok(t),
@@ -220,9 +160,12 @@ fn quantize_view(
     let (rows, ld) = x.dims2()?;
     // The kernel loads 16 bytes at a time: a view that does not start on 16 bytes (a storage
     // offset, rare) is copied first.
-    if (gpu::ptr(x)? + 2 * col as u64) % 16 != 0 || ld % 8 != 0 || cols % 8 != 0 {
+    if !(gpu::ptr(x)? + 2 * col as u64).is_multiple_of(16)
+        || !ld.is_multiple_of(8)
+        || !cols.is_multiple_of(8)
+    {
         let copy = x.narrow(1, col, cols)?.force_contiguous()?;
-        if gpu::ptr(&copy)? % 16 == 0 && cols % 8 == 0 {
+        if gpu::ptr(&copy)?.is_multiple_of(16) && cols.is_multiple_of(8) {
             return quantize_view(&copy, 0, cols, rows_blocks, transposed);
         }
         return Err(crate::error::ModelError::Candle(candle_core::Error::Msg(
@@ -249,11 +192,7 @@ fn quantize_view(
     };
     let ((pc, ps), (pt, pst)) = (address(&row_out)?, address(&col_out)?);
     let px = gpu::ptr(x)? + 2 * col as u64;
-    let cfg = LaunchConfig {
-        grid_dim: (cols.div_ceil(BLOCK) as u32, rows.div_ceil(BLOCK) as u32, 1),
-        block_dim: (THREADS as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = tile_grid(cols.div_ceil(BLOCK), rows.div_ceil(BLOCK));
     let func = kernel(&dev, "fp8_quantize_act")?;
     // SAFETY: x addresses rows x ld bf16 (this view: cols from col, its first element and ld
     // on 16 bytes, as checked above); each output fresh and written once by the kernel, a
@@ -302,78 +241,6 @@ pub fn quantize_both(x: &Tensor, col: usize, cols: usize) -> Result<(Operand, Op
         (Some(rows), Some(cols)) => Ok((rows, cols)),
         _ => unreachable!("asked for both orientations"),
     }
-}
-
-/// `w (IN, OUT)` in 128 x 128 tiles, both orientations.
-pub fn quantize_weight(w: &Tensor) -> Result<Weight> {
-    let (codes, codes_t) = quantize_tiles(w, true, true)?;
-    Ok(Weight {
-        codes: codes.expect("asked for w's codes"),
-        codes_t: codes_t.expect("asked for w^T's codes"),
-    })
-}
-
-/// `w (IN, OUT)` in 128 x 128 tiles: the codes for the input gradient where `want_codes`,
-/// the transposed ones for the forward where `want_codes_t` (a pass reads one of the two).
-fn quantize_tiles(
-    w: &Tensor,
-    want_codes: bool,
-    want_codes_t: bool,
-) -> Result<(Option<Operand>, Option<Operand>)> {
-    let dev = gpu::device(w)?;
-    let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
-    let (inp, out) = w.dims2()?;
-    let (ib, ob) = (inp.div_ceil(BLOCK), out.div_ceil(BLOCK));
-    let (ld_fwd, ld_bwd) = (ib.next_multiple_of(4), ob.next_multiple_of(4));
-    let codes = want_codes
-        .then(|| gpu::uninit((inp, out), DType::U8, &dev))
-        .transpose()?;
-    let codes_t = want_codes_t
-        .then(|| gpu::uninit((out, inp), DType::U8, &dev))
-        .transpose()?;
-    // Every scale, the padding of each row included (zeros), is written by the kernel.
-    let scales_fwd = gpu::uninit((ob, ld_fwd), DType::F32, &dev)?;
-    let scales_bwd = gpu::uninit((ib, ld_bwd), DType::F32, &dev)?;
-    let func = kernel(&dev, "fp8_quantize_tiles")?;
-    let cfg = LaunchConfig {
-        grid_dim: (ob as u32, ib as u32, 1),
-        block_dim: (THREADS as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let pw = gpu::ptr(w)?;
-    // A null address: the kernel skips that orientation.
-    let address = |t: &Option<Tensor>| t.as_ref().map_or(Ok(0), gpu::ptr);
-    let (pc, pt) = (address(&codes)?, address(&codes_t)?);
-    let (pf, pb) = (gpu::ptr(&scales_fwd)?, gpu::ptr(&scales_bwd)?);
-    // SAFETY: w (IN, OUT) bf16 contiguous; codes, codes_t IN x OUT bytes fresh, every one
-    // written (or null, then never touched); the scales ob x ld_fwd and ib x ld_bwd f32,
-    // every one written (the padding by each row's last tile); arguments in kernel order.
-    unsafe {
-        func.launch(
-            cfg,
-            &[
-                &pw,
-                &(out as i64),
-                &pc,
-                &pt,
-                &pf,
-                &pb,
-                &(inp as i32),
-                &(out as i32),
-                &(ld_fwd as i32),
-                &(ld_bwd as i32),
-            ],
-        )?;
-    }
-    let operand = |codes: Tensor, scales: Tensor| Operand {
-        codes,
-        scales,
-        mode: ScaleMode::Blk128x128,
-    };
-    Ok((
-        codes.map(|c| operand(c, scales_bwd)),
-        codes_t.map(|c| operand(c, scales_fwd)),
-    ))
 }
 
 /// `D (m, n) = A^T B (+ C)` in cuBLAS terms with A stored `(m, k)` and B `(n, k)`, both
@@ -449,7 +316,6 @@ fn forward(
     let Some((n, inp, total)) = packed_shape(x, ws, residual) else {
         return Ok(None);
     };
-    let dev = gpu::device(x)?;
     let (xq, xt) = match saving {
         true => {
             let (xq, xt) = quantize_both(x, 0, inp)?;
@@ -457,17 +323,43 @@ fn forward(
         }
         false => (quantize_rows(x)?, None),
     };
+    let y = forward_gemms(&xq, (n, inp, total), ws, residual)?;
+    Ok(Some((y, xt)))
+}
+
+/// [`cols_forward`] of an input given as its 1 x 128 blocks (`xq`, codes `(N, IN)`: quantised
+/// where it was made, as `fused::quantize_swiglu` makes SwiGLU's output), or `None` where
+/// the weights and the residual do not fit.
+pub fn cols_forward_quantised(
+    xq: &Operand,
+    ws: &[LinearWeight],
+    residual: Option<&Tensor>,
+) -> Result<Option<Tensor>> {
+    let (n, inp) = xq.codes.dims2()?;
+    let Some(shape) = packed_fits((n, inp), ws, residual) else {
+        return Ok(None);
+    };
+    Ok(Some(forward_gemms(xq, shape, ws, residual)?))
+}
+
+/// The forward's GEMMs, one a weight into its columns of `y (N, total)`.
+fn forward_gemms(
+    xq: &Operand,
+    (n, inp, total): (usize, usize, usize),
+    ws: &[LinearWeight],
+    residual: Option<&Tensor>,
+) -> Result<Tensor> {
+    let dev = gpu::device(&xq.codes)?;
     let y = gpu::uninit((n, total), DType::BF16, &dev)?;
     let (py, pr) = (gpu::ptr(&y)?, residual.map(gpu::ptr).transpose()?);
     let mut off = 0u64;
-    for w in ws {
+    for (w, wq) in ws.iter().zip(weight_operands(ws, true)?) {
         let out = out_of(w);
-        let wq = weight_operand(w, true)?;
         let shift = 2 * off;
         gemm_tn(
             &dev,
             &wq,
-            &xq,
+            xq,
             (out, n, inp),
             py + shift,
             total,
@@ -475,7 +367,7 @@ fn forward(
         )?;
         off += out as u64;
     }
-    Ok(Some((y, xt)))
+    Ok(y)
 }
 
 /// Gradients of [`cols_forward`] without a residual's: `(dx, [dw_i])`, each `dw_i` written
@@ -514,15 +406,54 @@ pub fn cols_backward_from(
     if packed_fits((n, inp), ws, Some(dout)).is_none() || xt.codes.dims() != [inp, n] {
         return Ok(None);
     }
-    let dev = gpu::device(dout)?;
+    let douts = |off, out| quantize_both(dout, off, out);
+    Ok(Some(backward_gemms(douts, xt, (n, inp), ws, into)?))
+}
+
+/// [`cols_backward_from`] with each weight's dout given in both blockings, `douts[i] =
+/// (rows, cols)` as [`quantize_both`] makes them of `dout_i (N, OUT_i)` (quantised where they
+/// were made, as `fused::quantize_swiglu_grad` makes SwiGLU's gradient), or `None` where the
+/// shapes do not fit.
+pub fn cols_backward_quantised(
+    douts: &[(Operand, Operand)],
+    xt: &Operand,
+    (n, inp): (usize, usize),
+    ws: &[LinearWeight],
+    into: &[Option<Tensor>],
+) -> Result<Option<(Tensor, Vec<Tensor>)>> {
+    let fits = douts.len() == ws.len()
+        && packed_fits((n, inp), ws, None).is_some()
+        && xt.codes.dims() == [inp, n]
+        && douts.iter().zip(ws).all(|((r, c), w)| {
+            r.codes.dims() == [n, out_of(w)] && c.codes.dims() == [out_of(w), n]
+        });
+    if !fits {
+        return Ok(None);
+    }
+    let mut each = douts.iter();
+    let douts = |_, _| Ok(each.next().expect("one dout a weight").clone());
+    Ok(Some(backward_gemms(douts, xt, (n, inp), ws, into)?))
+}
+
+/// The backward's GEMMs: `dx = sum_i dout_i @ w_i^T` and each `dw_i = x^T @ dout_i` (into
+/// `into[i]` where it is a bf16 `(IN, OUT_i)` slot), with `douts(off, out)` weight i's dout in
+/// both blockings (its columns `off..off + out` of the packed dout).
+fn backward_gemms(
+    mut douts: impl FnMut(usize, usize) -> Result<(Operand, Operand)>,
+    xt: &Operand,
+    (n, inp): (usize, usize),
+    ws: &[LinearWeight],
+    into: &[Option<Tensor>],
+) -> Result<(Tensor, Vec<Tensor>)> {
+    let dev = gpu::device(&xt.codes)?;
     let dx = gpu::uninit((n, inp), DType::BF16, &dev)?;
     let pdx = gpu::ptr(&dx)?;
     let mut dws = Vec::with_capacity(ws.len());
     let mut off = 0;
-    for (i, w) in ws.iter().enumerate() {
+    let wqs = weight_operands(ws, false)?;
+    for (i, (w, wq)) in ws.iter().zip(wqs).enumerate() {
         let out = out_of(w);
-        let wq = weight_operand(w, false)?;
-        let (dq, dt) = quantize_both(dout, off, out)?;
+        let (dq, dt) = douts(off, out)?;
         // dx (+)= dout_i @ w_i^T
         gemm_tn(
             &dev,
@@ -546,5 +477,5 @@ pub fn cols_backward_from(
         dws.push(dw);
         off += out;
     }
-    Ok(Some((dx, dws)))
+    Ok((dx, dws))
 }

@@ -1,0 +1,303 @@
+//! The FP8 quantisers fused into the kernel that makes their tensor (`kernels/cuda/fp8.cu`), for
+//! tensors that under FP8 compute only FP8 GEMMs read, so that they are never written in bf16:
+//! SwiGLU's output and gradient (`fp8_quantize_swiglu`, `fp8_quantize_swiglu_grad`: the down
+//! projection reads `act = silu(gate) * up` only as codes, the gate and up projections `dgu`), the
+//! norms' outputs (`fp8_quantize_rmsnorm`, `fp8_quantize_layernorm`: the projections after a norm
+//! read them only as codes), and GELU's output after GPT-2's c_fc (`fp8_quantize_bias_gelu`). The
+//! codes are those of [`super::quantize_both`] of the bf16 tensors that `swiglu_packed_forward`,
+//! `swiglu_packed_backward`, `rmsnorm_forward`, `layernorm_forward` and `bias_gelu_forward` make,
+//! bit for bit (the arithmetic is `swiglu.cuh`'s, `rmsnorm.cuh`'s, `layernorm.cuh`'s and
+//! `gelu.cuh`'s, shared with the unfused kernels), which `tests/gpu/fp8_fused.rs` asserts.
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+use candle_core::{DType, Tensor};
+use kernels::launch::Arg;
+use kernels::profile::Family;
+
+use super::{kernel, tile_grid, Operand, BLOCK};
+use crate::error::Result;
+use crate::gemm::ScaleMode;
+use crate::gpu;
+use crate::layers::fp8_linear::GPU_MULTIPLE;
+use crate::layers::gelu::{GELU_A, GELU_S};
+
+/// `(N, F)` of a packed `gu (N, 2F)` the kernels take: bf16, contiguous, 16-byte aligned, N and
+/// F multiples of [`GPU_MULTIPLE`] (the GEMMs' sides) within i32.
+fn shape(gu: &Tensor) -> Result<Option<(usize, usize)>> {
+    let Ok((n, f2)) = gu.dims2() else {
+        return Ok(None);
+    };
+    let f = f2 / 2;
+    let fits = gu.dtype() == DType::BF16
+        && gu.is_contiguous()
+        && f2 % 2 == 0
+        && n > 0
+        && f > 0
+        && n.is_multiple_of(GPU_MULTIPLE)
+        && f.is_multiple_of(GPU_MULTIPLE)
+        && n <= i32::MAX as usize
+        && f2 <= i32::MAX as usize
+        && gpu::ptr(gu)? % 16 == 0;
+    Ok(fits.then_some((n, f)))
+}
+
+/// Fresh outputs of a `(n, f)` matrix quantised both ways, `halves` of them one after the
+/// other: row codes `(halves, n, f)` and scales `(halves, ceil(f / 128), n)`, column codes
+/// `(halves, f, n)` and scales `(halves, ceil(n / 128), f)`.
+struct Outputs {
+    codes: Tensor,
+    scales: Tensor,
+    codes_t: Tensor,
+    scales_t: Tensor,
+}
+
+impl Outputs {
+    fn new(
+        dev: &candle_core::cuda_backend::CudaDevice,
+        halves: usize,
+        n: usize,
+        f: usize,
+    ) -> Result<Outputs> {
+        Ok(Outputs {
+            codes: gpu::uninit((halves, n, f), DType::U8, dev)?,
+            scales: gpu::uninit((halves, f.div_ceil(BLOCK), n), DType::F32, dev)?,
+            codes_t: gpu::uninit((halves, f, n), DType::U8, dev)?,
+            scales_t: gpu::uninit((halves, n.div_ceil(BLOCK), f), DType::F32, dev)?,
+        })
+    }
+
+    /// Half `h` as the GEMMs' operands: `(rows, cols)` as [`super::quantize_both`] returns them.
+    fn half(&self, h: usize) -> Result<(Operand, Operand)> {
+        let operand = |codes: &Tensor, scales: &Tensor| -> Result<Operand> {
+            Ok(Operand {
+                codes: codes.get(h)?,
+                scales: scales.get(h)?,
+                mode: ScaleMode::Vec128,
+            })
+        };
+        Ok((
+            operand(&self.codes, &self.scales)?,
+            operand(&self.codes_t, &self.scales_t)?,
+        ))
+    }
+}
+
+/// The grid over the `(n, f)` tiles of act, a half of dgu, or a norm's output.
+fn config(n: usize, f: usize) -> LaunchConfig {
+    tile_grid(f.div_ceil(BLOCK), n.div_ceil(BLOCK))
+}
+
+/// `act = silu(gate) * up` of the packed `gu (N, 2F)` as the down projection reads it: its
+/// 1 x 128 blocks where `rows_blocks` (the forward's operand; a recomputation, which never
+/// reads down's output, skips them) and its 128 x 1 blocks (what down's backward keeps); `None`
+/// where `gu` is not one the kernel takes.
+pub fn quantize_swiglu(
+    gu: &Tensor,
+    rows_blocks: bool,
+) -> Result<Option<(Option<Operand>, Operand)>> {
+    let Some((n, f)) = shape(gu)? else {
+        return Ok(None);
+    };
+    let dev = gpu::device(gu)?;
+    let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
+    let out = Outputs::new(&dev, 1, n, f)?;
+    let (pc, ps) = match rows_blocks {
+        true => (gpu::ptr(&out.codes)?, gpu::ptr(&out.scales)?),
+        false => (0, 0),
+    };
+    let (pt, pst, pgu) = (
+        gpu::ptr(&out.codes_t)?,
+        gpu::ptr(&out.scales_t)?,
+        gpu::ptr(gu)?,
+    );
+    let func = kernel(&dev, "fp8_quantize_swiglu")?;
+    // SAFETY: gu (N, 2F) bf16 contiguous and 16-byte aligned, F % 16 == 0 (shape); the outputs
+    // fresh, each written once by the kernel (null row outputs never touched); arguments in
+    // kernel order.
+    unsafe {
+        func.launch(
+            config(n, f),
+            &[&pgu, &pc, &ps, &pt, &pst, &(n as i32), &(f as i32)],
+        )?;
+    }
+    let (rows, cols) = out.half(0)?;
+    Ok(Some((rows_blocks.then_some(rows), cols)))
+}
+
+/// SwiGLU's gradient `dgu = [dgate | dup]` from `dact (N, F)` and `gu (N, 2F)`, each half in
+/// both blockings (`(rows, cols)`, as [`super::quantize_both`] of that half of `dgu`): the
+/// gate and up projections' douts; `None` where the kernel does not take the tensors.
+pub fn quantize_swiglu_grad(dact: &Tensor, gu: &Tensor) -> Result<Option<[(Operand, Operand); 2]>> {
+    let Some((n, f)) = shape(gu)? else {
+        return Ok(None);
+    };
+    let dact_fits = dact.dtype() == DType::BF16
+        && dact.is_contiguous()
+        && dact.dims() == [n, f]
+        && gpu::ptr(dact)? % 16 == 0;
+    if !dact_fits {
+        return Ok(None);
+    }
+    let dev = gpu::device(gu)?;
+    let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
+    let out = Outputs::new(&dev, 2, n, f)?;
+    let (pd, pgu) = (gpu::ptr(dact)?, gpu::ptr(gu)?);
+    let (pc, ps) = (gpu::ptr(&out.codes)?, gpu::ptr(&out.scales)?);
+    let (pt, pst) = (gpu::ptr(&out.codes_t)?, gpu::ptr(&out.scales_t)?);
+    let func = kernel(&dev, "fp8_quantize_swiglu_grad")?;
+    // SAFETY: dact (N, F) and gu (N, 2F) bf16 contiguous and 16-byte aligned, F % 16 == 0;
+    // each output holds both halves in the order the kernel writes them (fresh, every element
+    // written once); arguments in kernel order.
+    unsafe {
+        func.launch(
+            config(n, f),
+            &[&pd, &pgu, &pc, &ps, &pt, &pst, &(n as i32), &(f as i32)],
+        )?;
+    }
+    Ok(Some([out.half(0)?, out.half(1)?]))
+}
+
+/// `(N, C)` of a tile quantiser's input `x` (a norm's input, a layer's output), with its
+/// per-row statistics `stats` (`N` f32 each) and its per-channel `vectors` (weight, bias: `(C)`
+/// bf16 each): every tensor contiguous, the bf16 ones 16-byte aligned, N and C multiples of
+/// [`GPU_MULTIPLE`] within i32.
+fn tile_shape(
+    x: &Tensor,
+    stats: &[&Tensor],
+    vectors: &[&Tensor],
+) -> Result<Option<(usize, usize)>> {
+    let Ok((n, c)) = x.dims2() else {
+        return Ok(None);
+    };
+    let bf16_fits = |t: &Tensor| -> Result<bool> {
+        Ok(t.dtype() == DType::BF16 && t.is_contiguous() && gpu::ptr(t)? % 16 == 0)
+    };
+    let mut fits = bf16_fits(x)?
+        && n > 0
+        && c > 0
+        && n.is_multiple_of(GPU_MULTIPLE)
+        && c.is_multiple_of(GPU_MULTIPLE)
+        && n <= i32::MAX as usize
+        && c <= i32::MAX as usize;
+    for v in vectors {
+        fits = fits && bf16_fits(v)? && v.dims() == [c];
+    }
+    for s in stats {
+        fits = fits && s.dtype() == DType::F32 && s.is_contiguous() && s.elem_count() == n;
+    }
+    Ok(fits.then_some((n, c)))
+}
+
+/// RMSNorm's output `n = bf16(bf16(h * rstd) * w)` of `h (N, C)` with its rows' `rstd (N)` f32
+/// and the norm's weight `w (C)`, in both blockings (`(rows, cols)`, as
+/// [`super::quantize_both`] of the `n` that `rmsnorm_forward` writes): the input of the
+/// projections after the norm; `None` where the kernel does not take the tensors.
+pub fn quantize_rmsnorm(
+    h: &Tensor,
+    rstd: &Tensor,
+    w: &Tensor,
+) -> Result<Option<(Operand, Operand)>> {
+    let Some((n, c)) = tile_shape(h, &[rstd], &[w])? else {
+        return Ok(None);
+    };
+    let args = [gpu::ptr(h)?, gpu::ptr(rstd)?, gpu::ptr(w)?];
+    // SAFETY (the launch): h (N, C) and w (C) bf16 contiguous and 16-byte aligned, rstd (N)
+    // f32 contiguous (tile_shape); the kernel's arguments are these, then the outputs.
+    let (rows, cols) =
+        unsafe { quantize_tiles_of(h, "fp8_quantize_rmsnorm", &args, (n, c), true, &[])? };
+    Ok(Some((rows.expect("asked for the row blocks"), cols)))
+}
+
+/// LayerNorm's output `n = (x - mean) * rstd * w + b` of `x (N, C)` with its rows' `mean` and
+/// `rstd` (`N` f32 each) and the norm's weight and bias `(C)`, in both blockings (as
+/// [`super::quantize_both`] of the `n` that `layernorm_forward` writes): GPT-2's projections'
+/// input after a norm; `None` where the kernel does not take the tensors.
+pub fn quantize_layernorm(
+    x: &Tensor,
+    mean: &Tensor,
+    rstd: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+) -> Result<Option<(Operand, Operand)>> {
+    let Some((n, c)) = tile_shape(x, &[mean, rstd], &[w, b])? else {
+        return Ok(None);
+    };
+    let args = [
+        gpu::ptr(x)?,
+        gpu::ptr(mean)?,
+        gpu::ptr(rstd)?,
+        gpu::ptr(w)?,
+        gpu::ptr(b)?,
+    ];
+    // SAFETY (the launch): x (N, C), w and b (C) bf16 contiguous and 16-byte aligned, mean and
+    // rstd N f32 contiguous (tile_shape); the kernel's arguments are these, then the outputs.
+    let (rows, cols) =
+        unsafe { quantize_tiles_of(x, "fp8_quantize_layernorm", &args, (n, c), true, &[])? };
+    Ok(Some((rows.expect("asked for the row blocks"), cols)))
+}
+
+/// The bias add and GELU after an FP8 layer, `h = y + bias` written over `y (N, OUT)` (the
+/// bits of `bias_gelu_forward`, which GELU's backward reads), and `gelu(h)` as the next
+/// projection reads it: its 1 x 128 blocks where `rows_blocks` (a recomputation, which never
+/// reads that projection's output, skips them) and its 128 x 1 blocks (what the projection's
+/// backward keeps), as [`super::quantize_both`] of the `gelu(h)` that `bias_gelu_forward`
+/// writes; `None` (and `y` untouched) where the kernel does not take the tensors.
+pub fn quantize_bias_gelu(
+    y: &Tensor,
+    bias: &Tensor,
+    rows_blocks: bool,
+) -> Result<Option<(Option<Operand>, Operand)>> {
+    let Some((n, c)) = tile_shape(y, &[], &[bias])? else {
+        return Ok(None);
+    };
+    let args = [gpu::ptr(y)?, gpu::ptr(bias)?];
+    let (a, s) = (GELU_A as f32, GELU_S as f32);
+    // SAFETY (the launch): y (N, OUT) and bias (OUT) bf16 contiguous and 16-byte aligned
+    // (tile_shape), y written in place; the kernel's arguments are these, the outputs, then
+    // GELU's constants.
+    let quantised = unsafe {
+        quantize_tiles_of(
+            y,
+            "fp8_quantize_bias_gelu",
+            &args,
+            (n, c),
+            rows_blocks,
+            &[&a, &s],
+        )?
+    };
+    Ok(Some(quantised))
+}
+
+/// Launches the tile quantiser `name` over `(n, c)` with `inputs` (its leading arguments),
+/// then fresh outputs (the row blocks' null unless `rows_blocks`), `n`, `c` and `extra`.
+///
+/// # Safety
+/// `inputs` and `extra` are what `name` takes before and after the outputs, the addresses
+/// valid for `(n, c)` as it reads and writes them.
+unsafe fn quantize_tiles_of(
+    x: &Tensor,
+    name: &str,
+    inputs: &[u64],
+    (n, c): (usize, usize),
+    rows_blocks: bool,
+    extra: &[&dyn Arg],
+) -> Result<(Option<Operand>, Operand)> {
+    let dev = gpu::device(x)?;
+    let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
+    let out = Outputs::new(&dev, 1, n, c)?;
+    let (pc, ps) = match rows_blocks {
+        true => (gpu::ptr(&out.codes)?, gpu::ptr(&out.scales)?),
+        false => (0, 0),
+    };
+    let (pt, pst) = (gpu::ptr(&out.codes_t)?, gpu::ptr(&out.scales_t)?);
+    let (rows, cols) = (n as i32, c as i32);
+    let func = kernel(&dev, name)?;
+    let mut args: Vec<&dyn Arg> = inputs.iter().map(|p| p as &dyn Arg).collect();
+    let outputs: [&dyn Arg; 6] = [&pc, &ps, &pt, &pst, &rows, &cols];
+    args.extend(outputs);
+    args.extend_from_slice(extra);
+    // SAFETY: the inputs as the caller promises; the outputs fresh, each element written once
+    // by the kernel (the row blocks' not at all when null); arguments in kernel order.
+    unsafe { func.launch(config(n, c), &args)? };
+    let (rows, cols) = out.half(0)?;
+    Ok((rows_blocks.then_some(rows), cols))
+}

@@ -1,0 +1,388 @@
+//! FP8's casts fused into the kernels that make their tensors (SwiGLU's output and gradient,
+//! the norms' outputs, GELU's output), and the codes a block keeps for its backward (issue
+//! 40), on the GPU: each against the unfused path (the bf16 tensor, then `quantize_both` or
+//! the plain FP8 layer), bit for bit, on whole and partial tiles, and through the layers that
+//! use them, forward and backward.
+
+use crate::common::{gpu, seconds_per_call};
+use crate::fp8::{host_f32, host_u8, same_bits, spread};
+use candle_core::{DType, Tensor};
+use model::layers::{
+    add_rmsnorm_forward, bias_gelu_forward, fp8_gpu, layernorm_forward, rmsnorm_forward,
+    swiglu_packed_backward, swiglu_packed_forward,
+};
+use model::{LinearFormat, LinearWeight, SavedInput};
+
+/// Two operands hold the same codes and scales, bit for bit.
+fn same_operand(what: &str, got: &fp8_gpu::Operand, want: &fp8_gpu::Operand) {
+    assert_eq!(host_u8(&got.codes), host_u8(&want.codes), "{what}: codes");
+    let (g, w) = (host_f32(&got.scales), host_f32(&want.scales));
+    assert_eq!(g.len(), w.len(), "{what}: scales");
+    for (a, b) in g.iter().zip(&w) {
+        same_bits(&format!("{what}: scale"), *a, *b);
+    }
+}
+
+/// SwiGLU straight into FP8 (`fp8_quantize_swiglu`, `fp8_quantize_swiglu_grad`): the codes and
+/// scales that `quantize_both` makes of the bf16 act and dgu of swiglu.cu, bit for bit, on
+/// whole and partial tiles; and through the layers (`LinearFormat::swiglu_down_forward`,
+/// `swiglu_gate_up_backward`) the outputs and gradients of SwiGLU in bf16 then the FP8 layers,
+/// bit for bit.
+#[test]
+fn fp8_swiglu_quantisers_equal_the_unfused_path_bit_for_bit() {
+    let fp8 = LinearFormat::Fp8;
+    for (n, f, c) in [(256, 384, 128), (272, 400, 144)] {
+        let what = format!("SwiGLU ({n}, {f})");
+        let (_, gu) = spread(n, 2 * f, 31);
+        let (_, dact) = spread(n, f, 32);
+        let act = swiglu_packed_forward(&gu).expect("swiglu forward");
+        let (q, qt) = fp8_gpu::quantize_both(&act, 0, f).expect("act both ways");
+        let (fq, fqt) = fp8_gpu::fused::quantize_swiglu(&gu, true)
+            .expect("fused forward")
+            .expect("a shape the kernel takes");
+        same_operand(
+            &format!("{what}: act rows"),
+            &fq.expect("asked for rows"),
+            &q,
+        );
+        same_operand(&format!("{what}: act columns"), &fqt, &qt);
+        let dgu = swiglu_packed_backward(&dact, &gu).expect("swiglu backward");
+        let halves = fp8_gpu::fused::quantize_swiglu_grad(&dact, &gu)
+            .expect("fused backward")
+            .expect("a shape the kernel takes");
+        for (h, (rows, cols)) in halves.iter().enumerate() {
+            let (q, qt) = fp8_gpu::quantize_both(&dgu, h * f, f).expect("dgu both ways");
+            same_operand(&format!("{what}: dgu half {h} rows"), rows, &q);
+            same_operand(&format!("{what}: dgu half {h} columns"), cols, &qt);
+        }
+        // Through the layers: down (F, C) with a residual, gate and up (C, F) from x (N, C).
+        let bits = |t: &Tensor| host_f32(&t.to_dtype(DType::F32).expect("f32"));
+        let (_, w_down) = spread(f, c, 33);
+        let (_, res) = spread(n, c, 34);
+        let w_down = LinearWeight::Dense(w_down);
+        let (y, kept) = fp8
+            .swiglu_down_forward(&gu, &w_down, Some(&res), true)
+            .expect("fused down forward");
+        let (y_u, kept_u) = fp8
+            .cols_forward_saving(&act, std::slice::from_ref(&w_down), None, Some(&res))
+            .expect("down forward");
+        assert_eq!(
+            bits(&y.expect("asked for the output")),
+            bits(&y_u),
+            "{what}: down output"
+        );
+        let (_, dout) = spread(n, c, 35);
+        let none = [None];
+        let ws = std::slice::from_ref(&w_down);
+        let (dx, dw) = fp8
+            .cols_backward(&dout, &kept, ws, &none)
+            .expect("down backward");
+        let (dx_u, dw_u) = fp8
+            .cols_backward(&dout, &kept_u, ws, &none)
+            .expect("down, unfused");
+        assert_eq!(bits(&dx), bits(&dx_u), "{what}: dact");
+        assert_eq!(bits(&dw[0]), bits(&dw_u[0]), "{what}: dw_down");
+        let (_, x) = spread(n, c, 36);
+        let gate_up: Vec<LinearWeight> = [37, 38]
+            .into_iter()
+            .map(|seed| LinearWeight::Dense(spread(c, f, seed).1))
+            .collect();
+        let x_kept = fp8.saved_input(&x).expect("x's column blocks");
+        let none = [None, None];
+        let (dx, dws) = fp8
+            .swiglu_gate_up_backward(&dact, &gu, &x_kept, &gate_up, &none)
+            .expect("fused gate/up backward");
+        let (dx_u, dws_u) = fp8
+            .cols_backward(&dgu, &x_kept, &gate_up, &none)
+            .expect("gate/up backward");
+        assert_eq!(bits(&dx), bits(&dx_u), "{what}: dx");
+        for (a, b) in dws.iter().zip(&dws_u) {
+            assert_eq!(bits(a), bits(b), "{what}: dw_gate, dw_up");
+        }
+    }
+}
+
+/// RMSNorm straight into FP8 (`fp8_quantize_rmsnorm` after the norm's kernel without its
+/// output): the codes and scales that `quantize_both` makes of the bf16 rows rmsnorm.cu writes,
+/// bit for bit, on whole and partial tiles; and through the layers
+/// (`LinearFormat::rmsnorm_cols_forward_saving`, with and without the residual add, with a
+/// bias) the norm's h and statistics, the projections' output and the backward from what they
+/// kept, bit for bit those of the norm then the FP8 layers. Prints both paths' time at Llama
+/// 3.2 1B's norm (16,384 x 2048).
+#[test]
+fn fp8_rmsnorm_quantiser_equals_the_unfused_path_bit_for_bit() {
+    let fp8 = LinearFormat::Fp8;
+    let bits = |t: &Tensor| host_f32(&t.to_dtype(DType::F32).expect("f32"));
+    for (n, c, o) in [(256, 2048, 384), (272, 144, 416)] {
+        let what = format!("RMSNorm ({n}, {c})");
+        let (_, x) = spread(n, c, 51);
+        let (_, delta) = spread(n, c, 52);
+        let w = spread(1, c, 53).1.reshape(c).expect("norm weight (C)");
+        let (h, normed, rms) = add_rmsnorm_forward(&x, &delta, &w, 1e-5).expect("norm");
+        let (q, qt) = fp8_gpu::quantize_both(&normed, 0, c).expect("n both ways");
+        let (fq, fqt) = fp8_gpu::fused::quantize_rmsnorm(&h, &rms.rstd, &w)
+            .expect("fused quantiser")
+            .expect("a shape the kernel takes");
+        same_operand(&format!("{what}: rows"), &fq, &q);
+        same_operand(&format!("{what}: columns"), &fqt, &qt);
+        // Through the layers: two projections (C, O / 2 + 16) and (C, O / 2 - 16), a bias.
+        let ws: Vec<LinearWeight> = [(54, o / 2 + 16), (55, o / 2 - 16)]
+            .into_iter()
+            .map(|(seed, out)| LinearWeight::Dense(spread(c, out, seed).1))
+            .collect();
+        let b = spread(1, o, 56).1.reshape(o).expect("bias (O)");
+        let (_, dout) = spread(n, o, 57);
+        let none = [None, None];
+        for delta in [None, Some(&delta)] {
+            let what = format!("{what}, residual add {}", delta.is_some());
+            let fused = fp8
+                .rmsnorm_cols_forward_saving(&x, delta, &w, 1e-5, &ws, Some(&b))
+                .expect("fused norm and projections");
+            let (h_u, n_u, rms_u) = match delta {
+                Some(d) => add_rmsnorm_forward(&x, d, &w, 1e-5).expect("norm"),
+                None => {
+                    let (n_u, rms_u) = rmsnorm_forward(&x, &w, 1e-5).expect("norm");
+                    (x.clone(), n_u, rms_u)
+                }
+            };
+            let (y_u, kept_u) = fp8
+                .cols_forward_saving(&n_u, &ws, Some(&b), None)
+                .expect("projections");
+            assert_eq!(bits(&fused.h), bits(&h_u), "{what}: h");
+            assert_eq!(
+                host_f32(&fused.rms.rstd),
+                host_f32(&rms_u.rstd),
+                "{what}: rstd"
+            );
+            assert_eq!(bits(&fused.y), bits(&y_u), "{what}: output");
+            let (dn, dws) = fp8
+                .cols_backward(&dout, &fused.n, &ws, &none)
+                .expect("backward from the fused codes");
+            let (dn_u, dws_u) = fp8
+                .cols_backward(&dout, &kept_u, &ws, &none)
+                .expect("backward, unfused");
+            assert_eq!(bits(&dn), bits(&dn_u), "{what}: dn");
+            for (a, b) in dws.iter().zip(&dws_u) {
+                assert_eq!(bits(a), bits(b), "{what}: dw");
+            }
+        }
+    }
+    // Llama 3.2 1B's second norm (the residual add in it) at 16,384 tokens: the norm writing n
+    // then quantise_both of it, against the norm's statistics then the fused quantiser.
+    let (n, c) = (16_384, 2048);
+    let dev = gpu();
+    let (_, x) = spread(n, c, 58);
+    let (_, delta) = spread(n, c, 59);
+    let w = spread(1, c, 60).1.reshape(c).expect("norm weight (C)");
+    let unfused = seconds_per_call(&dev, &|| {
+        let (_, normed, _) = add_rmsnorm_forward(&x, &delta, &w, 1e-5).expect("norm");
+        fp8_gpu::quantize_both(&normed, 0, c).expect("n both ways");
+    });
+    let (h, _, rms) = add_rmsnorm_forward(&x, &delta, &w, 1e-5).expect("norm");
+    let quantiser = seconds_per_call(&dev, &|| {
+        fp8_gpu::fused::quantize_rmsnorm(&h, &rms.rstd, &w)
+            .expect("fused quantiser")
+            .expect("a shape the kernel takes");
+    });
+    let ws = [LinearWeight::Dense(spread(c, 128, 61).1)];
+    let through = seconds_per_call(&dev, &|| {
+        LinearFormat::Fp8
+            .rmsnorm_cols_forward_saving(&x, Some(&delta), &w, 1e-5, &ws, None)
+            .expect("fused");
+    });
+    println!(
+        "RMSNorm into FP8 at ({n}, {c}): norm then quantise_both {:.3} ms; fused quantiser \
+         alone {:.3} ms ({:.2} TB/s of h read and codes written); norm's statistics, quantiser \
+         and a (C, 128) projection {:.3} ms",
+        unfused * 1e3,
+        quantiser * 1e3,
+        (4 * n * c) as f64 / quantiser / 1e12,
+        through * 1e3
+    );
+}
+
+/// LayerNorm straight into FP8 (`fp8_quantize_layernorm` after the norm's kernel without its
+/// output): the codes and scales that `quantize_both` makes of the bf16 rows layernorm.cu
+/// writes, bit for bit, on whole and partial tiles; and through GPT-2's layers
+/// (`LinearFormat::layernorm_linear_forward`, `layernorm_gelu_forward`) the norm's statistics,
+/// the layer's output (and GELU's), and the backward from what it kept, bit for bit those of
+/// the norm then the FP8 layer.
+#[test]
+fn fp8_layernorm_quantiser_equals_the_unfused_path_bit_for_bit() {
+    let fp8 = LinearFormat::Fp8;
+    let bits = |t: &Tensor| host_f32(&t.to_dtype(DType::F32).expect("f32"));
+    for (n, c, o) in [(256, 1024, 384), (272, 144, 416)] {
+        let what = format!("LayerNorm ({n}, {c})");
+        let (_, x) = spread(n, c, 71);
+        let w = spread(1, c, 72).1.reshape(c).expect("norm weight (C)");
+        let b = spread(1, c, 73).1.reshape(c).expect("norm bias (C)");
+        let (normed, ln) = layernorm_forward(&x, &w, &b).expect("norm");
+        let (q, qt) = fp8_gpu::quantize_both(&normed, 0, c).expect("n both ways");
+        let (fq, fqt) = fp8_gpu::fused::quantize_layernorm(&x, &ln.mean, &ln.rstd, &w, &b)
+            .expect("fused quantiser")
+            .expect("a shape the kernel takes");
+        same_operand(&format!("{what}: rows"), &fq, &q);
+        same_operand(&format!("{what}: columns"), &fqt, &qt);
+        let lw = LinearWeight::Dense(spread(c, o, 74).1);
+        let bias = spread(1, o, 75).1.reshape(o).expect("bias (O)");
+        let (_, dout) = spread(n, o, 76);
+        let slot = [None];
+        let ws = std::slice::from_ref(&lw);
+        let check_backward = |what: &str, kept: &SavedInput, kept_u: &SavedInput| {
+            let (dn, dw) = fp8.cols_backward(&dout, kept, ws, &slot).expect("backward");
+            let (dn_u, dw_u) = fp8
+                .cols_backward(&dout, kept_u, ws, &slot)
+                .expect("unfused");
+            assert_eq!(bits(&dn), bits(&dn_u), "{what}: dn");
+            assert_eq!(bits(&dw[0]), bits(&dw_u[0]), "{what}: dw");
+        };
+        let (saved, y, kept) = fp8
+            .layernorm_linear_forward(&x, (&w, &b), &lw, &bias)
+            .expect("fused norm and layer");
+        let (y_u, kept_u) = fp8.forward(&normed, &lw, &bias).expect("layer");
+        assert_eq!(host_f32(&saved.mean), host_f32(&ln.mean), "{what}: mean");
+        assert_eq!(host_f32(&saved.rstd), host_f32(&ln.rstd), "{what}: rstd");
+        assert_eq!(bits(&y), bits(&y_u), "{what}: output");
+        check_backward(&what, &kept, &kept_u);
+        let (_, h, g, kept) = fp8
+            .layernorm_gelu_forward(&x, (&w, &b), &lw, &bias)
+            .expect("fused norm, layer and GELU");
+        let (h_u, g_u, kept_u) = fp8.gelu_forward(&normed, &lw, &bias).expect("layer, GELU");
+        assert_eq!(bits(&h), bits(&h_u), "{what}: h");
+        assert_eq!(bits(&g), bits(&g_u), "{what}: gelu(h)");
+        check_backward(&format!("{what}, GELU"), &kept, &kept_u);
+    }
+}
+
+/// GELU straight into FP8 after an FP8 layer (`fp8_quantize_bias_gelu`): `h = y + bias` written
+/// over `y` and the codes and scales of `gelu(h)` are those `bias_gelu_forward` then
+/// `quantize_both` make, bit for bit; and GPT-2's MLP through the layers
+/// (`LinearFormat::layernorm_mlp_forward`, with and without c_proj's output) gives the bits of
+/// the norm, c_fc and GELU, then c_proj, in bf16 between them: h, the output, and the
+/// backward from what c_fc and c_proj kept.
+#[test]
+fn fp8_gelu_quantiser_equals_the_unfused_path_bit_for_bit() {
+    let fp8 = LinearFormat::Fp8;
+    let bits = |t: &Tensor| host_f32(&t.to_dtype(DType::F32).expect("f32"));
+    for (n, c) in [(256, 256), (272, 144)] {
+        let f = 4 * c;
+        let what = format!("GELU ({n}, {f})");
+        let (_, y) = spread(n, f, 81);
+        let bias = spread(1, f, 82).1.reshape(f).expect("bias (F)");
+        let (h, g) = bias_gelu_forward(y.copy().expect("copy"), &bias, true).expect("unfused");
+        let g = g.expect("asked for gelu(h)");
+        let (q, qt) = fp8_gpu::quantize_both(&g, 0, f).expect("g both ways");
+        let fused = y.copy().expect("copy");
+        let (fq, fqt) = fp8_gpu::fused::quantize_bias_gelu(&fused, &bias, true)
+            .expect("fused quantiser")
+            .expect("a shape the kernel takes");
+        assert_eq!(bits(&fused), bits(&h), "{what}: h over y");
+        same_operand(&format!("{what}: rows"), &fq.expect("asked for rows"), &q);
+        same_operand(&format!("{what}: columns"), &fqt, &qt);
+        // GPT-2's MLP: ln_2 (C), c_fc (C, F), c_proj (F, C), the residual x (N, C).
+        let (_, x) = spread(n, c, 83);
+        let ln = (
+            &spread(1, c, 84).1.reshape(c).expect("ln weight"),
+            &spread(1, c, 85).1.reshape(c).expect("ln bias"),
+        );
+        let fc = (LinearWeight::Dense(spread(c, f, 86).1), bias.clone());
+        let proj_b = spread(1, c, 87).1.reshape(c).expect("c_proj bias");
+        let proj = (LinearWeight::Dense(spread(f, c, 88).1), proj_b);
+        let (_, dout) = spread(n, c, 89);
+        let (_, dh) = spread(n, f, 90);
+        for want_out in [true, false] {
+            let what = format!("{what}, output {want_out}");
+            let mlp = fp8
+                .layernorm_mlp_forward(&x, ln, (&fc.0, &fc.1), (&proj.0, &proj.1), want_out)
+                .expect("fused MLP");
+            let (_, h_u, g_u, n_u) = fp8
+                .layernorm_gelu_forward(&x, ln, &fc.0, &fc.1)
+                .expect("norm, c_fc, GELU");
+            assert_eq!(bits(&mlp.h), bits(&h_u), "{what}: h");
+            let g_kept_u = match want_out {
+                true => {
+                    let (out_u, kept) = fp8
+                        .residual_forward_saving(&x, &g_u, &proj.0, &proj.1)
+                        .expect("c_proj");
+                    let out = mlp.out.as_ref().expect("asked for the output");
+                    assert_eq!(bits(out), bits(&out_u), "{what}: output");
+                    kept
+                }
+                false => {
+                    assert!(mlp.out.is_none(), "{what}: no output asked for");
+                    fp8.saved_input(&g_u).expect("g's column blocks")
+                }
+            };
+            let slot = [None];
+            let (dg, dw) = fp8
+                .cols_backward(&dout, &mlp.g, std::slice::from_ref(&proj.0), &slot)
+                .expect("c_proj backward");
+            let (dg_u, dw_u) = fp8
+                .cols_backward(&dout, &g_kept_u, std::slice::from_ref(&proj.0), &slot)
+                .expect("c_proj backward, unfused");
+            assert_eq!(bits(&dg), bits(&dg_u), "{what}: dgelu");
+            assert_eq!(bits(&dw[0]), bits(&dw_u[0]), "{what}: dw c_proj");
+            let (dn, dw) = fp8
+                .cols_backward(&dh, &mlp.n, std::slice::from_ref(&fc.0), &slot)
+                .expect("c_fc backward");
+            let (dn_u, dw_u) = fp8
+                .cols_backward(&dh, &n_u, std::slice::from_ref(&fc.0), &slot)
+                .expect("c_fc backward, unfused");
+            assert_eq!(bits(&dn), bits(&dn_u), "{what}: dn");
+            assert_eq!(bits(&dw[0]), bits(&dw_u[0]), "{what}: dw c_fc");
+        }
+    }
+}
+
+/// GPT-2's projections under FP8 keep their input as column blocks: the forward (with bias, a
+/// residual, GELU after it) gives the bits of the plain FP8 forward, and the backward from what
+/// it kept the bits of the backward from the input itself, the weight gradient written into
+/// the slot it is given.
+#[test]
+fn fp8_gpt2_projections_from_kept_codes_equal_from_the_input() {
+    let fp8 = LinearFormat::Fp8;
+    let bits = |t: &Tensor| host_f32(&t.to_dtype(DType::F32).expect("f32"));
+    let (n, c, o) = (272, 144, 400);
+    let (_, x) = spread(n, c, 41);
+    let (_, w) = spread(c, o, 42);
+    let (_, b) = spread(1, o, 43);
+    let b = b.reshape(o).expect("bias (OUT)");
+    let (_, res) = spread(n, o, 44);
+    let (_, dout) = spread(n, o, 45);
+    let w = LinearWeight::Dense(w);
+    let dense_x = SavedInput::Dense(x.clone());
+    let (y, kept) = fp8.forward(&x, &w, &b).expect("forward");
+    let plain = fp8
+        .cols_forward(&x, std::slice::from_ref(&w), Some(&b), None)
+        .expect("plain");
+    assert_eq!(bits(&y), bits(&plain), "forward with bias");
+    let (y_r, kept_r) = fp8
+        .residual_forward_saving(&res, &x, &w, &b)
+        .expect("residual");
+    let y_rp = fp8
+        .residual_forward(&res, &x, &w, &b)
+        .expect("residual, plain");
+    assert_eq!(bits(&y_r), bits(&y_rp), "forward with bias and residual");
+    let (h, g, kept_g) = fp8.gelu_forward(&x, &w, &b).expect("gelu forward");
+    assert_eq!(bits(&h), bits(&plain), "h = x @ w + b");
+    let g_plain = model::layers::gelu_forward(&plain).expect("gelu");
+    assert_eq!(bits(&g), bits(&g_plain), "gelu(h)");
+    let slot = Tensor::zeros((c, o), DType::BF16, &gpu()).expect("a slot");
+    for (what, k) in [("forward", &kept), ("residual", &kept_r), ("gelu", &kept_g)] {
+        assert!(matches!(k, SavedInput::Fp8(_)), "{what}: kept x itself");
+        let (dx, dw, db) = fp8
+            .backward_into(&dout, k, &w, Some(&slot), true)
+            .expect("backward from the kept codes");
+        let (dx_d, dw_d, db_d) = fp8
+            .backward_into(&dout, &dense_x, &w, None, true)
+            .expect("backward from x");
+        assert_eq!(bits(&dx), bits(&dx_d), "{what}: dx");
+        assert_eq!(bits(&dw), bits(&dw_d), "{what}: dw");
+        assert_eq!(bits(&slot), bits(&dw_d), "{what}: dw in its slot");
+        assert_eq!(
+            bits(&db.expect("db")),
+            bits(&db_d.expect("db")),
+            "{what}: db"
+        );
+    }
+}
