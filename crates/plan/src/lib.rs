@@ -19,6 +19,7 @@ pub mod advise;
 pub mod calibrate;
 pub mod calibration_file;
 mod fields;
+mod gpus;
 mod human;
 mod overlap;
 pub mod sweep;
