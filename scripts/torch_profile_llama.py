@@ -14,7 +14,7 @@ exec(compile(src[:cut], "torch_llama.py", "exec"), g)
 step = g["step"]
 for _ in range(6): step()
 torch.cuda.synchronize()
-with profile(activities=[ProfilerActivity.CUDA]) as prof:
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
     for _ in range(3): step()
     torch.cuda.synchronize()
 fam = collections.Counter(); names = collections.Counter()
@@ -25,6 +25,7 @@ rules = [("attention", r"sdpa|flash|fmha|attention|cudnn"), ("gemm", r"gemm|cutl
          ("elementwise", r"elementwise|vectorized|unrolled|silu|add|mul")]
 total = 0.0
 for e in prof.key_averages():
+    if e.device_type != torch.autograd.DeviceType.CUDA: continue  # kernels only, not CPU ops
     t = e.device_time_total / 1e3 / 3  # ms per step
     if t <= 0: continue
     total += t
@@ -34,3 +35,17 @@ print(f"== torch_llama.py {' '.join(args)}: GPU kernel time per step {total:.1f}
 for k, t in fam.most_common(): print(f"{k:<14} {t:8.2f} ms {100*t/total:5.1f}%")
 print("-- top kernels")
 for (k, n), t in names.most_common(30): print(f"{t:8.2f} ms  {k:<13} {n}")
+print("-- matrix products by input shape (ms per step, calls per step, TFLOP/s)")
+rows = []
+for e in prof.key_averages(group_by_input_shape=True):
+    if e.key not in ("aten::mm", "aten::addmm", "aten::_scaled_mm", "aten::bmm"): continue
+    t = e.device_time_total / 1e3 / 3
+    shp = [s for s in e.input_shapes if s]
+    try:
+        a, b = shp[-2], shp[-1]
+        fl = 2 * a[0] * a[1] * b[1] * e.count / 3
+    except Exception:
+        fl = 0
+    rows.append((t, e.count / 3, fl / (t * 1e-3) / 1e12 if t > 0 else 0, e.key, shp))
+for t, n, tf, k, shp in sorted(rows, reverse=True)[:24]:
+    print(f"{t:8.2f} ms {n:5.1f} calls {tf:6.0f} TFLOP/s  {k} {shp}")

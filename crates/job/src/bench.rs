@@ -93,6 +93,8 @@ pub struct StepReport {
     pub profile: Option<Vec<FamilyTime>>,
     /// With `--profile`: each unit's forward and backward and the loss head, timed whole.
     pub phases: Option<PhaseTimes>,
+    /// With `--profile`: rank 0's GEMMs by shape, the slowest first.
+    pub gemms: Option<Vec<profile::GemmTime>>,
 }
 
 /// One label's jobs per step (rank 0), from [`comm::JobClock`].
@@ -178,6 +180,8 @@ struct RankTimes {
     families: Option<Vec<(kernels::profile::Family, f64)>>,
     /// Phase seconds summed over the timed micro-batches (`--profile`, rank 0).
     phases: profile::PhaseSums,
+    /// GEMM seconds by shape summed over the timed steps (`--profile`, rank 0).
+    gemms: profile::ShapeSums,
     /// Parameters in rank 0's optimizer shards.
     optimizer_params: usize,
 }
@@ -240,6 +244,7 @@ fn bench_steps(run: &Run, warmup: u64, steps: u64, profile: bool) -> Result<Opti
                 losses: Vec::new(),
                 families: None,
                 phases: profile::PhaseSums::default(),
+                gemms: profile::ShapeSums::default(),
                 optimizer_params: engine.unit_partitions().map(|(_, p)| p.shard_len()).sum(),
             };
             let profiling = profile && rank == 0 && device.is_cuda();
@@ -301,6 +306,7 @@ fn bench_steps(run: &Run, warmup: u64, steps: u64, profile: bool) -> Result<Opti
                             *sum += t;
                         }
                         measured.phases.add(&kernels::profile::take_phases());
+                        measured.gemms.add(kernels::profile::take_shapes());
                     }
                 }
             }
@@ -414,6 +420,7 @@ fn bench_steps(run: &Run, warmup: u64, steps: u64, profile: bool) -> Result<Opti
                 n * accumulation as f64,
             )
         }),
+        gemms: times.families.is_some().then(|| times.gemms.rows(n)),
         profile: times.families.map(|fs| {
             fs.into_iter()
                 .map(|(f, s)| FamilyTime {
@@ -539,7 +546,8 @@ fn print_report(r: &StepReport) {
         readable::bytes(r.comm_inter_bytes)
     );
     if let Some(families) = &r.profile {
-        profile::print(families, r.phases.as_ref(), r.step_seconds);
+        let gemms = r.gemms.as_deref().unwrap_or_default();
+        profile::print(families, gemms, r.phases.as_ref(), r.step_seconds);
     }
 }
 

@@ -8,7 +8,8 @@
 //!
 //! Apart from the families, a [`phase`] times one unit's forward or backward, or the loss head,
 //! whole (kernels of every family inside it): what `trainer plan --calibrate` scales to a
-//! cluster.
+//! cluster. A scope may also name what it runs ([`scope_cuda_shape`]: a GEMM's shape and
+//! FLOPs), and [`take_shapes`] sums those by name: which GEMM of the step runs slowly.
 
 /// What a span of GPU work is, for the profile's table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -86,6 +87,8 @@ mod imp {
 
     struct Span {
         family: Family,
+        /// What the span runs and its FLOPs ([`super::scope_cuda_shape`]).
+        shape: Option<(String, f64)>,
         parent: Option<usize>,
         start: CudaEvent,
         end: Option<CudaEvent>,
@@ -99,6 +102,8 @@ mod imp {
         stream: Option<Arc<CudaStream>>,
         /// Phase spans, timed apart from the families: their start, and end once closed.
         phases: Vec<(Phase, CudaEvent, Option<CudaEvent>)>,
+        /// Named spans' exclusive seconds, FLOPs and calls since the last `take_shapes`.
+        shapes: std::collections::BTreeMap<String, super::ShapeTime>,
     }
 
     thread_local! {
@@ -111,12 +116,17 @@ mod imp {
             .ok()
     }
 
-    pub(super) fn open(dev: &candle_core::cuda_backend::CudaDevice, family: Family) -> bool {
+    pub(super) fn open(
+        dev: &candle_core::cuda_backend::CudaDevice,
+        family: Family,
+        shape: impl FnOnce() -> Option<(String, f64)>,
+    ) -> bool {
         STATE.with(|s| {
             let mut s = s.borrow_mut();
             if !s.enabled {
                 return false;
             }
+            let shape = shape();
             let stream = dev.cuda_stream();
             let Some(start) = event(&stream) else {
                 return false;
@@ -124,6 +134,7 @@ mod imp {
             let parent = s.open.last().copied();
             s.spans.push(Span {
                 family,
+                shape,
                 parent,
                 start,
                 end: None,
@@ -211,12 +222,26 @@ mod imp {
                 }
             }
             let mut out: Vec<(Family, f64)> = Family::ALL.iter().map(|f| (*f, 0.0)).collect();
-            for (sp, t) in spans.iter().zip(exclusive) {
+            for (sp, t) in spans.into_iter().zip(exclusive) {
                 if let Some(slot) = out.iter_mut().find(|(f, _)| *f == sp.family) {
                     slot.1 += t.max(0.0);
                 }
+                if let Some((name, flops)) = sp.shape {
+                    let e = s.shapes.entry(name).or_default();
+                    e.seconds += t.max(0.0);
+                    e.flops += flops;
+                    e.calls += 1;
+                }
             }
             out
+        })
+    }
+
+    pub(super) fn take_shapes() -> Vec<(String, super::ShapeTime)> {
+        STATE.with(|s| {
+            std::mem::take(&mut s.borrow_mut().shapes)
+                .into_iter()
+                .collect()
         })
     }
 }
@@ -232,6 +257,7 @@ pub fn enable(on: bool) {
     if on {
         let _ = imp::take();
         let _ = imp::take_phases();
+        let _ = imp::take_shapes();
     }
     #[cfg(not(feature = "cuda"))]
     let _ = on;
@@ -321,7 +347,43 @@ pub fn scope(device: &candle_core::Device, family: Family) -> Scope {
 #[must_use = "the span closes when the scope is dropped"]
 pub fn scope_cuda(dev: &candle_core::cuda_backend::CudaDevice, family: Family) -> Scope {
     Scope {
-        open: imp::open(dev, family),
+        open: imp::open(dev, family, || None),
+    }
+}
+
+/// [`scope_cuda`] of a span that also names what it runs and its FLOPs (`shape`, called only
+/// with the profile on), for [`take_shapes`].
+#[cfg(feature = "cuda")]
+#[must_use = "the span closes when the scope is dropped"]
+pub fn scope_cuda_shape(
+    dev: &candle_core::cuda_backend::CudaDevice,
+    family: Family,
+    shape: impl FnOnce() -> (String, f64),
+) -> Scope {
+    Scope {
+        open: imp::open(dev, family, || Some(shape())),
+    }
+}
+
+/// The named spans' time ([`scope_cuda_shape`]), summed by name over the `take`s since the last
+/// call: exclusive seconds, FLOPs and calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ShapeTime {
+    pub seconds: f64,
+    pub flops: f64,
+    pub calls: usize,
+}
+
+/// Each name's [`ShapeTime`] over the `take`s since the last call (or `enable`), by name;
+/// empty on the CPU.
+pub fn take_shapes() -> Vec<(String, ShapeTime)> {
+    #[cfg(feature = "cuda")]
+    {
+        imp::take_shapes()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Vec::new()
     }
 }
 

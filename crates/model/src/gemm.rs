@@ -385,7 +385,22 @@ fn set_pointers(desc: &Desc, g: &Gemm) -> Result<()> {
 /// # Safety (of the arguments)
 /// Every pointer must address a matrix of the stated shape and leading dimension on `dev`.
 pub(crate) fn run(dev: &CudaDevice, g: &Gemm) -> Result<()> {
-    let _span = kernels::profile::scope_cuda(dev, kernels::profile::Family::Gemm);
+    let _span = kernels::profile::scope_cuda_shape(dev, kernels::profile::Family::Gemm, || {
+        let t = |b: bool| if b { 'T' } else { 'N' };
+        let name = format!(
+            "m {} n {} k {} {}{} {:?}->{:?} epilogue {}{}",
+            g.m,
+            g.n,
+            g.k,
+            t(g.trans_a),
+            t(g.trans_b),
+            g.in_type,
+            g.d_type,
+            g.epilogue.code(),
+            if g.c.is_some() { " +C" } else { "" }
+        );
+        (name, 2.0 * g.m as f64 * g.n as f64 * g.k as f64)
+    });
     let h = lt_for(dev)?;
     let mut lt_guard = h.lock().unwrap_or_else(|e| e.into_inner());
     let align = alignment(g);

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use kernels::profile::{Family, Phase};
+use kernels::profile::{Family, Phase, ShapeTime};
 use serde::Serialize;
 
 use plan::calibration_file::{PhaseTimes, UnitTime};
@@ -15,6 +15,49 @@ pub struct FamilyTime {
     pub family: &'static str,
     /// Mean seconds per step.
     pub seconds: f64,
+}
+
+/// One GEMM shape's row of the `--profile` table of GEMMs ([`kernels::profile::take_shapes`]).
+#[derive(Debug, Serialize)]
+pub struct GemmTime {
+    /// Its shape as `model::gemm` names it: `m n k`, the transposes, the dtypes, the epilogue.
+    pub gemm: String,
+    /// Mean seconds and calls per step.
+    pub seconds: f64,
+    pub calls: f64,
+    /// FLOPs over seconds, in TFLOP/s.
+    pub tflops: f64,
+}
+
+/// The GEMMs' times by shape summed over the timed steps.
+#[derive(Default)]
+pub struct ShapeSums(BTreeMap<String, ShapeTime>);
+
+impl ShapeSums {
+    pub fn add(&mut self, shapes: Vec<(String, ShapeTime)>) {
+        for (name, t) in shapes {
+            let e = self.0.entry(name).or_default();
+            e.seconds += t.seconds;
+            e.flops += t.flops;
+            e.calls += t.calls;
+        }
+    }
+
+    /// Per step over `steps`, the slowest first.
+    pub fn rows(self, steps: f64) -> Vec<GemmTime> {
+        let mut rows: Vec<GemmTime> = self
+            .0
+            .into_iter()
+            .map(|(gemm, t)| GemmTime {
+                gemm,
+                seconds: t.seconds / steps,
+                calls: t.calls as f64 / steps,
+                tflops: t.flops / t.seconds.max(1e-12) / 1e12,
+            })
+            .collect();
+        rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        rows
+    }
 }
 
 /// Phase seconds summed over the timed micro-batches.
@@ -79,9 +122,17 @@ impl PhaseSums {
     }
 }
 
+/// How many GEMM shapes the table prints (`--json` has them all).
+const GEMM_ROWS: usize = 24;
+
 /// The `--profile` table: milliseconds per step and share of the step by family, then the time
 /// no family's span covered (host gaps, candle's own ops outside any span); then the phases.
-pub fn print(families: &[FamilyTime], phases: Option<&PhaseTimes>, step_seconds: f64) {
+pub fn print(
+    families: &[FamilyTime],
+    gemms: &[GemmTime],
+    phases: Option<&PhaseTimes>,
+    step_seconds: f64,
+) {
     println!("GPU time by kernel family (rank 0, CUDA events, per step):");
     let mut covered = 0.0;
     for f in families {
@@ -100,6 +151,18 @@ pub fn print(families: &[FamilyTime], phases: Option<&PhaseTimes>, step_seconds:
         rest * 1e3,
         100.0 * rest / step_seconds
     );
+    if !gemms.is_empty() {
+        println!("GEMMs by shape (rank 0, per step, the slowest first; m n k column-major):");
+        for g in gemms.iter().take(GEMM_ROWS) {
+            println!(
+                "  {:>8.2} ms {:>6.1} calls {:>6.0} TFLOP/s  {}",
+                g.seconds * 1e3,
+                g.calls,
+                g.tflops,
+                g.gemm
+            );
+        }
+    }
     let Some(p) = phases else { return };
     let sum = |kind: &str, f: fn(&UnitTime) -> f64| -> (usize, f64) {
         let of: Vec<_> = p.units.iter().filter(|u| u.kind == kind).collect();
