@@ -213,10 +213,7 @@ fn human_memory(o: &mut String, r: &Report) {
             mem.activations_block_working,
         );
     }
-    row(
-        "  loss logits chunk (fp32)".into(),
-        mem.activations_logits_chunk,
-    );
+    row("  loss logits chunk".into(), mem.activations_logits_chunk);
     row("total".into(), mem.total);
 }
 

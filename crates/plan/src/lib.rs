@@ -425,7 +425,9 @@ fn memory(
     } else {
         (0, l * per_layer)
     };
-    let logits = (model::layers::CE_CHUNK_ELEMS * 4) as u64;
+    let gpu = config.train.device == run::config::DeviceKind::Cuda;
+    let tokens = config.train.micro_batch * cfg.seq_len;
+    let logits = model::layers::logits_chunk_bytes(tokens, cfg.vocab_size, gpu) as u64;
     let activations = saved + working + logits;
     Memory {
         states,

@@ -112,6 +112,39 @@ pub fn crossentropy_chunked(
     Ok((loss, Some((dx, dwte))))
 }
 
+/// Bytes of one chunk's `(R, V)` bf16 logits, at most (about; `R` is rounded up to 64),
+/// unless that leaves fewer than [`MIN_CHUNK_ROWS`] rows: 4 chunks of 4096 rows at
+/// gpt350m's N = 16384, V = 50304, where the GEMMs run at full speed (7 chunks of 2368
+/// rows were measurably slower).
+const CHUNK_BYTES: usize = 512 << 20;
+/// Rows a chunk has at least (N permitting) whatever the vocabulary: the `dwte` GEMM
+/// contracts over a chunk's rows and adds into `dwte` (read and written once a chunk), so
+/// short chunks cost both. At Qwen's 151,936 tokens [`CHUNK_BYTES`] alone would give 10
+/// chunks of 1664 rows.
+const MIN_CHUNK_ROWS: usize = 4096;
+/// ... unless a chunk of that many rows passes this many bytes of logits.
+const MAX_CHUNK_BYTES: usize = 2 << 30;
+
+/// The GPU path's rows a chunk: `N` split evenly into as few chunks as keep the logits under
+/// [`CHUNK_BYTES`] (or give [`MIN_CHUNK_ROWS`] rows, within [`MAX_CHUNK_BYTES`]), rounded
+/// up to a multiple of 64 rows (whole GEMM tiles), at most `N`.
+pub(crate) fn chunk_rows(n: usize, v: usize) -> usize {
+    let floor = MIN_CHUNK_ROWS.min(MAX_CHUNK_BYTES / (2 * v));
+    let max_rows = (CHUNK_BYTES / (2 * v)).max(floor).max(1);
+    let chunks = n.div_ceil(max_rows);
+    (n.div_ceil(chunks).div_ceil(64) * 64).min(n)
+}
+
+/// Bytes of logits the loss holds at once for `n` rows over a vocabulary of `v`: one chunk of
+/// bf16 logits on the GPU ([`chunk_rows`] rows), or about [`CE_CHUNK_ELEMS`] f32 logits (whole
+/// rows) on the CPU.
+pub fn logits_chunk_bytes(n: usize, v: usize, gpu: bool) -> usize {
+    match gpu {
+        true => chunk_rows(n, v) * v * 2,
+        false => (CE_CHUNK_ELEMS / v.max(1)).clamp(1, n.max(1)) * v * 4,
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     //! Launchers of `kernels/cuda/crossentropy.cu`: logits of a chunk of rows by one GEMM, then
@@ -130,19 +163,6 @@ mod cuda {
     /// The loss and, when asked for, `(dx, dwte)`: what [`super::crossentropy_forward_backward`]
     /// returns.
     type LossGrads = (super::Loss, Option<(Tensor, Tensor)>);
-
-    /// Bytes of one chunk's `(R, V)` bf16 logits, at most (about; `R` is rounded up to 64):
-    /// 4 chunks of 4096 rows at gpt350m's N = 16384, V = 50304, where the GEMMs run at full
-    /// speed (7 chunks of 2368 rows were measurably slower).
-    const CHUNK_BYTES: usize = 512 << 20;
-
-    /// Rows a chunk: `N` split evenly into as few chunks as keep the logits under
-    /// [`CHUNK_BYTES`], rounded up to a multiple of 64 rows (whole GEMM tiles), at most `N`.
-    fn chunk_rows(n: usize, v: usize) -> usize {
-        let max_rows = (CHUNK_BYTES / (2 * v)).max(1);
-        let chunks = n.div_ceil(max_rows);
-        (n.div_ceil(chunks).div_ceil(64) * 64).min(n)
-    }
 
     /// The fused path, or `None` for inputs it does not take (not bf16, `V % 8 != 0`, `N == 0`,
     /// unaligned rows). Shapes: `x (N, C)`, `wte (V, C)` bf16, `targets (N)` u32.
@@ -182,7 +202,7 @@ mod cuda {
         let (x, wte, targets) = (x.contiguous()?, wte.contiguous()?, targets.contiguous()?);
         let dev = gpu::device(&x)?;
 
-        let rows = chunk_rows(n, v);
+        let rows = super::chunk_rows(n, v);
         let threads = ((v / 8).div_ceil(32) * 32).min(1024);
         let func = gpu::function(
             &dev,
@@ -243,5 +263,25 @@ mod cuda {
             return Ok(None); // unreachable: `grad` made both
         };
         Ok(Some((loss, Some((dx, dwte)))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_rows;
+
+    #[test]
+    fn chunks_keep_gpt2s_four_of_4096_rows_and_give_large_vocabularies_as_many_rows() {
+        // GPT-2's 50,304 tokens at N = 16,384: 4 chunks of 4096 rows, as measured fastest.
+        assert_eq!(chunk_rows(16_384, 50_304), 4096);
+        // Llama 3's 128,256 and Qwen's 151,936: 4096 rows too, not 2048 or 1664.
+        assert_eq!(chunk_rows(16_384, 128_256), 4096);
+        assert_eq!(chunk_rows(16_384, 151_936), 4096);
+        // A small vocabulary keeps its one chunk; a short batch is one chunk of N rows.
+        assert_eq!(chunk_rows(16_384, 8192), 16_384);
+        assert_eq!(chunk_rows(1000, 151_936), 1000);
+        // A huge vocabulary stays within the byte bound: 2 GiB of bf16 logits a chunk.
+        let v = 1 << 20;
+        assert!(chunk_rows(16_384, v) * 2 * v <= (2 << 30) + 64 * 2 * v);
     }
 }

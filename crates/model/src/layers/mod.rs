@@ -37,7 +37,9 @@ pub use attention::{
     attention_backward_tiled, attention_backward_with, attention_cudnn_support,
     attention_forward_tiled, attention_forward_with, AttentionKernel,
 };
-pub use crossentropy::{crossentropy_chunked, crossentropy_forward_backward, Loss, CE_CHUNK_ELEMS};
+pub use crossentropy::{
+    crossentropy_chunked, crossentropy_forward_backward, logits_chunk_bytes, Loss, CE_CHUNK_ELEMS,
+};
 pub use embedding::{embedding_backward, embedding_forward, TokenIndex};
 /// The FP8 linear layers' GPU quantisers and GEMMs (tests compare them with the references).
 #[cfg(feature = "cuda")]
