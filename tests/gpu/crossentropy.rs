@@ -87,6 +87,13 @@ fn crossentropy_gpt2_vocab() {
 
 #[test]
 fn crossentropy_gpt350m_shape() {
-    // N = 16 * 1024: 7 chunks of logits, dwte accumulated over them.
+    // N = 16 * 1024: 4 chunks of 4096 rows of logits, dwte accumulated over them.
     check(16384, 1024, 50304, true);
+}
+
+#[test]
+fn crossentropy_qwen_vocab() {
+    // Qwen's 151,936 tokens at N = 16 * 1024: 4 chunks of 4096 rows (1.16 GiB of logits each),
+    // not the 10 of 1664 that the 512 MiB bound alone would give.
+    check(16384, 256, 151_936, true);
 }
