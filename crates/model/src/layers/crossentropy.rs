@@ -129,9 +129,10 @@ const MAX_CHUNK_BYTES: usize = 2 << 30;
 /// [`CHUNK_BYTES`] (or give [`MIN_CHUNK_ROWS`] rows, within [`MAX_CHUNK_BYTES`]), rounded
 /// up to a multiple of 64 rows (whole GEMM tiles), at most `N`.
 pub(crate) fn chunk_rows(n: usize, v: usize) -> usize {
-    let floor = MIN_CHUNK_ROWS.min(MAX_CHUNK_BYTES / (2 * v));
-    let max_rows = (CHUNK_BYTES / (2 * v)).max(floor).max(1);
-    let chunks = n.div_ceil(max_rows);
+    let row_bytes = 2 * v.max(1);
+    let floor = MIN_CHUNK_ROWS.min(MAX_CHUNK_BYTES / row_bytes);
+    let max_rows = (CHUNK_BYTES / row_bytes).max(floor).max(1);
+    let chunks = n.div_ceil(max_rows).max(1);
     (n.div_ceil(chunks).div_ceil(64) * 64).min(n)
 }
 
@@ -283,5 +284,8 @@ mod tests {
         // A huge vocabulary stays within the byte bound: 2 GiB of bf16 logits a chunk.
         let v = 1 << 20;
         assert!(chunk_rows(16_384, v) * 2 * v <= (2 << 30) + 64 * 2 * v);
+        // Degenerate sizes (refused before the loss runs) do not divide by zero here.
+        assert_eq!(chunk_rows(0, 151_936), 0);
+        assert_eq!(chunk_rows(16, 0), 16);
     }
 }
