@@ -36,16 +36,15 @@ for k, t in fam.most_common(): print(f"{k:<14} {t:8.2f} ms {100*t/total:5.1f}%")
 print("-- top kernels")
 for (k, n), t in names.most_common(30): print(f"{t:8.2f} ms  {k:<13} {n}")
 print("-- matrix products by input shape (ms per step, calls per step, TFLOP/s)")
+# Which inputs are the two matrices: addmm's are after its bias, mm's and _scaled_mm's first.
+operands = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::_scaled_mm": (0, 1)}
 rows = []
 for e in prof.key_averages(group_by_input_shape=True):
-    if e.key not in ("aten::mm", "aten::addmm", "aten::_scaled_mm", "aten::bmm"): continue
+    if e.key not in operands: continue
     t = e.device_time_total / 1e3 / 3
-    shp = [s for s in e.input_shapes if s]
-    try:
-        a, b = shp[-2], shp[-1]
-        fl = 2 * a[0] * a[1] * b[1] * e.count / 3
-    except Exception:
-        fl = 0
-    rows.append((t, e.count / 3, fl / (t * 1e-3) / 1e12 if t > 0 else 0, e.key, shp))
-for t, n, tf, k, shp in sorted(rows, reverse=True)[:24]:
+    i, j = operands[e.key]
+    a, b = e.input_shapes[i], e.input_shapes[j]
+    fl = 2 * a[0] * a[1] * b[1] * e.count / 3 if len(a) == 2 and len(b) == 2 else 0
+    rows.append((t, e.count / 3, fl / (t * 1e-3) / 1e12 if t > 0 else 0, e.key, e.input_shapes))
+for t, n, tf, k, shp in sorted(rows, key=lambda r: -r[0])[:24]:
     print(f"{t:8.2f} ms {n:5.1f} calls {tf:6.0f} TFLOP/s  {k} {shp}")

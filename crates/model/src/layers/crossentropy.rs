@@ -67,7 +67,7 @@ pub fn crossentropy_chunked(
         d => d,
     };
     let inv_n = 1.0 / n as f64;
-    let rows = (chunk_elems / v.max(1)).clamp(1, n.max(1));
+    let rows = reference_chunk_rows(n, v, chunk_elems);
     let wte_t = wte.t()?;
     let mut loss_sum = Tensor::zeros((), ce_dtype, x.device())?;
     let mut dx_parts = Vec::new();
@@ -142,8 +142,14 @@ pub(crate) fn chunk_rows(n: usize, v: usize) -> usize {
 pub fn logits_chunk_bytes(n: usize, v: usize, gpu: bool) -> usize {
     match gpu {
         true => chunk_rows(n, v) * v * 2,
-        false => (CE_CHUNK_ELEMS / v.max(1)).clamp(1, n.max(1)) * v * 4,
+        false => reference_chunk_rows(n, v, CE_CHUNK_ELEMS) * v * 4,
     }
+}
+
+/// The reference's rows a chunk: whole rows of about `chunk_elems` logits, at least one, at
+/// most `n`.
+fn reference_chunk_rows(n: usize, v: usize, chunk_elems: usize) -> usize {
+    (chunk_elems / v.max(1)).clamp(1, n.max(1))
 }
 
 #[cfg(feature = "cuda")]
