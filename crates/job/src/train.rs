@@ -409,7 +409,7 @@ impl<'a> RankRun<'a> {
         let (config, model_cfg, topology) = (shared.config, shared.model_cfg, &shared.topology);
         let t = &config.train;
         let world = topology.world();
-        let memory = self.engine.memory_estimate();
+        let memory = self.engine.memory_estimate(config.accumulation());
         self.say(&format!(
             "model {} params ({} layers, {} wide, {} heads, seq {}) | world {} ({} nodes x {}) | \
              batch {} = {} micro x {} accum x {} ranks | memory per rank: {} sharded states + {} working set + {} hpZ secondary | \

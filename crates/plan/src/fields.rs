@@ -98,7 +98,7 @@ pub struct ZeroInfo {
 #[derive(Debug, Serialize)]
 pub struct Memory {
     /// The states, as the engine counts them: `shard_elems`, `param_shard`, `grad_shard`,
-    /// `optimizer_states`, `optimizer_includes_master`, `hpz_secondary`,
+    /// `grad_in_place`, `optimizer_states`, `optimizer_includes_master`, `hpz_secondary`,
     /// `gathered_working_set`, `reductions_in_flight`, `qgz_error_feedback` (docs/plan.md).
     #[serde(flatten)]
     pub states: RankMemory,

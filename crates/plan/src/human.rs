@@ -153,7 +153,11 @@ fn human_memory(o: &mut String, r: &Report) {
         format!("parameters shard ({pname})"),
         mem.states.param_shard,
     );
-    row("gradient shard (fp32)".into(), mem.states.grad_shard);
+    let grad = match mem.states.grad_in_place {
+        true => format!("gradients as written ({pname})"),
+        false => "gradient shard (fp32)".into(),
+    };
+    row(grad, mem.states.grad_shard);
     row(
         if mem.states.optimizer_includes_master {
             "optimizer (master + m + v)".into()

@@ -153,8 +153,10 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
             sweep = Some(sweep::sweep(s, &work, z, t.steps, &cluster)?);
         }
         if args.advise {
-            let activations = memory(config, cfg, &plan, &numels, pb).activations;
-            let per_rank = |p: &ZeroPlan| zero::rank_memory(p, &numels, pb).total() + activations;
+            let activations = memory(config, cfg, &plan, &numels, pb, accumulation).activations;
+            let per_rank = |p: &ZeroPlan| {
+                zero::rank_memory(p, &numels, pb, accumulation).total() + activations
+            };
             advice = Some(advise::advise(&work, z, t.steps, &cluster, per_rank)?);
         }
     }
@@ -175,7 +177,7 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
             recompute: config.model.recompute,
         },
         zero: zero_info(config, &plan),
-        memory: memory(config, cfg, &plan, &numels, pb),
+        memory: memory(config, cfg, &plan, &numels, pb, accumulation),
         comm: comm_per_step(config, &plan, &numels, &order, pb, accumulation)?,
         paper: paper(&plan, cfg.num_params()),
         throughput,
@@ -397,19 +399,21 @@ pub fn rank_memory(run: &Run, topology: Topology) -> Result<Memory> {
         .with_linears(config.linears(), &layout);
     let numels: Vec<usize> = layout.units.iter().map(|u| u.numel).collect();
     let pb = param_bytes(config.train.precision);
-    Ok(memory(config, cfg, &plan, &numels, pb))
+    let (accumulation, _) = fit_batch(config, topology.world(), &mut Vec::new())?;
+    Ok(memory(config, cfg, &plan, &numels, pb, accumulation))
 }
 
-/// The `memory` section: the states as the engine counts them ([`zero::rank_memory`]) plus
-/// one micro-batch's activations.
+/// The `memory` section: the states as the engine counts them ([`zero::rank_memory`], with
+/// `accumulation` micro-batches a step) plus one micro-batch's activations.
 fn memory(
     config: &RunConfig,
     cfg: &model::ModelConfig,
     plan: &ZeroPlan,
     numels: &[usize],
     pb: usize,
+    accumulation: usize,
 ) -> Memory {
-    let states = zero::rank_memory(plan, numels, pb);
+    let states = zero::rank_memory(plan, numels, pb, accumulation);
     let (b, s, c, l) = (
         config.train.micro_batch as u64,
         cfg.seq_len as u64,
@@ -510,14 +514,18 @@ mod tests {
         let tiny = "[model]\npreset = \"tiny\"\n";
         let wide =
             "[model]\nn_layer = 3\nn_embd = 96\nn_head = 4\nseq_len = 32\nvocab_size = 1000\n";
+        // (model, [train] keys, [zero] keys, W, D, global batch); micro-batches of 1.
         let shapes = [
-            (tiny, "", "", 1, 1),
+            (tiny, "", "", 1, 1, 8),
+            // One micro-batch at W = 1: the gradient is kept in place (zero::rank_memory).
+            (tiny, "precision = \"bf16\"\n", "", 1, 1, 1),
             (
                 wide,
                 "precision = \"bf16\"\n",
                 "hpz_partition_size = 2\n",
                 4,
                 2,
+                8,
             ),
             (
                 tiny,
@@ -525,13 +533,14 @@ mod tests {
                 "quantized_weights = true\nhpz_partition_size = 4\nquantized_gradients = true\n",
                 8,
                 4,
+                8,
             ),
         ];
-        for (model, train, zero, w, d) in shapes {
+        for (model, train, zero, w, d, global) in shapes {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("run.toml");
             let text = format!(
-                "{model}[train]\nmicro_batch = 1\nglobal_batch = 8\n{train}[zero]\n{zero}\
+                "{model}[train]\nmicro_batch = 1\nglobal_batch = {global}\n{train}[zero]\n{zero}\
                  [dist]\nworld_size = {w}\ngpus_per_node = {d}\n\
                  [data]\ntrain = [\"x.jsonl\"]\nvalid_fraction = 0.1\n"
             );
@@ -557,7 +566,9 @@ mod tests {
                 zero::Engine::new(config.model.resolve(None).unwrap(), options, Box::new(comm))
                     .unwrap();
             let shape = format!("W = {w}, D = {d}: {zero}");
-            assert_eq!(engine.memory_estimate(), report.memory.states, "{shape}");
+            let micro_batches = report.train.accumulation;
+            let estimate = engine.memory_estimate(micro_batches);
+            assert_eq!(estimate, report.memory.states, "{shape}");
             let allocated: usize = (0..engine.num_units())
                 .map(|u| engine.grad_shard(u).unwrap().len())
                 .sum();

@@ -243,11 +243,13 @@ impl Engine {
         }
     }
 
-    /// This rank's memory for the model's states, as `trainer plan` counts it
-    /// ([`crate::memory::rank_memory`] of this engine's plan and units, in the compute dtype).
-    pub fn memory_estimate(&self) -> RankMemory {
+    /// This rank's memory for the model's states with `micro_batches` a step, as `trainer
+    /// plan` counts it ([`crate::memory::rank_memory`] of this engine's plan and units, in the
+    /// compute dtype).
+    pub fn memory_estimate(&self, micro_batches: usize) -> RankMemory {
         let numels: Vec<usize> = self.units.iter().map(|u| u.layout.numel).collect();
-        rank_memory(&self.plan, &numels, self.opts.compute_dtype.size_in_bytes())
+        let pb = self.opts.compute_dtype.size_in_bytes();
+        rank_memory(&self.plan, &numels, pb, micro_batches)
     }
 
     /// Unit `u`'s full padded parameters exactly as the forward computes with them (with qwZ,

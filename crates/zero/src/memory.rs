@@ -19,8 +19,12 @@ pub struct RankMemory {
     /// The parameter shard at `param_bytes` an element (in 16 bits: the working copy AdamW
     /// writes beside the fp32 master, which the gathers read).
     pub param_shard: u64,
-    /// The fp32 gradient shard.
+    /// The gradient shard: f32 and padded, or at W = 1 with one micro-batch the units'
+    /// gradients as the backward wrote them (`param_bytes` an element, unpadded).
     pub grad_shard: u64,
+    /// Whether `grad_shard` is the gradients as the backward wrote them (W = 1, one
+    /// micro-batch a step) rather than the f32 shard.
+    pub grad_in_place: bool,
     /// Adam m + v, and the fp32 master where the parameters are not fp32.
     pub optimizer_states: u64,
     /// Whether `optimizer_states` holds the fp32 master (parameters in 16 bits).
@@ -35,7 +39,7 @@ pub struct RankMemory {
     pub gathered_working_set: u64,
     /// The full gradients of the [`REDUCTIONS_IN_FLIGHT`] largest units, held until their
     /// reduction completes: f32 (qgZ's input, or `reduce_dtype` fp32), bf16 with `reduce_dtype`
-    /// bf16 and no qgZ.
+    /// bf16 and no qgZ; 0 at W = 1 with one micro-batch, where nothing is reduced.
     pub reductions_in_flight: u64,
     /// qgZ's error feedback: f32 of every unit's padded buffer (the first hop's error) and of its
     /// node sum (padded / D, the second's, with D > 1); 0 without it. This rank's own state, kept
@@ -62,7 +66,12 @@ impl RankMemory {
 
 /// The memory of one rank of `plan` for units of `unit_numels` elements whose parameters are
 /// gathered and computed at `param_bytes` bytes an element (4: fp32, which is then its own
-/// master; 2: bf16 or fp16 beside an fp32 master).
+/// master; 2: bf16 or fp16 beside an fp32 master), with `micro_batches` micro-batches a step.
+///
+/// At W = 1 with one micro-batch nothing is reduced: each unit's gradient stays as the backward
+/// wrote it, unpadded at `param_bytes`, until the optimizer reads it ([`crate::GradShard`]), so
+/// the gradient is `param_bytes` an element and no reduction is in flight. Otherwise the
+/// gradient is the padded f32 shard, and reductions hold their inputs.
 ///
 /// ```
 /// use comm::Topology;
@@ -70,14 +79,20 @@ impl RankMemory {
 ///
 /// // Two units of 1024 and 4096 elements on 2 ranks, fp32, plain ZeRO-3.
 /// let plan = ZeroPlan::resolve(&ZeroConfig::default(), Topology::new(2, 2)?, 10)?;
-/// let m = rank_memory(&plan, &[1024, 4096], 4);
+/// let m = rank_memory(&plan, &[1024, 4096], 4, 1);
 /// assert_eq!(m.shard_elems, 2560);
 /// assert_eq!(m.sharded_bytes(), 16 * 2560); // master + m + v + gradient
 /// assert_eq!(m.gathered_working_set, 4 * (1024 + 4096));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn rank_memory(plan: &ZeroPlan, unit_numels: &[usize], param_bytes: usize) -> RankMemory {
+pub fn rank_memory(
+    plan: &ZeroPlan,
+    unit_numels: &[usize],
+    param_bytes: usize,
+    micro_batches: usize,
+) -> RankMemory {
     let w = plan.topology.world();
+    let in_place = w == 1 && micro_batches <= 1;
     let d = plan.topology.ranks_per_node;
     let padded: Vec<usize> = unit_numels
         .iter()
@@ -147,12 +162,19 @@ pub fn rank_memory(plan: &ZeroPlan, unit_numels: &[usize], param_bytes: usize) -
     RankMemory {
         shard_elems: shard,
         param_shard: pb * shard,
-        grad_shard: 4 * shard,
+        grad_in_place: in_place,
+        grad_shard: match in_place {
+            true => pb * unit_numels.iter().map(|&n| n as u64).sum::<u64>(),
+            false => 4 * shard,
+        },
         optimizer_states: if fp32 { 8 * shard } else { 12 * shard },
         optimizer_includes_master: !fp32,
         hpz_secondary,
         gathered_working_set: gathered.iter().take(1 + plan.prefetch_depth).sum(),
-        reductions_in_flight: sum_of(REDUCTIONS_IN_FLIGHT, reduce_bytes),
+        reductions_in_flight: match in_place {
+            true => 0,
+            false => sum_of(REDUCTIONS_IN_FLIGHT, reduce_bytes),
+        },
         qgz_error_feedback,
     }
 }
@@ -175,13 +197,31 @@ mod tests {
             prefetch_depth: 1,
             ..Default::default()
         };
-        let m = rank_memory(&plan(zero, 1, 1), &[960, 320, 256], 2);
+        // Two micro-batches: the gradient is the f32 shard, and reductions are in flight.
+        let m = rank_memory(&plan(zero, 1, 1), &[960, 320, 256], 2, 2);
         assert_eq!(m.gathered_working_set, 2 * (960 + 320));
         assert_eq!(m.reductions_in_flight, 4 * (960 + 320));
         assert_eq!(m.sharded_bytes(), (2 + 4 + 12) * 1536);
         // Two prefetched: every unit.
-        let m = rank_memory(&plan(ZeroConfig::default(), 1, 1), &[960, 320, 256], 2);
+        let m = rank_memory(&plan(ZeroConfig::default(), 1, 1), &[960, 320, 256], 2, 2);
         assert_eq!(m.gathered_working_set, 2 * 1536);
+    }
+
+    /// At W = 1 with one micro-batch the gradients stay as the backward wrote them (2 bytes an
+    /// element in bf16, unpadded) and nothing is in reduction; a second micro-batch or a second
+    /// rank brings back the f32 shard and the reductions.
+    #[test]
+    fn one_rank_and_one_micro_batch_keep_the_gradient_in_place() {
+        let units = [1000, 300, 250];
+        let m = rank_memory(&plan(ZeroConfig::default(), 1, 1), &units, 2, 1);
+        assert_eq!(m.grad_shard, 2 * 1550);
+        assert_eq!(m.reductions_in_flight, 0);
+        let two = rank_memory(&plan(ZeroConfig::default(), 1, 1), &units, 2, 2);
+        assert_eq!(two.grad_shard, 4 * two.shard_elems);
+        assert!(two.shard_elems >= 1550 && two.reductions_in_flight > 0);
+        let w2 = rank_memory(&plan(ZeroConfig::default(), 2, 2), &units, 2, 1);
+        assert_eq!(w2.grad_shard, 4 * w2.shard_elems);
+        assert!(w2.reductions_in_flight > 0);
     }
 
     #[test]
@@ -194,7 +234,7 @@ mod tests {
         let p = plan(zero, 4, 2);
         let q = p.qwz.expect("qwZ is on");
         let units = [8 * q.block * 4, 2 * q.block * 4];
-        let m = rank_memory(&p, &units, 4);
+        let m = rank_memory(&p, &units, 4, 1);
         let secondary: usize = units.iter().map(|&u| p.partition(u).padded / 2).sum();
         assert_eq!(
             m.hpz_secondary,
@@ -220,7 +260,7 @@ mod tests {
             numels.iter().all(|&n| p.partition(n).padded <= block),
             "the block is largest"
         );
-        let m = rank_memory(&p, &numels, 2);
+        let m = rank_memory(&p, &numels, 2, 1);
         let tiles = p.linears(1).tiles;
         assert!(tiles > 0);
         assert_eq!(

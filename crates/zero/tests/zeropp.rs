@@ -249,7 +249,7 @@ fn counters_equal_the_logical_volume_of_fp8_qwz() {
                 assert_eq!(*b, expected, "{name}: {z:?}");
             }
             if z.hpz_partition_size > 1 {
-                let kept = zero::memory::rank_memory(&plan, &numels, 4).hpz_secondary;
+                let kept = zero::memory::rank_memory(&plan, &numels, 4, 1).hpz_secondary;
                 let blocks: u64 = (0..numels.len())
                     .filter(|&u| !plan.linears(u).matrices.is_empty())
                     .map(|u| {
@@ -258,7 +258,7 @@ fn counters_equal_the_logical_volume_of_fp8_qwz() {
                     })
                     .sum();
                 assert!(kept > blocks, "{name}: hpZ keeps {kept} bytes");
-                let int8_kept = zero::memory::rank_memory(&int8, &numels, 4).hpz_secondary;
+                let int8_kept = zero::memory::rank_memory(&int8, &numels, 4, 1).hpz_secondary;
                 assert_ne!(kept, int8_kept, "{name}");
             }
         }
