@@ -41,7 +41,8 @@
 #           background checkpoint stall; the out-of-memory line of gpt6.7b without recomputation
 # Each run's log and metrics go under $OUT (default gpu-out/). BENCH_SET: more section.key=VALUE
 # settings for the speed and llama stages' benches (e.g. BENCH_SET='zero.prefetch_depth=1'),
-# TAG a suffix of their output files; NO_TORCH=1 leaves the PyTorch anchors out.
+# TAG a suffix of their output files; NO_TORCH=1 leaves the PyTorch anchors out, NO_EAGER=1 the
+# eager ones of the llama and qwen stages, NO_PARITY=1 the llama stage's llama-tiny runs.
 set -euo pipefail
 OUT=${OUT:-gpu-out}
 STEPS=${STEPS:-200}
@@ -115,7 +116,7 @@ for stage in $STAGES; do
       --set "train.micro_batch=${LLAMA_MB:-8}" --steps "${BENCH_STEPS:-5}" --profile "${bench_set[@]}" \
       | tee "$OUT/speed-llama1b${TAG:-}.txt"
     if [[ -f .gpu/torch_llama.py ]]; then
-      python3 .gpu/torch_llama.py --steps 20 | tee "$OUT/speed-torch-llama-eager.txt"
+      [[ -n ${NO_EAGER:-} ]] || python3 .gpu/torch_llama.py --steps 20 | tee "$OUT/speed-torch-llama-eager.txt"
       [[ -n ${NO_COMPILE:-} ]] || python3 .gpu/torch_llama.py --steps 20 --compile \
         | tee "$OUT/speed-torch-llama-compile.txt"
     fi
