@@ -6,6 +6,7 @@
 use candle_core::{DType, Device, Tensor};
 use model::{
     init_unit_range, KernelPlan, LinearFormat, Model, ModelConfig, ModelLayout, ParamInit,
+    Recompute,
 };
 
 fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
@@ -29,11 +30,11 @@ fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
     (diff.to_scalar::<f64>().unwrap() / norm.to_scalar::<f64>().unwrap().max(1e-300)).sqrt()
 }
 
-fn check(cfg: ModelConfig, b: usize, recompute: bool) {
+fn check(cfg: ModelConfig, b: usize, recompute: Recompute) {
     check_with(cfg, b, recompute, false)
 }
 
-fn check_with(cfg: ModelConfig, b: usize, recompute: bool, strict: bool) {
+fn check_with(cfg: ModelConfig, b: usize, recompute: Recompute, strict: bool) {
     check_in(cfg, b, recompute, strict, LinearFormat::Dense)
 }
 
@@ -47,7 +48,7 @@ fn check_with(cfg: ModelConfig, b: usize, recompute: bool, strict: bool) {
 /// activation that rounds to another bf16 can take another FP8 code (1/16 apart), so the
 /// tolerances are FP8's: the loss within 1e-2, each gradient within 10% (the CPU's FP8 against
 /// dense is 4-7%, crates/model/tests/fp8.rs).
-fn check_in(cfg: ModelConfig, b: usize, recompute: bool, strict: bool, linears: LinearFormat) {
+fn check_in(cfg: ModelConfig, b: usize, recompute: Recompute, strict: bool, linears: LinearFormat) {
     let (loss_tol, grad_tol) = match linears {
         LinearFormat::Dense => (5e-3, 3e-2),
         LinearFormat::Fp8 => (1e-2, 1e-1),
@@ -142,44 +143,48 @@ fn check_in(cfg: ModelConfig, b: usize, recompute: bool, strict: bool, linears: 
 fn model_on_the_gpu_follows_the_cpu_reference() {
     // hs = 64, T not a multiple of 64, V % 8 == 0.
     let cfg = ModelConfig::gpt2(2, 128, 2, 96, 320);
-    check(cfg.clone(), 3, false);
-    check(cfg, 2, true);
+    check(cfg.clone(), 3, Recompute::Off);
+    check(cfg, 2, Recompute::Full);
 }
 
 #[test]
 fn tiny_on_the_gpu_follows_the_cpu_reference() {
     // The `tiny` preset: hs = 16, the shape the GPU parity run trains.
     let cfg = model::preset("tiny").unwrap();
-    check(cfg, 4, false);
+    check(cfg, 4, Recompute::Off);
 }
 
 /// The Llama family on the GPU (its layers on the candle reference path, bf16) against the CPU
-/// reference: tied and untied heads, grouped-query attention, with and without recomputation.
+/// reference: tied and untied heads, grouped-query attention, without recomputation, with the
+/// whole block's and with the attention half's.
 #[test]
 fn llama_on_the_gpu_follows_the_cpu_reference() {
     for tied in [true, false] {
         let cfg = ModelConfig::llama(2, 128, 4, 2, 320, 96, 320, tied);
-        check(cfg.clone(), 3, false);
-        check(cfg, 2, true);
+        check(cfg.clone(), 3, Recompute::Off);
+        check(cfg.clone(), 2, Recompute::Full);
+        check(cfg, 2, Recompute::Attention);
     }
 }
 
 /// Qwen3 (each query and key head normalised, `qk_norm.cu`; a head width of its own, 128
 /// where n_embd / n_head is 32) and Qwen2 (q, k and v biases, added in the projection GEMM's
 /// epilogue, their gradient from `bias_grad`) on the GPU against the CPU reference, under
-/// their enforced kernel plans, with and without recomputation.
+/// their enforced kernel plans, without recomputation and in both of its modes.
 #[test]
 fn qwen_families_on_the_gpu_follow_the_cpu_reference() {
     let qwen3 = model::qwen3::QWEN3.shape(2, 128, 4, 2, 128, 320, 96, 320, true);
     let qwen2 = model::qwen2::QWEN2.shape(2, 128, 4, 2, 32, 320, 96, 320, false);
     for cfg in [qwen3, qwen2] {
-        check_with(cfg.clone(), 3, false, true);
-        check_with(cfg, 2, true, true);
+        check_with(cfg.clone(), 3, Recompute::Off, true);
+        check_with(cfg.clone(), 2, Recompute::Full, true);
+        check_with(cfg, 2, Recompute::Attention, true);
     }
 }
 
 /// Every family with its blocks' linear layers in FP8 (issue 40) on the GPU against the CPU's
-/// FP8 emulation, under the enforced kernel plans, with and without recomputation: GPT-2
+/// FP8 emulation, under the enforced kernel plans, without recomputation and in the modes each
+/// family takes (the attention half's: the Llama family's): GPT-2
 /// (biases added after the FP8 GEMM, GELU), Llama (packed q|k|v and gate|up, tied and untied),
 /// Qwen3 (head width 128) and Qwen2 (q, k, v biases).
 #[test]
@@ -192,7 +197,10 @@ fn every_family_in_fp8_on_the_gpu_follows_the_cpu_emulation() {
         model::qwen2::QWEN2.shape(2, 128, 4, 2, 32, 320, 96, 320, false),
     ];
     for cfg in cfgs {
-        check_in(cfg.clone(), 3, false, true, LinearFormat::Fp8);
-        check_in(cfg, 2, true, true, LinearFormat::Fp8);
+        check_in(cfg.clone(), 3, Recompute::Off, true, LinearFormat::Fp8);
+        check_in(cfg.clone(), 2, Recompute::Full, true, LinearFormat::Fp8);
+        if cfg.family().mlp_kept_width(&cfg).is_some() {
+            check_in(cfg, 2, Recompute::Attention, true, LinearFormat::Fp8);
+        }
     }
 }

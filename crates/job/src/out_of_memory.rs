@@ -70,7 +70,7 @@ pub fn explain(
         "a smaller train.micro_batch ({} now)",
         t.micro_batch
     )];
-    if !config.model.recompute {
+    if config.model.recompute != model::Recompute::Full {
         lower.push("model.recompute = true".to_string());
     }
     lower.push(format!(

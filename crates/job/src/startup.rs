@@ -146,7 +146,7 @@ pub fn check_memory(
     let mut lower = vec!["a smaller model"];
     if config.train.device == DeviceKind::Cpu {
         lower.push("a smaller train.micro_batch");
-        if !config.model.recompute {
+        if config.model.recompute != model::Recompute::Full {
             lower.push("model.recompute = true");
         }
     }

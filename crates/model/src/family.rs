@@ -19,6 +19,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::{Loss, RopeTables, TokenIndex};
 use crate::layout::{ParamSpec, UnitKind, UnitTable};
 use crate::linears::LinearFormat;
+use crate::recompute::Recompute;
 use crate::schedule::{Saved, UnitParams};
 
 /// An input of a block's linear layers (see [`Family::block_linear_inputs`]).
@@ -59,6 +60,22 @@ pub trait Family: Sync {
 
     /// Unique parameters, a tied LM head counted once.
     fn num_params(&self, cfg: &ModelConfig) -> usize;
+
+    /// Elements a token that a block keeps beyond its input under [`Recompute::Attention`]
+    /// (the MLP half's activations, from which its backward recomputes only the attention
+    /// half's), or `None` where the family's blocks do not take it.
+    fn mlp_kept_width(&self, cfg: &ModelConfig) -> Option<usize> {
+        let _ = cfg;
+        None
+    }
+
+    /// The linear layers' parameters that a [`Recompute::Attention`] backward multiplies again
+    /// (Llama: q|k|v's projection; the attention itself runs again too), or `None` where the
+    /// family's blocks do not take it.
+    fn attention_half_params(&self, cfg: &ModelConfig) -> Option<usize> {
+        let _ = cfg;
+        None
+    }
 
     /// Bytes of activations one block keeps for its backward for `batch` sequences of
     /// `seq_len`, at `bytes` per element (2 for bf16), its linear layers multiplying in
@@ -140,8 +157,8 @@ pub trait Family: Sync {
         dout: &Tensor,
     ) -> Result<Tensor>;
 
-    /// A block's forward of `x (B, T, C)`: its output, and what its backward reads (with
-    /// `recompute`, the input alone: the backward recomputes the rest, to the same bits).
+    /// A block's forward of `x (B, T, C)`: its output, and what its backward reads (what
+    /// `recompute` keeps: the backward recomputes the rest, to the same bits).
     /// `lin` is the format its linear layers multiply in.
     fn block_forward(
         &self,
@@ -149,7 +166,7 @@ pub trait Family: Sync {
         lin: LinearFormat,
         params: &UnitParams,
         x: &Tensor,
-        recompute: bool,
+        recompute: Recompute,
     ) -> Result<(Tensor, Saved)>;
 
     /// A block's backward: `(dx, flat gradient)`.

@@ -31,6 +31,7 @@ pub mod llama;
 pub mod mistral;
 pub mod qwen2;
 pub mod qwen3;
+mod recompute;
 mod schedule;
 mod units;
 
@@ -52,4 +53,5 @@ pub use llama::family::{
 };
 pub use llama::rope_config::Rope;
 pub use llama::style::{LlamaStyle, Window, HF_SEQ_LEN};
+pub use recompute::Recompute;
 pub use schedule::{Model, Pass, Saved, UnitParams, UnitSource};

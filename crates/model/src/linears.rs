@@ -243,6 +243,21 @@ impl LinearFormat {
         Ok(NormedProjection { h, rms, y, n })
     }
 
+    /// RMSNorm of `h` as the projections after it keep it, without the projections: the
+    /// norm's statistics and what [`LinearFormat::cols_forward_saving`] keeps of `rmsnorm(h)`
+    /// (a recomputation that has the projections' output already). The same numbers as
+    /// [`LinearFormat::rmsnorm_cols_forward_saving`] keeps: that norm rounds `h` before it
+    /// normalises, and FP8's fused quantiser writes the codes [`LinearFormat::saved_input`] does.
+    pub fn rmsnorm_saving(
+        self,
+        h: &Tensor,
+        norm_w: &Tensor,
+        eps: f64,
+    ) -> Result<(RmsSaved, SavedInput)> {
+        let (n, rms) = rmsnorm_forward(h, norm_w, eps)?;
+        Ok((rms, self.saved_input(&n)?))
+    }
+
     /// SwiGLU of the packed `gu (N, 2F)` and the down projection after it: `(residual + act @
     /// w_down when want_out, what down's backward keeps of act)`, `act = silu(gate) * up`. Under
     /// FP8 on the GPU act exists only as FP8 codes, made from `gu` in one pass

@@ -30,7 +30,7 @@
 //! }).collect();
 //! let tokens = Tensor::new(&[[1u32, 2, 3, 4], [5, 6, 7, 8]], &Device::Cpu).unwrap();
 //! let targets = Tensor::new(&[[2u32, 3, 4, 5], [6, 7, 8, 9]], &Device::Cpu).unwrap();
-//! let (loss, grads) = model.loss_and_grads(&params, &tokens, &targets, false).unwrap();
+//! let (loss, grads) = model.loss_and_grads(&params, &tokens, &targets, model::Recompute::Off).unwrap();
 //! assert!((loss - 10f64.ln()).abs() < 0.05); // near-uniform predictions at init
 //! assert_eq!(grads[1].dims1().unwrap(), model.units()[1].numel);
 //! assert_eq!(model.gather_order(Pass::Train), vec![0, 1, 2, 0, 2, 1]);
@@ -48,6 +48,7 @@ use crate::layers::Fp8Weight;
 use crate::layers::{Loss, TokenIndex};
 use crate::layout::{ModelLayout, ParamSpec, UnitKind, UnitLayout};
 use crate::linears::{LinearFormat, LinearWeight};
+use crate::recompute::Recompute;
 
 /// Which walk of the schedule: training (forward, head, backward) or evaluation (forward, head).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -226,14 +227,14 @@ impl Model {
     }
 
     /// Unit `u`'s forward: `input` is the `(B, T)` u32 tokens for the first unit, else the
-    /// previous unit's `(B, T, C)` output. With `recompute`, a block keeps only its input and
-    /// its backward recomputes the forward (the same gradients, bitwise).
+    /// previous unit's `(B, T, C)` output. A block keeps what `recompute` says and its backward
+    /// recomputes the rest (the same gradients, bitwise).
     pub fn forward(
         &self,
         u: usize,
         params: &UnitParams,
         input: &Tensor,
-        recompute: bool,
+        recompute: Recompute,
     ) -> Result<(Tensor, Saved)> {
         let cfg = &self.cfg;
         let family = cfg.family();
@@ -305,7 +306,7 @@ impl Model {
         source: &mut S,
         tokens: &Tensor,
         targets: &Tensor,
-        recompute: bool,
+        recompute: Recompute,
     ) -> std::result::Result<f64, S::Error> {
         let n = self.layout.units.len();
         let head = self.head_unit();
@@ -376,7 +377,7 @@ impl Model {
         let mut head_params = None;
         for u in 0..self.layout.units.len() {
             let params = source.params(u)?;
-            x = self.forward(u, &params, &x, true)?.0;
+            x = self.forward(u, &params, &x, Recompute::Full)?.0;
             if u == head {
                 head_params = Some(params);
             }
@@ -402,7 +403,7 @@ impl Model {
         unit_params: &[Tensor],
         tokens: &Tensor,
         targets: &Tensor,
-        recompute: bool,
+        recompute: Recompute,
     ) -> Result<(f64, Vec<Tensor>)> {
         self.check_units(unit_params)?;
         let mut source = Buffers::new(unit_params);

@@ -9,6 +9,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{crossentropy_forward_backward, Loss};
 use crate::layout::UnitLayout;
+use crate::recompute::Recompute;
 
 /// Checks that `params` is 1-D with at least `unit.numel` elements.
 pub(crate) fn check_params(params: &Tensor, unit: &UnitLayout, what: &'static str) -> Result<()> {
@@ -210,35 +211,52 @@ pub(crate) fn last_logits(
         .reshape(cfg.vocab_size)?)
 }
 
-/// What a block's forward keeps for its backward: every activation `A` the backward reads, or
-/// the block's input alone (activation checkpointing), from which the backward recomputes
-/// them. One wrapper for every family's blocks, so that each writes only its forward and
-/// backward.
+/// What a block's forward keeps for its backward ([`Recompute`]): every activation `A` the
+/// backward reads; the block's input alone (activation checkpointing), from which the backward
+/// recomputes them; or the input and the MLP half's activations `M`, from which it recomputes
+/// the attention half's. One wrapper for every family's blocks, so that each writes only its
+/// forward, its backward and the attention half's recomputation.
 #[derive(Clone, Debug)]
-pub(crate) enum Kept<A> {
+pub(crate) enum Kept<A, M> {
     Full(Box<A>),
     Input(Tensor),
+    Mlp(Tensor, M),
 }
 
-impl<A> Kept<A> {
-    /// `acts` whole, or (with `recompute`) only the input `input` takes out of them.
-    pub(crate) fn new(acts: A, input: impl FnOnce(A) -> Tensor, recompute: bool) -> Self {
-        match recompute {
-            true => Kept::Input(input(acts)),
-            false => Kept::Full(Box::new(acts)),
+impl<A, M> Kept<A, M> {
+    /// `acts` whole, or what `mode` keeps of them: `keep` takes out the input and the MLP
+    /// half's activations (the latter dropped under [`Recompute::Full`]).
+    pub(crate) fn new(acts: A, mode: Recompute, keep: impl FnOnce(A) -> (Tensor, M)) -> Self {
+        match mode {
+            Recompute::Off => Kept::Full(Box::new(acts)),
+            Recompute::Full => Kept::Input(keep(acts).0),
+            Recompute::Attention => {
+                let (x, m) = keep(acts);
+                Kept::Mlp(x, m)
+            }
         }
     }
 
-    /// Whether only the input was kept.
-    pub(crate) fn is_recompute(&self) -> bool {
-        matches!(self, Kept::Input(_))
+    /// What was kept, as the mode that kept it.
+    pub(crate) fn mode(&self) -> Recompute {
+        match self {
+            Kept::Full(_) => Recompute::Off,
+            Kept::Input(_) => Recompute::Full,
+            Kept::Mlp(..) => Recompute::Attention,
+        }
     }
 
-    /// The activations: as kept, or recomputed from the kept input by `forward`.
-    pub(crate) fn acts(&self, forward: impl FnOnce(&Tensor) -> Result<A>) -> Result<Acts<'_, A>> {
+    /// The activations: as kept, recomputed from the kept input by `forward`, or from the
+    /// input and the MLP half's activations by `attention_half`.
+    pub(crate) fn acts(
+        &self,
+        forward: impl FnOnce(&Tensor) -> Result<A>,
+        attention_half: impl FnOnce(&Tensor, &M) -> Result<A>,
+    ) -> Result<Acts<'_, A>> {
         Ok(match self {
             Kept::Full(a) => Acts::Kept(a),
             Kept::Input(x) => Acts::Recomputed(forward(x)?),
+            Kept::Mlp(x, m) => Acts::Recomputed(attention_half(x, m)?),
         })
     }
 }

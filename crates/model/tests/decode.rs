@@ -88,7 +88,7 @@ fn full_logits(cfg: &ModelConfig, p: &[Tensor], tokens: &[u32]) -> Vec<Vec<f32>>
     let model = Model::new(cfg.clone()).unwrap();
     for (u, params) in p.iter().enumerate() {
         x = model
-            .forward(u, &params.clone().into(), &x, false)
+            .forward(u, &params.clone().into(), &x, model::Recompute::Off)
             .unwrap()
             .0;
     }

@@ -10,7 +10,8 @@ use model::layers::{
     COL_BLOCK, ROW_BLOCK, WEIGHT_TILE,
 };
 use model::{
-    Fp8Weight, LinearFormat, LinearWeight, Model, ModelLayout, SavedInput, Sizes, UnitParams,
+    Fp8Weight, LinearFormat, LinearWeight, Model, ModelLayout, Recompute, SavedInput, Sizes,
+    UnitParams,
 };
 
 mod common;
@@ -173,6 +174,7 @@ fn sizes() -> Sizes {
 
 #[test]
 fn every_family_trains_in_fp8_close_to_dense_and_recomputes_bitwise() {
+    // Each recomputation mode gives FP8's gradients to the bit (`Recompute`).
     for (name, cfg) in model::every_family(&sizes()) {
         let mut rng = Rng(11);
         // The model's own initialisation: FP8's error relative to a gradient depends on how
@@ -194,13 +196,13 @@ fn every_family_trains_in_fp8_close_to_dense_and_recomputes_bitwise() {
             .with_linears(LinearFormat::Fp8);
         assert_eq!(fp8.linears(), LinearFormat::Fp8);
         let (l0, g0) = dense
-            .loss_and_grads(&params, &tokens, &targets, false)
+            .loss_and_grads(&params, &tokens, &targets, Recompute::Off)
             .unwrap();
         let (l1, g1) = fp8
-            .loss_and_grads(&params, &tokens, &targets, false)
+            .loss_and_grads(&params, &tokens, &targets, Recompute::Off)
             .unwrap();
         let (l2, g2) = fp8
-            .loss_and_grads(&params, &tokens, &targets, true)
+            .loss_and_grads(&params, &tokens, &targets, Recompute::Full)
             .unwrap();
         assert!(
             (l1 - l0).abs() < 1e-3 * l0,
@@ -208,9 +210,27 @@ fn every_family_trains_in_fp8_close_to_dense_and_recomputes_bitwise() {
         );
         assert_ne!(l1, l0, "{name}: FP8 computed nothing of its own");
         assert_eq!(l2, l1, "{name}: recomputation");
-        for (u, ((a, b), c)) in g0.iter().zip(&g1).zip(&g2).enumerate() {
+        // The attention half alone (Llama-family blocks; GPT-2's refuse it in one line).
+        let half = fp8.loss_and_grads(&params, &tokens, &targets, Recompute::Attention);
+        let g3 = match (cfg.family().mlp_kept_width(&cfg), half) {
+            (Some(_), Ok((l3, g3))) => {
+                assert_eq!(l3, l1, "{name}: the attention half's recomputation");
+                g3
+            }
+            (None, Err(e)) => {
+                assert!(e.to_string().contains("attention"), "{name}: {e}");
+                g2.clone()
+            }
+            (width, r) => panic!("{name}: width {width:?} but {:?}", r.map(|r| r.0)),
+        };
+        for (u, ((a, b), (c, d))) in g0.iter().zip(&g1).zip(g2.iter().zip(&g3)).enumerate() {
             let (a, b) = (f32s(a), f32s(b));
             assert_eq!(f32s(c), b, "{name}, unit {u}: recomputation");
+            assert_eq!(
+                f32s(d),
+                b,
+                "{name}, unit {u}: the attention half's recomputation"
+            );
             let d: f32 = a.iter().zip(&b).map(|(x, y)| (x - y).powi(2)).sum();
             let n: f32 = a.iter().map(|x| x * x).sum();
             assert!(
@@ -269,8 +289,8 @@ fn a_block_reading_gathered_fp8_weights_equals_one_quantising_its_own() {
             )
             .unwrap();
             let dout = x.affine(0.5, 0.1).unwrap();
-            let (y0, s0) = model.forward(u, &dense, &x, false).unwrap();
-            let (y1, s1) = model.forward(u, &gathered, &x, false).unwrap();
+            let (y0, s0) = model.forward(u, &dense, &x, Recompute::Off).unwrap();
+            let (y1, s1) = model.forward(u, &gathered, &x, Recompute::Off).unwrap();
             assert_eq!(bits(&y1), bits(&y0), "{name}, C={}: forward", cfg.n_embd);
             let (dx0, g0) = model.backward(u, Some(&dense), &s0, &dout).unwrap();
             let (dx1, g1) = model.backward(u, Some(&gathered), &s1, &dout).unwrap();
@@ -341,7 +361,7 @@ fn fp8_weights_are_refused_where_they_do_not_fit() {
         .collect();
     let x = Tensor::zeros((1, 8, cfg.n_embd), DType::F32, &Device::Cpu).unwrap();
     let err = model
-        .forward(1, &UnitParams::with_fp8(flat, fp8), &x, false)
+        .forward(1, &UnitParams::with_fp8(flat, fp8), &x, Recompute::Off)
         .unwrap_err()
         .to_string();
     assert!(err.contains("FP8-gathered weight"), "{name}: {err}");

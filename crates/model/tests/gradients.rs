@@ -221,9 +221,9 @@ fn block_backward_matches_fd_and_autograd() {
     let x = rng.vec(B * T * cfg.n_embd, 1.0);
     let dout = t3(&rng.vec(B * T * cfg.n_embd, 1.0));
 
-    for recompute in [false, true] {
+    for recompute in [Recompute::Off, Recompute::Full] {
         let (out, saved) = block_forward(&cfg, Dense, &t1(&p).into(), &t3(&x), recompute).unwrap();
-        assert_eq!(saved.is_recompute(), recompute);
+        assert_eq!(saved.recompute(), recompute);
         assert_eq!(out.dims(), [B, T, cfg.n_embd]);
         let (dx, dp) = block_backward(&cfg, Dense, &t1(&p).into(), &saved, &dout).unwrap();
         let (dx, dp) = (vec1(&dx), vec1(&dp));
@@ -231,7 +231,7 @@ fn block_backward_matches_fd_and_autograd() {
 
         let f = |p: &[f64], x: &[f64]| {
             dot(
-                &block_forward(&cfg, Dense, &t1(p).into(), &t3(x), false)
+                &block_forward(&cfg, Dense, &t1(p).into(), &t3(x), Recompute::Off)
                     .unwrap()
                     .0,
                 &dout,
@@ -411,7 +411,7 @@ fn whole_model_gradients_match_fd_and_autograd() {
 
     let (loss, grads) = Model::new(cfg.clone())
         .unwrap()
-        .loss_and_grads(&tensors, &tokens, &targets, false)
+        .loss_and_grads(&tensors, &tokens, &targets, model::Recompute::Off)
         .unwrap();
     assert_eq!(
         loss,
@@ -494,11 +494,11 @@ fn recompute_gives_bitwise_identical_gradients() {
     );
     let (l0, g0) = Model::new(cfg.clone())
         .unwrap()
-        .loss_and_grads(&params, &tokens, &targets, false)
+        .loss_and_grads(&params, &tokens, &targets, model::Recompute::Off)
         .unwrap();
     let (l1, g1) = Model::new(cfg.clone())
         .unwrap()
-        .loss_and_grads(&params, &tokens, &targets, true)
+        .loss_and_grads(&params, &tokens, &targets, model::Recompute::Full)
         .unwrap();
     assert_eq!(l0.to_bits(), l1.to_bits());
     for (a, b) in g0.iter().zip(&g1) {
@@ -549,9 +549,15 @@ fn outputs_are_causal() {
     let hidden = |tokens: &Tensor| {
         let mut x = embedding_unit_forward(&cfg, &params[0], tokens).unwrap();
         for l in 0..cfg.n_layer {
-            x = block_forward(&cfg, Dense, &params[1 + l].clone().into(), &x, false)
-                .unwrap()
-                .0;
+            x = block_forward(
+                &cfg,
+                Dense,
+                &params[1 + l].clone().into(),
+                &x,
+                Recompute::Off,
+            )
+            .unwrap()
+            .0;
         }
         final_norm_forward(&cfg, &params[cfg.n_layer + 1], &x)
             .unwrap()
@@ -567,7 +573,7 @@ fn bad_inputs_are_errors() {
     let short = Tensor::zeros(layout.block(0).numel - 1, DType::F64, &Device::Cpu).unwrap();
     let x = Tensor::zeros((B, T, cfg.n_embd), DType::F64, &Device::Cpu).unwrap();
     assert!(matches!(
-        block_forward(&cfg, Dense, &short.clone().into(), &x, false),
+        block_forward(&cfg, Dense, &short.clone().into(), &x, Recompute::Off),
         Err(ModelError::ParamsTooShort { .. })
     ));
     let emb = Tensor::zeros(layout.embedding().numel, DType::F64, &Device::Cpu).unwrap();
@@ -606,7 +612,7 @@ fn time_tiny_b16() {
         Tensor::from_vec(t, (16, 64), &Device::Cpu).unwrap()
     };
     let (tokens, targets) = (tok(&mut rng), tok(&mut rng));
-    for recompute in [false, true, false] {
+    for recompute in [Recompute::Off, Recompute::Full, Recompute::Off] {
         let t0 = std::time::Instant::now();
         let (loss, _) = Model::new(cfg.clone())
             .unwrap()

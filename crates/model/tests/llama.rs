@@ -9,7 +9,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use model::LinearFormat::Dense;
-use model::{llama, ModelConfig, ModelLayout};
+use model::{llama, ModelConfig, ModelLayout, Recompute};
 
 mod common;
 use common::*;
@@ -65,29 +65,37 @@ fn block_backward_matches_fd_and_recompute_is_bitwise() {
         let xt = |x: &[f64]| t(x, &[B, T, c]);
 
         let mut results = Vec::new();
-        for recompute in [false, true] {
+        for recompute in [Recompute::Off, Recompute::Full, Recompute::Attention] {
             let (out, saved) =
                 llama::block_forward(&cfg, Dense, &t1(&p).into(), &xt(&x), recompute).unwrap();
-            assert_eq!(saved.is_recompute(), recompute);
+            assert_eq!(saved.recompute(), recompute);
             assert_eq!(out.dims(), [B, T, c]);
             let (dx, dp) =
                 llama::block_backward(&cfg, Dense, &t1(&p).into(), &saved, &dout).unwrap();
             results.push((vec1(&out), vec1(&dx), vec1(&dp)));
         }
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for i in 0..3 {
-            let (a, b) = match i {
-                0 => (&results[0].0, &results[1].0),
-                1 => (&results[0].1, &results[1].1),
-                _ => (&results[0].2, &results[1].2),
-            };
-            assert_eq!(bits(a), bits(b), "kv={kv}: recompute changed part {i}");
+        for (mode, r) in results.iter().enumerate().skip(1) {
+            for (i, (a, b)) in [
+                (&results[0].0, &r.0),
+                (&results[0].1, &r.1),
+                (&results[0].2, &r.2),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                assert_eq!(
+                    bits(a),
+                    bits(b),
+                    "kv={kv}: recompute mode {mode} changed part {i}"
+                );
+            }
         }
         let (_, dx, dp) = &results[0];
         assert_eq!(dp.len(), unit.numel);
         let f = |p: &[f64], x: &[f64]| {
             dot(
-                &llama::block_forward(&cfg, Dense, &t1(p).into(), &xt(x), false)
+                &llama::block_forward(&cfg, Dense, &t1(p).into(), &xt(x), Recompute::Off)
                     .unwrap()
                     .0,
                 &dout,
@@ -222,8 +230,9 @@ fn model_loss_and_grads(
     let mut x = llama::embedding_forward(cfg, &ps[0], tokens).unwrap();
     let mut saved = Vec::new();
     for i in 0..l {
+        let mode = [Recompute::Off, Recompute::Full, Recompute::Attention][i % 3];
         let (out, s) =
-            llama::block_forward(cfg, Dense, &ps[1 + i].clone().into(), &x, i % 2 == 1).unwrap();
+            llama::block_forward(cfg, Dense, &ps[1 + i].clone().into(), &x, mode).unwrap();
         saved.push(s);
         x = out;
     }
@@ -343,7 +352,7 @@ fn outputs_are_causal() {
     let hidden = |tokens: &Tensor| {
         let mut x = llama::embedding_forward(&cfg, &ps[0], tokens).unwrap();
         for l in 0..cfg.n_layer {
-            x = llama::block_forward(&cfg, Dense, &ps[1 + l].clone().into(), &x, false)
+            x = llama::block_forward(&cfg, Dense, &ps[1 + l].clone().into(), &x, Recompute::Off)
                 .unwrap()
                 .0;
         }
@@ -370,7 +379,8 @@ fn block_runs_in_f32_and_bf16_close_to_f64() {
             x.to_dtype(dtype).unwrap(),
             dout.to_dtype(dtype).unwrap(),
         );
-        let (out, saved) = llama::block_forward(&cfg, Dense, &p.clone().into(), &x, true).unwrap();
+        let (out, saved) =
+            llama::block_forward(&cfg, Dense, &p.clone().into(), &x, Recompute::Attention).unwrap();
         let (dx, dp) =
             llama::block_backward(&cfg, Dense, &p.clone().into(), &saved, &dout).unwrap();
         for r in [&out, &dx, &dp] {

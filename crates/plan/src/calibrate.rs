@@ -7,13 +7,15 @@
 //! `micro_batch x seq_len` over the bench's), at the same sequence length (attention's share grows
 //! with it, so another `seq_len` is refused). A bench with recomputation measured each block's
 //! backward with its forward inside; one without it did not: the forward is taken out or added
-//! to match the config. The optimizer's time is per parameter of the shard. The memory-bound
+//! to match the config (with `model.recompute = "attention"`, the attention half's share of its
+//! FLOPs). The optimizer's time is per parameter of the shard. The memory-bound
 //! kernels of the communication side (qwZ's dequantiser, qgZ's) run at the rate AdamW moved its
 //! bytes in the bench.
 
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use model::Recompute;
 use serde::Deserialize;
 
 use super::calibration_file::PhaseTimes;
@@ -50,7 +52,7 @@ pub fn load(
     path: &Path,
     model: &model::Model,
     micro_batch_tokens: usize,
-    recompute: bool,
+    recompute: Recompute,
 ) -> Result<Calibration> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("--calibrate {}: cannot read it", path.display()))?;
@@ -76,7 +78,7 @@ pub fn scale(
     phases: &PhaseTimes,
     model: &model::Model,
     micro_batch_tokens: usize,
-    recompute: bool,
+    recompute: Recompute,
 ) -> Result<Calibration> {
     let shape: super::calibration_file::ModelShape = model.config().into();
     if phases.model != shape {
@@ -139,24 +141,19 @@ pub fn scale(
         }
         let mut b = positive(&format!("unit {u}'s backward_seconds"), m.backward_seconds)?;
         if matches!(unit.kind, model::UnitKind::Block(_)) {
-            match (phases.recompute, recompute) {
-                (true, false) => b = (b - f).max(0.0),
-                (false, true) => b += f,
-                _ => {}
-            }
+            // The forward's share each mode runs again, out of the measured and into the asked.
+            let again = |mode| recomputed_share(model, mode);
+            b = (b - f * again(phases.recompute)).max(0.0) + f * again(recompute);
         }
         forward_s.push(f * r);
         backward_s.push(b * r);
     }
     if phases.recompute != recompute {
         notes.push(format!(
-            "--calibrate: measured {} recomputation; each block's forward time was {} its backward",
-            if phases.recompute { "with" } else { "without" },
-            if recompute {
-                "added to"
-            } else {
-                "taken out of"
-            }
+            "--calibrate: measured with model.recompute = {}, this config has {}: each block's \
+             backward time was moved by the share of its forward time that each reruns",
+            phases.recompute.key(),
+            recompute.key()
         ));
     }
     let per_param = phases.optimizer_seconds / phases.optimizer_params as f64;
@@ -170,6 +167,26 @@ pub fn scale(
     })
 }
 
+/// The share of a block's forward time that its backward runs again under `mode`: 0, all
+/// of it, or under [`Recompute::Attention`] the attention half's share of the forward's FLOPs
+/// (the attention and `Family::attention_half_params`' linear layers).
+fn recomputed_share(model: &model::Model, mode: Recompute) -> f64 {
+    let cfg = model.config();
+    match mode {
+        Recompute::Off => 0.0,
+        Recompute::Full => 1.0,
+        Recompute::Attention => {
+            let attention = 2.0 * (cfg.seq_len * cfg.n_embd) as f64;
+            let block = match model.units().get(1) {
+                Some(u) => 2.0 * u.numel as f64 + attention,
+                None => return 1.0,
+            };
+            let half = cfg.family().attention_half_params(cfg).unwrap_or(0);
+            (2.0 * half as f64 + attention) / block
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,7 +196,7 @@ mod tests {
         model::Model::new(model::ModelConfig::gpt2(3, 64, 4, 16, 100)).unwrap()
     }
 
-    fn phases(m: &model::Model, recompute: bool) -> PhaseTimes {
+    fn phases(m: &model::Model, recompute: Recompute) -> PhaseTimes {
         PhaseTimes {
             model: ModelShape::from(m.config()),
             micro_batch_tokens: 64,
@@ -207,7 +224,7 @@ mod tests {
     #[test]
     fn times_scale_with_the_tokens_of_a_micro_batch() {
         let m = tiny();
-        let c = scale(&phases(&m, false), &m, 128, false).unwrap();
+        let c = scale(&phases(&m, Recompute::Off), &m, 128, Recompute::Off).unwrap();
         for (u, (f, b)) in c.forward_s.iter().zip(&c.backward_s).enumerate() {
             assert_eq!(*f, 2.0 * (1.0 + u as f64));
             assert_eq!(*b, 2.0 * (10.0 + u as f64));
@@ -226,8 +243,8 @@ mod tests {
             .filter(|&u| matches!(m.units()[u].kind, model::UnitKind::Block(_)))
             .collect();
         assert!(!blocks.is_empty());
-        let with = scale(&phases(&m, false), &m, 64, true).unwrap();
-        let without = scale(&phases(&m, true), &m, 64, false).unwrap();
+        let with = scale(&phases(&m, Recompute::Off), &m, 64, Recompute::Full).unwrap();
+        let without = scale(&phases(&m, Recompute::Full), &m, 64, Recompute::Off).unwrap();
         for u in 0..m.units().len() {
             let (f, b) = (1.0 + u as f64, 10.0 + u as f64);
             let block = blocks.contains(&u);
@@ -236,20 +253,36 @@ mod tests {
         }
     }
 
+    /// The attention half's recomputation moves a Llama block's backward by its share of the
+    /// forward: q|k|v's projection and the attention, out of the whole block's.
+    #[test]
+    fn the_attention_half_moves_a_share_of_the_forward() {
+        let m =
+            model::Model::new(model::ModelConfig::llama(3, 64, 4, 2, 192, 16, 100, true)).unwrap();
+        let share = recomputed_share(&m, Recompute::Attention);
+        let (c, t) = (64.0, 16.0);
+        let expected = (2.0 * c * (4.0 + 2.0 * 2.0) * 16.0 + 2.0 * t * c)
+            / (2.0 * m.units()[1].numel as f64 + 2.0 * t * c);
+        assert!((share - expected).abs() < 1e-12 && share > 0.0 && share < 0.5);
+        let half = scale(&phases(&m, Recompute::Full), &m, 64, Recompute::Attention).unwrap();
+        let (f, b) = (2.0, 11.0); // block 1's times in phases()
+        assert!((half.backward_s[1] - (b - f + f * share)).abs() < 1e-12);
+    }
+
     #[test]
     fn another_model_or_world_is_refused() {
         let m = tiny();
-        let mut p = phases(&m, false);
+        let mut p = phases(&m, Recompute::Off);
         p.model.n_layer += 1;
-        let e = scale(&p, &m, 64, false).unwrap_err().to_string();
+        let e = scale(&p, &m, 64, Recompute::Off).unwrap_err().to_string();
         assert!(e.contains("another model"), "{e}");
-        let mut p = phases(&m, false);
+        let mut p = phases(&m, Recompute::Off);
         p.world = 2;
-        let e = scale(&p, &m, 64, false).unwrap_err().to_string();
+        let e = scale(&p, &m, 64, Recompute::Off).unwrap_err().to_string();
         assert!(e.contains("W = 1"), "{e}");
-        let mut p = phases(&m, false);
+        let mut p = phases(&m, Recompute::Off);
         p.units[0].backward_seconds = f64::NAN;
-        assert!(scale(&p, &m, 64, false).is_err());
+        assert!(scale(&p, &m, 64, Recompute::Off).is_err());
     }
 
     /// A bench of the dense layers does not calibrate an FP8 plan, nor one of FP8 a dense plan;
@@ -258,26 +291,26 @@ mod tests {
     fn another_linear_format_is_refused() {
         let m = tiny();
         let fp8 = tiny().with_linears(model::LinearFormat::Fp8);
-        let e = scale(&phases(&m, false), &fp8, 64, false)
+        let e = scale(&phases(&m, Recompute::Off), &fp8, 64, Recompute::Off)
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("in dense, this config multiplies them in fp8"),
             "{e}"
         );
-        let mut p = phases(&m, false);
+        let mut p = phases(&m, Recompute::Off);
         p.linears = Some("fp8".into());
-        assert!(scale(&p, &fp8, 64, false).is_ok());
-        let e = scale(&p, &m, 64, false).unwrap_err().to_string();
+        assert!(scale(&p, &fp8, 64, Recompute::Off).is_ok());
+        let e = scale(&p, &m, 64, Recompute::Off).unwrap_err().to_string();
         assert!(
             e.contains("in fp8, this config multiplies them in dense"),
             "{e}"
         );
-        let mut old: serde_json::Value = serde_json::to_value(phases(&m, false)).unwrap();
+        let mut old: serde_json::Value = serde_json::to_value(phases(&m, Recompute::Off)).unwrap();
         old.as_object_mut().unwrap().remove("linears");
         let old: PhaseTimes = serde_json::from_value(old).unwrap();
         assert_eq!(old.linears, None);
-        assert!(scale(&old, &m, 64, false).is_ok());
-        assert!(scale(&old, &fp8, 64, false).is_err());
+        assert!(scale(&old, &m, 64, Recompute::Off).is_ok());
+        assert!(scale(&old, &fp8, 64, Recompute::Off).is_err());
     }
 }

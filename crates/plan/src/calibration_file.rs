@@ -13,7 +13,9 @@ pub struct PhaseTimes {
     pub model: ModelShape,
     /// Tokens a micro-batch: micro_batch x seq_len.
     pub micro_batch_tokens: usize,
-    pub recompute: bool,
+    /// What the blocks kept for their backward (`model.recompute`: `false`, `true` or
+    /// `"attention"`; files before `"attention"` hold a bool).
+    pub recompute: model::Recompute,
     /// What the blocks' linear layers multiplied in (`LinearFormat::key`: `dense`, `fp8`): a
     /// calibration holds for that format only. Absent from files written before FP8 ran on
     /// the GPU (2026-12-05), which were all `dense`.

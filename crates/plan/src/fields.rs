@@ -67,7 +67,8 @@ pub struct TrainInfo {
     pub accumulation: usize,
     pub global_batch: usize,
     pub steps: u64,
-    pub recompute: bool,
+    /// `model.recompute`: `false`, `true` or `"attention"`.
+    pub recompute: model::Recompute,
 }
 
 #[derive(Debug, Serialize)]

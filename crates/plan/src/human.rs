@@ -5,6 +5,7 @@ use std::fmt::Write;
 
 use super::throughput::{Throughput, FP8_CAST_BANDWIDTH_FRACTION, FP8_GEMM_SPEEDUP, GEMM_FRACTION};
 use super::{Bytes, Report};
+use model::Recompute;
 use report::readable;
 use run::config::Precision;
 
@@ -201,12 +202,20 @@ fn human_memory(o: &mut String, r: &Report) {
     row(
         format!(
             "activations{}",
-            if t.recompute { " (recompute)" } else { "" }
+            match t.recompute {
+                Recompute::Off => "",
+                Recompute::Full => " (recompute)",
+                Recompute::Attention => " (recompute attn)",
+            }
         ),
         mem.activations,
     );
-    if t.recompute {
-        row("  saved block inputs".into(), mem.activations_saved_inputs);
+    if t.recompute.any() {
+        let saved = match t.recompute {
+            Recompute::Attention => "  saved block inputs and MLPs",
+            _ => "  saved block inputs",
+        };
+        row(saved.into(), mem.activations_saved_inputs);
         row(
             "  one block's working set".into(),
             mem.activations_block_working,

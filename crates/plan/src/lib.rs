@@ -8,7 +8,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use comm::{ByteCounters, Topology};
-use model::Pass;
+use model::{Pass, Recompute};
 use zero::volume::{logical_step_bytes, paper_volume};
 use zero::{ZeroConfig, ZeroPlan};
 
@@ -424,10 +424,14 @@ fn memory(
         .map(|m| m.with_linears(config.linears()))
         .map(|m| m.block_activation_bytes(config.train.micro_batch, cfg.seq_len, pb))
         .unwrap_or(0);
-    let (saved, working) = if config.model.recompute {
-        (l * b * s * c * pb as u64, per_layer)
-    } else {
-        (0, l * per_layer)
+    // Under "attention" a block keeps its MLP half's activations beside its input.
+    let kept = match config.model.recompute {
+        Recompute::Attention => cfg.family().mlp_kept_width(cfg).unwrap_or(0) as u64,
+        _ => 0,
+    };
+    let (saved, working) = match config.model.recompute {
+        Recompute::Off => (0, l * per_layer),
+        _ => (l * b * s * (c + kept) * pb as u64, per_layer),
     };
     let gpu = config.train.device == run::config::DeviceKind::Cuda;
     let tokens = config.train.micro_batch * cfg.seq_len;

@@ -242,7 +242,7 @@ pub fn draw(s: &Sweep, title: &str) -> Result<()> {
 mod tests {
     use super::*;
     use comm::Topology;
-    use model::{Model, ModelConfig};
+    use model::{Model, ModelConfig, Recompute};
 
     use crate::throughput::{gpu, Network};
 
@@ -279,7 +279,7 @@ mod tests {
     #[test]
     fn tokens_per_gpu_do_not_fall_as_the_link_grows() {
         let model = Model::new(ModelConfig::gpt2(8, 1024, 16, 1024, 50304)).unwrap();
-        let work = Workload::bf16(&model, 2, 2, true);
+        let work = Workload::bf16(&model, 2, 2, Recompute::Full);
         let v100 = gpu("v100").unwrap();
         let c = Cluster {
             gpu: v100,

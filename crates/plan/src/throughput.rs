@@ -8,7 +8,9 @@
 //! - **Compute.** A unit's forward FLOPs per token: a block's `2 x numel` plus causal attention
 //!   `2 T C` (the convention of `Model::flops_per_token`, attention counted once); the LM head
 //!   `2 V C`; an embedding lookup and a norm 0. Backward is twice the forward; with
-//!   `model.recompute` a block's backward runs its forward again. Compute runs at
+//!   `model.recompute = true` a block's backward runs its forward again, with `"attention"`
+//!   its attention half (the attention and the linear layers of
+//!   `Family::attention_half_params`). Compute runs at
 //!   `peak_tflops x mfu_fraction`. With `train.precision = "fp8"` the GEMMs' share of a block's
 //!   linear layers (its `2 x numel`; the GEMMs alone reach [`GEMM_FRACTION`] of the peak) runs
 //!   [`FP8_GEMM_SPEEDUP`] times faster, as measured, the rest of their time does not change,
@@ -53,7 +55,7 @@
 //! `model_tflops_per_gpu` is `Model::flops_per_token` (no recomputation), what training logs.
 
 use comm::{Group, Topology};
-use model::{LinearFormat, Model, Pass, UnitKind};
+use model::{LinearFormat, Model, Pass, Recompute, UnitKind};
 use serde::Serialize;
 use zero::volume::{unit_payload, UnitPayload};
 use zero::{GatherSlot, ZeroConfig, ZeroPlan, REDUCTIONS_IN_FLIGHT};
@@ -274,7 +276,7 @@ pub struct Workload<'a> {
     pub accumulation: usize,
     /// Bytes of a plain gathered parameter (2 for bf16/fp16).
     pub param_bytes: usize,
-    pub recompute: bool,
+    pub recompute: Recompute,
     /// Measured unit and optimizer times (`--calibrate`) in place of FLOPs at the GPU's rate.
     pub calibration: Option<&'a Calibration>,
 }
@@ -287,7 +289,7 @@ impl<'a> Workload<'a> {
         model: &'a Model,
         micro_batch: usize,
         accumulation: usize,
-        recompute: bool,
+        recompute: Recompute,
     ) -> Self {
         Workload {
             model,
@@ -306,7 +308,9 @@ impl Workload<'_> {
     fn forward_s(&self, u: usize, codes: bool, c: &Cluster) -> f64 {
         c.shared(match self.calibration {
             Some(k) => k.forward_s[u],
-            None => self.compute_s(u, 1.0, c) + self.casts_s(u, false, codes, c),
+            None => {
+                self.compute_s(self.forward_flops_split(u), c) + self.casts_s(u, false, codes, c)
+            }
         })
     }
 
@@ -314,18 +318,22 @@ impl Workload<'_> {
     fn backward_s(&self, u: usize, codes: bool, c: &Cluster) -> f64 {
         c.shared(match self.calibration {
             Some(k) => k.backward_s[u],
-            None => self.compute_s(u, self.backward_factor(u), c) + self.casts_s(u, true, codes, c),
+            None => {
+                self.compute_s(self.backward_flops_split(u), c) + self.casts_s(u, true, codes, c)
+            }
         })
     }
 
     /// Seconds of unit `u`'s FP8 casts in a micro-batch's forward, or its backward (with the
-    /// forward's again for a recomputed block), at [`FP8_CAST_BANDWIDTH_FRACTION`] of the GPU's
+    /// forward's again for a block that recomputes, in either mode: the attention half's
+    /// recomputation casts the MLP's inputs again too), at [`FP8_CAST_BANDWIDTH_FRACTION`] of the GPU's
     /// memory bandwidth: the bytes of [`Model::fp8_cast_bytes`], none for a model whose layers
     /// multiply in the compute dtype.
     fn casts_s(&self, u: usize, backward: bool, codes: bool, c: &Cluster) -> f64 {
         let tokens = self.micro_batch * self.model.config().seq_len;
         let (forward, backward_bytes) = self.model.fp8_cast_bytes(u, tokens, codes);
-        let bytes = match (backward, self.backward_factor(u) > 2.0) {
+        let block = matches!(self.model.units()[u].kind, UnitKind::Block(_));
+        let bytes = match (backward, block && self.recompute.any()) {
             (false, _) => forward,
             (true, false) => backward_bytes,
             (true, true) => backward_bytes + forward,
@@ -333,12 +341,12 @@ impl Workload<'_> {
         bytes as f64 / (c.gpu.mem_bw_gbs * 1e9 * FP8_CAST_BANDWIDTH_FRACTION)
     }
 
-    /// Seconds of `times` forwards of unit `u` in a micro-batch at the GPU's rates: its linear
-    /// layers at the rate of the model's [`LinearFormat`], the attention at the dense rate.
-    fn compute_s(&self, u: usize, times: f64, c: &Cluster) -> f64 {
-        let (linear, rest) = self.forward_flops_split(u);
+    /// Seconds of a micro-batch's `(linear, rest)` FLOPs a token at the GPU's rates: the
+    /// linear layers' at the rate of the model's [`LinearFormat`], the attention's at the
+    /// dense rate.
+    fn compute_s(&self, (linear, rest): (f64, f64), c: &Cluster) -> f64 {
         let linear_s = linear * c.linear_s_per_flop(self.model.linears());
-        times * self.tokens_per_micro_batch() * (linear_s + rest / c.flop_rate())
+        self.tokens_per_micro_batch() * (linear_s + rest / c.flop_rate())
     }
 
     /// Seconds of the loss head's forward and backward in a micro-batch on `c`.
@@ -383,18 +391,35 @@ impl Workload<'_> {
         }
     }
 
-    /// Forwards' worth of unit `u`'s backward: twice the forward, plus the forward again for a
-    /// recomputed block.
-    fn backward_factor(&self, u: usize) -> f64 {
+    /// [`Workload::forward_flops_split`] of what unit `u`'s backward runs again: nothing, the
+    /// whole forward of a block under [`Recompute::Full`], or under [`Recompute::Attention`]
+    /// the linear layers of its attention half (`Family::attention_half_params`) and the
+    /// attention.
+    fn recomputed_flops_split(&self, u: usize) -> (f64, f64) {
+        let (linear, rest) = self.forward_flops_split(u);
+        let cfg = self.model.config();
         match (self.recompute, self.model.units()[u].kind) {
-            (true, UnitKind::Block(_)) => 3.0,
-            _ => 2.0,
+            (Recompute::Full, UnitKind::Block(_)) => (linear, rest),
+            (Recompute::Attention, UnitKind::Block(_)) => {
+                let params = cfg.family().attention_half_params(cfg).unwrap_or(0);
+                (2.0 * params as f64, rest)
+            }
+            _ => (0.0, 0.0),
         }
+    }
+
+    /// Unit `u`'s backward per token as `(linear, rest)`: twice the forward, and what it
+    /// recomputes.
+    fn backward_flops_split(&self, u: usize) -> (f64, f64) {
+        let (linear, rest) = self.forward_flops_split(u);
+        let (again_linear, again_rest) = self.recomputed_flops_split(u);
+        (2.0 * linear + again_linear, 2.0 * rest + again_rest)
     }
 
     /// Backward FLOPs of unit `u` per token.
     fn backward_flops(&self, u: usize) -> f64 {
-        self.backward_factor(u) * self.forward_flops(u)
+        let (linear, rest) = self.backward_flops_split(u);
+        linear + rest
     }
 
     /// The LM head's forward and backward FLOPs per token: `3 x 2 V C`.

@@ -2,7 +2,7 @@
 //! the payloads against the plan's logical bytes, and the predictions' orderings.
 
 use comm::Topology;
-use model::{Model, ModelConfig};
+use model::{Model, ModelConfig, Recompute};
 use zero::volume::{logical_step_bytes, unit_payload};
 use zero::{ZeroConfig, ZeroPlan};
 
@@ -156,7 +156,7 @@ fn predictions(inter_gbps: f64) -> Throughput {
 /// [`predictions`] with the plain reduce-scatter in `reduce_dtype`.
 fn predictions_with(inter_gbps: f64, reduce_dtype: zero::ReduceDtype) -> Throughput {
     let model = Model::new(ModelConfig::gpt2(8, 1024, 16, 1024, 50304)).unwrap();
-    let work = Workload::bf16(&model, 4, 2, true);
+    let work = Workload::bf16(&model, 4, 2, Recompute::Full);
     let mut c = cluster(4, 8, inter_gbps);
     c.network.intra_gbps = 2400.0;
     let base = ZeroConfig {
@@ -211,7 +211,7 @@ fn zeropp_wins_on_a_slow_link_and_ties_on_a_fast_one() {
 #[test]
 fn without_overlap_the_step_is_compute_plus_communication() {
     let model = Model::new(ModelConfig::gpt2(8, 1024, 16, 1024, 50304)).unwrap();
-    let work = Workload::bf16(&model, 4, 2, true);
+    let work = Workload::bf16(&model, 4, 2, Recompute::Full);
     let base = ZeroConfig {
         weight_quant_block: 2048,
         grad_quant_block: 512,
@@ -267,6 +267,29 @@ fn executed_flops_add_the_recomputed_forward() {
     assert!(t.hardware_flops_per_gpu_step > t.model_flops_per_gpu_step);
 }
 
+/// Recomputing the attention half runs q|k|v's projection and the attention again, not the
+/// whole block: between no recomputation and the full one.
+#[test]
+fn the_attention_half_recomputes_q_k_v_and_the_attention() {
+    let cfg = ModelConfig::llama(4, 256, 8, 2, 768, 128, 1000, true);
+    let model = Model::new(cfg.clone()).unwrap();
+    let (block, s, c) = (model.units()[1].numel as f64, 128.0, 256.0);
+    let qkv = (c * (8.0 + 2.0 * 2.0) * 32.0) as f64;
+    let tokens = (2 * 128) as f64;
+    let flops = |mode| Workload::bf16(&model, 2, 1, mode).hardware_flops_per_micro_batch();
+    let (off, full, half) = (
+        flops(Recompute::Off),
+        flops(Recompute::Full),
+        flops(Recompute::Attention),
+    );
+    assert!(close(
+        full - off,
+        tokens * 4.0 * (2.0 * block + 2.0 * s * c)
+    ));
+    assert!(close(half - off, tokens * 4.0 * (2.0 * qkv + 2.0 * s * c)));
+    assert!(off < half && half < full);
+}
+
 /// The walk is the engine's: GPT-2's order `[0, 1, .., n-1, 0, n-1, .., 1]` then the embedding's
 /// backward, ungathered; every unit reduced once. Under hpZ the backward gathers come from the
 /// node, but with a prefetch deeper than 2 the final norm's backward gather (position n + 1) is
@@ -275,7 +298,7 @@ fn executed_flops_add_the_recomputed_forward() {
 fn the_walk_follows_the_engines_order_and_hpz_rule() {
     let model = Model::new(ModelConfig::gpt2(3, 64, 4, 32, 100)).unwrap();
     let n = model.units().len();
-    let work = Workload::bf16(&model, 1, 1, false);
+    let work = Workload::bf16(&model, 1, 1, Recompute::Off);
     let c = cluster(2, 4, 80.0);
     let comm = vec![
         UnitComm {
@@ -332,7 +355,7 @@ fn zeropp_on_one() -> ZeroConfig {
 fn an_untied_head_runs_in_the_last_units_slot() {
     let model = Model::new(ModelConfig::llama(2, 64, 4, 2, 160, 32, 100, false)).unwrap();
     let n = model.units().len();
-    let work = Workload::bf16(&model, 3, 1, true);
+    let work = Workload::bf16(&model, 3, 1, Recompute::Full);
     let c = cluster(2, 4, 80.0);
     let comm = vec![
         UnitComm {
@@ -368,8 +391,8 @@ fn fp8_speeds_up_the_gemms_of_the_blocks_linear_layers() {
     let fp8 = Model::new(cfg).unwrap().with_linears(LinearFormat::Fp8);
     let c = cluster(1, 1, 80.0);
     let (wd, w8) = (
-        Workload::bf16(&dense, 2, 1, true),
-        Workload::bf16(&fp8, 2, 1, true),
+        Workload::bf16(&dense, 2, 1, Recompute::Full),
+        Workload::bf16(&fp8, 2, 1, Recompute::Full),
     );
     let tokens = 2.0 * 128.0;
     let block = dense.units()[1].numel as f64;

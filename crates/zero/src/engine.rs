@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use comm::{Communicator, Group};
 use kernels::profile::{scope, Family};
-use model::{LinearFormat, Model, ModelConfig, Pass, UnitLayout};
+use model::{LinearFormat, Model, ModelConfig, Pass, Recompute, UnitLayout};
 
 use crate::codec::GradState;
 use crate::gather::{Secondary, Working};
@@ -38,8 +38,8 @@ pub struct EngineOptions {
     pub total_steps: u64,
     /// Seed of the partition-independent initialisation.
     pub seed: u64,
-    /// Activation checkpointing: blocks keep only their input and recompute in backward.
-    pub recompute: bool,
+    /// Activation checkpointing: what a block keeps for its backward, which recomputes the rest.
+    pub recompute: Recompute,
     pub optimizer: AdamW,
     /// Clip the global gradient norm to this value (0 = no clipping).
     pub grad_clip: f64,
@@ -58,7 +58,7 @@ impl Default for EngineOptions {
             zero: ZeroConfig::default(),
             total_steps: 1,
             seed: 0,
-            recompute: false,
+            recompute: Recompute::Off,
             optimizer: AdamW::default(),
             grad_clip: 1.0,
             device: Device::Cpu,

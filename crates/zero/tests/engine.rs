@@ -12,7 +12,10 @@ fn options(recompute: bool) -> EngineOptions {
     EngineOptions {
         total_steps: 100,
         seed: 7,
-        recompute,
+        recompute: match recompute {
+            true => model::Recompute::Full,
+            false => model::Recompute::Off,
+        },
         ..Default::default()
     }
 }
@@ -58,7 +61,7 @@ fn gradients_equal_the_models_own() {
     let targets = Tensor::from_slice(&y, (3, c.seq_len), &Device::Cpu).unwrap();
     let (ref_loss, grads) = model::Model::new(c.clone())
         .unwrap()
-        .loss_and_grads(&params, &tokens, &targets, false)
+        .loss_and_grads(&params, &tokens, &targets, model::Recompute::Off)
         .unwrap();
     assert!((loss - ref_loss).abs() < 1e-6, "{loss} vs {ref_loss}");
     for (u, g) in grads.iter().enumerate() {

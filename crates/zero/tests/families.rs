@@ -74,9 +74,20 @@ fn train_in(
     d: usize,
     steps: usize,
 ) -> (Vec<Vec<f32>>, Vec<f64>) {
+    train_with(cfg, options_in(linears, z), w, d, steps)
+}
+
+/// [`train`] with the engine's options `opts`.
+fn train_with(
+    cfg: &ModelConfig,
+    opts: EngineOptions,
+    w: usize,
+    d: usize,
+    steps: usize,
+) -> (Vec<Vec<f32>>, Vec<f64>) {
     let out = comm::run_local(Topology::new(w, d).unwrap(), |c| -> zero::Result<_> {
         let rank = c.rank();
-        let mut e = Engine::new(cfg.clone(), options_in(linears, z.clone()), Box::new(c))?;
+        let mut e = Engine::new(cfg.clone(), opts.clone(), Box::new(c))?;
         let per_rank = BATCH / w;
         let mut losses = Vec::new();
         for _ in 0..steps {
@@ -99,6 +110,18 @@ fn train_in(
     out.into_iter().next().unwrap()
 }
 
+/// All of ZeRO++ at 2 ranks a node, with blocks small enough for these shapes.
+fn zeropp() -> ZeroConfig {
+    ZeroConfig {
+        quantized_weights: true,
+        hpz_partition_size: 2,
+        quantized_gradients: true,
+        weight_quant_block: 64,
+        grad_quant_block: 32,
+        ..Default::default()
+    }
+}
+
 fn close(a: &[Vec<f32>], b: &[Vec<f32>], tol: f32) -> bool {
     a.iter()
         .flatten()
@@ -118,6 +141,26 @@ fn every_world_size_trains_on_the_single_rank_curve() {
     }
 }
 
+/// Recomputation changes no bit under ZeRO++ at 2 x 2, in either mode a family takes: its
+/// whole block, or (Llama-family blocks) the attention half alone.
+#[test]
+fn recomputation_is_bitwise_under_zeropp() {
+    for (name, cfg) in shapes() {
+        let run = |recompute| {
+            let opts = EngineOptions {
+                recompute,
+                ..options(zeropp())
+            };
+            train_with(&cfg, opts, 4, 2, 2)
+        };
+        let plain = run(model::Recompute::Off);
+        assert_eq!(run(model::Recompute::Full), plain, "{name}");
+        if cfg.family().mlp_kept_width(&cfg).is_some() {
+            assert_eq!(run(model::Recompute::Attention), plain, "{name}");
+        }
+    }
+}
+
 #[test]
 fn hpz_is_bitwise_zero3_and_zeropp_stays_close() {
     for (name, cfg) in shapes() {
@@ -128,15 +171,7 @@ fn hpz_is_bitwise_zero3_and_zeropp_stays_close() {
             ..Default::default()
         };
         assert_eq!(train(cfg, hpz, 4, 2, 3).0, plain, "{name}");
-        let zeropp = ZeroConfig {
-            quantized_weights: true,
-            hpz_partition_size: 2,
-            quantized_gradients: true,
-            weight_quant_block: 64,
-            grad_quant_block: 32,
-            ..Default::default()
-        };
-        let (_, losses) = train(cfg, zeropp, 4, 2, 3);
+        let (_, losses) = train(cfg, zeropp(), 4, 2, 3);
         for (a, b) in losses.iter().zip(&plain_losses) {
             assert!((a - b).abs() < 0.02 * b, "{name}: {a} vs {b}");
         }
@@ -166,7 +201,7 @@ fn the_engine_equals_the_reference_walk() {
         let tokens = Tensor::from_slice(&s, (3, 8), &Device::Cpu).unwrap();
         let model = Model::new(cfg.clone()).unwrap();
         let (loss, grads) = model
-            .loss_and_grads(&tensors, &tokens, &tokens, false)
+            .loss_and_grads(&tensors, &tokens, &tokens, model::Recompute::Off)
             .unwrap();
         for (rank, (_, l, shards)) in out.iter().enumerate() {
             assert!((l - loss).abs() < 1e-5, "{name}: {l} vs {loss}");
@@ -301,11 +336,11 @@ fn fp8_compute_keeps_every_zero_property() {
         let tokens = Tensor::from_slice(&s, (3, 8), &Device::Cpu).unwrap();
         let model = Model::new(cfg.clone()).unwrap().with_linears(fp8);
         let (loss, _) = model
-            .loss_and_grads(&tensors, &tokens, &tokens, false)
+            .loss_and_grads(&tensors, &tokens, &tokens, model::Recompute::Off)
             .unwrap();
         let dense_loss = Model::new(cfg.clone())
             .unwrap()
-            .loss_and_grads(&tensors, &tokens, &tokens, false)
+            .loss_and_grads(&tensors, &tokens, &tokens, model::Recompute::Off)
             .unwrap()
             .0;
         for (_, l) in &out {

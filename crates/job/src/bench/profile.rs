@@ -78,7 +78,7 @@ impl PhaseSums {
         &self,
         model: &model::Model,
         micro_batch_tokens: usize,
-        recompute: bool,
+        recompute: model::Recompute,
         world: usize,
         optimizer_params: usize,
         families: &[(Family, f64)],

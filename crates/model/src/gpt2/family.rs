@@ -11,6 +11,7 @@ use crate::family::{Family, HfTensor, LinearInput, Sizes};
 use crate::layers::{Loss, RopeScaling, RopeTables, TokenIndex};
 use crate::layout::{init_stds, ParamInit, ParamSpec, UnitKind, UnitTable};
 use crate::linears::LinearFormat;
+use crate::recompute::Recompute;
 use crate::schedule::{Saved, UnitParams};
 
 /// The GPT-2 family.
@@ -358,7 +359,7 @@ impl Family for Gpt2 {
         lin: LinearFormat,
         params: &UnitParams,
         x: &Tensor,
-        recompute: bool,
+        recompute: Recompute,
     ) -> Result<(Tensor, Saved)> {
         let (y, s) = super::block_forward(cfg, lin, params, x, recompute)?;
         Ok((y, Saved::new(s)))

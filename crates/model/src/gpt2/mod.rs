@@ -25,6 +25,7 @@ use crate::layers::{
 };
 use crate::layout::{UnitKind, UnitLayout};
 use crate::linears::{LinearFormat, SavedInput};
+use crate::recompute::Recompute;
 use crate::schedule::UnitParams;
 use crate::units::{self, check_acts, check_params, check_tokens, flatten_grads, FlatGrad, Kept};
 
@@ -96,14 +97,15 @@ struct BlockActs {
 }
 
 /// What [`block_forward`] keeps for [`block_backward`]: every `BlockActs`, or the block's
-/// input `(B, T, C)` alone, the rest recomputed.
+/// input `(B, T, C)` alone, the rest recomputed. (GPT-2's block keeps no MLP half apart:
+/// [`Recompute::Attention`] is refused.)
 #[derive(Clone, Debug)]
-pub struct BlockSaved(Kept<BlockActs>);
+pub struct BlockSaved(Kept<BlockActs, ()>);
 
 impl BlockSaved {
-    /// Whether only the input was kept (activation checkpointing).
-    pub fn is_recompute(&self) -> bool {
-        self.0.is_recompute()
+    /// What was kept: everything, or the input alone.
+    pub fn recompute(&self) -> Recompute {
+        self.0.mode()
     }
 }
 
@@ -157,21 +159,28 @@ fn block_forward_full(
 /// One transformer block: `x (B, T, C)` -> `out (B, T, C)` from the block's flat `params`.
 /// Its four projections multiply in `lin` ([`LinearFormat`]: the compute dtype, or FP8).
 ///
-/// With `recompute`, [`BlockSaved`] holds only `x` (activation checkpointing) and
-/// [`block_backward`] reruns this forward (all of it but the MLP projection, whose output it does
-/// not read); gradients are bitwise the same either way.
-/// Without it, it holds `ln1, ln2, x2, y (N, C)`, `qkv (N, 3C)`, `h, gelu(h) (N, 4C)`, attention's
+/// With `recompute` [`Recompute::Full`], [`BlockSaved`] holds only `x` (activation
+/// checkpointing) and [`block_backward`] reruns this forward (all of it but the MLP projection,
+/// whose output it does not read); gradients are bitwise the same either way.
+/// [`Recompute::Attention`] is refused. Without recomputation, it holds `ln1, ln2, x2, y (N, C)`, `qkv (N, 3C)`, `h, gelu(h) (N, 4C)`, attention's
 /// row log-sum-exps `(B, NH, T)` and the LayerNorm statistics.
 pub fn block_forward(
     cfg: &ModelConfig,
     lin: LinearFormat,
     params: &UnitParams,
     x: &Tensor,
-    recompute: bool,
+    recompute: Recompute,
 ) -> Result<(Tensor, BlockSaved)> {
+    if recompute == Recompute::Attention {
+        return Err(ModelError::Shape {
+            field: "recompute",
+            reason: "\"attention\" is for Llama-family blocks; a gpt2 block takes true or false"
+                .into(),
+        });
+    }
     let (out, acts) = block_forward_full(cfg, lin, params, x, true)?;
     let out = out.expect("asked for the output");
-    let saved = Kept::new(acts, |a| a.x, recompute);
+    let saved = Kept::new(acts, recompute, |a| (a.x, ()));
     Ok((out, BlockSaved(saved)))
 }
 
@@ -184,9 +193,10 @@ pub fn block_backward(
     saved: &BlockSaved,
     dout: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let acts = saved
-        .0
-        .acts(|x| Ok(block_forward_full(cfg, lin, params, x, false)?.1))?;
+    let acts = saved.0.acts(
+        |x| Ok(block_forward_full(cfg, lin, params, x, false)?.1),
+        |x, ()| Ok(block_forward_full(cfg, lin, params, x, false)?.1),
+    )?;
     let a: &BlockActs = &acts;
     let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
     let flat = params.flat();

@@ -21,7 +21,7 @@
 //!
 //! ```
 //! use candle_core::{Device, Tensor};
-//! use model::{init_unit_range, llama, LinearFormat, ModelConfig, ModelLayout};
+//! use model::{init_unit_range, llama, LinearFormat, ModelConfig, ModelLayout, Recompute};
 //! let cfg = ModelConfig::llama(1, 8, 2, 1, 12, 4, 10, true);
 //! let layout = ModelLayout::new(&cfg);
 //! let p: Vec<Tensor> = layout.units.iter().map(|u| {
@@ -32,7 +32,7 @@
 //! let tokens = Tensor::new(&[[1u32, 2, 3, 4]], &Device::Cpu).unwrap();
 //! let targets = Tensor::new(&[[2u32, 3, 4, 5]], &Device::Cpu).unwrap();
 //! let x = llama::embedding_forward(&cfg, &p[0], &tokens).unwrap();
-//! let (x, _) = llama::block_forward(&cfg, LinearFormat::Dense, &p[1].clone().into(), &x, false).unwrap();
+//! let (x, _) = llama::block_forward(&cfg, LinearFormat::Dense, &p[1].clone().into(), &x, Recompute::Off).unwrap();
 //! let (x, _) = llama::final_norm_forward(&cfg, &p[2], &x).unwrap();
 //! let (loss, _) = llama::head_loss(&cfg, &p[0], &x, &targets, false).unwrap();
 //! let loss = loss.value().unwrap(); // read on the host here
@@ -56,6 +56,7 @@ use crate::layers::{
 };
 use crate::layout::{UnitKind, UnitLayout};
 use crate::linears::{LinearFormat, LinearWeight, SavedInput};
+use crate::recompute::Recompute;
 use crate::schedule::UnitParams;
 use crate::units::{self, check_acts, check_params, check_tokens, flatten_grads, FlatGrad, Kept};
 
@@ -136,16 +137,27 @@ struct LlamaBlockActs {
     act: SavedInput,
 }
 
-/// What [`block_forward`] keeps for [`block_backward`]: every `LlamaBlockActs`, or the block's
-/// input `(B, T, C)` alone, the rest recomputed.
+/// What [`block_forward`] keeps for [`block_backward`] ([`Recompute`]): every
+/// `LlamaBlockActs`; the block's input `(B, T, C)` alone, the rest recomputed; or the input
+/// and the MLP half's activations ([`MlpKept`]), the attention half's recomputed.
 #[derive(Clone, Debug)]
-pub struct LlamaBlockSaved(Kept<LlamaBlockActs>);
+pub struct LlamaBlockSaved(Kept<LlamaBlockActs, MlpKept>);
 
 impl LlamaBlockSaved {
-    /// Whether only the input was kept (activation checkpointing).
-    pub fn is_recompute(&self) -> bool {
-        self.0.is_recompute()
+    /// What was kept, as the mode that kept it.
+    pub fn recompute(&self) -> Recompute {
+        self.0.mode()
     }
+}
+
+/// What [`Recompute::Attention`] keeps besides the block's input: the residual after
+/// attention `h (N, C)` and gate|up's output `gu (N, 2F)`, from which the backward makes `n2`
+/// and `silu(gate) * up` again in two element-wise passes, so that none of the MLP's GEMMs nor
+/// o_proj's runs twice.
+#[derive(Clone, Debug)]
+struct MlpKept {
+    h: Tensor,
+    gu: Tensor,
 }
 
 /// The block's weights in the order the packed projections take them.
@@ -209,20 +221,34 @@ impl BlockWeights {
     }
 }
 
-/// Forward of one block, keeping every activation; the block's output too when `want_out`
-/// (backward's recomputation skips `down_proj`, whose output it never reads).
-fn block_forward_full(
+/// What the attention half of a block makes from its input `x` (kept): the rotary tables, `n1`
+/// as q|k|v's backward keeps it and the norm's statistics, q's and k's norms' (Qwen3), and the
+/// attention's packed input, output and statistics.
+struct AttentionHalf {
+    x: Tensor,
+    rope: RopeTables,
+    n1: SavedInput,
+    rms1: RmsSaved,
+    qk: Option<QkNormSaved>,
+    att: GqaSaved,
+}
+
+/// The attention half of a block up to the attention's output `y (B, T, NH hs)` (in `att`),
+/// with the block's weights viewed from `params`: the first norm into q|k|v's projection, q and
+/// k normalised per head (Qwen3) and turned by the rotation (one pass on the GPU), then the
+/// attention. [`block_forward_full`] goes on to o_proj and the MLP; a [`Recompute::Attention`]
+/// backward stops here.
+fn attention_half(
     cfg: &ModelConfig,
     lin: LinearFormat,
     params: &UnitParams,
     x: &Tensor,
-    want_out: bool,
-) -> Result<(Option<Tensor>, LlamaBlockActs)> {
+) -> Result<(BlockWeights, AttentionHalf)> {
     let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
     check_params(params.flat(), &unit, "block")?;
+    let w = BlockWeights::view(cfg, &unit, params)?;
     let (b, t) = check_acts(cfg, x, "block input")?;
     let (c, nh, kv, hs) = (cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim);
-    let w = BlockWeights::view(cfg, &unit, params)?;
     let rope = rope_tables(
         t,
         hs,
@@ -246,10 +272,60 @@ fn block_forward_full(
         }
         None => (rope_qk_forward(qkv, &rope, nh, kv)?, None),
     };
-    let (y, att) = gqa_packed_forward(&qkv, nh, kv)?;
-    let y = y.reshape((b * t, nh * hs))?;
+    let (_, att) = gqa_packed_forward(&qkv, nh, kv)?;
+    let half = AttentionHalf {
+        x: x.clone(),
+        rope,
+        n1,
+        rms1,
+        qk,
+        att,
+    };
+    Ok((w, half))
+}
+
+impl AttentionHalf {
+    /// Every activation of the block: this half's and the MLP half's.
+    fn with_mlp(
+        self,
+        h: Tensor,
+        (n2, rms2): (SavedInput, RmsSaved),
+        gu: Tensor,
+        act: SavedInput,
+    ) -> LlamaBlockActs {
+        LlamaBlockActs {
+            x: self.x,
+            rope: self.rope,
+            n1: self.n1,
+            rms1: self.rms1,
+            qk: self.qk,
+            att: self.att,
+            h,
+            n2,
+            rms2,
+            gu,
+            act,
+        }
+    }
+}
+
+/// Forward of one block, keeping every activation; the block's output too when `want_out`
+/// (backward's recomputation skips `down_proj`, whose output it never reads).
+fn block_forward_full(
+    cfg: &ModelConfig,
+    lin: LinearFormat,
+    params: &UnitParams,
+    x: &Tensor,
+    want_out: bool,
+) -> Result<(Option<Tensor>, LlamaBlockActs)> {
+    let (w, half) = attention_half(cfg, lin, params, x)?;
+    let (b, t) = check_acts(cfg, x, "block input")?;
+    let (c, nh, hs) = (cfg.n_embd, cfg.n_head, cfg.head_dim);
+    let xf = x.reshape((b * t, c))?;
+    let y = half.att.y.reshape((b * t, nh * hs))?;
     let attn_out = lin.cols_forward(&y, std::slice::from_ref(&w.o), None, None)?;
     // h = x + o_proj(y), then its norm in the same pass, into [gate_proj | up_proj]
+    let eps = cfg.norm_eps;
     let second =
         lin.rmsnorm_cols_forward_saving(&xf, Some(&attn_out), &w.post_norm, eps, &w.gate_up, None)?;
     let (h, n2, rms2, gu) = (second.h, second.n, second.rms, second.y);
@@ -257,20 +333,24 @@ fn block_forward_full(
     // pass (a recomputation, which never reads the output, makes that alone).
     let (out, act) = lin.swiglu_down_forward(&gu, &w.down, Some(&h), want_out)?;
     let out = out.map(|o| o.reshape((b, t, c))).transpose()?;
-    let acts = LlamaBlockActs {
-        x: x.clone(),
-        rope,
-        n1,
-        rms1,
-        qk,
-        att,
-        h,
-        n2,
-        rms2,
-        gu,
-        act,
-    };
-    Ok((out, acts))
+    Ok((out, half.with_mlp(h, (n2, rms2), gu, act)))
+}
+
+/// The activations of a block kept under [`Recompute::Attention`], made again: the attention
+/// half from `x`, and from the kept `h` and `gu` the second norm's output and `silu(gate) * up`
+/// as the projections' backward keeps them (element-wise passes; no GEMM of the MLP nor
+/// o_proj's). The same bits as [`block_forward_full`]'s.
+fn block_forward_attention(
+    cfg: &ModelConfig,
+    lin: LinearFormat,
+    params: &UnitParams,
+    x: &Tensor,
+    kept: &MlpKept,
+) -> Result<LlamaBlockActs> {
+    let (w, half) = attention_half(cfg, lin, params, x)?;
+    let (rms2, n2) = lin.rmsnorm_saving(&kept.h, &w.post_norm, cfg.norm_eps)?;
+    let (_, act) = lin.swiglu_down_forward(&kept.gu, &w.down, None, false)?;
+    Ok(half.with_mlp(kept.h.clone(), (n2, rms2), kept.gu.clone(), act))
 }
 
 /// One decoder block: `x (B, T, C)` -> `out (B, T, C)` from the block's flat `params`
@@ -283,9 +363,12 @@ fn block_forward_full(
 /// in place and the attention reads in place, gate and up out of another `(N, 2F)`; the residual
 /// add after attention runs inside the next norm, the one after the MLP in its projection.
 ///
-/// With `recompute`, [`LlamaBlockSaved`] holds only `x` (activation checkpointing) and
-/// [`block_backward`] reruns this forward (all but `down_proj`); gradients are bitwise the same
-/// either way. Without it, it holds `n1, n2, h (N, C)`, attention's packed rotated input
+/// [`LlamaBlockSaved`] holds what `recompute` says: with [`Recompute::Full`] only `x`
+/// (activation checkpointing), and [`block_backward`] reruns this forward (all but
+/// `down_proj`); with [`Recompute::Attention`] `x`, the residual after attention `h (N, C)` and
+/// `[gate | up] (N, 2F)`, and the backward reruns the attention half alone and the MLP's
+/// element-wise passes; gradients are bitwise the same in every mode. Without recomputation, it
+/// holds `n1, n2, h (N, C)`, attention's packed rotated input
 /// `(N, (NH + 2 KV) hs)`, output `(N, C)` and row log-sum-exps `(B, NH, T)`, `[gate | up]
 /// (N, 2F)`, `silu(gate)*up (N, F)`, the RMSNorm statistics and the rotary tables; under FP8,
 /// `n1`, `n2` and `silu(gate)*up` as their projections' backward reads them (their FP8 column
@@ -295,11 +378,11 @@ pub fn block_forward(
     lin: LinearFormat,
     params: &UnitParams,
     x: &Tensor,
-    recompute: bool,
+    recompute: Recompute,
 ) -> Result<(Tensor, LlamaBlockSaved)> {
     let (out, acts) = block_forward_full(cfg, lin, params, x, true)?;
     let out = out.expect("asked for the output");
-    let saved = Kept::new(acts, |a| a.x, recompute);
+    let saved = Kept::new(acts, recompute, |a| (a.x, MlpKept { h: a.h, gu: a.gu }));
     Ok((out, LlamaBlockSaved(saved)))
 }
 
@@ -313,9 +396,10 @@ pub fn block_backward(
     saved: &LlamaBlockSaved,
     dout: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let acts = saved
-        .0
-        .acts(|x| Ok(block_forward_full(cfg, lin, params, x, false)?.1))?;
+    let acts = saved.0.acts(
+        |x| Ok(block_forward_full(cfg, lin, params, x, false)?.1),
+        |x, kept| block_forward_attention(cfg, lin, params, x, kept),
+    )?;
     let a: &LlamaBlockActs = &acts;
     let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
     check_params(params.flat(), &unit, "block")?;

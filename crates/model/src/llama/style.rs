@@ -14,6 +14,7 @@ use crate::family::{Family, HfTensor, LinearInput, Sizes};
 use crate::layers::{rope_tables, Loss, RopeScaling, RopeTables, TokenIndex};
 use crate::layout::{init_stds, ParamInit, ParamSpec, UnitKind, UnitTable};
 use crate::linears::LinearFormat;
+use crate::recompute::Recompute;
 use crate::schedule::{Saved, UnitParams};
 
 /// A family of Llama's block: its names, what it adds to the block, its defaults, its presets.
@@ -307,6 +308,17 @@ impl Family for LlamaStyle {
         }
     }
 
+    /// The residual after attention and gate|up's output: `C + 2F`.
+    fn mlp_kept_width(&self, cfg: &ModelConfig) -> Option<usize> {
+        Some(cfg.n_embd + 2 * cfg.ffn_hidden)
+    }
+
+    /// q|k|v's weights (and Qwen2's biases): `C (NH + 2 KV) hs [+ (NH + 2 KV) hs]`.
+    fn attention_half_params(&self, cfg: &ModelConfig) -> Option<usize> {
+        let qkv = (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim;
+        Some(cfg.n_embd * qkv + if cfg.qkv_bias { qkv } else { 0 })
+    }
+
     /// q|k|v's and gate|up's `C` (each packed projection reads one input) and down's `F`,
     /// kept as FP8 codes under FP8 (`block_forward`); o's `NH hs`, attention's output, which
     /// attention's backward reads too, kept as itself.
@@ -454,7 +466,7 @@ impl Family for LlamaStyle {
         lin: LinearFormat,
         params: &UnitParams,
         x: &Tensor,
-        recompute: bool,
+        recompute: Recompute,
     ) -> Result<(Tensor, Saved)> {
         let (y, s) = super::block_forward(cfg, lin, params, x, recompute)?;
         Ok((y, Saved::new(s)))

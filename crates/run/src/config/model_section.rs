@@ -42,8 +42,10 @@ pub struct ModelSection {
     pub rope_scaling: Option<model::RopeScaling>,
     /// Llama: the LM head reads the token embedding (default: the preset's, else true).
     pub tie_embeddings: Option<bool>,
-    /// Activation checkpointing: blocks keep only their input and recompute in backward.
-    pub recompute: bool,
+    /// Activation checkpointing: `false` (keep every activation), `true` (a block keeps its
+    /// input alone and its backward reruns its forward) or `"attention"` (Llama-family blocks
+    /// also keep their MLP's activations, and the backward reruns only the attention half).
+    pub recompute: model::Recompute,
     /// Start from the weights of a Hugging Face safetensors folder of a registered family
     /// (what `trainer export` writes, or a checkpoint from the hub): continued pretraining or
     /// fine-tuning. Without a preset its config.json gives the family and the shape, as a
@@ -167,6 +169,14 @@ impl ModelSection {
             cfg.tie_embeddings = tied;
         }
         cfg.validate().map_err(model_error)?;
+        if m.recompute == model::Recompute::Attention && cfg.family().mlp_kept_width(&cfg).is_none()
+        {
+            bail!(
+                "model.recompute = \"attention\" keeps a Llama-family block's MLP activations; a \
+                 {} block takes true or false",
+                cfg.family().name()
+            );
+        }
         Ok(cfg)
     }
 }

@@ -245,3 +245,32 @@ fn init_from_alone_gives_the_family_and_the_shape() {
         "{e}"
     );
 }
+
+/// `model.recompute` takes a bool or a mode's name; "attention" is for Llama-family blocks,
+/// and GPT-2's refuse it in one line, as an unknown name is.
+#[test]
+fn recompute_takes_a_bool_or_a_mode() {
+    let (_d, path) = write(BASE);
+    let llama = "model.preset=\"llama-tiny\"";
+    for (set, want) in [
+        ("model.recompute=true", model::Recompute::Full),
+        ("model.recompute=false", model::Recompute::Off),
+        ("model.recompute=\"attention\"", model::Recompute::Attention),
+    ] {
+        let c = RunConfig::load(&path, &sets(&[llama, set])).unwrap();
+        assert_eq!(c.model.recompute, want, "{set}");
+    }
+    for (set, want) in [
+        (
+            "model.recompute=\"attention\"",
+            "a gpt2 block takes true or false",
+        ),
+        ("model.recompute=\"mlp\"", "model.recompute"),
+    ] {
+        let e = format!("{:#}", RunConfig::load(&path, &sets(&[set])).unwrap_err());
+        assert!(
+            e.contains(want) && e.contains("attention") && !e.contains('\n'),
+            "{e}"
+        );
+    }
+}
