@@ -42,7 +42,7 @@
 # Each run's log and metrics go under $OUT (default gpu-out/). BENCH_SET: more section.key=VALUE
 # settings for the speed and llama stages' benches (e.g. BENCH_SET='zero.prefetch_depth=1'),
 # TAG a suffix of their output files; NO_TORCH=1 leaves the PyTorch anchors out, NO_EAGER=1 the
-# eager ones of the llama and qwen stages, NO_PARITY=1 the llama stage's llama-tiny runs.
+# eager ones of the speed, llama and qwen stages, NO_PARITY=1 the llama stage's llama-tiny runs.
 set -euo pipefail
 OUT=${OUT:-gpu-out}
 STEPS=${STEPS:-200}
@@ -288,7 +288,7 @@ for stage in $STAGES; do
       --set zero.quantized_weights=false --set zero.quantized_gradients=false \
       --steps "${BENCH_STEPS:-10}" --profile "${bench_set[@]}" | tee "$OUT/speed-gpt350m${TAG:-}.txt"
     if [[ -f .gpu/torch_gpt.py ]]; then
-      python3 .gpu/torch_gpt.py --steps 30 | tee "$OUT/speed-torch-eager.txt"
+      [[ -n ${NO_EAGER:-} ]] || python3 .gpu/torch_gpt.py --steps 30 | tee "$OUT/speed-torch-eager.txt"
       [[ -n ${NO_COMPILE:-} ]] || python3 .gpu/torch_gpt.py --steps 30 --compile | tee "$OUT/speed-torch-compile.txt"
     fi
     ;;
