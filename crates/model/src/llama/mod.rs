@@ -112,6 +112,23 @@ pub fn embedding_backward(cfg: &ModelConfig, tokens: &TokenIndex, dout: &Tensor)
 /// Every activation a block's backward reads. `N = B*T`, `W = (NH + 2 KV) hs`.
 #[derive(Clone, Debug)]
 struct LlamaBlockActs {
+    /// The attention half's: from the block's input to the attention's output.
+    attn: AttentionHalf,
+    /// Residual after attention, `(N, C)`.
+    h: Tensor,
+    /// `post_attention_layernorm(h)` `(N, C)` as gate|up's backward reads it, and the norm's
+    /// statistics.
+    n2: SavedInput,
+    rms2: RmsSaved,
+    /// `[gate_proj(n2) | up_proj(n2)]` `(N, 2F)`, and `silu(gate) * up` `(N, F)` as down's
+    /// backward reads it.
+    gu: Tensor,
+    act: SavedInput,
+}
+
+/// What the attention half of a block makes: `N = B*T`, `W = (NH + 2 KV) hs`.
+#[derive(Clone, Debug)]
+struct AttentionHalf {
     /// Block input `(B, T, C)`.
     x: Tensor,
     /// The rotary tables for this batch's `T`.
@@ -125,16 +142,6 @@ struct LlamaBlockActs {
     /// Attention's packed input (q and k after the rotation) `(B, T, W)`, output and row
     /// log-sum-exps.
     att: GqaSaved,
-    /// Residual after attention, `(N, C)`.
-    h: Tensor,
-    /// `post_attention_layernorm(h)` `(N, C)` as gate|up's backward reads it, and the norm's
-    /// statistics.
-    n2: SavedInput,
-    rms2: RmsSaved,
-    /// `[gate_proj(n2) | up_proj(n2)]` `(N, 2F)`, and `silu(gate) * up` `(N, F)` as down's
-    /// backward reads it.
-    gu: Tensor,
-    act: SavedInput,
 }
 
 /// What [`block_forward`] keeps for [`block_backward`] ([`Recompute`]): every
@@ -221,18 +228,6 @@ impl BlockWeights {
     }
 }
 
-/// What the attention half of a block makes from its input `x` (kept): the rotary tables, `n1`
-/// as q|k|v's backward keeps it and the norm's statistics, q's and k's norms' (Qwen3), and the
-/// attention's packed input, output and statistics.
-struct AttentionHalf {
-    x: Tensor,
-    rope: RopeTables,
-    n1: SavedInput,
-    rms1: RmsSaved,
-    qk: Option<QkNormSaved>,
-    att: GqaSaved,
-}
-
 /// The attention half of a block up to the attention's output `y (B, T, NH hs)` (in `att`),
 /// with the block's weights viewed from `params`: the first norm into q|k|v's projection, q and
 /// k normalised per head (Qwen3) and turned by the rotation (one pass on the GPU), then the
@@ -294,12 +289,7 @@ impl AttentionHalf {
         act: SavedInput,
     ) -> LlamaBlockActs {
         LlamaBlockActs {
-            x: self.x,
-            rope: self.rope,
-            n1: self.n1,
-            rms1: self.rms1,
-            qk: self.qk,
-            att: self.att,
+            attn: self,
             h,
             n2,
             rms2,
@@ -382,7 +372,9 @@ pub fn block_forward(
 ) -> Result<(Tensor, LlamaBlockSaved)> {
     let (out, acts) = block_forward_full(cfg, lin, params, x, true)?;
     let out = out.expect("asked for the output");
-    let saved = Kept::new(acts, recompute, |a| (a.x, MlpKept { h: a.h, gu: a.gu }));
+    let saved = Kept::new(acts, recompute, |a| {
+        (a.attn.x, MlpKept { h: a.h, gu: a.gu })
+    });
     Ok((out, LlamaBlockSaved(saved)))
 }
 
@@ -403,7 +395,7 @@ pub fn block_backward(
     let a: &LlamaBlockActs = &acts;
     let unit = UnitLayout::new(cfg, UnitKind::Block(0), 0);
     check_params(params.flat(), &unit, "block")?;
-    let (b, t) = check_acts(cfg, &a.x, "block input")?;
+    let (b, t) = check_acts(cfg, &a.attn.x, "block input")?;
     check_dout(cfg, dout, (b, t), "block dout")?;
     let (c, nh, kv, hs) = (cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim);
     let w = BlockWeights::view(cfg, &unit, params)?;
@@ -438,20 +430,20 @@ pub fn block_backward(
     grads.put(post, &dw_post)?;
     // h = x + y @ o_proj
     let o = ["self_attn.o_proj.weight"];
-    let y = a.att.y.reshape((b * t, nh * hs))?;
+    let y = a.attn.att.y.reshape((b * t, nh * hs))?;
     let y = SavedInput::Dense(y);
     let (dy, dw) = lin.cols_backward(&dh, &y, std::slice::from_ref(&w.o), &slots(&o)?)?;
     put(&o, &dw)?;
     // y = attn(qkv), then q and k turned back by the rotation
-    let dqkv = gqa_packed_backward(&dy.reshape((b, t, nh * hs))?, &a.att)?;
+    let dqkv = gqa_packed_backward(&dy.reshape((b, t, nh * hs))?, &a.attn.att)?;
     // (and before the rotation, q and k normalised per head (Qwen3): one pass on the GPU)
-    let dqkv = match (&w.qk_norm, &a.qk) {
+    let dqkv = match (&w.qk_norm, &a.attn.qk) {
         (Some([wq, wk]), Some(saved)) => {
-            let (dqkv, dwq, dwk) = qk_norm_rope_backward(dqkv, saved, wq, wk, &a.rope)?;
+            let (dqkv, dwq, dwk) = qk_norm_rope_backward(dqkv, saved, wq, wk, &a.attn.rope)?;
             put(&QK_NORM_NAMES, &[dwq, dwk])?;
             dqkv
         }
-        _ => rope_qk_backward(dqkv, &a.rope, nh, kv)?,
+        _ => rope_qk_backward(dqkv, &a.attn.rope, nh, kv)?,
     };
     let dqkv = dqkv.reshape((b * t, (nh + 2 * kv) * hs))?;
     // their biases (Qwen2): the packed gradient's column sums, one slot a projection
@@ -466,14 +458,14 @@ pub fn block_backward(
         put(&QKV_BIAS_NAMES, &parts)?;
     }
     // qkv = n1 @ [q_proj | k_proj | v_proj]
-    let (dn1, dw) = lin.cols_backward(&dqkv, &a.n1, &w.qkv, &slots(&QKV_NAMES)?)?;
+    let (dn1, dw) = lin.cols_backward(&dqkv, &a.attn.n1, &w.qkv, &slots(&QKV_NAMES)?)?;
     put(&QKV_NAMES, &dw)?;
     // n1 = input_layernorm(x); x also feeds the residual, whose gradient is dh
-    let xf = a.x.reshape((b * t, c))?;
+    let xf = a.attn.x.reshape((b * t, c))?;
     let input = "input_layernorm.weight";
     let (dx, dw_in) = rmsnorm_backward_into(
         &dn1,
-        &a.rms1,
+        &a.attn.rms1,
         &xf,
         &w.input_norm,
         Some(&dh),
