@@ -511,8 +511,9 @@ mod tests {
     use run::engine_options;
 
     /// Rank 0's engine and the plan count the same memory for the states, row by row, and the
-    /// plan's shard is what the engine allocates: plain ZeRO-3 at W = 1; bf16 with hpZ on a
-    /// shape whose blocks outgrow the embedding; qwZ + hpZ + qgZ over 2 nodes x 4.
+    /// plan's shard is what the engine allocates: plain ZeRO-3 at W = 1, with 8 micro-batches a
+    /// step and (bf16) with one, whose gradient stays as the backward wrote it; bf16 with hpZ on
+    /// a shape whose blocks outgrow the embedding; qwZ + hpZ + qgZ over 2 nodes x 4.
     #[test]
     fn the_engine_and_the_plan_count_memory_alike() {
         let tiny = "[model]\npreset = \"tiny\"\n";
