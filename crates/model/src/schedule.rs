@@ -30,7 +30,8 @@
 //! }).collect();
 //! let tokens = Tensor::new(&[[1u32, 2, 3, 4], [5, 6, 7, 8]], &Device::Cpu).unwrap();
 //! let targets = Tensor::new(&[[2u32, 3, 4, 5], [6, 7, 8, 9]], &Device::Cpu).unwrap();
-//! let (loss, grads) = model.loss_and_grads(&params, &tokens, &targets, model::Recompute::Off).unwrap();
+//! let off = model::Recompute::Off;
+//! let (loss, grads) = model.loss_and_grads(&params, &tokens, &targets, off).unwrap();
 //! assert!((loss - 10f64.ln()).abs() < 0.05); // near-uniform predictions at init
 //! assert_eq!(grads[1].dims1().unwrap(), model.units()[1].numel);
 //! assert_eq!(model.gather_order(Pass::Train), vec![0, 1, 2, 0, 2, 1]);

@@ -326,9 +326,9 @@ impl Workload<'_> {
 
     /// Seconds of unit `u`'s FP8 casts in a micro-batch's forward, or its backward (with the
     /// forward's again for a block that recomputes, in either mode: the attention half's
-    /// recomputation casts the MLP's inputs again too), at [`FP8_CAST_BANDWIDTH_FRACTION`] of the GPU's
-    /// memory bandwidth: the bytes of [`Model::fp8_cast_bytes`], none for a model whose layers
-    /// multiply in the compute dtype.
+    /// recomputation casts the MLP's inputs again too), at [`FP8_CAST_BANDWIDTH_FRACTION`] of
+    /// the GPU's memory bandwidth: the bytes of [`Model::fp8_cast_bytes`], none for a model
+    /// whose layers multiply in the compute dtype.
     fn casts_s(&self, u: usize, backward: bool, codes: bool, c: &Cluster) -> f64 {
         let tokens = self.micro_batch * self.model.config().seq_len;
         let (forward, backward_bytes) = self.model.fp8_cast_bytes(u, tokens, codes);

@@ -162,8 +162,9 @@ fn block_forward_full(
 /// With `recompute` [`Recompute::Full`], [`BlockSaved`] holds only `x` (activation
 /// checkpointing) and [`block_backward`] reruns this forward (all of it but the MLP projection,
 /// whose output it does not read); gradients are bitwise the same either way.
-/// [`Recompute::Attention`] is refused. Without recomputation, it holds `ln1, ln2, x2, y (N, C)`, `qkv (N, 3C)`, `h, gelu(h) (N, 4C)`, attention's
-/// row log-sum-exps `(B, NH, T)` and the LayerNorm statistics.
+/// [`Recompute::Attention`] is refused. Without recomputation, it holds `ln1, ln2, x2, y (N,
+/// C)`, `qkv (N, 3C)`, `h, gelu(h) (N, 4C)`, attention's row log-sum-exps `(B, NH, T)` and the
+/// LayerNorm statistics.
 pub fn block_forward(
     cfg: &ModelConfig,
     lin: LinearFormat,

@@ -32,7 +32,8 @@
 //! let tokens = Tensor::new(&[[1u32, 2, 3, 4]], &Device::Cpu).unwrap();
 //! let targets = Tensor::new(&[[2u32, 3, 4, 5]], &Device::Cpu).unwrap();
 //! let x = llama::embedding_forward(&cfg, &p[0], &tokens).unwrap();
-//! let (x, _) = llama::block_forward(&cfg, LinearFormat::Dense, &p[1].clone().into(), &x, Recompute::Off).unwrap();
+//! let p1 = p[1].clone().into();
+//! let (x, _) = llama::block_forward(&cfg, LinearFormat::Dense, &p1, &x, Recompute::Off).unwrap();
 //! let (x, _) = llama::final_norm_forward(&cfg, &p[2], &x).unwrap();
 //! let (loss, _) = llama::head_loss(&cfg, &p[0], &x, &targets, false).unwrap();
 //! let loss = loss.value().unwrap(); // read on the host here
