@@ -167,24 +167,18 @@ pub fn scale(
     })
 }
 
-/// The share of a block's forward time that its backward runs again under `mode`: 0, all
-/// of it, or under [`Recompute::Attention`] the attention half's share of the forward's FLOPs
-/// (the attention and `Family::attention_half_params`' linear layers).
+/// The share of a block's forward time that its backward runs again under `mode`: the share of
+/// its forward FLOPs (`throughput::recomputed_flops_split`): 0, all of it, or the attention
+/// half's.
 fn recomputed_share(model: &model::Model, mode: Recompute) -> f64 {
-    let cfg = model.config();
-    match mode {
-        Recompute::Off => 0.0,
-        Recompute::Full => 1.0,
-        Recompute::Attention => {
-            let attention = 2.0 * (cfg.seq_len * cfg.n_embd) as f64;
-            let block = match model.units().get(1) {
-                Some(u) => 2.0 * u.numel as f64 + attention,
-                None => return 1.0,
-            };
-            let half = cfg.family().attention_half_params(cfg).unwrap_or(0);
-            (2.0 * half as f64 + attention) / block
-        }
-    }
+    let Some(u) = (0..model.units().len())
+        .find(|&u| matches!(model.units()[u].kind, model::UnitKind::Block(_)))
+    else {
+        return 0.0;
+    };
+    let (linear, rest) = super::throughput::forward_flops_split(model, u);
+    let (again_linear, again_rest) = super::throughput::recomputed_flops_split(model, u, mode);
+    (again_linear + again_rest) / (linear + rest)
 }
 
 #[cfg(test)]

@@ -424,14 +424,14 @@ fn memory(
         .map(|m| m.with_linears(config.linears()))
         .map(|m| m.block_activation_bytes(config.train.micro_batch, cfg.seq_len, pb))
         .unwrap_or(0);
-    // Under "attention" a block keeps its MLP half's activations beside its input.
-    let kept = match config.model.recompute {
-        Recompute::Attention => cfg.family().mlp_kept_width(cfg).unwrap_or(0) as u64,
-        _ => 0,
-    };
+    // Each block keeps its input, and under "attention" its MLP half's activations beside.
     let (saved, working) = match config.model.recompute {
         Recompute::Off => (0, l * per_layer),
-        _ => (l * b * s * (c + kept) * pb as u64, per_layer),
+        Recompute::Full => (l * b * s * c * pb as u64, per_layer),
+        Recompute::Attention => {
+            let kept = cfg.family().mlp_kept_width(cfg).unwrap_or(0) as u64;
+            (l * b * s * (c + kept) * pb as u64, per_layer)
+        }
     };
     let gpu = config.train.device == run::config::DeviceKind::Cuda;
     let tokens = config.train.micro_batch * cfg.seq_len;

@@ -267,6 +267,36 @@ pub fn unit_comm(plan: &ZeroPlan, p: &UnitPayload, c: &Cluster) -> UnitComm {
     }
 }
 
+/// Unit `u`'s forward FLOPs per token as (the linear layers' `2 x numel`, the attention's
+/// `2 T C`); the head apart, an embedding and a norm 0.
+pub(crate) fn forward_flops_split(model: &Model, u: usize) -> (f64, f64) {
+    let cfg = model.config();
+    let unit = &model.units()[u];
+    match unit.kind {
+        UnitKind::Block(_) => (
+            2.0 * unit.numel as f64,
+            2.0 * (cfg.seq_len * cfg.n_embd) as f64,
+        ),
+        UnitKind::Embedding | UnitKind::FinalNorm => (0.0, 0.0),
+    }
+}
+
+/// [`forward_flops_split`] of what unit `u`'s backward runs again under `mode`: nothing, the
+/// whole forward of a block under [`Recompute::Full`], or under [`Recompute::Attention`] the
+/// linear layers of its attention half (`Family::attention_half_params`) and the attention.
+pub(crate) fn recomputed_flops_split(model: &Model, u: usize, mode: Recompute) -> (f64, f64) {
+    let (linear, rest) = forward_flops_split(model, u);
+    let cfg = model.config();
+    match (mode, model.units()[u].kind) {
+        (Recompute::Full, UnitKind::Block(_)) => (linear, rest),
+        (Recompute::Attention, UnitKind::Block(_)) => {
+            let params = cfg.family().attention_half_params(cfg).unwrap_or(0);
+            (2.0 * params as f64, rest)
+        }
+        _ => (0.0, 0.0),
+    }
+}
+
 /// What is trained: the model and the per-GPU batch of a step.
 pub struct Workload<'a> {
     pub model: &'a Model,
@@ -380,32 +410,12 @@ impl Workload<'_> {
     /// [`Workload::forward_flops`] as (the linear layers' `2 x numel`, the attention's
     /// `2 T C`).
     fn forward_flops_split(&self, u: usize) -> (f64, f64) {
-        let cfg = self.model.config();
-        let unit = &self.model.units()[u];
-        match unit.kind {
-            UnitKind::Block(_) => (
-                2.0 * unit.numel as f64,
-                2.0 * (cfg.seq_len * cfg.n_embd) as f64,
-            ),
-            UnitKind::Embedding | UnitKind::FinalNorm => (0.0, 0.0),
-        }
+        forward_flops_split(self.model, u)
     }
 
-    /// [`Workload::forward_flops_split`] of what unit `u`'s backward runs again: nothing, the
-    /// whole forward of a block under [`Recompute::Full`], or under [`Recompute::Attention`]
-    /// the linear layers of its attention half (`Family::attention_half_params`) and the
-    /// attention.
+    /// [`recomputed_flops_split`] under this workload's recomputation.
     fn recomputed_flops_split(&self, u: usize) -> (f64, f64) {
-        let (linear, rest) = self.forward_flops_split(u);
-        let cfg = self.model.config();
-        match (self.recompute, self.model.units()[u].kind) {
-            (Recompute::Full, UnitKind::Block(_)) => (linear, rest),
-            (Recompute::Attention, UnitKind::Block(_)) => {
-                let params = cfg.family().attention_half_params(cfg).unwrap_or(0);
-                (2.0 * params as f64, rest)
-            }
-            _ => (0.0, 0.0),
-        }
+        recomputed_flops_split(self.model, u, self.recompute)
     }
 
     /// Unit `u`'s backward per token as `(linear, rest)`: twice the forward, and what it
