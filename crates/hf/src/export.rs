@@ -51,6 +51,10 @@ pub fn consolidate(ckpt: &Path) -> Result<(model::ModelConfig, UnitParameters)> 
             );
         }
         data.truncate(unit.numel);
+        // Written before q|k|v and gate|up were packed: their columns side by side now.
+        if manifest.model.legacy_layout() {
+            cfg.family().repack_legacy(&cfg, &unit, &mut data);
+        }
         out.push((unit, data));
     }
     Ok((cfg, out))
@@ -80,15 +84,32 @@ fn hf_files(
     for (unit, data) in units {
         for p in &unit.params {
             let values = &data[p.offset..p.offset + p.numel];
-            let hf = model.hf_tensor(p);
-            let (shape, bytes) = match (hf.transpose, p.shape.as_slice()) {
-                (true, &[rows, cols]) => (vec![cols, rows], transposed_bytes(values, rows, cols)),
-                _ => (
-                    p.shape.clone(),
-                    values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                ),
-            };
-            tensors.push((hf.name, shape, bytes));
+            let cols = p.shape.last().copied().unwrap_or(1);
+            let rows = p.numel / cols.max(1);
+            for hf in model.hf_tensors(p) {
+                // This tensor's columns of ours, `(rows, width)` row-major.
+                let width = hf.columns.len();
+                let part: std::borrow::Cow<[f32]> = match width == cols {
+                    true => values.into(),
+                    false => (0..rows)
+                        .flat_map(|r| {
+                            &values[r * cols + hf.columns.start..r * cols + hf.columns.end]
+                        })
+                        .copied()
+                        .collect(),
+                };
+                let (shape, bytes) = match (hf.transpose, p.shape.as_slice()) {
+                    (true, &[_, _]) => (vec![width, rows], transposed_bytes(&part, rows, width)),
+                    _ => {
+                        let mut shape = p.shape.clone();
+                        if let Some(last) = shape.last_mut() {
+                            *last = width;
+                        }
+                        (shape, part.iter().flat_map(|v| v.to_le_bytes()).collect())
+                    }
+                };
+                tensors.push((hf.name, shape, bytes));
+            }
         }
     }
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
@@ -365,8 +386,29 @@ mod tests {
             write_hf(&cfg, &units, &out, Some(0)).unwrap();
             let bytes = std::fs::read(&out).unwrap();
             let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-            let q = st.tensor("model.layers.1.self_attn.k_proj.weight").unwrap();
-            assert_eq!(q.shape(), &[8, 16], "(out, in) = (KV x hs, C)");
+            // k_proj is the packed q|k|v's columns 16..24 (q 4 x 4 wide, k and v 2 x 4), as
+            // `(out, in)`; up_proj gate|up's second half, the same way.
+            let block = &units[2];
+            for (name, packed, cols, width) in [
+                (
+                    "self_attn.k_proj.weight",
+                    "self_attn.qkv_proj.weight",
+                    16..24,
+                    32,
+                ),
+                ("mlp.up_proj.weight", "mlp.gate_up_proj.weight", 24..48, 48),
+            ] {
+                let t = st.tensor(&format!("model.layers.1.{name}")).unwrap();
+                assert_eq!(t.shape(), &[cols.len(), 16], "{name}: (out, in)");
+                let p = block.0.param(packed);
+                let ours = &block.1[p.offset..p.offset + p.numel];
+                let expected: Vec<u8> = cols
+                    .clone()
+                    .flat_map(|c| (0..16).map(move |r| ours[r * width + c]))
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect();
+                assert_eq!(t.data(), &expected[..], "{name}");
+            }
             let head = st.tensor("lm_head.weight").is_ok();
             assert_eq!(head, !tied);
             let config: serde_json::Value = serde_json::from_str(
@@ -397,11 +439,10 @@ mod tests {
         }
     }
 
-    /// Every family, tied and untied where it has both: what an export writes, `init_from`
-    /// reads back as it was, and the config.json names the family and its class.
-    #[test]
-    fn every_family_is_read_back_by_init_from() {
-        let shapes = model::every_family(&model::Sizes {
+    /// The sizes of the tests' small model of every family (2 x 16, 4 heads, 2 of keys and
+    /// values, F = 24, vocabulary 37).
+    fn tiny_sizes() -> model::Sizes {
+        model::Sizes {
             n_layer: 2,
             n_embd: 16,
             n_head: 4,
@@ -411,7 +452,95 @@ mod tests {
             head_dim: None,
             ffn_hidden: Some(24),
             tie_embeddings: None,
-        });
+        }
+    }
+
+    /// A checkpoint of every Llama-style family written before q|k|v and gate|up were packed
+    /// (its manifest's record without `packed`; in each block q, k and v, their biases, gate
+    /// and up a matrix after another) is consolidated as the packed parameters it holds: the
+    /// same model, exported as it was trained.
+    #[test]
+    fn a_checkpoint_of_unpacked_projections_is_consolidated_packed() {
+        let sizes = tiny_sizes();
+        // `packed (R, sum w)`'s column blocks as the matrices `(R, w_i)` one after another.
+        let unpacked = |packed: &[f32], widths: &[usize]| -> Vec<f32> {
+            let total: usize = widths.iter().sum();
+            let mut out = Vec::with_capacity(packed.len());
+            let mut col = 0;
+            for w in widths {
+                for row in packed.chunks(total) {
+                    out.extend_from_slice(&row[col..col + w]);
+                }
+                col += w;
+            }
+            out
+        };
+        let shapes = model::every_family(&sizes);
+        for (name, cfg) in shapes.into_iter().filter(|(_, c)| c.arch.name() != "gpt2") {
+            let model = model::Model::new(cfg.clone()).unwrap();
+            let (q, kv, f) = (16, 8, 24);
+            let mut packed = Vec::new();
+            let mut shards = Vec::new();
+            for (u, unit) in model.units().iter().enumerate() {
+                let mut v = vec![0f32; unit.numel];
+                model::init_unit_range(&cfg, unit, 9, 0, &mut v);
+                let mut legacy = v.clone();
+                for p in &unit.params {
+                    let widths = match p.name.rsplit('.').nth(1) {
+                        Some("qkv_proj") => vec![q, kv, kv],
+                        Some("gate_up_proj") => vec![f, f],
+                        _ => continue,
+                    };
+                    let range = p.offset..p.offset + p.numel;
+                    legacy[range.clone()].copy_from_slice(&unpacked(&v[range], &widths));
+                }
+                assert_eq!(legacy != v, u > 0 && u <= 2, "{name}: only blocks change");
+                shards.push(zero::NamedShard {
+                    name: format!("{}.master", unit.name),
+                    data: legacy,
+                });
+                packed.push(v);
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let tmp = checkpoint::begin(dir.path(), 1, "legacy").unwrap();
+            let crc = checkpoint::write_rank(&tmp, 0, 1, &shards).unwrap();
+            let topology = comm::Topology::new(1, 1).unwrap();
+            let m = checkpoint::manifest(
+                1,
+                0,
+                topology,
+                &cfg,
+                1,
+                &Default::default(),
+                &[crc],
+                "legacy",
+            );
+            assert!(!m.model.legacy_layout(), "{name}: this trainer's manifest");
+            let ckpt = checkpoint::commit(dir.path(), &tmp, &m).unwrap();
+            let path = ckpt.join("manifest.json");
+            let mut json: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let record = json["model"][cfg.arch.name()].as_object_mut().unwrap();
+            assert_eq!(record.remove("packed"), Some(true.into()), "{name}");
+            std::fs::write(&path, json.to_string()).unwrap();
+            assert!(checkpoint::read_manifest(&ckpt)
+                .unwrap()
+                .model
+                .legacy_layout());
+            let (_, consolidated) = consolidate(&ckpt).unwrap();
+            assert_eq!(
+                consolidated.into_iter().map(|(_, p)| p).collect::<Vec<_>>(),
+                packed,
+                "{name}"
+            );
+        }
+    }
+
+    /// Every family, tied and untied where it has both: what an export writes, `init_from`
+    /// reads back as it was, and the config.json names the family and its class.
+    #[test]
+    fn every_family_is_read_back_by_init_from() {
+        let shapes = model::every_family(&tiny_sizes());
         for (name, cfg) in shapes {
             let model = model::Model::new(cfg.clone()).unwrap();
             let units: UnitParameters = model

@@ -42,47 +42,10 @@ pub fn read(dir: &Path, cfg: &model::ModelConfig) -> Result<Vec<Vec<f32>>> {
     for unit in model.units() {
         let mut values = vec![0f32; unit.numel];
         for p in &unit.params {
-            let hf = model.hf_tensor(p);
-            let Some((name, (file, view))) = [Some(hf.name.clone()), hf.alias.clone()]
-                .into_iter()
-                .flatten()
-                .find_map(|n| tensors.get(&n).map(|t| (n, t)))
-            else {
-                bail!("{}: no tensor {}", at(""), hf.name);
-            };
-            used.insert(name.clone());
-            let got = read_f32(view.dtype(), view.data())
-                .with_context(|| format!("model.init_from: {name} in {}", file.display()))?;
-            // A NaN or inf would surface only as a NaN loss at step 0, naming nothing.
-            if let Some(i) = got.iter().position(|v| !v.is_finite()) {
-                bail!(
-                    "model.init_from: {name} in {} holds {} at element {i}",
-                    file.display(),
-                    got[i]
-                );
-            }
-            let ours = &mut values[p.offset..p.offset + p.numel];
-            match (hf.transpose, p.shape.as_slice(), view.shape()) {
-                (true, &[rows, cols], &[hc, hr]) if hc == cols && hr == rows => {
-                    for r in 0..rows {
-                        for c in 0..cols {
-                            ours[r * cols + c] = got[c * rows + r];
-                        }
-                    }
-                }
-                (false, shape, theirs) if shape == theirs => ours.copy_from_slice(&got),
-                // A vocabulary of fewer rows: the rest stay zero.
-                (false, &[v, c], &[hv, hc]) if hc == c && hv < v && hf.vocab_rows => {
-                    ours[..hv * c].copy_from_slice(&got);
-                }
-                (_, _, theirs) => bail!(
-                    "model.init_from: {name} is {theirs:?} in {}, this model's is {:?}",
-                    file.display(),
-                    match hf.transpose {
-                        true => p.shape.iter().rev().copied().collect::<Vec<_>>(),
-                        false => p.shape.clone(),
-                    }
-                ),
+            for hf in model.hf_tensors(p) {
+                let name = read_part(&tensors, &hf, p, &mut values[p.offset..p.offset + p.numel])
+                    .map_err(|e| anyhow::anyhow!("{}: {e:#}", at("")))?;
+                used.insert(name);
             }
         }
         units.push(values);
@@ -97,6 +60,79 @@ pub fn read(dir: &Path, cfg: &model::ModelConfig) -> Result<Vec<Vec<f32>>> {
         }
     }
     Ok(units)
+}
+
+/// Reads the Hugging Face tensor `hf` (by its name or alias) into its columns of `ours`,
+/// parameter `p`'s values: transposed where HF's orientation is not ours, a vocabulary of fewer
+/// rows into the first rows. Returns the name it was found by; an error names the tensor.
+fn read_part(
+    tensors: &BTreeMap<String, (PathBuf, safetensors::tensor::TensorView<'_>)>,
+    hf: &model::HfTensor,
+    p: &model::ParamSpec,
+    ours: &mut [f32],
+) -> Result<String> {
+    let Some((name, (file, view))) = [Some(hf.name.clone()), hf.alias.clone()]
+        .into_iter()
+        .flatten()
+        .find_map(|n| tensors.get(&n).map(|t| (n, t)))
+    else {
+        bail!("no tensor {}", hf.name);
+    };
+    let got = read_f32(view.dtype(), view.data())
+        .with_context(|| format!("{name} in {}", file.display()))?;
+    // A NaN or inf would surface only as a NaN loss at step 0, naming nothing.
+    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+        bail!(
+            "{name} in {} holds {} at element {i}",
+            file.display(),
+            got[i]
+        );
+    }
+    // Ours as (rows, cols), HF's part of it as `width` of those columns.
+    let cols = p.shape.last().copied().unwrap_or(1);
+    let rows = p.numel / cols.max(1);
+    let (c0, width) = (hf.columns.start, hf.columns.len());
+    let whole = width == cols;
+    let expected: Vec<usize> = match (hf.transpose, p.shape.as_slice()) {
+        (true, &[r, _]) => vec![width, r],
+        (_, shape) => {
+            let mut s = shape.to_vec();
+            if let Some(last) = s.last_mut() {
+                *last = width;
+            }
+            s
+        }
+    };
+    let theirs = view.shape();
+    match (hf.transpose, theirs == expected.as_slice()) {
+        (true, true) => {
+            for r in 0..rows {
+                for c in 0..width {
+                    ours[r * cols + c0 + c] = got[c * rows + r];
+                }
+            }
+        }
+        (false, true) if whole => ours.copy_from_slice(&got),
+        (false, true) => {
+            for r in 0..rows {
+                ours[r * cols + c0..r * cols + c0 + width]
+                    .copy_from_slice(&got[r * width..(r + 1) * width]);
+            }
+        }
+        // A vocabulary of fewer rows: the rest stay zero.
+        (false, false)
+            if hf.vocab_rows
+                && whole
+                && matches!((p.shape.as_slice(), theirs), (&[v, c], &[hv, hc]) if hc == c && hv < v) =>
+        {
+            ours[..got.len()].copy_from_slice(&got);
+        }
+        _ => bail!(
+            "{name} is {theirs:?} in {}, this model's is {expected:?}",
+            file.display()
+        ),
+    }
+    Ok(name)
 }
 
 /// `config.json`'s architecture and the settings that shapes do not show, against `cfg`.
@@ -293,7 +329,8 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let (cfg, mut units) = exported(dir.path());
             let layouts = model::Model::new(cfg.clone()).unwrap().units().to_vec();
-            let q = layouts[1].param("self_attn.q_proj.weight");
+            // Row 0, column 5 of q|k|v: q_proj's.
+            let q = layouts[1].param("self_attn.qkv_proj.weight");
             units[1][q.offset + 5] = bad;
             let pairs: crate::export::UnitParameters = layouts.into_iter().zip(units).collect();
             let out = dir.path().join("model.safetensors");

@@ -146,6 +146,15 @@ pub fn find(run: &Run, settings: &BTreeMap<String, String>) -> Result<Option<Res
         return Ok(None);
     };
     let manifest = checkpoint::read_manifest(&path)?;
+    if manifest.model.legacy_layout() {
+        bail!(
+            "checkpoint {} holds q, k, v, gate and up as a matrix each, as trainers before the \
+             packed projections wrote them: export it (`trainer export --checkpoint {0} --output \
+             DIR/model.safetensors` converts it), then start a run from DIR with model.init_from \
+             and another checkpoint.dir",
+            path.display()
+        );
+    }
     if manifest.model != (&run.model).into() {
         bail!(
             "checkpoint {} is of another model shape: {}",
@@ -414,6 +423,38 @@ mod tests {
         assert_eq!(
             shape_changes(&(&llama).into(), &run),
             "model.n_kv_head: 4 -> 2, model.rope_theta: 10000 -> 500000"
+        );
+    }
+
+    /// A Llama checkpoint of the unpacked projections (its record without `packed`) is refused
+    /// in one line that says how to carry it over; this trainer's own resumes.
+    #[test]
+    fn a_checkpoint_of_unpacked_projections_is_refused_with_its_conversion() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = RunConfig::default();
+        config.model.preset = Some("llama-tiny".into());
+        config.checkpoint.dir = Some(dir.path().to_path_buf());
+        config.checkpoint.resume = true;
+        let run = Run::resolve(config, None).unwrap();
+        let topology = comm::Topology::new(1, 1).unwrap();
+        let m = checkpoint::manifest(1, 0, topology, &run.model, 1, &Default::default(), &[], "r");
+        let ckpt = checkpoint::step_dir(dir.path(), 1);
+        std::fs::create_dir_all(&ckpt).unwrap();
+        let mut json = serde_json::to_value(&m).unwrap();
+        std::fs::write(ckpt.join("manifest.json"), json.to_string()).unwrap();
+        assert!(find(&run, &BTreeMap::new()).unwrap().is_some());
+        json["model"]["llama"]
+            .as_object_mut()
+            .unwrap()
+            .remove("packed");
+        std::fs::write(ckpt.join("manifest.json"), json.to_string()).unwrap();
+        let Err(e) = find(&run, &BTreeMap::new()) else {
+            panic!("resumed");
+        };
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("as a matrix each") && e.contains("trainer export") && !e.contains('\n'),
+            "{e}"
         );
     }
 

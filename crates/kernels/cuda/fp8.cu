@@ -130,14 +130,16 @@ __device__ __forceinline__ void fp8_unpack8(uint4 raw, float* v) {
 // fp8_quantize_act describes it, from the rows this thread loaded: raw[i] is the tile's row
 // i * 16 + t / 16, its columns vc * 8 to + 7 (bf16 bits, zeros outside the matrix). tile_col
 // is the tile's column index (the row scales' outer index), the tile's row index is
-// blockIdx.y. Every thread of the CTA calls it; a caller that calls it twice synchronises the
-// CTA between the calls (the shared memory is the same).
+// blockIdx.y. ld is the row stride of codes and scales_t: cols, or more where the matrix is a
+// block of columns of a wider one (SwiGLU's gradient writes its halves side by side). Every
+// thread of the CTA calls it; a caller that calls it twice synchronises the CTA between the
+// calls (the shared memory is the same).
 __device__ __forceinline__ void fp8_quantize_tile(const uint4 raw[8], int r0, int c0,
                                                   int tile_col, u8* __restrict__ codes,
                                                   float* __restrict__ scales,
                                                   u8* __restrict__ codes_t,
                                                   float* __restrict__ scales_t, int rows,
-                                                  int cols) {
+                                                  int cols, int ld) {
     // 8 bf16 of padding a row keep the 16-byte stores on 16 bytes and off each other's banks.
     __shared__ __align__(16) bf16 tile[128][136];
     __shared__ u32 quarter_amax[4][128];
@@ -163,7 +165,7 @@ __device__ __forceinline__ void fp8_quantize_tile(const uint4 raw[8], int r0, in
             const Fp8Scale s = fp8_scale(m);
             if (vc == 0) scales[(i64)tile_col * rows + r] = s.scale;
             const uint2 q = m >= FP8_NON_FINITE ? make_uint2(0, 0) : fp8_pack8(v, s.mult);
-            *reinterpret_cast<uint2*>(codes + (i64)r * cols + c) = q;
+            *reinterpret_cast<uint2*>(codes + (i64)r * ld + c) = q;
         }
     }
     if (codes_t == nullptr) return;
@@ -194,7 +196,7 @@ __device__ __forceinline__ void fp8_quantize_tile(const uint4 raw[8], int r0, in
         if (col >= cols) break;
         const u32 m = j == 0 ? m0 : m1;
         const Fp8Scale s = fp8_scale(m);
-        if (quarter == 0) scales_t[(i64)blockIdx.y * cols + col] = s.scale;
+        if (quarter == 0) scales_t[(i64)blockIdx.y * ld + col] = s.scale;
         u8* out = codes_t + (i64)col * rows + r0 + quarter * 32;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -240,7 +242,7 @@ __device__ __forceinline__ void fp8_quantize_loaded(Load load, u8* __restrict__ 
         raw[i] = r < rows && c < cols ? load(r, c) : make_uint4(0, 0, 0, 0);
     }
     fp8_quantize_tile(raw, r0, blockIdx.x * 128, blockIdx.x, codes, scales, codes_t, scales_t,
-                      rows, cols);
+                      rows, cols, cols);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -273,13 +275,14 @@ fp8_quantize_swiglu(const bf16* __restrict__ gu, u8* __restrict__ codes,
 }
 
 // SwiGLU's gradient dgu = [dgate | dup] (swiglu.cuh, rounded to bf16 as swiglu_backward rounds
-// it) from dact (rows, F) and gu (rows, 2F) bf16, each half quantised both ways as
-// fp8_quantize_act quantises a (rows, F) matrix: the gate and up projections' douts, without
-// dgu in bf16 (read 6 bytes a channel pair and write 4 of codes, where swiglu_backward and the
-// quantiser moved 18). Half 0 (dgate) at codes, scales, codes_t, scales_t; half 1 (dup) after
-// it in each: codes + rows F, scales + ceil(F / 128) rows, codes_t + F rows, scales_t +
-// ceil(rows / 128) F. A CTA computes both halves of its tile in one read and quantises them in
-// turn. F % 8 == 0, dact and gu 16-byte aligned. Grid (ceil(F / 128), ceil(rows / 128)).
+// it) from dact (rows, F) and gu (rows, 2F) bf16, quantised both ways as fp8_quantize_act
+// quantises the (rows, 2F) matrix dgu: the packed gate|up projection's dout, without dgu in
+// bf16 (read 6 bytes a channel pair and write 4 of codes, where swiglu_backward and the
+// quantiser moved 18). codes (rows, 2F) and scales (2F / 128, rows), codes_t (2F, rows) and
+// scales_t (ceil(rows / 128), 2F): dup's tiles are dgate's F columns (codes, scales_t) or F
+// rows (scales, codes_t) further on. A CTA computes both halves of its tile in one read and
+// quantises them in turn. F % 128 == 0 (no 1 x 128 block straddles the halves), dact and gu
+// 16-byte aligned. Grid (F / 128, ceil(rows / 128)).
 extern "C" __global__ void __launch_bounds__(256)
 fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__ gu,
                          u8* __restrict__ codes, float* __restrict__ scales,
@@ -304,13 +307,10 @@ fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__
             ru[i] = pack8(du);
         }
     }
-    fp8_quantize_tile(rg, r0, c0, blockIdx.x, codes, scales, codes_t,
-                      scales_t, rows, F);
+    fp8_quantize_tile(rg, r0, c0, blockIdx.x, codes, scales, codes_t, scales_t, rows, F, 2 * F);
     __syncthreads();  // the second tile reuses the shared memory
-    const i64 rf = (i64)rows * F;
-    fp8_quantize_tile(ru, r0, c0, blockIdx.x, codes + rf,
-                      scales + (i64)((F + 127) / 128) * rows, codes_t + rf,
-                      scales_t + (i64)((rows + 127) / 128) * F, rows, F);
+    fp8_quantize_tile(ru, r0, c0, blockIdx.x, codes + F, scales + (i64)(F / 128) * rows,
+                      codes_t + (i64)rows * F, scales_t + F, rows, F, 2 * F);
 }
 
 // The bias add and GELU after an FP8 layer (bias_add_gelu's arithmetic, gelu.cuh): h =

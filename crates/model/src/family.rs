@@ -17,7 +17,7 @@ use crate::config::ModelConfig;
 use crate::decode::LayerCache;
 use crate::error::{ModelError, Result};
 use crate::layers::{Loss, RopeTables, TokenIndex};
-use crate::layout::{ParamSpec, UnitKind, UnitTable};
+use crate::layout::{ParamSpec, UnitKind, UnitLayout, UnitTable};
 use crate::linears::LinearFormat;
 use crate::recompute::Recompute;
 use crate::schedule::{Saved, UnitParams};
@@ -107,8 +107,20 @@ pub trait Family: Sync {
     /// The shape a manifest recorded (the common sizes, and the family's [`Family::record`]).
     fn from_record(&self, sizes: &Sizes, own: Option<&serde_json::Value>) -> Result<ModelConfig>;
 
-    /// Where parameter `p` lives in the family's Hugging Face checkpoint.
-    fn hf_tensor(&self, p: &ParamSpec) -> HfTensor;
+    /// Where parameter `p` of `cfg`'s model lives in the family's Hugging Face checkpoint: one
+    /// tensor, or one for each block of its columns (a packed projection).
+    fn hf_tensors(&self, cfg: &ModelConfig, p: &ParamSpec) -> Vec<HfTensor>;
+
+    /// Whether a manifest's record of this family (`own`, [`Family::record`]) was written by a
+    /// trainer whose parameter table [`Family::repack_legacy`] converts from.
+    fn legacy_record(&self, _own: Option<&serde_json::Value>) -> bool {
+        false
+    }
+
+    /// A unit's whole flat buffer as a [`Family::legacy_record`] checkpoint holds it,
+    /// rewritten in place in this trainer's table (`unit`); the same numel and, for every
+    /// parameter, the same range of the buffer.
+    fn repack_legacy(&self, _cfg: &ModelConfig, _unit: &UnitLayout, _data: &mut [f32]) {}
 
     /// Whether a tensor of a Hugging Face checkpoint that is none of our parameters may be
     /// passed over: a buffer transformers saves (a causal mask, a rotary table), or a tied head
@@ -360,6 +372,9 @@ pub struct HfTensor {
     /// Its rows are the vocabulary: a checkpoint with fewer (GPT-2's 50,257 against our
     /// 50,304) is read into the first rows, the rest zero.
     pub vocab_rows: bool,
+    /// The columns of our parameter (its last dimension) this tensor holds: all of them, or
+    /// one projection's block of a packed one (q|k|v, gate|up).
+    pub columns: std::ops::Range<usize>,
 }
 
 /// A model shape as a checkpoint's manifest records it: the family's name (absent for GPT-2,
@@ -398,6 +413,13 @@ impl From<&ModelConfig> for ShapeRecord {
 }
 
 impl ShapeRecord {
+    /// Whether the checkpoint was written in a parameter table older than this trainer's
+    /// ([`Family::legacy_record`]): its units' buffers are [`Family::repack_legacy`]'s input.
+    pub fn legacy_layout(&self) -> bool {
+        let name = self.arch.as_deref().unwrap_or(FAMILIES[0].name());
+        family(name).is_some_and(|f| f.legacy_record(self.family.get(name)))
+    }
+
     /// The model this record describes, checked ([`ModelConfig::validate`]).
     pub fn config(&self) -> Result<ModelConfig> {
         let name = self.arch.as_deref().unwrap_or(FAMILIES[0].name());

@@ -264,14 +264,15 @@ mod tests {
             let head = layout.final_norm().try_param("lm_head.weight").is_some();
             assert_eq!(head, !cfg.tie_embeddings, "{name}");
         }
+        // q|k|v packed: 4 query heads and 2 key/value heads of 16.
         let cfg = crate::preset("llama-tiny").unwrap();
-        let k = ModelLayout::new(&cfg)
+        let qkv = ModelLayout::new(&cfg)
             .block(1)
-            .param("self_attn.k_proj.weight")
+            .param("self_attn.qkv_proj.weight")
             .clone();
         assert_eq!(
-            (k.name.as_str(), k.shape),
-            ("layers.1.self_attn.k_proj.weight", vec![64, 32])
+            (qkv.name.as_str(), qkv.shape),
+            ("layers.1.self_attn.qkv_proj.weight", vec![64, 128])
         );
     }
 }

@@ -481,10 +481,16 @@ impl Model {
         )
     }
 
-    /// The name and orientation of parameter `p` in the Hugging Face checkpoint of this
-    /// model's family ([`crate::Family::hf_tensor`]).
-    pub fn hf_tensor(&self, p: &ParamSpec) -> HfTensor {
-        self.cfg.family().hf_tensor(p)
+    /// The names, orientation and columns of parameter `p` in the Hugging Face checkpoint of
+    /// this model's family ([`crate::Family::hf_tensors`]).
+    pub fn hf_tensors(&self, p: &ParamSpec) -> Vec<HfTensor> {
+        self.cfg.family().hf_tensors(&self.cfg, p)
+    }
+
+    /// A unit's whole flat buffer from a checkpoint of an older parameter table
+    /// ([`crate::ShapeRecord::legacy_layout`]), rewritten in place in this one.
+    pub fn repack_legacy(&self, unit: &UnitLayout, data: &mut [f32]) {
+        self.cfg.family().repack_legacy(&self.cfg, unit, data)
     }
 }
 

@@ -282,9 +282,25 @@ fn a_resume_from_the_state_continues_bit_for_bit() {
     }
 }
 
-/// FP8 compute under ZeRO: every world on the single-rank curve (looser than dense's 1e-5: a
-/// weight that a reduction order moves by an ulp may round to another FP8 code), hpZ bitwise,
-/// ZeRO++ close, and the engine's gradient the one-device FP8 walk's.
+/// Whether `a` is `b` but for FP8's rounding: every element within `2e-3 (1 + |b|)`, and all
+/// but 5% of them within `1e-4 (1 + |b|)`. A reduction order that moves a value by an ulp may
+/// move a block's absmax, and then every code of the block (1 x 128 or 128 x 1 elements of an
+/// activation or gradient, 128 x 128 of a weight; a packed projection's block spans q, k and v,
+/// or gate and up): a few weights step apart by a fraction of the learning rate, where a wrong
+/// reduction moves most of them.
+fn fp8_close(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
+    let pairs = || a.iter().flatten().zip(b.iter().flatten());
+    let beyond = |tol: f32| {
+        pairs()
+            .filter(|(x, y)| (*x - *y).abs() > tol * (1.0 + y.abs()))
+            .count()
+    };
+    beyond(2e-3) == 0 && beyond(1e-4) * 20 <= pairs().count()
+}
+
+/// FP8 compute under ZeRO: every world on the single-rank curve (looser than dense's 1e-5:
+/// [`fp8_close`], and the losses within 1e-4), hpZ bitwise, ZeRO++ close, and the engine's
+/// gradient the one-device FP8 walk's.
 #[test]
 fn fp8_compute_keeps_every_zero_property() {
     let fp8 = LinearFormat::Fp8;
@@ -294,7 +310,7 @@ fn fp8_compute_keeps_every_zero_property() {
         let (dense, _) = train(cfg, ZeroConfig::default(), 1, 1, 3);
         assert!(!close(&one, &dense, 1e-6), "{name}: FP8 trained as dense");
         let (plain, plain_losses) = train_in(fp8, cfg, ZeroConfig::default(), 8, 4, 3);
-        assert!(close(&plain, &one, 1e-4), "{name}, W=8");
+        assert!(fp8_close(&plain, &one), "{name}, W=8");
         for (a, b) in plain_losses.iter().zip(&one_losses) {
             assert!((a - b).abs() < 1e-4 * b, "{name}: {a} vs {b}");
         }

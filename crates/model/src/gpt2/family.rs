@@ -239,13 +239,14 @@ impl Family for Gpt2 {
 
     /// `transformer.` + our name (checkpoints on the hub often leave the prefix out); Conv1D
     /// weights are stored `(in, out)`, as ours.
-    fn hf_tensor(&self, p: &ParamSpec) -> HfTensor {
-        HfTensor {
+    fn hf_tensors(&self, _: &ModelConfig, p: &ParamSpec) -> Vec<HfTensor> {
+        vec![HfTensor {
             name: format!("transformer.{}", p.name),
             alias: Some(p.name.clone()),
             transpose: false,
             vocab_rows: p.name == "wte.weight",
-        }
+            columns: 0..p.shape.last().copied().unwrap_or(0),
+        }]
     }
 
     /// The attention's causal mask, which older transformers saved with the weights.

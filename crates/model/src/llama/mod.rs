@@ -168,34 +168,23 @@ struct MlpKept {
     gu: Tensor,
 }
 
-/// The block's weights in the order the packed projections take them.
+/// The block's weights: each packed projection one matrix (`style.rs`' [`style::QKV`],
+/// [`style::GATE_UP`]).
 struct BlockWeights {
     input_norm: Tensor,
-    /// q_proj, k_proj, v_proj: one packed projection.
-    qkv: [LinearWeight; 3],
-    /// Their biases side by side `(NH hs + 2 KV hs)` (Qwen2).
+    /// q_proj|k_proj|v_proj `(C, (NH + 2 KV) hs)`.
+    qkv: LinearWeight,
+    /// Their biases `((NH + 2 KV) hs)` (Qwen2).
     qkv_bias: Option<Tensor>,
     /// q_norm and k_norm `(hs)` (Qwen3).
     qk_norm: Option<[Tensor; 2]>,
     o: LinearWeight,
     post_norm: Tensor,
-    /// gate_proj, up_proj: one packed projection.
-    gate_up: [LinearWeight; 2],
+    /// gate_proj|up_proj `(C, 2F)`.
+    gate_up: LinearWeight,
     down: LinearWeight,
 }
 
-/// Names of [`BlockWeights`]' projections, in their order.
-const QKV_NAMES: [&str; 3] = [
-    "self_attn.q_proj.weight",
-    "self_attn.k_proj.weight",
-    "self_attn.v_proj.weight",
-];
-const GATE_UP_NAMES: [&str; 2] = ["mlp.gate_proj.weight", "mlp.up_proj.weight"];
-const QKV_BIAS_NAMES: [&str; 3] = [
-    "self_attn.q_proj.bias",
-    "self_attn.k_proj.bias",
-    "self_attn.v_proj.bias",
-];
 const QK_NORM_NAMES: [&str; 2] = ["self_attn.q_norm.weight", "self_attn.k_norm.weight"];
 
 impl BlockWeights {
@@ -203,27 +192,18 @@ impl BlockWeights {
         let lw = |name: &str| params.linear(unit.param(name));
         let params = params.flat();
         let p = |name: &str| unit.param(name).view(params);
-        // The three biases are consecutive rows of the table (style.rs): one view.
-        let qkv_bias = match cfg.qkv_bias {
-            true => {
-                let q = unit.param(QKV_BIAS_NAMES[0]);
-                let w = (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim;
-                Some(params.narrow(0, q.offset, w)?)
-            }
-            false => None,
-        };
         let qk_norm = match cfg.qk_norm {
             true => Some([p(QK_NORM_NAMES[0])?, p(QK_NORM_NAMES[1])?]),
             false => None,
         };
         Ok(BlockWeights {
             input_norm: p("input_layernorm.weight")?,
-            qkv: [lw(QKV_NAMES[0])?, lw(QKV_NAMES[1])?, lw(QKV_NAMES[2])?],
-            qkv_bias,
+            qkv: lw(style::QKV)?,
+            qkv_bias: cfg.qkv_bias.then(|| p(style::QKV_BIAS)).transpose()?,
             qk_norm,
             o: lw("self_attn.o_proj.weight")?,
             post_norm: p("post_attention_layernorm.weight")?,
-            gate_up: [lw(GATE_UP_NAMES[0])?, lw(GATE_UP_NAMES[1])?],
+            gate_up: lw(style::GATE_UP)?,
             down: lw("mlp.down_proj.weight")?,
         })
     }
@@ -257,7 +237,8 @@ fn attention_half(
     // n1 = input_layernorm(x), into [q_proj | k_proj | v_proj]
     let eps = cfg.norm_eps;
     let bias = w.qkv_bias.as_ref();
-    let first = lin.rmsnorm_cols_forward_saving(&xf, None, &w.input_norm, eps, &w.qkv, bias)?;
+    let qkv_w = std::slice::from_ref(&w.qkv);
+    let first = lin.rmsnorm_cols_forward_saving(&xf, None, &w.input_norm, eps, qkv_w, bias)?;
     let (n1, rms1) = (first.n, first.rms);
     let qkv = first.y.reshape((b, t, (nh + 2 * kv) * hs))?;
     // q and k normalised per head (Qwen3), then turned by the rotation: one pass on the GPU
@@ -317,8 +298,9 @@ fn block_forward_full(
     let attn_out = lin.cols_forward(&y, std::slice::from_ref(&w.o), None, None)?;
     // h = x + o_proj(y), then its norm in the same pass, into [gate_proj | up_proj]
     let eps = cfg.norm_eps;
+    let gate_up = std::slice::from_ref(&w.gate_up);
     let second =
-        lin.rmsnorm_cols_forward_saving(&xf, Some(&attn_out), &w.post_norm, eps, &w.gate_up, None)?;
+        lin.rmsnorm_cols_forward_saving(&xf, Some(&attn_out), &w.post_norm, eps, gate_up, None)?;
     let (h, n2, rms2, gu) = (second.h, second.n, second.rms, second.y);
     // act = silu(gate) * up into down: what down's backward reads of act, made in the same
     // pass (a recomputation, which never reads the output, makes that alone).
@@ -415,9 +397,15 @@ pub fn block_backward(
         lin.cols_backward(&dout, &a.act, std::slice::from_ref(&w.down), &slots(&down)?)?;
     put(&down, &dw)?;
     // act = silu(gate) * up, [gate | up] = n2 @ [gate_proj | up_proj]
-    let gate_up = slots(&GATE_UP_NAMES)?;
-    let (dn2, dw) = lin.swiglu_gate_up_backward(&dact, &a.gu, &a.n2, &w.gate_up, &gate_up)?;
-    put(&GATE_UP_NAMES, &dw)?;
+    let gate_up = [style::GATE_UP];
+    let (dn2, dw) = lin.swiglu_gate_up_backward(
+        &dact,
+        &a.gu,
+        &a.n2,
+        std::slice::from_ref(&w.gate_up),
+        &slots(&gate_up)?,
+    )?;
+    put(&gate_up, &dw)?;
     // n2 = post_attention_layernorm(h); h also feeds the residual, whose gradient is dout
     let post = "post_attention_layernorm.weight";
     let (dh, dw_post) = rmsnorm_backward_into(
@@ -447,20 +435,15 @@ pub fn block_backward(
         _ => rope_qk_backward(dqkv, &a.attn.rope, nh, kv)?,
     };
     let dqkv = dqkv.reshape((b * t, (nh + 2 * kv) * hs))?;
-    // their biases (Qwen2): the packed gradient's column sums, one slot a projection
+    // their biases (Qwen2): the packed gradient's column sums
     if w.qkv_bias.is_some() {
-        let db = bias_grad(&dqkv)?;
-        let (q, k) = (nh * hs, kv * hs);
-        let parts = [
-            db.narrow(0, 0, q)?,
-            db.narrow(0, q, k)?,
-            db.narrow(0, q + k, k)?,
-        ];
-        put(&QKV_BIAS_NAMES, &parts)?;
+        grads.put(style::QKV_BIAS, &bias_grad(&dqkv)?)?;
     }
     // qkv = n1 @ [q_proj | k_proj | v_proj]
-    let (dn1, dw) = lin.cols_backward(&dqkv, &a.attn.n1, &w.qkv, &slots(&QKV_NAMES)?)?;
-    put(&QKV_NAMES, &dw)?;
+    let qkv = [style::QKV];
+    let qkv_w = std::slice::from_ref(&w.qkv);
+    let (dn1, dw) = lin.cols_backward(&dqkv, &a.attn.n1, qkv_w, &slots(&qkv)?)?;
+    put(&qkv, &dw)?;
     // n1 = input_layernorm(x); x also feeds the residual, whose gradient is dh
     let xf = a.attn.x.reshape((b * t, c))?;
     let input = "input_layernorm.weight";
@@ -601,7 +584,7 @@ pub fn block_decode(
     let xf = x.reshape((t, c))?;
     let (n1, _) = rmsnorm_forward(&xf, &w.input_norm, cfg.norm_eps)?;
     let qkv = dense
-        .cols_forward(&n1, &w.qkv, w.qkv_bias.as_ref(), None)?
+        .cols_forward(&n1, std::slice::from_ref(&w.qkv), w.qkv_bias.as_ref(), None)?
         .reshape((1, t, (nh + 2 * kv) * hs))?;
     let qkv = match &w.qk_norm {
         Some([wq, wk]) => qk_norm_forward(qkv, wq, wk, nh, kv, cfg.norm_eps)?.0,
@@ -615,7 +598,7 @@ pub fn block_decode(
     let attn_out = dense.cols_forward(&y, std::slice::from_ref(&w.o), None, None)?;
     // h = x + o_proj(y), then its norm, in one pass
     let (h, n2, _) = add_rmsnorm_forward(&xf, &attn_out, &w.post_norm, cfg.norm_eps)?;
-    let gu = dense.cols_forward(&n2, &w.gate_up, None, None)?;
+    let gu = dense.cols_forward(&n2, std::slice::from_ref(&w.gate_up), None, None)?;
     let act = swiglu_packed_forward(&gu)?;
     let out = dense.cols_forward(&act, std::slice::from_ref(&w.down), None, Some(&h))?;
     Ok(out.reshape((1, t, c))?)

@@ -12,7 +12,7 @@ use crate::decode::LayerCache;
 use crate::error::{ModelError, Result};
 use crate::family::{Family, HfTensor, LinearInput, Sizes};
 use crate::layers::{rope_tables, Loss, RopeScaling, RopeTables, TokenIndex};
-use crate::layout::{init_stds, ParamInit, ParamSpec, UnitKind, UnitTable};
+use crate::layout::{init_stds, ParamInit, ParamSpec, UnitKind, UnitLayout, UnitTable};
 use crate::linears::LinearFormat;
 use crate::recompute::Recompute;
 use crate::schedule::{Saved, UnitParams};
@@ -89,11 +89,19 @@ impl LlamaStyle {
     }
 }
 
+/// The packed projections' parameters: q|k|v's weight `(C, (NH + 2 KV) hs)` and biases (Qwen2),
+/// gate|up's weight `(C, 2F)`, each one matrix so that each projection is one GEMM each way
+/// (Phi-3's names; Hugging Face's Llama, Qwen and Mistral keep one matrix a projection, which
+/// [`LlamaStyle::hf_tensors`] splits and merges by columns).
+pub const QKV: &str = "self_attn.qkv_proj.weight";
+pub const QKV_BIAS: &str = "self_attn.qkv_proj.bias";
+pub const GATE_UP: &str = "mlp.gate_up_proj.weight";
+
 /// The tables. Names follow HF `LlamaForCausalLM` (and Qwen's, Mistral's, the same) without
-/// the `model.` prefix; linear weights are stored `(in, out)` as GPT-2's are (export transposes
-/// them to HF's `(out, in)`), the embedding and LM head `(V, C)`. q's biases, then k's and v's,
-/// are consecutive, as the packed projection reads them. Untied, `lm_head.weight` lives in the
-/// final norm's unit: the head reads that unit.
+/// the `model.` prefix, but for the packed projections ([`QKV`], [`GATE_UP`]); linear weights
+/// are stored `(in, out)` as GPT-2's are (export transposes them to HF's `(out, in)`), the
+/// embedding and LM head `(V, C)`. Untied, `lm_head.weight` lives in the final norm's unit: the
+/// head reads that unit.
 pub(crate) fn rows(cfg: &ModelConfig, kind: UnitKind) -> UnitTable {
     let (c, v, f, hs) = (cfg.n_embd, cfg.vocab_size, cfg.ffn_hidden, cfg.head_dim);
     let (q, kv) = (cfg.n_head * hs, cfg.n_kv_head * hs);
@@ -108,14 +116,10 @@ pub(crate) fn rows(cfg: &ModelConfig, kind: UnitKind) -> UnitTable {
         UnitKind::Block(l) => {
             let mut rows = vec![
                 ("input_layernorm.weight", vec![c], Ones, false),
-                ("self_attn.q_proj.weight", vec![c, q], Normal { std }, true),
-                ("self_attn.k_proj.weight", vec![c, kv], Normal { std }, true),
-                ("self_attn.v_proj.weight", vec![c, kv], Normal { std }, true),
+                (QKV, vec![c, q + 2 * kv], Normal { std }, true),
             ];
             if cfg.qkv_bias {
-                rows.push(("self_attn.q_proj.bias", vec![q], Zeros, false));
-                rows.push(("self_attn.k_proj.bias", vec![kv], Zeros, false));
-                rows.push(("self_attn.v_proj.bias", vec![kv], Zeros, false));
+                rows.push((QKV_BIAS, vec![q + 2 * kv], Zeros, false));
             }
             if cfg.qk_norm {
                 rows.push(("self_attn.q_norm.weight", vec![hs], Ones, false));
@@ -123,11 +127,10 @@ pub(crate) fn rows(cfg: &ModelConfig, kind: UnitKind) -> UnitTable {
             }
             #[rustfmt::skip]
             rows.extend([
-                ("self_attn.o_proj.weight",         vec![q, c],  Normal { std: resid_std }, true),
-                ("post_attention_layernorm.weight", vec![c],     Ones,                      false),
-                ("mlp.gate_proj.weight",            vec![c, f],  Normal { std },            true),
-                ("mlp.up_proj.weight",              vec![c, f],  Normal { std },            true),
-                ("mlp.down_proj.weight",            vec![f, c],  Normal { std: resid_std }, true),
+                ("self_attn.o_proj.weight",         vec![q, c],     Normal { std: resid_std }, true),
+                ("post_attention_layernorm.weight", vec![c],        Ones,                      false),
+                (GATE_UP,                           vec![c, 2 * f], Normal { std },            true),
+                ("mlp.down_proj.weight",            vec![f, c],     Normal { std: resid_std }, true),
             ]);
             (format!("layers.{l}"), format!("layers.{l}."), rows)
         }
@@ -147,6 +150,11 @@ pub(crate) fn rows(cfg: &ModelConfig, kind: UnitKind) -> UnitTable {
 /// did.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Record {
+    /// The block's parameters are the packed table's ([`QKV`], [`GATE_UP`]); absent in the
+    /// manifests of trainers before it, whose q, k, v, gate and up were a matrix each
+    /// ([`LlamaStyle::repack_legacy`]).
+    #[serde(default)]
+    packed: bool,
     n_kv_head: usize,
     ffn_hidden: usize,
     norm_eps: f64,
@@ -158,6 +166,25 @@ struct Record {
     head_dim: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     sliding_window: Option<usize>,
+}
+
+/// `data`, the matrices `(R, w_0)`, `(R, w_1)`, ... one after another, rewritten in place as
+/// their columns side by side: one `(R, sum w_i)` matrix (a 1-D `data` is one row).
+fn pack_columns(data: &mut [f32], widths: &[usize]) {
+    let total: usize = widths.iter().sum();
+    if total == 0 {
+        return;
+    }
+    let rows = data.len() / total;
+    let old = data.to_vec();
+    let (mut from, mut col) = (0, 0);
+    for &w in widths {
+        for r in 0..rows {
+            data[r * total + col..r * total + col + w]
+                .copy_from_slice(&old[from + r * w..from + (r + 1) * w]);
+        }
+        (from, col) = (from + rows * w, col + w);
+    }
 }
 
 fn is_default(s: &RopeScaling) -> bool {
@@ -360,6 +387,7 @@ impl Family for LlamaStyle {
 
     fn record(&self, cfg: &ModelConfig) -> Option<serde_json::Value> {
         serde_json::to_value(Record {
+            packed: true,
             n_kv_head: cfg.n_kv_head,
             ffn_hidden: cfg.ffn_hidden,
             norm_eps: cfg.norm_eps,
@@ -396,10 +424,35 @@ impl Family for LlamaStyle {
         })
     }
 
+    /// A manifest without `packed` ([`Record`]).
+    fn legacy_record(&self, own: Option<&serde_json::Value>) -> bool {
+        own.is_some_and(|r| r.get("packed") != Some(&serde_json::Value::Bool(true)))
+    }
+
+    /// A block's q, k and v (their biases too) and gate and up were consecutive matrices
+    /// `(C, OUT_i)`; they become the packed ones' column blocks. Every other parameter, and
+    /// each packed one's range of the buffer, is where it was.
+    fn repack_legacy(&self, cfg: &ModelConfig, unit: &UnitLayout, data: &mut [f32]) {
+        if !matches!(unit.kind, UnitKind::Block(_)) {
+            return;
+        }
+        let (q, kv, f) = (
+            cfg.n_head * cfg.head_dim,
+            cfg.n_kv_head * cfg.head_dim,
+            cfg.ffn_hidden,
+        );
+        for (name, widths) in [(QKV, vec![q, kv, kv]), (GATE_UP, vec![f, f])] {
+            let p = unit.param(name);
+            pack_columns(&mut data[p.offset..p.offset + p.numel], &widths);
+        }
+    }
+
     /// `model.` + our name (`lm_head.weight` as it is); nn.Linear weights are `(out, in)` in
-    /// HF, the embedding and the LM head `(V, C)` in both, biases and norms 1-D in both.
-    fn hf_tensor(&self, p: &ParamSpec) -> HfTensor {
-        HfTensor {
+    /// HF, the embedding and the LM head `(V, C)` in both, biases and norms 1-D in both. The
+    /// packed projections are HF's q, k and v (weights and biases), gate and up: one tensor
+    /// for each block of their columns.
+    fn hf_tensors(&self, cfg: &ModelConfig, p: &ParamSpec) -> Vec<HfTensor> {
+        let whole = HfTensor {
             name: match p.name.starts_with("lm_head.") {
                 true => p.name.clone(),
                 false => format!("model.{}", p.name),
@@ -409,7 +462,53 @@ impl Family for LlamaStyle {
                 && !p.name.starts_with("embed_tokens.")
                 && !p.name.starts_with("lm_head."),
             vocab_rows: ["embed_tokens.weight", "lm_head.weight"].contains(&p.name.as_str()),
-        }
+            columns: 0..p.shape.last().copied().unwrap_or(0),
+        };
+        let (q, kv, f) = (
+            cfg.n_head * cfg.head_dim,
+            cfg.n_kv_head * cfg.head_dim,
+            cfg.ffn_hidden,
+        );
+        let packed = |suffix: &str| p.name.strip_suffix(suffix);
+        let (prefix, parts) = if let Some(prefix) = packed(QKV) {
+            (
+                prefix,
+                vec![
+                    ("self_attn.q_proj.weight", q),
+                    ("self_attn.k_proj.weight", kv),
+                    ("self_attn.v_proj.weight", kv),
+                ],
+            )
+        } else if let Some(prefix) = packed(QKV_BIAS) {
+            (
+                prefix,
+                vec![
+                    ("self_attn.q_proj.bias", q),
+                    ("self_attn.k_proj.bias", kv),
+                    ("self_attn.v_proj.bias", kv),
+                ],
+            )
+        } else if let Some(prefix) = packed(GATE_UP) {
+            (
+                prefix,
+                vec![("mlp.gate_proj.weight", f), ("mlp.up_proj.weight", f)],
+            )
+        } else {
+            return vec![whole];
+        };
+        let mut start = 0;
+        parts
+            .into_iter()
+            .map(|(part, width)| {
+                let columns = start..start + width;
+                start += width;
+                HfTensor {
+                    name: format!("model.{prefix}{part}"),
+                    columns,
+                    ..whole.clone()
+                }
+            })
+            .collect()
     }
 
     /// The rotary table older transformers saved, and a tied head saved anyway (some exports

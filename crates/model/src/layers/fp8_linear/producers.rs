@@ -234,10 +234,11 @@ fn layernorm_quantised(
     })
 }
 
-/// The backward of SwiGLU and of the gate and up projections after it: `(dx, [dw_gate,
-/// dw_up])` from `dact (N, F)`, the packed `gu (N, 2F)` and what the projections kept of their
-/// input `x`. On the GPU dgu is never made in bf16: `fp8_quantize_swiglu_grad` writes both
-/// halves' codes from `dact` and `gu`. Elsewhere [`crate::layers::swiglu_packed_backward`] then
+/// The backward of SwiGLU and of the gate|up projection before it: `(dx, [dw_gate_up])` from
+/// `dact (N, F)`, the packed `gu (N, 2F)` and what the projection kept of its input `x` (`ws`
+/// is its one packed weight `(C, 2F)`; the halves as two weights take the unfused path). On the
+/// GPU dgu is never made in bf16: `fp8_quantize_swiglu_grad` writes its codes from `dact` and
+/// `gu`. Elsewhere [`crate::layers::swiglu_packed_backward`] then
 /// [`cols_backward_saved_of`].
 pub(crate) fn swiglu_gate_up_backward_of(
     dact: &Tensor,
@@ -247,9 +248,9 @@ pub(crate) fn swiglu_gate_up_backward_of(
     into: &[Option<Tensor>],
 ) -> Result<(Tensor, Vec<Tensor>)> {
     #[cfg(feature = "cuda")]
-    if let (true, Fp8Cols::Codes(xt)) = (crate::layers::on_gpu(gu), &x.cols) {
-        if let Some(douts) = cuda::fused::quantize_swiglu_grad(dact, gu)? {
-            return cuda::cols_backward_quantised(&douts, xt, x.dims, ws, into)?
+    if let (true, [_], Fp8Cols::Codes(xt)) = (crate::layers::on_gpu(gu), ws, &x.cols) {
+        if let Some(dgu) = cuda::fused::quantize_swiglu_grad(dact, gu)? {
+            return cuda::cols_backward_quantised(&[dgu], xt, x.dims, ws, into)?
                 .ok_or_else(|| fp8_shape_error("the gate and up projections' input", x.dims));
         }
     }

@@ -123,14 +123,16 @@ pub fn quantize_swiglu(
     Ok(Some((rows_blocks.then_some(rows), cols)))
 }
 
-/// SwiGLU's gradient `dgu = [dgate | dup]` from `dact (N, F)` and `gu (N, 2F)`, each half in
-/// both blockings (`(rows, cols)`, as [`super::quantize_both`] of that half of `dgu`): the
-/// gate and up projections' douts; `None` where the kernel does not take the tensors.
-pub fn quantize_swiglu_grad(dact: &Tensor, gu: &Tensor) -> Result<Option<[(Operand, Operand); 2]>> {
+/// SwiGLU's gradient `dgu = [dgate | dup] (N, 2F)` from `dact (N, F)` and `gu (N, 2F)`, in
+/// both blockings (`(rows, cols)`, as [`super::quantize_both`] of `dgu`): the packed gate|up
+/// projection's dout; `None` where the kernel does not take the tensors (also where F is not
+/// a multiple of 128, so that no block straddles the halves).
+pub fn quantize_swiglu_grad(dact: &Tensor, gu: &Tensor) -> Result<Option<(Operand, Operand)>> {
     let Some((n, f)) = shape(gu)? else {
         return Ok(None);
     };
-    let dact_fits = dact.dtype() == DType::BF16
+    let dact_fits = f.is_multiple_of(BLOCK)
+        && dact.dtype() == DType::BF16
         && dact.is_contiguous()
         && dact.dims() == [n, f]
         && gpu::ptr(dact)? % 16 == 0;
@@ -139,21 +141,21 @@ pub fn quantize_swiglu_grad(dact: &Tensor, gu: &Tensor) -> Result<Option<[(Opera
     }
     let dev = gpu::device(gu)?;
     let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
-    let out = Outputs::new(&dev, 2, n, f)?;
+    let out = Outputs::new(&dev, 1, n, 2 * f)?;
     let (pd, pgu) = (gpu::ptr(dact)?, gpu::ptr(gu)?);
     let (pc, ps) = (gpu::ptr(&out.codes)?, gpu::ptr(&out.scales)?);
     let (pt, pst) = (gpu::ptr(&out.codes_t)?, gpu::ptr(&out.scales_t)?);
     let func = kernel(&dev, "fp8_quantize_swiglu_grad")?;
-    // SAFETY: dact (N, F) and gu (N, 2F) bf16 contiguous and 16-byte aligned, F % 16 == 0;
-    // each output holds both halves in the order the kernel writes them (fresh, every element
-    // written once); arguments in kernel order.
+    // SAFETY: dact (N, F) and gu (N, 2F) bf16 contiguous and 16-byte aligned, F % 128 == 0;
+    // the outputs are dgu's (N, 2F) both ways, fresh, every element written once (each half's
+    // tiles by its pass); arguments in kernel order.
     unsafe {
         func.launch(
             config(n, f),
             &[&pd, &pgu, &pc, &ps, &pt, &pst, &(n as i32), &(f as i32)],
         )?;
     }
-    Ok(Some([out.half(0)?, out.half(1)?]))
+    Ok(Some(out.half(0)?))
 }
 
 /// `(N, C)` of a tile quantiser's input `x` (a norm's input, a layer's output), with its
