@@ -168,6 +168,38 @@ struct Record {
     sliding_window: Option<usize>,
 }
 
+/// Each packed parameter and the Hugging Face tensors its column blocks are, in order, with
+/// their widths.
+fn packed_parts(cfg: &ModelConfig) -> [(&'static str, Vec<(&'static str, usize)>); 3] {
+    let (q, kv, f) = (
+        cfg.n_head * cfg.head_dim,
+        cfg.n_kv_head * cfg.head_dim,
+        cfg.ffn_hidden,
+    );
+    [
+        (
+            QKV,
+            vec![
+                ("self_attn.q_proj.weight", q),
+                ("self_attn.k_proj.weight", kv),
+                ("self_attn.v_proj.weight", kv),
+            ],
+        ),
+        (
+            QKV_BIAS,
+            vec![
+                ("self_attn.q_proj.bias", q),
+                ("self_attn.k_proj.bias", kv),
+                ("self_attn.v_proj.bias", kv),
+            ],
+        ),
+        (
+            GATE_UP,
+            vec![("mlp.gate_proj.weight", f), ("mlp.up_proj.weight", f)],
+        ),
+    ]
+}
+
 /// `data`, the matrices `(R, w_0)`, `(R, w_1)`, ... one after another, rewritten in place as
 /// their columns side by side: one `(R, sum w_i)` matrix (a 1-D `data` is one row).
 fn pack_columns(data: &mut [f32], widths: &[usize]) {
@@ -436,14 +468,11 @@ impl Family for LlamaStyle {
         if !matches!(unit.kind, UnitKind::Block(_)) {
             return;
         }
-        let (q, kv, f) = (
-            cfg.n_head * cfg.head_dim,
-            cfg.n_kv_head * cfg.head_dim,
-            cfg.ffn_hidden,
-        );
-        for (name, widths) in [(QKV, vec![q, kv, kv]), (GATE_UP, vec![f, f])] {
-            let p = unit.param(name);
-            pack_columns(&mut data[p.offset..p.offset + p.numel], &widths);
+        for (name, parts) in packed_parts(cfg) {
+            if let Some(p) = unit.try_param(name) {
+                let widths: Vec<usize> = parts.iter().map(|(_, w)| *w).collect();
+                pack_columns(&mut data[p.offset..p.offset + p.numel], &widths);
+            }
         }
     }
 
@@ -464,36 +493,10 @@ impl Family for LlamaStyle {
             vocab_rows: ["embed_tokens.weight", "lm_head.weight"].contains(&p.name.as_str()),
             columns: 0..p.shape.last().copied().unwrap_or(0),
         };
-        let (q, kv, f) = (
-            cfg.n_head * cfg.head_dim,
-            cfg.n_kv_head * cfg.head_dim,
-            cfg.ffn_hidden,
-        );
-        let packed = |suffix: &str| p.name.strip_suffix(suffix);
-        let (prefix, parts) = if let Some(prefix) = packed(QKV) {
-            (
-                prefix,
-                vec![
-                    ("self_attn.q_proj.weight", q),
-                    ("self_attn.k_proj.weight", kv),
-                    ("self_attn.v_proj.weight", kv),
-                ],
-            )
-        } else if let Some(prefix) = packed(QKV_BIAS) {
-            (
-                prefix,
-                vec![
-                    ("self_attn.q_proj.bias", q),
-                    ("self_attn.k_proj.bias", kv),
-                    ("self_attn.v_proj.bias", kv),
-                ],
-            )
-        } else if let Some(prefix) = packed(GATE_UP) {
-            (
-                prefix,
-                vec![("mlp.gate_proj.weight", f), ("mlp.up_proj.weight", f)],
-            )
-        } else {
+        let packed = packed_parts(cfg)
+            .into_iter()
+            .find_map(|(name, parts)| p.name.strip_suffix(name).map(|prefix| (prefix, parts)));
+        let Some((prefix, parts)) = packed else {
             return vec![whole];
         };
         let mut start = 0;
