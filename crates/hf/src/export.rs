@@ -2,9 +2,10 @@
 //! tensor names and shapes of Hugging Face's class for the architecture (`GPT2LMHeadModel`:
 //! `transformer.wte.weight`, `transformer.h.0.attn.c_attn.weight`, ...; `LlamaForCausalLM`:
 //! `model.embed_tokens.weight`, `model.layers.0.self_attn.q_proj.weight`, ..., `lm_head.weight`
-//! when untied), as the model names them ([`model::Model::hf_tensor`]), plus the `config.json`
-//! that transformers' `from_pretrained` reads from the same folder. A tied LM head is not
-//! written twice, as `save_pretrained` does not.
+//! when untied; a packed projection split into its Hugging Face tensors by columns), as the
+//! model names them ([`model::Model::hf_tensors`]), plus the `config.json` that transformers'
+//! `from_pretrained` reads from the same folder. A tied LM head is not written twice, as
+//! `save_pretrained` does not.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

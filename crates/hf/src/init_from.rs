@@ -1,10 +1,10 @@
 //! `model.init_from = "DIR"`: a run's first weights read from a Hugging Face safetensors folder
 //! (`config.json` and `model.safetensors`, or shards listed by `model.safetensors.index.json`),
 //! the inverse of `trainer export`: each of the model's parameters is found by its Hugging Face
-//! name ([`model::Model::hf_tensor`]), turned back to our orientation and checked against our
-//! shape. A vocabulary matrix with fewer rows than ours (GPT-2's 50,257 against our 50,304) is
-//! padded with zero rows, as Megatron pads. Anything that does not fit is one line naming the
-//! tensor or the setting.
+//! name ([`model::Model::hf_tensors`]; a packed projection's from one tensor per block of its
+//! columns), turned back to our orientation and checked against our shape. A vocabulary matrix
+//! with fewer rows than ours (GPT-2's 50,257 against our 50,304) is padded with zero rows, as
+//! Megatron pads. Anything that does not fit is one line naming the tensor or the setting.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

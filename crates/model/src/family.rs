@@ -360,7 +360,8 @@ pub struct Sizes {
     pub tie_embeddings: Option<bool>,
 }
 
-/// Where a parameter lives in a Hugging Face checkpoint ([`Family::hf_tensor`]).
+/// Where a parameter, or a block of its columns, lives in a Hugging Face checkpoint
+/// ([`Family::hf_tensors`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HfTensor {
     /// The tensor's name in `model.safetensors`.
