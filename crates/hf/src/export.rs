@@ -99,17 +99,11 @@ fn hf_files(
                         .copied()
                         .collect(),
                 };
-                let (shape, bytes) = match (hf.transpose, p.shape.as_slice()) {
-                    (true, &[_, _]) => (vec![width, rows], transposed_bytes(&part, rows, width)),
-                    _ => {
-                        let mut shape = p.shape.clone();
-                        if let Some(last) = shape.last_mut() {
-                            *last = width;
-                        }
-                        (shape, part.iter().flat_map(|v| v.to_le_bytes()).collect())
-                    }
+                let bytes = match hf.transpose {
+                    true => transposed_bytes(&part, rows, width),
+                    false => part.iter().flat_map(|v| v.to_le_bytes()).collect(),
                 };
-                tensors.push((hf.name, shape, bytes));
+                tensors.push((hf.name.clone(), hf.shape(p), bytes));
             }
         }
     }

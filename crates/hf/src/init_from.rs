@@ -93,16 +93,7 @@ fn read_part(
     let rows = p.numel / cols.max(1);
     let (c0, width) = (hf.columns.start, hf.columns.len());
     let whole = width == cols;
-    let expected: Vec<usize> = match (hf.transpose, p.shape.as_slice()) {
-        (true, &[r, _]) => vec![width, r],
-        (_, shape) => {
-            let mut s = shape.to_vec();
-            if let Some(last) = s.last_mut() {
-                *last = width;
-            }
-            s
-        }
-    };
+    let expected = hf.shape(p);
     let theirs = view.shape();
     match (hf.transpose, theirs == expected.as_slice()) {
         (true, true) => {

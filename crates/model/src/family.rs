@@ -378,6 +378,21 @@ pub struct HfTensor {
     pub columns: std::ops::Range<usize>,
 }
 
+impl HfTensor {
+    /// Its shape in the Hugging Face checkpoint, for parameter `p`: `p`'s with the last
+    /// dimension its [`HfTensor::columns`], reversed where it is stored transposed.
+    pub fn shape(&self, p: &ParamSpec) -> Vec<usize> {
+        let mut shape = p.shape.clone();
+        if let Some(last) = shape.last_mut() {
+            *last = self.columns.len();
+        }
+        if self.transpose {
+            shape.reverse();
+        }
+        shape
+    }
+}
+
 /// A model shape as a checkpoint's manifest records it: the family's name (absent for GPT-2,
 /// as trainers before the registry wrote it), the common sizes, and what the family adds under
 /// its own name (`"llama": {"n_kv_head": 2, ...}`), which it serialises itself.

@@ -486,12 +486,6 @@ impl Model {
     pub fn hf_tensors(&self, p: &ParamSpec) -> Vec<HfTensor> {
         self.cfg.family().hf_tensors(&self.cfg, p)
     }
-
-    /// A unit's whole flat buffer from a checkpoint of an older parameter table
-    /// ([`crate::ShapeRecord::legacy_layout`]), rewritten in place in this one.
-    pub fn repack_legacy(&self, unit: &UnitLayout, data: &mut [f32]) {
-        self.cfg.family().repack_legacy(&self.cfg, unit, data)
-    }
 }
 
 /// A [`UnitSource`] over full buffers on one device, collecting the gradients.
