@@ -32,21 +32,22 @@
 // e4m3x2 conversion needs sm_89) in the fast flavour: every operation whose rounding matters
 // is written out (__fdiv_rn, __fmul_rn), so contraction cannot change it, and nothing flushes.
 // Bound by memory bandwidth: 2 bytes read and 1 written an element a orientation. How close,
-// on an H100 (3.35 TB/s) at Llama 3.2 1B's shapes, 16,384 tokens (tests/gpu/fp8.rs's timing,
-// `gpu-tests fp8_gemms --nocapture`, 2026-12-05): fp8_quantize_act 2.1-2.4 TB/s for the row
-// blocks alone (63-72%), 1.45-1.65 TB/s both ways at once (4 bytes an element, 43-49%, when
-// the column half read one bf16 a lane 128 times a thread); reading 32 words of two columns a
-// thread and keeping them, 1.9-2.3 TB/s both ways on an H200 (4.8 TB/s: 40-48%, 2026-12-05);
-// fp8_quantize_tiles 1.5-1.6 TB/s on the large weights (down, gate|up) and 0.3-0.7 TB/s on
-// the small ones (o, k, v: 16 to 64 CTAs, too few for 132 SMs). The fused quantisers
-// (SwiGLU's, the norms', GELU's) move fp8_quantize_act's bytes both ways plus what they read
-// to make their tile (SwiGLU: gate and up; a norm: its input, its weight (and bias) vector a
-// thread and its statistics a row; GELU: the layer's output, written back with its bias) and
-// one weight-tile launch takes a packed projection's weights. Timed on an H200 (2026-12-05,
-// tests/gpu/fp8_fused.rs): fp8_quantize_rmsnorm at (16,384, 2048) with the residual add 0.084
-// ms, 1.59 TB/s of h read and codes written (33%; the norm then quantize_both took 0.146 ms);
+// on an H100 (3.35 TB/s) at 16,384 tokens (2026-12-06, the tile kept in registers, 8 rows a
+// thread: 64 registers, 4 CTAs an SM; timed beside the earlier kernel, which staged the tile
+// through shared memory at 78-128 registers, bit for bit equal): fp8_quantize_act both ways
+// 2.35-2.47 TB/s at 2048-8192 columns (70-74%; ncu: DRAM 74%, half the warps waiting on
+// loads), 2.17 at 1024; the row blocks alone 2.68 TB/s (80%); the column blocks alone 2.38;
+// fp8_quantize_swiglu_grad 2.17 TB/s of dact and gate|up read and codes written (its arithmetic
+// now shares the issue slots: ncu's SM throughput 64%), fp8_quantize_swiglu 2.37,
+// fp8_quantize_rmsnorm 2.09 (1.14-1.38x the earlier kernels). fp8_quantize_tiles (the
+// weights, 86 registers, staged through shared memory) 1.5-1.6 TB/s on the large weights
+// (down, gate|up) and 0.3-0.7 TB/s on the small ones (o, k, v: 16 to 64 CTAs, too few for 132
+// SMs) on an H100 (2026-12-05), which one launch for a packed projection's weights raises:
 // q|k|v's tiles at 1B's shapes in one launch 32.2 us (783 GB/s) against 39.4 us (638 GB/s)
-// in three.
+// in three (H200). The fused quantisers (SwiGLU's, the norms', GELU's) move fp8_quantize_act's
+// bytes both ways plus what they read to make their tile (SwiGLU: gate and up; a norm: its
+// input, its weight (and bias) vector a thread and its statistics a row; GELU: the layer's
+// output, written back with its bias).
 #include "common.cuh"
 #include "swiglu.cuh"
 #include "rmsnorm.cuh"
@@ -115,6 +116,24 @@ __device__ __forceinline__ void fp8_unpack8(uint4 raw, float* v) {
     }
 }
 
+// The absolute values of a bf16x2 word's halves (the sign bits cleared), the larger of each
+// half of two such words (one instruction on sm_90: as unsigned 16-bit integers, the order of
+// the absolute values, with inf above every finite value and NaN above inf), and the f32 bits
+// of a word's larger half: a block's absmax in the f32 bits fp8_scale takes.
+__device__ __forceinline__ u32 fp8_abs2(u32 w) { return w & 0x7fff7fffu; }
+__device__ __forceinline__ u32 fp8_max2(u32 a, u32 b) {
+    u32 r;
+    asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 fp8_wider(u32 m2) { return fp8_umax(m2 << 16, m2 & 0xffff0000u); }
+__device__ __forceinline__ u32 fp8_abs_max4(uint4 v) {
+    return fp8_max2(fp8_max2(fp8_abs2(v.x), fp8_abs2(v.y)), fp8_max2(fp8_abs2(v.z), fp8_abs2(v.w)));
+}
+__device__ __forceinline__ u32 fp8_word(uint4 v, int j) {
+    return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
 // An activation or gradient x (rows, cols) bf16 at row stride ldx (a view: its first element
 // and ldx on 16 bytes, cols a multiple of 8), read once, quantised in either or both blocks:
 //   codes (rows, cols) row stride cols in 1 x 128 blocks, scales [ceil(cols / 128)][rows]
@@ -122,108 +141,109 @@ __device__ __forceinline__ void fp8_unpack8(uint4 raw, float* v) {
 //   codes_t (cols, rows) row stride rows, x^T's codes, in 128 x 1 blocks of x, scales_t
 //     [ceil(rows / 128)][cols] (the weight gradient's operands: VEC128, outer S).
 // A null codes pointer skips that orientation. A CTA of 256 threads a 128 x 128 tile; grid
-// (ceil(cols / 128), ceil(rows / 128)). 16 threads a row load it in 16-byte vectors (kept
-// in registers for the row blocks, copied to shared memory for the column blocks); a row
-// block's absmax is a shuffle over its 16 threads; a thread takes two columns' words from
-// shared memory over 32 rows, and a column's four quarter maxima join through shared memory.
-// The two-way quantisation of one 128 x 128 tile of a (rows, cols) matrix at (r0, c0), as
-// fp8_quantize_act describes it, from the rows this thread loaded: raw[i] is the tile's row
-// i * 16 + t / 16, its columns vc * 8 to + 7 (bf16 bits, zeros outside the matrix). tile_col
-// is the tile's column index (the row scales' outer index), the tile's row index is
-// blockIdx.y. ld is the row stride of codes and scales_t: cols, or more where the matrix is a
-// block of columns of a wider one (SwiGLU's gradient writes its halves side by side). Every
-// thread of the CTA calls it; a caller that calls it twice synchronises the CTA between the
-// calls (the shared memory is the same).
-__device__ __forceinline__ void fp8_quantize_tile(const uint4 raw[8], int r0, int c0,
-                                                  int tile_col, u8* __restrict__ codes,
+// (ceil(cols / 128), ceil(rows / 128)). Thread t holds 8 consecutive rows ((t / 16) * 8 on) of
+// the 8 columns (t % 16) * 8 on, loaded in 16-byte vectors and kept in registers: a row's 16
+// threads are 16 lanes of a warp (its absmax a shuffle), and a column's 8 codes of x^T are
+// consecutive bytes, so both orientations leave from registers and no tile passes through
+// shared memory (only the columns' maxima and multipliers, 2.5 KB).
+// fp8_quantize_tile is that quantisation of one tile (tile_row, tile_col) from the rows this
+// thread loaded: raw[i] is row tile_row * 128 + (t / 16) * 8 + i, columns tile_col * 128 +
+// (t % 16) * 8 to + 7 (bf16 bits, zeros outside the matrix). ld is the row stride of codes and
+// scales_t: cols, or more where the matrix is a block of columns of a wider one (SwiGLU's
+// gradient writes its halves side by side). Every thread of the CTA calls it once.
+__device__ __forceinline__ void fp8_quantize_tile(const uint4 raw[8], int tile_row, int tile_col,
+                                                  u8* __restrict__ codes,
                                                   float* __restrict__ scales,
                                                   u8* __restrict__ codes_t,
                                                   float* __restrict__ scales_t, int rows,
                                                   int cols, int ld) {
-    // 8 bf16 of padding a row keep the 16-byte stores on 16 bytes and off each other's banks.
-    __shared__ __align__(16) bf16 tile[128][136];
-    __shared__ u32 quarter_amax[4][128];
-    const int t = threadIdx.x;
-    const int vc = t & 15;  // the 8-column vector of a row this thread loaded
-    const int c = c0 + vc * 8;
-    if (codes_t != nullptr)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) *reinterpret_cast<uint4*>(&tile[i * 16 + (t >> 4)][vc * 8]) = raw[i];
+    __shared__ __align__(16) u32 warp_cols[8][64];  // each warp's column maxima, 2 a word
+    __shared__ __align__(16) float col_mult[128];   // NaN: the column's block is not finite
+    const int t = threadIdx.x, lane = t & 31;
+    const int c = tile_col * 128 + (t & 15) * 8;
+    const int rb = tile_row * 128 + (t >> 4) * 8;  // this thread's first row
     if (codes != nullptr) {
+        // Row rb + i's absmax in every one of its 16 lanes; lane k of them (k < 8) works out the
+        // scale of row rb + k and hands its multiplier to the others.
+        u32 m[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
+            u32 w = fp8_abs_max4(raw[i]);
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) w = fp8_max2(w, __shfl_xor_sync(0xffffffffu, w, o));
+            m[i] = fp8_wider(w);
+        }
+        const int k = t & 7;
+        u32 mine = m[0];
+#pragma unroll
+        for (int i = 1; i < 8; ++i) mine = k == i ? m[i] : mine;
+        const Fp8Scale s = fp8_scale(mine);
+        if ((t & 15) < 8 && rb + k < rows) scales[(i64)tile_col * rows + rb + k] = s.scale;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float mult = __shfl_sync(0xffffffffu, s.mult, (lane & 16) | i);
+            if (rb + i >= rows || c >= cols) continue;
             float v[8];
             fp8_unpack8(raw[i], v);
-            u32 m = 0;
-#pragma unroll
-            for (int k = 0; k < 8; ++k) m = fp8_umax(m, fp8_absbits(v[k]));
-            // The row's 16 threads are 16 consecutive lanes of one warp.
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1) m = fp8_umax(m, __shfl_xor_sync(0xffffffffu, m, o));
-            const int r = r0 + i * 16 + (t >> 4);
-            if (r >= rows || c >= cols) continue;
-            const Fp8Scale s = fp8_scale(m);
-            if (vc == 0) scales[(i64)tile_col * rows + r] = s.scale;
-            const uint2 q = m >= FP8_NON_FINITE ? make_uint2(0, 0) : fp8_pack8(v, s.mult);
-            *reinterpret_cast<uint2*>(codes + (i64)r * ld + c) = q;
+            const uint2 q = m[i] >= FP8_NON_FINITE ? make_uint2(0, 0) : fp8_pack8(v, mult);
+            *reinterpret_cast<uint2*>(codes + (i64)(rb + i) * ld + c) = q;
         }
     }
     if (codes_t == nullptr) return;
-    __syncthreads();
-    // A thread two neighbouring columns (one 32-bit word of each tile row) over a quarter of
-    // the rows: 64 column pairs x 4 quarters of 32 rows. A warp reads 32 consecutive words of
-    // a row (no bank conflicts) and keeps its 32 words in registers for the encoding.
-    const int pair = t & 63, quarter = t >> 6;
-    u32 w[32];
-    u32 m0 = 0, m1 = 0;
+    // The columns' maxima: over this thread's 8 rows, the warp's 16 (the other half-warp holds
+    // the next 8 rows of the same columns), then the 8 warps' through shared memory; thread t <
+    // 128 works out column t's scale.
+    u32 cw[4];
 #pragma unroll
-    for (int k = 0; k < 32; ++k) {
-        w[k] = *reinterpret_cast<const u32*>(&tile[quarter * 32 + k][2 * pair]);
-        m0 = fp8_umax(m0, (w[k] << 16) & FP8_ABS_MASK);
-        m1 = fp8_umax(m1, w[k] & (FP8_ABS_MASK & 0xffff0000u));
+    for (int j = 0; j < 4; ++j) {
+        u32 w = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w = fp8_max2(w, fp8_abs2(fp8_word(raw[i], j)));
+        cw[j] = fp8_max2(w, __shfl_xor_sync(0xffffffffu, w, 16));
     }
-    quarter_amax[quarter][2 * pair] = m0;
-    quarter_amax[quarter][2 * pair + 1] = m1;
+    if ((lane & 16) == 0)
+        *reinterpret_cast<uint4*>(&warp_cols[t >> 5][(t & 15) * 4]) =
+            make_uint4(cw[0], cw[1], cw[2], cw[3]);
     __syncthreads();
+    if (t < 128) {
+        u32 w = 0;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-        m0 = fp8_umax(m0, quarter_amax[q][2 * pair]);
-        m1 = fp8_umax(m1, quarter_amax[q][2 * pair + 1]);
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        const int col = c0 + 2 * pair + j;
-        if (col >= cols) break;
-        const u32 m = j == 0 ? m0 : m1;
+        for (int k = 0; k < 8; ++k) w = fp8_max2(w, warp_cols[k][t >> 1]);
+        const u32 m = (t & 1) ? (w & 0xffff0000u) : (w << 16);
         const Fp8Scale s = fp8_scale(m);
-        if (quarter == 0) scales_t[(i64)blockIdx.y * ld + col] = s.scale;
-        u8* out = codes_t + (i64)col * rows + r0 + quarter * 32;
+        const int col = tile_col * 128 + t;
+        if (col < cols) scales_t[(i64)tile_row * ld + col] = s.scale;
+        col_mult[t] = m >= FP8_NON_FINITE ? __uint_as_float(0x7fc00000u) : s.mult;
+    }
+    __syncthreads();
+    if (c >= cols || rb >= rows) return;
+    const float4 ma = *reinterpret_cast<const float4*>(&col_mult[(t & 15) * 8]);
+    const float4 mb = *reinterpret_cast<const float4*>(&col_mult[(t & 15) * 8 + 4]);
+    const float mult[8] = {ma.x, ma.y, ma.z, ma.w, mb.x, mb.y, mb.z, mb.w};
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int rs = quarter * 32 + h * 16;  // the tile's row of this 16-byte piece
-            if (r0 + rs >= rows) break;
-            float v[16];
+    for (int k = 0; k < 8; ++k) {
+        if (c + k >= cols) break;
+        float v[8];
 #pragma unroll
-            for (int k = 0; k < 16; ++k) {
-                const u32 word = w[h * 16 + k];
-                v[k] = __uint_as_float(j == 0 ? word << 16 : word & 0xffff0000u);
-            }
-            const uint2 lo = m >= FP8_NON_FINITE ? make_uint2(0, 0) : fp8_pack8(v, s.mult);
-            const uint2 hi = m >= FP8_NON_FINITE ? make_uint2(0, 0) : fp8_pack8(v + 8, s.mult);
-            if (r0 + rs + 16 <= rows && (rows & 15) == 0) {
-                *reinterpret_cast<uint4*>(out + h * 16) = make_uint4(lo.x, lo.y, hi.x, hi.y);
-            } else {
-                const u32 p[4] = {lo.x, lo.y, hi.x, hi.y};
-                for (int k = 0; k < 16 && r0 + rs + k < rows; ++k)
-                    out[h * 16 + k] = (u8)(p[k / 4] >> (8 * (k % 4)));
-            }
+        for (int i = 0; i < 8; ++i) {
+            const u32 w = fp8_word(raw[i], k >> 1);
+            v[i] = __uint_as_float((k & 1) ? (w & 0xffff0000u) : (w << 16));
+        }
+        const uint2 q = mult[k] != mult[k] ? make_uint2(0, 0) : fp8_pack8(v, mult[k]);
+        u8* out = codes_t + (i64)(c + k) * rows + rb;
+        if (rb + 8 <= rows && (rows & 7) == 0) {
+            *reinterpret_cast<uint2*>(out) = q;
+        } else {
+            const u32 p[2] = {q.x, q.y};
+            for (int b = 0; b < 8 && rb + b < rows; ++b) out[b] = (u8)(p[b / 4] >> (8 * (b % 4)));
         }
     }
 }
 
 // The column of the 8-vector this thread loads in a tile quantiser (grid (column tiles, row
-// tiles), 16 threads a row).
+// tiles), 16 threads a row), and the first of its 8 rows.
 __device__ __forceinline__ int fp8_vector_col() { return blockIdx.x * 128 + (threadIdx.x & 15) * 8; }
+__device__ __forceinline__ int fp8_first_row() { return blockIdx.y * 128 + (threadIdx.x >> 4) * 8; }
 
 // A tile quantiser's CTA: load(r, c) gives the bf16 bits of row r, columns c to c + 7 of the
 // (rows, cols) matrix it quantises (called only inside it; zeros stand outside), and the tile
@@ -234,15 +254,13 @@ __device__ __forceinline__ void fp8_quantize_loaded(Load load, u8* __restrict__ 
                                                     u8* __restrict__ codes_t,
                                                     float* __restrict__ scales_t, int rows,
                                                     int cols) {
-    const int r0 = blockIdx.y * 128, c = fp8_vector_col();
+    const int rb = fp8_first_row(), c = fp8_vector_col();
     uint4 raw[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int r = r0 + i * 16 + (threadIdx.x >> 4);
-        raw[i] = r < rows && c < cols ? load(r, c) : make_uint4(0, 0, 0, 0);
-    }
-    fp8_quantize_tile(raw, r0, blockIdx.x * 128, blockIdx.x, codes, scales, codes_t, scales_t,
-                      rows, cols, cols);
+    for (int i = 0; i < 8; ++i)
+        raw[i] = rb + i < rows && c < cols ? load(rb + i, c) : make_uint4(0, 0, 0, 0);
+    fp8_quantize_tile(raw, blockIdx.y, blockIdx.x, codes, scales, codes_t, scales_t, rows, cols,
+                      cols);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -280,37 +298,36 @@ fp8_quantize_swiglu(const bf16* __restrict__ gu, u8* __restrict__ codes,
 // bf16 (read 6 bytes a channel pair and write 4 of codes, where swiglu_backward and the
 // quantiser moved 18). codes (rows, 2F) and scales (2F / 128, rows), codes_t (2F, rows) and
 // scales_t (ceil(rows / 128), 2F): dup's tiles are dgate's F columns (codes, scales_t) or F
-// rows (scales, codes_t) further on. A CTA computes both halves of its tile in one read and
-// quantises them in turn. F % 128 == 0 (no 1 x 128 block straddles the halves), dact and gu
-// 16-byte aligned. Grid (F / 128, ceil(rows / 128)).
+// rows (scales, codes_t) further on. dgu is quantised as the (rows, 2F) matrix it is: CTA x
+// takes tile x / 2 of dgate (x even) or of dup (x odd), so the two CTAs that read the same
+// dact and gu run side by side and the second finds them in L2. F % 128 == 0 (no 1 x 128 block
+// straddles the halves), dact and gu 16-byte aligned. Grid (2F / 128, ceil(rows / 128)).
 extern "C" __global__ void __launch_bounds__(256)
 fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__ gu,
                          u8* __restrict__ codes, float* __restrict__ scales,
                          u8* __restrict__ codes_t, float* __restrict__ scales_t, int rows,
                          int F) {
-    const int t = threadIdx.x;
-    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
-    const int c = c0 + (t & 15) * 8;
-    uint4 rg[8], ru[8];
+    const int half = blockIdx.x & 1, tile = blockIdx.x >> 1;
+    const int rb = fp8_first_row(), c = tile * 128 + (threadIdx.x & 15) * 8;
+    uint4 raw[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        const int r = r0 + i * 16 + (t >> 4);
-        rg[i] = make_uint4(0, 0, 0, 0);
-        ru[i] = make_uint4(0, 0, 0, 0);
+        const int r = rb + i;
+        raw[i] = make_uint4(0, 0, 0, 0);
         if (r < rows && c < F) {
             float d[8], g[8], u[8], dg[8], du[8];
             unpack8(ld16(dact + (i64)r * F + c), d);
             unpack8(ld16(gu + (i64)r * 2 * F + c), g);
-            unpack8(ld16(gu + (i64)r * 2 * F + F + c), u);
+            // dup = dact * silu(gate) does not read up.
+            unpack8(half == 0 ? ld16(gu + (i64)r * 2 * F + F + c) : make_uint4(0, 0, 0, 0), u);
             swiglu_grad8(d, g, u, dg, du);
-            rg[i] = pack8(dg);
-            ru[i] = pack8(du);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) dg[k] = half == 0 ? dg[k] : du[k];
+            raw[i] = pack8(dg);
         }
     }
-    fp8_quantize_tile(rg, r0, c0, blockIdx.x, codes, scales, codes_t, scales_t, rows, F, 2 * F);
-    __syncthreads();  // the second tile reuses the shared memory
-    fp8_quantize_tile(ru, r0, c0, blockIdx.x, codes + F, scales + (i64)(F / 128) * rows,
-                      codes_t + (i64)rows * F, scales_t + F, rows, F, 2 * F);
+    fp8_quantize_tile(raw, blockIdx.y, half * (F / 128) + tile, codes, scales, codes_t, scales_t,
+                      rows, 2 * F, 2 * F);
 }
 
 // The bias add and GELU after an FP8 layer (bias_add_gelu's arithmetic, gelu.cuh): h =

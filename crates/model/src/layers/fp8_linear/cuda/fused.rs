@@ -148,10 +148,10 @@ pub fn quantize_swiglu_grad(dact: &Tensor, gu: &Tensor) -> Result<Option<(Operan
     let func = kernel(&dev, "fp8_quantize_swiglu_grad")?;
     // SAFETY: dact (N, F) and gu (N, 2F) bf16 contiguous and 16-byte aligned, F % 128 == 0;
     // the outputs are dgu's (N, 2F) both ways, fresh, every element written once (each half's
-    // tiles by its pass); arguments in kernel order.
+    // tiles by its CTAs); arguments in kernel order.
     unsafe {
         func.launch(
-            config(n, f),
+            config(n, 2 * f),
             &[&pd, &pgu, &pc, &ps, &pt, &pst, &(n as i32), &(f as i32)],
         )?;
     }
