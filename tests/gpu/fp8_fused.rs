@@ -1,5 +1,5 @@
 //! FP8's casts fused into the kernels that make their tensors (SwiGLU's output and gradient,
-//! the norms' outputs, GELU's output), and the codes a block keeps for its backward (issue
+//! the norms' outputs, GELU's output and gradient), and the codes a block keeps for its backward (issue
 //! 40), on the GPU: each against the unfused path (the bf16 tensor, then `quantize_both` or
 //! the plain FP8 layer), bit for bit, on whole and partial tiles, and through the layers that
 //! use them, forward and backward.
@@ -8,8 +8,8 @@ use crate::common::{gpu, seconds_per_call};
 use crate::fp8::{host_f32, host_u8, same_bits, spread};
 use candle_core::{DType, Tensor};
 use model::layers::{
-    add_rmsnorm_forward, bias_gelu_forward, fp8_gpu, layernorm_forward, rmsnorm_forward,
-    swiglu_packed_backward, swiglu_packed_forward,
+    add_rmsnorm_forward, bias_gelu_forward, fp8_gpu, gelu_backward_bias_grad, layernorm_forward,
+    rmsnorm_forward, swiglu_packed_backward, swiglu_packed_forward,
 };
 use model::{LinearFormat, LinearWeight, SavedInput};
 
@@ -20,6 +20,22 @@ fn same_operand(what: &str, got: &fp8_gpu::Operand, want: &fp8_gpu::Operand) {
     assert_eq!(g.len(), w.len(), "{what}: scales");
     for (a, b) in g.iter().zip(&w) {
         same_bits(&format!("{what}: scale"), *a, *b);
+    }
+}
+
+/// Two bias gradients (bf16 column sums of the same matrix, added in different orders) agree
+/// within a bf16 rounding each: 1/64 of the value, and 1e-3 of the largest for sums that cancel.
+fn close_bias_grads(what: &str, got: &Tensor, want: &Tensor) {
+    let f32s = |t: &Tensor| host_f32(&t.to_dtype(DType::F32).expect("f32"));
+    let (g, w) = (f32s(got), f32s(want));
+    assert_eq!(g.len(), w.len(), "{what}: lengths");
+    let scale = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        let tol = b.abs() / 64.0 + 1e-3 * scale;
+        assert!(
+            (a - b).abs() <= tol,
+            "{what}: bias gradient [{i}] {a} against {b}"
+        );
     }
 }
 
@@ -335,6 +351,68 @@ fn fp8_gelu_quantiser_equals_the_unfused_path_bit_for_bit() {
     }
 }
 
+/// GELU's backward straight into FP8 (`fp8_quantize_gelu_grad`): the codes and scales that
+/// `quantize_both` makes of the bf16 dh of `gelu_backward_bias_grad`, bit for bit, on whole and
+/// partial tiles, and c_fc's bias gradient within a bf16 rounding of its (the column sums are
+/// added in another order); and through GPT-2's MLP backward (`LinearFormat::mlp_backward_into`)
+/// the input and weight gradients of the unfused path, bit for bit.
+#[test]
+fn fp8_gelu_grad_quantiser_equals_the_unfused_path_bit_for_bit() {
+    let fp8 = LinearFormat::Fp8;
+    let bits = |t: &Tensor| host_f32(&t.to_dtype(DType::F32).expect("f32"));
+    for (n, c) in [(256, 128), (272, 144)] {
+        let f = 4 * c;
+        let what = format!("GELU's gradient ({n}, {f})");
+        let (_, dg) = spread(n, f, 91);
+        let (_, h) = spread(n, f, 92);
+        let (dh, db) = gelu_backward_bias_grad(&dg, &h).expect("unfused");
+        let (q, qt) = fp8_gpu::quantize_both(&dh, 0, f).expect("dh both ways");
+        let (fq, fqt, fdb) = fp8_gpu::fused::quantize_gelu_grad(&dg, &h)
+            .expect("fused quantiser")
+            .expect("a shape the kernel takes");
+        same_operand(&format!("{what}: rows"), &fq, &q);
+        same_operand(&format!("{what}: columns"), &fqt, &qt);
+        close_bias_grads(&what, &fdb, &db);
+        // GPT-2's MLP: ln_2 (C), c_fc (C, F), c_proj (F, C), the residual x (N, C).
+        let (_, x) = spread(n, c, 93);
+        let ln = (
+            &spread(1, c, 94).1.reshape(c).expect("ln weight"),
+            &spread(1, c, 95).1.reshape(c).expect("ln bias"),
+        );
+        let fc = (
+            LinearWeight::Dense(spread(c, f, 96).1),
+            spread(1, f, 97).1.reshape(f).expect("b"),
+        );
+        let proj_b = spread(1, c, 98).1.reshape(c).expect("c_proj bias");
+        let proj = (LinearWeight::Dense(spread(f, c, 99).1), proj_b);
+        let (_, dout) = spread(n, c, 100);
+        let mlp = fp8
+            .layernorm_mlp_forward(&x, ln, (&fc.0, &fc.1), (&proj.0, &proj.1), true)
+            .expect("fused MLP");
+        let (dn, [dw_proj, _, dw_fc, db_fc]) = fp8
+            .mlp_backward_into(
+                &dout,
+                (&mlp.g, &mlp.h),
+                &mlp.n,
+                (&proj.0, &fc.0),
+                (None, None),
+            )
+            .expect("MLP backward");
+        let slot = [None];
+        let (dg_u, dw_proj_u) = fp8
+            .cols_backward(&dout, &mlp.g, std::slice::from_ref(&proj.0), &slot)
+            .expect("c_proj backward");
+        let (dh_u, db_fc_u) = gelu_backward_bias_grad(&dg_u, &mlp.h).expect("GELU backward");
+        let (dn_u, dw_fc_u) = fp8
+            .cols_backward(&dh_u, &mlp.n, std::slice::from_ref(&fc.0), &slot)
+            .expect("c_fc backward");
+        assert_eq!(bits(&dw_proj), bits(&dw_proj_u[0]), "{what}: dw c_proj");
+        assert_eq!(bits(&dn), bits(&dn_u), "{what}: dn");
+        assert_eq!(bits(&dw_fc), bits(&dw_fc_u[0]), "{what}: dw c_fc");
+        close_bias_grads(&format!("{what}, through the MLP"), &db_fc, &db_fc_u);
+    }
+}
+
 /// GPT-2's projections under FP8 keep their input as column blocks: the forward (with bias, a
 /// residual, GELU after it) gives the bits of the plain FP8 forward, and the backward from what
 /// it kept the bits of the backward from the input itself, the weight gradient written into
@@ -380,10 +458,9 @@ fn fp8_gpt2_projections_from_kept_codes_equal_from_the_input() {
         assert_eq!(bits(&dx), bits(&dx_d), "{what}: dx");
         assert_eq!(bits(&dw), bits(&dw_d), "{what}: dw");
         assert_eq!(bits(&slot), bits(&dw_d), "{what}: dw in its slot");
-        assert_eq!(
-            bits(&db.expect("db")),
-            bits(&db_d.expect("db")),
-            "{what}: db"
-        );
+        // The kept codes' backward sums dout's columns in the quantiser's read (a tile's rows,
+        // then the tiles), the other in bias_grad_partial's order: the same sums up to f32
+        // rounding, each within a bf16 rounding of the other.
+        close_bias_grads(&format!("{what}: db"), &db.expect("db"), &db_d.expect("db"));
     }
 }

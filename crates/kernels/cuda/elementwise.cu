@@ -36,11 +36,6 @@
 #include "gelu.cuh"
 static_assert(PRECISION == PRECISION_BF16, "elementwise.cu: bf16 only: its vectors are 8 elements (unpack8, pack8)");
 
-__device__ __forceinline__ float gelu_grad(float h, float a, float s) {
-    const float g = gelu_gate(h, a, s);
-    return fmaf(2.f * h * g * (1.f - g), s * fmaf(3.f * a, h * h, 1.f), g);
-}
-
 // h (n) bf16 -> out (n) bf16. nvec: how many leading 16-byte vectors to take vectorised (n / 8
 // when both pointers are 16-byte aligned, else 0); the rest element by element.
 extern "C" __global__ void __launch_bounds__(256) gelu_forward(

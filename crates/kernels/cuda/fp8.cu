@@ -40,11 +40,10 @@
 // fp8_quantize_swiglu_grad 2.17 TB/s of dact and gate|up read and codes written (its arithmetic
 // now shares the issue slots: ncu's SM throughput 64%), fp8_quantize_swiglu 2.37,
 // fp8_quantize_rmsnorm 2.09 (1.14-1.38x the earlier kernels). fp8_quantize_tiles (the
-// weights, 86 registers, staged through shared memory) 1.5-1.6 TB/s on the large weights
-// (down, gate|up) and 0.3-0.7 TB/s on the small ones (o, k, v: 16 to 64 CTAs, too few for 132
-// SMs) on an H100 (2026-12-05), which one launch for a packed projection's weights raises:
-// q|k|v's tiles at 1B's shapes in one launch 32.2 us (783 GB/s) against 39.4 us (638 GB/s)
-// in three (H200). The fused quantisers (SwiGLU's, the norms', GELU's) move fp8_quantize_act's
+// weights, laid out the same way, 64 registers) both orientations 2.26 TB/s at gate|up's
+// (2048, 16,384), 2.11 at down's (8192, 2048), 2.18 at q|k|v's (2048, 3072) (1.28-1.48x the
+// earlier kernel, which staged the codes through shared memory at 86 registers; bit for bit).
+// The fused quantisers (SwiGLU's, the norms', GELU's) move fp8_quantize_act's
 // bytes both ways plus what they read to make their tile (SwiGLU: gate and up; a norm: its
 // input, its weight (and bias) vector a thread and its statistics a row; GELU: the layer's
 // output, written back with its bias).
@@ -245,31 +244,69 @@ __device__ __forceinline__ void fp8_quantize_tile(const uint4 raw[8], int tile_r
 __device__ __forceinline__ int fp8_vector_col() { return blockIdx.x * 128 + (threadIdx.x & 15) * 8; }
 __device__ __forceinline__ int fp8_first_row() { return blockIdx.y * 128 + (threadIdx.x >> 4) * 8; }
 
+// The column sums of a tile (raw as fp8_quantize_tile takes it: 8 rows of 8 columns a thread),
+// in f32 in a fixed order (each thread's 8 rows in order, then the half-warp of the next 8 rows,
+// then the 8 warps in order), at partials[tile_row * cols + column]: a bias gradient's partial
+// sums, which bias_grad_final (elementwise.cu) adds over the tiles in order. Every thread of the
+// CTA calls it.
+__device__ __forceinline__ void fp8_tile_column_sums(const uint4 raw[8], float* __restrict__ partials,
+                                                     int tile_row, int tile_col, int cols) {
+    __shared__ float sums[8][128];  // each warp's column sums, in column order
+    const int t = threadIdx.x;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        float f[8];
+        unpack8(raw[i], f);
+#pragma unroll
+        for (int k = 0; k < 8; k++) acc[k] += f[k];
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const float other = __shfl_xor_sync(0xffffffffu, acc[k], 16);
+        acc[k] = (t & 16) ? other + acc[k] : acc[k] + other;
+    }
+    if ((t & 16) == 0)
+#pragma unroll
+        for (int k = 0; k < 8; k++) sums[t >> 5][(t & 15) * 8 + k] = acc[k];
+    __syncthreads();
+    if (t < 128 && tile_col * 128 + t < cols) {
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) sum += sums[w][t];
+        partials[(i64)tile_row * cols + tile_col * 128 + t] = sum;
+    }
+}
+
 // A tile quantiser's CTA: load(r, c) gives the bf16 bits of row r, columns c to c + 7 of the
 // (rows, cols) matrix it quantises (called only inside it; zeros stand outside), and the tile
 // goes through fp8_quantize_tile. The producers below are this with their load.
+// Where partials is given, the tile's column sums go there too (fp8_tile_column_sums).
 template <class Load>
 __device__ __forceinline__ void fp8_quantize_loaded(Load load, u8* __restrict__ codes,
                                                     float* __restrict__ scales,
                                                     u8* __restrict__ codes_t,
                                                     float* __restrict__ scales_t, int rows,
-                                                    int cols) {
+                                                    int cols, float* __restrict__ partials = nullptr) {
     const int rb = fp8_first_row(), c = fp8_vector_col();
     uint4 raw[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i)
         raw[i] = rb + i < rows && c < cols ? load(rb + i, c) : make_uint4(0, 0, 0, 0);
+    if (partials != nullptr) fp8_tile_column_sums(raw, partials, blockIdx.y, blockIdx.x, cols);
     fp8_quantize_tile(raw, blockIdx.y, blockIdx.x, codes, scales, codes_t, scales_t, rows, cols,
                       cols);
 }
 
+// partials (may be null): each tile's column sums of x, (ceil(rows / 128), cols) f32 (a
+// layer's bias gradient, when x is its dout).
 extern "C" __global__ void __launch_bounds__(256)
 fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
                  float* __restrict__ scales, u8* __restrict__ codes_t,
-                 float* __restrict__ scales_t, int rows, int cols) {
+                 float* __restrict__ scales_t, int rows, int cols, float* __restrict__ partials) {
     fp8_quantize_loaded(
         [=](int r, int c) { return *reinterpret_cast<const uint4*>(x + (i64)r * ldx + c); },
-        codes, scales, codes_t, scales_t, rows, cols);
+        codes, scales, codes_t, scales_t, rows, cols, partials);
 }
 
 // SwiGLU's output act = silu(gate) * up (swiglu.cuh, rounded to bf16 as swiglu_forward rounds
@@ -358,6 +395,30 @@ fp8_quantize_bias_gelu(bf16* __restrict__ y, const bf16* __restrict__ bias,
         codes, scales, codes_t, scales_t, rows, cols);
 }
 
+// GELU's backward into the FP8 layer before it (gelu_backward_bias_grad_partial's arithmetic,
+// gelu.cuh): dh = bf16(dg * gelu'(h)) of dg and h (rows, cols) bf16, quantised both ways as
+// fp8_quantize_act quantises it (the layer's dout: GPT-2's c_fc), and each tile's column sums
+// of dh (as rounded to bf16, in f32) at partials[tile row][cols], which bias_grad_final adds in
+// order into the layer's bias gradient. dh is never written in bf16 (gelu_backward's write and
+// the quantiser's read of it, 4 bytes an element, gone). cols % 8 == 0, dg and h 16-byte
+// aligned. Grid (ceil(cols / 128), ceil(rows / 128)).
+extern "C" __global__ void __launch_bounds__(256)
+fp8_quantize_gelu_grad(const bf16* __restrict__ dg, const bf16* __restrict__ h,
+                       float* __restrict__ partials, u8* __restrict__ codes,
+                       float* __restrict__ scales, u8* __restrict__ codes_t,
+                       float* __restrict__ scales_t, int rows, int cols, float a, float s) {
+    fp8_quantize_loaded(
+        [=](int r, int c) {
+            float d[8], f[8];
+            unpack8(ld16(dg + (i64)r * cols + c), d);
+            unpack8(ld16(h + (i64)r * cols + c), f);
+#pragma unroll
+            for (int k = 0; k < 8; k++) f[k] = d[k] * gelu_grad(f[k], a, s);
+            return pack8(f);
+        },
+        codes, scales, codes_t, scales_t, rows, cols, partials);
+}
+
 // RMSNorm's output n = bf16(bf16(h * rstd) * w) (rmsnorm.cuh: the bits rmsnorm_forward writes)
 // of h (rows, cols) bf16 with each row's rstd (f32) and the norm's weight w (cols) bf16,
 // quantised as fp8_quantize_act quantises n: the input of the projections after the norm in
@@ -427,11 +488,12 @@ __device__ __forceinline__ void fp8_store_tile_t(u8 (*q)[144], u8* __restrict__ 
 // (OUT, IN) row stride IN (either may be null: not written), and each 128 x 128 tile's scale at
 // scales_fwd[ob * ld_fwd + ib] (w^T's BLK128x128 layout, ld_fwd = round_up(ceil(IN / 128), 4))
 // and scales_bwd[ib * ld_bwd + ob] (w's, ld_bwd = round_up(ceil(OUT / 128), 4)). A CTA of 256
-// threads a tile (fp8_quantize_tiles runs the grid of every weight's tiles). 16 threads a row
-// load it in 16-byte vectors where w, ldw and OUT allow (else element by element), the codes go
-// through shared memory, and each orientation leaves in 16-byte pieces: w's codes a row's 8
-// pieces from 8 neighbouring threads, w^T's a lane a column (conflict-free reads of shared
-// memory).
+// threads a tile (fp8_quantize_tiles runs the grid of every weight's tiles), laid out as the
+// activations' tile quantiser lays it out: thread t holds 8 consecutive rows ((t / 16) * 8 on)
+// of the 8 columns (t % 16) * 8 on in registers, loaded in 16-byte vectors where w, ldw and OUT
+// allow (else element by element), so a row's 8 codes of w and a column's 8 codes of w^T are
+// consecutive bytes, stored from registers (8 bytes at once where the sides allow); only the
+// tile's absmax passes through shared memory (8 words).
 // fp8_weight_tile is one CTA's tile (ib, ob) of the nib x nob; every thread of the CTA calls it.
 __device__ __forceinline__ void fp8_weight_tile(const bf16* __restrict__ w, i64 ldw,
                                                 u8* __restrict__ codes, u8* __restrict__ codes_t,
@@ -439,38 +501,36 @@ __device__ __forceinline__ void fp8_weight_tile(const bf16* __restrict__ w, i64 
                                                 float* __restrict__ scales_bwd, int rows,
                                                 int cols, int ld_fwd, int ld_bwd, int ib, int ob,
                                                 int nib, int nob) {
-    __shared__ __align__(16) u8 q[128][144];
     __shared__ u32 red[8];
     const int t = threadIdx.x;
-    const int r0 = ib * 128, c0 = ob * 128;
-    const int vc = t & 15, c = c0 + vc * 8;
+    const int rb = ib * 128 + (t >> 4) * 8, c = ob * 128 + (t & 15) * 8;
     const bool vec = (cols & 7) == 0 && (ldw & 7) == 0 && ((u64)w & 15) == 0;
-    // Row i * 16 + t / 16 of the tile, its columns vc * 8 to vc * 8 + 7, in v[i].
-    float v[8][8];
-    u32 m = 0;
+    uint4 raw[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        const int r = r0 + i * 16 + (t >> 4);
+        const int r = rb + i;
         if (vec) {
-            const uint4 raw = r < rows && c < cols
-                                  ? *reinterpret_cast<const uint4*>(w + (i64)r * ldw + c)
-                                  : make_uint4(0, 0, 0, 0);
-            fp8_unpack8(raw, v[i]);
+            raw[i] = r < rows && c < cols ? *reinterpret_cast<const uint4*>(w + (i64)r * ldw + c)
+                                          : make_uint4(0, 0, 0, 0);
         } else {
+            u32 h[8];
 #pragma unroll
-            for (int k = 0; k < 8; ++k)
-                v[i][k] = r < rows && c + k < cols ? bf16_to_f32(w[(i64)r * ldw + c + k]) : 0.0f;
+            for (int k = 0; k < 8; ++k) h[k] = r < rows && c + k < cols ? w[(i64)r * ldw + c + k] : 0;
+            raw[i] = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16,
+                                h[6] | h[7] << 16);
         }
-#pragma unroll
-        for (int k = 0; k < 8; ++k) m = fp8_umax(m, fp8_absbits(v[i][k]));
     }
+    u32 m2 = 0;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fp8_umax(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((t & 31) == 0) red[t >> 5] = m;
+    for (int i = 0; i < 8; ++i) m2 = fp8_max2(m2, fp8_abs_max4(raw[i]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m2 = fp8_max2(m2, __shfl_xor_sync(0xffffffffu, m2, o));
+    if ((t & 31) == 0) red[t >> 5] = m2;
     __syncthreads();
-    m = 0;
+    m2 = 0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) m = fp8_umax(m, red[i]);
+    for (int i = 0; i < 8; ++i) m2 = fp8_max2(m2, red[i]);
+    const u32 m = fp8_wider(m2);
     const Fp8Scale s = fp8_scale(m);
     if (t == 0) {
         scales_fwd[(i64)ob * ld_fwd + ib] = s.scale;
@@ -482,26 +542,42 @@ __device__ __forceinline__ void fp8_weight_tile(const bf16* __restrict__ w, i64 
         if (ob == nob - 1)
             for (int k = ob + 1; k < ld_bwd; ++k) scales_bwd[(i64)ib * ld_bwd + k] = 0.0f;
     }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const uint2 p = m >= FP8_NON_FINITE ? make_uint2(0, 0) : fp8_pack8(v[i], s.mult);
-        *reinterpret_cast<uint2*>(&q[i * 16 + (t >> 4)][vc * 8]) = p;
-    }
-    __syncthreads();
-    // w's codes: piece k is row k / 8's bytes (k % 8) * 16 to + 15.
+    if (c >= cols || rb >= rows) return;
+    const bool bad = m >= FP8_NON_FINITE;
     if (codes != nullptr)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int k = t + 256 * j, rr = k >> 3, cc = (k & 7) * 16, r = r0 + rr;
-            if (r >= rows || c0 + cc >= cols) continue;
-            u8* out = codes + (i64)r * cols + c0 + cc;
-            if (c0 + cc + 16 <= cols && (cols & 15) == 0) {
-                *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(&q[rr][cc]);
+        for (int i = 0; i < 8; ++i) {
+            if (rb + i >= rows) break;
+            float v[8];
+            fp8_unpack8(raw[i], v);
+            const uint2 q = bad ? make_uint2(0, 0) : fp8_pack8(v, s.mult);
+            u8* out = codes + (i64)(rb + i) * cols + c;
+            if (c + 8 <= cols && (cols & 7) == 0) {
+                *reinterpret_cast<uint2*>(out) = q;
             } else {
-                for (int b = 0; b < 16 && c0 + cc + b < cols; ++b) out[b] = q[rr][cc + b];
+                const u32 p[2] = {q.x, q.y};
+                for (int b = 0; b < 8 && c + b < cols; ++b) out[b] = (u8)(p[b / 4] >> (8 * (b % 4)));
             }
         }
-    if (codes_t != nullptr) fp8_store_tile_t(q, codes_t, r0, c0, rows, cols);
+    if (codes_t != nullptr)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            if (c + k >= cols) break;
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const u32 x = fp8_word(raw[i], k >> 1);
+                v[i] = __uint_as_float((k & 1) ? (x & 0xffff0000u) : (x << 16));
+            }
+            const uint2 q = bad ? make_uint2(0, 0) : fp8_pack8(v, s.mult);
+            u8* out = codes_t + (i64)(c + k) * rows + rb;
+            if (rb + 8 <= rows && (rows & 7) == 0) {
+                *reinterpret_cast<uint2*>(out) = q;
+            } else {
+                const u32 p[2] = {q.x, q.y};
+                for (int b = 0; b < 8 && rb + b < rows; ++b) out[b] = (u8)(p[b / 4] >> (8 * (b % 4)));
+            }
+        }
 }
 
 // One to four weights of the same IN (a packed projection's: q|k|v, gate|up), each as

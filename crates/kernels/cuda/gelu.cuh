@@ -1,7 +1,8 @@
-// gelu.cuh: GELU's forward arithmetic (elementwise.cu's header comment derives it), shared by
-// elementwise.cu (the GELU kernels and the FP8 layers' bias add) and fp8.cu
-// (fp8_quantize_bias_gelu, which takes GELU's output straight into FP8), so that the fused
-// kernel quantises the very bits bias_add_gelu writes: the same expressions (one explicit fma,
+// gelu.cuh: GELU's arithmetic, forward and backward (elementwise.cu's header comment derives
+// it), shared by elementwise.cu (the GELU kernels and the FP8 layers' bias add) and fp8.cu
+// (fp8_quantize_bias_gelu, which takes GELU's output straight into FP8, and
+// fp8_quantize_gelu_grad, its gradient), so that a fused kernel quantises the very bits the
+// unfused kernels write: the same expressions (one explicit fma,
 // the approximations in asm, nothing left to contract), compiled with the same flavour.
 // Include after common.cuh (ex2); it includes nothing itself (the loader pastes it,
 // kernels::HEADERS).
@@ -20,3 +21,8 @@ __device__ __forceinline__ float gelu_gate(float h, float a, float s) {
     return rcp_approx(1.f + ex2(-2.8853900817779268f * u));  // 2 log2(e)
 }
 __device__ __forceinline__ float gelu_f(float h, float a, float s) { return h * gelu_gate(h, a, s); }
+// gelu'(h) = g + 2 h g (1 - g) s (1 + 3 a h^2) (elementwise.cu's header derives it).
+__device__ __forceinline__ float gelu_grad(float h, float a, float s) {
+    const float g = gelu_gate(h, a, s);
+    return fmaf(2.f * h * g * (1.f - g), s * fmaf(3.f * a, h * h, 1.f), g);
+}

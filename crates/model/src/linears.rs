@@ -13,10 +13,11 @@ use candle_core::Tensor;
 
 use crate::error::{ModelError, Result};
 use crate::layers::fp8_linear::{
-    cols_backward_of, cols_backward_saved_of, cols_forward_of, cols_forward_saving_of,
-    layernorm_linear_forward_saving_of, layernorm_mlp_forward_of, linear_forward_of,
-    linear_forward_saving_of, linear_gelu_forward_saving_of, rmsnorm_cols_forward_saving_of,
-    saved_input_of, swiglu_down_forward_of, swiglu_gate_up_backward_of, Fp8Input,
+    backward_saved_with_bias_of, cols_backward_of, cols_backward_saved_of, cols_forward_of,
+    cols_forward_saving_of, gelu_linear_backward_of, layernorm_linear_forward_saving_of,
+    layernorm_mlp_forward_of, linear_forward_of, linear_forward_saving_of,
+    linear_gelu_forward_saving_of, rmsnorm_cols_forward_saving_of, saved_input_of,
+    swiglu_down_forward_of, swiglu_gate_up_backward_of, Fp8Input,
 };
 use crate::layers::{
     add_rmsnorm_forward, bias_gelu_forward, bias_grad, fp8_round, gelu_backward_bias_grad,
@@ -487,6 +488,10 @@ impl LinearFormat {
             (LinearFormat::Dense, SavedInput::Dense(x)) => {
                 matmul_backward_into(dout, x, w.dense()?, dw_into, want_db)
             }
+            (LinearFormat::Fp8, SavedInput::Fp8(x)) if want_db => {
+                let (dx, dw, db) = backward_saved_with_bias_of(dout, x, w, dw_into.cloned())?;
+                Ok((dx, dw, Some(db)))
+            }
             _ => {
                 let ws = std::slice::from_ref(w);
                 let (dx, mut dws) = self.cols_backward(dout, x, ws, &[dw_into.cloned()])?;
@@ -496,25 +501,38 @@ impl LinearFormat {
         }
     }
 
-    /// Gradients of `out = gelu(h) @ w + b` and the GELU before it, from what the forward kept
-    /// of `g = gelu(h)`: `(dh, dw, db, dbias_h)` ([`matmul_gelu_backward_into`]).
-    pub fn gelu_backward_into(
+    /// Gradients of GPT-2's MLP after its norm, `out = gelu(h) @ w_proj + b_proj`, `h = n @ w_fc
+    /// + b_fc`, from what the forward kept of `g = gelu(h)` and of `n`: `(dn, [dw_proj, db_proj,
+    /// dw_fc, db_fc])`, each weight gradient in its slot where the GPU GEMM writes it there.
+    /// Dense: [`matmul_gelu_backward_into`] (GELU's backward and c_fc's bias gradient in
+    /// c_proj's GEMM epilogue), then c_fc's backward. FP8: c_proj's backward, then GELU's with
+    /// c_fc's ([`gelu_linear_backward_of`]: on the GPU GELU's gradient goes into FP8 in the
+    /// kernel that makes it).
+    pub fn mlp_backward_into(
         self,
         dout: &Tensor,
-        g: &SavedInput,
-        w: &LinearWeight,
-        h: &Tensor,
-        dw_into: Option<&Tensor>,
-    ) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
-        match (self, g) {
+        (g, h): (&SavedInput, &Tensor),
+        n: &SavedInput,
+        (w_proj, w_fc): (&LinearWeight, &LinearWeight),
+        (proj_into, fc_into): (Option<&Tensor>, Option<&Tensor>),
+    ) -> Result<(Tensor, [Tensor; 4])> {
+        let (dh, dw_proj, db_proj, db_fc) = match (self, g) {
             (LinearFormat::Dense, SavedInput::Dense(g)) => {
-                matmul_gelu_backward_into(dout, g, w.dense()?, h, dw_into)
+                matmul_gelu_backward_into(dout, g, w_proj.dense()?, h, proj_into)?
             }
             _ => {
-                let (dg, dw, db) = self.backward_into(dout, g, w, dw_into, true)?;
-                let (dh, dbias_h) = gelu_backward_bias_grad(&dg, h)?;
-                Ok((dh, dw, db.expect("asked for db"), dbias_h))
+                let (dg, dw, db) = self.backward_into(dout, g, w_proj, proj_into, true)?;
+                let db = db.expect("asked for db");
+                if let (LinearFormat::Fp8, SavedInput::Fp8(n)) = (self, n) {
+                    let (dn, dw_fc, db_fc) =
+                        gelu_linear_backward_of(&dg, h, n, w_fc, fc_into.cloned())?;
+                    return Ok((dn, [dw, db, dw_fc, db_fc]));
+                }
+                let (dh, db_fc) = gelu_backward_bias_grad(&dg, h)?;
+                (dh, dw, db, db_fc)
             }
-        }
+        };
+        let (dn, dw_fc, _) = self.backward_into(&dh, n, w_fc, fc_into, false)?;
+        Ok((dn, [dw_proj, db_proj, dw_fc, db_fc]))
     }
 }

@@ -217,21 +217,19 @@ pub fn block_backward(
     let slot = |name: &str| grads.slot(name);
     let dout = dout.reshape((b * t, c))?;
 
-    // out = x2 + hg @ mlp.c_proj + b, hg = gelu(h): dh, and c_fc's bias gradient sum(dh)
-    let (dh, dw, db, db_fc) = lin.gelu_backward_into(
+    // out = x2 + hg @ mlp.c_proj + b, hg = gelu(h), h = ln2 @ c_fc + b
+    let (proj, fc) = ("mlp.c_proj.weight", "mlp.c_fc.weight");
+    let (dln2, [dw_proj, db_proj, dw_fc, db_fc]) = lin.mlp_backward_into(
         &dout,
-        &a.hg,
-        &lw("mlp.c_proj.weight")?,
-        &a.h,
-        Some(&slot("mlp.c_proj.weight")?),
+        (&a.hg, &a.h),
+        &a.ln2,
+        (&lw(proj)?, &lw(fc)?),
+        (Some(&slot(proj)?), Some(&slot(fc)?)),
     )?;
-    grads.put("mlp.c_proj.weight", &dw)?;
-    grads.put("mlp.c_proj.bias", &db)?;
+    grads.put(proj, &dw_proj)?;
+    grads.put("mlp.c_proj.bias", &db_proj)?;
+    grads.put(fc, &dw_fc)?;
     grads.put("mlp.c_fc.bias", &db_fc)?;
-    // h = ln2 @ c_fc + b (its bias gradient came with dh)
-    let fc = "mlp.c_fc.weight";
-    let (dln2, dw, _) = lin.backward_into(&dh, &a.ln2, &lw(fc)?, Some(&slot(fc)?), false)?;
-    grads.put(fc, &dw)?;
     // ln2 = ln_2(x2); x2 also feeds the residual, whose gradient is dout
     let (dx2, dw, db) =
         layernorm_backward(&dln2, &a.ln2_saved, &a.x2, &p("ln_2.weight")?, Some(&dout))?;

@@ -468,6 +468,24 @@ pub(crate) fn cols_backward_saved_of(
     }
 }
 
+/// [`cols_backward_saved_of`] of one weight with a bias: `(dx, dw, db)`, `db` the column sums
+/// of `dout`. On the GPU they come from the read that quantises `dout` (no pass of their own).
+pub(crate) fn backward_saved_with_bias_of(
+    dout: &Tensor,
+    x: &Fp8Input,
+    w: &LinearWeight,
+    into: Option<Tensor>,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if let Fp8Cols::Codes(xt) = &x.cols {
+        if let Some(r) = cuda::cols_backward_from_with_bias(dout, xt, x.dims, w, into.clone())? {
+            return Ok(r);
+        }
+    }
+    let (dx, mut dws) = cols_backward_saved_of(dout, x, std::slice::from_ref(w), &[into])?;
+    Ok((dx, dws.pop().expect("one weight"), super::bias_grad(dout)?))
+}
+
 /// The reference of the packed backward from `xc = fp8_round(x, COL_BLOCK)`: each term
 /// fp8_matmul_backward's arithmetic, the outputs in `dt`.
 fn rounded_cols_backward(
@@ -492,6 +510,6 @@ pub mod cuda;
 mod producers;
 
 pub(crate) use producers::{
-    layernorm_linear_forward_saving_of, layernorm_mlp_forward_of, rmsnorm_cols_forward_saving_of,
-    swiglu_down_forward_of, swiglu_gate_up_backward_of,
+    gelu_linear_backward_of, layernorm_linear_forward_saving_of, layernorm_mlp_forward_of,
+    rmsnorm_cols_forward_saving_of, swiglu_down_forward_of, swiglu_gate_up_backward_of,
 };

@@ -457,7 +457,7 @@ pub(crate) mod bias_grad {
                 ],
             )?;
         }
-        finish(&dev, &partials, &grid, out_dim)
+        column_partials_sum(&dev, &partials, grid.slices, out_dim)
     }
 
     /// `(dh, db)`: `dh = dout * gelu'(h)` and its column sums, in one pass over the inputs
@@ -513,7 +513,7 @@ pub(crate) mod bias_grad {
                 ],
             )?;
         }
-        let db = finish(&dev, &partials, &grid, out_dim)?;
+        let db = column_partials_sum(&dev, &partials, grid.slices, out_dim)?;
         Ok(Some((dh, db)))
     }
 
@@ -571,8 +571,14 @@ pub(crate) mod bias_grad {
         }
     }
 
-    /// `db (OUT)` bf16 from the partial pass's `partials (slices, OUT)`, slices added in order.
-    fn finish(dev: &CudaDevice, partials: &Tensor, grid: &Grid, out_dim: usize) -> Result<Tensor> {
+    /// `db (OUT)` bf16 from column sums `partials (slices, OUT)` f32 (the partial pass's, or a
+    /// fused FP8 quantiser's, one slice a tile of rows), slices added in order.
+    pub(crate) fn column_partials_sum(
+        dev: &CudaDevice,
+        partials: &Tensor,
+        slices: usize,
+        out_dim: usize,
+    ) -> Result<Tensor> {
         let db = gpu::uninit(out_dim, DType::BF16, dev)?;
         let (pdb, ppart) = (gpu::ptr(&db)?, gpu::ptr(partials)?);
         let fin = gpu::function(
@@ -589,10 +595,7 @@ pub(crate) mod bias_grad {
         };
         // SAFETY: db (OUT) bf16 fresh; partials (slices, OUT) f32 written before on this stream.
         unsafe {
-            fin.launch(
-                cfg,
-                &[&pdb, &ppart, &(grid.slices as i32), &(out_dim as i32)],
-            )?;
+            fin.launch(cfg, &[&pdb, &ppart, &(slices as i32), &(out_dim as i32)])?;
         }
         Ok(db)
     }

@@ -156,6 +156,21 @@ fn quantize_view(
     rows_blocks: bool,
     transposed: bool,
 ) -> Result<(Option<Operand>, Option<Operand>)> {
+    let (rows, cols) = quantize_view_summing(x, col, cols, rows_blocks, transposed, None)?;
+    Ok((rows, cols))
+}
+
+/// [`quantize_view`], also writing each 128-row tile's column sums of the view into `partials`
+/// (`(ceil(R / 128), cols)` f32) where given: a layer's bias gradient in the read that quantises
+/// its dout.
+fn quantize_view_summing(
+    x: &Tensor,
+    col: usize,
+    cols: usize,
+    rows_blocks: bool,
+    transposed: bool,
+    partials: Option<&Tensor>,
+) -> Result<(Option<Operand>, Option<Operand>)> {
     let dev = gpu::device(x)?;
     let (rows, ld) = x.dims2()?;
     // The kernel loads 16 bytes at a time: a view that does not start on 16 bytes (a storage
@@ -166,7 +181,7 @@ fn quantize_view(
     {
         let copy = x.narrow(1, col, cols)?.force_contiguous()?;
         if gpu::ptr(&copy)?.is_multiple_of(16) && cols.is_multiple_of(8) {
-            return quantize_view(&copy, 0, cols, rows_blocks, transposed);
+            return quantize_view_summing(&copy, 0, cols, rows_blocks, transposed, partials);
         }
         return Err(crate::error::ModelError::Candle(candle_core::Error::Msg(
             format!("FP8: a ({rows}, {cols}) operand the quantiser cannot load in 16-byte vectors"),
@@ -192,11 +207,23 @@ fn quantize_view(
     };
     let ((pc, ps), (pt, pst)) = (address(&row_out)?, address(&col_out)?);
     let px = gpu::ptr(x)? + 2 * col as u64;
+    let pp = match partials {
+        Some(p) => {
+            assert_eq!(
+                p.dims(),
+                [rows.div_ceil(BLOCK), cols],
+                "a tile's column sums each"
+            );
+            gpu::ptr(p)?
+        }
+        None => 0,
+    };
     let cfg = tile_grid(cols.div_ceil(BLOCK), rows.div_ceil(BLOCK));
     let func = kernel(&dev, "fp8_quantize_act")?;
     // SAFETY: x addresses rows x ld bf16 (this view: cols from col, its first element and ld
     // on 16 bytes, as checked above); each output fresh and written once by the kernel, a
-    // null one never touched; arguments in kernel order.
+    // null one never touched (partials, where given, (ceil(rows / 128), cols) f32, asserted
+    // above); arguments in kernel order.
     unsafe {
         func.launch(
             cfg,
@@ -209,6 +236,7 @@ fn quantize_view(
                 &pst,
                 &(rows as i32),
                 &(cols as i32),
+                &pp,
             ],
         )?;
     }
@@ -408,6 +436,34 @@ pub fn cols_backward_from(
     }
     let douts = |off, out| quantize_both(dout, off, out);
     Ok(Some(backward_gemms(douts, xt, (n, inp), ws, into)?))
+}
+
+/// [`cols_backward_from`] of one weight with a bias: also the bias gradient (`dout`'s column
+/// sums, each tile's in the read that quantises `dout`, then the tiles' in order:
+/// deterministic), `(dx, dw, db)`; `None` where the operands do not fit.
+pub fn cols_backward_from_with_bias(
+    dout: &Tensor,
+    xt: &Operand,
+    (n, inp): (usize, usize),
+    w: &LinearWeight,
+    into: Option<Tensor>,
+) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    let ws = std::slice::from_ref(w);
+    if packed_fits((n, inp), ws, Some(dout)).is_none() || xt.codes.dims() != [inp, n] {
+        return Ok(None);
+    }
+    let dev = gpu::device(dout)?;
+    let out = out_of(w);
+    let slices = n.div_ceil(BLOCK);
+    let partials = gpu::uninit((slices, out), DType::F32, &dev)?;
+    let douts = |off, out| match quantize_view_summing(dout, off, out, true, true, Some(&partials))?
+    {
+        (Some(rows), Some(cols)) => Ok((rows, cols)),
+        _ => unreachable!("asked for both orientations"),
+    };
+    let (dx, mut dws) = backward_gemms(douts, xt, (n, inp), ws, &[into])?;
+    let db = crate::layers::linear::bias_grad::column_partials_sum(&dev, &partials, slices, out)?;
+    Ok(Some((dx, dws.pop().expect("one weight"), db)))
 }
 
 /// [`cols_backward_from`] with each weight's dout given in both blockings, `douts[i] =

@@ -1,7 +1,7 @@
 //! The FP8 layers whose input is made by the kernel before them (issue 40, "the cast fused
 //! into the producer"): SwiGLU into the down projection (and its gradient into the gate and up
 //! projections' backward), RMSNorm into packed projections, LayerNorm into a layer (GPT-2's
-//! ln_1, and ln_2 with c_fc, GELU and c_proj after it). On the GPU the producer's output exists
+//! ln_1, and ln_2 with c_fc, GELU and c_proj after it), GELU's gradient into c_fc's backward. On the GPU the producer's output exists
 //! only as the FP8 codes its kernel writes (`cuda::fused`); elsewhere, or where a kernel
 //! declines, the producer runs in bf16 and the layers quantise its output: the same numbers.
 
@@ -256,4 +256,33 @@ pub(crate) fn swiglu_gate_up_backward_of(
     }
     let dgu = crate::layers::swiglu_packed_backward(dact, gu)?;
     cols_backward_saved_of(&dgu, x, ws, into)
+}
+
+/// The backward of GELU and of the layer with a bias before it (GPT-2's c_fc): `(dx, dw, db)`
+/// from `dg` (the gradient of `gelu(h)`), the layer's output `h (N, OUT)` and what it kept of
+/// its input `x` (`w` its weight `(IN, OUT)`). On the GPU `dh = dg * gelu'(h)` is never made in
+/// bf16: `fp8_quantize_gelu_grad` writes its codes from `dg` and `h`, and the bias gradient
+/// (`dh`'s column sums) from the same read. Elsewhere [`crate::layers::gelu_backward_bias_grad`]
+/// then [`cols_backward_saved_of`].
+pub(crate) fn gelu_linear_backward_of(
+    dg: &Tensor,
+    h: &Tensor,
+    x: &Fp8Input,
+    w: &LinearWeight,
+    into: Option<Tensor>,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let ws = std::slice::from_ref(w);
+    #[cfg(feature = "cuda")]
+    if let (true, Fp8Cols::Codes(xt)) = (crate::layers::on_gpu(h), &x.cols) {
+        if let Some((dq, dt, db)) = cuda::fused::quantize_gelu_grad(dg, h)? {
+            let (dx, mut dws) =
+                cuda::cols_backward_quantised(&[(dq, dt)], xt, x.dims, ws, &[into])?.ok_or_else(
+                    || fp8_shape_error("the input of the layer before a GELU", x.dims),
+                )?;
+            return Ok((dx, dws.pop().expect("one weight"), db));
+        }
+    }
+    let (dh, db) = crate::layers::gelu_backward_bias_grad(dg, h)?;
+    let (dx, mut dws) = cols_backward_saved_of(&dh, x, ws, &[into])?;
+    Ok((dx, dws.pop().expect("one weight"), db))
 }

@@ -3,7 +3,8 @@
 //! SwiGLU's output and gradient (`fp8_quantize_swiglu`, `fp8_quantize_swiglu_grad`: the down
 //! projection reads `act = silu(gate) * up` only as codes, the gate and up projections `dgu`), the
 //! norms' outputs (`fp8_quantize_rmsnorm`, `fp8_quantize_layernorm`: the projections after a norm
-//! read them only as codes), and GELU's output after GPT-2's c_fc (`fp8_quantize_bias_gelu`). The
+//! read them only as codes), GELU's output after GPT-2's c_fc (`fp8_quantize_bias_gelu`) and its
+//! gradient into c_fc's backward (`fp8_quantize_gelu_grad`, with c_fc's bias gradient). The
 //! codes are those of [`super::quantize_both`] of the bf16 tensors that `swiglu_packed_forward`,
 //! `swiglu_packed_backward`, `rmsnorm_forward`, `layernorm_forward` and `bias_gelu_forward` make,
 //! bit for bit (the arithmetic is `swiglu.cuh`'s, `rmsnorm.cuh`'s, `layernorm.cuh`'s and
@@ -267,6 +268,37 @@ pub fn quantize_bias_gelu(
         )?
     };
     Ok(Some(quantised))
+}
+
+/// GELU's backward into the layer before it: `dh = dout * gelu'(h)` of `dout, h (N, OUT)`, in
+/// both blockings (`(rows, cols)`, as [`super::quantize_both`] of the `dh` that
+/// `gelu_backward_bias_grad` writes: GPT-2's c_fc's dout), and the bias gradient of that layer
+/// (`dh`'s column sums, each tile's in the kernel, then the tiles' in order: deterministic, and
+/// within f32 rounding of `gelu_backward_bias_grad`'s, which sums in another order); `None`
+/// where the kernel does not take the tensors.
+pub fn quantize_gelu_grad(dout: &Tensor, h: &Tensor) -> Result<Option<(Operand, Operand, Tensor)>> {
+    let Some((n, c)) = tile_shape(h, &[], &[])? else {
+        return Ok(None);
+    };
+    if dout.dims() != h.dims() || !dout.is_contiguous() || dout.dtype() != DType::BF16 {
+        return Ok(None);
+    }
+    if gpu::ptr(dout)? % 16 != 0 {
+        return Ok(None);
+    }
+    let dev = gpu::device(h)?;
+    let slices = n.div_ceil(BLOCK);
+    let partials = gpu::uninit((slices, c), DType::F32, &dev)?;
+    let args = [gpu::ptr(dout)?, gpu::ptr(h)?, gpu::ptr(&partials)?];
+    let (a, s) = (GELU_A as f32, GELU_S as f32);
+    // SAFETY (the launch): dout and h (N, OUT) bf16 contiguous and 16-byte aligned
+    // (tile_shape and the checks above), partials (ceil(N / 128), OUT) f32 fresh, each element
+    // written once (a tile's columns by its CTA); the kernel's arguments are these, the
+    // outputs, then GELU's constants.
+    let (rows, cols) =
+        unsafe { quantize_tiles_of(h, "fp8_quantize_gelu_grad", &args, (n, c), true, &[&a, &s])? };
+    let db = crate::layers::linear::bias_grad::column_partials_sum(&dev, &partials, slices, c)?;
+    Ok(Some((rows.expect("asked for the row blocks"), cols, db)))
 }
 
 /// Launches the tile quantiser `name` over `(n, c)` with `inputs` (its leading arguments),
