@@ -1,5 +1,5 @@
-// elementwise.cu: GELU (tanh form) forward and backward, the bias add of the FP8 linear
-// layers (with GELU after it), and the bias gradient (column sums), bf16 storage, f32 math.
+// elementwise.cu: GELU (tanh form) forward and backward, and the bias gradient (column sums),
+// bf16 storage, f32 math. (The FP8 linear layers add their biases in the GEMMs' epilogue.)
 // Launchers: model/src/layers/gelu.rs (`mod cuda`) and model/src/layers/linear.rs (`mod
 // bias_grad`).
 //
@@ -8,11 +8,6 @@
 //                      loop over 16-byte vectors (8 elements) then a scalar tail; one MUFU.EX2
 //                      and one MUFU.RCP an element, far below the memory time.
 //   gelu_backward:     reads dout, h, writes dh: 6 bytes an element. Same shape.
-//   bias_add_gelu:     y += bias in place (4 bytes an element), and g = gelu(y) where asked
-//                      (6): the FP8 GEMM's missing epilogue (GPT-2's four projections), one
-//                      pass where candle's broadcast add and gelu_forward took two, the add
-//                      at a few hundred GB/s (measured: gpt350m's FP8 step spent 60 ms a step
-//                      outside every profiled span, 2026-12-05). Same shape as gelu_forward.
 //   bias_grad_partial: reads dout (N, OUT) once (2 N OUT bytes). Grid (OUT / 128 column tiles,
 //                      S row slices), block (16, 16): a thread sums 8 columns (one 16-byte
 //                      vector) over every 16th row of its slice; the block adds its 16 row
@@ -50,30 +45,6 @@ extern "C" __global__ void __launch_bounds__(256) gelu_forward(
         st16(out + i * 8, pack8(f));
     }
     for (i64 i = nvec * 8 + tid; i < n; i += stride) out[i] = f32_to_act(gelu_f(act_to_f32(h[i]), a, s));
-}
-
-// y (nvec * 8 / out, out) bf16 += bias (out) bf16, each sum rounded once to bf16 (candle's
-// bf16 add: two bf16 values' f32 sum rounds to bf16 as their exact sum does), in place; where
-// g is not null also g = gelu(y) of the rounded sums (gelu_forward's bits). out % 8 == 0 and
-// every pointer 16-byte aligned (the launcher's conditions).
-extern "C" __global__ void __launch_bounds__(256) bias_add_gelu(
-    act_t* __restrict__ y, act_t* __restrict__ g, const act_t* __restrict__ bias, i64 nvec, int out,
-    float a, float s) {
-    const i64 stride = (i64)gridDim.x * blockDim.x;
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) {
-        const int c = (int)((i * 8) % out);
-        float v[8], b[8];
-        unpack8(ld16(y + i * 8), v);
-        unpack8(ld16(bias + c), b);
-#pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = act_to_f32(f32_to_act(v[k] + b[k]));
-        st16(y + i * 8, pack8(v));
-        if (g != nullptr) {
-#pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = gelu_f(v[k], a, s);
-            st16(g + i * 8, pack8(v));
-        }
-    }
 }
 
 // dout, h (n) bf16 -> dh (n) bf16 = dout * gelu'(h). nvec as in gelu_forward (all three

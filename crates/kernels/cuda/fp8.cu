@@ -20,8 +20,9 @@
 // fp8_quantize_swiglu, fp8_quantize_swiglu_grad: fp8_quantize_act of SwiGLU's output and of
 //   its gradient, computed in the kernel from what SwiGLU reads (the cast fused into the
 //   producer: no bf16 act or dgu under FP8).
-// fp8_quantize_bias_gelu: the FP8 layers' bias add written over their output, and
-//   fp8_quantize_act of GELU of it (no bf16 gelu(h) under FP8).
+// fp8_quantize_gelu: fp8_quantize_act of GELU of an FP8 layer's output (no bf16 gelu(h) under
+//   FP8); fp8_quantize_gelu_grad: of GELU's gradient, with the column sums of the layer's bias
+//   gradient.
 // fp8_quantize_rmsnorm, fp8_quantize_layernorm: fp8_quantize_act of a norm's output, computed
 //   from the norm's input and the row statistics its forward wrote without its output (no
 //   bf16 normalised rows under FP8).
@@ -367,27 +368,20 @@ fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__
                       rows, 2 * F, 2 * F);
 }
 
-// The bias add and GELU after an FP8 layer (bias_add_gelu's arithmetic, gelu.cuh): h =
-// bf16(y + bias) written over y (rows, cols) bf16 (GELU's backward reads it), and g = gelu(h)
-// quantised as fp8_quantize_act quantises it (codes null: the column blocks alone): the next
-// projection's input in both blockings, without g in bf16 (bias_add_gelu's write of g and the
-// quantiser's read of it, 4 bytes an element, gone). cols % 8 == 0, y and bias 16-byte
-// aligned. Grid (ceil(cols / 128), ceil(rows / 128)).
+// GELU after an FP8 layer (gelu_forward's arithmetic, gelu.cuh): g = gelu(h) of the layer's
+// output h (rows, cols) bf16 (its bias added in the GEMM's epilogue), quantised as
+// fp8_quantize_act quantises it: the next projection's input in both blockings (codes null: the
+// column blocks alone), without g in bf16 (gelu_forward's write of g and the quantiser's read
+// of it, 4 bytes an element, gone). cols % 8 == 0, h 16-byte aligned. Grid (ceil(cols / 128),
+// ceil(rows / 128)).
 extern "C" __global__ void __launch_bounds__(256)
-fp8_quantize_bias_gelu(bf16* __restrict__ y, const bf16* __restrict__ bias,
-                       u8* __restrict__ codes, float* __restrict__ scales,
-                       u8* __restrict__ codes_t, float* __restrict__ scales_t, int rows,
-                       int cols, float a, float s) {
-    const int col = fp8_vector_col();
-    float b[8];
-    unpack8(col < cols ? ld16(bias + col) : make_uint4(0, 0, 0, 0), b);
+fp8_quantize_gelu(const bf16* __restrict__ h, u8* __restrict__ codes, float* __restrict__ scales,
+                  u8* __restrict__ codes_t, float* __restrict__ scales_t, int rows, int cols,
+                  float a, float s) {
     fp8_quantize_loaded(
         [=](int r, int c) {
             float v[8];
-            unpack8(ld16(y + (i64)r * cols + c), v);
-#pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = act_to_f32(f32_to_act(v[k] + b[k]));
-            st16(y + (i64)r * cols + c, pack8(v));
+            unpack8(ld16(h + (i64)r * cols + c), v);
 #pragma unroll
             for (int k = 0; k < 8; k++) v[k] = gelu_f(v[k], a, s);
             return pack8(v);

@@ -286,6 +286,16 @@ fn plan(handle: sys::cublasLtHandle_t, g: &Gemm, align: u32) -> Result<Plan> {
         &epilogue as *const _ as _,
         size_of_val(&epilogue),
     )?;
+    if let (Some(_), Epilogue::Bias(_)) = (g.scales, g.epilogue) {
+        // An FP8 GEMM's bias is bf16, D's type, set explicitly (as the device probe that
+        // measured the epilogue set it).
+        set_attr(
+            &desc,
+            A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+            &d_t as *const _ as _,
+            size_of_val(&d_t),
+        )?;
+    }
     if let Some(s) = g.scales {
         for (attr, mode) in [
             (A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, s.a_mode.code()),

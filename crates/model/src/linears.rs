@@ -20,11 +20,10 @@ use crate::layers::fp8_linear::{
     swiglu_down_forward_of, swiglu_gate_up_backward_of, Fp8Input,
 };
 use crate::layers::{
-    add_rmsnorm_forward, bias_gelu_forward, bias_grad, fp8_round, gelu_backward_bias_grad,
-    layernorm_forward, matmul_backward_into, matmul_cols_backward, matmul_cols_bias_forward,
-    matmul_forward, matmul_gelu_backward_into, matmul_gelu_forward, residual_matmul_forward,
-    rmsnorm_forward, swiglu_packed_backward, swiglu_packed_forward, Fp8Weight, LnSaved, RmsSaved,
-    WEIGHT_TILE,
+    add_rmsnorm_forward, bias_grad, fp8_round, gelu_backward_bias_grad, layernorm_forward,
+    matmul_backward_into, matmul_cols_backward, matmul_cols_bias_forward, matmul_forward,
+    matmul_gelu_backward_into, matmul_gelu_forward, residual_matmul_forward, rmsnorm_forward,
+    swiglu_packed_backward, swiglu_packed_forward, Fp8Weight, LnSaved, RmsSaved, WEIGHT_TILE,
 };
 
 /// What the blocks' linear layers multiply in.
@@ -136,13 +135,7 @@ impl LinearFormat {
     ) -> Result<Tensor> {
         match self {
             LinearFormat::Dense => matmul_cols_bias_forward(x, &dense_all(ws)?, bias, residual),
-            LinearFormat::Fp8 => {
-                let y = cols_forward_of(x, ws, residual)?;
-                Ok(match bias {
-                    Some(b) => bias_gelu_forward(y, b, false)?.0,
-                    None => y,
-                })
-            }
+            LinearFormat::Fp8 => cols_forward_of(x, ws, bias, residual),
         }
     }
 
@@ -162,11 +155,7 @@ impl LinearFormat {
                 SavedInput::Dense(x.clone()),
             )),
             LinearFormat::Fp8 => {
-                let (y, saved) = cols_forward_saving_of(x, ws, residual)?;
-                let y = match bias {
-                    Some(b) => bias_gelu_forward(y, b, false)?.0,
-                    None => y,
-                };
+                let (y, saved) = cols_forward_saving_of(x, ws, bias, residual)?;
                 Ok((y, SavedInput::Fp8(saved)))
             }
         }
@@ -233,11 +222,8 @@ impl LinearFormat {
                 (h, rms, y, n)
             }
             LinearFormat::Fp8 => {
-                let (h, rms, y, n) = rmsnorm_cols_forward_saving_of(x, delta, norm_w, eps, ws)?;
-                let y = match bias {
-                    Some(b) => bias_gelu_forward(y, b, false)?.0,
-                    None => y,
-                };
+                let (h, rms, y, n) =
+                    rmsnorm_cols_forward_saving_of(x, delta, norm_w, eps, ws, bias)?;
                 (h, rms, y, SavedInput::Fp8(n))
             }
         };
@@ -501,9 +487,10 @@ impl LinearFormat {
         }
     }
 
-    /// Gradients of GPT-2's MLP after its norm, `out = gelu(h) @ w_proj + b_proj`, `h = n @ w_fc
-    /// + b_fc`, from what the forward kept of `g = gelu(h)` and of `n`: `(dn, [dw_proj, db_proj,
-    /// dw_fc, db_fc])`, each weight gradient in its slot where the GPU GEMM writes it there.
+    /// Gradients of GPT-2's MLP after its norm, `out = gelu(h) @ w_proj + b_proj` with
+    /// `h = n @ w_fc + b_fc`, from what the forward kept of `g = gelu(h)` and of `n`:
+    /// `(dn, [dw_proj, db_proj, dw_fc, db_fc])`, each weight gradient in its slot where the GPU
+    /// GEMM writes it there.
     /// Dense: [`matmul_gelu_backward_into`] (GELU's backward and c_fc's bias gradient in
     /// c_proj's GEMM epilogue), then c_fc's backward. FP8: c_proj's backward, then GELU's with
     /// c_fc's ([`gelu_linear_backward_of`]: on the GPU GELU's gradient goes into FP8 in the

@@ -6,9 +6,9 @@
 //! `kernels/cuda/fp8.cu` write each operand's codes and scales, bitwise the CPU's, and
 //! cuBLASLt's block-scaled FP8 GEMMs multiply them (`crate::gemm`): the forward reads the
 //! weight's transposed codes, the weight gradient both operands' transposed codes (Hopper's FP8
-//! MMA reads both operands K-contiguous). There the output is bf16 and a bias is added after
-//! the GEMM's rounding, so a GPU result differs from the reference by the order of the sums and
-//! one bf16 rounding.
+//! MMA reads both operands K-contiguous). There the output is bf16, and a bias (in the epilogue)
+//! and a residual (as C) are added before the GEMM's one rounding, as in the reference: a GPU
+//! result differs from it by the order of the sums.
 //!
 //! The recipe is block scaling (DeepSeek-V3's, Transformer Engine's `Float8BlockScaling`),
 //! chosen for ZeRO++ rather than torchao's row-wise scales: a weight `w (IN, OUT)` takes one
@@ -219,11 +219,8 @@ pub(crate) fn linear_forward_of(
 ) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
-        if let Some(y) = cuda::cols_forward(x, std::slice::from_ref(w), residual)? {
-            return Ok(match bias {
-                Some(b) => super::bias_gelu_forward(y, b, false)?.0,
-                None => y,
-            });
+        if let Some(y) = cuda::cols_forward(x, std::slice::from_ref(w), bias, residual)? {
+            return Ok(y);
         }
     }
     rounded_linear_forward(x, &w.fp8_values()?, bias, residual)
@@ -240,8 +237,8 @@ pub(crate) fn linear_forward_saving_of(
     let (dtype, dims) = (x.dtype(), x.dims2()?);
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
-        if let Some((y, xt)) = cuda::cols_forward_saving(x, std::slice::from_ref(w), residual)? {
-            let y = super::bias_gelu_forward(y, bias, false)?.0;
+        let ws = std::slice::from_ref(w);
+        if let Some((y, xt)) = cuda::cols_forward_saving(x, ws, Some(bias), residual)? {
             let cols = Fp8Cols::Codes(xt);
             return Ok((y, Fp8Input { dtype, dims, cols }));
         }
@@ -252,7 +249,7 @@ pub(crate) fn linear_forward_saving_of(
 }
 
 /// `h = x @ w + b` in FP8, `gelu(h)`, and what the backward reads of `x`. On the GPU the bias
-/// and the GELU are one pass after the GEMM ([`super::bias_gelu_forward`]).
+/// is added in the GEMM's epilogue.
 pub(crate) fn linear_gelu_forward_saving_of(
     x: &Tensor,
     w: &LinearWeight,
@@ -261,11 +258,11 @@ pub(crate) fn linear_gelu_forward_saving_of(
     let (dtype, dims) = (x.dtype(), x.dims2()?);
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
-        if let Some((y, xt)) = cuda::cols_forward_saving(x, std::slice::from_ref(w), None)? {
-            let (h, g) = super::bias_gelu_forward(y, b, true)?;
+        let ws = std::slice::from_ref(w);
+        if let Some((h, xt)) = cuda::cols_forward_saving(x, ws, Some(b), None)? {
+            let g = super::gelu_forward(&h)?;
             let cols = Fp8Cols::Codes(xt);
-            let kept = Fp8Input { dtype, dims, cols };
-            return Ok((h, g.expect("asked for gelu(h)"), kept));
+            return Ok((h, g, Fp8Input { dtype, dims, cols }));
         }
     }
     let h = rounded_linear_forward(x, &w.fp8_values()?, Some(b), None)?;
@@ -333,22 +330,25 @@ pub fn fp8_linear_cols_forward(
     ws: &[Tensor],
     residual: Option<&Tensor>,
 ) -> Result<Tensor> {
-    cols_forward_of(x, &dense(ws), residual)
+    cols_forward_of(x, &dense(ws), None, residual)
 }
 
 fn dense(ws: &[Tensor]) -> Vec<LinearWeight> {
     ws.iter().cloned().map(LinearWeight::Dense).collect()
 }
 
-/// [`fp8_linear_cols_forward`] of weights given either way (dense, or gathered in FP8).
+/// [`fp8_linear_cols_forward`] of weights given either way (dense, or gathered in FP8), with
+/// the bias `(sum OUT_i)` where given (added in f32 before the one rounding, as the GPU's GEMM
+/// epilogue adds it).
 pub(crate) fn cols_forward_of(
     x: &Tensor,
     ws: &[LinearWeight],
+    bias: Option<&Tensor>,
     residual: Option<&Tensor>,
 ) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
-        if let Some(y) = cuda::cols_forward(x, ws, residual)? {
+        if let Some(y) = cuda::cols_forward(x, ws, bias, residual)? {
             return Ok(y);
         }
     }
@@ -360,6 +360,9 @@ pub(crate) fn cols_forward_of(
         let wq = w.fp8_values()?;
         let out = wq.dim(1)?;
         let mut y = xq.matmul(&wq)?;
+        if let Some(b) = bias {
+            y = y.broadcast_add(&b.narrow(0, off, out)?.to_dtype(DType::F32)?)?;
+        }
         if let Some(r) = residual {
             y = (y + r.narrow(1, off, out)?.to_dtype(DType::F32)?)?;
         }
@@ -377,17 +380,18 @@ pub(crate) fn cols_forward_of(
 pub(crate) fn cols_forward_saving_of(
     x: &Tensor,
     ws: &[LinearWeight],
+    bias: Option<&Tensor>,
     residual: Option<&Tensor>,
 ) -> Result<(Tensor, Fp8Input)> {
     let (dtype, dims) = (x.dtype(), x.dims2()?);
     #[cfg(feature = "cuda")]
     if super::on_gpu(x) {
-        if let Some((y, xt)) = cuda::cols_forward_saving(x, ws, residual)? {
+        if let Some((y, xt)) = cuda::cols_forward_saving(x, ws, bias, residual)? {
             let cols = Fp8Cols::Codes(xt);
             return Ok((y, Fp8Input { dtype, dims, cols }));
         }
     }
-    let y = cols_forward_of(x, ws, residual)?;
+    let y = cols_forward_of(x, ws, bias, residual)?;
     let cols = Fp8Cols::Values(fp8_round(x, COL_BLOCK)?);
     Ok((y, Fp8Input { dtype, dims, cols }))
 }

@@ -23,22 +23,6 @@ pub fn gelu_forward(h: &Tensor) -> Result<Tensor> {
     Ok(h.gelu()?)
 }
 
-/// `h = y + bias` over the rows of `y (N, OUT)`, and `gelu(h)` when `gelu`: the epilogue the
-/// FP8 linear layers run after their GEMM (the dense ones have cuBLASLt's). On the GPU one
-/// pass writing `h` over `y` (the bits of candle's bf16 add and of [`gelu_forward`]).
-pub fn bias_gelu_forward(y: Tensor, bias: &Tensor, gelu: bool) -> Result<(Tensor, Option<Tensor>)> {
-    #[cfg(feature = "cuda")]
-    if super::on_gpu(&y) {
-        let _span = kernels::profile::scope(y.device(), kernels::profile::Family::Elementwise);
-        if let Some(r) = cuda::bias_gelu_forward(&y, bias, gelu)? {
-            return Ok(r);
-        }
-    }
-    let h = y.broadcast_add(bias)?;
-    let g = gelu.then(|| gelu_forward(&h)).transpose()?;
-    Ok((h, g))
-}
-
 /// Gradient of [`gelu_forward`]: `dh = dout * (0.5 (1 + t) + 0.5 h (1 - t^2) s (1 + 3 a h^2))`
 /// with `t = tanh(s (h + a h^3))`.
 pub fn gelu_backward(dout: &Tensor, h: &Tensor) -> Result<Tensor> {
@@ -126,66 +110,6 @@ mod cuda {
             )?;
         }
         Ok(Some(out))
-    }
-
-    /// [`super::bias_gelu_forward`] in one pass, `h` written over `y`, or `None` unless `y`
-    /// is a contiguous bf16 `(N, OUT)` with `OUT % 8 == 0`, `bias` bf16 `(OUT)` and both on
-    /// 16-byte aligned addresses.
-    pub(super) fn bias_gelu_forward(
-        y: &Tensor,
-        bias: &Tensor,
-        gelu: bool,
-    ) -> Result<Option<(Tensor, Option<Tensor>)>> {
-        let Ok((n, out)) = y.dims2() else {
-            return Ok(None);
-        };
-        let fits = y.dtype() == DType::BF16
-            && bias.dtype() == DType::BF16
-            && y.is_contiguous()
-            && bias.is_contiguous()
-            && bias.dims() == [out]
-            && out % 8 == 0
-            && out <= i32::MAX as usize
-            && (gpu::ptr(y)? | gpu::ptr(bias)?) % 16 == 0;
-        if !fits {
-            return Ok(None);
-        }
-        let dev = gpu::device(y)?;
-        let g = gelu
-            .then(|| gpu::uninit((n, out), DType::BF16, &dev))
-            .transpose()?;
-        let nvec = n * out / 8;
-        if nvec == 0 {
-            return Ok(Some((y.clone(), g)));
-        }
-        let (py, pb) = (gpu::ptr(y)?, gpu::ptr(bias)?);
-        let pg = g.as_ref().map_or(Ok(0), gpu::ptr)?;
-        let func = gpu::function(
-            &dev,
-            Precision::Bf16,
-            &kernels::ELEMENTWISE,
-            &[],
-            "bias_add_gelu",
-        )?;
-        // SAFETY: y (N, OUT) bf16 contiguous, written in place: the caller hands over the
-        // product it just made and keeps no other reading of it; g (N, OUT) fresh or null (not
-        // written); bias (OUT); OUT % 8 == 0, every pointer 16-byte aligned. Arguments in
-        // kernel order.
-        unsafe {
-            func.launch(
-                config(nvec * 8, nvec),
-                &[
-                    &py,
-                    &pg,
-                    &pb,
-                    &(nvec as i64),
-                    &(out as i32),
-                    &(GELU_A as f32),
-                    &(GELU_S as f32),
-                ],
-            )?;
-        }
-        Ok(Some((y.clone(), g)))
     }
 
     /// `dout * gelu'(h)`, or `None` unless both are bf16 of one shape.

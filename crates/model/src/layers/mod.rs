@@ -49,7 +49,7 @@ pub use fp8_linear::{
     fp8_matmul_backward, fp8_matmul_forward, fp8_round, Fp8Input, Fp8Weight, COL_BLOCK,
     GPU_MULTIPLE, ROW_BLOCK, WEIGHT_TILE,
 };
-pub use gelu::{bias_gelu_forward, gelu_backward, gelu_forward};
+pub use gelu::{gelu_backward, gelu_forward};
 #[cfg(feature = "cuda")]
 pub use gqa::gqa_cudnn_support;
 pub use gqa::{

@@ -271,9 +271,10 @@ pub fn quantize_both(x: &Tensor, col: usize, cols: usize) -> Result<(Operand, Op
     }
 }
 
-/// `D (m, n) = A^T B (+ C)` in cuBLAS terms with A stored `(m, k)` and B `(n, k)`, both
-/// K-contiguous FP8 operands: D bf16 at `d` with leading dimension `ldd`, C (when given)
-/// likewise.
+/// `D (m, n) = A^T B (+ bias) (+ C)` in cuBLAS terms with A stored `(m, k)` and B `(n, k)`,
+/// both K-contiguous FP8 operands: D bf16 at `d` with leading dimension `ldd`, C (when given)
+/// likewise, `bias` (when given) `m` bf16 added to every column of D in the epilogue, before
+/// D's one rounding.
 pub fn gemm_tn(
     dev: &CudaDevice,
     a: &Operand,
@@ -282,6 +283,19 @@ pub fn gemm_tn(
     d: u64,
     ldd: usize,
     c: Option<u64>,
+) -> Result<()> {
+    gemm_tn_bias(dev, a, b, (m, n, k), (d, ldd), c, None)
+}
+
+/// [`gemm_tn`] with a bias in the epilogue where `bias` is given.
+fn gemm_tn_bias(
+    dev: &CudaDevice,
+    a: &Operand,
+    b: &Operand,
+    (m, n, k): (usize, usize, usize),
+    (d, ldd): (u64, usize),
+    c: Option<u64>,
+    bias: Option<u64>,
 ) -> Result<()> {
     gemm::run(
         dev,
@@ -299,7 +313,7 @@ pub fn gemm_tn(
             d,
             ldd,
             d_type: DType::BF16,
-            epilogue: Epilogue::None,
+            epilogue: bias.map_or(Epilogue::None, Epilogue::Bias),
             c,
             scales: Some(BlockScales {
                 a: gpu::ptr(&a.scales)?,
@@ -311,14 +325,16 @@ pub fn gemm_tn(
     )
 }
 
-/// `[x @ w_0 | x @ w_1 | ...] (+ residual)` in bf16, or `None` where the operands do not
-/// fit (then the caller's reference refuses CUDA tensors in one line).
+/// `[x @ w_0 | x @ w_1 | ...] (+ bias) (+ residual)` in bf16 (the bias, `(sum OUT_i)`, added
+/// in the GEMMs' epilogue), or `None` where the operands do not fit (then the caller's
+/// reference refuses CUDA tensors in one line).
 pub fn cols_forward(
     x: &Tensor,
     ws: &[LinearWeight],
+    bias: Option<&Tensor>,
     residual: Option<&Tensor>,
 ) -> Result<Option<Tensor>> {
-    Ok(forward(x, ws, residual, false)?.map(|(y, _)| y))
+    Ok(forward(x, ws, bias, residual, false)?.map(|(y, _)| y))
 }
 
 /// [`cols_forward`], also quantising `x` in 128 x 1 blocks in the same read: the weight
@@ -327,23 +343,26 @@ pub fn cols_forward(
 pub fn cols_forward_saving(
     x: &Tensor,
     ws: &[LinearWeight],
+    bias: Option<&Tensor>,
     residual: Option<&Tensor>,
 ) -> Result<Option<(Tensor, Operand)>> {
-    Ok(
-        forward(x, ws, residual, true)?
-            .map(|(y, xt)| (y, xt.expect("asked for x's column blocks"))),
-    )
+    Ok(forward(x, ws, bias, residual, true)?
+        .map(|(y, xt)| (y, xt.expect("asked for x's column blocks"))))
 }
 
 fn forward(
     x: &Tensor,
     ws: &[LinearWeight],
+    bias: Option<&Tensor>,
     residual: Option<&Tensor>,
     saving: bool,
 ) -> Result<Option<(Tensor, Option<Operand>)>> {
     let Some((n, inp, total)) = packed_shape(x, ws, residual) else {
         return Ok(None);
     };
+    if !bias_fits(bias, total) {
+        return Ok(None);
+    }
     let (xq, xt) = match saving {
         true => {
             let (xq, xt) = quantize_both(x, 0, inp)?;
@@ -351,7 +370,7 @@ fn forward(
         }
         false => (quantize_rows(x)?, None),
     };
-    let y = forward_gemms(&xq, (n, inp, total), ws, residual)?;
+    let y = forward_gemms(&xq, (n, inp, total), ws, bias, residual)?;
     Ok(Some((y, xt)))
 }
 
@@ -361,37 +380,49 @@ fn forward(
 pub fn cols_forward_quantised(
     xq: &Operand,
     ws: &[LinearWeight],
+    bias: Option<&Tensor>,
     residual: Option<&Tensor>,
 ) -> Result<Option<Tensor>> {
     let (n, inp) = xq.codes.dims2()?;
     let Some(shape) = packed_fits((n, inp), ws, residual) else {
         return Ok(None);
     };
-    Ok(Some(forward_gemms(xq, shape, ws, residual)?))
+    if !bias_fits(bias, shape.2) {
+        return Ok(None);
+    }
+    Ok(Some(forward_gemms(xq, shape, ws, bias, residual)?))
 }
 
-/// The forward's GEMMs, one a weight into its columns of `y (N, total)`.
+/// Whether `bias` (where given) is what the GEMMs' epilogue reads: `(total)` bf16, contiguous.
+fn bias_fits(bias: Option<&Tensor>, total: usize) -> bool {
+    bias.is_none_or(|b| b.dtype() == DType::BF16 && b.is_contiguous() && b.dims() == [total])
+}
+
+/// The forward's GEMMs, one a weight into its columns of `y (N, total)`, each adding its
+/// columns of `bias` in its epilogue.
 fn forward_gemms(
     xq: &Operand,
     (n, inp, total): (usize, usize, usize),
     ws: &[LinearWeight],
+    bias: Option<&Tensor>,
     residual: Option<&Tensor>,
 ) -> Result<Tensor> {
     let dev = gpu::device(&xq.codes)?;
     let y = gpu::uninit((n, total), DType::BF16, &dev)?;
     let (py, pr) = (gpu::ptr(&y)?, residual.map(gpu::ptr).transpose()?);
+    let pb = bias.map(gpu::ptr).transpose()?;
     let mut off = 0u64;
     for (w, wq) in ws.iter().zip(weight_operands(ws, true)?) {
         let out = out_of(w);
         let shift = 2 * off;
-        gemm_tn(
+        gemm_tn_bias(
             &dev,
             &wq,
             xq,
             (out, n, inp),
-            py + shift,
-            total,
+            (py + shift, total),
             pr.map(|p| p + shift),
+            pb.map(|p| p + shift),
         )?;
         off += out as u64;
     }

@@ -33,9 +33,9 @@ pub(crate) fn swiglu_down_forward_of(
             let dims = xt.codes.dims2().map(|(f, n)| (n, f))?;
             let y = match rows {
                 Some(xq) => Some(
-                    cuda::cols_forward_quantised(&xq, w_down, residual)?.ok_or_else(|| {
-                        fp8_shape_error("the down projection of a SwiGLU output", dims)
-                    })?,
+                    cuda::cols_forward_quantised(&xq, w_down, None, residual)?.ok_or_else(
+                        || fp8_shape_error("the down projection of a SwiGLU output", dims),
+                    )?,
                 ),
                 None => None,
             };
@@ -53,7 +53,7 @@ pub(crate) fn swiglu_down_forward_of(
     let act = crate::layers::swiglu_packed_forward(gu)?;
     match want_out {
         true => {
-            let (y, kept) = cols_forward_saving_of(&act, w_down, residual)?;
+            let (y, kept) = cols_forward_saving_of(&act, w_down, None, residual)?;
             Ok((Some(y), kept))
         }
         false => Ok((None, saved_input_of(&act)?)),
@@ -72,13 +72,14 @@ pub(crate) fn rmsnorm_cols_forward_saving_of(
     norm_w: &Tensor,
     eps: f64,
     ws: &[LinearWeight],
+    bias: Option<&Tensor>,
 ) -> Result<(Tensor, RmsSaved, Tensor, Fp8Input)> {
     #[cfg(feature = "cuda")]
     if crate::layers::on_gpu(x) {
         if let Some((h, rms)) = crate::layers::rmsnorm::rmsnorm_statistics(x, delta, norm_w, eps)? {
             if let Some((nq, nt)) = cuda::fused::quantize_rmsnorm(&h, &rms.rstd, norm_w)? {
                 let dims = h.dims2()?;
-                let y = cuda::cols_forward_quantised(&nq, ws, None)?
+                let y = cuda::cols_forward_quantised(&nq, ws, bias, None)?
                     .ok_or_else(|| fp8_shape_error("the projections after an RMSNorm", dims))?;
                 let cols = Fp8Cols::Codes(nt);
                 let dtype = x.dtype();
@@ -93,7 +94,7 @@ pub(crate) fn rmsnorm_cols_forward_saving_of(
             (x.clone(), n, rms)
         }
     };
-    let (y, kept) = cols_forward_saving_of(&n, ws, None)?;
+    let (y, kept) = cols_forward_saving_of(&n, ws, bias, None)?;
     Ok((h, rms, y, kept))
 }
 
@@ -113,9 +114,9 @@ pub(crate) fn layernorm_linear_forward_saving_of(
     #[cfg(feature = "cuda")]
     if crate::layers::on_gpu(x) {
         if let Some((ln, nq, n)) = layernorm_quantised(x, (ln_w, ln_b))? {
-            let y = cuda::cols_forward_quantised(&nq, std::slice::from_ref(w), None)?
+            let h = cuda::cols_forward_quantised(&nq, std::slice::from_ref(w), Some(b), None)?
                 .ok_or_else(|| fp8_shape_error("the projection after a LayerNorm", n.dims))?;
-            let (h, g) = crate::layers::bias_gelu_forward(y, b, gelu)?;
+            let g = gelu.then(|| crate::layers::gelu_forward(&h)).transpose()?;
             return Ok((ln, h, g, n));
         }
     }
@@ -134,10 +135,10 @@ pub(crate) fn layernorm_linear_forward_saving_of(
 
 /// GPT-2's MLP after its norm in FP8: `ln_2(x)` into c_fc, its bias and GELU, into c_proj
 /// with its bias and the residual `x` (c_proj only where `want_out`: a recomputation never
-/// reads the block's output). On the GPU neither the normalised rows nor `gelu(h)` is made in
-/// bf16: [`layernorm_linear_forward_saving_of`]'s quantiser for the first, and
-/// `fp8_quantize_bias_gelu`, which writes `h` over c_fc's output and `gelu(h)`'s codes, for
-/// the second. Elsewhere (or where a kernel declines) the same numbers through bf16.
+/// reads the block's output). On the GPU the biases are added in the GEMMs' epilogues, and
+/// neither the normalised rows nor `gelu(h)` is made in bf16: [`layernorm_linear_forward_saving_of`]'s
+/// quantiser for the first, and `fp8_quantize_gelu`, which reads `h` and writes `gelu(h)`'s
+/// codes, for the second. Elsewhere (or where a kernel declines) the same numbers through bf16.
 pub(crate) fn layernorm_mlp_forward_of(
     x: &Tensor,
     ln: (&Tensor, &Tensor),
@@ -149,36 +150,31 @@ pub(crate) fn layernorm_mlp_forward_of(
     if crate::layers::on_gpu(x) {
         if let Some((ln, nq, n)) = layernorm_quantised(x, ln)? {
             let dims = x.dims2()?;
-            let y = cuda::cols_forward_quantised(&nq, std::slice::from_ref(w_fc), None)?
-                .ok_or_else(|| fp8_shape_error("the projection after a LayerNorm", dims))?;
+            let h =
+                cuda::cols_forward_quantised(&nq, std::slice::from_ref(w_fc), Some(b_fc), None)?
+                    .ok_or_else(|| fp8_shape_error("the projection after a LayerNorm", dims))?;
             let n = SavedInput::Fp8(n);
-            if let Some((gq, gt)) = cuda::fused::quantize_bias_gelu(&y, b_fc, want_out)? {
-                let g_dims = y.dims2()?;
+            if let Some((gq, gt)) = cuda::fused::quantize_gelu(&h, want_out)? {
+                let g_dims = h.dims2()?;
                 let out = match gq {
                     Some(gq) => {
                         let ws = std::slice::from_ref(w_proj);
-                        let out = cuda::cols_forward_quantised(&gq, ws, Some(x))?
-                            .ok_or_else(|| fp8_shape_error("GELU's output", g_dims))?;
-                        Some(crate::layers::bias_gelu_forward(out, b_proj, false)?.0)
+                        Some(
+                            cuda::cols_forward_quantised(&gq, ws, Some(b_proj), Some(x))?
+                                .ok_or_else(|| fp8_shape_error("GELU's output", g_dims))?,
+                        )
                     }
                     None => None,
                 };
                 let cols = Fp8Cols::Codes(gt);
                 let g = SavedInput::Fp8(Fp8Input {
-                    dtype: y.dtype(),
+                    dtype: h.dtype(),
                     dims: g_dims,
                     cols,
                 });
-                return Ok(MlpForward {
-                    ln,
-                    h: y,
-                    n,
-                    out,
-                    g,
-                });
+                return Ok(MlpForward { ln, h, n, out, g });
             }
-            let (h, g) = crate::layers::bias_gelu_forward(y, b_fc, true)?;
-            let g = g.expect("asked for gelu(h)");
+            let g = crate::layers::gelu_forward(&h)?;
             let (out, g) = gelu_proj_of(x, &g, (w_proj, b_proj), want_out)?;
             return Ok(MlpForward { ln, h, n, out, g });
         }

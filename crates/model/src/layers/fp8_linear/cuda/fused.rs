@@ -3,10 +3,11 @@
 //! SwiGLU's output and gradient (`fp8_quantize_swiglu`, `fp8_quantize_swiglu_grad`: the down
 //! projection reads `act = silu(gate) * up` only as codes, the gate and up projections `dgu`), the
 //! norms' outputs (`fp8_quantize_rmsnorm`, `fp8_quantize_layernorm`: the projections after a norm
-//! read them only as codes), GELU's output after GPT-2's c_fc (`fp8_quantize_bias_gelu`) and its
+//! read them only as codes), GELU's output after GPT-2's c_fc (`fp8_quantize_gelu`) and its
 //! gradient into c_fc's backward (`fp8_quantize_gelu_grad`, with c_fc's bias gradient). The
 //! codes are those of [`super::quantize_both`] of the bf16 tensors that `swiglu_packed_forward`,
-//! `swiglu_packed_backward`, `rmsnorm_forward`, `layernorm_forward` and `bias_gelu_forward` make,
+//! `swiglu_packed_backward`, `rmsnorm_forward`, `layernorm_forward`, `gelu_forward` and
+//! `gelu_backward_bias_grad` make,
 //! bit for bit (the arithmetic is `swiglu.cuh`'s, `rmsnorm.cuh`'s, `layernorm.cuh`'s and
 //! `gelu.cuh`'s, shared with the unfused kernels), which `tests/gpu/fp8_fused.rs` asserts.
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
@@ -238,29 +239,23 @@ pub fn quantize_layernorm(
     Ok(Some((rows.expect("asked for the row blocks"), cols)))
 }
 
-/// The bias add and GELU after an FP8 layer, `h = y + bias` written over `y (N, OUT)` (the
-/// bits of `bias_gelu_forward`, which GELU's backward reads), and `gelu(h)` as the next
+/// GELU after an FP8 layer (whose GEMM added its bias), `gelu(h)` of `h (N, OUT)` as the next
 /// projection reads it: its 1 x 128 blocks where `rows_blocks` (a recomputation, which never
 /// reads that projection's output, skips them) and its 128 x 1 blocks (what the projection's
-/// backward keeps), as [`super::quantize_both`] of the `gelu(h)` that `bias_gelu_forward`
-/// writes; `None` (and `y` untouched) where the kernel does not take the tensors.
-pub fn quantize_bias_gelu(
-    y: &Tensor,
-    bias: &Tensor,
-    rows_blocks: bool,
-) -> Result<Option<(Option<Operand>, Operand)>> {
-    let Some((n, c)) = tile_shape(y, &[], &[bias])? else {
+/// backward keeps), as [`super::quantize_both`] of the `gelu(h)` that `gelu_forward` writes;
+/// `None` where the kernel does not take the tensor.
+pub fn quantize_gelu(h: &Tensor, rows_blocks: bool) -> Result<Option<(Option<Operand>, Operand)>> {
+    let Some((n, c)) = tile_shape(h, &[], &[])? else {
         return Ok(None);
     };
-    let args = [gpu::ptr(y)?, gpu::ptr(bias)?];
+    let args = [gpu::ptr(h)?];
     let (a, s) = (GELU_A as f32, GELU_S as f32);
-    // SAFETY (the launch): y (N, OUT) and bias (OUT) bf16 contiguous and 16-byte aligned
-    // (tile_shape), y written in place; the kernel's arguments are these, the outputs, then
-    // GELU's constants.
+    // SAFETY (the launch): h (N, OUT) bf16 contiguous and 16-byte aligned (tile_shape); the
+    // kernel's arguments are it, the outputs, then GELU's constants.
     let quantised = unsafe {
         quantize_tiles_of(
-            y,
-            "fp8_quantize_bias_gelu",
+            h,
+            "fp8_quantize_gelu",
             &args,
             (n, c),
             rows_blocks,
