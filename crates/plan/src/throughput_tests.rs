@@ -409,10 +409,10 @@ fn fp8_speeds_up_the_gemms_of_the_blocks_linear_layers() {
     // The casts of GPT-2's block, by hand: inputs ln_1, ln_2 (256 each) and gelu(h) (1024) kept
     // as codes (both ways in the forward, 4 bytes, none in the backward) and attn.c_proj's 256
     // not (3 bytes each way), outputs 768 + 256 + 1024 + 256 = 2304, 786,432 weights;
-    // 1000 GB/s, half of it reached.
+    // 1000 GB/s, 0.7 of it reached.
     let weights = 3.0 * 786_432.0;
-    let cast_fwd = (tokens * (4.0 * 1536.0 + 3.0 * 256.0) + weights) / 0.5e12;
-    let cast_bwd = (tokens * (3.0 * 256.0 + 4.0 * 2304.0) + weights) / 0.5e12;
+    let cast_fwd = (tokens * (4.0 * 1536.0 + 3.0 * 256.0) + weights) / 0.7e12;
+    let cast_bwd = (tokens * (3.0 * 256.0 + 4.0 * 2304.0) + weights) / 0.7e12;
     let fp8_compute = tokens * (linear * fp8_s_per_flop + attention / dense_rate);
     assert!(close(w8.forward_s(1, false, &c), fp8_compute + cast_fwd));
     // Recomputation: the backward is three forwards' worth, and its casts the forward's again.
@@ -425,11 +425,11 @@ fn fp8_speeds_up_the_gemms_of_the_blocks_linear_layers() {
     let params = 786_432.0;
     assert!(close(
         w8.forward_s(1, true, &c),
-        fp8_compute + cast_fwd - params / 0.5e12
+        fp8_compute + cast_fwd - params / 0.7e12
     ));
     assert!(close(
         w8.backward_s(1, true, &c),
-        3.0 * fp8_compute + cast_bwd - 3.0 * params / 0.5e12 + cast_fwd - params / 0.5e12
+        3.0 * fp8_compute + cast_bwd - 3.0 * params / 0.7e12 + cast_fwd - params / 0.7e12
     ));
     assert!(close(w8.head_s(&c), wd.head_s(&c)));
     assert!(close(w8.forward_s(0, false, &c), 0.0));
