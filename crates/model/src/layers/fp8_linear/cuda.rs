@@ -156,8 +156,7 @@ fn quantize_view(
     rows_blocks: bool,
     transposed: bool,
 ) -> Result<(Option<Operand>, Option<Operand>)> {
-    let (rows, cols) = quantize_view_summing(x, col, cols, rows_blocks, transposed, None)?;
-    Ok((rows, cols))
+    quantize_view_summing(x, col, cols, rows_blocks, transposed, None)
 }
 
 /// [`quantize_view`], also writing each 128-row tile's column sums of the view into `partials`
@@ -360,9 +359,9 @@ fn forward(
     let Some((n, inp, total)) = packed_shape(x, ws, residual) else {
         return Ok(None);
     };
-    if !bias_fits(bias, total) {
+    let Some(bias) = epilogue_bias(bias, total)? else {
         return Ok(None);
-    }
+    };
     let (xq, xt) = match saving {
         true => {
             let (xq, xt) = quantize_both(x, 0, inp)?;
@@ -370,7 +369,7 @@ fn forward(
         }
         false => (quantize_rows(x)?, None),
     };
-    let y = forward_gemms(&xq, (n, inp, total), ws, bias, residual)?;
+    let y = forward_gemms(&xq, (n, inp, total), ws, bias.as_ref(), residual)?;
     Ok(Some((y, xt)))
 }
 
@@ -387,15 +386,21 @@ pub fn cols_forward_quantised(
     let Some(shape) = packed_fits((n, inp), ws, residual) else {
         return Ok(None);
     };
-    if !bias_fits(bias, shape.2) {
+    let Some(bias) = epilogue_bias(bias, shape.2)? else {
         return Ok(None);
-    }
-    Ok(Some(forward_gemms(xq, shape, ws, bias, residual)?))
+    };
+    Ok(Some(forward_gemms(xq, shape, ws, bias.as_ref(), residual)?))
 }
 
-/// Whether `bias` (where given) is what the GEMMs' epilogue reads: `(total)` bf16, contiguous.
-fn bias_fits(bias: Option<&Tensor>, total: usize) -> bool {
-    bias.is_none_or(|b| b.dtype() == DType::BF16 && b.is_contiguous() && b.dims() == [total])
+/// `bias` as the GEMMs' epilogue reads it, `(total)` bf16 contiguous (a view of a unit's flat
+/// buffer already is: then the same tensor): `Some(None)` for no bias, `None` for a bias of
+/// another length.
+fn epilogue_bias(bias: Option<&Tensor>, total: usize) -> Result<Option<Option<Tensor>>> {
+    Ok(match bias {
+        None => Some(None),
+        Some(b) if b.dims() != [total] => None,
+        Some(b) => Some(Some(b.to_dtype(DType::BF16)?.contiguous()?)),
+    })
 }
 
 /// The forward's GEMMs, one a weight into its columns of `y (N, total)`, each adding its

@@ -1,9 +1,10 @@
 //! The FP8 layers whose input is made by the kernel before them (issue 40, "the cast fused
 //! into the producer"): SwiGLU into the down projection (and its gradient into the gate and up
 //! projections' backward), RMSNorm into packed projections, LayerNorm into a layer (GPT-2's
-//! ln_1, and ln_2 with c_fc, GELU and c_proj after it), GELU's gradient into c_fc's backward. On the GPU the producer's output exists
-//! only as the FP8 codes its kernel writes (`cuda::fused`); elsewhere, or where a kernel
-//! declines, the producer runs in bf16 and the layers quantise its output: the same numbers.
+//! ln_1, and ln_2 with c_fc, GELU and c_proj after it), GELU's gradient into c_fc's backward.
+//! On the GPU the producer's output exists only as the FP8 codes its kernel writes
+//! (`cuda::fused`); elsewhere, or where a kernel declines, the producer runs in bf16 and the
+//! layers quantise its output: the same numbers.
 
 use candle_core::Tensor;
 
