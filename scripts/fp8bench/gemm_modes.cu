@@ -10,14 +10,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                              \
-    do {                                                                                   \
-        cudaError_t e = (x);                                                               \
-        if (e != cudaSuccess) {                                                            \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
+#include "check.cuh"
 #define LK(x)                                                                      \
     do {                                                                           \
         cublasStatus_t s = (x);                                                    \

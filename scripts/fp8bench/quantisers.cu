@@ -14,14 +14,8 @@
 #include <cstring>
 #include <vector>
 
-#define CK(x)                                                                          \
-    do {                                                                               \
-        cudaError_t e = (x);                                                           \
-        if (e != cudaSuccess) {                                                        \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
+#include "check.cuh"
+
 
 static unsigned long long rng = 88172645463325252ull;
 static double urand() {
@@ -126,6 +120,22 @@ static void report(const char* name, double bytes, float old_ms, float new_ms, b
            ok ? "bitwise equal" : "DIFFERENT");
 }
 
+// A bench's name, formatted (one at a time: the buffer is reused).
+static const char* label(const char* fmt, int a, int b) {
+    static char name[96];
+    snprintf(name, sizeof name, fmt, a, b);
+    return name;
+}
+
+// Times the baseline's launch and the working tree's, compares their outputs (the orientations
+// asked) and prints one line.
+template <class Old, class New>
+static void side_by_side(const char* name, double bytes, Old run_old, New run_new, const Out& o,
+                         const Out& n, bool rows_b = true, bool cols_b = true) {
+    const float t0 = time_ms(run_old), t1 = time_ms(run_new);
+    report(name, bytes, t0, t1, compare(o, n, rows_b, cols_b));
+}
+
 static void act(int rows, int cols, bool rows_b, bool cols_b) {
     bf16* x = make(rows, cols, true);
     Out o(rows, cols), n(rows, cols);
@@ -140,11 +150,10 @@ static void act(int rows, int cols, bool rows_b, bool cols_b) {
                                          cols_b ? n.codes_t : nullptr, n.scales_t, rows, cols,
                                          nullptr);
     };
-    float t0 = time_ms(run_old), t1 = time_ms(run_new);
-    bool ok = compare(o, n, rows_b, cols_b);
     char name[96];
     snprintf(name, sizeof name, "act (%d, %d) %s%s", rows, cols, rows_b ? "rows" : "", cols_b ? "+cols" : "");
-    report(name, (double)rows * cols * (2 + rows_b + cols_b), t0, t1, ok);
+    side_by_side(name, (double)rows * cols * (2 + rows_b + cols_b), run_old, run_new, o, n, rows_b,
+                 cols_b);
     CK(cudaFree(x));
 }
 
@@ -160,11 +169,7 @@ static void swiglu_grad(int rows, int F) {
         fp8_quantize_swiglu_grad<<<dim3(2 * F / 128, rows / 128), 256>>>(
             dact, gu, n.codes, n.scales, n.codes_t, n.scales_t, rows, F);
     };
-    float t0 = time_ms(run_old), t1 = time_ms(run_new);
-    bool ok = compare(o, n, true, true);
-    char name[96];
-    snprintf(name, sizeof name, "swiglu_grad (%d, F %d)", rows, F);
-    report(name, (double)rows * F * (6 + 4), t0, t1, ok);
+    side_by_side(label("swiglu_grad (%d, F %d)", rows, F), (double)rows * F * (6 + 4), run_old, run_new, o, n);
 }
 
 static void swiglu(int rows, int F) {
@@ -177,11 +182,7 @@ static void swiglu(int rows, int F) {
     auto run_new = [&] {
         fp8_quantize_swiglu<<<grid, 256>>>(gu, n.codes, n.scales, n.codes_t, n.scales_t, rows, F);
     };
-    float t0 = time_ms(run_old), t1 = time_ms(run_new);
-    bool ok = compare(o, n, true, true);
-    char name[96];
-    snprintf(name, sizeof name, "swiglu (%d, F %d)", rows, F);
-    report(name, (double)rows * F * (4 + 2), t0, t1, ok);
+    side_by_side(label("swiglu (%d, F %d)", rows, F), (double)rows * F * (4 + 2), run_old, run_new, o, n);
 }
 
 static void rmsnorm(int rows, int cols) {
@@ -200,11 +201,7 @@ static void rmsnorm(int rows, int cols) {
     auto run_new = [&] {
         fp8_quantize_rmsnorm<<<grid, 256>>>(h, rstd, w, n.codes, n.scales, n.codes_t, n.scales_t, rows, cols);
     };
-    float t0 = time_ms(run_old), t1 = time_ms(run_new);
-    bool ok = compare(o, n, true, true);
-    char name[96];
-    snprintf(name, sizeof name, "rmsnorm (%d, %d)", rows, cols);
-    report(name, (double)rows * cols * 4, t0, t1, ok);
+    side_by_side(label("rmsnorm (%d, %d)", rows, cols), (double)rows * cols * 4, run_old, run_new, o, n);
 }
 
 // One weight (rows = IN, cols = OUT) through fp8_quantize_tiles, both orientations.
@@ -231,9 +228,7 @@ static void tiles(int rows, int cols) {
     float a = time_ms(run_old), b = time_ms(run_new);
     bool ok = same("codes", c0, c1, n) & same("codes_t", t0, t1, n) & same("scales_fwd", f0, f1, nf * 4) &
               same("scales_bwd", b0, b1, nb * 4);
-    char name[96];
-    snprintf(name, sizeof name, "tiles (%d, %d) both", rows, cols);
-    report(name, (double)n * 4, a, b, ok);
+    report(label("tiles (%d, %d) both", rows, cols), (double)n * 4, a, b, ok);
 }
 
 int main(int argc, char** argv) {
