@@ -7,6 +7,9 @@
 // launched with the kernels' signatures and grids as of 2026-12-06 (fp8_quantize_act with its
 // column sums' pointer, fp8_quantize_swiglu_grad on 2F / 128 column tiles): a baseline from
 // before then, or a kernel whose signature changes, needs its launch here changed with it.
+// The working tree's launches pass null for the whole-column arguments of 2026-12-06 (twelfth
+// session: col_reduce, col_given, act^T's outputs) where they are compared with the baseline,
+// and time those modes alone on the lines that start "  +", "  rows + absmax" and "act whole".
 #include "fp8.cu"
 #include "fp8_old.cu"
 #include <cstdio>
@@ -136,6 +139,13 @@ static void side_by_side(const char* name, double bytes, Old run_old, New run_ne
     report(name, bytes, t0, t1, compare(o, n, rows_b, cols_b));
 }
 
+// Times one launch sequence of the working tree's alone (no baseline) and prints one line.
+template <class F>
+static void time_alone(const char* name, double bytes, F f) {
+    const float t = time_ms(f);
+    printf("%-34s                           | new %7.3f ms %6.0f GB/s\n", name, t, bytes / t / 1e6);
+}
+
 static void act(int rows, int cols, bool rows_b, bool cols_b) {
     bf16* x = make(rows, cols, true);
     Out o(rows, cols), n(rows, cols);
@@ -148,7 +158,7 @@ static void act(int rows, int cols, bool rows_b, bool cols_b) {
     auto run_new = [&] {
         fp8_quantize_act<<<grid, 256>>>(x, cols, rows_b ? n.codes : nullptr, n.scales,
                                          cols_b ? n.codes_t : nullptr, n.scales_t, rows, cols,
-                                         nullptr);
+                                         nullptr, nullptr, nullptr);
     };
     char name[96];
     snprintf(name, sizeof name, "act (%d, %d) %s%s", rows, cols, rows_b ? "rows" : "", cols_b ? "+cols" : "");
@@ -167,9 +177,25 @@ static void swiglu_grad(int rows, int F) {
     };
     auto run_new = [&] {
         fp8_quantize_swiglu_grad<<<dim3(2 * F / 128, rows / 128), 256>>>(
-            dact, gu, n.codes, n.scales, n.codes_t, n.scales_t, rows, F);
+            dact, gu, n.codes, n.scales, n.codes_t, n.scales_t, rows, F, nullptr, nullptr,
+            nullptr);
     };
     side_by_side(label("swiglu_grad (%d, F %d)", rows, F), (double)rows * F * (6 + 4), run_old, run_new, o, n);
+    // The working tree's with act^T's codes in whole columns (down's weight gradient operand).
+    u32* absmax;
+    u8* act_t;
+    float* act_s;
+    CK(cudaMalloc(&absmax, F * 4));
+    CK(cudaMemset(absmax, 0, F * 4));
+    CK(cudaMalloc(&act_t, (size_t)rows * F));
+    CK(cudaMalloc(&act_s, F * 4));
+    fp8_quantize_swiglu<<<dim3(F / 128, rows / 128), 256>>>(gu, nullptr, nullptr, nullptr, nullptr,
+                                                            rows, F, absmax);
+    time_alone(label("  + act^T whole columns (%d, F %d)", rows, F), (double)rows * F * (6 + 5), [&] {
+        fp8_quantize_swiglu_grad<<<dim3(2 * F / 128, rows / 128), 256>>>(
+            dact, gu, n.codes, n.scales, n.codes_t, n.scales_t, rows, F, absmax, act_t, act_s);
+    });
+    CK(cudaFree(absmax)); CK(cudaFree(act_t)); CK(cudaFree(act_s));
 }
 
 static void swiglu(int rows, int F) {
@@ -180,9 +206,37 @@ static void swiglu(int rows, int F) {
         old_fp8_quantize_swiglu<<<grid, 256>>>(gu, o.codes, o.scales, o.codes_t, o.scales_t, rows, F);
     };
     auto run_new = [&] {
-        fp8_quantize_swiglu<<<grid, 256>>>(gu, n.codes, n.scales, n.codes_t, n.scales_t, rows, F);
+        fp8_quantize_swiglu<<<grid, 256>>>(gu, n.codes, n.scales, n.codes_t, n.scales_t, rows, F,
+                                           nullptr);
     };
     side_by_side(label("swiglu (%d, F %d)", rows, F), (double)rows * F * (4 + 2), run_old, run_new, o, n);
+    // The working tree's forward as the FP8 Llama block runs it: the row blocks and act's
+    // columns' absmax (no act^T codes).
+    u32* absmax;
+    CK(cudaMalloc(&absmax, F * 4));
+    time_alone(label("  rows + absmax (%d, F %d)", rows, F), (double)rows * F * (4 + 1), [&] {
+        CK(cudaMemsetAsync(absmax, 0, F * 4));
+        fp8_quantize_swiglu<<<grid, 256>>>(gu, n.codes, n.scales, nullptr, nullptr, rows, F, absmax);
+    });
+    CK(cudaFree(absmax));
+}
+
+// down's dout with whole columns: the absmax pass, then the row blocks and x^T's codes.
+static void act_whole(int rows, int cols) {
+    bf16* x = make(rows, cols, true);
+    Out n(rows, cols);
+    u32* absmax;
+    CK(cudaMalloc(&absmax, cols * 4));
+    dim3 grid((cols + 127) / 128, (rows + 127) / 128);
+    time_alone(label("act whole columns (%d, %d)", rows, cols), (double)rows * cols * (2 + 2 + 2), [&] {
+        CK(cudaMemsetAsync(absmax, 0, cols * 4));
+        fp8_quantize_act<<<grid, 256>>>(x, cols, nullptr, nullptr, nullptr, nullptr, rows, cols,
+                                         nullptr, absmax, nullptr);
+        fp8_quantize_act<<<grid, 256>>>(x, cols, n.codes, n.scales, n.codes_t, n.scales_t, rows,
+                                         cols, nullptr, nullptr, absmax);
+    });
+    CK(cudaFree(absmax));
+    CK(cudaFree(x));
 }
 
 static void rmsnorm(int rows, int cols) {
@@ -248,6 +302,7 @@ int main(int argc, char** argv) {
     act(n, 1024, true, true);
     act(n, 4096, true, true);
     act(1000, 264, true, true);  // edges: rows and columns not multiples of 128
+    act_whole(n, 2048);
     swiglu_grad(n, 8192);
     swiglu_grad(2048, 1024);
     swiglu(n, 8192);

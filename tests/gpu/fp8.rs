@@ -14,9 +14,10 @@
 
 use crate::common::{assert_close, gpu, seconds_per_call, uniform};
 use candle_core::{DType, Device, Tensor};
+use model::layers::fp8_gpu::ScaleMode;
 use model::layers::{
     fp8_gpu, fp8_linear_cols_backward, fp8_linear_cols_forward, matmul_cols_backward,
-    matmul_cols_forward, COL_BLOCK, ROW_BLOCK, WEIGHT_TILE,
+    matmul_cols_forward, whole_columns, COL_BLOCK, ROW_BLOCK, WEIGHT_TILE,
 };
 use model::{Fp8Weight, LinearFormat, LinearWeight, SavedInput};
 use quant::Tile;
@@ -26,6 +27,13 @@ pub(crate) fn host_u8(t: &Tensor) -> Vec<u8> {
         .and_then(|t| t.to_device(&Device::Cpu))
         .and_then(|t| t.to_vec1::<u8>())
         .expect("u8 codes")
+}
+
+pub(crate) fn host_u32(t: &Tensor) -> Vec<u32> {
+    t.flatten_all()
+        .and_then(|t| t.to_device(&Device::Cpu))
+        .and_then(|t| t.to_vec1::<u32>())
+        .expect("u32 values")
 }
 
 pub(crate) fn host_f32(t: &Tensor) -> Vec<f32> {
@@ -115,6 +123,25 @@ fn check_cols_t(what: &str, q: &fp8_gpu::Operand, x: &[f32], rows: usize, cols: 
     }
 }
 
+/// `q` is `x (rows, cols)` with one scale a whole column: codes of x^T, scales [S].
+pub(crate) fn check_cols_whole(
+    what: &str,
+    q: &fp8_gpu::Operand,
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+) {
+    assert_eq!(q.mode, ScaleMode::Outer, "{what}: whole columns' mode");
+    let (codes, scales) = reference(x, rows, cols, whole_columns(rows));
+    let w = format!("{what} whole columns");
+    same_transposed(&w, &host_u8(&q.codes), &codes, rows, cols);
+    let got = host_f32(&q.scales);
+    assert_eq!(got.len(), cols, "{w} scales");
+    for (a, b) in got.iter().zip(&scales) {
+        same_bits(&w, *a, *b);
+    }
+}
+
 #[test]
 fn fp8_quantisers_equal_the_cpu_bit_for_bit_in_cublaslt_layouts() {
     for (rows, cols, seed) in [(272, 400, 1), (384, 256, 2), (144, 1040, 3)] {
@@ -125,6 +152,19 @@ fn fp8_quantisers_equal_the_cpu_bit_for_bit_in_cublaslt_layouts() {
         check_rows(&what(""), &q, &x, rows, cols);
         let q = fp8_gpu::quantize_cols_t(&g).expect("quantize_cols_t");
         check_cols_t(&what(""), &q, &x, rows, cols);
+        // Whole columns (down's weight gradient): the absmax pass, then both blockings, and
+        // the columns alone from the absmax given.
+        let absmax = host_u32(&fp8_gpu::column_absmax(&g).expect("column absmax"));
+        for (c, &m) in absmax.iter().enumerate() {
+            let want = (0..rows).fold(0u32, |a, r| a.max(x[r * cols + c].abs().to_bits()));
+            assert_eq!(m, want, "{}", what(&format!("column {c}'s absmax")));
+        }
+        let (q, qt) = fp8_gpu::quantize_whole_both(&g, 0, cols).expect("quantize_whole_both");
+        check_rows(&what("with whole columns"), &q, &x, rows, cols);
+        check_cols_whole(&what(""), &qt, &x, rows, cols);
+        let absmax = fp8_gpu::column_absmax(&g).expect("column absmax");
+        let qt = fp8_gpu::quantize_cols_whole(&g, &absmax).expect("quantize_cols_whole");
+        check_cols_whole(&what("given"), &qt, &x, rows, cols);
 
         // 128 x 128 tiles: codes both ways, scales in both BLK128x128 layouts.
         let w = fp8_gpu::quantize_weight(&g).expect("quantize_weight");

@@ -4,8 +4,8 @@
 //! the plain FP8 layer), bit for bit, on whole and partial tiles, and through the layers that
 //! use them, forward and backward.
 
-use crate::common::{gpu, seconds_per_call};
-use crate::fp8::{host_f32, host_u8, same_bits, spread};
+use crate::common::{assert_close, gpu, seconds_per_call};
+use crate::fp8::{host_f32, host_u32, host_u8, same_bits, spread};
 use candle_core::{DType, Tensor};
 use model::layers::{
     add_rmsnorm_forward, fp8_gpu, gelu_backward_bias_grad, gelu_forward, layernorm_forward,
@@ -41,19 +41,21 @@ fn close_bias_grads(what: &str, got: &Tensor, want: &Tensor) {
 
 /// SwiGLU straight into FP8 (`fp8_quantize_swiglu`, `fp8_quantize_swiglu_grad`): the codes and
 /// scales that `quantize_both` makes of the bf16 act and dgu of swiglu.cu, bit for bit, on
-/// whole and partial tiles; and through the layers (`LinearFormat::swiglu_down_forward`,
-/// `swiglu_gate_up_backward`) the outputs and gradients of SwiGLU in bf16 then the FP8 layers,
-/// bit for bit.
+/// whole and partial tiles; act's columns' absmax those of `column_absmax`, and act^T's codes
+/// with whole columns' scales (down's weight gradient) those of `quantize_cols_whole`; and
+/// through the layers the down projection's output bit for bit that of the bf16 act, and the
+/// MLP's backward (`LinearFormat::swiglu_mlp_backward`) against the CPU reference.
 #[test]
 fn fp8_swiglu_quantisers_equal_the_unfused_path_bit_for_bit() {
     let fp8 = LinearFormat::Fp8;
     for (n, f, c) in [(256, 384, 128), (272, 384, 144), (272, 400, 144)] {
         let what = format!("SwiGLU ({n}, {f})");
-        let (_, gu) = spread(n, 2 * f, 31);
-        let (_, dact) = spread(n, f, 32);
+        let (gu_c, gu) = spread(n, 2 * f, 31);
+        let (dact_c, dact) = spread(n, f, 32);
         let act = swiglu_packed_forward(&gu).expect("swiglu forward");
-        let (q, qt) = fp8_gpu::quantize_both(&act, 0, f).expect("act both ways");
-        let (fq, fqt) = fp8_gpu::fused::quantize_swiglu(&gu, true)
+        let (q, _) = fp8_gpu::quantize_both(&act, 0, f).expect("act both ways");
+        let absmax_u = fp8_gpu::column_absmax(&act).expect("act's absmax");
+        let (fq, absmax) = fp8_gpu::fused::quantize_swiglu(&gu, true)
             .expect("fused forward")
             .expect("a shape the kernel takes");
         same_operand(
@@ -61,61 +63,103 @@ fn fp8_swiglu_quantisers_equal_the_unfused_path_bit_for_bit() {
             &fq.expect("asked for rows"),
             &q,
         );
-        same_operand(&format!("{what}: act columns"), &fqt, &qt);
+        assert_eq!(
+            host_u32(&absmax),
+            host_u32(&absmax_u),
+            "{what}: act's absmax"
+        );
+        let act_t = fp8_gpu::quantize_cols_whole(&act, &absmax).expect("act^T, whole columns");
         let dgu = swiglu_packed_backward(&dact, &gu).expect("swiglu backward");
         // dgu (N, 2F) as one matrix: the kernel takes F a multiple of 128 (no block across the
         // halves) and leaves the rest to the unfused path.
-        let fused = fp8_gpu::fused::quantize_swiglu_grad(&dact, &gu).expect("fused backward");
+        let fused = fp8_gpu::fused::quantize_swiglu_grad(&dact, &gu, Some(&absmax))
+            .expect("fused backward");
         match f % 128 {
             0 => {
-                let (rows, cols) = fused.expect("a shape the kernel takes");
+                let fused = fused.expect("a shape the kernel takes");
+                let (rows, cols) = &fused.dgu;
                 let (q, qt) = fp8_gpu::quantize_both(&dgu, 0, 2 * f).expect("dgu both ways");
-                same_operand(&format!("{what}: dgu rows"), &rows, &q);
-                same_operand(&format!("{what}: dgu columns"), &cols, &qt);
+                same_operand(&format!("{what}: dgu rows"), rows, &q);
+                same_operand(&format!("{what}: dgu columns"), cols, &qt);
+                let fused_act = fused.act_t.expect("asked for act^T");
+                same_operand(&format!("{what}: act^T"), &fused_act, &act_t);
             }
             _ => assert!(fused.is_none(), "{what}: F not a multiple of 128 was taken"),
         }
         // Through the layers: down (F, C) with a residual, gate and up (C, F) from x (N, C).
         let bits = |t: &Tensor| host_f32(&t.to_dtype(DType::F32).expect("f32"));
-        let (_, w_down) = spread(f, c, 33);
-        let (_, res) = spread(n, c, 34);
-        let w_down = LinearWeight::Dense(w_down);
+        let (w_down_c, w_down) = spread(f, c, 33);
+        let (res_c, res) = spread(n, c, 34);
+        let (w_down_c, w_down) = (LinearWeight::Dense(w_down_c), LinearWeight::Dense(w_down));
         let (y, kept) = fp8
             .swiglu_down_forward(&gu, &w_down, Some(&res), true)
             .expect("fused down forward");
-        let (y_u, kept_u) = fp8
-            .cols_forward_saving(&act, std::slice::from_ref(&w_down), None, Some(&res))
+        let y_u = fp8
+            .cols_forward(&act, std::slice::from_ref(&w_down), None, Some(&res))
             .expect("down forward");
         assert_eq!(
             bits(&y.expect("asked for the output")),
             bits(&y_u),
             "{what}: down output"
         );
-        let (_, dout) = spread(n, c, 35);
-        let none = [None];
-        let ws = std::slice::from_ref(&w_down);
-        let (dx, dw) = fp8
-            .cols_backward(&dout, &kept, ws, &none)
-            .expect("down backward");
-        let (dx_u, dw_u) = fp8
-            .cols_backward(&dout, &kept_u, ws, &none)
-            .expect("down, unfused");
-        assert_eq!(bits(&dx), bits(&dx_u), "{what}: dact");
-        assert_eq!(bits(&dw[0]), bits(&dw_u[0]), "{what}: dw_down");
-        let (_, x) = spread(n, c, 36);
-        let gate_up = [LinearWeight::Dense(spread(c, 2 * f, 37).1)];
+        let (_, kept_again) = fp8
+            .swiglu_down_forward(&gu, &w_down, None, false)
+            .expect("act's columns alone");
+        let (dout_c, dout) = spread(n, c, 35);
+        let (x_c, x) = spread(n, c, 36);
+        let (gate_up_c, gate_up) = spread(c, 2 * f, 37);
+        let (gate_up_c, gate_up) = (
+            [LinearWeight::Dense(gate_up_c)],
+            [LinearWeight::Dense(gate_up)],
+        );
         let x_kept = fp8.saved_input(&x).expect("x's column blocks");
-        let none = [None];
-        let (dx, dws) = fp8
-            .swiglu_gate_up_backward(&dact, &gu, &x_kept, &gate_up, &none)
-            .expect("fused gate/up backward");
-        let (dx_u, dws_u) = fp8
-            .cols_backward(&dgu, &x_kept, &gate_up, &none)
-            .expect("gate/up backward");
-        assert_eq!(bits(&dx), bits(&dx_u), "{what}: dx");
-        for (a, b) in dws.iter().zip(&dws_u) {
-            assert_eq!(bits(a), bits(b), "{what}: dw_gate_up");
+        let slot = Tensor::zeros((f, c), DType::BF16, &gpu()).expect("slot");
+        let mut outs = vec![];
+        for (i, kept) in [&kept, &kept_again].into_iter().enumerate() {
+            let into = (i == 0).then_some(&slot);
+            let out = fp8
+                .swiglu_mlp_backward(
+                    &dout,
+                    &gu,
+                    (kept, &x_kept),
+                    (&w_down, &gate_up),
+                    (into, &[None]),
+                )
+                .expect("MLP backward");
+            outs.push(out);
         }
+        let (dn2, dw_down, dws) = &outs[0];
+        assert_eq!(bits(&slot), bits(dw_down), "{what}: dw_down in its slot");
+        let (dn2_again, dw_down_again, dws_again) = &outs[1];
+        assert_eq!(bits(dn2), bits(dn2_again), "{what}: dn2, kept again");
+        assert_eq!(
+            bits(dw_down),
+            bits(dw_down_again),
+            "{what}: dw_down, kept again"
+        );
+        assert_eq!(
+            bits(&dws[0]),
+            bits(&dws_again[0]),
+            "{what}: dw_gate_up, kept again"
+        );
+        // The CPU reference: the same recipe on the same values, in f32.
+        let (_, kept_c) = fp8
+            .swiglu_down_forward(&gu_c, &w_down_c, None, false)
+            .expect("CPU forward");
+        let x_kept_c = fp8.saved_input(&x_c).expect("CPU x's blocks");
+        let (dn2_c, dw_down_c, dws_c) = fp8
+            .swiglu_mlp_backward(
+                &dout_c,
+                &gu_c,
+                (&kept_c, &x_kept_c),
+                (&w_down_c, &gate_up_c),
+                (None, &[None]),
+            )
+            .expect("CPU MLP backward");
+        assert_close(&format!("{what}: dn2"), dn2, &dn2_c, 2e-2);
+        assert_close(&format!("{what}: dw_down"), dw_down, &dw_down_c, 2e-2);
+        assert_close(&format!("{what}: dw_gate_up"), &dws[0], &dws_c[0], 2e-2);
+        let _ = dact_c;
     }
 }
 

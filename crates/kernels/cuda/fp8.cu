@@ -7,10 +7,15 @@
 //                  kb * OUTER + o (outer index fastest).
 //   BLK128x128_32F one scale a 128 x 128 tile; scale of (outer block ob, K block kb) at
 //                  ob * round_up(KB, 4) + kb.
+//   OUTER_VEC_32F  one scale a row of the operand (the whole of K); scale of outer o at o.
 // fp8_quantize_act: x (R, S) read once -> codes (R, S) in 1 x 128 blocks along S (VEC128,
 //   outer R), and/or the codes of x^T (S, R) in 128 x 1 blocks of x (VEC128, outer S): the
 //   forward's and input gradient's left operands, the weight gradient's two operands (the
-//   backward asks for both orientations of dout in one pass).
+//   backward asks for both orientations of dout in one pass). Or x^T's codes with one scale a
+//   whole column of x (OUTER_VEC) from the columns' absmax given, which the same kernel
+//   reduces in a pass of its own: the down projection's weight gradient, whose GEMM runs at
+//   1345-1362 TFLOP/s with both operands so against 850-1040 in 128 x 1 blocks (Llama 3.2
+//   1B's shapes, H100; cuBLASLt takes OUTER_VEC only on both operands).
 // fp8_quantize_tiles: w (IN, OUT) -> codes (IN, OUT) and codes^T (OUT, IN), one 128 x 128 tile
 //   scale in both BLK128x128 layouts: the input gradient reads w's codes (K = OUT), the
 //   forward w^T's (K = IN; Hopper's FP8 MMA is TN-only, so the forward needs them transposed).
@@ -19,7 +24,9 @@
 // fp8_transpose_tiles: the same transposition of codes and scales FP8 qwZ gathered.
 // fp8_quantize_swiglu, fp8_quantize_swiglu_grad: fp8_quantize_act of SwiGLU's output and of
 //   its gradient, computed in the kernel from what SwiGLU reads (the cast fused into the
-//   producer: no bf16 act or dgu under FP8).
+//   producer: no bf16 act or dgu under FP8). The forward reduces act's columns' absmax instead
+//   of writing act^T's codes; the backward, which reads gate and up anyway, writes act^T's
+//   codes with those whole columns' scales for down's weight gradient.
 // fp8_quantize_gelu: fp8_quantize_act of GELU of an FP8 layer's output (no bf16 gelu(h) under
 //   FP8); fp8_quantize_gelu_grad: of GELU's gradient, with the column sums of the layer's bias
 //   gradient.
@@ -107,6 +114,18 @@ __device__ __forceinline__ uint2 fp8_pack8(const float* v, float mult) {
                       fp8_pair(v[4], v[5], mult) | fp8_pair(v[6], v[7], mult) << 16);
 }
 
+// 8 codes (q's bytes, the low word's first) at out, of which the first `left` are inside the
+// matrix: one 8-byte store where all 8 are and `aligned` (the row stride a multiple of 8),
+// else byte by byte.
+__device__ __forceinline__ void fp8_store8(u8* out, uint2 q, int left, bool aligned) {
+    if (left >= 8 && aligned) {
+        *reinterpret_cast<uint2*>(out) = q;
+    } else {
+        const u32 p[2] = {q.x, q.y};
+        for (int b = 0; b < 8 && b < left; ++b) out[b] = (u8)(p[b / 4] >> (8 * (b % 4)));
+    }
+}
+
 __device__ __forceinline__ void fp8_unpack8(uint4 raw, float* v) {
     const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
@@ -133,6 +152,14 @@ __device__ __forceinline__ u32 fp8_abs_max4(uint4 v) {
 __device__ __forceinline__ u32 fp8_word(uint4 v, int j) {
     return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
+// Column k (0..7) of 8 rows of 8 bf16 columns (raw[i] row i), as f32.
+__device__ __forceinline__ void fp8_column8(const uint4 raw[8], int k, float v[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const u32 w = fp8_word(raw[i], k >> 1);
+        v[i] = __uint_as_float((k & 1) ? (w & 0xffff0000u) : (w << 16));
+    }
+}
 
 // An activation or gradient x (rows, cols) bf16 at row stride ldx (a view: its first element
 // and ldx on 16 bytes, cols a multiple of 8), read once, quantised in either or both blocks:
@@ -156,7 +183,9 @@ __device__ __forceinline__ void fp8_quantize_tile(const uint4 raw[8], int tile_r
                                                   float* __restrict__ scales,
                                                   u8* __restrict__ codes_t,
                                                   float* __restrict__ scales_t, int rows,
-                                                  int cols, int ld) {
+                                                  int cols, int ld,
+                                                  u32* __restrict__ col_reduce = nullptr,
+                                                  const u32* __restrict__ col_given = nullptr) {
     __shared__ __align__(16) u32 warp_cols[8][64];  // each warp's column maxima, 2 a word
     __shared__ __align__(16) float col_mult[128];   // NaN: the column's block is not finite
     const int t = threadIdx.x, lane = t & 31;
@@ -189,32 +218,49 @@ __device__ __forceinline__ void fp8_quantize_tile(const uint4 raw[8], int tile_r
             *reinterpret_cast<uint2*>(codes + (i64)(rb + i) * ld + c) = q;
         }
     }
+    if (codes_t == nullptr && col_reduce == nullptr) return;
+    if (col_given != nullptr) {
+        // One scale a whole column (OUTER_VEC), from its absmax reduced before this launch;
+        // the CTAs of the first tile row write it.
+        if (t < 128) {
+            const int col = tile_col * 128 + t;
+            const u32 m = col < cols ? col_given[col] : 0u;
+            const Fp8Scale s = fp8_scale(m);
+            if (tile_row == 0 && col < cols) scales_t[col] = s.scale;
+            col_mult[t] = m >= FP8_NON_FINITE ? __uint_as_float(0x7fc00000u) : s.mult;
+        }
+    } else {
+        // The columns' maxima: over this thread's 8 rows, the warp's 16 (the other half-warp
+        // holds the next 8 rows of the same columns), then the 8 warps' through shared memory;
+        // thread t < 128 works out column t's scale, and adds its maximum to the whole
+        // column's where col_reduce is given.
+        u32 cw[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            u32 w = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) w = fp8_max2(w, fp8_abs2(fp8_word(raw[i], j)));
+            cw[j] = fp8_max2(w, __shfl_xor_sync(0xffffffffu, w, 16));
+        }
+        if ((lane & 16) == 0)
+            *reinterpret_cast<uint4*>(&warp_cols[t >> 5][(t & 15) * 4]) =
+                make_uint4(cw[0], cw[1], cw[2], cw[3]);
+        __syncthreads();
+        if (t < 128) {
+            u32 w = 0;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) w = fp8_max2(w, warp_cols[k][t >> 1]);
+            const u32 m = (t & 1) ? (w & 0xffff0000u) : (w << 16);
+            const int col = tile_col * 128 + t;
+            if (col_reduce != nullptr && col < cols && m != 0) atomicMax(col_reduce + col, m);
+            if (codes_t != nullptr) {
+                const Fp8Scale s = fp8_scale(m);
+                if (col < cols) scales_t[(i64)tile_row * ld + col] = s.scale;
+                col_mult[t] = m >= FP8_NON_FINITE ? __uint_as_float(0x7fc00000u) : s.mult;
+            }
+        }
+    }
     if (codes_t == nullptr) return;
-    // The columns' maxima: over this thread's 8 rows, the warp's 16 (the other half-warp holds
-    // the next 8 rows of the same columns), then the 8 warps' through shared memory; thread t <
-    // 128 works out column t's scale.
-    u32 cw[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        u32 w = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) w = fp8_max2(w, fp8_abs2(fp8_word(raw[i], j)));
-        cw[j] = fp8_max2(w, __shfl_xor_sync(0xffffffffu, w, 16));
-    }
-    if ((lane & 16) == 0)
-        *reinterpret_cast<uint4*>(&warp_cols[t >> 5][(t & 15) * 4]) =
-            make_uint4(cw[0], cw[1], cw[2], cw[3]);
-    __syncthreads();
-    if (t < 128) {
-        u32 w = 0;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) w = fp8_max2(w, warp_cols[k][t >> 1]);
-        const u32 m = (t & 1) ? (w & 0xffff0000u) : (w << 16);
-        const Fp8Scale s = fp8_scale(m);
-        const int col = tile_col * 128 + t;
-        if (col < cols) scales_t[(i64)tile_row * ld + col] = s.scale;
-        col_mult[t] = m >= FP8_NON_FINITE ? __uint_as_float(0x7fc00000u) : s.mult;
-    }
     __syncthreads();
     if (c >= cols || rb >= rows) return;
     const float4 ma = *reinterpret_cast<const float4*>(&col_mult[(t & 15) * 8]);
@@ -224,19 +270,9 @@ __device__ __forceinline__ void fp8_quantize_tile(const uint4 raw[8], int tile_r
     for (int k = 0; k < 8; ++k) {
         if (c + k >= cols) break;
         float v[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const u32 w = fp8_word(raw[i], k >> 1);
-            v[i] = __uint_as_float((k & 1) ? (w & 0xffff0000u) : (w << 16));
-        }
+        fp8_column8(raw, k, v);
         const uint2 q = mult[k] != mult[k] ? make_uint2(0, 0) : fp8_pack8(v, mult[k]);
-        u8* out = codes_t + (i64)(c + k) * rows + rb;
-        if (rb + 8 <= rows && (rows & 7) == 0) {
-            *reinterpret_cast<uint2*>(out) = q;
-        } else {
-            const u32 p[2] = {q.x, q.y};
-            for (int b = 0; b < 8 && rb + b < rows; ++b) out[b] = (u8)(p[b / 4] >> (8 * (b % 4)));
-        }
+        fp8_store8(codes_t + (i64)(c + k) * rows + rb, q, rows - rb, (rows & 7) == 0);
     }
 }
 
@@ -282,13 +318,16 @@ __device__ __forceinline__ void fp8_tile_column_sums(const uint4 raw[8], float* 
 // A tile quantiser's CTA: load(r, c) gives the bf16 bits of row r, columns c to c + 7 of the
 // (rows, cols) matrix it quantises (called only inside it; zeros stand outside), and the tile
 // goes through fp8_quantize_tile. The producers below are this with their load.
-// Where partials is given, the tile's column sums go there too (fp8_tile_column_sums).
+// Where partials is given, the tile's column sums go there too (fp8_tile_column_sums);
+// col_reduce and col_given as fp8_quantize_tile takes them.
 template <class Load>
 __device__ __forceinline__ void fp8_quantize_loaded(Load load, u8* __restrict__ codes,
                                                     float* __restrict__ scales,
                                                     u8* __restrict__ codes_t,
                                                     float* __restrict__ scales_t, int rows,
-                                                    int cols, float* __restrict__ partials = nullptr) {
+                                                    int cols, float* __restrict__ partials = nullptr,
+                                                    u32* __restrict__ col_reduce = nullptr,
+                                                    const u32* __restrict__ col_given = nullptr) {
     const int rb = fp8_first_row(), c = fp8_vector_col();
     uint4 raw[8];
 #pragma unroll
@@ -296,38 +335,48 @@ __device__ __forceinline__ void fp8_quantize_loaded(Load load, u8* __restrict__ 
         raw[i] = rb + i < rows && c < cols ? load(rb + i, c) : make_uint4(0, 0, 0, 0);
     if (partials != nullptr) fp8_tile_column_sums(raw, partials, blockIdx.y, blockIdx.x, cols);
     fp8_quantize_tile(raw, blockIdx.y, blockIdx.x, codes, scales, codes_t, scales_t, rows, cols,
-                      cols);
+                      cols, col_reduce, col_given);
 }
 
 // partials (may be null): each tile's column sums of x, (ceil(rows / 128), cols) f32 (a
-// layer's bias gradient, when x is its dout).
+// layer's bias gradient, when x is its dout). col_reduce (may be null): the columns' absmax
+// bits atomicMax'ed in (cols u32, zeroed by the caller; with both codes null this is the pass
+// that reduces them). col_given (may be null): x^T's codes with one scale a whole column
+// (OUTER_VEC, scales_t [cols]) from these absmax bits instead of 128 x 1 blocks.
 extern "C" __global__ void __launch_bounds__(256)
 fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
                  float* __restrict__ scales, u8* __restrict__ codes_t,
-                 float* __restrict__ scales_t, int rows, int cols, float* __restrict__ partials) {
+                 float* __restrict__ scales_t, int rows, int cols, float* __restrict__ partials,
+                 u32* __restrict__ col_reduce, const u32* __restrict__ col_given) {
     fp8_quantize_loaded(
         [=](int r, int c) { return *reinterpret_cast<const uint4*>(x + (i64)r * ldx + c); },
-        codes, scales, codes_t, scales_t, rows, cols, partials);
+        codes, scales, codes_t, scales_t, rows, cols, partials, col_reduce, col_given);
+}
+
+// act = silu(gate) * up of row r, columns c to c + 7, of the packed gu (rows, 2F), as the bf16
+// bits swiglu_forward writes.
+__device__ __forceinline__ uint4 swiglu_act_load(const bf16* __restrict__ gu, int r, int c, int F) {
+    float g[8], u[8], a[8];
+    unpack8(ld16(gu + (i64)r * 2 * F + c), g);
+    unpack8(ld16(gu + (i64)r * 2 * F + F + c), u);
+    swiglu_act8(g, u, a);
+    return pack8(a);
 }
 
 // SwiGLU's output act = silu(gate) * up (swiglu.cuh, rounded to bf16 as swiglu_forward rounds
 // it) of the packed gu (rows, 2F) bf16, quantised as fp8_quantize_act quantises act (rows, F):
-// the down projection's input in both blockings, without act in bf16 (swiglu_forward's write
-// and the quantiser's read of it, 4 bytes an element of 10, gone). F % 8 == 0, gu 16-byte
-// aligned. Grid (ceil(F / 128), ceil(rows / 128)).
+// the down projection's input in 1 x 128 blocks, without act in bf16 (swiglu_forward's write
+// and the quantiser's read of it, 4 bytes an element of 10, gone), and act's columns' absmax
+// (col_reduce, F u32 zeroed by the caller): down's weight gradient scales act^T a whole column
+// at a time, and fp8_quantize_swiglu_grad encodes act^T with them in the backward. (codes_t,
+// where given, are act^T's 128 x 1 blocks.) F % 8 == 0, gu 16-byte aligned. Grid
+// (ceil(F / 128), ceil(rows / 128)).
 extern "C" __global__ void __launch_bounds__(256)
 fp8_quantize_swiglu(const bf16* __restrict__ gu, u8* __restrict__ codes,
                     float* __restrict__ scales, u8* __restrict__ codes_t,
-                    float* __restrict__ scales_t, int rows, int F) {
-    fp8_quantize_loaded(
-        [=](int r, int c) {
-            float g[8], u[8], a[8];
-            unpack8(ld16(gu + (i64)r * 2 * F + c), g);
-            unpack8(ld16(gu + (i64)r * 2 * F + F + c), u);
-            swiglu_act8(g, u, a);
-            return pack8(a);
-        },
-        codes, scales, codes_t, scales_t, rows, F);
+                    float* __restrict__ scales_t, int rows, int F, u32* __restrict__ col_reduce) {
+    fp8_quantize_loaded([=](int r, int c) { return swiglu_act_load(gu, r, c, F); }, codes, scales,
+                        codes_t, scales_t, rows, F, nullptr, col_reduce);
 }
 
 // SwiGLU's gradient dgu = [dgate | dup] (swiglu.cuh, rounded to bf16 as swiglu_backward rounds
@@ -340,11 +389,17 @@ fp8_quantize_swiglu(const bf16* __restrict__ gu, u8* __restrict__ codes,
 // takes tile x / 2 of dgate (x even) or of dup (x odd), so the two CTAs that read the same
 // dact and gu run side by side and the second finds them in L2. F % 128 == 0 (no 1 x 128 block
 // straddles the halves), dact and gu 16-byte aligned. Grid (2F / 128, ceil(rows / 128)).
+// Where act_codes_t is given, the dgate CTAs (which read gate and up) also write down's weight
+// gradient operand: act^T's codes (F, rows) row stride rows, act = swiglu_forward's bf16 act,
+// each column with one scale from its absmax bits act_absmax[f] (fp8_quantize_swiglu's
+// col_reduce), written by the first tile row at act_scales[f] (OUTER_VEC): no act^T kept from
+// the forward, and 1 byte an element written where the forward wrote it.
 extern "C" __global__ void __launch_bounds__(256)
 fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__ gu,
                          u8* __restrict__ codes, float* __restrict__ scales,
                          u8* __restrict__ codes_t, float* __restrict__ scales_t, int rows,
-                         int F) {
+                         int F, const u32* __restrict__ act_absmax, u8* __restrict__ act_codes_t,
+                         float* __restrict__ act_scales) {
     const int half = blockIdx.x & 1, tile = blockIdx.x >> 1;
     const int rb = fp8_first_row(), c = tile * 128 + (threadIdx.x & 15) * 8;
     uint4 raw[8];
@@ -366,6 +421,15 @@ fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__
     }
     fp8_quantize_tile(raw, blockIdx.y, half * (F / 128) + tile, codes, scales, codes_t, scales_t,
                       rows, 2 * F, 2 * F);
+    if (half != 0 || act_codes_t == nullptr) return;
+    // act's tile from the gate and up this CTA has just read (from L2), after the dgate tile's
+    // last read of the shared column multipliers.
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        raw[i] = rb + i < rows && c < F ? swiglu_act_load(gu, rb + i, c, F) : make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    fp8_quantize_tile(raw, blockIdx.y, tile, nullptr, nullptr, act_codes_t, act_scales, rows, F, F,
+                      nullptr, act_absmax);
 }
 
 // GELU after an FP8 layer (gelu_forward's arithmetic, gelu.cuh): g = gelu(h) of the layer's
@@ -545,32 +609,16 @@ __device__ __forceinline__ void fp8_weight_tile(const bf16* __restrict__ w, i64 
             float v[8];
             fp8_unpack8(raw[i], v);
             const uint2 q = bad ? make_uint2(0, 0) : fp8_pack8(v, s.mult);
-            u8* out = codes + (i64)(rb + i) * cols + c;
-            if (c + 8 <= cols && (cols & 7) == 0) {
-                *reinterpret_cast<uint2*>(out) = q;
-            } else {
-                const u32 p[2] = {q.x, q.y};
-                for (int b = 0; b < 8 && c + b < cols; ++b) out[b] = (u8)(p[b / 4] >> (8 * (b % 4)));
-            }
+            fp8_store8(codes + (i64)(rb + i) * cols + c, q, cols - c, (cols & 7) == 0);
         }
     if (codes_t != nullptr)
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
             if (c + k >= cols) break;
             float v[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const u32 x = fp8_word(raw[i], k >> 1);
-                v[i] = __uint_as_float((k & 1) ? (x & 0xffff0000u) : (x << 16));
-            }
+            fp8_column8(raw, k, v);
             const uint2 q = bad ? make_uint2(0, 0) : fp8_pack8(v, s.mult);
-            u8* out = codes_t + (i64)(c + k) * rows + rb;
-            if (rb + 8 <= rows && (rows & 7) == 0) {
-                *reinterpret_cast<uint2*>(out) = q;
-            } else {
-                const u32 p[2] = {q.x, q.y};
-                for (int b = 0; b < 8 && rb + b < rows; ++b) out[b] = (u8)(p[b / 4] >> (8 * (b % 4)));
-            }
+            fp8_store8(codes_t + (i64)(c + k) * rows + rb, q, rows - rb, (rows & 7) == 0);
         }
 }
 

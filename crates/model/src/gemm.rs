@@ -137,6 +137,9 @@ impl Epilogue {
 /// operand stored K-contiguous with `outer` rows of K: the layouts `kernels/cuda/fp8.cu` writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScaleMode {
+    /// One scale a row of the operand, the whole of K: `outer` scales (torchao's row-wise; on
+    /// Hopper both operands of a GEMM must take it).
+    Outer,
     /// One scale a 128 elements along K, `(K block kb, outer o)` at `kb * outer + o`.
     Vec128,
     /// One scale a 128 x 128 tile, `(outer block ob, K block kb)` at `ob * round_up(KB, 4) + kb`.
@@ -144,10 +147,12 @@ pub enum ScaleMode {
 }
 
 impl ScaleMode {
-    /// cuBLASLt's value (`CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F` = 4, `_BLK128x128_32F` = 5 in
-    /// cublasLt.h since CUDA 12.9; cudarc names them only for some CUDA versions).
+    /// cuBLASLt's value (`CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F` = 3, `_VEC128_32F` = 4,
+    /// `_BLK128x128_32F` = 5 in cublasLt.h since CUDA 12.9; cudarc names them only for some
+    /// CUDA versions).
     fn code(self) -> u32 {
         match self {
+            ScaleMode::Outer => 3,
             ScaleMode::Vec128 => 4,
             ScaleMode::Blk128x128 => 5,
         }

@@ -17,7 +17,7 @@ use crate::layers::fp8_linear::{
     cols_forward_saving_of, gelu_linear_backward_of, layernorm_linear_forward_saving_of,
     layernorm_mlp_forward_of, linear_forward_of, linear_forward_saving_of,
     linear_gelu_forward_saving_of, rmsnorm_cols_forward_saving_of, saved_input_of,
-    swiglu_down_forward_of, swiglu_gate_up_backward_of, Fp8Input,
+    swiglu_down_forward_of, swiglu_mlp_backward_of, Fp8Input,
 };
 use crate::layers::{
     add_rmsnorm_forward, bias_grad, fp8_round, gelu_backward_bias_grad, layernorm_forward,
@@ -276,27 +276,34 @@ impl LinearFormat {
         }
     }
 
-    /// Gradients of SwiGLU and of the gate and up projections before it (`gu = x @ [w_gate |
-    /// w_up]`, `x` as their forward kept it): `(dx, [dw_gate, dw_up])` from `dact (N, F)`. Under
-    /// FP8 on the GPU dgu exists only as FP8 codes (`swiglu_gate_up_backward_of`); otherwise
-    /// [`swiglu_packed_backward`] then [`LinearFormat::cols_backward`].
-    pub fn swiglu_gate_up_backward(
+    /// Gradients of a Llama MLP, [`LinearFormat::swiglu_down_forward`] after gate|up (`gu = n2
+    /// @ gate_up`), from the residual gradient `dout (N, C)`: `(dn2, dw_down, [dw_gate_up])`,
+    /// each weight gradient in its slot where the GPU's GEMM writes it there. Under FP8 down's
+    /// weight gradient scales its operands a whole column at a time, and on the GPU neither
+    /// dgu nor act is made in bf16 (`swiglu_mlp_backward_of`); otherwise down's
+    /// [`LinearFormat::cols_backward`], [`swiglu_packed_backward`], then gate|up's.
+    pub fn swiglu_mlp_backward(
         self,
-        dact: &Tensor,
+        dout: &Tensor,
         gu: &Tensor,
-        x: &SavedInput,
-        ws: &[LinearWeight],
-        into: &[Option<Tensor>],
-    ) -> Result<(Tensor, Vec<Tensor>)> {
-        match (self, x) {
-            (LinearFormat::Fp8, SavedInput::Fp8(x)) => {
-                swiglu_gate_up_backward_of(dact, gu, x, ws, into)
-            }
-            _ => {
-                let dgu = swiglu_packed_backward(dact, gu)?;
-                self.cols_backward(&dgu, x, ws, into)
-            }
+        (act, n2): (&SavedInput, &SavedInput),
+        (w_down, gate_up): (&LinearWeight, &[LinearWeight]),
+        (down_into, gate_up_into): (Option<&Tensor>, &[Option<Tensor>]),
+    ) -> Result<(Tensor, Tensor, Vec<Tensor>)> {
+        if let (LinearFormat::Fp8, SavedInput::Fp8(act), SavedInput::Fp8(n2)) = (self, act, n2) {
+            return swiglu_mlp_backward_of(
+                dout,
+                gu,
+                (act, n2),
+                (w_down, gate_up),
+                (down_into.cloned(), gate_up_into),
+            );
         }
+        let down = std::slice::from_ref(w_down);
+        let (dact, mut dw) = self.cols_backward(dout, act, down, &[down_into.cloned()])?;
+        let dgu = swiglu_packed_backward(&dact, gu)?;
+        let (dn2, dws) = self.cols_backward(&dgu, n2, gate_up, gate_up_into)?;
+        Ok((dn2, dw.pop().expect("one weight"), dws))
     }
 
     // ---- one projection with a bias (the GPT-2 block), as linear.rs ----

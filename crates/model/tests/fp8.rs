@@ -342,6 +342,91 @@ fn a_projection_backward_from_its_kept_input_equals_one_from_x() {
     assert!(matches!(dense_kept, SavedInput::Dense(t) if bits(&t) == bits(&x)));
 }
 
+/// A Llama MLP's backward in FP8 (`swiglu_mlp_backward`): down's weight gradient scales act
+/// and dout a whole column (all the tokens) at a time, the other GEMMs in 128-element blocks.
+/// Tokens 0..128 of act are about 10 and those after 1e-6; dout is zero on the first 128 and
+/// about 1 after. With one scale a column, the small half of act is below e4m3's range and
+/// down's weight gradient is exactly zero (with 128 x 1 blocks it is act[128..]^T dout[128..],
+/// about 1e-5); gate|up's weight gradient, in blocks, keeps that half. The backward equals the
+/// composition of the layers in that recipe, bit for bit.
+#[test]
+fn a_llama_mlp_scales_downs_weight_gradient_a_whole_column_at_a_time() {
+    let (n, c, f) = (256, 32, 48);
+    let mut rng = Rng(12);
+    let mut randn = |r: usize, cols: usize, scale: f64| {
+        let v: Vec<f32> = rng.vec(r * cols, scale).iter().map(|&v| v as f32).collect();
+        Tensor::from_vec(v, (r, cols), &Device::Cpu).unwrap()
+    };
+    // gate about 10 (silu(gate) about gate), up 1 on the first 128 tokens and 1e-7 after.
+    let gate = (randn(n, f, 0.1).abs().unwrap() + 10.0).unwrap();
+    let up_big = randn(128, f, 1.0);
+    let up_small = (randn(n - 128, f, 1.0) * 1e-7).unwrap();
+    let up = Tensor::cat(&[&up_big, &up_small], 0).unwrap();
+    let gu = Tensor::cat(&[&gate, &up], 1).unwrap();
+    let dout = Tensor::cat(
+        &[
+            &Tensor::zeros((128, c), DType::F32, &Device::Cpu).unwrap(),
+            &randn(n - 128, c, 1.0),
+        ],
+        0,
+    )
+    .unwrap();
+    let (w_down, gate_up) = (
+        LinearWeight::Dense(randn(f, c, 0.1)),
+        [LinearWeight::Dense(randn(c, 2 * f, 0.1))],
+    );
+    let x = randn(n, c, 1.0);
+    let fp8 = LinearFormat::Fp8;
+    let n2 = fp8.saved_input(&x).unwrap();
+    let (_, act) = fp8.swiglu_down_forward(&gu, &w_down, None, false).unwrap();
+    let (dn2, dw_down, dws) = fp8
+        .swiglu_mlp_backward(
+            &dout,
+            &gu,
+            (&act, &n2),
+            (&w_down, &gate_up),
+            (None, &[None]),
+        )
+        .unwrap();
+    assert!(
+        f32s(&dw_down).iter().all(|&v| v == 0.0),
+        "down's weight gradient, act scaled a whole column at a time"
+    );
+    // The same layers with act kept in 128 x 1 blocks see the small half.
+    let act_dense = model::layers::swiglu_packed_forward(&gu).unwrap();
+    let blocks = fp8.saved_input(&act_dense).unwrap();
+    let down = std::slice::from_ref(&w_down);
+    let (dact, dw_blocks) = fp8.cols_backward(&dout, &blocks, down, &[None]).unwrap();
+    let largest = f32s(&dw_blocks[0]).iter().fold(0f32, |m, v| m.max(v.abs()));
+    assert!(
+        largest > 1e-7 && largest < 1e-3,
+        "128 x 1 blocks keep act's small half: {largest}"
+    );
+    // dn2 and gate|up's gradient as the layers compose them (dact does not depend on how act
+    // was kept).
+    let dgu = model::layers::swiglu_packed_backward(&dact, &gu).unwrap();
+    let (dn2_u, dws_u) = fp8.cols_backward(&dgu, &n2, &gate_up, &[None]).unwrap();
+    assert_eq!(bits(&dn2), bits(&dn2_u), "dn2");
+    assert_eq!(bits(&dws[0]), bits(&dws_u[0]), "dw_gate_up");
+    // And the dense format's MLP backward is that of its layers too.
+    let dense = LinearFormat::Dense;
+    let (_, act_d) = dense
+        .swiglu_down_forward(&gu, &w_down, None, false)
+        .unwrap();
+    let n2_d = dense.saved_input(&x).unwrap();
+    let (_, dw_down_d, _) = dense
+        .swiglu_mlp_backward(
+            &dout,
+            &gu,
+            (&act_d, &n2_d),
+            (&w_down, &gate_up),
+            (None, &[None]),
+        )
+        .unwrap();
+    let want = act_dense.t().unwrap().matmul(&dout).unwrap();
+    assert_eq!(bits(&dw_down_d), bits(&want), "dense dw_down");
+}
+
 /// A dense block refuses a weight gathered in FP8 in one line (a plan that sent FP8 weights to
 /// dense layers), and a weight's codes and scales must agree in shape.
 #[test]

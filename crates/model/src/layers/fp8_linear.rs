@@ -20,8 +20,10 @@
 //! GEMMs (docs/kernels.md, "FP8"). Activations and gradients take one scale per 128 elements
 //! along the dimension the GEMM contracts: `1 x 128` for the left operand of the forward and
 //! of the input gradient ([`ROW_BLOCK`]), `128 x 1` (128 positions of a column) for both
-//! operands of the weight gradient ([`COL_BLOCK`]); cuBLASLt takes these on Hopper as
-//! `VEC128_32F` and `BLK128x128_32F` scales. Tiles at a matrix's edge are shorter.
+//! operands of the weight gradient ([`COL_BLOCK`]), or a whole column for both operands of the
+//! down projection's ([`whole_columns`], `swiglu_mlp_backward_of`); cuBLASLt takes these on
+//! Hopper as `VEC128_32F`, `BLK128x128_32F` and `OUTER_VEC_32F` scales. Tiles at a matrix's
+//! edge are shorter.
 //!
 //! Each quantisation is [`quant::quantize_fp8_e4m3_tiles`] (torchao's dynamic scaling, amax of
 //! the block, saturating round to nearest even): its error is within [`quant::fp8_e4m3_bound`]
@@ -43,6 +45,19 @@ pub const WEIGHT_TILE: Tile = Tile {
 pub const ROW_BLOCK: Tile = Tile { rows: 1, cols: 128 };
 /// The scale block of an operand contracted along its columns (the weight gradient's): `128 x 1`.
 pub const COL_BLOCK: Tile = Tile { rows: 128, cols: 1 };
+
+/// The scale block of a weight gradient's operand `(n, _)` scaled a whole column at a time (one
+/// scale a row of the transpose: torchao's row-wise, cuBLASLt's `OUTER_VEC_32F`), which the
+/// down projection's weight gradient takes (docs/kernels.md, "FP8"): on Hopper that GEMM runs
+/// at 1.3-1.4x the speed of 128 x 1 blocks, and the scale needs the column's absmax over all
+/// the tokens before any of it is encoded, which SwiGLU's forward and a pass over down's dout
+/// (the residual gradient, in bf16) find cheaply.
+pub fn whole_columns(n: usize) -> Tile {
+    Tile {
+        rows: n.max(1),
+        cols: 1,
+    }
+}
 
 /// On the GPU every side of an FP8 GEMM's operands (tokens, IN, OUT) is a multiple of this:
 /// cuBLASLt's FP8 GEMMs want 16-byte leading dimensions.
@@ -144,12 +159,13 @@ fn fp8_error(e: quant::QuantError) -> ModelError {
     ModelError::Candle(candle_core::Error::Msg(format!("FP8: {e}")))
 }
 
-/// What an FP8 linear layer's backward reads of its input `x (N, IN)`: `x` in [`COL_BLOCK`]s,
-/// the weight gradient's operand, made in the forward's one read of `x`
-/// ([`cols_forward_saving_of`]). A block keeps it in place of `x` where the weight gradient is
-/// all its backward reads `x` for: on the GPU 1 byte an element (and a scale a 128) instead of
-/// 2, and no pass over `x` in the backward. The numbers are those the backward would make from
-/// `x`, bit for bit.
+/// What an FP8 linear layer's backward reads of its input `x (N, IN)`: `x` in [`COL_BLOCK`]s
+/// (or [`whole_columns`], SwiGLU's output), the weight gradient's operand, made in the
+/// forward's one read of `x` ([`cols_forward_saving_of`]). A block keeps it in place of `x`
+/// where the weight gradient is all its backward reads `x` for: on the GPU 1 byte an element
+/// (and a scale a 128) instead of 2, and no pass over `x` in the backward. The numbers are
+/// those the backward would make from `x`, bit for bit. The weight gradient scales dout's
+/// columns as `x`'s were kept (cuBLASLt takes both operands in one mode).
 #[derive(Clone, Debug)]
 pub struct Fp8Input {
     /// `x`'s dtype (the backward's outputs are in it) and `(N, IN)`.
@@ -160,11 +176,28 @@ pub struct Fp8Input {
 
 #[derive(Clone, Debug)]
 enum Fp8Cols {
-    /// The CPU reference: `fp8_round(x, COL_BLOCK)`, f32 `(N, IN)`.
-    Values(Tensor),
-    /// `x^T`'s codes `(IN, N)` and their 128 x 1 scales (`cuda::quantize_cols_t`'s).
+    /// The CPU reference: `fp8_round(x, tile)`, f32 `(N, IN)`, `tile` [`COL_BLOCK`] or
+    /// [`whole_columns`]`(N)`.
+    Values { x: Tensor, tile: Tile },
+    /// `x^T`'s codes `(IN, N)` and their scales: 128 x 1 blocks (`cuda::quantize_cols_t`'s)
+    /// or whole columns (`cuda::quantize_cols_whole`'s).
     #[cfg(feature = "cuda")]
     Codes(cuda::Operand),
+    /// SwiGLU's output `act (N, F)` on the GPU as its columns' absmax alone (`(F)` u32, the
+    /// f32 bits; its whole columns' scales): down's weight gradient reads `act^T`'s codes,
+    /// which SwiGLU's backward kernel makes from `gu` (`swiglu_mlp_backward_of`, the one reader).
+    #[cfg(feature = "cuda")]
+    SwigluAbsmax(Tensor),
+}
+
+impl Fp8Cols {
+    /// The CPU reference of `x (N, IN)` in `tile`s.
+    fn values(x: &Tensor, tile: Tile) -> Result<Fp8Cols> {
+        Ok(Fp8Cols::Values {
+            x: fp8_round(x, tile)?,
+            tile,
+        })
+    }
 }
 
 impl Fp8Input {
@@ -244,7 +277,7 @@ pub(crate) fn linear_forward_saving_of(
         }
     }
     let y = rounded_linear_forward(x, &w.fp8_values()?, Some(bias), residual)?;
-    let cols = Fp8Cols::Values(fp8_round(x, COL_BLOCK)?);
+    let cols = Fp8Cols::values(x, COL_BLOCK)?;
     Ok((y, Fp8Input { dtype, dims, cols }))
 }
 
@@ -267,7 +300,7 @@ pub(crate) fn linear_gelu_forward_saving_of(
     }
     let h = rounded_linear_forward(x, &w.fp8_values()?, Some(b), None)?;
     let g = super::gelu_forward(&h)?;
-    let cols = Fp8Cols::Values(fp8_round(x, COL_BLOCK)?);
+    let cols = Fp8Cols::values(x, COL_BLOCK)?;
     Ok((h, g, Fp8Input { dtype, dims, cols }))
 }
 
@@ -392,7 +425,7 @@ pub(crate) fn cols_forward_saving_of(
         }
     }
     let y = cols_forward_of(x, ws, bias, residual)?;
-    let cols = Fp8Cols::Values(fp8_round(x, COL_BLOCK)?);
+    let cols = Fp8Cols::values(x, COL_BLOCK)?;
     Ok((y, Fp8Input { dtype, dims, cols }))
 }
 
@@ -406,7 +439,22 @@ pub(crate) fn saved_input_of(x: &Tensor) -> Result<Fp8Input> {
             return Ok(Fp8Input { dtype, dims, cols });
         }
     }
-    let cols = Fp8Cols::Values(fp8_round(x, COL_BLOCK)?);
+    let cols = Fp8Cols::values(x, COL_BLOCK)?;
+    Ok(Fp8Input { dtype, dims, cols })
+}
+
+/// [`saved_input_of`] in [`whole_columns`]: what down's weight gradient keeps of SwiGLU's
+/// output where the fused kernel does not make it (the CPU; on the GPU the columns' absmax,
+/// then the codes, two reads of `x`).
+pub(crate) fn saved_whole_of(x: &Tensor) -> Result<Fp8Input> {
+    let (dtype, dims) = (x.dtype(), x.dims2()?);
+    #[cfg(feature = "cuda")]
+    if super::on_gpu(x) && cuda::cols_of(x)?.is_some() {
+        let xt = cuda::quantize_cols_whole(x, &cuda::column_absmax(x)?)?;
+        let cols = Fp8Cols::Codes(xt);
+        return Ok(Fp8Input { dtype, dims, cols });
+    }
+    let cols = Fp8Cols::values(x, whole_columns(dims.0))?;
     Ok(Fp8Input { dtype, dims, cols })
 }
 
@@ -444,7 +492,7 @@ pub(crate) fn cols_backward_of(
         }
     }
     let _ = into; // only the GPU's GEMMs write into slots
-    rounded_cols_backward(dout, &fp8_round(x, COL_BLOCK)?, x.dtype(), ws)
+    rounded_cols_backward(dout, &fp8_round(x, COL_BLOCK)?, COL_BLOCK, x.dtype(), ws)
 }
 
 /// [`cols_backward_of`] from what [`cols_forward_saving_of`] kept of `x`: the same gradients,
@@ -456,10 +504,16 @@ pub(crate) fn cols_backward_saved_of(
     into: &[Option<Tensor>],
 ) -> Result<(Tensor, Vec<Tensor>)> {
     match &x.cols {
-        Fp8Cols::Values(xc) => {
+        Fp8Cols::Values { x: xc, tile } => {
             let _ = into; // only the GPU's GEMMs write into slots
-            rounded_cols_backward(dout, xc, x.dtype, ws)
+            rounded_cols_backward(dout, xc, *tile, x.dtype, ws)
         }
+        #[cfg(feature = "cuda")]
+        Fp8Cols::SwigluAbsmax(_) => Err(ModelError::Candle(candle_core::Error::Msg(
+            "FP8: SwiGLU's output, kept for its own backward's kernel, reached another layer's \
+             backward"
+                .into(),
+        ))),
         #[cfg(feature = "cuda")]
         Fp8Cols::Codes(xt) => {
             cuda::cols_backward_from(dout, xt, x.dims, ws, into)?.ok_or_else(|| {
@@ -490,11 +544,13 @@ pub(crate) fn backward_saved_with_bias_of(
     Ok((dx, dws.pop().expect("one weight"), super::bias_grad(dout)?))
 }
 
-/// The reference of the packed backward from `xc = fp8_round(x, COL_BLOCK)`: each term
-/// fp8_matmul_backward's arithmetic, the outputs in `dt`.
+/// The reference of the packed backward from `xc = fp8_round(x, tile)`: each term
+/// fp8_matmul_backward's arithmetic (dout's columns in the same `tile`s as `x`'s), the outputs
+/// in `dt`.
 fn rounded_cols_backward(
     dout: &Tensor,
     xc: &Tensor,
+    tile: Tile,
     dt: DType,
     ws: &[LinearWeight],
 ) -> Result<(Tensor, Vec<Tensor>)> {
@@ -504,7 +560,7 @@ fn rounded_cols_backward(
         .collect::<Result<Vec<_>>>()?;
     super::projection::cols_backward_each(dout, &wqs, |d, wq| {
         let dx = fp8_round(d, ROW_BLOCK)?.matmul(&wq.t()?)?;
-        let dw = xc.t()?.matmul(&fp8_round(d, COL_BLOCK)?)?;
+        let dw = xc.t()?.matmul(&fp8_round(d, tile)?)?;
         Ok((dx.to_dtype(dt)?, dw.to_dtype(dt)?))
     })
 }
@@ -515,5 +571,5 @@ mod producers;
 
 pub(crate) use producers::{
     gelu_linear_backward_of, layernorm_linear_forward_saving_of, layernorm_mlp_forward_of,
-    rmsnorm_cols_forward_saving_of, swiglu_down_forward_of, swiglu_gate_up_backward_of,
+    rmsnorm_cols_forward_saving_of, swiglu_down_forward_of, swiglu_mlp_backward_of,
 };

@@ -391,20 +391,16 @@ pub fn block_backward(
     };
     let dout = dout.reshape((b * t, c))?;
 
-    // out = h + act @ down_proj
-    let down = ["mlp.down_proj.weight"];
-    let (dact, dw) =
-        lin.cols_backward(&dout, &a.act, std::slice::from_ref(&w.down), &slots(&down)?)?;
-    put(&down, &dw)?;
-    // act = silu(gate) * up, [gate | up] = n2 @ [gate_proj | up_proj]
-    let gate_up = [style::GATE_UP];
-    let (dn2, dw) = lin.swiglu_gate_up_backward(
-        &dact,
+    // out = h + act @ down_proj, act = silu(gate) * up, [gate | up] = n2 @ [gate_proj | up_proj]
+    let (down, gate_up) = ("mlp.down_proj.weight", [style::GATE_UP]);
+    let (dn2, dw_down, dw) = lin.swiglu_mlp_backward(
+        &dout,
         &a.gu,
-        &a.n2,
-        std::slice::from_ref(&w.gate_up),
-        &slots(&gate_up)?,
+        (&a.act, &a.n2),
+        (&w.down, std::slice::from_ref(&w.gate_up)),
+        (Some(&grads.slot(down)?), &slots(&gate_up)?),
     )?;
+    grads.put(down, &dw_down)?;
     put(&gate_up, &dw)?;
     // n2 = post_attention_layernorm(h); h also feeds the residual, whose gradient is dout
     let post = "post_attention_layernorm.weight";

@@ -18,7 +18,9 @@ use kernels::profile::Family;
 
 use super::GPU_MULTIPLE;
 use crate::error::Result;
-use crate::gemm::{self, BlockScales, Epilogue, Gemm, ScaleMode};
+/// How an operand's scales cover it (cuBLASLt's scale modes).
+pub use crate::gemm::ScaleMode;
+use crate::gemm::{self, BlockScales, Epilogue, Gemm};
 use crate::gpu;
 use crate::linears::LinearWeight;
 
@@ -145,18 +147,33 @@ pub(super) fn aligned(t: Tensor) -> Result<Tensor> {
     }
 }
 
+/// What `fp8_quantize_act` makes of a matrix's columns, beside its row blocks.
+#[derive(Clone, Copy)]
+enum Columns<'a> {
+    /// Nothing.
+    None,
+    /// The codes of the transpose in 128 x 1 blocks of the matrix (VEC128).
+    Blocks,
+    /// The codes of the transpose with one scale a whole column (OUTER_VEC), from the columns'
+    /// absmax bits given (`(cols)` u32, as [`column_absmax`] reduces them).
+    Whole(&'a Tensor),
+    /// The columns' absmax bits alone, max'ed into this `(cols)` u32 tensor.
+    Absmax(&'a Tensor),
+}
+
 /// The `cols` columns from `col` of the row-major bf16 `x (R, ld)`, read once and quantised
-/// (`fp8_quantize_act`) in 1 x 128 blocks along the columns where `rows` (codes `(R, cols)`,
-/// scales `[ceil(cols / 128)][R]`) and in 128 x 1 blocks where `transposed` (the codes of the
-/// transpose, `(cols, R)`, scales `[ceil(R / 128)][cols]`).
+/// (`fp8_quantize_act`) in 1 x 128 blocks along the columns where `rows_blocks` (codes
+/// `(R, cols)`, scales `[ceil(cols / 128)][R]`) and as `columns` says: the codes of the
+/// transpose, `(cols, R)`, with scales `[ceil(R / 128)][cols]` (128 x 1 blocks) or `[cols]`
+/// (whole columns).
 fn quantize_view(
     x: &Tensor,
     col: usize,
     cols: usize,
     rows_blocks: bool,
-    transposed: bool,
+    columns: Columns,
 ) -> Result<(Option<Operand>, Option<Operand>)> {
-    quantize_view_summing(x, col, cols, rows_blocks, transposed, None)
+    quantize_view_summing(x, col, cols, rows_blocks, columns, None)
 }
 
 /// [`quantize_view`], also writing each 128-row tile's column sums of the view into `partials`
@@ -167,7 +184,7 @@ fn quantize_view_summing(
     col: usize,
     cols: usize,
     rows_blocks: bool,
-    transposed: bool,
+    columns: Columns,
     partials: Option<&Tensor>,
 ) -> Result<(Option<Operand>, Option<Operand>)> {
     let dev = gpu::device(x)?;
@@ -180,14 +197,14 @@ fn quantize_view_summing(
     {
         let copy = x.narrow(1, col, cols)?.force_contiguous()?;
         if gpu::ptr(&copy)?.is_multiple_of(16) && cols.is_multiple_of(8) {
-            return quantize_view_summing(&copy, 0, cols, rows_blocks, transposed, partials);
+            return quantize_view_summing(&copy, 0, cols, rows_blocks, columns, partials);
         }
         return Err(crate::error::ModelError::Candle(candle_core::Error::Msg(
             format!("FP8: a ({rows}, {cols}) operand the quantiser cannot load in 16-byte vectors"),
         )));
     }
     let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
-    let fresh = |want: bool, codes: (usize, usize), scales: (usize, usize)| -> Result<_> {
+    let fresh = |want: bool, codes: (usize, usize), scales: &[usize]| -> Result<_> {
         Ok(match want {
             true => Some((
                 gpu::uninit(codes, DType::U8, &dev)?,
@@ -196,8 +213,25 @@ fn quantize_view_summing(
             false => None,
         })
     };
-    let row_out = fresh(rows_blocks, (rows, cols), (cols.div_ceil(BLOCK), rows))?;
-    let col_out = fresh(transposed, (cols, rows), (rows.div_ceil(BLOCK), cols))?;
+    let row_out = fresh(rows_blocks, (rows, cols), &[cols.div_ceil(BLOCK), rows])?;
+    let (col_out, mode, reduce, given) = match columns {
+        Columns::None => (None, ScaleMode::Vec128, 0, 0),
+        Columns::Blocks => (
+            fresh(true, (cols, rows), &[rows.div_ceil(BLOCK), cols])?,
+            ScaleMode::Vec128,
+            0,
+            0,
+        ),
+        Columns::Whole(absmax) => {
+            assert_eq!(absmax.dims(), [cols], "a column's absmax each");
+            let out = fresh(true, (cols, rows), &[cols])?;
+            (out, ScaleMode::Outer, 0, gpu::ptr(absmax)?)
+        }
+        Columns::Absmax(absmax) => {
+            assert_eq!(absmax.dims(), [cols], "a column's absmax each");
+            (None, ScaleMode::Vec128, gpu::ptr(absmax)?, 0)
+        }
+    };
     let address = |o: &Option<(Tensor, Tensor)>| -> Result<(u64, u64)> {
         Ok(match o {
             Some((c, s)) => (gpu::ptr(c)?, gpu::ptr(s)?),
@@ -221,8 +255,8 @@ fn quantize_view_summing(
     let func = kernel(&dev, "fp8_quantize_act")?;
     // SAFETY: x addresses rows x ld bf16 (this view: cols from col, its first element and ld
     // on 16 bytes, as checked above); each output fresh and written once by the kernel, a
-    // null one never touched (partials, where given, (ceil(rows / 128), cols) f32, asserted
-    // above); arguments in kernel order.
+    // null one never touched (partials, where given, (ceil(rows / 128), cols) f32, and the
+    // absmax `(cols)` u32, asserted above); arguments in kernel order.
     unsafe {
         func.launch(
             cfg,
@@ -236,35 +270,70 @@ fn quantize_view_summing(
                 &(rows as i32),
                 &(cols as i32),
                 &pp,
+                &reduce,
+                &given,
             ],
         )?;
     }
-    let operand = |o: Option<(Tensor, Tensor)>| {
+    let operand = |o: Option<(Tensor, Tensor)>, mode| {
         o.map(|(codes, scales)| Operand {
             codes,
             scales,
-            mode: ScaleMode::Vec128,
+            mode,
         })
     };
-    Ok((operand(row_out), operand(col_out)))
+    Ok((operand(row_out, ScaleMode::Vec128), operand(col_out, mode)))
+}
+
+/// The absmax of each column of `x (R, S)` over all its rows: `(S)` u32, the f32 bits of
+/// `|x|`'s largest (an inf or NaN above every finite value), which a whole column's FP8 scale
+/// is made from ([`quantize_whole_both`], [`quantize_cols_whole`]). One read of `x`.
+pub fn column_absmax(x: &Tensor) -> Result<Tensor> {
+    view_absmax(x, 0, x.dim(1)?)
+}
+
+/// [`column_absmax`] of the `cols` columns from `col` of `x (R, ld)`.
+fn view_absmax(x: &Tensor, col: usize, cols: usize) -> Result<Tensor> {
+    let absmax = Tensor::zeros(cols, DType::U32, x.device())?;
+    quantize_view(x, col, cols, false, Columns::Absmax(&absmax))?;
+    Ok(absmax)
+}
+
+/// The `cols` columns from `col` of `x (R, ld)` in 1 x 128 blocks along them (as
+/// [`quantize_both`]) and the transpose's codes `(cols, R)` with one scale a whole column
+/// (`[cols]`, [`ScaleMode::Outer`]): the dout of a weight gradient scaled row-wise, read twice
+/// (its columns' absmax, then the codes).
+pub fn quantize_whole_both(x: &Tensor, col: usize, cols: usize) -> Result<(Operand, Operand)> {
+    let absmax = view_absmax(x, col, cols)?;
+    match quantize_view(x, col, cols, true, Columns::Whole(&absmax))? {
+        (Some(rows), Some(cols)) => Ok((rows, cols)),
+        _ => unreachable!("asked for both orientations"),
+    }
+}
+
+/// `x^T`'s codes `(S, R)` of `x (R, S)` with one scale a whole column from its absmax bits
+/// `absmax (S)` u32 ([`column_absmax`] of `x`, or reduced where `x` was made).
+pub fn quantize_cols_whole(x: &Tensor, absmax: &Tensor) -> Result<Operand> {
+    let (_, q) = quantize_view(x, 0, x.dim(1)?, false, Columns::Whole(absmax))?;
+    Ok(q.expect("asked for the columns"))
 }
 
 /// `x (R, S)` in 1 x 128 blocks along S: codes `(R, S)`, scales `[ceil(S / 128)][R]`.
 pub fn quantize_rows(x: &Tensor) -> Result<Operand> {
-    let (q, _) = quantize_view(x, 0, x.dim(1)?, true, false)?;
+    let (q, _) = quantize_view(x, 0, x.dim(1)?, true, Columns::None)?;
     Ok(q.expect("asked for the row blocks"))
 }
 
 /// `x (R, S)` in 128 x 1 blocks: the codes of `x^T`, `(S, R)`, scales `[ceil(R / 128)][S]`.
 pub fn quantize_cols_t(x: &Tensor) -> Result<Operand> {
-    let (_, q) = quantize_view(x, 0, x.dim(1)?, false, true)?;
+    let (_, q) = quantize_view(x, 0, x.dim(1)?, false, Columns::Blocks)?;
     Ok(q.expect("asked for the column blocks"))
 }
 
 /// The `cols` columns from `col` of `x (R, ld)` both ways in one read: [`quantize_rows`] and
 /// [`quantize_cols_t`] of that view (the backward's dout, read by both of its GEMMs).
 pub fn quantize_both(x: &Tensor, col: usize, cols: usize) -> Result<(Operand, Operand)> {
-    match quantize_view(x, col, cols, true, true)? {
+    match quantize_view(x, col, cols, true, Columns::Blocks)? {
         (Some(rows), Some(cols)) => Ok((rows, cols)),
         _ => unreachable!("asked for both orientations"),
     }
@@ -470,7 +539,11 @@ pub fn cols_backward_from(
     if packed_fits((n, inp), ws, Some(dout)).is_none() || xt.codes.dims() != [inp, n] {
         return Ok(None);
     }
-    let douts = |off, out| quantize_both(dout, off, out);
+    // The weight gradient's operands share their scale mode: dout's columns as x's were kept.
+    let douts = |off, out| match xt.mode {
+        ScaleMode::Outer => quantize_whole_both(dout, off, out),
+        _ => quantize_both(dout, off, out),
+    };
     Ok(Some(backward_gemms(douts, xt, (n, inp), ws, into)?))
 }
 
@@ -485,15 +558,24 @@ pub fn cols_backward_from_with_bias(
     into: Option<Tensor>,
 ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
     let ws = std::slice::from_ref(w);
-    if packed_fits((n, inp), ws, Some(dout)).is_none() || xt.codes.dims() != [inp, n] {
+    let fits = packed_fits((n, inp), ws, Some(dout)).is_some()
+        && xt.codes.dims() == [inp, n]
+        && xt.mode == ScaleMode::Vec128;
+    if !fits {
         return Ok(None);
     }
     let dev = gpu::device(dout)?;
     let out = out_of(w);
     let slices = n.div_ceil(BLOCK);
     let partials = gpu::uninit((slices, out), DType::F32, &dev)?;
-    let douts = |off, out| match quantize_view_summing(dout, off, out, true, true, Some(&partials))?
-    {
+    let douts = |off, out| match quantize_view_summing(
+        dout,
+        off,
+        out,
+        true,
+        Columns::Blocks,
+        Some(&partials),
+    )? {
         (Some(rows), Some(cols)) => Ok((rows, cols)),
         _ => unreachable!("asked for both orientations"),
     };
@@ -517,7 +599,9 @@ pub fn cols_backward_quantised(
         && packed_fits((n, inp), ws, None).is_some()
         && xt.codes.dims() == [inp, n]
         && douts.iter().zip(ws).all(|((r, c), w)| {
-            r.codes.dims() == [n, out_of(w)] && c.codes.dims() == [out_of(w), n]
+            r.codes.dims() == [n, out_of(w)]
+                && c.codes.dims() == [out_of(w), n]
+                && c.mode == xt.mode
         });
     if !fits {
         return Ok(None);
@@ -556,18 +640,52 @@ fn backward_gemms(
             inp,
             (i > 0).then_some(pdx),
         )?;
-        let dw = match into.get(i) {
-            Some(Some(v))
-                if v.dtype() == DType::BF16 && v.is_contiguous() && v.dims() == [inp, out] =>
-            {
-                v.clone()
-            }
-            _ => gpu::uninit((inp, out), DType::BF16, &dev)?,
-        };
-        // dw_i^T (OUT, IN) column-major is dw_i (IN, OUT) row-major.
-        gemm_tn(&dev, &dt, xt, (out, inp, n), gpu::ptr(&dw)?, out, None)?;
-        dws.push(dw);
+        dws.push(weight_grad(&dt, xt, into.get(i).cloned().flatten())?);
         off += out;
     }
     Ok((dx, dws))
+}
+
+/// The weight gradient `dw = x^T @ dout (IN, OUT)` from the codes of `dout^T` (`dt`, `(OUT,
+/// N)`) and of `x^T` (`xt`, `(IN, N)`), both in one scale mode, into `into` where it is a bf16
+/// `(IN, OUT)` slot (a fresh tensor otherwise).
+pub fn weight_grad(dt: &Operand, xt: &Operand, into: Option<Tensor>) -> Result<Tensor> {
+    let ((out, n), (inp, _)) = (dt.codes.dims2()?, xt.codes.dims2()?);
+    let dev = gpu::device(&xt.codes)?;
+    let dw = match into {
+        Some(v) if v.dtype() == DType::BF16 && v.is_contiguous() && v.dims() == [inp, out] => v,
+        _ => gpu::uninit((inp, out), DType::BF16, &dev)?,
+    };
+    // dw^T (OUT, IN) column-major is dw (IN, OUT) row-major.
+    gemm_tn(&dev, dt, xt, (out, inp, n), gpu::ptr(&dw)?, out, None)?;
+    Ok(dw)
+}
+
+/// The input gradient `dx = dout @ w^T (N, IN)` of one weight `w (IN, OUT)`, and `dout^T`'s
+/// codes with one scale a whole column, for a weight gradient whose other operand is scaled so
+/// ([`weight_grad`]); `None` where the operands do not fit.
+pub fn input_grad_whole(
+    dout: &Tensor,
+    w: &LinearWeight,
+    inp: usize,
+) -> Result<Option<(Tensor, Operand)>> {
+    let n = dout.dim(0)?;
+    let ws = std::slice::from_ref(w);
+    if packed_fits((n, inp), ws, Some(dout)).is_none() {
+        return Ok(None);
+    }
+    let dev = gpu::device(dout)?;
+    let (dq, dt) = quantize_whole_both(dout, 0, out_of(w))?;
+    let dx = gpu::uninit((n, inp), DType::BF16, &dev)?;
+    let wq = weight_operands(ws, false)?.pop().expect("one weight");
+    gemm_tn(
+        &dev,
+        &wq,
+        &dq,
+        (inp, n, out_of(w)),
+        gpu::ptr(&dx)?,
+        inp,
+        None,
+    )?;
+    Ok(Some((dx, dt)))
 }

@@ -9,8 +9,8 @@
 use candle_core::Tensor;
 
 use super::{
-    cols_backward_saved_of, cols_forward_saving_of, linear_forward_saving_of,
-    linear_gelu_forward_saving_of, saved_input_of, Fp8Input,
+    cols_backward_saved_of, cols_forward_of, cols_forward_saving_of, linear_forward_saving_of,
+    linear_gelu_forward_saving_of, saved_input_of, saved_whole_of, Fp8Input,
 };
 #[cfg(feature = "cuda")]
 use super::{cuda, fp8_shape_error, Fp8Cols};
@@ -19,9 +19,12 @@ use crate::layers::{LnSaved, RmsSaved};
 use crate::linears::{LinearWeight, MlpForward, SavedInput};
 
 /// SwiGLU of the packed `gu (N, 2F)` into the down projection: `(residual + act @ w_down when
-/// want_out, what down's backward keeps of act)`, `act = silu(gate) * up`. On the GPU act is
-/// never made in bf16: `fp8_quantize_swiglu` writes its codes from `gu`. Elsewhere
-/// [`crate::layers::swiglu_packed_forward`] then [`cols_forward_saving_of`] (or [`saved_input_of`]).
+/// want_out, what down's backward keeps of act)`, `act = silu(gate) * up`. Down's weight
+/// gradient scales act a whole column at a time ([`super::whole_columns`]). On the GPU act is
+/// never made in bf16: `fp8_quantize_swiglu` writes its 1 x 128 codes from `gu` and reduces its
+/// columns' absmax, which is all the backward keeps (SwiGLU's backward kernel makes act^T's
+/// codes, [`swiglu_mlp_backward_of`]). Elsewhere [`crate::layers::swiglu_packed_forward`],
+/// then [`cols_forward_of`] and [`saved_whole_of`].
 pub(crate) fn swiglu_down_forward_of(
     gu: &Tensor,
     w_down: &[LinearWeight],
@@ -30,8 +33,8 @@ pub(crate) fn swiglu_down_forward_of(
 ) -> Result<(Option<Tensor>, Fp8Input)> {
     #[cfg(feature = "cuda")]
     if crate::layers::on_gpu(gu) {
-        if let Some((rows, xt)) = cuda::fused::quantize_swiglu(gu, want_out)? {
-            let dims = xt.codes.dims2().map(|(f, n)| (n, f))?;
+        if let Some((rows, absmax)) = cuda::fused::quantize_swiglu(gu, want_out)? {
+            let dims = gu.dims2().map(|(n, f2)| (n, f2 / 2))?;
             let y = match rows {
                 Some(xq) => Some(
                     cuda::cols_forward_quantised(&xq, w_down, None, residual)?.ok_or_else(
@@ -40,25 +43,17 @@ pub(crate) fn swiglu_down_forward_of(
                 ),
                 None => None,
             };
-            let cols = Fp8Cols::Codes(xt);
-            return Ok((
-                y,
-                Fp8Input {
-                    dtype: gu.dtype(),
-                    dims,
-                    cols,
-                },
-            ));
+            let cols = Fp8Cols::SwigluAbsmax(absmax);
+            let dtype = gu.dtype();
+            return Ok((y, Fp8Input { dtype, dims, cols }));
         }
     }
     let act = crate::layers::swiglu_packed_forward(gu)?;
-    match want_out {
-        true => {
-            let (y, kept) = cols_forward_saving_of(&act, w_down, None, residual)?;
-            Ok((Some(y), kept))
-        }
-        false => Ok((None, saved_input_of(&act)?)),
-    }
+    let y = match want_out {
+        true => Some(cols_forward_of(&act, w_down, None, residual)?),
+        false => None,
+    };
+    Ok((y, saved_whole_of(&act)?))
 }
 
 /// RMSNorm (after the residual add, where `delta` is given) into packed projections: `(h, the
@@ -231,28 +226,58 @@ fn layernorm_quantised(
     })
 }
 
-/// The backward of SwiGLU and of the gate|up projection before it: `(dx, [dw_gate_up])` from
-/// `dact (N, F)`, the packed `gu (N, 2F)` and what the projection kept of its input `x` (`ws`
-/// is its one packed weight `(C, 2F)`; the halves as two weights take the unfused path). On the
-/// GPU dgu is never made in bf16: `fp8_quantize_swiglu_grad` writes its codes from `dact` and
-/// `gu`. Elsewhere [`crate::layers::swiglu_packed_backward`] then
-/// [`cols_backward_saved_of`].
-pub(crate) fn swiglu_gate_up_backward_of(
-    dact: &Tensor,
+/// The backward of a Llama MLP from the residual gradient `dout (N, C)`: down, SwiGLU and
+/// the gate|up projection before it, `(dn2, dw_down, [dw_gate_up])`, from the packed `gu (N,
+/// 2F)`, what down kept of act ([`swiglu_down_forward_of`]) and what gate|up kept of its input
+/// `n2` (`gate_up` is its one packed weight `(C, 2F)`; the halves as two weights take the
+/// unfused path). On the GPU neither dgu nor act is made in bf16: `dact = dout @ w_down^T`
+/// (dout quantised with its whole columns' scales for down's weight gradient), then
+/// `fp8_quantize_swiglu_grad` writes dgu's codes both ways and act^T's from `dact` and `gu`,
+/// then down's weight gradient and gate|up's GEMMs. Elsewhere [`cols_backward_saved_of`] of
+/// down, [`crate::layers::swiglu_packed_backward`], then [`cols_backward_saved_of`] of gate|up:
+/// the same numbers.
+pub(crate) fn swiglu_mlp_backward_of(
+    dout: &Tensor,
     gu: &Tensor,
-    x: &Fp8Input,
-    ws: &[LinearWeight],
-    into: &[Option<Tensor>],
-) -> Result<(Tensor, Vec<Tensor>)> {
+    (act, n2): (&Fp8Input, &Fp8Input),
+    (w_down, gate_up): (&LinearWeight, &[LinearWeight]),
+    (down_into, gate_up_into): (Option<Tensor>, &[Option<Tensor>]),
+) -> Result<(Tensor, Tensor, Vec<Tensor>)> {
     #[cfg(feature = "cuda")]
-    if let (true, [_], Fp8Cols::Codes(xt)) = (crate::layers::on_gpu(gu), ws, &x.cols) {
-        if let Some(dgu) = cuda::fused::quantize_swiglu_grad(dact, gu)? {
-            return cuda::cols_backward_quantised(&[dgu], xt, x.dims, ws, into)?
-                .ok_or_else(|| fp8_shape_error("the gate and up projections' input", x.dims));
+    if let Fp8Cols::SwigluAbsmax(absmax) = &act.cols {
+        let (_, f) = act.dims;
+        let (dact, dt) = cuda::input_grad_whole(dout, w_down, f)?
+            .ok_or_else(|| fp8_shape_error("the down projection's input", act.dims))?;
+        let fused = cuda::fused::quantize_swiglu_grad(&dact, gu, Some(absmax))?;
+        let (dgu, act_t) = match fused {
+            Some(cuda::fused::SwigluGrad {
+                dgu,
+                act_t: Some(act_t),
+            }) => (Some(dgu), act_t),
+            // F not a multiple of 128: act from gu in bf16, its codes with the forward's scales.
+            _ => {
+                let a = crate::layers::swiglu_packed_forward(gu)?;
+                (None, cuda::quantize_cols_whole(&a, absmax)?)
+            }
+        };
+        let dw_down = cuda::weight_grad(&dt, &act_t, down_into)?;
+        if let (Some(dgu), [_], Fp8Cols::Codes(xt)) = (dgu, gate_up, &n2.cols) {
+            let (dn2, dws) =
+                cuda::cols_backward_quantised(&[dgu], xt, n2.dims, gate_up, gate_up_into)?
+                    .ok_or_else(|| {
+                        fp8_shape_error("the gate and up projections' input", n2.dims)
+                    })?;
+            return Ok((dn2, dw_down, dws));
         }
+        let dgu = crate::layers::swiglu_packed_backward(&dact, gu)?;
+        let (dn2, dws) = cols_backward_saved_of(&dgu, n2, gate_up, gate_up_into)?;
+        return Ok((dn2, dw_down, dws));
     }
-    let dgu = crate::layers::swiglu_packed_backward(dact, gu)?;
-    cols_backward_saved_of(&dgu, x, ws, into)
+    let down = std::slice::from_ref(w_down);
+    let (dact, mut dw) = cols_backward_saved_of(dout, act, down, &[down_into])?;
+    let dgu = crate::layers::swiglu_packed_backward(&dact, gu)?;
+    let (dn2, dws) = cols_backward_saved_of(&dgu, n2, gate_up, gate_up_into)?;
+    Ok((dn2, dw.pop().expect("one weight"), dws))
 }
 
 /// The backward of GELU and of the layer with a bias before it (GPT-2's c_fc): `(dx, dw, db)`

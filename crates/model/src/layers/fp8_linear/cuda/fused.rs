@@ -1,7 +1,9 @@
 //! The FP8 quantisers fused into the kernel that makes their tensor (`kernels/cuda/fp8.cu`), for
 //! tensors that under FP8 compute only FP8 GEMMs read, so that they are never written in bf16:
 //! SwiGLU's output and gradient (`fp8_quantize_swiglu`, `fp8_quantize_swiglu_grad`: the down
-//! projection reads `act = silu(gate) * up` only as codes, the gate and up projections `dgu`), the
+//! projection reads `act = silu(gate) * up` only as codes, the gate and up projections `dgu`;
+//! down's weight gradient reads `act^T` with one scale a whole column, which the forward
+//! reduces and the backward encodes from the gate and up it reads for `dgu`), the
 //! norms' outputs (`fp8_quantize_rmsnorm`, `fp8_quantize_layernorm`: the projections after a norm
 //! read them only as codes), GELU's output after GPT-2's c_fc (`fp8_quantize_gelu`) and its
 //! gradient into c_fc's backward (`fp8_quantize_gelu_grad`, with c_fc's bias gradient). The
@@ -90,46 +92,63 @@ fn config(n: usize, f: usize) -> LaunchConfig {
 
 /// `act = silu(gate) * up` of the packed `gu (N, 2F)` as the down projection reads it: its
 /// 1 x 128 blocks where `rows_blocks` (the forward's operand; a recomputation, which never
-/// reads down's output, skips them) and its 128 x 1 blocks (what down's backward keeps); `None`
-/// where `gu` is not one the kernel takes.
+/// reads down's output, skips them) and its columns' absmax over the N rows (`(F)` u32, the
+/// f32 bits): down's weight gradient scales act^T a whole column at a time, and
+/// [`quantize_swiglu_grad`] encodes it with these in the backward, so the forward keeps no
+/// codes of it. `None` where `gu` is not one the kernel takes.
 pub fn quantize_swiglu(
     gu: &Tensor,
     rows_blocks: bool,
-) -> Result<Option<(Option<Operand>, Operand)>> {
+) -> Result<Option<(Option<Operand>, Tensor)>> {
     let Some((n, f)) = shape(gu)? else {
         return Ok(None);
     };
     let dev = gpu::device(gu)?;
+    let absmax = Tensor::zeros(f, DType::U32, gu.device())?;
     let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
-    let out = Outputs::new(&dev, 1, n, f)?;
-    let (pc, ps) = match rows_blocks {
-        true => (gpu::ptr(&out.codes)?, gpu::ptr(&out.scales)?),
-        false => (0, 0),
+    let out = match rows_blocks {
+        true => Some((
+            gpu::uninit((n, f), DType::U8, &dev)?,
+            gpu::uninit((f.div_ceil(BLOCK), n), DType::F32, &dev)?,
+        )),
+        false => None,
     };
-    let (pt, pst, pgu) = (
-        gpu::ptr(&out.codes_t)?,
-        gpu::ptr(&out.scales_t)?,
-        gpu::ptr(gu)?,
-    );
+    let (pc, ps) = match &out {
+        Some((c, s)) => (gpu::ptr(c)?, gpu::ptr(s)?),
+        None => (0, 0),
+    };
+    let (pgu, pm, null) = (gpu::ptr(gu)?, gpu::ptr(&absmax)?, 0u64);
     let func = kernel(&dev, "fp8_quantize_swiglu")?;
-    // SAFETY: gu (N, 2F) bf16 contiguous and 16-byte aligned, F % 16 == 0 (shape); the outputs
-    // fresh, each written once by the kernel (null row outputs never touched); arguments in
-    // kernel order.
+    // SAFETY: gu (N, 2F) bf16 contiguous and 16-byte aligned, F % 16 == 0 (shape); the row
+    // outputs fresh, each written once by the kernel (null ones never touched); the absmax
+    // (F) u32 zeroed, max'ed into; no column codes (null); arguments in kernel order.
     unsafe {
         func.launch(
             config(n, f),
-            &[&pgu, &pc, &ps, &pt, &pst, &(n as i32), &(f as i32)],
+            &[&pgu, &pc, &ps, &null, &null, &(n as i32), &(f as i32), &pm],
         )?;
     }
-    let (rows, cols) = out.half(0)?;
-    Ok(Some((rows_blocks.then_some(rows), cols)))
+    let rows = out.map(|(codes, scales)| Operand {
+        codes,
+        scales,
+        mode: ScaleMode::Vec128,
+    });
+    Ok(Some((rows, absmax)))
 }
 
 /// SwiGLU's gradient `dgu = [dgate | dup] (N, 2F)` from `dact (N, F)` and `gu (N, 2F)`, in
 /// both blockings (`(rows, cols)`, as [`super::quantize_both`] of `dgu`): the packed gate|up
-/// projection's dout; `None` where the kernel does not take the tensors (also where F is not
-/// a multiple of 128, so that no block straddles the halves).
-pub fn quantize_swiglu_grad(dact: &Tensor, gu: &Tensor) -> Result<Option<(Operand, Operand)>> {
+/// projection's dout; and where `act_absmax` is given (the `(F)` absmax [`quantize_swiglu`]
+/// reduced in the forward), `act^T`'s codes `(F, N)` with one scale a whole column
+/// ([`ScaleMode::Outer`], as [`super::quantize_cols_whole`] of the bf16 act): down's weight
+/// gradient operand, from the gate and up the kernel reads anyway. `None` where the kernel does
+/// not take the tensors (also where F is not a multiple of 128, so that no block straddles the
+/// halves).
+pub fn quantize_swiglu_grad(
+    dact: &Tensor,
+    gu: &Tensor,
+    act_absmax: Option<&Tensor>,
+) -> Result<Option<SwigluGrad>> {
     let Some((n, f)) = shape(gu)? else {
         return Ok(None);
     };
@@ -137,27 +156,68 @@ pub fn quantize_swiglu_grad(dact: &Tensor, gu: &Tensor) -> Result<Option<(Operan
         && dact.dtype() == DType::BF16
         && dact.is_contiguous()
         && dact.dims() == [n, f]
-        && gpu::ptr(dact)? % 16 == 0;
+        && gpu::ptr(dact)? % 16 == 0
+        && act_absmax.is_none_or(|m| m.dtype() == DType::U32 && m.dims() == [f]);
     if !dact_fits {
         return Ok(None);
     }
     let dev = gpu::device(gu)?;
     let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
     let out = Outputs::new(&dev, 1, n, 2 * f)?;
+    let act_out = match act_absmax {
+        Some(m) => Some((
+            m,
+            gpu::uninit((f, n), DType::U8, &dev)?,
+            gpu::uninit(f, DType::F32, &dev)?,
+        )),
+        None => None,
+    };
+    let (pm, pac, pas) = match &act_out {
+        Some((m, c, s)) => (gpu::ptr(m)?, gpu::ptr(c)?, gpu::ptr(s)?),
+        None => (0, 0, 0),
+    };
     let (pd, pgu) = (gpu::ptr(dact)?, gpu::ptr(gu)?);
     let (pc, ps) = (gpu::ptr(&out.codes)?, gpu::ptr(&out.scales)?);
     let (pt, pst) = (gpu::ptr(&out.codes_t)?, gpu::ptr(&out.scales_t)?);
     let func = kernel(&dev, "fp8_quantize_swiglu_grad")?;
     // SAFETY: dact (N, F) and gu (N, 2F) bf16 contiguous and 16-byte aligned, F % 128 == 0;
     // the outputs are dgu's (N, 2F) both ways, fresh, every element written once (each half's
-    // tiles by its CTAs); arguments in kernel order.
+    // tiles by its CTAs), and where asked act^T's (F, N) codes and (F) scales, fresh, written
+    // once by the dgate CTAs, from the (F) u32 absmax; arguments in kernel order.
     unsafe {
         func.launch(
             config(n, 2 * f),
-            &[&pd, &pgu, &pc, &ps, &pt, &pst, &(n as i32), &(f as i32)],
+            &[
+                &pd,
+                &pgu,
+                &pc,
+                &ps,
+                &pt,
+                &pst,
+                &(n as i32),
+                &(f as i32),
+                &pm,
+                &pac,
+                &pas,
+            ],
         )?;
     }
-    Ok(Some(out.half(0)?))
+    let act_t = act_out.map(|(_, codes, scales)| Operand {
+        codes,
+        scales,
+        mode: ScaleMode::Outer,
+    });
+    Ok(Some(SwigluGrad {
+        dgu: out.half(0)?,
+        act_t,
+    }))
+}
+
+/// What [`quantize_swiglu_grad`] makes: `dgu`'s codes both ways (`(rows, cols)`), and `act^T`'s
+/// with whole columns' scales where the forward's absmax was given.
+pub struct SwigluGrad {
+    pub dgu: (Operand, Operand),
+    pub act_t: Option<Operand>,
 }
 
 /// `(N, C)` of a tile quantiser's input `x` (a norm's input, a layer's output), with its
