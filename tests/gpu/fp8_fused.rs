@@ -142,7 +142,10 @@ fn fp8_swiglu_quantisers_equal_the_unfused_path_bit_for_bit() {
             bits(&dws_again[0]),
             "{what}: dw_gate_up, kept again"
         );
-        // The CPU reference: the same recipe on the same values, in f32.
+        // The CPU reference: the same recipe on the same values, in f32. The GPU rounds dact
+        // and dgu to bf16 before their FP8 rounding and the CPU does not, so a code here and
+        // there differs by one step (1/16 of its value at most) and the errors chain through
+        // two GEMMs into dn2: 4e-2 of the largest (2.1e-2 measured on an H100).
         let (_, kept_c) = fp8
             .swiglu_down_forward(&gu_c, &w_down_c, None, false)
             .expect("CPU forward");
@@ -156,9 +159,9 @@ fn fp8_swiglu_quantisers_equal_the_unfused_path_bit_for_bit() {
                 (None, &[None]),
             )
             .expect("CPU MLP backward");
-        assert_close(&format!("{what}: dn2"), dn2, &dn2_c, 2e-2);
-        assert_close(&format!("{what}: dw_down"), dw_down, &dw_down_c, 2e-2);
-        assert_close(&format!("{what}: dw_gate_up"), &dws[0], &dws_c[0], 2e-2);
+        assert_close(&format!("{what}: dn2"), dn2, &dn2_c, 4e-2);
+        assert_close(&format!("{what}: dw_down"), dw_down, &dw_down_c, 4e-2);
+        assert_close(&format!("{what}: dw_gate_up"), &dws[0], &dws_c[0], 4e-2);
         let _ = dact_c;
     }
 }

@@ -394,39 +394,56 @@ fp8_quantize_swiglu(const bf16* __restrict__ gu, u8* __restrict__ codes,
 // each column with one scale from its absmax bits act_absmax[f] (fp8_quantize_swiglu's
 // col_reduce), written by the first tile row at act_scales[f] (OUTER_VEC): no act^T kept from
 // the forward, and 1 byte an element written where the forward wrote it.
-extern "C" __global__ void __launch_bounds__(256)
+// 4 CTAs an SM (64 registers, a few spilled) where act^T is asked; the bench builds it with
+// FP8_SWIGLU_GRAD_CTAS=3 (80 registers, none spilled) beside it.
+#ifndef FP8_SWIGLU_GRAD_CTAS
+#define FP8_SWIGLU_GRAD_CTAS 4
+#endif
+extern "C" __global__ void __launch_bounds__(256, FP8_SWIGLU_GRAD_CTAS)
 fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__ gu,
                          u8* __restrict__ codes, float* __restrict__ scales,
                          u8* __restrict__ codes_t, float* __restrict__ scales_t, int rows,
                          int F, const u32* __restrict__ act_absmax, u8* __restrict__ act_codes_t,
                          float* __restrict__ act_scales) {
+    // act's tile, as this thread computes it (its 8 rows of 8 columns, [row][thread]: the stores
+    // and loads of a warp are consecutive 16 bytes), kept here while the dgate tile is
+    // quantised: in registers it would take the kernel past 64 (2 CTAs an SM instead of 4),
+    // and read again from gu it comes from DRAM (0.34 ms more at 1B's shape, measured).
+    __shared__ uint4 act_tile[8][256];
     const int half = blockIdx.x & 1, tile = blockIdx.x >> 1;
     const int rb = fp8_first_row(), c = tile * 128 + (threadIdx.x & 15) * 8;
+    const bool act_out = act_codes_t != nullptr && half == 0;  // the same for the whole CTA
     uint4 raw[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int r = rb + i;
         raw[i] = make_uint4(0, 0, 0, 0);
+        uint4 a8 = make_uint4(0, 0, 0, 0);
         if (r < rows && c < F) {
             float d[8], g[8], u[8], dg[8], du[8];
             unpack8(ld16(dact + (i64)r * F + c), d);
             unpack8(ld16(gu + (i64)r * 2 * F + c), g);
             // dup = dact * silu(gate) does not read up.
             unpack8(half == 0 ? ld16(gu + (i64)r * 2 * F + F + c) : make_uint4(0, 0, 0, 0), u);
+            if (act_out) {
+                float a[8];
+                swiglu_act8(g, u, a);
+                a8 = pack8(a);
+            }
             swiglu_grad8(d, g, u, dg, du);
 #pragma unroll
             for (int k = 0; k < 8; ++k) dg[k] = half == 0 ? dg[k] : du[k];
             raw[i] = pack8(dg);
         }
+        if (act_out) act_tile[i][threadIdx.x] = a8;
     }
     fp8_quantize_tile(raw, blockIdx.y, half * (F / 128) + tile, codes, scales, codes_t, scales_t,
                       rows, 2 * F, 2 * F);
-    if (half != 0 || act_codes_t == nullptr) return;
-    // act's tile from the gate and up this CTA has just read (from L2), after the dgate tile's
-    // last read of the shared column multipliers.
+    if (!act_out) return;
+    // act's tile back (each thread its own), after the dgate tile's last read of the shared
+    // column multipliers, which act's quantisation writes.
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-        raw[i] = rb + i < rows && c < F ? swiglu_act_load(gu, rb + i, c, F) : make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < 8; ++i) raw[i] = act_tile[i][threadIdx.x];
     __syncthreads();
     fp8_quantize_tile(raw, blockIdx.y, tile, nullptr, nullptr, act_codes_t, act_scales, rows, F, F,
                       nullptr, act_absmax);
