@@ -51,6 +51,12 @@
 // weights, laid out the same way, 64 registers) both orientations 2.26 TB/s at gate|up's
 // (2048, 16,384), 2.11 at down's (8192, 2048), 2.18 at q|k|v's (2048, 3072) (1.28-1.48x the
 // earlier kernel, which staged the codes through shared memory at 86 registers; bit for bit).
+// Whole columns (2026-12-06, twelfth session, an H100): fp8_quantize_act's absmax pass then
+// both orientations 0.088 ms at (16,384, 2048) against 0.057 in blocks; fp8_quantize_swiglu's
+// row blocks with act's absmax 0.280 ms against 0.347 both ways; fp8_quantize_swiglu_grad with
+// act^T 0.965 ms against 0.625 when it read gate and up again (from DRAM), and less with act's
+// tile parked in shared memory (not timed alone; the 1B step's quantisation 30.09 ms against
+// 32.24).
 // The fused quantisers (SwiGLU's, the norms', GELU's) move fp8_quantize_act's
 // bytes both ways plus what they read to make their tile (SwiGLU: gate and up; a norm: its
 // input, its weight (and bias) vector a thread and its statistics a row; GELU: the layer's

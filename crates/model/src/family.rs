@@ -27,10 +27,25 @@ use crate::schedule::{Saved, UnitParams};
 pub struct LinearInput {
     /// Its width, the IN of the layers that read it.
     pub width: usize,
-    /// Whether under FP8 the block keeps it as its FP8 column blocks (made in the forward's
-    /// read, [`crate::SavedInput`]) instead of itself: where the weight gradient is all the
-    /// backward reads it for.
-    pub fp8_kept: bool,
+    /// What the block keeps of it for the weight gradient under FP8.
+    pub fp8: Fp8Kept,
+}
+
+/// What a block keeps of a linear layer's input for its backward under FP8
+/// ([`crate::SavedInput`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp8Kept {
+    /// The input itself (in the compute dtype): another layer's backward reads it too
+    /// (attention's output, before the o projection).
+    Input,
+    /// Its FP8 column blocks, made in the forward's read: where the weight gradient is all the
+    /// backward reads it for (1 byte an element and a scale a 128).
+    Codes,
+    /// Its columns' absmax alone: the kernel that makes it makes it again in the backward from
+    /// what the block keeps anyway, and encodes it there with one scale a whole column (SwiGLU's
+    /// output into down). `dout_width` is the layer's output gradient, which is read once more
+    /// for its own columns' absmax.
+    ColumnAbsmax { dout_width: usize },
 }
 
 /// A model family: one architecture, everything about it.
@@ -507,9 +522,10 @@ mod tests {
         }
     }
 
-    /// Under FP8 a Llama block keeps n1, n2 and silu(gate)*up (2 C + F an element) as codes
-    /// and scales, 33/32 bytes an element instead of 2: 186 MiB less a block at Llama 3.2 1B's
-    /// shape and 8 sequences of 2048; GPT-2's upper-end estimate is the same in both formats.
+    /// Under FP8 a Llama block keeps n1 and n2 (2 C an element) as codes and scales, 33/32
+    /// bytes an element instead of 2, and of silu(gate)*up (F) its columns' absmax alone (4 F
+    /// bytes a block): 318 MiB less a block at Llama 3.2 1B's shape and 8 sequences of 2048;
+    /// GPT-2's upper-end estimate is the same in both formats.
     #[test]
     fn an_fp8_llama_block_keeps_its_projection_inputs_as_codes() {
         let llama = crate::Model::new(crate::preset("llama3.2-1b").unwrap()).unwrap();
@@ -517,7 +533,10 @@ mod tests {
         let fp8 = llama
             .with_linears(LinearFormat::Fp8)
             .block_activation_bytes(8, 2048, 2);
-        assert_eq!(dense - fp8, 16_384 * (2 * 12_288 - 12_288 * 33 / 32));
+        assert_eq!(
+            dense - fp8,
+            16_384 * (2 * 12_288 - 4096 * 33 / 32) - 4 * 8192
+        );
         let gpt2 = crate::Model::new(crate::preset("gpt350m").unwrap()).unwrap();
         assert_eq!(
             gpt2.block_activation_bytes(8, 1024, 2),
@@ -526,10 +545,12 @@ mod tests {
         );
     }
 
-    /// FP8's casts in a small Llama block, counted by hand: inputs C + C + F = 512 kept as codes
-    /// (cast both ways in the forward, 4 bytes, none in the backward) and NH hs = 128 not (3
-    /// bytes each way), outputs 128 + 64 + 64 (q|k|v) + 128 (o) + 256 + 256 (gate|up) + 128
-    /// (down) = 1024, 147,456 weights; nothing for the embedding, nor for a dense model.
+    /// FP8's casts in a small Llama block, counted by hand: inputs C + C = 256 kept as codes
+    /// (cast both ways in the forward, 4 bytes, none in the backward), NH hs = 128 and F = 256
+    /// not (3 bytes each way; F is kept as its columns' absmax, and down's dout, C = 128, read
+    /// once more for its own: 2 bytes), outputs 128 + 64 + 64 (q|k|v) + 128 (o) + 256 + 256
+    /// (gate|up) + 128 (down) = 1024, 147,456 weights; nothing for the embedding, nor for a
+    /// dense model.
     #[test]
     fn fp8_cast_bytes_of_a_llama_block() {
         let cfg = ModelConfig::llama(2, 128, 4, 2, 256, 64, 320, true);
@@ -537,7 +558,8 @@ mod tests {
         assert_eq!(model.fp8_cast_bytes(1, 10, false), (0, 0));
         let fp8 = model.with_linears(LinearFormat::Fp8);
         let weights = 147_456;
-        let (inputs, gradients) = (10 * (4 * 512 + 3 * 128), 10 * (3 * 128 + 4 * 1024));
+        let inputs = 10 * (4 * 256 + 3 * (128 + 256));
+        let gradients = 10 * (3 * (128 + 256) + 4 * 1024 + 2 * 128);
         assert_eq!(
             fp8.fp8_cast_bytes(1, 10, false),
             (inputs + 3 * weights, gradients + 3 * weights)

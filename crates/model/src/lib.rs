@@ -39,8 +39,8 @@ pub use config::{Arch, ModelConfig, MAX_LAYERS};
 pub use decode::{Decoder, KvCache, Sampling};
 pub use error::{ModelError, Result};
 pub use family::{
-    every_family, family, family_names, from_hf_config, preset, preset_names, Family, HfTensor,
-    LinearInput, ShapeRecord, Sizes, FAMILIES,
+    every_family, family, family_names, from_hf_config, preset, preset_names, Family, Fp8Kept,
+    HfTensor, LinearInput, ShapeRecord, Sizes, FAMILIES,
 };
 pub use gpt2::family::{GPT2_NORM_EPS, PADDED_GPT2_VOCAB};
 pub use init::init_unit_range;

@@ -450,24 +450,28 @@ impl Model {
     /// 1 x 128 blocks in the forward (3 bytes an element) and 128 x 1 blocks in the backward
     /// (3), or both ways in the forward (4) where the block keeps its codes, each output
     /// gradient both ways in one read (4), and each weight into its tiles in each pass (3
-    /// bytes a parameter), as `layers/fp8_linear.rs` does on the GPU. With `gathered_codes`
-    /// (FP8 qwZ) the weights arrive as codes: the forward transposes them (2 bytes a
-    /// parameter) and the backward reads them as they are.
+    /// bytes a parameter), as `layers/fp8_linear.rs` does on the GPU; an input kept as its
+    /// columns' absmax ([`crate::Fp8Kept::ColumnAbsmax`]) is cast as one kept as itself, and
+    /// its layer's output gradient read once more (2). With `gathered_codes` (FP8 qwZ) the
+    /// weights arrive as codes: the forward transposes them (2 bytes a parameter) and the
+    /// backward reads them as they are.
     pub fn fp8_cast_bytes(&self, u: usize, tokens: usize, gathered_codes: bool) -> (u64, u64) {
         let unit = &self.layout.units[u];
         if self.linears != LinearFormat::Fp8 || unit.linear_weights().next().is_none() {
             return (0, 0);
         }
         let inputs = self.cfg.family().block_linear_inputs(&self.cfg);
-        let width = |kept: bool| -> u64 {
-            let w: usize = inputs
-                .iter()
-                .filter(|i| i.fp8_kept == kept)
-                .map(|i| i.width)
-                .sum();
-            w as u64
-        };
-        let (kept, other) = (width(true), width(false));
+        let (mut kept, mut other, mut absmax_douts) = (0u64, 0u64, 0u64);
+        for i in &inputs {
+            match i.fp8 {
+                crate::Fp8Kept::Codes => kept += i.width as u64,
+                crate::Fp8Kept::Input => other += i.width as u64,
+                crate::Fp8Kept::ColumnAbsmax { dout_width } => {
+                    other += i.width as u64;
+                    absmax_douts += dout_width as u64;
+                }
+            }
+        }
         let outputs: usize = unit.linear_weights().map(|p| p.shape[1]).sum();
         let weights: usize = unit.linear_weights().map(|p| p.numel).sum();
         let (t, outputs, weights) = (tokens as u64, outputs as u64, weights as u64);
@@ -477,7 +481,7 @@ impl Model {
         };
         (
             t * (4 * kept + 3 * other) + forward_weights,
-            t * (3 * other + 4 * outputs) + backward_weights,
+            t * (3 * other + 4 * outputs + 2 * absmax_douts) + backward_weights,
         )
     }
 

@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::config::{Arch, ModelConfig};
 use crate::decode::LayerCache;
 use crate::error::{ModelError, Result};
-use crate::family::{Family, HfTensor, LinearInput, Sizes};
+use crate::family::{Family, Fp8Kept, HfTensor, LinearInput, Sizes};
 use crate::layers::{Loss, RopeScaling, RopeTables, TokenIndex};
 use crate::layout::{init_stds, ParamInit, ParamSpec, UnitKind, UnitTable};
 use crate::linears::LinearFormat;
@@ -217,9 +217,10 @@ impl Family for Gpt2 {
     /// output, which attention's backward reads, so it stays itself.
     fn block_linear_inputs(&self, cfg: &ModelConfig) -> Vec<LinearInput> {
         let c = cfg.n_embd;
-        [(c, true), (c, false), (c, true), (4 * c, true)]
+        let (codes, input) = (Fp8Kept::Codes, Fp8Kept::Input);
+        [(c, codes), (c, input), (c, codes), (4 * c, codes)]
             .into_iter()
-            .map(|(width, fp8_kept)| LinearInput { width, fp8_kept })
+            .map(|(width, fp8)| LinearInput { width, fp8 })
             .collect()
     }
 

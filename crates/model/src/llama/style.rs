@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::config::{Arch, ModelConfig};
 use crate::decode::LayerCache;
 use crate::error::{ModelError, Result};
-use crate::family::{Family, HfTensor, LinearInput, Sizes};
+use crate::family::{Family, Fp8Kept, HfTensor, LinearInput, Sizes};
 use crate::layers::{rope_tables, Loss, RopeScaling, RopeTables, TokenIndex};
 use crate::layout::{init_stds, ParamInit, ParamSpec, UnitKind, UnitLayout, UnitTable};
 use crate::linears::LinearFormat;
@@ -355,14 +355,19 @@ impl Family for LlamaStyle {
         match linears {
             LinearFormat::Dense => b * s * all * bytes as u64 + stats,
             LinearFormat::Fp8 => {
-                let codes: usize = self
-                    .block_linear_inputs(cfg)
-                    .iter()
-                    .filter(|i| i.fp8_kept)
-                    .map(|i| i.width)
-                    .sum();
-                let codes = codes as u64;
-                b * s * ((all - codes) * bytes as u64 + codes * 33 / 32) + stats
+                let inputs = self.block_linear_inputs(cfg);
+                let width = |keep: fn(&Fp8Kept) -> bool| -> u64 {
+                    let w: usize = inputs
+                        .iter()
+                        .filter(|i| keep(&i.fp8))
+                        .map(|i| i.width)
+                        .sum();
+                    w as u64
+                };
+                let codes = width(|k| *k == Fp8Kept::Codes);
+                let absmax = width(|k| matches!(k, Fp8Kept::ColumnAbsmax { .. }));
+                let kept = b * s * ((all - codes - absmax) * bytes as u64 + codes * 33 / 32);
+                kept + stats + 4 * absmax
             }
         }
     }
@@ -378,17 +383,19 @@ impl Family for LlamaStyle {
         Some(cfg.n_embd * qkv + if cfg.qkv_bias { qkv } else { 0 })
     }
 
-    /// q|k|v's and gate|up's `C` (each packed projection reads one input) and down's `F`,
-    /// kept as FP8 codes under FP8 (`block_forward`); o's `NH hs`, attention's output, which
-    /// attention's backward reads too, kept as itself.
+    /// q|k|v's and gate|up's `C` (each packed projection reads one input), kept as FP8 codes
+    /// under FP8 (`block_forward`); o's `NH hs`, attention's output, which attention's backward
+    /// reads too, kept as itself; down's `F`, SwiGLU's output, kept as its columns' absmax
+    /// (SwiGLU's backward kernel encodes it again for down's weight gradient, whose `dout` is
+    /// `C` wide).
     fn block_linear_inputs(&self, cfg: &ModelConfig) -> Vec<LinearInput> {
         let c = cfg.n_embd;
-        let input = |width, fp8_kept| LinearInput { width, fp8_kept };
+        let input = |width, fp8| LinearInput { width, fp8 };
         vec![
-            input(c, true),
-            input(cfg.n_head * cfg.head_dim, false),
-            input(c, true),
-            input(cfg.ffn_hidden, true),
+            input(c, Fp8Kept::Codes),
+            input(cfg.n_head * cfg.head_dim, Fp8Kept::Input),
+            input(c, Fp8Kept::Codes),
+            input(cfg.ffn_hidden, Fp8Kept::ColumnAbsmax { dout_width: c }),
         ]
     }
 
