@@ -301,16 +301,19 @@ fn a_block_reading_gathered_fp8_weights_equals_one_quantising_its_own() {
     }
 }
 
+/// An `r x c` f32 matrix of `rng`'s uniform values times `scale`.
+fn uniform_matrix(rng: &mut Rng, r: usize, c: usize, scale: f64) -> Tensor {
+    let v: Vec<f32> = rng.vec(r * c, scale).iter().map(|&v| v as f32).collect();
+    Tensor::from_vec(v, (r, c), &Device::Cpu).unwrap()
+}
+
 /// A packed projection's backward from the column blocks its forward kept of `x` (in the same
 /// read as its row blocks), or that `saved_input` makes alone, equals the one from `x` bit for
 /// bit; a dense layer refuses such a kept input in one line.
 #[test]
 fn a_projection_backward_from_its_kept_input_equals_one_from_x() {
     let mut rng = Rng(11);
-    let mut randn = |r: usize, c: usize, scale: f64| {
-        let v: Vec<f32> = rng.vec(r * c, scale).iter().map(|&v| v as f32).collect();
-        Tensor::from_vec(v, (r, c), &Device::Cpu).unwrap()
-    };
+    let mut randn = |r: usize, c: usize, scale: f64| uniform_matrix(&mut rng, r, c, scale);
     let x = randn(40, 130, 1.0);
     let ws = [randn(130, 60, 0.1), randn(130, 70, 0.1)];
     let dout = randn(40, 130, 1.0);
@@ -353,10 +356,7 @@ fn a_projection_backward_from_its_kept_input_equals_one_from_x() {
 fn a_llama_mlp_scales_downs_weight_gradient_a_whole_column_at_a_time() {
     let (n, c, f) = (256, 32, 48);
     let mut rng = Rng(12);
-    let mut randn = |r: usize, cols: usize, scale: f64| {
-        let v: Vec<f32> = rng.vec(r * cols, scale).iter().map(|&v| v as f32).collect();
-        Tensor::from_vec(v, (r, cols), &Device::Cpu).unwrap()
-    };
+    let mut randn = |r: usize, c: usize, scale: f64| uniform_matrix(&mut rng, r, c, scale);
     // gate about 10 (silu(gate) about gate), up 1 on the first 128 tokens and 1e-7 after.
     let gate = (randn(n, f, 0.1).abs().unwrap() + 10.0).unwrap();
     let up_big = randn(128, f, 1.0);

@@ -449,7 +449,7 @@ pub(crate) fn saved_input_of(x: &Tensor) -> Result<Fp8Input> {
 pub(crate) fn saved_whole_of(x: &Tensor) -> Result<Fp8Input> {
     let (dtype, dims) = (x.dtype(), x.dims2()?);
     #[cfg(feature = "cuda")]
-    if super::on_gpu(x) && cuda::cols_of(x)?.is_some() {
+    if super::on_gpu(x) && cuda::is_operand(x) {
         let xt = cuda::quantize_cols_whole(x, &cuda::column_absmax(x)?)?;
         let cols = Fp8Cols::Codes(xt);
         return Ok(Fp8Input { dtype, dims, cols });

@@ -521,10 +521,16 @@ pub fn cols_backward(
 /// `x`'s 128 x 1 blocks as [`cols_forward_saving`] keeps them, without the product; `None`
 /// where `x` is no FP8 operand.
 pub fn cols_of(x: &Tensor) -> Result<Option<Operand>> {
-    match takes(x) {
+    match is_operand(x) {
         true => Ok(Some(quantize_cols_t(x)?)),
         false => Ok(None),
     }
+}
+
+/// Whether the quantisers take `x (R, S)` as an FP8 operand (bf16, contiguous, both sides
+/// multiples of [`GPU_MULTIPLE`], within the kernels' int indices).
+pub fn is_operand(x: &Tensor) -> bool {
+    takes(x)
 }
 
 /// [`cols_backward`] from `x`'s 128 x 1 blocks as the forward kept them (`xt`, for an input
