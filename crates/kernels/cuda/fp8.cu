@@ -395,7 +395,7 @@ fp8_quantize_swiglu(const bf16* __restrict__ gu, u8* __restrict__ codes,
 // takes tile x / 2 of dgate (x even) or of dup (x odd), so the two CTAs that read the same
 // dact and gu run side by side and the second finds them in L2. F % 128 == 0 (no 1 x 128 block
 // straddles the halves), dact and gu 16-byte aligned. Grid (2F / 128, ceil(rows / 128)).
-// Where act_codes_t is given, the dgate CTAs (which read gate and up) also write down's weight
+// Where act_codes_t is given, the dup CTAs (which then read up too) also write down's weight
 // gradient operand: act^T's codes (F, rows) row stride rows, act = swiglu_forward's bf16 act,
 // each column with one scale from its absmax bits act_absmax[f] (fp8_quantize_swiglu's
 // col_reduce), written by the first tile row at act_scales[f] (OUTER_VEC): no act^T kept from
@@ -412,13 +412,15 @@ fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__
                          int F, const u32* __restrict__ act_absmax, u8* __restrict__ act_codes_t,
                          float* __restrict__ act_scales) {
     // act's tile, as this thread computes it (its 8 rows of 8 columns, [row][thread]: the stores
-    // and loads of a warp are consecutive 16 bytes), kept here while the dgate tile is
+    // and loads of a warp are consecutive 16 bytes), kept here while the CTA's dgu tile is
     // quantised: in registers it would take the kernel past 64 (2 CTAs an SM instead of 4),
     // and read again from gu it comes from DRAM (0.34 ms more at 1B's shape, measured).
     __shared__ uint4 act_tile[8][256];
     const int half = blockIdx.x & 1, tile = blockIdx.x >> 1;
     const int rb = fp8_first_row(), c = tile * 128 + (threadIdx.x & 15) * 8;
-    const bool act_out = act_codes_t != nullptr && half == 0;  // the same for the whole CTA
+    // act^T goes with dup's CTA, which without it reads no up and quantises the lighter half:
+    // it reads up here (mostly from L2, where dgate's CTA beside it has just brought it).
+    const bool act_out = act_codes_t != nullptr && half == 1;  // the same for the whole CTA
     uint4 raw[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -429,8 +431,9 @@ fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__
             float d[8], g[8], u[8], dg[8], du[8];
             unpack8(ld16(dact + (i64)r * F + c), d);
             unpack8(ld16(gu + (i64)r * 2 * F + c), g);
-            // dup = dact * silu(gate) does not read up.
-            unpack8(half == 0 ? ld16(gu + (i64)r * 2 * F + F + c) : make_uint4(0, 0, 0, 0), u);
+            // dup = dact * silu(gate) does not read up (act does).
+            const bool read_up = half == 0 || act_out;
+            unpack8(read_up ? ld16(gu + (i64)r * 2 * F + F + c) : make_uint4(0, 0, 0, 0), u);
             if (act_out) {
                 float a[8];
                 swiglu_act8(g, u, a);
@@ -446,7 +449,7 @@ fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__
     fp8_quantize_tile(raw, blockIdx.y, half * (F / 128) + tile, codes, scales, codes_t, scales_t,
                       rows, 2 * F, 2 * F);
     if (!act_out) return;
-    // act's tile back (each thread its own), after the dgate tile's last read of the shared
+    // act's tile back (each thread its own), after the dgu tile's last read of the shared
     // column multipliers, which act's quantisation writes.
 #pragma unroll
     for (int i = 0; i < 8; ++i) raw[i] = act_tile[i][threadIdx.x];

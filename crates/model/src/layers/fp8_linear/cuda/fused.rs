@@ -183,7 +183,7 @@ pub fn quantize_swiglu_grad(
     // SAFETY: dact (N, F) and gu (N, 2F) bf16 contiguous and 16-byte aligned, F % 128 == 0;
     // the outputs are dgu's (N, 2F) both ways, fresh, every element written once (each half's
     // tiles by its CTAs), and where asked act^T's (F, N) codes and (F) scales, fresh, written
-    // once by the dgate CTAs, from the (F) u32 absmax; arguments in kernel order.
+    // once by the dup CTAs, from the (F) u32 absmax; arguments in kernel order.
     unsafe {
         func.launch(
             config(n, 2 * f),
