@@ -431,15 +431,27 @@ pub fn block_backward(
         _ => rope_qk_backward(dqkv, &a.attn.rope, nh, kv)?,
     };
     let dqkv = dqkv.reshape((b * t, (nh + 2 * kv) * hs))?;
-    // their biases (Qwen2): the packed gradient's column sums
-    if w.qkv_bias.is_some() {
-        grads.put(style::QKV_BIAS, &bias_grad(&dqkv)?)?;
-    }
-    // qkv = n1 @ [q_proj | k_proj | v_proj]
+    // qkv = n1 @ [q_proj | k_proj | v_proj] (+ their biases, Qwen2: the packed gradient's
+    // column sums; under FP8 from the read that quantises dqkv)
     let qkv = [style::QKV];
     let qkv_w = std::slice::from_ref(&w.qkv);
-    let (dn1, dw) = lin.cols_backward(&dqkv, &a.attn.n1, qkv_w, &slots(&qkv)?)?;
-    put(&qkv, &dw)?;
+    let dn1 = match (lin, w.qkv_bias.is_some()) {
+        (LinearFormat::Fp8, true) => {
+            let slot = grads.slot(style::QKV)?;
+            let (dn1, dw, db) = lin.backward_into(&dqkv, &a.attn.n1, &w.qkv, Some(&slot), true)?;
+            grads.put(style::QKV, &dw)?;
+            grads.put(style::QKV_BIAS, &db.expect("asked for the bias gradient"))?;
+            dn1
+        }
+        (_, with_bias) => {
+            if with_bias {
+                grads.put(style::QKV_BIAS, &bias_grad(&dqkv)?)?;
+            }
+            let (dn1, dw) = lin.cols_backward(&dqkv, &a.attn.n1, qkv_w, &slots(&qkv)?)?;
+            put(&qkv, &dw)?;
+            dn1
+        }
+    };
     // n1 = input_layernorm(x); x also feeds the residual, whose gradient is dh
     let xf = a.attn.x.reshape((b * t, c))?;
     let input = "input_layernorm.weight";
