@@ -1,6 +1,8 @@
 // cuBLASLt's FP8 GEMMs by scale mode on the GPU: every heuristic candidate timed (CUDA events,
 // 10 runs after 3) at gpt350m's weight-gradient shapes (K = 16,384 tokens) in 128 x 1 blocks
-// (VEC128) and row-wise (OUTER_VEC), and the forward with the BIAS epilogue, with and without
+// (VEC128), row-wise (OUTER_VEC) and with one operand in 128 x 128 tiles (BLK128x128, either
+// side and either order), Llama 3.2 1B's forward and input-gradient GEMMs, and the forward
+// with the BIAS epilogue, with and without
 // C. A candidate count of 0 with a status is cuBLASLt refusing the combination. Change the
 // shapes in main for other models. scripts/fp8bench/run.sh builds and runs it.
 #include <cublasLt.h>
@@ -155,13 +157,30 @@ int main() {
         const char* name;
         int a, b;
     } modes[] = {{"VEC128 x VEC128", VEC128, VEC128}, {"OUTER x OUTER", OUTER, OUTER},
-                 {"OUTER x VEC128", OUTER, VEC128},   {"SCALAR x SCALAR", SCALAR, SCALAR}};
+                 {"VEC128 x BLK", VEC128, BLK},       {"BLK x VEC128", BLK, VEC128},
+                 {"SCALAR x SCALAR", SCALAR, SCALAR}};
     for (auto s : shapes)
         for (auto m : modes) {
             char nm[96];
             snprintf(nm, sizeof nm, "%s wgrad %s", s.name, m.name);
             probe(nm, s.out, s.in, N, m.a, m.b);
         }
+    // The weight gradient the other way round, dw (IN, OUT) = x^T (IN, N) dout^T (OUT, N): the
+    // activation's 128 x 128 tiles as A, the gradient's 128 x 1 blocks as B.
+    for (auto s : shapes) {
+        char nm[96];
+        snprintf(nm, sizeof nm, "%s wgrad^T BLK x VEC128", s.name);
+        probe(nm, s.in, s.out, N, BLK, VEC128);
+    }
+    // Llama 3.2 1B's forward and input-gradient GEMMs (weight tiles x activation 1 x 128), every
+    // candidate: (m, n, k) = (OUT, N, IN) forward, (IN, N, OUT) input gradient.
+    for (int i = 0; i < 4; ++i) {
+        char nm[96];
+        snprintf(nm, sizeof nm, "%s fwd BLK x VEC128", shapes[i].name);
+        probe(nm, shapes[i].out, N, shapes[i].in, BLK, VEC128);
+        snprintf(nm, sizeof nm, "%s dgrad BLK x VEC128", shapes[i].name);
+        probe(nm, shapes[i].in, N, shapes[i].out, BLK, VEC128);
+    }
     // The forward (weight tiles x activation 1 x 128) with cuBLASLt's BIAS epilogue, with and
     // without C (a residual): gpt350m's c_attn (3072 x N, k 1024) and c_proj (1024 x N, k 4096).
     probe("c_attn fwd BLK x VEC128", 3072, N, 1024, BLK, VEC128, 0, false);
