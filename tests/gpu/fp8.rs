@@ -17,7 +17,7 @@ use candle_core::{DType, Device, Tensor};
 use model::layers::fp8_gpu::ScaleMode;
 use model::layers::{
     fp8_gpu, fp8_linear_cols_backward, fp8_linear_cols_forward, matmul_cols_backward,
-    matmul_cols_forward, whole_columns, COL_BLOCK, ROW_BLOCK, WEIGHT_TILE,
+    matmul_cols_forward, whole_columns, COL_BLOCK, INPUT_TILE, ROW_BLOCK, WEIGHT_TILE,
 };
 use model::{Fp8Weight, LinearFormat, LinearWeight, SavedInput};
 use quant::Tile;
@@ -123,6 +123,33 @@ fn check_cols_t(what: &str, q: &fp8_gpu::Operand, x: &[f32], rows: usize, cols: 
     }
 }
 
+/// `q` is `x (rows, cols)` in 128 x 128 tiles as a weight gradient's input: codes of x^T,
+/// scales [S blocks][round_up(R blocks, 4)] (x^T's BLK128x128), the padding zeros.
+pub(crate) fn check_cols_tiles(
+    what: &str,
+    q: &fp8_gpu::Operand,
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+) {
+    assert_eq!(q.mode, ScaleMode::Blk128x128, "{what}: input tiles' mode");
+    let (codes, scales) = reference(x, rows, cols, INPUT_TILE);
+    let w = format!("{what} 128 x 128 tiles of x^T");
+    same_transposed(&w, &host_u8(&q.codes), &codes, rows, cols);
+    let (rb, cb) = (rows.div_ceil(128), cols.div_ceil(128));
+    let ld = rb.next_multiple_of(4);
+    let got = host_f32(&q.scales);
+    assert_eq!(got.len(), cb * ld, "{w} scales");
+    for c in 0..cb {
+        for r in 0..ld {
+            match r < rb {
+                true => same_bits(&w, got[c * ld + r], scales[r * cb + c]),
+                false => assert_eq!(got[c * ld + r].to_bits(), 0, "{w}: padding"),
+            }
+        }
+    }
+}
+
 /// `q` is `x (rows, cols)` with one scale a whole column: codes of x^T, scales [S].
 pub(crate) fn check_cols_whole(
     what: &str,
@@ -152,6 +179,12 @@ fn fp8_quantisers_equal_the_cpu_bit_for_bit_in_cublaslt_layouts() {
         check_rows(&what(""), &q, &x, rows, cols);
         let q = fp8_gpu::quantize_cols_t(&g).expect("quantize_cols_t");
         check_cols_t(&what(""), &q, &x, rows, cols);
+        // A layer's input: x^T in 128 x 128 tiles, alone and beside the row blocks.
+        let q = fp8_gpu::quantize_input_cols(&g).expect("quantize_input_cols");
+        check_cols_tiles(&what(""), &q, &x, rows, cols);
+        let (q, qt) = fp8_gpu::quantize_input(&g).expect("quantize_input");
+        check_rows(&what("beside tiles"), &q, &x, rows, cols);
+        check_cols_tiles(&what("beside rows"), &qt, &x, rows, cols);
         // Whole columns (down's weight gradient): the absmax pass, then both blockings, and
         // the columns alone from the absmax given.
         let absmax = host_u32(&fp8_gpu::column_absmax(&g).expect("column absmax"));
@@ -247,6 +280,8 @@ fn fp8_quantiser_reads_column_views_and_unaligned_starts() {
     check_rows("offset view", &q, &x[1..1 + n], rows - 16, cols);
     let q = fp8_gpu::quantize_cols_t(&off).expect("columns of an offset view");
     check_cols_t("offset view", &q, &x[1..1 + n], rows - 16, cols);
+    let q = fp8_gpu::quantize_input_cols(&off).expect("tiles of an offset view");
+    check_cols_tiles("offset view", &q, &x[1..1 + n], rows - 16, cols);
     // The weights' quantiser reads such a start element by element (a weight inside a unit's
     // buffer starts anywhere).
     let w = fp8_gpu::quantize_weight(&off).expect("tiles of an offset view");

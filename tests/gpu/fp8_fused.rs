@@ -15,6 +15,7 @@ use model::{LinearFormat, LinearWeight, SavedInput};
 
 /// Two operands hold the same codes and scales, bit for bit.
 fn same_operand(what: &str, got: &fp8_gpu::Operand, want: &fp8_gpu::Operand) {
+    assert_eq!(got.mode, want.mode, "{what}: scale mode");
     assert_eq!(host_u8(&got.codes), host_u8(&want.codes), "{what}: codes");
     let (g, w) = (host_f32(&got.scales), host_f32(&want.scales));
     assert_eq!(g.len(), w.len(), "{what}: scales");
@@ -167,7 +168,7 @@ fn fp8_swiglu_quantisers_equal_the_unfused_path_bit_for_bit() {
 }
 
 /// RMSNorm straight into FP8 (`fp8_quantize_rmsnorm` after the norm's kernel without its
-/// output): the codes and scales that `quantize_both` makes of the bf16 rows rmsnorm.cu writes,
+/// output): the codes and scales that `quantize_input` makes of the bf16 rows rmsnorm.cu writes,
 /// bit for bit, on whole and partial tiles; and through the layers
 /// (`LinearFormat::rmsnorm_cols_forward_saving`, with and without the residual add, with a
 /// bias) the norm's h and statistics, the projections' output and the backward from what they
@@ -183,7 +184,7 @@ fn fp8_rmsnorm_quantiser_equals_the_unfused_path_bit_for_bit() {
         let (_, delta) = spread(n, c, 52);
         let w = spread(1, c, 53).1.reshape(c).expect("norm weight (C)");
         let (h, normed, rms) = add_rmsnorm_forward(&x, &delta, &w, 1e-5).expect("norm");
-        let (q, qt) = fp8_gpu::quantize_both(&normed, 0, c).expect("n both ways");
+        let (q, qt) = fp8_gpu::quantize_input(&normed).expect("n both ways");
         let (fq, fqt) = fp8_gpu::fused::quantize_rmsnorm(&h, &rms.rstd, &w)
             .expect("fused quantiser")
             .expect("a shape the kernel takes");
@@ -240,7 +241,7 @@ fn fp8_rmsnorm_quantiser_equals_the_unfused_path_bit_for_bit() {
     let w = spread(1, c, 60).1.reshape(c).expect("norm weight (C)");
     let unfused = seconds_per_call(&dev, &|| {
         let (_, normed, _) = add_rmsnorm_forward(&x, &delta, &w, 1e-5).expect("norm");
-        fp8_gpu::quantize_both(&normed, 0, c).expect("n both ways");
+        fp8_gpu::quantize_input(&normed).expect("n both ways");
     });
     let (h, _, rms) = add_rmsnorm_forward(&x, &delta, &w, 1e-5).expect("norm");
     let quantiser = seconds_per_call(&dev, &|| {
@@ -266,7 +267,7 @@ fn fp8_rmsnorm_quantiser_equals_the_unfused_path_bit_for_bit() {
 }
 
 /// LayerNorm straight into FP8 (`fp8_quantize_layernorm` after the norm's kernel without its
-/// output): the codes and scales that `quantize_both` makes of the bf16 rows layernorm.cu
+/// output): the codes and scales that `quantize_input` makes of the bf16 rows layernorm.cu
 /// writes, bit for bit, on whole and partial tiles; and through GPT-2's layers
 /// (`LinearFormat::layernorm_linear_forward`, `layernorm_gelu_forward`) the norm's statistics,
 /// the layer's output (and GELU's), and the backward from what it kept, bit for bit those of
@@ -281,7 +282,7 @@ fn fp8_layernorm_quantiser_equals_the_unfused_path_bit_for_bit() {
         let w = spread(1, c, 72).1.reshape(c).expect("norm weight (C)");
         let b = spread(1, c, 73).1.reshape(c).expect("norm bias (C)");
         let (normed, ln) = layernorm_forward(&x, &w, &b).expect("norm");
-        let (q, qt) = fp8_gpu::quantize_both(&normed, 0, c).expect("n both ways");
+        let (q, qt) = fp8_gpu::quantize_input(&normed).expect("n both ways");
         let (fq, fqt) = fp8_gpu::fused::quantize_layernorm(&x, &ln.mean, &ln.rstd, &w, &b)
             .expect("fused quantiser")
             .expect("a shape the kernel takes");
@@ -319,7 +320,7 @@ fn fp8_layernorm_quantiser_equals_the_unfused_path_bit_for_bit() {
 }
 
 /// GELU straight into FP8 after an FP8 layer (`fp8_quantize_gelu`): the codes and scales of
-/// `gelu(h)` are those `gelu_forward` then `quantize_both` make, bit for bit; and GPT-2's MLP
+/// `gelu(h)` are those `gelu_forward` then `quantize_input` make, bit for bit; and GPT-2's MLP
 /// through the layers (`LinearFormat::layernorm_mlp_forward`, with and without c_proj's
 /// output) gives the bits of the norm, c_fc and GELU, then c_proj, in bf16 between them: h,
 /// the output, and the backward from what c_fc and c_proj kept.
@@ -333,7 +334,7 @@ fn fp8_gelu_quantiser_equals_the_unfused_path_bit_for_bit() {
         let (_, h) = spread(n, f, 81);
         let bias = spread(1, f, 82).1.reshape(f).expect("bias (F)");
         let g = gelu_forward(&h).expect("unfused");
-        let (q, qt) = fp8_gpu::quantize_both(&g, 0, f).expect("g both ways");
+        let (q, qt) = fp8_gpu::quantize_input(&g).expect("g both ways");
         let (fq, fqt) = fp8_gpu::fused::quantize_gelu(&h, true)
             .expect("fused quantiser")
             .expect("a shape the kernel takes");

@@ -15,7 +15,10 @@
 //   whole column of x (OUTER_VEC) from the columns' absmax given, which the same kernel
 //   reduces in a pass of its own: the down projection's weight gradient, whose GEMM runs at
 //   1345-1362 TFLOP/s with both operands so against 850-1040 in 128 x 1 blocks (Llama 3.2
-//   1B's shapes, H100; cuBLASLt takes OUTER_VEC only on both operands).
+//   1B's shapes, H100; cuBLASLt takes OUTER_VEC only on both operands). Or x^T's codes with
+//   one scale a 128 x 128 tile (BLK128x128): the other weight gradients' input operand, beside
+//   dout^T in 128 x 1 blocks (1279-1298 TFLOP/s against 1027-1043 with both in blocks; the
+//   norms' and GELU's quantisers below write their x^T so too).
 // fp8_quantize_tiles: w (IN, OUT) -> codes (IN, OUT) and codes^T (OUT, IN), one 128 x 128 tile
 //   scale in both BLK128x128 layouts: the input gradient reads w's codes (K = OUT), the
 //   forward w^T's (K = IN; Hopper's FP8 MMA is TN-only, so the forward needs them transposed).
@@ -172,7 +175,11 @@ __device__ __forceinline__ void fp8_column8(const uint4 raw[8], int k, float v[8
 //   codes (rows, cols) row stride cols in 1 x 128 blocks, scales [ceil(cols / 128)][rows]
 //     (the forward's and the input gradient's left operand: VEC128, outer R);
 //   codes_t (cols, rows) row stride rows, x^T's codes, in 128 x 1 blocks of x, scales_t
-//     [ceil(rows / 128)][cols] (the weight gradient's operands: VEC128, outer S).
+//     [ceil(rows / 128)][cols] (the weight gradient's dout operand: VEC128, outer S), or with
+//     col_tiles one scale a 128 x 128 tile, scales_t [ceil(cols / 128)][round_up(ceil(rows /
+//     128), 4)] (its input operand: BLK128x128, which cuBLASLt multiplies with VEC128 at
+//     1.24-1.29x the speed of VEC128 on both sides at Llama 3.2 1B's shapes, and 2.2x at
+//     gpt350m's c_attn: scripts/fp8bench/gemm_modes.cu).
 // A null codes pointer skips that orientation. A CTA of 256 threads a 128 x 128 tile; grid
 // (ceil(cols / 128), ceil(rows / 128)). Thread t holds 8 consecutive rows ((t / 16) * 8 on) of
 // the 8 columns (t % 16) * 8 on, loaded in 16-byte vectors and kept in registers: a row's 16
@@ -191,9 +198,11 @@ __device__ __forceinline__ void fp8_quantize_tile(const uint4 raw[8], int tile_r
                                                   float* __restrict__ scales_t, int rows,
                                                   int cols, int ld,
                                                   u32* __restrict__ col_reduce = nullptr,
-                                                  const u32* __restrict__ col_given = nullptr) {
+                                                  const u32* __restrict__ col_given = nullptr,
+                                                  bool col_tiles = false) {
     __shared__ __align__(16) u32 warp_cols[8][64];  // each warp's column maxima, 2 a word
     __shared__ __align__(16) float col_mult[128];   // NaN: the column's block is not finite
+    __shared__ u32 tile_max[4];                     // col_tiles: 32 columns' maxima each
     const int t = threadIdx.x, lane = t & 31;
     const int c = tile_col * 128 + (t & 15) * 8;
     const int rb = tile_row * 128 + (t >> 4) * 8;  // this thread's first row
@@ -259,10 +268,32 @@ __device__ __forceinline__ void fp8_quantize_tile(const uint4 raw[8], int tile_r
             const u32 m = (t & 1) ? (w & 0xffff0000u) : (w << 16);
             const int col = tile_col * 128 + t;
             if (col_reduce != nullptr && col < cols && m != 0) atomicMax(col_reduce + col, m);
-            if (codes_t != nullptr) {
+            if (codes_t != nullptr && !col_tiles) {
                 const Fp8Scale s = fp8_scale(m);
                 if (col < cols) scales_t[(i64)tile_row * ld + col] = s.scale;
                 col_mult[t] = m >= FP8_NON_FINITE ? __uint_as_float(0x7fc00000u) : s.mult;
+            }
+            if (codes_t != nullptr && col_tiles) {
+                u32 w = m;
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) w = fp8_umax(w, __shfl_xor_sync(0xffffffffu, w, o));
+                if (lane == 0) tile_max[t >> 5] = w;
+            }
+        }
+        if (codes_t != nullptr && col_tiles) {
+            // One scale the whole 128 x 128 tile (x^T's BLK128x128: the tile is x^T's tile
+            // (tile_col, tile_row), its scale at [tile_col][round_up(ceil(rows / 128), 4)]; the
+            // last tile row's CTAs write the padding of their scale row, zeros).
+            __syncthreads();
+            if (t < 128) {
+                const u32 m = fp8_umax(fp8_umax(tile_max[0], tile_max[1]),
+                                       fp8_umax(tile_max[2], tile_max[3]));
+                const Fp8Scale s = fp8_scale(m);
+                col_mult[t] = m >= FP8_NON_FINITE ? __uint_as_float(0x7fc00000u) : s.mult;
+                const int nrb = (rows + 127) / 128, ldt = (nrb + 3) & ~3;
+                float* row = scales_t + (i64)tile_col * ldt;
+                if (t == 0) row[tile_row] = s.scale;
+                if (tile_row == nrb - 1 && t >= 1 && nrb + t - 1 < ldt) row[nrb + t - 1] = 0.0f;
             }
         }
     }
@@ -325,7 +356,7 @@ __device__ __forceinline__ void fp8_tile_column_sums(const uint4 raw[8], float* 
 // (rows, cols) matrix it quantises (called only inside it; zeros stand outside), and the tile
 // goes through fp8_quantize_tile. The producers below are this with their load.
 // Where partials is given, the tile's column sums go there too (fp8_tile_column_sums);
-// col_reduce and col_given as fp8_quantize_tile takes them.
+// col_reduce, col_given and col_tiles as fp8_quantize_tile takes them.
 template <class Load>
 __device__ __forceinline__ void fp8_quantize_loaded(Load load, u8* __restrict__ codes,
                                                     float* __restrict__ scales,
@@ -333,7 +364,8 @@ __device__ __forceinline__ void fp8_quantize_loaded(Load load, u8* __restrict__ 
                                                     float* __restrict__ scales_t, int rows,
                                                     int cols, float* __restrict__ partials = nullptr,
                                                     u32* __restrict__ col_reduce = nullptr,
-                                                    const u32* __restrict__ col_given = nullptr) {
+                                                    const u32* __restrict__ col_given = nullptr,
+                                                    bool col_tiles = false) {
     const int rb = fp8_first_row(), c = fp8_vector_col();
     uint4 raw[8];
 #pragma unroll
@@ -341,22 +373,25 @@ __device__ __forceinline__ void fp8_quantize_loaded(Load load, u8* __restrict__ 
         raw[i] = rb + i < rows && c < cols ? load(rb + i, c) : make_uint4(0, 0, 0, 0);
     if (partials != nullptr) fp8_tile_column_sums(raw, partials, blockIdx.y, blockIdx.x, cols);
     fp8_quantize_tile(raw, blockIdx.y, blockIdx.x, codes, scales, codes_t, scales_t, rows, cols,
-                      cols, col_reduce, col_given);
+                      cols, col_reduce, col_given, col_tiles);
 }
 
 // partials (may be null): each tile's column sums of x, (ceil(rows / 128), cols) f32 (a
 // layer's bias gradient, when x is its dout). col_reduce (may be null): the columns' absmax
 // bits atomicMax'ed in (cols u32, zeroed by the caller; with both codes null this is the pass
 // that reduces them). col_given (may be null): x^T's codes with one scale a whole column
-// (OUTER_VEC, scales_t [cols]) from these absmax bits instead of 128 x 1 blocks.
+// (OUTER_VEC, scales_t [cols]) from these absmax bits instead of 128 x 1 blocks. col_tiles
+// (nonzero): x^T's codes with one scale a 128 x 128 tile instead (BLK128x128, scales_t
+// [ceil(cols / 128)][round_up(ceil(rows / 128), 4)]): a weight gradient's input operand.
 extern "C" __global__ void __launch_bounds__(256)
 fp8_quantize_act(const bf16* __restrict__ x, i64 ldx, u8* __restrict__ codes,
                  float* __restrict__ scales, u8* __restrict__ codes_t,
                  float* __restrict__ scales_t, int rows, int cols, float* __restrict__ partials,
-                 u32* __restrict__ col_reduce, const u32* __restrict__ col_given) {
+                 u32* __restrict__ col_reduce, const u32* __restrict__ col_given, int col_tiles) {
     fp8_quantize_loaded(
         [=](int r, int c) { return *reinterpret_cast<const uint4*>(x + (i64)r * ldx + c); },
-        codes, scales, codes_t, scales_t, rows, cols, partials, col_reduce, col_given);
+        codes, scales, codes_t, scales_t, rows, cols, partials, col_reduce, col_given,
+        col_tiles != 0);
 }
 
 // act = silu(gate) * up of row r, columns c to c + 7, of the packed gu (rows, 2F), as the bf16
@@ -460,8 +495,8 @@ fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__
 
 // GELU after an FP8 layer (gelu_forward's arithmetic, gelu.cuh): g = gelu(h) of the layer's
 // output h (rows, cols) bf16 (its bias added in the GEMM's epilogue), quantised as
-// fp8_quantize_act quantises it: the next projection's input in both blockings (codes null: the
-// column blocks alone), without g in bf16 (gelu_forward's write of g and the quantiser's read
+// fp8_quantize_act quantises it with col_tiles: the next projection's input, its 1 x 128 blocks
+// and x^T's 128 x 128 tiles (codes null: the tiles alone), without g in bf16 (gelu_forward's write of g and the quantiser's read
 // of it, 4 bytes an element, gone). cols % 8 == 0, h 16-byte aligned. Grid (ceil(cols / 128),
 // ceil(rows / 128)).
 extern "C" __global__ void __launch_bounds__(256)
@@ -476,7 +511,7 @@ fp8_quantize_gelu(const bf16* __restrict__ h, u8* __restrict__ codes, float* __r
             for (int k = 0; k < 8; k++) v[k] = gelu_f(v[k], a, s);
             return pack8(v);
         },
-        codes, scales, codes_t, scales_t, rows, cols);
+        codes, scales, codes_t, scales_t, rows, cols, nullptr, nullptr, nullptr, true);
 }
 
 // GELU's backward into the FP8 layer before it (gelu_backward_bias_grad_partial's arithmetic,
@@ -505,8 +540,8 @@ fp8_quantize_gelu_grad(const bf16* __restrict__ dg, const bf16* __restrict__ h,
 
 // RMSNorm's output n = bf16(bf16(h * rstd) * w) (rmsnorm.cuh: the bits rmsnorm_forward writes)
 // of h (rows, cols) bf16 with each row's rstd (f32) and the norm's weight w (cols) bf16,
-// quantised as fp8_quantize_act quantises n: the input of the projections after the norm in
-// both blockings, without n in bf16 (the norm's write of n and the quantiser's read of it, 4
+// quantised as fp8_quantize_act quantises n with col_tiles: the input of the projections after
+// the norm, its 1 x 128 blocks and x^T's 128 x 128 tiles, without n in bf16 (the norm's write of n and the quantiser's read of it, 4
 // bytes an element, gone; the norm still reads its input for the statistics, and this kernel
 // reads it again). cols % 8 == 0, h and w 16-byte aligned. Grid (ceil(cols / 128),
 // ceil(rows / 128)).
@@ -519,13 +554,13 @@ fp8_quantize_rmsnorm(const bf16* __restrict__ h, const float* __restrict__ rstd,
     const uint4 wv = col < cols ? ld16(w + col) : make_uint4(0, 0, 0, 0);
     fp8_quantize_loaded(
         [=](int r, int c) { return rms_out8(ld16(h + (i64)r * cols + c), wv, rstd[r]); },
-        codes, scales, codes_t, scales_t, rows, cols);
+        codes, scales, codes_t, scales_t, rows, cols, nullptr, nullptr, nullptr, true);
 }
 
 // LayerNorm's output n = (x - mean) * rstd * w + b (layernorm.cuh: the bits layernorm_forward
 // writes) of x (rows, cols) bf16 with each row's mean and rstd (f32) and the norm's weight and
-// bias (cols) bf16, quantised as fp8_quantize_act quantises n: GPT-2's projections' input
-// after a norm in both blockings, without n in bf16. cols % 8 == 0, x, w and b 16-byte aligned.
+// bias (cols) bf16, quantised as fp8_quantize_act quantises n with col_tiles: GPT-2's
+// projections' input after a norm, without n in bf16. cols % 8 == 0, x, w and b 16-byte aligned.
 // Grid (ceil(cols / 128), ceil(rows / 128)).
 extern "C" __global__ void __launch_bounds__(256)
 fp8_quantize_layernorm(const bf16* __restrict__ x, const float* __restrict__ mean,
@@ -540,7 +575,7 @@ fp8_quantize_layernorm(const bf16* __restrict__ x, const float* __restrict__ mea
         [=](int r, int c) {
             return ln_out8(ld16(x + (i64)r * cols + c), wv, bv, mean[r], rstd[r]);
         },
-        codes, scales, codes_t, scales_t, rows, cols);
+        codes, scales, codes_t, scales_t, rows, cols, nullptr, nullptr, nullptr, true);
 }
 
 // The transpose of a 128 x 128 tile of codes q (shared memory, the tile at (r0, c0) of a

@@ -126,24 +126,50 @@ fn each_operand_is_scaled_along_what_its_gemm_contracts() {
     for (i, (g, e)) in rows(&dx).iter().zip(rows(&want)).enumerate() {
         assert!(rel_err(g, &e) < 0.07, "input gradient row {i}");
     }
-    // The weight gradient contracts over positions: x and dout each take one scale down a
-    // column, so columns of 1e4 and 1e-4 both keep their precision (a scale a row would flush
-    // the small column).
-    let xt = scaled_rows(&mags, 6).t().unwrap().contiguous().unwrap(); // (6, 4): columns differ
-    let dt = scaled_rows(&[1.0, 1e-3, 1.0], 6)
+    // The weight gradient contracts over positions. dout takes one scale down 128 positions
+    // of a column, so its columns of 1e4 and 1e-4 both keep their precision (a scale a row
+    // would flush the small column).
+    let xt = scaled_rows(&[1.0, 2.0, 1.0, 0.5], 6)
         .t()
         .unwrap()
         .contiguous()
-        .unwrap(); // (6, 3)
+        .unwrap(); // (6, 4)
+    let dt = scaled_rows(&[1e4, 1e-4, 1e4], 6)
+        .t()
+        .unwrap()
+        .contiguous()
+        .unwrap(); // (6, 3): columns differ
     let wg = Tensor::zeros((4, 3), DType::F32, &Device::Cpu).unwrap();
     let (_, dw, _) = fp8_linear_backward(&dt, &xt, &wg, false).unwrap();
     let want = xt.t().unwrap().matmul(&dt).unwrap();
-    for (i, (g, e)) in rows(&dw).iter().zip(rows(&want)).enumerate() {
+    let (got, want) = (rows(&dw.t().unwrap()), rows(&want.t().unwrap()));
+    for (j, (g, e)) in got.iter().zip(want).enumerate() {
         assert!(
             rel_err(g, &e) < 0.07,
-            "weight gradient row {i}: {g:?} vs {e:?}"
+            "weight gradient column {j}: {g:?} vs {e:?}"
         );
     }
+    // x takes one scale a 128 x 128 tile (INPUT_TILE: positions by channels), so channels 1e8
+    // apart in one tile lose the small one, as a weight's tiles do; 128 x 1 blocks keep it.
+    let xt = scaled_rows(&mags, 6).t().unwrap().contiguous().unwrap(); // (6, 4): channels differ
+    let dt = scaled_rows(&[1.0, 1.0, 1.0], 6)
+        .t()
+        .unwrap()
+        .contiguous()
+        .unwrap();
+    let (_, dw, _) = fp8_linear_backward(&dt, &xt, &wg, false).unwrap();
+    assert!(
+        rows(&dw)[1].iter().all(|&v| v == 0.0),
+        "x's small channel flushed"
+    );
+    assert!(
+        rel_err(
+            &rows(&dw)[0],
+            &rows(&xt.t().unwrap().matmul(&dt).unwrap())[0]
+        ) < 0.07
+    );
+    let kept = rows(&fp8_round(&xt, COL_BLOCK).unwrap().t().unwrap());
+    assert!((kept[1][0] - rows(&xt.t().unwrap())[1][0]).abs() < 1e-4 / 16.0);
     // A weight takes one scale a 128 x 128 tile: with 1e4 at (0, 0) and 1e-4 elsewhere, the
     // small entries of its tile go to zero while the tile of (128, 128) keeps its own; a scale
     // a row would keep row 1.

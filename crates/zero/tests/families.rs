@@ -432,10 +432,12 @@ fn fp8_qwz_gathers_the_codes_fp8_compute_multiplies() {
             ..qwz.clone()
         };
         assert_eq!(train_in(fp8, &cfg, hpz, 8, 4, 3).0, coded, "{name}: hpZ");
-        // The embedding and the final norm's INT8 codes move these tiny models' losses (0.8
-        // after 3 steps at lr 1e-2) by up to 2.4% here.
+        // The embedding and the final norm's INT8 codes move these tiny models' losses by up
+        // to 5.3% here: the third step of the wide Llama, whose loss falls from 2.7 to 1.1 in
+        // three steps at lr 1e-2 (2.4% while the layers' inputs took 128 x 1 blocks in the
+        // weight gradients; a 128 x 128 tile is the whole of such a small input).
         for (a, b) in losses.iter().zip(&plain_losses) {
-            assert!((a - b).abs() < 0.05 * b, "{name}: FP8 qwZ {a} vs {b}");
+            assert!((a - b).abs() < 0.08 * b, "{name}: FP8 qwZ {a} vs {b}");
         }
     }
 }

@@ -19,11 +19,12 @@
 //! quantised once, when the optimizer writes it, and gathered as FP8 by qwZ straight into the
 //! GEMMs (docs/kernels.md, "FP8"). Activations and gradients take one scale per 128 elements
 //! along the dimension the GEMM contracts: `1 x 128` for the left operand of the forward and
-//! of the input gradient ([`ROW_BLOCK`]), `128 x 1` (128 positions of a column) for both
-//! operands of the weight gradient ([`COL_BLOCK`]), or a whole column for both operands of the
-//! down projection's ([`whole_columns`], `swiglu_mlp_backward_of`); cuBLASLt takes these on
-//! Hopper as `VEC128_32F`, `BLK128x128_32F` and `OUTER_VEC_32F` scales. Tiles at a matrix's
-//! edge are shorter.
+//! of the input gradient ([`ROW_BLOCK`]); in the weight gradient `128 x 1` (128 positions of a
+//! column) for `dout` ([`COL_BLOCK`]) and `128 x 128` tiles for the layer's input
+//! ([`INPUT_TILE`]), or a whole column for both operands of the down projection's
+//! ([`whole_columns`], `swiglu_mlp_backward_of`); cuBLASLt takes these on Hopper as
+//! `VEC128_32F`, `BLK128x128_32F` and `OUTER_VEC_32F` scales. Tiles at a matrix's edge are
+//! shorter.
 //!
 //! Each quantisation is [`quant::quantize_fp8_e4m3_tiles`] (torchao's dynamic scaling, amax of
 //! the block, saturating round to nearest even): its error is within [`quant::fp8_e4m3_bound`]
@@ -43,8 +44,28 @@ pub const WEIGHT_TILE: Tile = Tile {
 };
 /// The scale block of a GEMM's left operand contracted along its rows: `1 x 128`.
 pub const ROW_BLOCK: Tile = Tile { rows: 1, cols: 128 };
-/// The scale block of an operand contracted along its columns (the weight gradient's): `128 x 1`.
+/// The scale block of a weight gradient's `dout`, contracted along its columns: `128 x 1`.
 pub const COL_BLOCK: Tile = Tile { rows: 128, cols: 1 };
+/// The scale block of a weight gradient's other operand, the layer's input `x (N, IN)`: one
+/// scale a `128 x 128` tile of 128 tokens by 128 channels. On Hopper cuBLASLt multiplies it with
+/// `dout`'s [`COL_BLOCK`]s at 1.24-1.29x the speed of `128 x 1` blocks on both sides at Llama
+/// 3.2 1B's shapes and 2.2x at gpt350m's c_attn (docs/kernels.md, "FP8"); the tile goes to the
+/// input, not the gradient, whose token-correlated outliers made block-wise gradients diverge
+/// in DeepSeek-V3's trials.
+pub const INPUT_TILE: Tile = Tile {
+    rows: 128,
+    cols: 128,
+};
+
+/// The scale block of `dout (N, OUT)`'s columns in a weight gradient whose input was
+/// quantised in `x_tile`s: whole columns beside whole columns (cuBLASLt takes row-wise scales
+/// on both operands only), else [`COL_BLOCK`].
+pub fn dout_cols_tile(x_tile: Tile, n: usize) -> Tile {
+    match x_tile == whole_columns(n) {
+        true => x_tile,
+        false => COL_BLOCK,
+    }
+}
 
 /// The scale block of a weight gradient's operand `(n, _)` scaled a whole column at a time (one
 /// scale a row of the transpose: torchao's row-wise, cuBLASLt's `OUTER_VEC_32F`), which the
@@ -159,13 +180,13 @@ fn fp8_error(e: quant::QuantError) -> ModelError {
     ModelError::Candle(candle_core::Error::Msg(format!("FP8: {e}")))
 }
 
-/// What an FP8 linear layer's backward reads of its input `x (N, IN)`: `x` in [`COL_BLOCK`]s
+/// What an FP8 linear layer's backward reads of its input `x (N, IN)`: `x` in [`INPUT_TILE`]s
 /// (or [`whole_columns`], SwiGLU's output), the weight gradient's operand, made in the
 /// forward's one read of `x` ([`cols_forward_saving_of`]). A block keeps it in place of `x`
 /// where the weight gradient is all its backward reads `x` for: on the GPU 1 byte an element
-/// (and a scale a 128) instead of 2, and no pass over `x` in the backward. The numbers are
+/// (and a scale a tile) instead of 2, and no pass over `x` in the backward. The numbers are
 /// those the backward would make from `x`, bit for bit. The weight gradient scales dout's
-/// columns as `x`'s were kept (cuBLASLt takes both operands in one mode).
+/// columns as [`dout_cols_tile`] says for the tile `x` was kept in.
 #[derive(Clone, Debug)]
 pub struct Fp8Input {
     /// `x`'s dtype (the backward's outputs are in it) and `(N, IN)`.
@@ -176,10 +197,10 @@ pub struct Fp8Input {
 
 #[derive(Clone, Debug)]
 enum Fp8Cols {
-    /// The CPU reference: `fp8_round(x, tile)`, f32 `(N, IN)`, `tile` [`COL_BLOCK`] or
+    /// The CPU reference: `fp8_round(x, tile)`, f32 `(N, IN)`, `tile` [`INPUT_TILE`] or
     /// [`whole_columns`]`(N)`.
     Values { x: Tensor, tile: Tile },
-    /// `x^T`'s codes `(IN, N)` and their scales: 128 x 1 blocks (`cuda::quantize_cols_t`'s)
+    /// `x^T`'s codes `(IN, N)` and their scales: 128 x 128 tiles (`cuda::quantize_input_cols`'s)
     /// or whole columns (`cuda::quantize_cols_whole`'s).
     #[cfg(feature = "cuda")]
     Codes(cuda::Operand),
@@ -215,8 +236,8 @@ pub fn fp8_matmul_forward(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 }
 
 /// Gradients of [`fp8_matmul_forward`], as f32: `dx (N, IN) = dout @ w^T` (dout in `1 x 128`
-/// blocks along OUT, `w` in the forward's tiles) and `dw (IN, OUT) = x^T @ dout` (both in
-/// `128 x 1` blocks along N). Quantisation passes the gradient straight through: these are the
+/// blocks along OUT, `w` in the forward's tiles) and `dw (IN, OUT) = x^T @ dout` (`x` in
+/// [`INPUT_TILE`]s, `dout` in `128 x 1` blocks along N). Quantisation passes the gradient straight through: these are the
 /// gradients of the product of the quantised operands.
 pub fn fp8_matmul_backward(dout: &Tensor, x: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {
     rounded_matmul_backward(dout, x, &fp8_round(w, WEIGHT_TILE)?)
@@ -226,7 +247,7 @@ pub fn fp8_matmul_backward(dout: &Tensor, x: &Tensor, w: &Tensor) -> Result<(Ten
 fn rounded_matmul_backward(dout: &Tensor, x: &Tensor, wq: &Tensor) -> Result<(Tensor, Tensor)> {
     let dq = fp8_round(dout, ROW_BLOCK)?;
     let dx = dq.matmul(&wq.t()?)?;
-    let xc = fp8_round(x, COL_BLOCK)?;
+    let xc = fp8_round(x, INPUT_TILE)?;
     let dc = fp8_round(dout, COL_BLOCK)?;
     let dw = xc.t()?.matmul(&dc)?;
     Ok((dx, dw))
@@ -277,7 +298,7 @@ pub(crate) fn linear_forward_saving_of(
         }
     }
     let y = rounded_linear_forward(x, &w.fp8_values()?, Some(bias), residual)?;
-    let cols = Fp8Cols::values(x, COL_BLOCK)?;
+    let cols = Fp8Cols::values(x, INPUT_TILE)?;
     Ok((y, Fp8Input { dtype, dims, cols }))
 }
 
@@ -300,7 +321,7 @@ pub(crate) fn linear_gelu_forward_saving_of(
     }
     let h = rounded_linear_forward(x, &w.fp8_values()?, Some(b), None)?;
     let g = super::gelu_forward(&h)?;
-    let cols = Fp8Cols::values(x, COL_BLOCK)?;
+    let cols = Fp8Cols::values(x, INPUT_TILE)?;
     Ok((h, g, Fp8Input { dtype, dims, cols }))
 }
 
@@ -425,7 +446,7 @@ pub(crate) fn cols_forward_saving_of(
         }
     }
     let y = cols_forward_of(x, ws, bias, residual)?;
-    let cols = Fp8Cols::values(x, COL_BLOCK)?;
+    let cols = Fp8Cols::values(x, INPUT_TILE)?;
     Ok((y, Fp8Input { dtype, dims, cols }))
 }
 
@@ -439,7 +460,7 @@ pub(crate) fn saved_input_of(x: &Tensor) -> Result<Fp8Input> {
             return Ok(Fp8Input { dtype, dims, cols });
         }
     }
-    let cols = Fp8Cols::values(x, COL_BLOCK)?;
+    let cols = Fp8Cols::values(x, INPUT_TILE)?;
     Ok(Fp8Input { dtype, dims, cols })
 }
 
@@ -492,7 +513,7 @@ pub(crate) fn cols_backward_of(
         }
     }
     let _ = into; // only the GPU's GEMMs write into slots
-    rounded_cols_backward(dout, &fp8_round(x, COL_BLOCK)?, COL_BLOCK, x.dtype(), ws)
+    rounded_cols_backward(dout, &fp8_round(x, INPUT_TILE)?, INPUT_TILE, x.dtype(), ws)
 }
 
 /// [`cols_backward_of`] from what [`cols_forward_saving_of`] kept of `x`: the same gradients,
@@ -545,8 +566,8 @@ pub(crate) fn backward_saved_with_bias_of(
 }
 
 /// The reference of the packed backward from `xc = fp8_round(x, tile)`: each term
-/// fp8_matmul_backward's arithmetic (dout's columns in the same `tile`s as `x`'s), the outputs
-/// in `dt`.
+/// fp8_matmul_backward's arithmetic (dout's columns in [`dout_cols_tile`] of `tile`), the
+/// outputs in `dt`.
 fn rounded_cols_backward(
     dout: &Tensor,
     xc: &Tensor,
@@ -560,7 +581,9 @@ fn rounded_cols_backward(
         .collect::<Result<Vec<_>>>()?;
     super::projection::cols_backward_each(dout, &wqs, |d, wq| {
         let dx = fp8_round(d, ROW_BLOCK)?.matmul(&wq.t()?)?;
-        let dw = xc.t()?.matmul(&fp8_round(d, tile)?)?;
+        let dw = xc
+            .t()?
+            .matmul(&fp8_round(d, dout_cols_tile(tile, d.dim(0)?))?)?;
         Ok((dx.to_dtype(dt)?, dw.to_dtype(dt)?))
     })
 }

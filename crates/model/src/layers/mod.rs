@@ -45,9 +45,9 @@ pub use embedding::{embedding_backward, embedding_forward, TokenIndex};
 #[cfg(feature = "cuda")]
 pub use fp8_linear::cuda as fp8_gpu;
 pub use fp8_linear::{
-    fp8_linear_backward, fp8_linear_cols_backward, fp8_linear_cols_forward, fp8_linear_forward,
-    fp8_matmul_backward, fp8_matmul_forward, fp8_round, whole_columns, Fp8Input, Fp8Weight,
-    COL_BLOCK, GPU_MULTIPLE, ROW_BLOCK, WEIGHT_TILE,
+    dout_cols_tile, fp8_linear_backward, fp8_linear_cols_backward, fp8_linear_cols_forward,
+    fp8_linear_forward, fp8_matmul_backward, fp8_matmul_forward, fp8_round, whole_columns,
+    Fp8Input, Fp8Weight, COL_BLOCK, GPU_MULTIPLE, INPUT_TILE, ROW_BLOCK, WEIGHT_TILE,
 };
 pub use gelu::{gelu_backward, gelu_forward};
 #[cfg(feature = "cuda")]

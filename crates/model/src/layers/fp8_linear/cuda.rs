@@ -6,7 +6,8 @@
 //! - input gradient `dx^T (IN, N)`: A = w's codes `(IN, OUT)` (tiles, K = OUT), B = dout's
 //!   codes `(N, OUT)` (1 x 128);
 //! - weight gradient `dw^T (OUT, IN)`, i.e. `dw (IN, OUT)` row-major: A = dout^T's codes
-//!   `(OUT, N)`, B = x^T's codes `(IN, N)`, both 128 x 1 blocks of the originals (K = N).
+//!   `(OUT, N)` in 128 x 1 blocks of dout, B = x^T's codes `(IN, N)` in 128 x 128 tiles (K =
+//!   N), or both with one scale a whole column (the down projection's).
 //!
 //! Everything is queued on the tensors' stream; the codes live until the GEMMs that read
 //! them have been queued (stream order keeps them valid until those have run).
@@ -152,8 +153,12 @@ pub(super) fn aligned(t: Tensor) -> Result<Tensor> {
 enum Columns<'a> {
     /// Nothing.
     None,
-    /// The codes of the transpose in 128 x 1 blocks of the matrix (VEC128).
+    /// The codes of the transpose in 128 x 1 blocks of the matrix (VEC128): a weight
+    /// gradient's dout.
     Blocks,
+    /// The codes of the transpose with one scale a 128 x 128 tile (BLK128x128): a weight
+    /// gradient's input.
+    Tiles,
     /// The codes of the transpose with one scale a whole column (OUTER_VEC), from the columns'
     /// absmax bits given (`(cols)` u32, as [`column_absmax`] reduces them).
     Whole(&'a Tensor),
@@ -164,8 +169,8 @@ enum Columns<'a> {
 /// The `cols` columns from `col` of the row-major bf16 `x (R, ld)`, read once and quantised
 /// (`fp8_quantize_act`) in 1 x 128 blocks along the columns where `rows_blocks` (codes
 /// `(R, cols)`, scales `[ceil(cols / 128)][R]`) and as `columns` says: the codes of the
-/// transpose, `(cols, R)`, with scales `[ceil(R / 128)][cols]` (128 x 1 blocks) or `[cols]`
-/// (whole columns).
+/// transpose, `(cols, R)`, with scales `[ceil(R / 128)][cols]` (128 x 1 blocks), `[ceil(cols /
+/// 128)][round_up(ceil(R / 128), 4)]` (128 x 128 tiles) or `[cols]` (whole columns).
 fn quantize_view(
     x: &Tensor,
     col: usize,
@@ -222,6 +227,14 @@ fn quantize_view_summing(
             0,
             0,
         ),
+        Columns::Tiles => {
+            let scales = [
+                cols.div_ceil(BLOCK),
+                rows.div_ceil(BLOCK).next_multiple_of(4),
+            ];
+            let out = fresh(true, (cols, rows), &scales)?;
+            (out, ScaleMode::Blk128x128, 0, 0)
+        }
         Columns::Whole(absmax) => {
             assert_eq!(absmax.dims(), [cols], "a column's absmax each");
             let out = fresh(true, (cols, rows), &[cols])?;
@@ -251,12 +264,14 @@ fn quantize_view_summing(
         }
         None => 0,
     };
+    let tiles = matches!(columns, Columns::Tiles) as i32;
     let cfg = tile_grid(cols.div_ceil(BLOCK), rows.div_ceil(BLOCK));
     let func = kernel(&dev, "fp8_quantize_act")?;
     // SAFETY: x addresses rows x ld bf16 (this view: cols from col, its first element and ld
     // on 16 bytes, as checked above); each output fresh and written once by the kernel, a
     // null one never touched (partials, where given, (ceil(rows / 128), cols) f32, and the
-    // absmax `(cols)` u32, asserted above); arguments in kernel order.
+    // absmax `(cols)` u32, asserted above; the tiles' scales with their padding, which the
+    // last tile row writes); arguments in kernel order.
     unsafe {
         func.launch(
             cfg,
@@ -272,6 +287,7 @@ fn quantize_view_summing(
                 &pp,
                 &reduce,
                 &given,
+                &tiles,
             ],
         )?;
     }
@@ -328,6 +344,24 @@ pub fn quantize_rows(x: &Tensor) -> Result<Operand> {
 pub fn quantize_cols_t(x: &Tensor) -> Result<Operand> {
     let (_, q) = quantize_view(x, 0, x.dim(1)?, false, Columns::Blocks)?;
     Ok(q.expect("asked for the column blocks"))
+}
+
+/// A linear layer's input `x (N, IN)` as its weight gradient reads it: the codes of `x^T`,
+/// `(IN, N)`, one scale a 128 x 128 tile (`[ceil(IN / 128)][round_up(ceil(N / 128), 4)]`,
+/// BLK128x128).
+pub fn quantize_input_cols(x: &Tensor) -> Result<Operand> {
+    let (_, q) = quantize_view(x, 0, x.dim(1)?, false, Columns::Tiles)?;
+    Ok(q.expect("asked for the column tiles"))
+}
+
+/// A linear layer's input `x (N, IN)` in one read as both its GEMMs read it: 1 x 128 blocks
+/// (the forward, as [`quantize_rows`]) and [`quantize_input_cols`]'s tiles (the weight
+/// gradient).
+pub fn quantize_input(x: &Tensor) -> Result<(Operand, Operand)> {
+    match quantize_view(x, 0, x.dim(1)?, true, Columns::Tiles)? {
+        (Some(rows), Some(cols)) => Ok((rows, cols)),
+        _ => unreachable!("asked for both orientations"),
+    }
 }
 
 /// The `cols` columns from `col` of `x (R, ld)` both ways in one read: [`quantize_rows`] and
@@ -405,9 +439,9 @@ pub fn cols_forward(
     Ok(forward(x, ws, bias, residual, false)?.map(|(y, _)| y))
 }
 
-/// [`cols_forward`], also quantising `x` in 128 x 1 blocks in the same read: the weight
-/// gradient's operand ([`quantize_cols_t`]'s codes and scales), which the backward then takes
-/// in place of `x` ([`cols_backward_from`]).
+/// [`cols_forward`], also quantising `x` in 128 x 128 tiles in the same read: the weight
+/// gradient's operand ([`quantize_input_cols`]'s codes and scales), which the backward then
+/// takes in place of `x` ([`cols_backward_from`]).
 pub fn cols_forward_saving(
     x: &Tensor,
     ws: &[LinearWeight],
@@ -415,7 +449,7 @@ pub fn cols_forward_saving(
     residual: Option<&Tensor>,
 ) -> Result<Option<(Tensor, Operand)>> {
     Ok(forward(x, ws, bias, residual, true)?
-        .map(|(y, xt)| (y, xt.expect("asked for x's column blocks"))))
+        .map(|(y, xt)| (y, xt.expect("asked for x's column tiles"))))
 }
 
 fn forward(
@@ -433,7 +467,7 @@ fn forward(
     };
     let (xq, xt) = match saving {
         true => {
-            let (xq, xt) = quantize_both(x, 0, inp)?;
+            let (xq, xt) = quantize_input(x)?;
             (xq, Some(xt))
         }
         false => (quantize_rows(x)?, None),
@@ -515,14 +549,14 @@ pub fn cols_backward(
     let Some((n, inp, _)) = packed_shape(x, ws, Some(dout)) else {
         return Ok(None);
     };
-    cols_backward_from(dout, &quantize_cols_t(x)?, (n, inp), ws, into)
+    cols_backward_from(dout, &quantize_input_cols(x)?, (n, inp), ws, into)
 }
 
-/// `x`'s 128 x 1 blocks as [`cols_forward_saving`] keeps them, without the product; `None`
+/// `x`'s 128 x 128 tiles as [`cols_forward_saving`] keeps them, without the product; `None`
 /// where `x` is no FP8 operand.
 pub fn cols_of(x: &Tensor) -> Result<Option<Operand>> {
     match is_operand(x) {
-        true => Ok(Some(quantize_cols_t(x)?)),
+        true => Ok(Some(quantize_input_cols(x)?)),
         false => Ok(None),
     }
 }
@@ -533,8 +567,8 @@ pub fn is_operand(x: &Tensor) -> bool {
     takes(x)
 }
 
-/// [`cols_backward`] from `x`'s 128 x 1 blocks as the forward kept them (`xt`, for an input
-/// `(N, IN)`): the same gradients, bit for bit.
+/// [`cols_backward`] from `x^T`'s codes as the forward kept them (`xt`, for an input `(N,
+/// IN)`: 128 x 128 tiles, or whole columns): the same gradients, bit for bit.
 pub fn cols_backward_from(
     dout: &Tensor,
     xt: &Operand,
@@ -545,8 +579,8 @@ pub fn cols_backward_from(
     if packed_fits((n, inp), ws, Some(dout)).is_none() || xt.codes.dims() != [inp, n] {
         return Ok(None);
     }
-    // The weight gradient's operands share their scale mode: dout's columns as x's were kept.
-    let douts = |off, out| match xt.mode {
+    // dout's columns as the weight gradient multiplies them with x's (dout_cols_mode).
+    let douts = |off, out| match dout_cols_mode(xt.mode) {
         ScaleMode::Outer => quantize_whole_both(dout, off, out),
         _ => quantize_both(dout, off, out),
     };
@@ -566,7 +600,7 @@ pub fn cols_backward_from_with_bias(
     let ws = std::slice::from_ref(w);
     let fits = packed_fits((n, inp), ws, Some(dout)).is_some()
         && xt.codes.dims() == [inp, n]
-        && xt.mode == ScaleMode::Vec128;
+        && dout_cols_mode(xt.mode) == ScaleMode::Vec128;
     if !fits {
         return Ok(None);
     }
@@ -607,7 +641,7 @@ pub fn cols_backward_quantised(
         && douts.iter().zip(ws).all(|((r, c), w)| {
             r.codes.dims() == [n, out_of(w)]
                 && c.codes.dims() == [out_of(w), n]
-                && c.mode == xt.mode
+                && c.mode == dout_cols_mode(xt.mode)
         });
     if !fits {
         return Ok(None);
@@ -652,9 +686,21 @@ fn backward_gemms(
     Ok((dx, dws))
 }
 
+/// The scale mode of `dout^T`'s codes that a weight gradient multiplies with `x^T`'s in
+/// `x_mode`: 128 x 1 blocks beside `x^T`'s 128 x 128 tiles (cuBLASLt takes no two tiled
+/// operands; a gradient in tiles diverged in DeepSeek-V3's trials, so the tiles go to the
+/// input), whole columns beside whole columns (cuBLASLt takes OUTER_VEC only on both sides).
+pub fn dout_cols_mode(x_mode: ScaleMode) -> ScaleMode {
+    match x_mode {
+        ScaleMode::Outer => ScaleMode::Outer,
+        ScaleMode::Blk128x128 | ScaleMode::Vec128 => ScaleMode::Vec128,
+    }
+}
+
 /// The weight gradient `dw = x^T @ dout (IN, OUT)` from the codes of `dout^T` (`dt`, `(OUT,
-/// N)`) and of `x^T` (`xt`, `(IN, N)`), both in one scale mode, into `into` where it is a bf16
-/// `(IN, OUT)` slot (a fresh tensor otherwise).
+/// N)`) and of `x^T` (`xt`, `(IN, N)`), in modes cuBLASLt multiplies together
+/// ([`dout_cols_mode`]), into `into` where it is a bf16 `(IN, OUT)` slot (a fresh tensor
+/// otherwise).
 pub fn weight_grad(dt: &Operand, xt: &Operand, into: Option<Tensor>) -> Result<Tensor> {
     let ((out, n), (inp, _)) = (dt.codes.dims2()?, xt.codes.dims2()?);
     let dev = gpu::device(&xt.codes)?;

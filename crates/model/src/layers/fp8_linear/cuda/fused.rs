@@ -7,7 +7,8 @@
 //! norms' outputs (`fp8_quantize_rmsnorm`, `fp8_quantize_layernorm`: the projections after a norm
 //! read them only as codes), GELU's output after GPT-2's c_fc (`fp8_quantize_gelu`) and its
 //! gradient into c_fc's backward (`fp8_quantize_gelu_grad`, with c_fc's bias gradient). The
-//! codes are those of [`super::quantize_both`] of the bf16 tensors that `swiglu_packed_forward`,
+//! codes are those of [`super::quantize_both`] (a gradient) or [`super::quantize_input`] (a
+//! layer's input: the norms' and GELU's outputs) of the bf16 tensors that `swiglu_packed_forward`,
 //! `swiglu_packed_backward`, `rmsnorm_forward`, `layernorm_forward`, `gelu_forward` and
 //! `gelu_backward_bias_grad` make,
 //! bit for bit (the arithmetic is `swiglu.cuh`'s, `rmsnorm.cuh`'s, `layernorm.cuh`'s and
@@ -46,41 +47,67 @@ fn shape(gu: &Tensor) -> Result<Option<(usize, usize)>> {
 
 /// Fresh outputs of a `(n, f)` matrix quantised both ways, `halves` of them one after the
 /// other: row codes `(halves, n, f)` and scales `(halves, ceil(f / 128), n)`, column codes
-/// `(halves, f, n)` and scales `(halves, ceil(n / 128), f)`.
+/// `(halves, f, n)` and scales `(halves, ceil(n / 128), f)` in 128 x 1 blocks (a gradient), or
+/// `(halves, ceil(f / 128), round_up(ceil(n / 128), 4))` in 128 x 128 [`Columns::Tiles`] (a
+/// layer's input).
 struct Outputs {
     codes: Tensor,
     scales: Tensor,
     codes_t: Tensor,
     scales_t: Tensor,
+    columns: Columns,
+}
+
+/// How a fused quantiser scales the transpose it writes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Columns {
+    /// 128 x 1 blocks (VEC128): a weight gradient's dout.
+    Blocks,
+    /// 128 x 128 tiles (BLK128x128): a weight gradient's input.
+    Tiles,
 }
 
 impl Outputs {
     fn new(
         dev: &candle_core::cuda_backend::CudaDevice,
         halves: usize,
-        n: usize,
-        f: usize,
+        (n, f): (usize, usize),
+        columns: Columns,
     ) -> Result<Outputs> {
+        let scales_t = match columns {
+            Columns::Blocks => (halves, n.div_ceil(BLOCK), f),
+            Columns::Tiles => (
+                halves,
+                f.div_ceil(BLOCK),
+                n.div_ceil(BLOCK).next_multiple_of(4),
+            ),
+        };
         Ok(Outputs {
             codes: gpu::uninit((halves, n, f), DType::U8, dev)?,
             scales: gpu::uninit((halves, f.div_ceil(BLOCK), n), DType::F32, dev)?,
             codes_t: gpu::uninit((halves, f, n), DType::U8, dev)?,
-            scales_t: gpu::uninit((halves, n.div_ceil(BLOCK), f), DType::F32, dev)?,
+            scales_t: gpu::uninit(scales_t, DType::F32, dev)?,
+            columns,
         })
     }
 
-    /// Half `h` as the GEMMs' operands: `(rows, cols)` as [`super::quantize_both`] returns them.
+    /// Half `h` as the GEMMs' operands: `(rows, cols)` as [`super::quantize_both`] (blocks)
+    /// or [`super::quantize_input`] (tiles) returns them.
     fn half(&self, h: usize) -> Result<(Operand, Operand)> {
-        let operand = |codes: &Tensor, scales: &Tensor| -> Result<Operand> {
+        let operand = |codes: &Tensor, scales: &Tensor, mode| -> Result<Operand> {
             Ok(Operand {
                 codes: codes.get(h)?,
                 scales: scales.get(h)?,
-                mode: ScaleMode::Vec128,
+                mode,
             })
         };
+        let cols_mode = match self.columns {
+            Columns::Blocks => ScaleMode::Vec128,
+            Columns::Tiles => ScaleMode::Blk128x128,
+        };
         Ok((
-            operand(&self.codes, &self.scales)?,
-            operand(&self.codes_t, &self.scales_t)?,
+            operand(&self.codes, &self.scales, ScaleMode::Vec128)?,
+            operand(&self.codes_t, &self.scales_t, cols_mode)?,
         ))
     }
 }
@@ -163,7 +190,7 @@ pub fn quantize_swiglu_grad(
     }
     let dev = gpu::device(gu)?;
     let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
-    let out = Outputs::new(&dev, 1, n, 2 * f)?;
+    let out = Outputs::new(&dev, 1, (n, 2 * f), Columns::Blocks)?;
     let act_out = match act_absmax {
         Some(m) => Some((
             m,
@@ -253,7 +280,7 @@ fn tile_shape(
 
 /// RMSNorm's output `n = bf16(bf16(h * rstd) * w)` of `h (N, C)` with its rows' `rstd (N)` f32
 /// and the norm's weight `w (C)`, in both blockings (`(rows, cols)`, as
-/// [`super::quantize_both`] of the `n` that `rmsnorm_forward` writes): the input of the
+/// [`super::quantize_input`] of the `n` that `rmsnorm_forward` writes): the input of the
 /// projections after the norm; `None` where the kernel does not take the tensors.
 pub fn quantize_rmsnorm(
     h: &Tensor,
@@ -267,13 +294,13 @@ pub fn quantize_rmsnorm(
     // SAFETY (the launch): h (N, C) and w (C) bf16 contiguous and 16-byte aligned, rstd (N)
     // f32 contiguous (tile_shape); the kernel's arguments are these, then the outputs.
     let (rows, cols) =
-        unsafe { quantize_tiles_of(h, "fp8_quantize_rmsnorm", &args, (n, c), true, &[])? };
+        unsafe { quantize_tiles_of(h, "fp8_quantize_rmsnorm", &args, (n, c), INPUT, &[])? };
     Ok(Some((rows.expect("asked for the row blocks"), cols)))
 }
 
 /// LayerNorm's output `n = (x - mean) * rstd * w + b` of `x (N, C)` with its rows' `mean` and
 /// `rstd` (`N` f32 each) and the norm's weight and bias `(C)`, in both blockings (as
-/// [`super::quantize_both`] of the `n` that `layernorm_forward` writes): GPT-2's projections'
+/// [`super::quantize_input`] of the `n` that `layernorm_forward` writes): GPT-2's projections'
 /// input after a norm; `None` where the kernel does not take the tensors.
 pub fn quantize_layernorm(
     x: &Tensor,
@@ -295,14 +322,15 @@ pub fn quantize_layernorm(
     // SAFETY (the launch): x (N, C), w and b (C) bf16 contiguous and 16-byte aligned, mean and
     // rstd N f32 contiguous (tile_shape); the kernel's arguments are these, then the outputs.
     let (rows, cols) =
-        unsafe { quantize_tiles_of(x, "fp8_quantize_layernorm", &args, (n, c), true, &[])? };
+        unsafe { quantize_tiles_of(x, "fp8_quantize_layernorm", &args, (n, c), INPUT, &[])? };
     Ok(Some((rows.expect("asked for the row blocks"), cols)))
 }
 
 /// GELU after an FP8 layer (whose GEMM added its bias), `gelu(h)` of `h (N, OUT)` as the next
 /// projection reads it: its 1 x 128 blocks where `rows_blocks` (a recomputation, which never
-/// reads that projection's output, skips them) and its 128 x 1 blocks (what the projection's
-/// backward keeps), as [`super::quantize_both`] of the `gelu(h)` that `gelu_forward` writes;
+/// reads that projection's output, skips them) and its 128 x 128 tiles of the transpose (what
+/// the projection's backward keeps), as [`super::quantize_input`] of the `gelu(h)` that
+/// `gelu_forward` writes;
 /// `None` where the kernel does not take the tensor.
 pub fn quantize_gelu(h: &Tensor, rows_blocks: bool) -> Result<Option<(Option<Operand>, Operand)>> {
     let Some((n, c)) = tile_shape(h, &[], &[])? else {
@@ -318,7 +346,10 @@ pub fn quantize_gelu(h: &Tensor, rows_blocks: bool) -> Result<Option<(Option<Ope
             "fp8_quantize_gelu",
             &args,
             (n, c),
-            rows_blocks,
+            Want {
+                rows_blocks,
+                columns: Columns::Tiles,
+            },
             &[&a, &s],
         )?
     };
@@ -351,13 +382,32 @@ pub fn quantize_gelu_grad(dout: &Tensor, h: &Tensor) -> Result<Option<(Operand, 
     // written once (a tile's columns by its CTA); the kernel's arguments are these, the
     // outputs, then GELU's constants.
     let (rows, cols) =
-        unsafe { quantize_tiles_of(h, "fp8_quantize_gelu_grad", &args, (n, c), true, &[&a, &s])? };
+        unsafe { quantize_tiles_of(h, "fp8_quantize_gelu_grad", &args, (n, c), DOUT, &[&a, &s])? };
     let db = crate::layers::linear::bias_grad::column_partials_sum(&dev, &partials, slices, c)?;
     Ok(Some((rows.expect("asked for the row blocks"), cols, db)))
 }
 
+/// What a fused quantiser writes: the row blocks where `rows_blocks`, and the transpose scaled
+/// as `columns` says (the kernel's: the norms and GELU write tiles, GELU's gradient blocks).
+struct Want {
+    rows_blocks: bool,
+    columns: Columns,
+}
+
+/// A layer's input, both ways: the forward's 1 x 128 blocks, the weight gradient's tiles.
+const INPUT: Want = Want {
+    rows_blocks: true,
+    columns: Columns::Tiles,
+};
+/// A layer's dout, both ways: the input gradient's 1 x 128 blocks, the weight gradient's
+/// 128 x 1.
+const DOUT: Want = Want {
+    rows_blocks: true,
+    columns: Columns::Blocks,
+};
+
 /// Launches the tile quantiser `name` over `(n, c)` with `inputs` (its leading arguments),
-/// then fresh outputs (the row blocks' null unless `rows_blocks`), `n`, `c` and `extra`.
+/// then fresh outputs (the row blocks' null unless `want.rows_blocks`), `n`, `c` and `extra`.
 ///
 /// # Safety
 /// `inputs` and `extra` are what `name` takes before and after the outputs, the addresses
@@ -367,13 +417,13 @@ unsafe fn quantize_tiles_of(
     name: &str,
     inputs: &[u64],
     (n, c): (usize, usize),
-    rows_blocks: bool,
+    want: Want,
     extra: &[&dyn Arg],
 ) -> Result<(Option<Operand>, Operand)> {
     let dev = gpu::device(x)?;
     let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
-    let out = Outputs::new(&dev, 1, n, c)?;
-    let (pc, ps) = match rows_blocks {
+    let out = Outputs::new(&dev, 1, (n, c), want.columns)?;
+    let (pc, ps) = match want.rows_blocks {
         true => (gpu::ptr(&out.codes)?, gpu::ptr(&out.scales)?),
         false => (0, 0),
     };
@@ -385,8 +435,10 @@ unsafe fn quantize_tiles_of(
     args.extend(outputs);
     args.extend_from_slice(extra);
     // SAFETY: the inputs as the caller promises; the outputs fresh, each element written once
-    // by the kernel (the row blocks' not at all when null); arguments in kernel order.
+    // by the kernel (the row blocks' not at all when null; the tiles' scales with their
+    // padding), laid out as `name` writes them (`want.columns` is its kind); arguments in
+    // kernel order.
     unsafe { func.launch(config(n, c), &args)? };
     let (rows, cols) = out.half(0)?;
-    Ok((rows_blocks.then_some(rows), cols))
+    Ok((want.rows_blocks.then_some(rows), cols))
 }
