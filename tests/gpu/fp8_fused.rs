@@ -90,7 +90,7 @@ fn fp8_swiglu_quantisers_equal_the_unfused_path_bit_for_bit() {
         // Through the layers: down (F, C) with a residual, gate and up (C, F) from x (N, C).
         let bits = |t: &Tensor| host_f32(&t.to_dtype(DType::F32).expect("f32"));
         let (w_down_c, w_down) = spread(f, c, 33);
-        let (res_c, res) = spread(n, c, 34);
+        let (_, res) = spread(n, c, 34);
         let (w_down_c, w_down) = (LinearWeight::Dense(w_down_c), LinearWeight::Dense(w_down));
         let (y, kept) = fp8
             .swiglu_down_forward(&gu, &w_down, Some(&res), true)

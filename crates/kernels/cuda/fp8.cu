@@ -496,9 +496,9 @@ fp8_quantize_swiglu_grad(const bf16* __restrict__ dact, const bf16* __restrict__
 // GELU after an FP8 layer (gelu_forward's arithmetic, gelu.cuh): g = gelu(h) of the layer's
 // output h (rows, cols) bf16 (its bias added in the GEMM's epilogue), quantised as
 // fp8_quantize_act quantises it with col_tiles: the next projection's input, its 1 x 128 blocks
-// and x^T's 128 x 128 tiles (codes null: the tiles alone), without g in bf16 (gelu_forward's write of g and the quantiser's read
-// of it, 4 bytes an element, gone). cols % 8 == 0, h 16-byte aligned. Grid (ceil(cols / 128),
-// ceil(rows / 128)).
+// and x^T's 128 x 128 tiles (codes null: the tiles alone), without g in bf16 (gelu_forward's
+// write of g and the quantiser's read of it, 4 bytes an element, gone). cols % 8 == 0, h
+// 16-byte aligned. Grid (ceil(cols / 128), ceil(rows / 128)).
 extern "C" __global__ void __launch_bounds__(256)
 fp8_quantize_gelu(const bf16* __restrict__ h, u8* __restrict__ codes, float* __restrict__ scales,
                   u8* __restrict__ codes_t, float* __restrict__ scales_t, int rows, int cols,
