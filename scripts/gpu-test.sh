@@ -43,6 +43,10 @@
 # settings for the speed and llama stages' benches (e.g. BENCH_SET='zero.prefetch_depth=1'),
 # TAG a suffix of their output files; NO_TORCH=1 leaves the PyTorch anchors out, NO_EAGER=1 the
 # eager ones of the speed, llama and qwen stages, NO_PARITY=1 the llama stage's llama-tiny runs.
+# NO_PROFILE=1 runs the speed stages' single-GPU benches without --profile: its two CUDA events
+# a span sit in the step's time (1B FP8 on an H100: 80,120 tokens/s with them, 81,060 without;
+# gpt350m 215,496 and 221,232; results.md, 2026-12-06), so a ratio to an anchor is the true one
+# without them (then run the stage again with TAG=-profile for the table by family).
 set -euo pipefail
 OUT=${OUT:-gpu-out}
 STEPS=${STEPS:-200}
@@ -54,6 +58,8 @@ T=.gpu/trainer
 mkdir -p "$OUT"
 bench_set=()
 for kv in ${BENCH_SET:-}; do bench_set+=(--set "$kv"); done
+prof=(--profile)
+[[ -z ${NO_PROFILE:-} ]] || prof=()
 [[ -z ${NO_TORCH:-} ]] || rm -f .gpu/torch_gpt.py .gpu/torch_llama.py
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
@@ -113,7 +119,7 @@ for stage in $STAGES; do
       run llama-zeropp-w8-gpu-bf16 "${base[@]}" "${zeropp[@]}" "${gpu[@]}"
     fi
     "$T" "${llama_w1[@]}" --set 'model.preset="llama3.2-1b"' --set model.recompute=false \
-      --set "train.micro_batch=${LLAMA_MB:-8}" --steps "${BENCH_STEPS:-5}" --profile "${bench_set[@]}" \
+      --set "train.micro_batch=${LLAMA_MB:-8}" --steps "${BENCH_STEPS:-5}" "${prof[@]}" "${bench_set[@]}" \
       | tee "$OUT/speed-llama1b${TAG:-}.txt"
     if [[ -f .gpu/torch_llama.py ]]; then
       [[ -n ${NO_EAGER:-} ]] || python3 .gpu/torch_llama.py --steps 20 | tee "$OUT/speed-torch-llama-eager.txt"
@@ -129,7 +135,7 @@ for stage in $STAGES; do
       preset=${q%%:*}; read -r -a shape <<< "${q#*:}"
       "$T" "${llama_w1[@]}" --set "model.preset=\"$preset\"" --set model.vocab_size=151936 \
         --set model.recompute=false --set "train.micro_batch=${QWEN_MB:-8}" --steps "${BENCH_STEPS:-5}" \
-        --profile "${bench_set[@]}" | tee "$OUT/speed-$preset${TAG:-}.txt"
+        "${prof[@]}" "${bench_set[@]}" | tee "$OUT/speed-$preset${TAG:-}.txt"
       if [[ -f .gpu/torch_llama.py ]]; then
         [[ -n ${NO_EAGER:-} ]] || python3 .gpu/torch_llama.py --steps 20 "${shape[@]}" \
           | tee "$OUT/speed-torch-$preset-eager.txt"
@@ -154,7 +160,7 @@ for stage in $STAGES; do
     fi
     "$T" "${llama_w1[@]}" --set 'model.preset="llama3.2-1b"' --set model.recompute=false \
       --set 'train.precision="fp8"' --set "train.micro_batch=${LLAMA_MB:-8}" --steps "${BENCH_STEPS:-5}" \
-      --profile "${bench_set[@]}" | tee "$OUT/speed-llama1b-fp8${TAG:-}.txt"
+      "${prof[@]}" "${bench_set[@]}" | tee "$OUT/speed-llama1b-fp8${TAG:-}.txt"
     if [[ -f .gpu/torch_llama.py ]]; then
       python3 .gpu/torch_llama.py --steps 20 --compile --float8 \
         | tee "$OUT/speed-torch-llama-compile-float8.txt"
@@ -173,7 +179,7 @@ for stage in $STAGES; do
       --set model.recompute=false --set train.global_batch=16 --set train.micro_batch=16 \
       --set dist.world_size=1 --set dist.gpus_per_node=1 --set zero.hpz_partition_size=1 \
       --set zero.quantized_weights=false --set zero.quantized_gradients=false "${fp8[@]}" \
-      --steps "${BENCH_STEPS:-10}" --profile "${bench_set[@]}" | tee "$OUT/speed-gpt350m-fp8${TAG:-}.txt"
+      --steps "${BENCH_STEPS:-10}" "${prof[@]}" "${bench_set[@]}" | tee "$OUT/speed-gpt350m-fp8${TAG:-}.txt"
     if [[ -f .gpu/torch_gpt.py ]]; then
       python3 .gpu/torch_gpt.py --steps 30 --compile | tee "$OUT/speed-torch-compile.txt"
     fi
@@ -181,7 +187,7 @@ for stage in $STAGES; do
     # and the whole block. NO_3B=1 leaves out the 3B runs (about 4 of the stage's 8 minutes).
     for r in attention:'"attention"' full:true; do
       [[ -n ${NO_3B:-} ]] || "$T" "${llama_w1[@]}" --set 'model.preset="llama3.2-3b"' --set "model.recompute=${r#*:}" \
-        "${fp8[@]}" --set "train.micro_batch=${LLAMA_MB:-8}" --steps "${BENCH_STEPS:-3}" --profile "${bench_set[@]}" \
+        "${fp8[@]}" --set "train.micro_batch=${LLAMA_MB:-8}" --steps "${BENCH_STEPS:-3}" "${prof[@]}" "${bench_set[@]}" \
         | tee "$OUT/speed-llama3b-fp8-${r%%:*}${TAG:-}.txt"
     done
     if [[ -z ${NO_3B:-} && -f .gpu/torch_llama.py ]]; then
@@ -233,7 +239,7 @@ for stage in $STAGES; do
     ;;
   llama-3b)
     "$T" "${llama_w1[@]}" --set 'model.preset="llama3.2-3b"' --set model.recompute=true \
-      --set "train.micro_batch=${LLAMA_MB:-8}" --steps "${BENCH_STEPS:-3}" --profile "${bench_set[@]}" \
+      --set "train.micro_batch=${LLAMA_MB:-8}" --steps "${BENCH_STEPS:-3}" "${prof[@]}" "${bench_set[@]}" \
       | tee "$OUT/speed-llama3b${TAG:-}.txt"
     if [[ -f .gpu/torch_llama.py ]]; then
       l3=(--layers 28 --dim 3072 --heads 24 --kv-heads 8 --ffn 8192 --ckpt)
@@ -290,7 +296,7 @@ for stage in $STAGES; do
       --set model.recompute=false --set train.global_batch=16 --set train.micro_batch=16 \
       --set dist.world_size=1 --set dist.gpus_per_node=1 --set zero.hpz_partition_size=1 \
       --set zero.quantized_weights=false --set zero.quantized_gradients=false \
-      --steps "${BENCH_STEPS:-10}" --profile "${bench_set[@]}" | tee "$OUT/speed-gpt350m${TAG:-}.txt"
+      --steps "${BENCH_STEPS:-10}" "${prof[@]}" "${bench_set[@]}" | tee "$OUT/speed-gpt350m${TAG:-}.txt"
     if [[ -f .gpu/torch_gpt.py ]]; then
       [[ -n ${NO_EAGER:-} ]] || python3 .gpu/torch_gpt.py --steps 30 | tee "$OUT/speed-torch-eager.txt"
       [[ -n ${NO_COMPILE:-} ]] || python3 .gpu/torch_gpt.py --steps 30 --compile | tee "$OUT/speed-torch-compile.txt"
@@ -306,14 +312,14 @@ for stage in $STAGES; do
         --set model.seq_len=2048 --set train.global_batch=8 --set train.micro_batch=8)
     torch=() ; [[ -f .gpu/torch_gpt.py ]] && torch=(python3 .gpu/torch_gpt.py)
     if [[ $stage == speed-2k || $stage == speed-large ]]; then
-      "$T" "${w1[@]}" --steps 5 --profile | tee "$OUT/speed-gpt350m-2k.txt"
+      "$T" "${w1[@]}" --steps 5 "${prof[@]}" | tee "$OUT/speed-gpt350m-2k.txt"
       if [[ -n ${torch[*]} ]]; then
         "${torch[@]}" --steps 15 --seq 2048 --batch 8 | tee "$OUT/speed-torch-2k.txt"
         "${torch[@]}" --steps 15 --seq 2048 --batch 8 --compile | tee "$OUT/speed-torch-2k-compile.txt"
       fi
     fi
     if [[ $stage == speed-1.3b || $stage == speed-large ]]; then
-      "$T" "${w1[@]}" --set 'model.preset="gpt1.3b"' --steps 4 --profile "${bench_set[@]}" | tee "$OUT/speed-gpt1.3b-2k.txt"
+      "$T" "${w1[@]}" --set 'model.preset="gpt1.3b"' --steps 4 "${prof[@]}" "${bench_set[@]}" | tee "$OUT/speed-gpt1.3b-2k.txt"
       if [[ -n ${torch[*]} ]]; then
         l13=(--layers 24 --dim 2048 --heads 16 --seq 2048 --batch 8)
         "${torch[@]}" --steps 10 "${l13[@]}" | tee "$OUT/speed-torch-1.3b.txt"
