@@ -4,12 +4,13 @@
 // `quantisers ncu` launches each profiled kernel once, for `ncu`. scripts/fp8bench/run.sh
 // builds and runs it; scripts/fp8bench/prepare.sh writes the baseline's copy
 // (.gpu/fp8bench/fp8_old.cu, its names prefixed old_) before the device call. Both sides are
-// launched with the kernels' signatures and grids as of 2026-12-06 (fp8_quantize_act with its
-// column sums' pointer, fp8_quantize_swiglu_grad on 2F / 128 column tiles): a baseline from
-// before then, or a kernel whose signature changes, needs its launch here changed with it.
-// The working tree's launches pass null for the whole-column arguments of 2026-12-06 (twelfth
-// session: col_reduce, col_given, act^T's outputs) where they are compared with the baseline,
-// and time those modes alone on the lines that start "  +", "  rows + absmax" and "act whole".
+// launched with the kernels' signatures and grids as of 83a8c90 (2026-12-06, thirteenth
+// session: fp8_quantize_act with col_reduce, col_given and col_tiles, fp8_quantize_swiglu with
+// act's absmax, fp8_quantize_swiglu_grad with act^T's outputs): a baseline from before then,
+// or a kernel whose signature changes, needs its launch here changed with it. The whole-column
+// modes (col_reduce, col_given, act^T) are timed alone on the lines that start "  +",
+// "  rows + absmax" and "act whole"; the tiles of x^T (col_tiles) side by side on the lines
+// that end "+tiles".
 #include "fp8.cu"
 #include "fp8_old.cu"
 #include <cstdio>
@@ -146,22 +147,23 @@ static void time_alone(const char* name, double bytes, F f) {
     printf("%-34s                           | new %7.3f ms %6.0f GB/s\n", name, t, bytes / t / 1e6);
 }
 
-static void act(int rows, int cols, bool rows_b, bool cols_b) {
+static void act(int rows, int cols, bool rows_b, bool cols_b, bool tiles = false) {
     bf16* x = make(rows, cols, true);
     Out o(rows, cols), n(rows, cols);
     dim3 grid((cols + 127) / 128, (rows + 127) / 128);
     auto run_old = [&] {
         old_fp8_quantize_act<<<grid, 256>>>(x, cols, rows_b ? o.codes : nullptr, o.scales,
                                              cols_b ? o.codes_t : nullptr, o.scales_t, rows, cols,
-                                             nullptr);
+                                             nullptr, nullptr, nullptr, tiles);
     };
     auto run_new = [&] {
         fp8_quantize_act<<<grid, 256>>>(x, cols, rows_b ? n.codes : nullptr, n.scales,
                                          cols_b ? n.codes_t : nullptr, n.scales_t, rows, cols,
-                                         nullptr, nullptr, nullptr);
+                                         nullptr, nullptr, nullptr, tiles);
     };
     char name[96];
-    snprintf(name, sizeof name, "act (%d, %d) %s%s", rows, cols, rows_b ? "rows" : "", cols_b ? "+cols" : "");
+    snprintf(name, sizeof name, "act (%d, %d) %s%s", rows, cols, rows_b ? "rows" : "",
+             cols_b ? (tiles ? "+tiles" : "+cols") : "");
     side_by_side(name, (double)rows * cols * (2 + rows_b + cols_b), run_old, run_new, o, n, rows_b,
                  cols_b);
     CK(cudaFree(x));
@@ -173,7 +175,8 @@ static void swiglu_grad(int rows, int F) {
     Out o(rows, 2 * F), n(rows, 2 * F);
     auto run_old = [&] {
         old_fp8_quantize_swiglu_grad<<<dim3(2 * F / 128, rows / 128), 256>>>(
-            dact, gu, o.codes, o.scales, o.codes_t, o.scales_t, rows, F);
+            dact, gu, o.codes, o.scales, o.codes_t, o.scales_t, rows, F, nullptr, nullptr,
+            nullptr);
     };
     auto run_new = [&] {
         fp8_quantize_swiglu_grad<<<dim3(2 * F / 128, rows / 128), 256>>>(
@@ -203,7 +206,8 @@ static void swiglu(int rows, int F) {
     Out o(rows, F), n(rows, F);
     dim3 grid(F / 128, rows / 128);
     auto run_old = [&] {
-        old_fp8_quantize_swiglu<<<grid, 256>>>(gu, o.codes, o.scales, o.codes_t, o.scales_t, rows, F);
+        old_fp8_quantize_swiglu<<<grid, 256>>>(gu, o.codes, o.scales, o.codes_t, o.scales_t, rows, F,
+                                               nullptr);
     };
     auto run_new = [&] {
         fp8_quantize_swiglu<<<grid, 256>>>(gu, n.codes, n.scales, n.codes_t, n.scales_t, rows, F,
@@ -231,9 +235,9 @@ static void act_whole(int rows, int cols) {
     time_alone(label("act whole columns (%d, %d)", rows, cols), (double)rows * cols * (2 + 2 + 2), [&] {
         CK(cudaMemsetAsync(absmax, 0, cols * 4));
         fp8_quantize_act<<<grid, 256>>>(x, cols, nullptr, nullptr, nullptr, nullptr, rows, cols,
-                                         nullptr, absmax, nullptr);
+                                         nullptr, absmax, nullptr, 0);
         fp8_quantize_act<<<grid, 256>>>(x, cols, n.codes, n.scales, n.codes_t, n.scales_t, rows,
-                                         cols, nullptr, nullptr, absmax);
+                                         cols, nullptr, nullptr, absmax, 0);
     });
     CK(cudaFree(absmax));
     CK(cudaFree(x));
@@ -295,6 +299,7 @@ int main(int argc, char** argv) {
         return 0;
     }
     act(n, 2048, true, true);
+    act(n, 2048, true, true, true);
     act(n, 3072, true, true);
     act(n, 8192, true, true);
     act(n, 2048, true, false);
@@ -302,6 +307,7 @@ int main(int argc, char** argv) {
     act(n, 1024, true, true);
     act(n, 4096, true, true);
     act(1000, 264, true, true);  // edges: rows and columns not multiples of 128
+    act(1000, 264, true, true, true);
     act_whole(n, 2048);
     swiglu_grad(n, 8192);
     swiglu_grad(2048, 1024);
