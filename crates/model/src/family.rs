@@ -38,8 +38,8 @@ pub enum Fp8Kept {
     /// The input itself (in the compute dtype): another layer's backward reads it too
     /// (attention's output, before the o projection).
     Input,
-    /// Its FP8 column blocks, made in the forward's read: where the weight gradient is all the
-    /// backward reads it for (1 byte an element and a scale a 128).
+    /// Its transpose's FP8 codes in 128 x 128 tiles, made in the forward's read: where the
+    /// weight gradient is all the backward reads it for (1 byte an element and a scale a tile).
     Codes,
     /// Its columns' absmax alone: the kernel that makes it makes it again in the backward from
     /// what the block keeps anyway, and encodes it there with one scale a whole column (SwiGLU's
@@ -522,9 +522,10 @@ mod tests {
         }
     }
 
-    /// Under FP8 a Llama block keeps n1 and n2 (2 C an element) as codes and scales, 33/32
-    /// bytes an element instead of 2, and of silu(gate)*up (F) its columns' absmax alone (4 F
-    /// bytes a block): 318 MiB less a block at Llama 3.2 1B's shape and 8 sequences of 2048;
+    /// Under FP8 a Llama block keeps n1 and n2 (2 C an element) as codes and scales, 4097/4096
+    /// bytes an element (a scale a 128 x 128 tile) instead of 2, and of silu(gate)*up (F) its
+    /// columns' absmax alone (4 F bytes a block): 320 MiB less a block at Llama 3.2 1B's shape
+    /// and 8 sequences of 2048;
     /// GPT-2's upper-end estimate is the same in both formats.
     #[test]
     fn an_fp8_llama_block_keeps_its_projection_inputs_as_codes() {
@@ -535,7 +536,7 @@ mod tests {
             .block_activation_bytes(8, 2048, 2);
         assert_eq!(
             dense - fp8,
-            16_384 * (2 * 12_288 - 4096 * 33 / 32) - 4 * 8192
+            16_384 * (2 * 12_288 - 4096 * 4097 / 4096) - 4 * 8192
         );
         let gpt2 = crate::Model::new(crate::preset("gpt350m").unwrap()).unwrap();
         assert_eq!(

@@ -330,8 +330,9 @@ impl Family for LlamaStyle {
     /// What its block saves: the inputs of the two norms and their outputs, the residual, q,
     /// k, v, the attention output, the MLP's gate, up and product, `s b (4 C + 2 NH hs + 2 KV
     /// hs + 3 F)` (and q and k again before their norms, with qk-norm), plus the attention's
-    /// row statistics. Under FP8 the two norms' outputs and the product (`2 C + F`) are kept
-    /// as FP8 column blocks: a byte an element and an f32 scale a 128.
+    /// row statistics. Under FP8 the two norms' outputs (`2 C`) are kept as the codes of
+    /// their transposes: a byte an element and an f32 scale a 128 x 128 tile; of the product
+    /// (`F`) its columns' absmax alone.
     fn block_activation_bytes(
         &self,
         cfg: &ModelConfig,
@@ -366,7 +367,7 @@ impl Family for LlamaStyle {
                 };
                 let codes = width(|k| *k == Fp8Kept::Codes);
                 let absmax = width(|k| matches!(k, Fp8Kept::ColumnAbsmax { .. }));
-                let kept = b * s * ((all - codes - absmax) * bytes as u64 + codes * 33 / 32);
+                let kept = b * s * ((all - codes - absmax) * bytes as u64 + codes * 4097 / 4096);
                 kept + stats + 4 * absmax
             }
         }
