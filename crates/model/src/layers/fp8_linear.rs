@@ -237,8 +237,8 @@ pub fn fp8_matmul_forward(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 
 /// Gradients of [`fp8_matmul_forward`], as f32: `dx (N, IN) = dout @ w^T` (dout in `1 x 128`
 /// blocks along OUT, `w` in the forward's tiles) and `dw (IN, OUT) = x^T @ dout` (`x` in
-/// [`INPUT_TILE`]s, `dout` in `128 x 1` blocks along N). Quantisation passes the gradient straight through: these are the
-/// gradients of the product of the quantised operands.
+/// [`INPUT_TILE`]s, `dout` in `128 x 1` blocks along N). Quantisation passes the gradient
+/// straight through: these are the gradients of the product of the quantised operands.
 pub fn fp8_matmul_backward(dout: &Tensor, x: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {
     rounded_matmul_backward(dout, x, &fp8_round(w, WEIGHT_TILE)?)
 }
