@@ -69,6 +69,21 @@ pub struct Operand {
     pub mode: ScaleMode,
 }
 
+/// The dims of the f32 scales of `x^T`'s codes for `x (rows, cols)` scaled in `mode`, as
+/// fp8.cu's quantisers write them: 128 x 1 blocks of `x` `[ceil(rows / 128)][cols]` (VEC128),
+/// 128 x 128 tiles `[ceil(cols / 128)][round_up(ceil(rows / 128), 4)]` (BLK128x128 with its
+/// padding), or one a whole column `[cols]` (OUTER_VEC).
+fn transpose_scales(mode: ScaleMode, rows: usize, cols: usize) -> Vec<usize> {
+    match mode {
+        ScaleMode::Vec128 => vec![rows.div_ceil(BLOCK), cols],
+        ScaleMode::Blk128x128 => vec![
+            cols.div_ceil(BLOCK),
+            rows.div_ceil(BLOCK).next_multiple_of(4),
+        ],
+        ScaleMode::Outer => vec![cols],
+    }
+}
+
 /// A weight `w (IN, OUT)` in 128 x 128 tiles: its codes for the input gradient (`(IN, OUT)`,
 /// K = OUT) and the transposed ones for the forward (`(OUT, IN)`, K = IN), one scale a
 /// tile in each operand's layout.

@@ -6,7 +6,7 @@
 use candle_core::{DType, Tensor};
 use kernels::profile::Family;
 
-use super::{kernel, tile_grid, Operand, ScaleMode, BLOCK};
+use super::{kernel, tile_grid, transpose_scales, Operand, ScaleMode, BLOCK};
 use crate::error::Result;
 use crate::gpu;
 
@@ -81,25 +81,19 @@ pub(super) fn quantize_view_summing(
         })
     };
     let row_out = fresh(rows_blocks, (rows, cols), &[cols.div_ceil(BLOCK), rows])?;
+    let transpose = |mode| fresh(true, (cols, rows), &transpose_scales(mode, rows, cols));
     let (col_out, mode, reduce, given) = match columns {
         Columns::None => (None, ScaleMode::Vec128, 0, 0),
-        Columns::Blocks => (
-            fresh(true, (cols, rows), &[rows.div_ceil(BLOCK), cols])?,
-            ScaleMode::Vec128,
+        Columns::Blocks => (transpose(ScaleMode::Vec128)?, ScaleMode::Vec128, 0, 0),
+        Columns::Tiles => (
+            transpose(ScaleMode::Blk128x128)?,
+            ScaleMode::Blk128x128,
             0,
             0,
         ),
-        Columns::Tiles => {
-            let scales = [
-                cols.div_ceil(BLOCK),
-                rows.div_ceil(BLOCK).next_multiple_of(4),
-            ];
-            let out = fresh(true, (cols, rows), &scales)?;
-            (out, ScaleMode::Blk128x128, 0, 0)
-        }
         Columns::Whole(absmax) => {
             assert_eq!(absmax.dims(), [cols], "a column's absmax each");
-            let out = fresh(true, (cols, rows), &[cols])?;
+            let out = transpose(ScaleMode::Outer)?;
             (out, ScaleMode::Outer, 0, gpu::ptr(absmax)?)
         }
         Columns::Absmax(absmax) => {

@@ -47,24 +47,14 @@ fn shape(gu: &Tensor) -> Result<Option<(usize, usize)>> {
 
 /// Fresh outputs of a `(n, f)` matrix quantised both ways, `halves` of them one after the
 /// other: row codes `(halves, n, f)` and scales `(halves, ceil(f / 128), n)`, column codes
-/// `(halves, f, n)` and scales `(halves, ceil(n / 128), f)` in 128 x 1 blocks (a gradient), or
-/// `(halves, ceil(f / 128), round_up(ceil(n / 128), 4))` in 128 x 128 [`Columns::Tiles`] (a
-/// layer's input).
+/// `(halves, f, n)` and their scales in `cols_mode` (`halves` of [`super::transpose_scales`]:
+/// 128 x 1 blocks for a gradient, 128 x 128 tiles for a layer's input).
 struct Outputs {
     codes: Tensor,
     scales: Tensor,
     codes_t: Tensor,
     scales_t: Tensor,
-    columns: Columns,
-}
-
-/// How a fused quantiser scales the transpose it writes.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Columns {
-    /// 128 x 1 blocks (VEC128): a weight gradient's dout.
-    Blocks,
-    /// 128 x 128 tiles (BLK128x128): a weight gradient's input.
-    Tiles,
+    cols_mode: ScaleMode,
 }
 
 impl Outputs {
@@ -72,22 +62,16 @@ impl Outputs {
         dev: &candle_core::cuda_backend::CudaDevice,
         halves: usize,
         (n, f): (usize, usize),
-        columns: Columns,
+        cols_mode: ScaleMode,
     ) -> Result<Outputs> {
-        let scales_t = match columns {
-            Columns::Blocks => (halves, n.div_ceil(BLOCK), f),
-            Columns::Tiles => (
-                halves,
-                f.div_ceil(BLOCK),
-                n.div_ceil(BLOCK).next_multiple_of(4),
-            ),
-        };
+        let mut scales_t = vec![halves];
+        scales_t.extend(super::transpose_scales(cols_mode, n, f));
         Ok(Outputs {
             codes: gpu::uninit((halves, n, f), DType::U8, dev)?,
             scales: gpu::uninit((halves, f.div_ceil(BLOCK), n), DType::F32, dev)?,
             codes_t: gpu::uninit((halves, f, n), DType::U8, dev)?,
             scales_t: gpu::uninit(scales_t, DType::F32, dev)?,
-            columns,
+            cols_mode,
         })
     }
 
@@ -101,13 +85,9 @@ impl Outputs {
                 mode,
             })
         };
-        let cols_mode = match self.columns {
-            Columns::Blocks => ScaleMode::Vec128,
-            Columns::Tiles => ScaleMode::Blk128x128,
-        };
         Ok((
             operand(&self.codes, &self.scales, ScaleMode::Vec128)?,
-            operand(&self.codes_t, &self.scales_t, cols_mode)?,
+            operand(&self.codes_t, &self.scales_t, self.cols_mode)?,
         ))
     }
 }
@@ -190,7 +170,7 @@ pub fn quantize_swiglu_grad(
     }
     let dev = gpu::device(gu)?;
     let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
-    let out = Outputs::new(&dev, 1, (n, 2 * f), Columns::Blocks)?;
+    let out = Outputs::new(&dev, 1, (n, 2 * f), ScaleMode::Vec128)?;
     let act_out = match act_absmax {
         Some(m) => Some((
             m,
@@ -348,7 +328,7 @@ pub fn quantize_gelu(h: &Tensor, rows_blocks: bool) -> Result<Option<(Option<Ope
             (n, c),
             Want {
                 rows_blocks,
-                columns: Columns::Tiles,
+                cols_mode: ScaleMode::Blk128x128,
             },
             &[&a, &s],
         )?
@@ -388,22 +368,22 @@ pub fn quantize_gelu_grad(dout: &Tensor, h: &Tensor) -> Result<Option<(Operand, 
 }
 
 /// What a fused quantiser writes: the row blocks where `rows_blocks`, and the transpose scaled
-/// as `columns` says (the kernel's: the norms and GELU write tiles, GELU's gradient blocks).
+/// in `cols_mode` (the kernel's: the norms and GELU write tiles, GELU's gradient blocks).
 struct Want {
     rows_blocks: bool,
-    columns: Columns,
+    cols_mode: ScaleMode,
 }
 
 /// A layer's input, both ways: the forward's 1 x 128 blocks, the weight gradient's tiles.
 const INPUT: Want = Want {
     rows_blocks: true,
-    columns: Columns::Tiles,
+    cols_mode: ScaleMode::Blk128x128,
 };
 /// A layer's dout, both ways: the input gradient's 1 x 128 blocks, the weight gradient's
 /// 128 x 1.
 const DOUT: Want = Want {
     rows_blocks: true,
-    columns: Columns::Blocks,
+    cols_mode: ScaleMode::Vec128,
 };
 
 /// Launches the tile quantiser `name` over `(n, c)` with `inputs` (its leading arguments),
@@ -422,7 +402,7 @@ unsafe fn quantize_tiles_of(
 ) -> Result<(Option<Operand>, Operand)> {
     let dev = gpu::device(x)?;
     let _span = kernels::profile::scope_cuda(&dev, Family::Quantisation);
-    let out = Outputs::new(&dev, 1, (n, c), want.columns)?;
+    let out = Outputs::new(&dev, 1, (n, c), want.cols_mode)?;
     let (pc, ps) = match want.rows_blocks {
         true => (gpu::ptr(&out.codes)?, gpu::ptr(&out.scales)?),
         false => (0, 0),
@@ -436,7 +416,7 @@ unsafe fn quantize_tiles_of(
     args.extend_from_slice(extra);
     // SAFETY: the inputs as the caller promises; the outputs fresh, each element written once
     // by the kernel (the row blocks' not at all when null; the tiles' scales with their
-    // padding), laid out as `name` writes them (`want.columns` is its kind); arguments in
+    // padding), laid out as `name` writes them (`want.cols_mode` is its kind); arguments in
     // kernel order.
     unsafe { func.launch(config(n, c), &args)? };
     let (rows, cols) = out.half(0)?;
