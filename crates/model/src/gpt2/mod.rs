@@ -256,7 +256,7 @@ pub fn block_backward(
     grads.put("ln_1.weight", &dw)?;
     grads.put("ln_1.bias", &db)?;
     let dx = dx.reshape((b, t, c))?;
-    let flat = grads.finish();
+    let flat = grads.finish()?;
     Ok((dx, flat))
 }
 

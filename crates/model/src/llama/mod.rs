@@ -464,7 +464,7 @@ pub fn block_backward(
         Some(&grads.slot(input)?),
     )?;
     grads.put(input, &dw_in)?;
-    Ok((dx.reshape((b, t, c))?, grads.finish()))
+    Ok((dx.reshape((b, t, c))?, grads.finish()?))
 }
 
 // ------------------------------------------------------------------------------------------
