@@ -7,7 +7,7 @@
 
 use crate::common::{assert_close, f32_bits, uniform};
 use candle_core::{DType, Device, Tensor};
-use model::layers::{embedding_backward, embedding_forward, TokenIndex};
+use model::layers::{embedding_backward, embedding_backward_onto, embedding_forward, TokenIndex};
 
 /// The same bf16-rounded values as (CPU f32, GPU bf16).
 fn pair(dims: &[usize], seed: u64, scale: f32, gpu: &Device) -> (Tensor, Tensor) {
@@ -74,6 +74,34 @@ fn check(b: usize, t: usize, c: usize, v: usize, max_t: usize) {
         f32_bits(&dwpe_g) == f32_bits(&dwpe_2),
         "dwpe differs between runs {shape}"
     );
+
+    // Onto a tied head's gradient: the kernel adds the token rows into it in place, the same
+    // values as adding the two gradients (compared as values: a -0.0 in a row no token
+    // touches stays -0.0 in place, where the addition gives +0.0).
+    let (_, head_g) = pair(&[v, c], 5, 1.0, &gpu);
+    let added = (&head_g + &dwte_g).unwrap();
+    let onto = head_g.copy().unwrap();
+    let (summed, dwpe_o) = embedding_backward_onto(&dout_g, &tok_g, v, max_t, Some(onto)).unwrap();
+    assert!(
+        f32_bits(&dwpe_o) == f32_bits(&dwpe_g),
+        "dwpe with onto {shape}"
+    );
+    let as_f32 = |t: &Tensor| -> Vec<f32> {
+        t.to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    };
+    let (got, want) = (as_f32(&summed), as_f32(&added));
+    assert_eq!(got.len(), want.len());
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            a == b || (a.is_nan() && b.is_nan()),
+            "dwte onto the head's {shape}: {i}: {a} vs {b}"
+        );
+    }
 }
 
 #[test]

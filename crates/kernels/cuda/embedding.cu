@@ -70,7 +70,11 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float* a) {
 // dwte rows of the distinct tokens: dwte[tok_d] = sum over j in [off_d, off_{d+1}) of
 // dout[pos_j], in f32, in increasing j (= increasing flat position: the launcher's CSR is
 // stable), rounded once. Deterministic: no atomics, fixed order. Rows of tokens absent from
-// the batch are not touched (the launcher zeroes dwte first).
+// the batch are not touched (the launcher zeroes dwte first). With onto (nonzero), dwte holds
+// another gradient of the table (a tied LM head's) and the row sum, rounded, is added to it
+// in f32 and rounded again: what adding the two (V, C) gradients gives (a row of -0.0 the sum
+// does not touch stays -0.0, where adding a zero row gives +0.0), with no zeroed table and no
+// pass over both.
 // csr (u32): [tok_0 .. tok_{nd-1} | off_0 .. off_nd | pos_0 .. pos_{N-1}].
 // Bound: bytes (reads dout once, N*C*2 bytes; writes nd rows). A very frequent token makes one
 // CTA walk a long chain; loads of the chain are independent (unrolled) so they stay in flight.
@@ -78,7 +82,7 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float* a) {
 // (looping when C/8 > blockDim).
 extern "C" __global__ void __launch_bounds__(256)
     embedding_backward_wte(act_t* __restrict__ dwte, const act_t* __restrict__ dout,
-                           const u32* __restrict__ csr, int nd, int C) {
+                           const u32* __restrict__ csr, int nd, int C, int onto) {
     const int d = blockIdx.x;
     const u32 tok = csr[d];
     const u32 beg = csr[nd + d], end = csr[nd + d + 1];
@@ -91,7 +95,15 @@ extern "C" __global__ void __launch_bounds__(256)
             const uint4 v = reinterpret_cast<const uint4*>(dout + (i64)pos[j] * C)[i];
             acc_bf16x8(acc, v);
         }
-        reinterpret_cast<uint4*>(dwte + (i64)tok * C)[i] = pack_bf16x8(acc);
+        uint4* row = reinterpret_cast<uint4*>(dwte + (i64)tok * C);
+        const uint4 sum = pack_bf16x8(acc);
+        if (onto) {
+            const uint4 o = row[i];
+            row[i] = make_uint4(add_bf16x2(o.x, sum.x), add_bf16x2(o.y, sum.y),
+                                add_bf16x2(o.z, sum.z), add_bf16x2(o.w, sum.w));
+        } else {
+            row[i] = sum;
+        }
     }
 }
 

@@ -1,10 +1,11 @@
 //! The step's GPU time by kernel family (`trainer bench --profile`), timed with CUDA events.
 //!
 //! A launcher opens a [`scope`] of its family around its launches; the profile is off unless
-//! [`enable`]d on this thread, and then costs two events a scope. Scopes nest (the GEMMs inside
-//! the cross-entropy, the quantisers inside a gather): a family is charged its *exclusive*
-//! time, its own span less the spans of the scopes opened inside it, so the families add up to
-//! the time covered by outermost scopes. Everything is per thread (one rank each).
+//! [`enable`]d on this thread, and then costs two event records a scope (the events are
+//! reused once their times are read). Scopes nest (the GEMMs inside the cross-entropy, the
+//! quantisers inside a gather): a family is charged its *exclusive* time, its own span less
+//! the spans of the scopes opened inside it, so the families add up to the time covered by
+//! outermost scopes. Everything is per thread (one rank each).
 //!
 //! Apart from the families, a [`phase`] times one unit's forward or backward, or the loss head,
 //! whole (kernels of every family inside it): what `trainer plan --calibrate` scales to a
@@ -104,13 +105,24 @@ mod imp {
         phases: Vec<(Phase, CudaEvent, Option<CudaEvent>)>,
         /// Named spans' exclusive seconds, FLOPs and calls since the last `take_shapes`.
         shapes: std::collections::BTreeMap<String, super::ShapeTime>,
+        /// Events whose times have been read, recorded again by the next spans: a new event a
+        /// span is a driver allocation on the host besides its record, in steps where the
+        /// profile's events are measurably in the step's time (results.md, 2026-12-06).
+        pool: Vec<CudaEvent>,
     }
 
     thread_local! {
         pub(super) static STATE: RefCell<State> = RefCell::new(State::default());
     }
 
-    fn event(stream: &CudaStream) -> Option<CudaEvent> {
+    /// An event recorded on `stream`: one of `pool`'s (read and done with) where it has one
+    /// of the stream's context, else a new one.
+    fn event(pool: &mut Vec<CudaEvent>, stream: &CudaStream) -> Option<CudaEvent> {
+        if let Some(e) = pool.pop() {
+            if e.record(stream).is_ok() {
+                return Some(e);
+            }
+        }
         stream
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .ok()
@@ -128,7 +140,7 @@ mod imp {
             }
             let shape = shape();
             let stream = dev.cuda_stream();
-            let Some(start) = event(&stream) else {
+            let Some(start) = event(&mut s.pool, &stream) else {
                 return false;
             };
             let parent = s.open.last().copied();
@@ -150,7 +162,8 @@ mod imp {
         STATE.with(|s| {
             let mut s = s.borrow_mut();
             let Some(i) = s.open.pop() else { return };
-            let end = s.stream.as_ref().and_then(|st| event(st));
+            let s = &mut *s;
+            let end = s.stream.as_ref().and_then(|st| event(&mut s.pool, st));
             s.spans[i].end = end;
         })
     }
@@ -161,7 +174,7 @@ mod imp {
             if !s.enabled {
                 return false;
             }
-            match event(&dev.cuda_stream()) {
+            match event(&mut s.pool, &dev.cuda_stream()) {
                 Some(start) => {
                     s.phases.push((phase, start, None));
                     true
@@ -175,7 +188,7 @@ mod imp {
     pub(super) fn close_phase(dev: &candle_core::cuda_backend::CudaDevice) {
         STATE.with(|s| {
             let mut s = s.borrow_mut();
-            let end = event(&dev.cuda_stream());
+            let end = event(&mut s.pool, &dev.cuda_stream());
             if let Some(p) = s.phases.iter_mut().rev().find(|p| p.2.is_none()) {
                 p.2 = end;
             }
@@ -184,16 +197,20 @@ mod imp {
 
     pub(super) fn take_phases() -> Vec<(Phase, f64)> {
         STATE.with(|s| {
-            let phases = std::mem::take(&mut s.borrow_mut().phases);
-            phases
-                .into_iter()
-                .filter_map(|(phase, start, end)| {
-                    let end = end?;
+            let mut s = s.borrow_mut();
+            let phases = std::mem::take(&mut s.phases);
+            let mut out = Vec::with_capacity(phases.len());
+            for (phase, start, end) in phases {
+                if let Some(end) = end {
                     let _ = end.synchronize();
-                    let ms = start.elapsed_ms(&end).ok()?;
-                    Some((phase, ms as f64 / 1e3))
-                })
-                .collect()
+                    if let Ok(ms) = start.elapsed_ms(&end) {
+                        out.push((phase, ms as f64 / 1e3));
+                    }
+                    s.pool.push(end);
+                }
+                s.pool.push(start);
+            }
+            out
         })
     }
 
@@ -231,6 +248,11 @@ mod imp {
                     e.seconds += t.max(0.0);
                     e.flops += flops;
                     e.calls += 1;
+                }
+                // Read (and the GPU past them): free to record again.
+                s.pool.push(sp.start);
+                if let Some(end) = sp.end {
+                    s.pool.push(end);
                 }
             }
             out

@@ -176,12 +176,15 @@ pub trait Family: Sync {
         tokens: &Tensor,
     ) -> Result<Tensor>;
 
-    /// The embedding unit's flat gradient from `dout (B, T, C)`, scattered by `tokens`.
+    /// The embedding unit's flat gradient from `dout (B, T, C)`, scattered by `tokens`, added
+    /// onto `onto` where given: another flat gradient of the unit (a tied LM head's), which
+    /// the GPU's kernel adds the token rows into in place ([`crate::layers::embedding_backward_onto`]).
     fn embedding_backward(
         &self,
         cfg: &ModelConfig,
         tokens: &TokenIndex,
         dout: &Tensor,
+        onto: Option<Tensor>,
     ) -> Result<Tensor>;
 
     /// A block's forward of `x (B, T, C)`: its output, and what its backward reads (what

@@ -261,6 +261,21 @@ impl Model {
         saved: &Saved,
         dout: &Tensor,
     ) -> Result<(Option<Tensor>, Tensor)> {
+        self.backward_onto(u, params, saved, dout, None)
+    }
+
+    /// [`Model::backward`] with the unit's flat gradient added onto `onto` where given (the
+    /// head's gradient of the same unit): the embedding's backward adds its token rows into it
+    /// in place on the GPU (no zeroed table, no pass adding two); any other unit's gradient is
+    /// added to it.
+    pub fn backward_onto(
+        &self,
+        u: usize,
+        params: Option<&UnitParams>,
+        saved: &Saved,
+        dout: &Tensor,
+        onto: Option<Tensor>,
+    ) -> Result<(Option<Tensor>, Tensor)> {
         let cfg = &self.cfg;
         let params = || {
             params.ok_or(ModelError::NoParams {
@@ -268,10 +283,10 @@ impl Model {
             })
         };
         let family = cfg.family();
-        Ok(match self.layout.units[u].kind {
+        let (dx, g) = match self.layout.units[u].kind {
             UnitKind::Embedding => {
                 let tokens = saved.get::<TokenIndex>(family.name())?;
-                (None, family.embedding_backward(cfg, tokens, dout)?)
+                return Ok((None, family.embedding_backward(cfg, tokens, dout, onto)?));
             }
             UnitKind::Block(_) => {
                 let (dx, g) = family.block_backward(cfg, self.linears, params()?, saved, dout)?;
@@ -281,7 +296,11 @@ impl Model {
                 let (dx, g) = family.final_norm_backward(cfg, params()?.flat(), saved, dout)?;
                 (Some(dx), g)
             }
-        })
+        };
+        match onto {
+            Some(o) => Ok((dx, (o + g).map_err(ModelError::from)?)),
+            None => Ok((dx, g)),
+        }
     }
 
     /// The head and mean cross-entropy over all `B*T` positions of `x (B, T, C)` (the last unit's
@@ -345,15 +364,10 @@ impl Model {
             };
             let s = saved.pop().expect("one saved state per unit");
             let span = phase(Phase::Backward(u));
-            let (d, g) = self.backward(u, params.as_ref(), &s, &dx)?;
+            // The head's gradient of this unit goes in, and the unit's comes out added to it.
+            let onto = head_grad.take_if(|_| u == head);
+            let (d, g) = self.backward_onto(u, params.as_ref(), &s, &dx, onto)?;
             drop((span, s, params));
-            let g = match u == head {
-                true => match head_grad.take() {
-                    Some(h) => (h + g).map_err(ModelError::from)?,
-                    None => g,
-                },
-                false => g,
-            };
             source.grad(u, g)?;
             if let Some(d) = d {
                 dx = d;

@@ -97,25 +97,41 @@ pub(crate) fn flatten_grads(unit: &UnitLayout, grads: Vec<(&str, Tensor)>) -> Re
 /// kernel handed a slot (the layers' `into` arguments) writes the gradient straight into the
 /// buffer; any other gradient is copied in by [`FlatGrad::put`]. So no backward concatenates
 /// its gradients on the GPU, and the CPU reference shares the same code.
+///
+/// Every parameter's gradient goes through [`FlatGrad::put`] (a no-op for one a kernel wrote
+/// into its slot), which records it; [`FlatGrad::finish`] zeroes the parameters it never saw.
+/// So the buffer starts unwritten on the GPU instead of zeroed: a block's backward writes every
+/// element, and a zeroing pass over it (a Llama 3.2 1B block's 122 MB, about 0.7 ms of the
+/// step at 16 blocks on an H100) would be wasted. On the CPU it starts as NaN, so that a
+/// parameter left out of both would show in every test.
 pub(crate) struct FlatGrad<'a> {
     unit: &'a UnitLayout,
     flat: Tensor,
+    /// Whether each of `unit.params` went through `put`.
+    put: std::cell::RefCell<Vec<bool>>,
 }
 
 impl<'a> FlatGrad<'a> {
-    /// Zeros of `unit.numel` elements.
+    /// A buffer of `unit.numel` elements, none of them written yet (module doc).
     pub(crate) fn new(
         unit: &'a UnitLayout,
         dtype: DType,
         device: &candle_core::Device,
     ) -> Result<Self> {
+        let flat = match device {
+            #[cfg(feature = "cuda")]
+            candle_core::Device::Cuda(dev) => crate::gpu::uninit(unit.numel, dtype, dev)?,
+            _ => Tensor::full(f32::NAN, unit.numel, device)?.to_dtype(dtype)?,
+        };
         Ok(FlatGrad {
             unit,
-            flat: Tensor::zeros(unit.numel, dtype, device)?,
+            flat,
+            put: std::cell::RefCell::new(vec![false; unit.params.len()]),
         })
     }
 
-    /// The slot of parameter `short`: a view of the buffer shaped like the parameter.
+    /// The slot of parameter `short`: a view of the buffer shaped like the parameter. What a
+    /// kernel writes there counts once [`FlatGrad::put`] has seen it.
     pub(crate) fn slot(&self, short: &str) -> Result<Tensor> {
         self.unit.param(short).view(&self.flat)
     }
@@ -131,6 +147,9 @@ impl<'a> FlatGrad<'a> {
                 got: g.dims().to_vec(),
             });
         }
+        if let Some(i) = self.unit.params.iter().position(|p| p.name == spec.name) {
+            self.put.borrow_mut()[i] = true;
+        }
         #[cfg(feature = "cuda")]
         if g.device().is_cuda()
             && g.dtype() == self.flat.dtype()
@@ -143,9 +162,15 @@ impl<'a> FlatGrad<'a> {
         Ok(self.flat.slice_set(&g, 0, spec.offset)?)
     }
 
-    /// The filled buffer.
-    pub(crate) fn finish(self) -> Tensor {
-        self.flat
+    /// The filled buffer, zeros where no gradient was put (the parameters tile the buffer with
+    /// no gaps: `layout`'s tests hold the offsets to that).
+    pub(crate) fn finish(self) -> Result<Tensor> {
+        let put = self.put.into_inner();
+        for (spec, _) in self.unit.params.iter().zip(put).filter(|(_, p)| !p) {
+            let zeros = Tensor::zeros(spec.numel, self.flat.dtype(), self.flat.device())?;
+            self.flat.slice_set(&zeros, 0, spec.offset)?;
+        }
+        Ok(self.flat)
     }
 }
 
@@ -275,5 +300,33 @@ impl<A> std::ops::Deref for Acts<'_, A> {
             Acts::Kept(a) => a,
             Acts::Recomputed(a) => a,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::UnitKind;
+    use candle_core::Device;
+
+    /// A gradient put in (copied or, on the GPU, already in its slot) is kept as it is; a
+    /// parameter no backward put anything for comes out zero, not the unwritten buffer's
+    /// contents (NaN on the CPU).
+    #[test]
+    fn a_flat_gradient_zeroes_what_was_never_put() {
+        let cfg = crate::preset("llama-tiny").unwrap();
+        let unit = UnitLayout::new(&cfg, UnitKind::Block(0), 0);
+        let grads = FlatGrad::new(&unit, DType::F32, &Device::Cpu).unwrap();
+        let first = &unit.params[0];
+        let short = first
+            .name
+            .rsplit_once("layers.0.")
+            .map_or(&*first.name, |(_, s)| s);
+        let g = Tensor::full(3f32, first.shape.as_slice(), &Device::Cpu).unwrap();
+        grads.put(short, &g).unwrap();
+        let flat = grads.finish().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(flat.len(), unit.numel);
+        assert!(flat[..first.numel].iter().all(|&v| v == 3.0));
+        assert!(flat[first.numel..].iter().all(|&v| v == 0.0));
     }
 }

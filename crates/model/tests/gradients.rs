@@ -186,7 +186,7 @@ fn embedding_backward_matches_fd_and_autograd() {
     let out = embedding_unit_forward(&cfg, &t1(&p), &tokens).unwrap();
     assert_eq!(out.dims(), [B, T, cfg.n_embd]);
     let index = model::layers::TokenIndex::new(&tokens, cfg.vocab_size).unwrap();
-    let g = vec1(&embedding_unit_backward(&cfg, &index, &dout).unwrap());
+    let g = vec1(&embedding_unit_backward(&cfg, &index, &dout, None).unwrap());
     assert_eq!(g.len(), unit.numel);
 
     let fd = finite_diff(&p, |p| {

@@ -197,6 +197,32 @@ fn final_norm_and_heads_match_fd() {
     }
 }
 
+/// The embedding's gradient added onto a tied head's (`onto`) is the sum of the two, for Llama's
+/// table alone and GPT-2's table and positions.
+#[test]
+fn embedding_backward_onto_a_head_gradient_adds_to_it() {
+    for cfg in [cfg(2, true), model::preset("tiny").unwrap()] {
+        let unit = ModelLayout::new(&cfg).embedding().clone();
+        let mut rng = Rng(41);
+        let tokens = rng.tokens((B, T), cfg.vocab_size);
+        let dout = t(&rng.vec(B * T * cfg.n_embd, 1.0), &[B, T, cfg.n_embd]);
+        let head = t(&rng.vec(unit.numel, 1.0), &[unit.numel]);
+        let model = model::Model::new(cfg.clone()).unwrap();
+        let index = index(&cfg, &tokens);
+        let saved = model::Saved::new(index);
+        let (_, alone) = model.backward(0, None, &saved, &dout).unwrap();
+        let (_, onto) = model
+            .backward_onto(0, None, &saved, &dout, Some(head.clone()))
+            .unwrap();
+        assert_eq!(
+            vec1(&onto),
+            vec1(&(head + alone).unwrap()),
+            "{:?}",
+            cfg.arch
+        );
+    }
+}
+
 #[test]
 fn embedding_backward_matches_fd() {
     let cfg = cfg(2, true);
@@ -208,7 +234,7 @@ fn embedding_backward_matches_fd() {
     let dout = t(&rng.vec(B * T * cfg.n_embd, 1.0), &[B, T, cfg.n_embd]);
     let out = llama::embedding_forward(&cfg, &t1(&p), &tokens).unwrap();
     assert_eq!(out.dims(), [B, T, cfg.n_embd]);
-    let g = vec1(&llama::embedding_backward(&cfg, &index(&cfg, &tokens), &dout).unwrap());
+    let g = vec1(&llama::embedding_backward(&cfg, &index(&cfg, &tokens), &dout, None).unwrap());
     let fd = finite_diff(&p, |p| {
         dot(
             &llama::embedding_forward(&cfg, &t1(p), &tokens).unwrap(),
@@ -252,7 +278,7 @@ fn model_loss_and_grads(
         grads[1 + i] = Some(g);
         dx = d;
     }
-    grads[0] = Some(llama::embedding_backward(cfg, &index(cfg, tokens), &dx).unwrap());
+    grads[0] = Some(llama::embedding_backward(cfg, &index(cfg, tokens), &dx, None).unwrap());
     let h = grads[head].take().unwrap();
     grads[head] = Some((h + dhead).unwrap());
     (loss, grads.into_iter().map(Option::unwrap).collect())

@@ -351,8 +351,9 @@ impl Family for Gpt2 {
         cfg: &ModelConfig,
         tokens: &TokenIndex,
         dout: &Tensor,
+        onto: Option<Tensor>,
     ) -> Result<Tensor> {
-        super::embedding_unit_backward(cfg, tokens, dout)
+        super::embedding_unit_backward(cfg, tokens, dout, onto)
     }
 
     fn block_forward(

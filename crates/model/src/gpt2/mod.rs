@@ -54,6 +54,7 @@ pub fn embedding_unit_backward(
     cfg: &ModelConfig,
     tokens: &TokenIndex,
     dout: &Tensor,
+    onto: Option<Tensor>,
 ) -> Result<Tensor> {
     let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
     let (b, t) = check_tokens(cfg, tokens.tokens(), "tokens")?;
@@ -64,8 +65,26 @@ pub fn embedding_unit_backward(
             got: dout.dims().to_vec(),
         });
     }
-    let (dwte, dwpe) =
-        crate::layers::embedding_backward(dout, tokens, cfg.vocab_size, cfg.seq_len)?;
+    // Onto the tied head's gradient where given: its token rows by the kernel, in place, its
+    // position rows (the head's are zero) added here.
+    let (onto_wte, onto_wpe) = match onto {
+        Some(o) => {
+            let (wte, wpe) = (unit.param("wte.weight"), unit.param("wpe.weight"));
+            (Some(wte.view(&o)?), Some(wpe.view(&o)?))
+        }
+        None => (None, None),
+    };
+    let (dwte, dwpe) = crate::layers::embedding_backward_onto(
+        dout,
+        tokens,
+        cfg.vocab_size,
+        cfg.seq_len,
+        onto_wte,
+    )?;
+    let dwpe = match onto_wpe {
+        Some(o) => (o + dwpe)?,
+        None => dwpe,
+    };
     flatten_grads(&unit, vec![("wte.weight", dwte), ("wpe.weight", dwpe)])
 }
 
@@ -256,7 +275,7 @@ pub fn block_backward(
     grads.put("ln_1.weight", &dw)?;
     grads.put("ln_1.bias", &db)?;
     let dx = dx.reshape((b, t, c))?;
-    let flat = grads.finish();
+    let flat = grads.finish()?;
     Ok((dx, flat))
 }
 

@@ -71,14 +71,44 @@ pub fn embedding_backward(
     vocab_size: usize,
     max_t: usize,
 ) -> Result<(Tensor, Tensor)> {
+    embedding_backward_onto(dout, tokens, vocab_size, max_t, None)
+}
+
+/// [`embedding_backward`] with `dwte` added onto `onto (V, C)`, another gradient of the same
+/// table (a tied LM head's): `(onto + dwte, dwpe)`. On the GPU the kernel adds each batch
+/// token's row sum into `onto`'s row in place (`onto` is consumed): no zeroed `(V, C)` table
+/// and no pass over two of them (a Llama 3.2 1B's table is 525 MB in bf16). The sums are
+/// those of adding the two tensors, bit for bit, but for a -0.0 in a row of `onto` no token of
+/// the batch touches, which stays -0.0 where the addition gives +0.0.
+pub fn embedding_backward_onto(
+    dout: &Tensor,
+    tokens: &TokenIndex,
+    vocab_size: usize,
+    max_t: usize,
+    onto: Option<Tensor>,
+) -> Result<(Tensor, Tensor)> {
     #[cfg(feature = "cuda")]
     if super::on_gpu(dout) {
         let _span = kernels::profile::scope(dout.device(), kernels::profile::Family::Embedding);
-        if let Some(r) = cuda::embedding_backward(dout, tokens, vocab_size, max_t)? {
+        if let Some(r) = cuda::embedding_backward(dout, tokens, vocab_size, max_t, onto.as_ref())? {
             return Ok(r);
         }
         super::declined("embedding::embedding_backward", dout)?;
     }
+    let (dwte, dwpe) = embedding_backward_reference(dout, tokens, vocab_size, max_t)?;
+    match onto {
+        Some(o) => Ok(((o + dwte)?, dwpe)),
+        None => Ok((dwte, dwpe)),
+    }
+}
+
+/// The reference of [`embedding_backward`] (candle's ops; the CPU's path).
+fn embedding_backward_reference(
+    dout: &Tensor,
+    tokens: &TokenIndex,
+    vocab_size: usize,
+    max_t: usize,
+) -> Result<(Tensor, Tensor)> {
     let tokens = tokens.tokens();
     let (b, t, c) = dout.dims3()?;
     let (dtype, dev) = (dout.dtype(), dout.device());
@@ -240,7 +270,8 @@ mod cuda {
 
     /// `(dwte (V, C), dwpe (max_t, C))` from `dout (B, T, C)` bf16 and the tokens' index, or
     /// `None` for inputs the kernels do not take (an index made on the CPU, without host ids,
-    /// among them).
+    /// among them). With `onto` (a bf16 contiguous `(V, C)` gradient of the table) the token
+    /// rows are added into it in place and it is returned as `dwte`.
     /// Deterministic: each `dwte` row sums its positions in increasing order in f32 (the CSR's
     /// order), each `dwpe` row sums over `b` in order. Reads nothing back to the host: the CSR
     /// is built from the index's host ids and uploaded.
@@ -249,6 +280,7 @@ mod cuda {
         index: &super::TokenIndex,
         vocab_size: usize,
         max_t: usize,
+        onto: Option<&Tensor>,
     ) -> Result<Option<(Tensor, Tensor)>> {
         let (tokens, Some(ids)) = (index.tokens(), &index.host) else {
             return Ok(None);
@@ -271,7 +303,24 @@ mod cuda {
         let dev = gpu::device(&dout)?;
         let (csr, nd) = csr(ids, vocab_size, &dev)?;
 
-        let dwte = Tensor::zeros((vocab_size, c), DType::BF16, dout.device())?;
+        // onto as the kernel adds into it; one it does not take is added after the kernel.
+        let in_place = match onto {
+            Some(o) => {
+                o.dtype() == DType::BF16
+                    && o.is_contiguous()
+                    && o.dims() == [vocab_size, c]
+                    && o.device().same_device(dout.device())
+                    && vectorisable(c, &[o])?
+            }
+            None => false,
+        };
+        let (dwte, onto_flag) = match (onto, in_place) {
+            (Some(o), true) => (o.clone(), 1i32),
+            _ => (
+                Tensor::zeros((vocab_size, c), DType::BF16, dout.device())?,
+                0i32,
+            ),
+        };
         let dwpe = gpu::uninit((max_t, c), DType::BF16, &dev)?;
         let threads = row_threads(c);
         let f_wte = gpu::function(
@@ -295,8 +344,9 @@ mod cuda {
             gpu::ptr(&csr)?,
         );
         let (nd_i, b_i, t_i, c_i) = (nd as i32, b as i32, t as i32, c as i32);
-        // SAFETY: argument lists of the two kernels; dwte is (V, C) and every CSR token < V,
-        // every CSR position < N = rows of dout; dwpe is (max_t, C), one CTA a row.
+        // SAFETY: argument lists of the two kernels; dwte is (V, C) bf16 contiguous (zeroed, or
+        // the caller's onto, checked above, which the kernel updates in place) and every CSR
+        // token < V, every CSR position < N = rows of dout; dwpe is (max_t, C), one CTA a row.
         unsafe {
             f_wte.launch(
                 LaunchConfig {
@@ -304,7 +354,7 @@ mod cuda {
                     block_dim: (threads, 1, 1),
                     shared_mem_bytes: 0,
                 },
-                &[&p_dwte, &p_dout, &p_csr, &nd_i, &c_i],
+                &[&p_dwte, &p_dout, &p_csr, &nd_i, &c_i, &onto_flag],
             )?;
             f_wpe.launch(
                 LaunchConfig {
@@ -315,6 +365,9 @@ mod cuda {
                 &[&p_dwpe, &p_dout, &b_i, &t_i, &c_i],
             )?;
         }
-        Ok(Some((dwte, dwpe)))
+        match (onto, in_place) {
+            (Some(o), false) => Ok(Some(((o + dwte)?, dwpe))),
+            _ => Ok(Some((dwte, dwpe))),
+        }
     }
 }

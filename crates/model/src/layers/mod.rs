@@ -40,7 +40,7 @@ pub use attention::{
 pub use crossentropy::{
     crossentropy_chunked, crossentropy_forward_backward, logits_chunk_bytes, Loss, CE_CHUNK_ELEMS,
 };
-pub use embedding::{embedding_backward, embedding_forward, TokenIndex};
+pub use embedding::{embedding_backward, embedding_backward_onto, embedding_forward, TokenIndex};
 /// The FP8 linear layers' GPU quantisers and GEMMs (tests compare them with the references).
 #[cfg(feature = "cuda")]
 pub use fp8_linear::cuda as fp8_gpu;

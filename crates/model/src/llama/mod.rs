@@ -97,13 +97,22 @@ pub fn embedding_forward(cfg: &ModelConfig, params: &Tensor, tokens: &Tensor) ->
 /// Flat gradient of the embedding unit: the rows of `dout (B, T, C)` added into
 /// `embed_tokens`' rows of their tokens (in the order the tokens appear), the rest zero. Dtype
 /// of `dout`. Returned, not accumulated.
-pub fn embedding_backward(cfg: &ModelConfig, tokens: &TokenIndex, dout: &Tensor) -> Result<Tensor> {
+pub fn embedding_backward(
+    cfg: &ModelConfig,
+    tokens: &TokenIndex,
+    dout: &Tensor,
+    onto: Option<Tensor>,
+) -> Result<Tensor> {
     let unit = UnitLayout::new(cfg, UnitKind::Embedding, 0);
     let (b, t) = check_tokens(cfg, tokens.tokens(), "tokens")?;
     check_dout(cfg, dout, (b, t), "embedding dout")?;
     // GPT-2's token rows without its positions (on the GPU its deterministic kernel; the
-    // position rows it also sums are dropped).
-    let (dw, _) = crate::layers::embedding_backward(dout, tokens, cfg.vocab_size, t)?;
+    // position rows it also sums are dropped), added onto the tied head's gradient where given
+    // (the unit is the token table alone, so its flat gradient is the table's).
+    let onto = onto
+        .map(|o| o.reshape((cfg.vocab_size, cfg.n_embd)))
+        .transpose()?;
+    let (dw, _) = crate::layers::embedding_backward_onto(dout, tokens, cfg.vocab_size, t, onto)?;
     flatten_grads(&unit, vec![("embed_tokens.weight", dw)])
 }
 
@@ -464,7 +473,7 @@ pub fn block_backward(
         Some(&grads.slot(input)?),
     )?;
     grads.put(input, &dw_in)?;
-    Ok((dx.reshape((b, t, c))?, grads.finish()))
+    Ok((dx.reshape((b, t, c))?, grads.finish()?))
 }
 
 // ------------------------------------------------------------------------------------------

@@ -566,8 +566,9 @@ impl Family for LlamaStyle {
         cfg: &ModelConfig,
         tokens: &TokenIndex,
         dout: &Tensor,
+        onto: Option<Tensor>,
     ) -> Result<Tensor> {
-        super::embedding_backward(cfg, tokens, dout)
+        super::embedding_backward(cfg, tokens, dout, onto)
     }
 
     fn block_forward(
