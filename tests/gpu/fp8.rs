@@ -352,6 +352,52 @@ fn fp8_weight_tiles_in_one_launch_equal_one_by_one() {
             same(&format!("{what}, w^T"), &got.codes_t, &want.codes_t);
         }
     }
+    // Quantised for both passes: six weights of one IN (two launches), one of another, and
+    // one the quantisers do not take (OUT 24, no multiple of 16: left dense), each the bytes of
+    // its own launch; w's scales without their padding.
+    let mut mixed: Vec<Tensor> = [
+        (400, 41),
+        (144, 42),
+        (256, 43),
+        (16, 44),
+        (128, 45),
+        (32, 46),
+    ]
+    .into_iter()
+    .map(|(out, seed)| hostile(272, out, seed).1)
+    .collect();
+    mixed.push(hostile(144, 160, 47).1);
+    mixed.push(hostile(272, 24, 48).1);
+    let both = fp8_gpu::quantize_for_both_passes(&mixed).expect("both passes");
+    assert!(both[7].is_none(), "a weight of OUT 24 is no FP8 operand");
+    for (j, (w, got)) in mixed.iter().zip(&both).take(7).enumerate() {
+        let got = got.as_ref().expect("a weight the quantisers take");
+        let want = fp8_gpu::quantize_weight(w).expect("one weight");
+        let what = format!("weight {j}, both passes");
+        let t = got.transposed().expect("w^T's codes");
+        let t = fp8_gpu::Operand {
+            codes: t.codes.clone(),
+            scales: t.scales.clone(),
+            mode: want.codes_t.mode,
+        };
+        same(&format!("{what}, w^T"), &t, &want.codes_t);
+        assert_eq!(
+            host_u8(got.codes()),
+            host_u8(&want.codes.codes),
+            "{what}: codes"
+        );
+        let (ob, padded) = (
+            w.dim(1).unwrap().div_ceil(128),
+            host_f32(&want.codes.scales),
+        );
+        let ld = ob.next_multiple_of(4);
+        let unpadded = padded.chunks(ld).flat_map(|r| r[..ob].to_vec());
+        let scales = host_f32(&got.scales().contiguous().expect("scales"));
+        assert_eq!(scales.len(), padded.len() / ld * ob, "{what}: scales");
+        for (k, (a, b)) in scales.iter().zip(unpadded).enumerate() {
+            same_bits(&format!("{what}: scale {k}"), *a, b);
+        }
+    }
     let dev = gpu();
     let qkv: Vec<Tensor> = [(2048, 31), (512, 32), (512, 33)]
         .into_iter()
@@ -465,6 +511,19 @@ fn gathered_weights_check(what: &str, x: &Tensor, dout: &Tensor, ws: &[Tensor]) 
         .cols_forward(x, &gathered, None, None)
         .expect("forward, gathered");
     assert_eq!(bits(&y_q), bits(&y), "{what}: forward");
+    // Quantised once for both passes (a walk that keeps its weights from the forward for the
+    // backward): the forward reads w^T's codes as they were made, the backward w's.
+    let both: Vec<Fp8Weight> = fp8_gpu::quantize_for_both_passes(ws)
+        .expect("both passes")
+        .into_iter()
+        .map(|w| w.expect("a weight the quantisers take"))
+        .collect();
+    assert!(both.iter().all(|w| w.transposed().is_some()));
+    let once: Vec<LinearWeight> = both.iter().cloned().map(LinearWeight::Fp8).collect();
+    let y_o = fp8
+        .cols_forward(x, &once, None, None)
+        .expect("forward, once");
+    assert_eq!(bits(&y_o), bits(&y), "{what}: forward, quantised once");
     let none = vec![None; ws.len()];
     let xs = SavedInput::Dense(x.clone());
     let (dx, dws) = fp8
@@ -476,6 +535,17 @@ fn gathered_weights_check(what: &str, x: &Tensor, dout: &Tensor, ws: &[Tensor]) 
     assert_eq!(bits(&dx_q), bits(&dx), "{what}: dx");
     for (a, b) in dws_q.iter().zip(&dws) {
         assert_eq!(bits(a), bits(b), "{what}: dw");
+    }
+    let backward: Vec<LinearWeight> = both
+        .into_iter()
+        .map(|w| LinearWeight::Fp8(w.without_transposed()))
+        .collect();
+    let (dx_o, dws_o) = fp8
+        .cols_backward(dout, &xs, &backward, &none)
+        .expect("backward, quantised once");
+    assert_eq!(bits(&dx_o), bits(&dx), "{what}: dx, quantised once");
+    for (a, b) in dws_o.iter().zip(&dws) {
+        assert_eq!(bits(a), bits(b), "{what}: dw, quantised once");
     }
     // The forward that keeps x's column blocks (one read of x for both) gives the same output,
     // and the backward from what it kept the same gradients, bit for bit; the codes it keeps

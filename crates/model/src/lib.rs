@@ -54,4 +54,4 @@ pub use llama::family::{
 pub use llama::rope_config::Rope;
 pub use llama::style::{LlamaStyle, Window, HF_SEQ_LEN};
 pub use recompute::Recompute;
-pub use schedule::{Model, Pass, Saved, UnitParams, UnitSource};
+pub use schedule::{BackwardParams, Model, Pass, Saved, UnitParams, UnitSource};

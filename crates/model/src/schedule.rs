@@ -17,7 +17,8 @@
 //! last unit, whose forward gather is kept for the head; then the units in reverse, skipping the
 //! head's (kept from the head) and any whose backward reads no parameters (an embedding: its
 //! gradient is a scatter of `dout`). GPT-2 (tied): `[0, 1, .., n-1, 0, n-1, .., 1]`. Llama
-//! untied: `[0, 1, .., n-1, n-2, .., 1]`.
+//! untied: `[0, 1, .., n-1, n-2, .., 1]`. A model whose backward keeps the forward's parameters
+//! ([`BackwardParams::Kept`]) gathers each unit once, in forward order.
 //!
 //! ```
 //! use candle_core::{Device, Tensor};
@@ -56,6 +57,21 @@ use crate::recompute::Recompute;
 pub enum Pass {
     Train,
     Eval,
+}
+
+/// Where a training walk's backward takes each unit's parameters: gathered again (ZeRO-3,
+/// where a unit's full parameters exist only while it computes), or kept from the unit's
+/// forward, where the rank holds every unit whole anyway (one rank: the "gather" is the
+/// buffer itself) and a second gather would only repeat the first's work. Under FP8 compute a
+/// kept unit's linear weights are quantised once for both passes
+/// ([`UnitParams::for_both_passes`]): the forward reads `w^T`'s codes, the backward `w`'s, made
+/// in one read of the bf16 weight instead of one a pass. The engine resolves it from the world
+/// (`zero::ZeroPlan::backward_params`); [`Model::gather_order`] follows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackwardParams {
+    #[default]
+    Regathered,
+    Kept,
 }
 
 /// What a unit's forward keeps for its backward: a value of the family's own type (an
@@ -131,6 +147,49 @@ impl UnitParams {
     }
 }
 
+impl UnitParams {
+    /// These parameters with each of `unit`'s linear weights not already in FP8 quantised for
+    /// both passes ([`crate::layers::Fp8Weight::transposed`] beside its codes): what a walk
+    /// keeps from a unit's forward for its backward under FP8 compute. Each weight's numbers
+    /// are those its layers would quantise in each pass, bit for bit. On the GPU weights the
+    /// quantisers do not take (sides not multiples of 16) stay dense, as the layers then
+    /// multiply them.
+    pub fn for_both_passes(self, unit: &UnitLayout) -> Result<UnitParams> {
+        let dense: Vec<&ParamSpec> = unit
+            .linear_weights()
+            .filter(|p| self.fp8.iter().all(|(at, _)| *at != p.offset))
+            .collect();
+        let views = dense
+            .iter()
+            .map(|p| p.view(&self.flat))
+            .collect::<Result<Vec<_>>>()?;
+        let quantised = crate::layers::fp8_linear::for_both_passes(&views)?;
+        let mut fp8 = self.fp8;
+        for (p, w) in dense.iter().zip(quantised) {
+            if let Some(w) = w {
+                fp8.push((p.offset, w));
+            }
+        }
+        Ok(UnitParams {
+            flat: self.flat,
+            fp8,
+        })
+    }
+
+    /// These parameters without the forward's orientation of their FP8 weights: what a
+    /// backward that runs none of the unit's linear layers forward again reads.
+    pub fn without_forward_codes(self) -> UnitParams {
+        UnitParams {
+            flat: self.flat,
+            fp8: self
+                .fp8
+                .into_iter()
+                .map(|(at, w)| (at, w.without_transposed()))
+                .collect(),
+        }
+    }
+}
+
 impl From<Tensor> for UnitParams {
     fn from(flat: Tensor) -> UnitParams {
         UnitParams::dense(flat)
@@ -157,6 +216,8 @@ pub struct Model {
     layout: ModelLayout,
     /// What the blocks' linear layers multiply in.
     linears: LinearFormat,
+    /// Where a training walk's backward takes each unit's parameters.
+    backward_params: BackwardParams,
 }
 
 impl Model {
@@ -168,6 +229,7 @@ impl Model {
             cfg,
             layout,
             linears: LinearFormat::Dense,
+            backward_params: BackwardParams::Regathered,
         })
     }
 
@@ -179,6 +241,20 @@ impl Model {
     /// What the blocks' linear layers multiply in.
     pub fn linears(&self) -> LinearFormat {
         self.linears
+    }
+
+    /// This schedule with a training walk's backward taking each unit's parameters as
+    /// `backward_params` says.
+    pub fn with_backward_params(self, backward_params: BackwardParams) -> Self {
+        Model {
+            backward_params,
+            ..self
+        }
+    }
+
+    /// Where a training walk's backward takes each unit's parameters.
+    pub fn backward_params(&self) -> BackwardParams {
+        self.backward_params
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -213,7 +289,7 @@ impl Model {
         let n = self.layout.units.len();
         let head = self.head_unit();
         let mut order: Vec<usize> = (0..n).collect();
-        if pass == Pass::Eval {
+        if pass == Pass::Eval || self.backward_params == BackwardParams::Kept {
             return order;
         }
         if head != n - 1 {
@@ -335,20 +411,33 @@ impl Model {
         let mut last = None;
         let device = tokens.device().clone();
         let phase = |p| kernels::profile::phase(&device, p);
+        let keep = self.backward_params == BackwardParams::Kept;
+        let mut kept: Vec<Option<UnitParams>> = vec![None; n];
         for u in 0..n {
-            let params = source.params(u)?;
+            let mut params = source.params(u)?;
             let span = phase(Phase::Forward(u));
+            if keep && self.linears == LinearFormat::Fp8 {
+                params = params.for_both_passes(&self.layout.units[u])?;
+            }
             let (y, s) = self.forward(u, &params, &x, recompute)?;
             drop(span);
             saved.push(s);
             x = y;
             if u == n - 1 && head == n - 1 {
-                last = Some(params);
+                last = Some(params.clone());
+            }
+            if keep {
+                // A backward that recomputes runs the linear layers' forward again.
+                kept[u] = Some(match recompute.any() {
+                    true => params,
+                    false => params.without_forward_codes(),
+                });
             }
         }
-        let head_params = match last {
-            Some(p) => p,
-            None => source.params(head)?,
+        let head_params = match (last, keep) {
+            (Some(p), _) => p,
+            (None, true) => kept[head].clone().expect("every unit's forward ran"),
+            (None, false) => source.params(head)?,
         };
         let span = phase(Phase::Head);
         let (loss, grads) = self.head(head_params.flat(), &x, targets, true)?;
@@ -359,9 +448,11 @@ impl Model {
         for u in (0..n).rev() {
             let params = match (u == head, self.backward_reads_params(u)) {
                 (true, _) => head_params.take(),
+                (false, true) if keep => kept[u].take(),
                 (false, true) => Some(source.params(u)?),
                 (false, false) => None,
             };
+            kept[u] = None;
             let s = saved.pop().expect("one saved state per unit");
             let span = phase(Phase::Backward(u));
             // The head's gradient of this unit goes in, and the unit's comes out added to it.
@@ -468,7 +559,9 @@ impl Model {
     /// columns' absmax ([`crate::Fp8Kept::ColumnAbsmax`]) is cast as one kept as itself, and
     /// its layer's output gradient read once more (2). With `gathered_codes` (FP8 qwZ) the
     /// weights arrive as codes: the forward transposes them (2 bytes a parameter) and the
-    /// backward reads them as they are.
+    /// backward reads them as they are. A model whose backward keeps the forward's parameters
+    /// ([`BackwardParams::Kept`]) quantises each dense weight once, both ways in the forward (4
+    /// bytes a parameter), and none in the backward.
     pub fn fp8_cast_bytes(&self, u: usize, tokens: usize, gathered_codes: bool) -> (u64, u64) {
         let unit = &self.layout.units[u];
         if self.linears != LinearFormat::Fp8 || unit.linear_weights().next().is_none() {
@@ -489,14 +582,41 @@ impl Model {
         let outputs: usize = unit.linear_weights().map(|p| p.shape[1]).sum();
         let weights: usize = unit.linear_weights().map(|p| p.numel).sum();
         let (t, outputs, weights) = (tokens as u64, outputs as u64, weights as u64);
-        let (forward_weights, backward_weights) = match gathered_codes {
-            true => (2 * weights, 0),
-            false => (3 * weights, 3 * weights),
+        let once = self.backward_params == BackwardParams::Kept;
+        let (forward_weights, backward_weights) = match (gathered_codes, once) {
+            (true, _) => (2 * weights, 0),
+            (false, true) => (4 * weights, 0),
+            (false, false) => (3 * weights, 3 * weights),
         };
         (
             t * (4 * kept + 3 * other) + forward_weights,
             t * (3 * other + 4 * outputs + 2 * absmax_douts) + backward_weights,
         )
+    }
+
+    /// Bytes a training walk holds at its head of the blocks' linear weights kept in FP8 from
+    /// their forward for their backward ([`BackwardParams::Kept`] under FP8 compute; 0
+    /// otherwise): every block's codes, a byte a weight, and their tile scales (f32, one a
+    /// 128 x 128 tile, rows padded to 4); where the backward recomputes, also `w^T`'s codes
+    /// and scales, unless the weights arrived as FP8 qwZ's codes (`gathered_codes`: the
+    /// recomputation transposes them again).
+    pub fn kept_fp8_weight_bytes(&self, recompute: Recompute, gathered_codes: bool) -> u64 {
+        if self.backward_params != BackwardParams::Kept || self.linears != LinearFormat::Fp8 {
+            return 0;
+        }
+        let both = recompute.any() && !gathered_codes;
+        let tiles = |r: usize, c: usize| r.div_ceil(128) * c.div_ceil(128).next_multiple_of(4);
+        self.layout
+            .units
+            .iter()
+            .flat_map(|u| u.linear_weights())
+            .map(|p| {
+                let (r, c) = (p.shape[0], p.shape[1]);
+                let one = (r * c + 4 * tiles(r, c)) as u64;
+                let other = (r * c + 4 * tiles(c, r)) as u64;
+                one + if both { other } else { 0 }
+            })
+            .sum()
     }
 
     /// The names, orientation and columns of parameter `p` in the Hugging Face checkpoint of

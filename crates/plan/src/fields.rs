@@ -106,6 +106,9 @@ pub struct Memory {
     pub activations_saved_inputs: u64,
     pub activations_block_working: u64,
     pub activations_logits_chunk: u64,
+    /// The blocks' linear weights in FP8 kept from the forward for the backward (W = 1 under
+    /// FP8 compute: `model::Model::kept_fp8_weight_bytes`).
+    pub activations_kept_fp8_weights: u64,
     pub activations: u64,
     pub total: u64,
 }

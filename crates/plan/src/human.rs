@@ -227,6 +227,12 @@ fn human_memory(o: &mut String, r: &Report) {
         );
     }
     row("  loss logits chunk".into(), mem.activations_logits_chunk);
+    if mem.activations_kept_fp8_weights > 0 {
+        row(
+            "  FP8 weights kept for the backward".into(),
+            mem.activations_kept_fp8_weights,
+        );
+    }
     row("total".into(), mem.total);
 }
 

@@ -112,7 +112,9 @@ pub fn build(args: &PlanArgs) -> Result<Report> {
         ZeroPlan::resolve(&config.zero, topology, t.steps)?.with_linears(config.linears(), &layout);
     notes.extend(reduce_dtype_note(&plan, t.steps));
     let numels: Vec<usize> = layout.units.iter().map(|u| u.numel).collect();
-    let order = model::Model::new(cfg.clone())?.gather_order(Pass::Train);
+    let order = model::Model::new(cfg.clone())?
+        .with_backward_params(plan.backward_params())
+        .gather_order(Pass::Train);
     let pb = param_bytes(t.precision);
     let (mut throughput, mut sweep, mut advice) = (None, None, None);
     if let Some(a) = &args.throughput {
@@ -436,12 +438,19 @@ fn memory(
     let gpu = config.train.device == run::config::DeviceKind::Cuda;
     let tokens = config.train.micro_batch * cfg.seq_len;
     let logits = model::layers::logits_chunk_bytes(tokens, cfg.vocab_size, gpu) as u64;
-    let activations = saved + working + logits;
+    let gathered_codes = plan.qwz.is_some_and(|q| q.fp8);
+    let kept_weights = model::Model::new(cfg.clone())
+        .map(|m| m.with_linears(config.linears()))
+        .map(|m| m.with_backward_params(plan.backward_params()))
+        .map(|m| m.kept_fp8_weight_bytes(config.model.recompute, gathered_codes))
+        .unwrap_or(0);
+    let activations = saved + working + logits + kept_weights;
     Memory {
         states,
         activations_saved_inputs: saved,
         activations_block_working: working,
         activations_logits_chunk: logits,
+        activations_kept_fp8_weights: kept_weights,
         activations,
         total: states.total() + activations,
     }

@@ -55,7 +55,7 @@
 //! `model_tflops_per_gpu` is `Model::flops_per_token` (no recomputation), what training logs.
 
 use comm::{Group, Topology};
-use model::{LinearFormat, Model, Pass, Recompute, UnitKind};
+use model::{BackwardParams, LinearFormat, Model, Pass, Recompute, UnitKind};
 use serde::Serialize;
 use zero::volume::{unit_payload, UnitPayload};
 use zero::{GatherSlot, ZeroConfig, ZeroPlan, REDUCTIONS_IN_FLIGHT};
@@ -364,10 +364,16 @@ impl Workload<'_> {
         let tokens = self.micro_batch * self.model.config().seq_len;
         let (forward, backward_bytes) = self.model.fp8_cast_bytes(u, tokens, codes);
         let block = matches!(self.model.units()[u].kind, UnitKind::Block(_));
+        // A recomputation casts the forward's inputs again, and its weights unless the walk
+        // kept them from the forward (their codes are read as they are).
+        let recast = match self.model.backward_params() {
+            BackwardParams::Kept if !codes => forward - self.model.fp8_cast_bytes(u, 0, codes).0,
+            _ => forward,
+        };
         let bytes = match (backward, block && self.recompute.any()) {
             (false, _) => forward,
             (true, false) => backward_bytes,
-            (true, true) => backward_bytes + forward,
+            (true, true) => backward_bytes + recast,
         };
         bytes as f64 / (c.gpu.mem_bw_gbs * 1e9 * FP8_CAST_BANDWIDTH_FRACTION)
     }
@@ -486,7 +492,17 @@ impl Workload<'_> {
                 reduce_s: reduce.then_some(comm[u].reduce),
             });
         }
-        // Units whose backward reads no parameters (an embedding) finish last, ungathered.
+        // A walk that keeps the forward's parameters gathers nothing after the forward: a
+        // tied head runs on the embedding's, and every backward on its unit's.
+        if self.model.backward_params() == BackwardParams::Kept && head != n - 1 {
+            slots.push(Slot {
+                gather_s: None,
+                compute_s: self.head_s(c),
+                reduce_s: None,
+            });
+        }
+        // Units whose backward reads no parameters (an embedding), or reads those kept from
+        // its forward, finish last, ungathered.
         for u in (0..n).rev().filter(|&u| !reduced[u]) {
             slots.push(Slot {
                 gather_s: None,
@@ -523,6 +539,16 @@ pub struct Prediction {
 
 /// The prediction for `work` under `plan` on `c` (its `speedup` is 1: [`throughput`] sets it).
 pub fn predict(work: &Workload, plan: &ZeroPlan, c: &Cluster) -> Prediction {
+    // The engine's walk of this plan: at W = 1 the backward keeps the forward's parameters.
+    let model = work
+        .model
+        .clone()
+        .with_backward_params(plan.backward_params());
+    let work = &Workload {
+        model: &model,
+        calibration: work.calibration,
+        ..*work
+    };
     let payloads: Vec<UnitPayload> = work
         .model
         .units()

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use comm::{Communicator, Group};
 use kernels::profile::{scope, Family};
-use model::{LinearFormat, Model, ModelConfig, Pass, Recompute, UnitLayout};
+use model::{BackwardParams, LinearFormat, Model, ModelConfig, Pass, Recompute, UnitLayout};
 
 use crate::codec::GradState;
 use crate::gather::{Secondary, Working};
@@ -142,9 +142,10 @@ impl Engine {
     /// Builds my shards and fills them from the seed, independently of the world size.
     pub fn new(cfg: ModelConfig, opts: EngineOptions, comm: Box<dyn Communicator>) -> Result<Self> {
         let model = Model::new(cfg)?.with_linears(opts.linears);
-        let cfg = model.config();
         let plan = ZeroPlan::resolve(&opts.zero, comm.topology(), opts.total_steps)?
             .with_linears(opts.linears, model.layout());
+        let model = model.with_backward_params(plan.backward_params());
+        let cfg = model.config();
         let rank = comm.rank();
         let dev = &opts.device;
         let units = model
@@ -312,6 +313,9 @@ impl Engine {
         grad_scale: f32,
     ) -> Result<f64> {
         let (tokens, targets) = self.batch_tensors(inputs, targets)?;
+        if self.model.backward_params() == BackwardParams::Kept {
+            self.keep_working_current()?;
+        }
         let step = self.plan.step_plan(self.step + 1, Pass::Train);
         let order = self.model.gather_order(Pass::Train);
         let forward = self.model.units().len();
@@ -336,6 +340,28 @@ impl Engine {
         source.finish_reductions()?;
         self.non_finite_loss |= !loss.is_finite();
         Ok(loss)
+    }
+
+    /// Every unit's working copy made from the master where none serves the current weights
+    /// (before the first step, after a checkpoint load or a skipped step): a walk that keeps
+    /// each unit's parameters from its forward for its backward ([`BackwardParams::Kept`], W =
+    /// 1) then holds the copies the rank holds anyway, never a cast of the master a unit.
+    fn keep_working_current(&mut self) -> Result<()> {
+        let dtype = self.opts.compute_dtype;
+        for u in &mut self.units {
+            if u.working
+                .as_ref()
+                .and_then(|w| w.serve(self.weights))
+                .is_none()
+            {
+                let data = match u.master.dtype() == dtype {
+                    true => u.master.clone(),
+                    false => u.master.to_dtype(dtype)?,
+                };
+                u.working = Some(Working::new(self.weights, data));
+            }
+        }
+        Ok(())
     }
 
     /// This rank's mean loss over one micro-batch, forward only.

@@ -4,7 +4,7 @@
 //! formulas and `trainer plan` all read these; nothing else decides modes.
 
 use comm::Topology;
-use model::Pass;
+use model::{BackwardParams, Pass};
 
 use crate::codec::LinearLayout;
 use crate::{Partition, ReduceDtype, Result, ZeroConfig, ZeroError};
@@ -151,6 +151,22 @@ impl ZeroPlan {
             reduce_dtype: cfg.reduce_dtype,
             fp8_units: Vec::new(),
         })
+    }
+
+    /// Where a training walk's backward takes each unit's parameters: kept from the unit's
+    /// forward at W = 1 with exact gathers or FP8 qwZ, gathered again otherwise. At W = 1 the
+    /// exact gather hands the unit's working copy itself (nothing is held that is not held
+    /// anyway; the engine keeps the copy current), and FP8 qwZ's codes are what the kept FP8
+    /// weights cost anyway (a byte a weight); under FP8 compute the blocks' weights are then
+    /// quantised once a walk, not once a pass ([`model::UnitParams::for_both_passes`]). A world
+    /// of several ranks gathers again (ZeRO-3: a unit's full parameters exist only while it
+    /// computes), and so does INT8 qwZ at W = 1, whose dequantised copy is 2 bytes a parameter.
+    pub fn backward_params(&self) -> BackwardParams {
+        let gather = self.step_plan(1, Pass::Train).gather;
+        match (self.topology.world(), gather) {
+            (1, WeightGather::Exact | WeightGather::Fp8Tiles { .. }) => BackwardParams::Kept,
+            _ => BackwardParams::Regathered,
+        }
     }
 
     /// The alignment trainers before [`MIN_ALIGN`] padded with (the quantisation blocks alone):

@@ -108,11 +108,24 @@ pub fn fp8_round(m: &Tensor, tile: Tile) -> Result<Tensor> {
 /// dequantisation factors), exactly [`quant::quantize_fp8_e4m3_tiles`] of the weight. It is
 /// what FP8 qwZ's gather delivers (`zero`'s `Fp8TileGather`), so that a layer multiplies
 /// the gathered codes with no quantisation of its own: the same numbers as quantising the
-/// dense weight in the layer, bit for bit.
+/// dense weight in the layer, bit for bit. A walk that keeps a unit's weights from its forward
+/// for its backward quantises them once for both passes ([`crate::LinearFormat::for_both_passes`]):
+/// then the weight also carries the forward's orientation, `w^T`'s codes as the forward's GEMM
+/// reads them ([`Fp8Weight::transposed`]).
 #[derive(Clone, Debug)]
 pub struct Fp8Weight {
     codes: Tensor,
     scales: Tensor,
+    transposed: Option<Transposed>,
+}
+
+/// `w^T`'s codes `(OUT, IN)` and scales `[ceil(OUT / 128)][round_up(ceil(IN / 128), 4)]` (f32,
+/// the padding zeros): the same tiles as the weight's codes, laid out for the GEMM that
+/// contracts over IN (the forward; `layers/fp8_linear/cuda.rs`).
+#[derive(Clone, Debug)]
+pub struct Transposed {
+    pub codes: Tensor,
+    pub scales: Tensor,
 }
 
 impl Fp8Weight {
@@ -127,7 +140,47 @@ impl Fp8Weight {
                 got: scales.dims().to_vec(),
             });
         }
-        Ok(Fp8Weight { codes, scales })
+        Ok(Fp8Weight {
+            codes,
+            scales,
+            transposed: None,
+        })
+    }
+
+    /// This weight also holding `w^T`'s codes as the forward reads them, the same tiles
+    /// transposed (made in the quantiser's read of the dense weight, `fp8_quantize_tiles`).
+    pub fn with_transposed(self, t: Transposed) -> Result<Fp8Weight> {
+        let (r, c) = self.dims();
+        let ld = r.div_ceil(WEIGHT_TILE.rows).next_multiple_of(4);
+        let fits = t.codes.dims() == [c, r]
+            && t.codes.dtype() == DType::U8
+            && t.scales.dims() == [c.div_ceil(WEIGHT_TILE.cols), ld]
+            && t.scales.dtype() == DType::F32;
+        if !fits {
+            return Err(ModelError::ShapeMismatch {
+                what: "FP8 weight: w^T's u8 codes (OUT, IN) and f32 tile scales, rows padded to 4",
+                expected: vec![c, r],
+                got: t.codes.dims().to_vec(),
+            });
+        }
+        Ok(Fp8Weight {
+            transposed: Some(t),
+            ..self
+        })
+    }
+
+    /// `w^T`'s codes and scales where this weight holds them ([`Fp8Weight::with_transposed`]).
+    pub fn transposed(&self) -> Option<&Transposed> {
+        self.transposed.as_ref()
+    }
+
+    /// This weight without `w^T`'s codes: what a backward that runs no forward of the layer
+    /// again reads.
+    pub fn without_transposed(self) -> Fp8Weight {
+        Fp8Weight {
+            transposed: None,
+            ..self
+        }
     }
 
     /// `w (IN, OUT)` quantised in 128 x 128 tiles (the CPU reference of what FP8 qwZ sends).
@@ -385,6 +438,21 @@ pub fn fp8_linear_cols_forward(
     residual: Option<&Tensor>,
 ) -> Result<Tensor> {
     cols_forward_of(x, &dense(ws), None, residual)
+}
+
+/// Each of `ws` (linear weights `(IN, OUT)` in the compute dtype) as an [`Fp8Weight`] for
+/// both passes ([`crate::UnitParams::for_both_passes`]), `None` for one the GPU's quantisers
+/// do not take (it stays dense): on the GPU the codes of both orientations from one read of
+/// the bf16 weight, those sharing IN in one launch (`cuda::quantize_for_both_passes`); on the
+/// CPU [`Fp8Weight::quantize`], whose values are those the layers round the weight to.
+pub(crate) fn for_both_passes(ws: &[Tensor]) -> Result<Vec<Option<Fp8Weight>>> {
+    #[cfg(feature = "cuda")]
+    if ws.first().is_some_and(super::on_gpu) {
+        return cuda::quantize_for_both_passes(ws);
+    }
+    ws.iter()
+        .map(|w| Fp8Weight::quantize(w).map(Some))
+        .collect()
 }
 
 fn dense(ws: &[Tensor]) -> Vec<LinearWeight> {

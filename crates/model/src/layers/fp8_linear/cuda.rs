@@ -34,7 +34,9 @@ pub use activations::{
 };
 use activations::{quantize_view_summing, Columns};
 use weights::weight_operands;
-pub use weights::{gathered_transposed, quantize_weight, quantize_weights};
+pub use weights::{
+    gathered_transposed, quantize_for_both_passes, quantize_weight, quantize_weights,
+};
 
 /// One CTA's threads in every quantiser (fp8.cu's launch bounds).
 const THREADS: usize = 256;

@@ -10,6 +10,7 @@ use super::{aligned, kernel, tile_grid, Operand, Weight, BLOCK};
 use crate::error::Result;
 use crate::gemm::ScaleMode;
 use crate::gpu;
+use crate::layers::fp8_linear::Transposed;
 use crate::layers::Fp8Weight;
 use crate::linears::LinearWeight;
 
@@ -27,7 +28,14 @@ pub(super) fn weight_operand(w: &LinearWeight, forward: bool) -> Result<Operand>
                 false => codes.expect("asked for w's codes"),
             })
         }
-        LinearWeight::Fp8(q) if forward => gathered_transposed(q),
+        LinearWeight::Fp8(q) if forward => match q.transposed() {
+            Some(t) => Ok(Operand {
+                codes: t.codes.clone(),
+                scales: t.scales.clone(),
+                mode: ScaleMode::Blk128x128,
+            }),
+            None => gathered_transposed(q),
+        },
         LinearWeight::Fp8(q) => {
             let ob = q.dims().1.div_ceil(BLOCK);
             let scales = q
@@ -148,6 +156,48 @@ pub fn quantize_weights(ws: &[&Tensor]) -> Result<Vec<Weight>> {
             codes_t: codes_t.expect("asked for w^T's codes"),
         })
         .collect())
+}
+
+/// Each of `ws` (linear weights `(IN, OUT)`) as an [`Fp8Weight`] holding both passes'
+/// orientations, made in one read of the bf16 weight: the codes the forward and the input
+/// gradient would each make of it, bit for bit. Weights sharing IN go four to a launch
+/// ([`quantize_tiles_batch`]); `None` for a weight the quantisers do not take (its layers then
+/// multiply it as they would have).
+pub fn quantize_for_both_passes(ws: &[Tensor]) -> Result<Vec<Option<Fp8Weight>>> {
+    let mut out: Vec<Option<Fp8Weight>> = vec![None; ws.len()];
+    let mut by_in: Vec<(usize, Vec<usize>)> = Vec::new();
+    for (i, w) in ws.iter().enumerate() {
+        if !super::takes(w) {
+            continue;
+        }
+        let inp = w.dim(0)?;
+        match by_in.iter_mut().find(|(k, _)| *k == inp) {
+            Some((_, group)) => group.push(i),
+            None => by_in.push((inp, vec![i])),
+        }
+    }
+    for (_, group) in by_in {
+        for launch in group.chunks(TILE_BATCH) {
+            let batch: Vec<&Tensor> = launch.iter().map(|&i| &ws[i]).collect();
+            for (&i, (codes, codes_t)) in
+                launch.iter().zip(quantize_tiles_batch(&batch, true, true)?)
+            {
+                let (codes, codes_t) = (
+                    codes.expect("asked for w's codes"),
+                    codes_t.expect("asked for w^T's codes"),
+                );
+                // The kernel pads each row of w's scales to a multiple of 4; the weight's are
+                // [IB][OB] (the backward's operand pads them again).
+                let ob = codes.codes.dim(1)?.div_ceil(BLOCK);
+                let w = Fp8Weight::new(codes.codes, codes.scales.narrow(1, 0, ob)?)?;
+                out[i] = Some(w.with_transposed(Transposed {
+                    codes: codes_t.codes,
+                    scales: codes_t.scales,
+                })?);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// [`quantize_tiles`] of each of `ws` (`(IN, OUT_i)` bf16 contiguous, at most [`TILE_BATCH`])
