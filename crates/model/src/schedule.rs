@@ -427,11 +427,10 @@ impl Model {
                 last = Some(params.clone());
             }
             if keep {
-                // A backward that recomputes runs the linear layers' forward again.
-                kept[u] = Some(match recompute.any() {
-                    true => params,
-                    false => params.without_forward_codes(),
-                });
+                // w's codes alone, a byte a weight: a recomputed forward transposes them again
+                // (fp8_transpose_tiles, as for FP8 qwZ's codes), which moves 2 bytes a weight of
+                // the layers it reruns and holds nothing more between the passes.
+                kept[u] = Some(params.without_forward_codes());
             }
         }
         let head_params = match (last, keep) {
@@ -597,24 +596,19 @@ impl Model {
     /// Bytes a training walk holds at its head of the blocks' linear weights kept in FP8 from
     /// their forward for their backward ([`BackwardParams::Kept`] under FP8 compute; 0
     /// otherwise): every block's codes, a byte a weight, and their tile scales (f32, one a
-    /// 128 x 128 tile, rows padded to 4); where the backward recomputes, also `w^T`'s codes
-    /// and scales, unless the weights arrived as FP8 qwZ's codes (`gathered_codes`: the
-    /// recomputation transposes them again).
-    pub fn kept_fp8_weight_bytes(&self, recompute: Recompute, gathered_codes: bool) -> u64 {
+    /// 128 x 128 tile, rows padded to 4). A recomputation transposes the codes again rather
+    /// than keep `w^T`'s.
+    pub fn kept_fp8_weight_bytes(&self) -> u64 {
         if self.backward_params != BackwardParams::Kept || self.linears != LinearFormat::Fp8 {
             return 0;
         }
-        let both = recompute.any() && !gathered_codes;
-        let tiles = |r: usize, c: usize| r.div_ceil(128) * c.div_ceil(128).next_multiple_of(4);
         self.layout
             .units
             .iter()
             .flat_map(|u| u.linear_weights())
             .map(|p| {
                 let (r, c) = (p.shape[0], p.shape[1]);
-                let one = (r * c + 4 * tiles(r, c)) as u64;
-                let other = (r * c + 4 * tiles(c, r)) as u64;
-                one + if both { other } else { 0 }
+                (r * c + 4 * r.div_ceil(128) * c.div_ceil(128).next_multiple_of(4)) as u64
             })
             .sum()
     }

@@ -438,11 +438,10 @@ fn memory(
     let gpu = config.train.device == run::config::DeviceKind::Cuda;
     let tokens = config.train.micro_batch * cfg.seq_len;
     let logits = model::layers::logits_chunk_bytes(tokens, cfg.vocab_size, gpu) as u64;
-    let gathered_codes = plan.qwz.is_some_and(|q| q.fp8);
     let kept_weights = model::Model::new(cfg.clone())
         .map(|m| m.with_linears(config.linears()))
         .map(|m| m.with_backward_params(plan.backward_params()))
-        .map(|m| m.kept_fp8_weight_bytes(config.model.recompute, gathered_codes))
+        .map(|m| m.kept_fp8_weight_bytes())
         .unwrap_or(0);
     let activations = saved + working + logits + kept_weights;
     Memory {

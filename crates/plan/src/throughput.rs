@@ -364,10 +364,13 @@ impl Workload<'_> {
         let tokens = self.micro_batch * self.model.config().seq_len;
         let (forward, backward_bytes) = self.model.fp8_cast_bytes(u, tokens, codes);
         let block = matches!(self.model.units()[u].kind, UnitKind::Block(_));
-        // A recomputation casts the forward's inputs again, and its weights unless the walk
-        // kept them from the forward (their codes are read as they are).
+        // A recomputation casts the forward's inputs again, and its weights; a walk that kept
+        // their codes from the forward transposes those, as FP8 qwZ's forward does.
         let recast = match self.model.backward_params() {
-            BackwardParams::Kept if !codes => forward - self.model.fp8_cast_bytes(u, 0, codes).0,
+            BackwardParams::Kept if !codes => {
+                forward - self.model.fp8_cast_bytes(u, 0, false).0
+                    + self.model.fp8_cast_bytes(u, 0, true).0
+            }
             _ => forward,
         };
         let bytes = match (backward, block && self.recompute.any()) {
