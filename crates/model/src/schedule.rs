@@ -413,7 +413,7 @@ impl Model {
         let phase = |p| kernels::profile::phase(&device, p);
         let keep = self.backward_params == BackwardParams::Kept;
         let mut kept: Vec<Option<UnitParams>> = vec![None; n];
-        for u in 0..n {
+        for (u, kept_u) in kept.iter_mut().enumerate() {
             let mut params = source.params(u)?;
             let span = phase(Phase::Forward(u));
             if keep && self.linears == LinearFormat::Fp8 {
@@ -430,7 +430,7 @@ impl Model {
                 // w's codes alone, a byte a weight: a recomputed forward transposes them again
                 // (fp8_transpose_tiles, as for FP8 qwZ's codes), which moves 2 bytes a weight of
                 // the layers it reruns and holds nothing more between the passes.
-                kept[u] = Some(params.without_forward_codes());
+                *kept_u = Some(params.without_forward_codes());
             }
         }
         let head_params = match (last, keep) {
