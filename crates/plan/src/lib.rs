@@ -18,6 +18,7 @@ use run::Run;
 pub mod advise;
 pub mod calibrate;
 pub mod calibration_file;
+mod cluster;
 mod fields;
 mod gpus;
 mod human;
