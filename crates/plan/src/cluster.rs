@@ -91,11 +91,11 @@ impl Cluster {
         }
     }
 
-    pub(crate) fn intra(&self) -> f64 {
+    fn intra(&self) -> f64 {
         self.network.intra_gbps * 1e9 / 8.0
     }
 
-    pub(crate) fn inter(&self) -> f64 {
+    fn inter(&self) -> f64 {
         self.network.inter_gbps * 1e9 / 8.0
     }
 
